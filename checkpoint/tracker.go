@@ -1,0 +1,183 @@
+// Package checkpoint decides how far the replication slot may be confirmed.
+//
+// Transactions reach the relay in commit order, so a FIFO of transactions with a count of
+// outstanding events is enough to compute an in-order watermark: the slot may be confirmed up to the
+// end LSN of the last transaction at the head of the queue whose events Kafka has all acknowledged.
+// Confirming a transaction's end LSN (not its commit LSN) is what makes PostgreSQL skip it on restart.
+package checkpoint
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Tracker is the in-order acknowledgement watermark. Begin, Add, Commit, Abort and Idle are called
+// from the single goroutine that decodes the stream; Txn.Ack may be called from any goroutine.
+type Tracker struct {
+	safe atomic.Uint64 // pglogrepl.LSN; read without the lock by the replication status loop
+
+	mu            sync.Mutex
+	queue         []*Txn // begun transactions in commit order, oldest first
+	open          *Txn   // the transaction between Begin and Commit, if any (also queue's tail)
+	lastCommitted pglogrepl.LSN
+	drained       chan struct{} // closed while the queue is empty
+}
+
+// Txn is one transaction as the tracker sees it.
+type Txn struct {
+	t           *Tracker
+	commitLSN   pglogrepl.LSN
+	endLSN      pglogrepl.LSN
+	outstanding int
+	committed   bool
+}
+
+// New returns a tracker whose watermark starts at start, normally the slot's confirmed flush LSN.
+func New(start pglogrepl.LSN) *Tracker {
+	t := &Tracker{drained: make(chan struct{})}
+	close(t.drained)
+	t.safe.Store(uint64(start))
+	return t
+}
+
+// Safe is the highest LSN that may be confirmed to PostgreSQL: every transaction that ends at or
+// before it has been fully acknowledged. It never decreases.
+func (t *Tracker) Safe() pglogrepl.LSN { return pglogrepl.LSN(t.safe.Load()) }
+
+// Begin starts tracking the transaction that will commit at commitLSN. It returns nil when that
+// transaction was already committed in this tracker: after a reconnect the server replays from the
+// slot's confirmed position, and transactions still in flight from the previous session need not be
+// published twice.
+func (t *Tracker) Begin(commitLSN pglogrepl.LSN) *Txn {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if commitLSN <= t.lastCommitted {
+		return nil
+	}
+	if t.open != nil {
+		// A Begin without a Commit means the previous session ended mid-transaction and nobody called
+		// Abort; treat it the same way so the queue never holds two open transactions.
+		t.abortLocked()
+	}
+	tx := &Txn{t: t, commitLSN: commitLSN}
+	if len(t.queue) == 0 {
+		t.drained = make(chan struct{})
+	}
+	t.queue = append(t.queue, tx)
+	t.open = tx
+	return tx
+}
+
+// Add records one more event of tx that must be acknowledged before tx is done.
+func (tx *Txn) Add() {
+	tx.t.mu.Lock()
+	tx.outstanding++
+	tx.t.mu.Unlock()
+}
+
+// Ack records that n events of tx were acknowledged by Kafka (or settled by the failure policy).
+func (tx *Txn) Ack(n int) {
+	t := tx.t
+	t.mu.Lock()
+	tx.outstanding -= n
+	if tx.outstanding < 0 {
+		t.mu.Unlock()
+		panic("checkpoint: more acks than events in a transaction")
+	}
+	if tx.outstanding == 0 && tx.committed {
+		t.advanceLocked()
+	}
+	t.mu.Unlock()
+}
+
+// CommitLSN is the LSN of the transaction's commit record.
+func (tx *Txn) CommitLSN() pglogrepl.LSN { return tx.commitLSN }
+
+// Commit closes tx; endLSN is the Commit message's transaction end LSN.
+func (t *Tracker) Commit(tx *Txn, endLSN pglogrepl.LSN) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tx != t.open {
+		panic("checkpoint: commit of a transaction that is not open")
+	}
+	tx.endLSN = endLSN
+	tx.committed = true
+	t.open = nil
+	t.lastCommitted = tx.commitLSN
+	t.advanceLocked()
+}
+
+// Abort forgets the open transaction: the stream it came from ended before its Commit, and the next
+// session will replay it from its Begin. Acks that still arrive for its events are harmless.
+func (t *Tracker) Abort() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.abortLocked()
+}
+
+func (t *Tracker) abortLocked() {
+	if t.open == nil {
+		return
+	}
+	t.queue[len(t.queue)-1] = nil
+	t.queue = t.queue[:len(t.queue)-1]
+	t.open = nil
+	if len(t.queue) == 0 {
+		close(t.drained)
+	}
+}
+
+// Idle advances the watermark to a position the server reported (a keepalive's WAL end, or the
+// LSN of a non-transactional message) when nothing is in flight and no transaction is open: there
+// is nothing before that position left to publish, so an idle outbox does not pin WAL.
+func (t *Tracker) Idle(walEnd pglogrepl.LSN) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.queue) == 0 {
+		t.raiseLocked(walEnd)
+	}
+}
+
+// Pending returns the number of transactions begun but not yet fully acknowledged.
+func (t *Tracker) Pending() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.queue)
+}
+
+// Drained returns a channel that is closed once no transaction is pending. A channel obtained
+// while work is pending stays open until that work is done.
+func (t *Tracker) Drained() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.drained
+}
+
+func (t *Tracker) advanceLocked() {
+	n := 0
+	for n < len(t.queue) {
+		head := t.queue[n]
+		if !head.committed || head.outstanding > 0 {
+			break
+		}
+		t.raiseLocked(head.endLSN)
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	clear(t.queue[:n])
+	t.queue = t.queue[n:]
+	if len(t.queue) == 0 {
+		t.queue = t.queue[:0:0] // let the backing array go; bursts can make it large
+		close(t.drained)
+	}
+}
+
+func (t *Tracker) raiseLocked(lsn pglogrepl.LSN) {
+	if uint64(lsn) > t.safe.Load() {
+		t.safe.Store(uint64(lsn))
+	}
+}

@@ -1,0 +1,68 @@
+// Command outbox-relay streams committed outbox INSERTs from PostgreSQL's WAL to Kafka.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const usage = `outbox-relay moves transactional outbox events from PostgreSQL to Kafka.
+
+Usage:
+  outbox-relay run      [flags]   stream outbox events to Kafka until SIGTERM/SIGINT
+  outbox-relay migrate  [flags]   create the outbox table and publication (idempotent)
+  outbox-relay version            print the version
+
+Every flag has an OUTBOX_* environment variable and a YAML key (--config file.yaml);
+flags win over the environment, which wins over the file. Run "outbox-relay run -h" for the keys.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// errUsage marks a command-line mistake (exit status 2).
+var errUsage = errors.New("usage")
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "run":
+		err = runRelay(ctx, rest, stderr)
+	case "migrate":
+		err = runMigrate(ctx, rest, stdout, stderr)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, "outbox-relay", version)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "outbox-relay: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	fmt.Fprintf(stderr, "outbox-relay: %v\n", err)
+	return 1
+}

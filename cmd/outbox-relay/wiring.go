@@ -1,0 +1,189 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// loadConfig parses a subcommand's flags and loads its configuration.
+func loadConfig(name string, args []string, stderr io.Writer) (*config.Config, error) {
+	fs := flag.NewFlagSet("outbox-relay "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	loader := config.NewLoader(fs, nil)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "outbox-relay %s: unexpected argument %q\n", name, fs.Arg(0))
+		return nil, errUsage
+	}
+	return loader.Load()
+}
+
+func newLogger(cfg *config.Config, stderr io.Writer) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	var encoder zapcore.Encoder
+	if cfg.LogFormat == "console" {
+		enc.EncodeLevel = zapcore.CapitalLevelEncoder
+		encoder = zapcore.NewConsoleEncoder(enc)
+	} else {
+		encoder = zapcore.NewJSONEncoder(enc)
+	}
+	core := zapcore.NewCore(encoder, zapcore.Lock(zapcore.AddSync(stderr)), level)
+	// Sampling keeps a broker outage from flooding the log with identical retry lines.
+	core = zapcore.NewSamplerWithOptions(core, 1e9, 5, 100)
+	return zap.New(core), nil
+}
+
+// relayConfig maps the loaded settings onto the pipeline's packages.
+func relayConfig(c *config.Config) (relay.Config, error) {
+	cols := decoder.Columns{
+		ID: c.Columns.ID, AggregateType: c.Columns.AggregateType, AggregateID: c.Columns.AggregateID,
+		EventType: c.Columns.EventType, Payload: c.Columns.Payload, Headers: c.Columns.Headers,
+	}
+	var extraCols, extraHeaders []string
+	for _, e := range c.ExtraHeaders {
+		col, header, ok := strings.Cut(e, ":")
+		if !ok {
+			header = col
+		}
+		extraCols = append(extraCols, col)
+		extraHeaders = append(extraHeaders, header)
+	}
+	required := []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload}
+	if cols.Headers != "" {
+		required = append(required, cols.Headers)
+	}
+	required = append(required, extraCols...)
+
+	tlsCfg, err := tlsConfig(c.Kafka.TLS)
+	if err != nil {
+		return relay.Config{}, err
+	}
+	mech, err := saslMechanism(c.Kafka.SASL)
+	if err != nil {
+		return relay.Config{}, err
+	}
+	return relay.Config{
+		Replication: replication.Config{
+			DSN:               c.PGDSN,
+			Slot:              c.Slot,
+			Publication:       c.Publication,
+			Schema:            c.Schema,
+			Table:             c.Table,
+			Columns:           required,
+			CreateSlot:        c.CreateSlot,
+			CreatePublication: c.CreatePublication,
+			StatusInterval:    c.StatusInterval,
+			SlotBusyWait:      c.SlotBusyWait,
+			Messages:          c.HeartbeatInterval > 0,
+		},
+		Decoder: decoder.Config{Schema: c.Schema, Table: c.Table, Columns: cols, Extra: extraCols},
+		Sink: sink.Config{
+			Brokers:         c.KafkaBrokers,
+			TopicTemplate:   c.TopicTemplate,
+			ExtraHeaders:    extraHeaders,
+			MaxMessageBytes: c.MaxMessageBytes,
+			BatchSize:       c.Kafka.BatchSize,
+			Linger:          c.Kafka.Linger,
+			WriteTimeout:    c.Kafka.WriteTimeout,
+			MaxInFlight:     c.MaxInFlight,
+			MaxInFlightSize: c.MaxInFlightBytes,
+			Compression:     compression(c.Kafka.Compression),
+			Policy:          sink.Policy(c.OnFailure),
+			DeadLetterTopic: c.DeadLetterTopic,
+			TLS:             tlsCfg,
+			SASL:            mech,
+			ClientID:        c.Kafka.ClientID,
+		},
+		ShutdownTimeout:   c.ShutdownTimeout,
+		HeartbeatInterval: c.HeartbeatInterval,
+	}, nil
+}
+
+func compression(name string) kafka.Compression {
+	switch name {
+	case "gzip":
+		return kafka.Gzip
+	case "snappy":
+		return kafka.Snappy
+	case "lz4":
+		return kafka.Lz4
+	case "zstd":
+		return kafka.Zstd
+	}
+	return 0
+}
+
+func tlsConfig(c config.TLS) (*tls.Config, error) {
+	if !c.Enabled {
+		return nil, nil
+	}
+	out := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureSkipVerify}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("config key kafka.tls.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("config key kafka.tls.ca_file: %s holds no PEM certificate", c.CAFile)
+		}
+		out.RootCAs = pool
+	}
+	if c.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("config keys kafka.tls.cert_file/key_file: %w", err)
+		}
+		out.Certificates = []tls.Certificate{cert}
+	}
+	return out, nil
+}
+
+func saslMechanism(c config.SASL) (sasl.Mechanism, error) {
+	switch c.Mechanism {
+	case "":
+		return nil, nil
+	case "PLAIN":
+		return plain.Mechanism{Username: c.Username, Password: c.Password}, nil
+	case "SCRAM-SHA-256", "SCRAM-SHA-512":
+		algo := scram.SHA256
+		if c.Mechanism == "SCRAM-SHA-512" {
+			algo = scram.SHA512
+		}
+		m, err := scram.Mechanism(algo, c.Username, c.Password)
+		if err != nil {
+			return nil, fmt.Errorf("config key kafka.sasl.mechanism: %w", err)
+		}
+		return m, nil
+	}
+	return nil, fmt.Errorf("config key kafka.sasl.mechanism: unsupported %q", c.Mechanism)
+}

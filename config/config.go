@@ -1,0 +1,514 @@
+// Package config loads the relay's settings: defaults, then a YAML file, then OUTBOX_* environment
+// variables, then command-line flags, the later winning. Every value is checked at load time and an
+// error names the key and where the bad value came from.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is every setting of `outbox-relay run`.
+type Config struct {
+	PGDSN             string
+	KafkaBrokers      []string
+	Slot              string
+	Publication       string
+	Schema            string
+	Table             string
+	CreateSlot        bool
+	CreatePublication bool
+	Columns           Columns
+	ExtraHeaders      []string // "column" or "column:header"
+	TopicTemplate     string
+	OnFailure         string
+	DeadLetterTopic   string
+	StatusInterval    time.Duration
+	SlotBusyWait      time.Duration
+	ShutdownTimeout   time.Duration
+	MaxInFlight       int
+	MaxInFlightBytes  int64
+	MaxMessageBytes   int
+	HeartbeatInterval time.Duration
+	MetricsAddr       string
+	LogLevel          string
+	LogFormat         string
+	Kafka             Kafka
+}
+
+// Columns names the outbox table's columns.
+type Columns struct {
+	ID, AggregateType, AggregateID, EventType, Payload, Headers string
+}
+
+// Kafka holds producer and connection settings.
+type Kafka struct {
+	BatchSize    int
+	Linger       time.Duration
+	WriteTimeout time.Duration
+	Compression  string
+	ClientID     string
+	TLS          TLS
+	SASL         SASL
+}
+
+// TLS configures encryption to the brokers.
+type TLS struct {
+	Enabled            bool
+	CAFile             string
+	CertFile           string
+	KeyFile            string
+	InsecureSkipVerify bool
+}
+
+// SASL configures authentication to the brokers.
+type SASL struct {
+	Mechanism string // "", PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+	Username  string
+	Password  string
+}
+
+// setting is one configuration key: its default, its help, and how to apply a value.
+type setting struct {
+	key    string
+	def    string
+	help   string
+	secret bool
+	apply  func(c *Config, v string) error
+}
+
+func str(p func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error { *p(c) = v; return nil }
+}
+
+func boolean(p func(*Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("want true or false, got %q", v)
+		}
+		*p(c) = b
+		return nil
+	}
+}
+
+func duration(p func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return fmt.Errorf("want a non-negative duration such as 10s or 500ms, got %q", v)
+		}
+		*p(c) = d
+		return nil
+	}
+}
+
+func integer(p func(*Config) *int) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("want a positive integer, got %q", v)
+		}
+		*p(c) = n
+		return nil
+	}
+}
+
+func size(p func(*Config) *int64) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := parseSize(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("want a positive size such as 67108864, 64MiB or 1MB, got %q", v)
+		}
+		*p(c) = n
+		return nil
+	}
+}
+
+func list(p func(*Config) *[]string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		var out []string
+		for _, s := range strings.Split(v, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+		*p(c) = out
+		return nil
+	}
+}
+
+func oneOf(p func(*Config) *string, allowed ...string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		for _, a := range allowed {
+			if strings.EqualFold(v, a) {
+				*p(c) = a
+				return nil
+			}
+		}
+		return fmt.Errorf("want one of %s, got %q", strings.Join(allowed, ", "), v)
+	}
+}
+
+// settings is the whole configuration surface; README's table follows it.
+var settings = []setting{
+	{key: "pg_dsn", help: "PostgreSQL connection string (URL or key=value); the role needs REPLICATION", secret: true,
+		apply: str(func(c *Config) *string { return &c.PGDSN })},
+	{key: "kafka_brokers", help: "Kafka bootstrap brokers, comma-separated host:port",
+		apply: list(func(c *Config) *[]string { return &c.KafkaBrokers })},
+	{key: "slot", def: "outbox_relay", help: "logical replication slot name",
+		apply: str(func(c *Config) *string { return &c.Slot })},
+	{key: "publication", def: "outbox_relay", help: "publication name",
+		apply: str(func(c *Config) *string { return &c.Publication })},
+	{key: "table", def: "public.outbox_events", help: "outbox table, optionally schema-qualified",
+		apply: func(c *Config, v string) error {
+			schema, table, ok := strings.Cut(v, ".")
+			if !ok {
+				schema, table = "public", v
+			}
+			if schema == "" || table == "" || strings.Contains(table, ".") {
+				return fmt.Errorf("want table or schema.table, got %q", v)
+			}
+			c.Schema, c.Table = schema, table
+			return nil
+		}},
+	{key: "create_slot", def: "true", help: "create the slot when it does not exist",
+		apply: boolean(func(c *Config) *bool { return &c.CreateSlot })},
+	{key: "create_publication", def: "true", help: "create the publication when it does not exist",
+		apply: boolean(func(c *Config) *bool { return &c.CreatePublication })},
+	{key: "columns.id", def: "id", help: "event id column (sent as the id header)",
+		apply: str(func(c *Config) *string { return &c.Columns.ID })},
+	{key: "columns.aggregate_type", def: "aggregate_type", help: "aggregate type column (routes to the topic)",
+		apply: str(func(c *Config) *string { return &c.Columns.AggregateType })},
+	{key: "columns.aggregate_id", def: "aggregate_id", help: "aggregate id column (the record key)",
+		apply: str(func(c *Config) *string { return &c.Columns.AggregateID })},
+	{key: "columns.event_type", def: "event_type", help: "event type column",
+		apply: str(func(c *Config) *string { return &c.Columns.EventType })},
+	{key: "columns.payload", def: "payload", help: "payload column (the record value, bytes as stored)",
+		apply: str(func(c *Config) *string { return &c.Columns.Payload })},
+	{key: "columns.headers", def: "headers", help: "JSON object column whose members become headers; empty for none",
+		apply: str(func(c *Config) *string { return &c.Columns.Headers })},
+	{key: "extra_headers", help: "further columns sent as headers, comma-separated column[:header]",
+		apply: list(func(c *Config) *[]string { return &c.ExtraHeaders })},
+	{key: "topic_template", def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",
+		apply: str(func(c *Config) *string { return &c.TopicTemplate })},
+	{key: "on_failure", def: "dead-letter", help: "what to do with an event Kafka cannot take: dead-letter or halt",
+		apply: oneOf(func(c *Config) *string { return &c.OnFailure }, "dead-letter", "halt")},
+	{key: "dead_letter_topic", def: "outbox.dead-letter", help: "topic for events that cannot be published",
+		apply: str(func(c *Config) *string { return &c.DeadLetterTopic })},
+	{key: "status_interval", def: "1s", help: "how often the confirmed position is reported to PostgreSQL",
+		apply: duration(func(c *Config) *time.Duration { return &c.StatusInterval })},
+	{key: "slot_busy_wait", def: "30s", help: "at start, how long to wait for a slot another process streams before giving up",
+		apply: duration(func(c *Config) *time.Duration { return &c.SlotBusyWait })},
+	{key: "shutdown_timeout", def: "30s", help: "how long a stopping relay waits for Kafka acknowledgements",
+		apply: duration(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+	{key: "max_in_flight_events", def: "10000", help: "events handed to Kafka and not yet acknowledged, at most",
+		apply: integer(func(c *Config) *int { return &c.MaxInFlight })},
+	{key: "max_in_flight_bytes", def: "64MiB", help: "bytes handed to Kafka and not yet acknowledged, at most",
+		apply: size(func(c *Config) *int64 { return &c.MaxInFlightBytes })},
+	{key: "max_message_bytes", def: "1MiB", help: "largest record sent to Kafka; larger events go to the failure policy",
+		apply: func(c *Config, v string) error {
+			n, err := parseSize(v)
+			if err != nil || n <= 0 || n > 1<<30 {
+				return fmt.Errorf("want a size between 1 and 1GiB, got %q", v)
+			}
+			c.MaxMessageBytes = int(n)
+			return nil
+		}},
+	{key: "heartbeat_interval", def: "0s", help: "emit a pg_logical_emit_message heartbeat this often; 0 disables",
+		apply: duration(func(c *Config) *time.Duration { return &c.HeartbeatInterval })},
+	{key: "metrics_addr", help: "listen address for /metrics, /healthz and /readyz (e.g. :9187); empty disables",
+		apply: str(func(c *Config) *string { return &c.MetricsAddr })},
+	{key: "log_level", def: "info", help: "debug, info, warn or error",
+		apply: oneOf(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error")},
+	{key: "log_format", def: "json", help: "json or console",
+		apply: oneOf(func(c *Config) *string { return &c.LogFormat }, "json", "console")},
+	{key: "kafka.batch_size", def: "500", help: "records per produce request and partition",
+		apply: integer(func(c *Config) *int { return &c.Kafka.BatchSize })},
+	{key: "kafka.linger", def: "5ms", help: "how long a partial batch waits for more records",
+		apply: duration(func(c *Config) *time.Duration { return &c.Kafka.Linger })},
+	{key: "kafka.write_timeout", def: "10s", help: "timeout of one produce request before it is retried",
+		apply: duration(func(c *Config) *time.Duration { return &c.Kafka.WriteTimeout })},
+	{key: "kafka.compression", def: "none", help: "none, gzip, snappy, lz4 or zstd",
+		apply: oneOf(func(c *Config) *string { return &c.Kafka.Compression }, "none", "gzip", "snappy", "lz4", "zstd")},
+	{key: "kafka.client_id", def: "outbox-relay", help: "Kafka client id",
+		apply: str(func(c *Config) *string { return &c.Kafka.ClientID })},
+	{key: "kafka.tls.enabled", def: "false", help: "connect to the brokers with TLS",
+		apply: boolean(func(c *Config) *bool { return &c.Kafka.TLS.Enabled })},
+	{key: "kafka.tls.ca_file", help: "PEM CA bundle to verify the brokers (default: system roots)",
+		apply: str(func(c *Config) *string { return &c.Kafka.TLS.CAFile })},
+	{key: "kafka.tls.cert_file", help: "PEM client certificate for mutual TLS",
+		apply: str(func(c *Config) *string { return &c.Kafka.TLS.CertFile })},
+	{key: "kafka.tls.key_file", help: "PEM client key for mutual TLS",
+		apply: str(func(c *Config) *string { return &c.Kafka.TLS.KeyFile })},
+	{key: "kafka.tls.insecure_skip_verify", def: "false", help: "do not verify the brokers' certificates (testing only)",
+		apply: boolean(func(c *Config) *bool { return &c.Kafka.TLS.InsecureSkipVerify })},
+	{key: "kafka.sasl.mechanism", help: "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty for none",
+		apply: func(c *Config, v string) error {
+			if v == "" {
+				c.Kafka.SASL.Mechanism = ""
+				return nil
+			}
+			return oneOf(func(c *Config) *string { return &c.Kafka.SASL.Mechanism }, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")(c, v)
+		}},
+	{key: "kafka.sasl.username", help: "SASL user name",
+		apply: str(func(c *Config) *string { return &c.Kafka.SASL.Username })},
+	{key: "kafka.sasl.password", help: "SASL password", secret: true,
+		apply: str(func(c *Config) *string { return &c.Kafka.SASL.Password })},
+}
+
+// EnvName is the environment variable for a key: OUTBOX_ and the key in upper case, dots as
+// underscores (kafka.sasl.password -> OUTBOX_KAFKA_SASL_PASSWORD).
+func EnvName(key string) string {
+	return "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// FlagName is the command-line flag for a key: underscores as dashes (max_in_flight_events ->
+// --max-in-flight-events, kafka.sasl.password -> --kafka.sasl.password).
+func FlagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
+
+// Loader reads configuration for one command.
+type Loader struct {
+	fs      *flag.FlagSet
+	file    *string
+	flagged map[string]*string
+	getenv  func(string) string
+}
+
+// NewLoader registers --config and one flag per key on fs.
+func NewLoader(fs *flag.FlagSet, getenv func(string) string) *Loader {
+	l := &Loader{fs: fs, getenv: getenv, flagged: make(map[string]*string)}
+	l.file = fs.String("config", "", "YAML configuration file")
+	for _, s := range settings {
+		help := s.help
+		if s.def != "" {
+			help += " (default " + s.def + ")"
+		}
+		help += " [" + EnvName(s.key) + "]"
+		l.flagged[s.key] = fs.String(FlagName(s.key), "", help)
+	}
+	return l
+}
+
+// Load applies defaults, the file, the environment and the flags that were set, then validates.
+func (l *Loader) Load() (*Config, error) {
+	c := &Config{}
+	type source struct {
+		value, from string
+	}
+	values := make(map[string]source)
+	for _, s := range settings {
+		values[s.key] = source{s.def, "default"}
+	}
+	if *l.file != "" {
+		fileValues, err := readFile(*l.file)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range fileValues {
+			values[k] = source{v, *l.file}
+		}
+	}
+	for _, s := range settings {
+		if v, ok := lookupEnv(l.getenv, EnvName(s.key)); ok {
+			values[s.key] = source{v, EnvName(s.key)}
+		}
+	}
+	l.fs.Visit(func(f *flag.Flag) {
+		for _, s := range settings {
+			if FlagName(s.key) == f.Name {
+				values[s.key] = source{f.Value.String(), "--" + f.Name}
+			}
+		}
+	})
+	var errs []error
+	for _, s := range settings {
+		v := values[s.key]
+		if err := s.apply(c, v.value); err != nil {
+			errs = append(errs, fmt.Errorf("config key %s (from %s): %w", s.key, v.from, err))
+		}
+	}
+	if err := joinErrors(errs); err != nil {
+		return nil, err
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func lookupEnv(getenv func(string) string, name string) (string, bool) {
+	if getenv == nil {
+		return os.LookupEnv(name)
+	}
+	v := getenv(name)
+	return v, v != ""
+}
+
+// readFile flattens a YAML document into dotted keys; lists become comma-separated values.
+func readFile(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	out := make(map[string]string)
+	if err := flatten("", doc, out); err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	known := make(map[string]bool, len(settings))
+	for _, s := range settings {
+		known[s.key] = true
+	}
+	var unknown []string
+	for k := range out {
+		if !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("config file %s: unknown key %s (see `outbox-relay run -h` for the keys)", path, strings.Join(unknown, ", "))
+	}
+	return out, nil
+}
+
+func flatten(prefix string, v any, out map[string]string) error {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, sub := range v {
+			key := k
+			if prefix != "" {
+				key = prefix + "." + k
+			}
+			if err := flatten(key, sub, out); err != nil {
+				return err
+			}
+		}
+	case []any:
+		parts := make([]string, len(v))
+		for i, item := range v {
+			parts[i] = fmt.Sprint(item)
+		}
+		out[prefix] = strings.Join(parts, ",")
+	case nil:
+		out[prefix] = ""
+	default:
+		out[prefix] = fmt.Sprint(v)
+	}
+	return nil
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.PGDSN == "" {
+		errs = append(errs, fmt.Errorf("config key pg_dsn is required: set %s or --pg-dsn", EnvName("pg_dsn")))
+	}
+	if len(c.KafkaBrokers) == 0 {
+		errs = append(errs, fmt.Errorf("config key kafka_brokers is required: set %s or --kafka-brokers", EnvName("kafka_brokers")))
+	}
+	for _, b := range c.KafkaBrokers {
+		if _, port, ok := strings.Cut(b, ":"); !ok || port == "" {
+			errs = append(errs, fmt.Errorf("config key kafka_brokers: %q is not host:port", b))
+		}
+	}
+	for key, name := range map[string]string{"slot": c.Slot, "publication": c.Publication} {
+		if !validIdent(name) {
+			errs = append(errs, fmt.Errorf("config key %s: %q must be lower-case letters, digits and underscores, at most 63 characters", key, name))
+		}
+	}
+	for key, col := range map[string]string{"columns.id": c.Columns.ID, "columns.aggregate_type": c.Columns.AggregateType,
+		"columns.aggregate_id": c.Columns.AggregateID, "columns.event_type": c.Columns.EventType, "columns.payload": c.Columns.Payload} {
+		if col == "" {
+			errs = append(errs, fmt.Errorf("config key %s must not be empty", key))
+		}
+	}
+	if c.TopicTemplate == "" {
+		errs = append(errs, errors.New("config key topic_template must not be empty"))
+	}
+	if c.StatusInterval < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("config key status_interval: %s is too short (at least 100ms)", c.StatusInterval))
+	}
+	if c.Kafka.SASL.Mechanism != "" && (c.Kafka.SASL.Username == "" || c.Kafka.SASL.Password == "") {
+		errs = append(errs, errors.New("config key kafka.sasl.mechanism is set, so kafka.sasl.username and kafka.sasl.password are required"))
+	}
+	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
+		errs = append(errs, errors.New("config keys kafka.tls.cert_file and kafka.tls.key_file go together: set both or neither"))
+	}
+	if c.PGDSN != "" {
+		if err := checkDSN(c.PGDSN); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return joinErrors(errs)
+}
+
+// joinErrors keeps several problems on one line, so each is still one line of the log.
+func joinErrors(errs []error) error {
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+func validIdent(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkDSN catches a malformed URL early, without echoing the password.
+func checkDSN(dsn string) error {
+	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
+		return nil // key=value form; pgconn reports its own errors, redacted
+	}
+	if _, err := url.Parse(dsn); err != nil {
+		return fmt.Errorf("config key pg_dsn: not a valid URL (%s)", RedactDSN(dsn))
+	}
+	return nil
+}
+
+// parseSize reads a byte count with an optional KB/MB/GB (powers of 1000) or KiB/MiB/GiB suffix.
+func parseSize(v string) (int64, error) {
+	v = strings.TrimSpace(v)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000}, {"B", 1}} {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			v, mult = strings.TrimSpace(n), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	return n * mult, nil
+}

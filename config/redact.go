@@ -1,0 +1,68 @@
+package config
+
+import (
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// RedactDSN hides the password in a PostgreSQL connection string, in URL or key=value form.
+func RedactDSN(dsn string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "<unparsable DSN>"
+		}
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
+}
+
+var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// Secrets returns the secret values of c, for scrubbing from error text that might quote them.
+func (c *Config) Secrets() []string {
+	var out []string
+	if pw := dsnPassword(c.PGDSN); pw != "" {
+		out = append(out, pw)
+	}
+	if c.Kafka.SASL.Password != "" {
+		out = append(out, c.Kafka.SASL.Password)
+	}
+	return out
+}
+
+// Scrub replaces each secret in s.
+func Scrub(s string, secrets ...string) string {
+	for _, sec := range secrets {
+		if len(sec) >= 3 { // shorter strings would redact ordinary words
+			s = strings.ReplaceAll(s, sec, "xxxxx")
+		}
+	}
+	return s
+}
+
+func dsnPassword(dsn string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return ""
+		}
+		if pw, ok := u.User.Password(); ok {
+			return pw
+		}
+		return u.Query().Get("password")
+	}
+	if m := kvPassword.FindStringSubmatch(dsn); m != nil {
+		return strings.Trim(m[2], "'")
+	}
+	return ""
+}

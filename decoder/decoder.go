@@ -1,0 +1,381 @@
+// Package decoder turns pgoutput (protocol version 1) messages into outbox events.
+//
+// Columns are found by name in the Relation message, so their order and any extra columns in the
+// table do not matter. Only INSERTs into the outbox relation become events; other tables and other
+// operations (UPDATE, DELETE, TRUNCATE) are skipped, which also makes the insert-then-delete pattern
+// work. Column values are slices of the message buffer: the caller must hand Decode a buffer it
+// owns and never reuses.
+package decoder
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Columns names the outbox table's columns. Headers is optional: leave it empty when the table has
+// no headers column.
+type Columns struct {
+	ID            string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Payload       string
+	Headers       string
+}
+
+// DefaultColumns matches the table `outbox-relay migrate` creates.
+func DefaultColumns() Columns {
+	return Columns{
+		ID:            "id",
+		AggregateType: "aggregate_type",
+		AggregateID:   "aggregate_id",
+		EventType:     "event_type",
+		Payload:       "payload",
+		Headers:       "headers",
+	}
+}
+
+// Config says which relation is the outbox and how to read it.
+type Config struct {
+	Schema  string // default "public"
+	Table   string
+	Columns Columns
+	// Extra lists further columns whose values travel with the event (as Kafka headers), in order.
+	Extra []string
+}
+
+// TxInfo identifies the transaction an event belongs to.
+type TxInfo struct {
+	Xid        uint32
+	CommitLSN  pglogrepl.LSN // LSN of the commit record ("final LSN" in Begin)
+	CommitTime time.Time
+}
+
+// Event is one outbox row. Byte slices alias the message buffer given to Decode. A nil slice is a
+// NULL column; an empty non-nil slice is an empty value.
+type Event struct {
+	ID            []byte
+	AggregateType []byte
+	AggregateID   []byte
+	EventType     []byte
+	Payload       []byte
+	Headers       []byte   // the headers column as JSON text, or nil
+	Extra         [][]byte // values of Config.Extra, in the same order
+	LSN           pglogrepl.LSN
+	Tx            TxInfo
+}
+
+// Kind says what a decoded message means for the relay.
+type Kind uint8
+
+const (
+	Skip    Kind = iota // nothing to do: another table, another operation, metadata
+	Begin               // a transaction starts; Tx is set
+	Insert              // an outbox row; Event is set
+	Commit              // the transaction ends; Tx and EndLSN are set
+	Message             // a non-transactional logical decoding message at LSN (e.g. a heartbeat)
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Skip:
+		return "skip"
+	case Begin:
+		return "begin"
+	case Insert:
+		return "insert"
+	case Commit:
+		return "commit"
+	case Message:
+		return "message"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Change is the result of decoding one message.
+type Change struct {
+	Kind   Kind
+	Tx     TxInfo
+	EndLSN pglogrepl.LSN // Commit: the transaction end LSN, the position to confirm
+	Event  *Event        // Insert
+	LSN    pglogrepl.LSN // Message
+	Prefix string        // Message
+}
+
+// Decoder keeps the state a pgoutput stream needs: the relation cache and the open transaction.
+// It is not safe for concurrent use.
+type Decoder struct {
+	cfg       Config
+	relations map[uint32]*relation
+	tx        TxInfo
+	inTx      bool
+	cols      []column // scratch for TupleData
+}
+
+// relation is what the decoder remembers of a Relation message.
+type relation struct {
+	name   string // schema.table, for messages
+	outbox bool
+	// index of each mapped column in the tuple; -1 when not configured (Headers only)
+	id, aggType, aggID, evType, payload, headers int
+	extra                                        []int
+	payloadBytea                                 bool
+}
+
+// New returns a decoder for cfg.
+func New(cfg Config) *Decoder {
+	if cfg.Schema == "" {
+		cfg.Schema = "public"
+	}
+	return &Decoder{cfg: cfg, relations: make(map[uint32]*relation)}
+}
+
+// Reset forgets the open transaction, for a new replication session: the server replays any
+// transaction that was cut off from its Begin. The relation cache is dropped too because the
+// server resends Relation messages in every session.
+func (d *Decoder) Reset() {
+	d.inTx = false
+	d.tx = TxInfo{}
+	clear(d.relations)
+}
+
+// InTransaction reports whether a Begin has been seen without its Commit.
+func (d *Decoder) InTransaction() bool { return d.inTx }
+
+// pgoutput message types (first byte).
+const (
+	msgBegin    = 'B'
+	msgCommit   = 'C'
+	msgOrigin   = 'O'
+	msgRelation = 'R'
+	msgType     = 'Y'
+	msgInsert   = 'I'
+	msgUpdate   = 'U'
+	msgDelete   = 'D'
+	msgTruncate = 'T'
+	msgMessage  = 'M'
+)
+
+// Decode decodes one pgoutput message that started at walStart in the WAL.
+func (d *Decoder) Decode(walStart pglogrepl.LSN, data []byte) (Change, error) {
+	if len(data) == 0 {
+		return Change{}, fmt.Errorf("decode at %s: empty message", walStart)
+	}
+	r := reader{buf: data[1:]}
+	var ch Change
+	var err error
+	switch data[0] {
+	case msgBegin:
+		ch, err = d.begin(&r)
+	case msgCommit:
+		ch, err = d.commit(&r)
+	case msgRelation:
+		err = d.relation(&r)
+	case msgInsert:
+		ch, err = d.insert(&r, walStart)
+	case msgMessage:
+		ch, err = d.message(&r)
+	case msgOrigin, msgType, msgUpdate, msgDelete, msgTruncate:
+		// Nothing to publish. Update and delete are skipped on purpose: the outbox is append-only,
+		// and deleting the row in the same transaction is a common way to keep the table empty.
+	default:
+		err = fmt.Errorf("unknown message type %q (is the slot using pgoutput protocol version 1?)", data[0])
+	}
+	if err == nil {
+		err = r.err
+	}
+	if err != nil {
+		return Change{}, fmt.Errorf("decode %q message at %s: %w", data[0], walStart, err)
+	}
+	return ch, nil
+}
+
+func (d *Decoder) begin(r *reader) (Change, error) {
+	if d.inTx {
+		return Change{}, fmt.Errorf("begin of a transaction while %d (commit %s) is still open", d.tx.Xid, d.tx.CommitLSN)
+	}
+	d.tx = TxInfo{CommitLSN: r.lsn(), CommitTime: r.time(), Xid: r.u32()}
+	d.inTx = r.err == nil
+	return Change{Kind: Begin, Tx: d.tx}, nil
+}
+
+func (d *Decoder) commit(r *reader) (Change, error) {
+	if !d.inTx {
+		return Change{}, fmt.Errorf("commit without a transaction")
+	}
+	r.u8() // flags, unused
+	commitLSN := r.lsn()
+	end := r.lsn()
+	r.time()
+	if r.err != nil {
+		return Change{}, nil
+	}
+	if commitLSN != d.tx.CommitLSN {
+		return Change{}, fmt.Errorf("out of order commit: commit LSN %s does not match the begin's %s", commitLSN, d.tx.CommitLSN)
+	}
+	d.inTx = false
+	return Change{Kind: Commit, Tx: d.tx, EndLSN: end}, nil
+}
+
+func (d *Decoder) relation(r *reader) error {
+	oid := r.u32()
+	schema := r.cstring()
+	table := r.cstring()
+	r.u8() // replica identity
+	n := int(r.u16())
+	names := make([]string, 0, n)
+	types := make([]uint32, 0, n)
+	for i := 0; i < n && r.err == nil; i++ {
+		r.u8() // flags: part of the key
+		names = append(names, r.cstring())
+		types = append(types, r.u32())
+		r.u32() // type modifier
+	}
+	if r.err != nil {
+		return nil
+	}
+	rel := &relation{name: schema + "." + table}
+	if schema == d.cfg.Schema && table == d.cfg.Table {
+		if err := d.mapColumns(rel, names, types); err != nil {
+			// Forget any earlier definition: its column indexes no longer match the table, and
+			// decoding later inserts with them would put values in the wrong fields.
+			delete(d.relations, oid)
+			return err
+		}
+		rel.outbox = true
+	}
+	d.relations[oid] = rel
+	return nil
+}
+
+// byteaOID is the type OID of bytea, whose text form is hex and must be decoded.
+const byteaOID = 17
+
+func (d *Decoder) mapColumns(rel *relation, names []string, types []uint32) error {
+	index := func(name string) int {
+		for i, n := range names {
+			if n == name {
+				return i
+			}
+		}
+		return -1
+	}
+	c := d.cfg.Columns
+	var missing []string
+	need := func(key, name string) int {
+		i := index(name)
+		if i < 0 {
+			missing = append(missing, fmt.Sprintf("%q (%s)", name, key))
+		}
+		return i
+	}
+	rel.id = need("columns.id", c.ID)
+	rel.aggType = need("columns.aggregate_type", c.AggregateType)
+	rel.aggID = need("columns.aggregate_id", c.AggregateID)
+	rel.evType = need("columns.event_type", c.EventType)
+	rel.payload = need("columns.payload", c.Payload)
+	rel.headers = -1
+	if c.Headers != "" {
+		rel.headers = need("columns.headers", c.Headers)
+	}
+	rel.extra = make([]int, len(d.cfg.Extra))
+	for i, name := range d.cfg.Extra {
+		rel.extra[i] = need("extra column", name)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("outbox table %s has no column %s; it has %s: fix the table or the columns.* settings",
+			rel.name, strings.Join(missing, ", "), strings.Join(names, ", "))
+	}
+	rel.payloadBytea = types[rel.payload] == byteaOID
+	return nil
+}
+
+func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN) (Change, error) {
+	oid := r.u32()
+	if tag := r.u8(); r.err == nil && tag != 'N' {
+		return Change{}, fmt.Errorf("insert with tuple tag %q, want 'N'", tag)
+	}
+	rel, ok := d.relations[oid]
+	if r.err != nil {
+		return Change{}, nil
+	}
+	if !ok {
+		return Change{}, fmt.Errorf("insert into relation %d before its Relation message", oid)
+	}
+	if !rel.outbox {
+		return Change{}, nil
+	}
+	if !d.inTx {
+		return Change{}, fmt.Errorf("insert into %s outside a transaction", rel.name)
+	}
+	d.cols = r.tuple(d.cols)
+	if r.err != nil {
+		return Change{}, nil
+	}
+	value := func(i int) ([]byte, error) {
+		if i < 0 {
+			return nil, nil
+		}
+		if i >= len(d.cols) {
+			return nil, fmt.Errorf("insert into %s has %d columns, the relation promised at least %d", rel.name, len(d.cols), i+1)
+		}
+		if d.cols[i].kind == colUnchanged {
+			return nil, fmt.Errorf("insert into %s carries an unchanged TOAST value in column %d", rel.name, i)
+		}
+		return d.cols[i].data, nil
+	}
+	ev := &Event{LSN: walStart, Tx: d.tx}
+	var err error
+	for _, f := range []struct {
+		dst *[]byte
+		idx int
+	}{
+		{&ev.ID, rel.id}, {&ev.AggregateType, rel.aggType}, {&ev.AggregateID, rel.aggID},
+		{&ev.EventType, rel.evType}, {&ev.Payload, rel.payload}, {&ev.Headers, rel.headers},
+	} {
+		if *f.dst, err = value(f.idx); err != nil {
+			return Change{}, err
+		}
+	}
+	if len(rel.extra) > 0 {
+		ev.Extra = make([][]byte, len(rel.extra))
+		for i, idx := range rel.extra {
+			if ev.Extra[i], err = value(idx); err != nil {
+				return Change{}, err
+			}
+		}
+	}
+	if rel.payloadBytea && ev.Payload != nil {
+		if ev.Payload, err = unhexBytea(ev.Payload); err != nil {
+			return Change{}, fmt.Errorf("payload of event %s: %w", ev.ID, err)
+		}
+	}
+	return Change{Kind: Insert, Tx: d.tx, Event: ev}, nil
+}
+
+// unhexBytea decodes bytea's text output (hex format, "\x0a0b...").
+func unhexBytea(b []byte) ([]byte, error) {
+	if len(b) < 2 || b[0] != '\\' || b[1] != 'x' {
+		return nil, fmt.Errorf("bytea value is not in hex format (set bytea_output = 'hex')")
+	}
+	out := make([]byte, hex.DecodedLen(len(b)-2))
+	if _, err := hex.Decode(out, b[2:]); err != nil {
+		return nil, fmt.Errorf("bytea value: %w", err)
+	}
+	return out, nil
+}
+
+func (d *Decoder) message(r *reader) (Change, error) {
+	transactional := r.u8() == 1
+	lsn := r.lsn()
+	prefix := r.cstring()
+	r.take(int(r.u32()))
+	if transactional || r.err != nil {
+		return Change{}, nil
+	}
+	return Change{Kind: Message, LSN: lsn, Prefix: prefix}, nil
+}

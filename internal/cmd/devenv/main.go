@@ -1,0 +1,113 @@
+// Command devenv runs the local PostgreSQL and Kafka for development (make up / make down):
+//
+//	devenv up     [--dir .local] [--pg-port N] [--kafka-port N]
+//	devenv down   [--dir .local] [--purge]
+//	devenv status [--dir .local]   (exit status 1 unless both run)
+//
+// State lives in <dir>/postgres and <dir>/kafka; up writes <dir>/services.env.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: devenv up|down|status [--dir .local] [--purge] [--pg-port N] [--kafka-port N]")
+		os.Exit(2)
+	}
+	flags := flag.NewFlagSet("devenv "+os.Args[1], flag.ExitOnError)
+	dir := flags.String("dir", ".local", "state directory")
+	purge := flags.Bool("purge", false, "down: also delete the data")
+	pgPort := flags.Int("pg-port", 0, "up: port of a new PostgreSQL cluster (0: a free one)")
+	kafkaPort := flags.Int("kafka-port", 0, "up: port of a new Kafka broker (0: a free one)")
+	_ = flags.Parse(os.Args[2:])
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	pgDir, kDir := filepath.Join(*dir, "postgres"), filepath.Join(*dir, "kafka")
+	envFile := filepath.Join(*dir, "services.env")
+	pg, pgErr := devenv.AttachPostgres(pgDir)
+	k, kErr := devenv.AttachKafka(kDir)
+	var err error
+	switch os.Args[1] {
+	case "up":
+		// Attach to what exists (Start is a no-op when running), create what does not.
+		if errors.Is(pgErr, fs.ErrNotExist) {
+			pg, pgErr = devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: pgDir, Port: *pgPort, Detached: true})
+		} else if pgErr == nil {
+			pgErr = pg.Start(ctx)
+		}
+		if pgErr != nil {
+			fail(pgErr)
+		}
+		if errors.Is(kErr, fs.ErrNotExist) {
+			k, kErr = devenv.StartKafka(ctx, devenv.KafkaOptions{Dir: kDir, Port: *kafkaPort, Detached: true})
+		} else if kErr == nil {
+			kErr = k.Start(ctx)
+		}
+		if kErr != nil {
+			fail(kErr)
+		}
+		env := fmt.Sprintf("OUTBOX_PG_DSN=%s\nOUTBOX_KAFKA_BROKERS=%s\n", pg.DSN(pg.Database()), k.Brokers())
+		err = os.WriteFile(envFile, []byte(env), 0o644)
+		fmt.Printf("%s# in %s; logs: %s %s\n", env, envFile, pg.Logs(), k.Logs())
+	case "down":
+		_ = os.Remove(envFile) // its addresses are dead from here on
+		var errs []error
+		if pgErr == nil {
+			errs = append(errs, pg.Stop(ctx))
+			if *purge {
+				errs = append(errs, pg.Close(ctx))
+			}
+		}
+		if kErr == nil {
+			errs = append(errs, k.Stop(ctx))
+			if *purge {
+				errs = append(errs, k.Close(ctx))
+			}
+		}
+		if *purge {
+			_ = os.Remove(*dir) // only when empty: it may hold other things
+		}
+		if err = errors.Join(errs...); err == nil {
+			fmt.Println("postgres and kafka stopped")
+		}
+	case "status":
+		ok := report("postgres", pgErr, func() (bool, string, string) { return pg.Running(), pg.DSN(pg.Database()), pg.Logs() })
+		ok = report("kafka", kErr, func() (bool, string, string) { return k.Running(), k.Brokers(), k.Logs() }) && ok
+		if !ok {
+			os.Exit(1)
+		}
+	default:
+		err = fmt.Errorf("unknown command %q (want up, down or status)", os.Args[1])
+	}
+	if err != nil {
+		fail(err)
+	}
+}
+
+func report(name string, attachErr error, state func() (running bool, addr, logs string)) bool {
+	if attachErr != nil {
+		fmt.Printf("%-9s not created (%v)\n", name+":", attachErr)
+		return false
+	}
+	running, addr, logs := state()
+	fmt.Printf("%-9s %s %s (log %s)\n", name+":", map[bool]string{true: "running", false: "stopped"}[running], addr, logs)
+	return running
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "devenv:", err)
+	os.Exit(1)
+}

@@ -1,0 +1,280 @@
+package devenv
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// ErrKafkaLibMissing means the broker jars have not been assembled.
+var ErrKafkaLibMissing = errors.New("Kafka jars missing: run `make kafka-lib`")
+
+// DefaultKafkaLib is where scripts/kafka-lib.sh puts the broker jars: $OUTBOX_KAFKA_LIB or
+// ~/.cache/outbox-relay/kafka-4.4.0/lib.
+func DefaultKafkaLib() string {
+	if lib := os.Getenv("OUTBOX_KAFKA_LIB"); lib != "" {
+		return lib
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		home = os.TempDir()
+	}
+	return filepath.Join(home, ".cache", "outbox-relay", "kafka-4.4.0", "lib")
+}
+
+// KafkaLibReady checks for the stamp kafka-lib.sh writes last into a complete lib folder.
+func KafkaLibReady(lib string) error {
+	if _, err := os.Stat(filepath.Join(lib, ".complete")); err != nil {
+		return fmt.Errorf("%w (looked in %s)", ErrKafkaLibMissing, lib)
+	}
+	return nil
+}
+
+// KafkaOptions configures StartKafka; zero values mean the defaults in the comments.
+type KafkaOptions struct {
+	Dir            string            // instance directory; a fresh temp dir
+	Port           int               // broker port on 127.0.0.1; a free one
+	ControllerPort int               // KRaft controller port; a free one
+	Partitions     int               // num.partitions for auto-created topics; 3
+	HeapMB         int               // JVM -Xmx; 512
+	Lib            string            // jar folder; DefaultKafkaLib()
+	Settings       map[string]string // extra server.properties entries, override the defaults
+	Keep           bool              // Close stops but keeps the directory
+	Detached       bool              // the broker outlives this process (make up)
+}
+
+// Kafka is a single-node KRaft broker+controller: server.properties, data/ and kafka.log in its
+// directory, the JVM's pid in kafka.pid.
+type Kafka struct {
+	service
+	st kafkaState
+}
+
+// kafkaState is persisted in <dir>/devenv.json for AttachKafka.
+type kafkaState struct {
+	Port           int    `json:"port"`
+	ControllerPort int    `json:"controller_port"`
+	HeapMB         int    `json:"heap_mb"`
+	Lib            string `json:"lib"`
+}
+
+// StartKafka formats a new broker directory and starts the broker.
+func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
+	st := kafkaState{Port: opts.Port, ControllerPort: opts.ControllerPort,
+		HeapMB: cmp.Or(opts.HeapMB, 512), Lib: cmp.Or(opts.Lib, DefaultKafkaLib())}
+	if err := KafkaLibReady(st.Lib); err != nil {
+		return nil, err
+	}
+	dir, err := newDir(opts.Dir, "outbox-kafka-")
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	k := newKafka(dir, st)
+	k.detached, k.keep = opts.Detached, opts.Keep
+	if err := k.create(ctx, cmp.Or(opts.Partitions, 3), opts.Settings); err != nil {
+		if !opts.Keep {
+			_ = k.Close(context.Background())
+		}
+		return nil, err
+	}
+	return k, nil
+}
+
+// AttachKafka opens a broker created earlier, maybe by another process (make down). Its Start
+// runs detached; its Close removes the directory.
+func AttachKafka(dir string) (*Kafka, error) {
+	var st kafkaState
+	dir, err := readState(dir, &st)
+	if err != nil {
+		return nil, err
+	}
+	k := newKafka(dir, st)
+	k.detached = true
+	return k, nil
+}
+
+func newKafka(dir string, st kafkaState) *Kafka {
+	return &Kafka{st: st, service: service{name: "kafka", dir: dir,
+		pidFile: filepath.Join(dir, "kafka.pid"), writePid: true, needle: filepath.Join(dir, "server.properties")}}
+}
+
+func (k *Kafka) create(ctx context.Context, partitions int, extra map[string]string) error {
+	ports, err := freePorts(2)
+	if err != nil {
+		return err
+	}
+	k.st.Port, k.st.ControllerPort = cmp.Or(k.st.Port, ports[0]), cmp.Or(k.st.ControllerPort, ports[1])
+	if err := writeState(k.dir, k.st); err != nil {
+		return fmt.Errorf("kafka state: %w", err)
+	}
+	broker, controller := k.Brokers(), "127.0.0.1:"+strconv.Itoa(k.st.ControllerPort)
+	props, err := renderSettings(map[string]string{
+		"process.roles":                       "broker,controller",
+		"node.id":                             "1",
+		"controller.quorum.bootstrap.servers": controller,
+		"listeners":                           "PLAINTEXT://" + broker + ",CONTROLLER://" + controller,
+		"advertised.listeners":                "PLAINTEXT://" + broker + ",CONTROLLER://" + controller,
+		"controller.listener.names":           "CONTROLLER",
+		"inter.broker.listener.name":          "PLAINTEXT",
+		"listener.security.protocol.map":      "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+		"log.dirs":                            filepath.Join(k.dir, "data"),
+		"num.partitions":                      strconv.Itoa(partitions),
+		"auto.create.topics.enable":           "true",
+		"group.initial.rebalance.delay.ms":    "0",
+		// One node: replication factor and min ISR 1. One partition per internal topic makes the
+		// first consumer group or transaction faster to set up.
+		"offsets.topic.replication.factor":                 "1",
+		"offsets.topic.num.partitions":                     "1",
+		"transaction.state.log.replication.factor":         "1",
+		"transaction.state.log.min.isr":                    "1",
+		"transaction.state.log.num.partitions":             "1",
+		"share.coordinator.state.topic.replication.factor": "1",
+		"share.coordinator.state.topic.min.isr":            "1",
+		"share.coordinator.state.topic.num.partitions":     "1",
+	}, extra, func(k, v string) string { return k + "=" + v })
+	if err == nil {
+		err = os.WriteFile(k.needle, []byte(props), 0o644)
+	}
+	if err != nil {
+		return fmt.Errorf("kafka config: %w", err)
+	}
+	// Dynamic quorum (bootstrap servers + format --standalone), the 4.x default. The cluster id is
+	// made here: a `StorageTool random-uuid` run would cost another JVM start.
+	err = run(ctx, k.dir, nil, "java", append(k.jvmFlags(), "-Xmx256m", "kafka.tools.StorageTool",
+		"format", "--standalone", "-t", kafkaClusterID(), "-c", k.needle)...)
+	if err != nil {
+		return fmt.Errorf("kafka format: %w", err)
+	}
+	return k.Start(ctx)
+}
+
+// kafkaClusterID makes an id like Kafka's Uuid.randomUuid: 16 random bytes in URL-safe base64,
+// not starting with '-' (it would read as a flag).
+func kafkaClusterID() string {
+	for {
+		b := make([]byte, 16)
+		_, _ = rand.Read(b)
+		if id := base64.RawURLEncoding.EncodeToString(b); id[0] != '-' {
+			return id
+		}
+	}
+}
+
+func (k *Kafka) jvmFlags() []string {
+	// kafka-lib.sh copies scripts/kafka/log4j2.properties next to the jars.
+	return []string{"-XX:+UseG1GC", "-Djava.awt.headless=true", "-Dkafka.logs.dir=" + k.dir,
+		"-Dlog4j2.configurationFile=" + filepath.Join(k.st.Lib, "log4j2.properties"),
+		"-cp", filepath.Join(k.st.Lib, "*")}
+}
+
+// Brokers returns the bootstrap address, "127.0.0.1:<port>".
+func (k *Kafka) Brokers() string { return "127.0.0.1:" + strconv.Itoa(k.st.Port) }
+
+// Start starts the broker (same ports and data) unless it runs, and waits until it answers
+// metadata requests (90s at most).
+func (k *Kafka) Start(ctx context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	args := append([]string{"-Xms128m", fmt.Sprintf("-Xmx%dm", k.st.HeapMB)}, k.jvmFlags()...)
+	spec := spawnSpec{path: "java", args: append(args, "kafka.Kafka", k.needle), dir: k.dir, deathSig: syscall.SIGKILL}
+	err := k.start(ctx, spec, 90*time.Second, k.ping)
+	return err
+}
+
+// ping succeeds once the broker answers ApiVersions and lists itself in metadata, i.e. it has
+// registered with the controller and been unfenced.
+func (k *Kafka) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	conn, err := (&kafka.Dialer{}).DialContext(ctx, "tcp", k.Brokers())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetDeadline(deadline)
+	if _, err := conn.ApiVersions(); err != nil {
+		return err
+	}
+	if brokers, err := conn.Brokers(); err != nil || len(brokers) == 0 {
+		return fmt.Errorf("no broker in metadata yet (%v)", err)
+	}
+	return nil
+}
+
+// Stop shuts the broker down (SIGTERM: controlled shutdown), SIGKILL after 30s.
+func (k *Kafka) Stop(ctx context.Context) error {
+	err := k.stop(ctx, syscall.SIGTERM, 30*time.Second)
+	if err == nil {
+		_ = os.Remove(k.pidFile)
+	}
+	return err
+}
+
+// Pause SIGSTOPs the broker: the kernel still accepts connections but nothing answers.
+func (k *Kafka) Pause() error { return k.signal(syscall.SIGSTOP) }
+
+// Resume SIGCONTs a paused broker.
+func (k *Kafka) Resume() error { return k.signal(syscall.SIGCONT) }
+
+func (k *Kafka) signal(sig syscall.Signal) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	p := k.current()
+	if p == nil {
+		return fmt.Errorf("kafka %v: broker not running", sig)
+	}
+	return p.signalGroup(sig)
+}
+
+// Close stops the broker and removes its directory unless Keep was set.
+func (k *Kafka) Close(ctx context.Context) error {
+	return k.close(func() error { return k.Stop(ctx) })
+}
+
+// CreateTopic creates a topic (replication factor 1) and waits until every partition has a
+// leader, so producing right away does not hit LEADER_NOT_AVAILABLE.
+func (k *Kafka) CreateTopic(ctx context.Context, name string, partitions int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	// kafka.Client sends CreateTopics to the controller the metadata names.
+	client := &kafka.Client{Addr: kafka.TCP(k.Brokers())}
+	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{
+		Topics: []kafka.TopicConfig{{Topic: name, NumPartitions: partitions, ReplicationFactor: 1}}})
+	if err == nil {
+		err = resp.Errors[name]
+	}
+	if err != nil {
+		return fmt.Errorf("kafka create topic %s: %w", name, err)
+	}
+	for {
+		meta, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{name}})
+		if err == nil && len(meta.Topics) == 1 && allLed(meta.Topics[0].Partitions, partitions) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafka create topic %s: partitions without leader: %w", name, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func allLed(parts []kafka.Partition, want int) bool {
+	for _, p := range parts {
+		if p.Leader.ID < 0 || p.Leader.Host == "" {
+			return false
+		}
+	}
+	return len(parts) == want
+}

@@ -1,0 +1,293 @@
+// Package devenv runs throwaway PostgreSQL clusters and single-node Kafka brokers for tests and
+// local development, from the machine's PostgreSQL binaries and Kafka jars from Maven Central.
+package devenv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// process is a server process. done is closed when our child exits; nil for a process found
+// through a pid file.
+type process struct {
+	pid    int
+	needle string
+	done   chan struct{}
+}
+
+type spawnSpec struct {
+	path, dir, logPath, needle string
+	args                       []string
+	cred                       *syscall.Credential
+	detached                   bool
+	deathSig                   syscall.Signal // sent to the server when we die, unless detached
+}
+
+func spawn(s spawnSpec) (*process, error) {
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open log: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(s.path, s.args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = s.dir, logf, logf
+	if s.detached {
+		// New session: no controlling terminal; survives us and the shell.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: s.cred}
+	} else {
+		// Own group: a Ctrl-C to the test run does not hit the server first. The parent-death
+		// signal stops it when a test binary is killed (go test -timeout); Go sets it after
+		// setuid, which would clear it. It fires when the spawning OS thread exits, which Go
+		// only does for goroutines that exit while locked to their thread.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: s.deathSig, Credential: s.cred}
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", filepath.Base(s.path), err)
+	}
+	p := &process{pid: cmd.Process.Pid, needle: s.needle, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+func (p *process) running() bool {
+	if p == nil || p.pid <= 0 {
+		return false
+	}
+	if p.done != nil {
+		select {
+		case <-p.done:
+			return false
+		default:
+		}
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
+	return err == nil && alive(p.pid) && strings.Contains(string(cmdline), p.needle)
+}
+
+func (p *process) signalGroup(sig syscall.Signal) error {
+	if err := syscall.Kill(-p.pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("signal %v to group %d: %w", sig, p.pid, err)
+	}
+	return nil
+}
+
+func (p *process) waitExit(ctx context.Context, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for p.running() {
+		select {
+		case <-p.done: // nil for foreign processes: never ready
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// kill SIGKILLs the process group and all descendants (PostgreSQL backends call setsid, so they
+// are not in the postmaster's group) and waits until all are gone: a backend still attached to
+// shared memory makes the next start fail.
+func (p *process) kill() error {
+	victims := append(descendants(p.pid), p.pid)
+	_ = p.signalGroup(syscall.SIGKILL)
+	for _, pid := range victims {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !p.waitExit(context.Background(), time.Until(deadline)) || slices.ContainsFunc(victims, alive) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pid %d or its children still running after SIGKILL", p.pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// procStat returns state and ppid from /proc/<pid>/stat.
+func procStat(pid int) (state string, ppid int, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", 0, false
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])) // state, ppid, ...
+	if len(f) < 2 {
+		return "", 0, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	return f[0], ppid, true
+}
+
+// alive reports whether pid exists and is not a zombie. (PID 1 on this kind of machine does not
+// reap orphans, so killed PostgreSQL backends can stay zombies.)
+func alive(pid int) bool {
+	state, _, ok := procStat(pid)
+	return ok && state != "Z"
+}
+
+// PIDAlive reports whether a (non-zombie) process with this pid exists.
+func PIDAlive(pid int) bool { return alive(pid) }
+
+func descendants(pid int) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if c, err := strconv.Atoi(e.Name()); err == nil {
+			if _, ppid, ok := procStat(c); ok {
+				children[ppid] = append(children[ppid], c)
+			}
+		}
+	}
+	var out []int
+	for queue := children[pid]; len(queue) > 0; queue = queue[1:] {
+		out = append(out, queue[0])
+		queue = append(queue, children[queue[0]]...)
+	}
+	return out
+}
+
+// freePorts reserves n distinct free ports on 127.0.0.1; all listeners stay open until every port
+// is picked so the kernel cannot hand out one twice.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("reserve free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// serviceUser is who runs PostgreSQL: the OS user postgres when we are root (the server refuses
+// to run as root), ourselves (nil) otherwise.
+func serviceUser() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("running as root needs the OS user postgres: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
+}
+
+// handOver gives dir's tree to cred's user and makes every parent searchable by others (the
+// postgres user must reach its data directory, e.g. below /root, which is 0700).
+func handOver(dir string, cred *syscall.Credential) error {
+	if cred == nil {
+		return nil
+	}
+	err := filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, int(cred.Uid), int(cred.Gid))
+	})
+	for p := filepath.Dir(dir); err == nil; p = filepath.Dir(p) {
+		var fi os.FileInfo
+		if fi, err = os.Stat(p); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			err = os.Chmod(p, fi.Mode().Perm()|0o001)
+		}
+		if p == "/" {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("hand %s over to uid %d: %w", dir, cred.Uid, err)
+	}
+	return nil
+}
+
+// run runs a short command (initdb, StorageTool), with its output in the error.
+func run(ctx context.Context, dir string, cred *syscall.Credential, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %s: %w\n%s", filepath.Base(name), strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+const stateFile = "devenv.json"
+
+// newDir returns dir as an absolute path (created if needed) or a fresh temp dir; it fails when
+// dir already holds an instance.
+func newDir(dir, tempPrefix string) (string, error) {
+	if dir == "" {
+		return os.MkdirTemp("", tempPrefix)
+	}
+	dir, err := filepath.Abs(dir)
+	if err == nil {
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if _, serr := os.Stat(filepath.Join(dir, stateFile)); err == nil && serr == nil {
+		err = fmt.Errorf("%s already holds an instance (attach to it instead)", dir)
+	}
+	return dir, err
+}
+
+func writeState(dir string, v any) error {
+	b, _ := json.MarshalIndent(v, "", "  ")
+	return os.WriteFile(filepath.Join(dir, stateFile), append(b, '\n'), 0o644)
+}
+
+// readState loads the state of an instance in dir; the error wraps fs.ErrNotExist when there is
+// none.
+func readState(dir string, v any) (string, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, stateFile))
+	if err != nil {
+		return "", fmt.Errorf("no devenv instance in %s: %w", dir, err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return "", fmt.Errorf("read %s: %w", filepath.Join(dir, stateFile), err)
+	}
+	return dir, nil
+}
+
+// LogTail returns the last n lines of a log file, for error messages.
+func LogTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// renderSettings merges extra into base and renders one format(key, value) line per key, sorted.
+func renderSettings(base, extra map[string]string, format func(k, v string) string) (string, error) {
+	for k, v := range extra {
+		if k == "" || strings.ContainsAny(k+v, "\n\r") {
+			return "", fmt.Errorf("invalid setting %q=%q", k, v)
+		}
+		base[k] = v
+	}
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(base)) {
+		b.WriteString(format(k, base[k]) + "\n")
+	}
+	return b.String(), nil
+}

@@ -1,0 +1,166 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Record is one Kafka record read back.
+type Record struct {
+	Topic     string
+	Partition int
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   map[string]string
+	Time      time.Time
+}
+
+// Header returns a header's value.
+func (r Record) Header(name string) string { return r.Headers[name] }
+
+// Consumer reads topics from their beginning, partition by partition, without a consumer group.
+type Consumer struct {
+	brokers []string
+	topics  []string
+	readers map[string]*kafka.Reader // by topic/partition
+	next    map[string]int64         // next offset to read, by topic/partition
+	// own transport, so connections left broken by a broker restart are not shared with others
+	transport *kafka.Transport
+	records   []Record
+}
+
+// NewConsumer reads the given topics; topics that do not exist yet are picked up when they appear.
+func NewConsumer(brokers string, topics ...string) *Consumer {
+	return &Consumer{brokers: strings.Split(brokers, ","), topics: topics, readers: make(map[string]*kafka.Reader), next: make(map[string]int64), transport: &kafka.Transport{}}
+}
+
+// Close stops the readers.
+func (c *Consumer) Close() {
+	for _, r := range c.readers {
+		r.Close()
+	}
+}
+
+// Records returns everything read so far, ordered by topic, partition and offset.
+func (c *Consumer) Records() []Record { return c.records }
+
+// ReadUntil polls until done(records) is true or ctx ends; it then keeps reading for linger to
+// catch duplicates that arrive late.
+func (c *Consumer) ReadUntil(ctx context.Context, linger time.Duration, done func([]Record) bool) error {
+	var lastErr error
+	for {
+		// Errors are retried until ctx ends: tests read while brokers restart.
+		if err := c.poll(ctx); err != nil {
+			lastErr = err
+			c.transport.CloseIdleConnections()
+		}
+		if done(c.records) {
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("read %d records, condition not met (last error: %v): %w", len(c.records), lastErr, ctx.Err())
+		}
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+	if linger > 0 {
+		lctx, cancel := context.WithTimeout(context.Background(), linger)
+		defer cancel()
+		for lctx.Err() == nil {
+			if err := c.poll(lctx); err != nil {
+				c.transport.CloseIdleConnections()
+			}
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-lctx.Done():
+			}
+		}
+	}
+	sort.SliceStable(c.records, func(i, j int) bool {
+		a, b := c.records[i], c.records[j]
+		if a.Topic != b.Topic {
+			return a.Topic < b.Topic
+		}
+		if a.Partition != b.Partition {
+			return a.Partition < b.Partition
+		}
+		return a.Offset < b.Offset
+	})
+	return nil
+}
+
+// poll reads whatever each partition has up to its current end.
+func (c *Consumer) poll(ctx context.Context) error {
+	client := &kafka.Client{Addr: kafka.TCP(c.brokers...), Timeout: 10 * time.Second, Transport: c.transport}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: c.topics})
+	if err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	for _, t := range md.Topics {
+		if t.Error != nil {
+			continue // not created yet
+		}
+		for _, p := range t.Partitions {
+			if err := c.drain(ctx, client, t.Name, p.ID); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Consumer) drain(ctx context.Context, client *kafka.Client, topic string, partition int) error {
+	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics: map[string][]kafka.OffsetRequest{topic: {kafka.FirstOffsetOf(partition), kafka.LastOffsetOf(partition)}},
+	})
+	if err != nil {
+		return fmt.Errorf("list offsets of %s/%d: %w", topic, partition, err)
+	}
+	var first, end int64
+	for _, po := range res.Topics[topic] {
+		if po.Partition == partition {
+			first, end = po.FirstOffset, po.LastOffset
+		}
+	}
+	key := fmt.Sprintf("%s/%d", topic, partition)
+	r := c.readers[key]
+	if r == nil {
+		r = kafka.NewReader(kafka.ReaderConfig{
+			Brokers: c.brokers, Topic: topic, Partition: partition,
+			MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 100 * time.Millisecond,
+		})
+		if err := r.SetOffset(first); err != nil {
+			return err
+		}
+		c.readers[key] = r
+		c.next[key] = first
+	}
+	for c.next[key] < end {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		m, err := r.ReadMessage(rctx)
+		cancel()
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return nil
+			}
+			return fmt.Errorf("read %s: %w", key, err)
+		}
+		rec := Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value,
+			Headers: make(map[string]string, len(m.Headers)), Time: m.Time}
+		for _, h := range m.Headers {
+			rec.Headers[h.Key] = string(h.Value)
+		}
+		c.records = append(c.records, rec)
+		c.next[key] = m.Offset + 1
+	}
+	return nil
+}

@@ -1,0 +1,216 @@
+// Package harness drives the relay from outside for integration, fault and benchmark tests: it
+// writes outbox events with a per-aggregate sequence number in the payload, reads every topic back
+// with a Kafka consumer, and reports what is missing, duplicated, reordered or altered.
+package harness
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Spec describes one event to write; Outbox fills in the id, the sequence and the payload.
+type Spec struct {
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	PadBytes      int               // extra payload bytes, to make large events
+	Headers       map[string]string // the headers column; nil for NULL
+}
+
+// Written is an event whose transaction committed, as the relay should publish it.
+type Written struct {
+	ID            string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Seq           int
+	Payload       string // the jsonb as PostgreSQL stores and outputs it
+	Headers       map[string]string
+}
+
+// Outbox writes events into an outbox table and remembers the committed ones.
+type Outbox struct {
+	pool  *pgxpool.Pool
+	table string
+
+	mu      sync.Mutex
+	seq     map[string]int // next sequence number per aggregate type/id
+	written []Written
+	byID    map[string]int
+}
+
+// NewOutbox connects to dsn; table is the schema-qualified outbox table.
+func NewOutbox(ctx context.Context, dsn, table string) (*Outbox, error) {
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	return &Outbox{pool: pool, table: table, seq: make(map[string]int), byID: make(map[string]int)}, nil
+}
+
+// Close releases the connections.
+func (o *Outbox) Close() { o.pool.Close() }
+
+// Pool is the connection pool, for tests that write other tables.
+func (o *Outbox) Pool() *pgxpool.Pool { return o.pool }
+
+type pending struct {
+	w        Written
+	payload  []byte
+	headers  []byte
+	sequence string
+}
+
+// WriteTx writes specs in one transaction. Events count as written only once the commit is known
+// to have succeeded; when the outcome is unknown (the connection broke during COMMIT), the ids are
+// looked up afterwards, so a test never expects an event that was not committed or misses one that was.
+func (o *Outbox) WriteTx(ctx context.Context, specs ...Spec) error {
+	batch := o.prepare(specs)
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		return o.insert(ctx, tx, batch)
+	})
+	if err == nil {
+		o.record(batch)
+		return nil
+	}
+	if committed, lookErr := o.reconcile(ctx, batch); lookErr == nil && committed {
+		o.record(batch)
+		return nil
+	}
+	return err
+}
+
+// WriteIn inserts specs inside a transaction the caller controls (for tests that mix other writes or
+// roll back); call Committed after the caller's commit succeeds.
+func (o *Outbox) WriteIn(ctx context.Context, tx pgx.Tx, specs ...Spec) (commit func(), err error) {
+	batch := o.prepare(specs)
+	if err := o.insert(ctx, tx, batch); err != nil {
+		return nil, err
+	}
+	return func() { o.record(batch) }, nil
+}
+
+func (o *Outbox) prepare(specs []Spec) []pending {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]pending, len(specs))
+	for i, s := range specs {
+		agg := s.AggregateType + "/" + s.AggregateID
+		o.seq[agg]++
+		w := Written{
+			ID: newUUID(), AggregateType: s.AggregateType, AggregateID: s.AggregateID,
+			EventType: s.EventType, Seq: o.seq[agg], Headers: s.Headers,
+		}
+		if w.EventType == "" {
+			w.EventType = "Happened"
+		}
+		payload, _ := json.Marshal(map[string]any{
+			"aggregate": s.AggregateID, "seq": w.Seq, "note": "grüße, 世界 ✓", "pad": strings.Repeat("x", s.PadBytes),
+		})
+		var hdr []byte
+		if s.Headers != nil {
+			hdr, _ = json.Marshal(s.Headers)
+		}
+		out[i] = pending{w: w, payload: payload, headers: hdr}
+	}
+	return out
+}
+
+func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, batch []pending) error {
+	sql := fmt.Sprintf(`INSERT INTO %s (id, aggregate_type, aggregate_id, event_type, payload, headers)
+		VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb) RETURNING payload::text`, o.table)
+	for i := range batch {
+		p := &batch[i]
+		var hdr any
+		if p.headers != nil {
+			hdr = string(p.headers)
+		}
+		if err := tx.QueryRow(ctx, sql, p.w.ID, p.w.AggregateType, p.w.AggregateID, p.w.EventType,
+			string(p.payload), hdr).Scan(&p.w.Payload); err != nil {
+			return fmt.Errorf("insert event %s: %w", p.w.ID, err)
+		}
+	}
+	return nil
+}
+
+func (o *Outbox) reconcile(ctx context.Context, batch []pending) (bool, error) {
+	if len(batch) == 0 {
+		return false, nil
+	}
+	var n int
+	err := o.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE id = $1", o.table), batch[0].w.ID).Scan(&n)
+	if err != nil {
+		return false, err
+	}
+	if n == 0 {
+		return false, nil
+	}
+	// The commit happened; the RETURNING values were lost with the connection, so read them back.
+	for i := range batch {
+		if err := o.pool.QueryRow(ctx, fmt.Sprintf("SELECT payload::text FROM %s WHERE id = $1", o.table),
+			batch[i].w.ID).Scan(&batch[i].w.Payload); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+func (o *Outbox) record(batch []pending) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range batch {
+		o.byID[p.w.ID] = len(o.written)
+		o.written = append(o.written, p.w)
+	}
+}
+
+// Written returns the committed events in commit order.
+func (o *Outbox) Written() []Written {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]Written(nil), o.written...)
+}
+
+// newUUID returns a random (version 4) UUID in PostgreSQL's text form, so ids are known before the
+// commit and an uncertain commit can be checked.
+func newUUID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// ConfirmedFlushLSN reads the slot's confirmed_flush_lsn as a number.
+func ConfirmedFlushLSN(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, slot string) (uint64, error) {
+	var lsn *uint64
+	err := q.QueryRow(ctx, "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&lsn)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && lsn == nil) {
+		return 0, fmt.Errorf("slot %q not found", slot)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return *lsn, nil
+}
+
+// CurrentLSN reads pg_current_wal_lsn() as a number.
+func CurrentLSN(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (uint64, error) {
+	var lsn uint64
+	err := q.QueryRow(ctx, "SELECT (pg_current_wal_lsn() - '0/0')::bigint").Scan(&lsn)
+	return lsn, err
+}

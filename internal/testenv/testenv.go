@@ -1,0 +1,234 @@
+// Package testenv gives tests real PostgreSQL clusters and Kafka brokers (internal/devenv):
+// dedicated ones closed by t.Cleanup, or one shared instance of each per test binary, closed by
+// Main. Instances live in $TMPDIR/outbox-testenv-<pid>-<kind>-*; their servers get a
+// parent-death signal, and Main removes what dead test binaries left behind.
+package testenv
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+)
+
+const dirPrefix = "outbox-testenv-"
+
+var (
+	mainCalled  atomic.Bool
+	sharedPG    shared[*devenv.Postgres]
+	sharedKafka shared[*devenv.Kafka]
+)
+
+// Main runs the tests and then stops the shared instances, also on SIGINT/SIGTERM. Use it as
+// func TestMain(m *testing.M) { testenv.Main(m) }.
+func Main(m *testing.M) {
+	cleanupStale()
+	mainCalled.Store(true)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		fmt.Fprintf(os.Stderr, "testenv: %v: stopping shared services\n", <-sig)
+		closeShared()
+		os.Exit(1)
+	}()
+	// A panicking test kills the binary without running this defer; the parent-death signal
+	// and the next run's cleanupStale cover that.
+	code := func() int {
+		defer closeShared()
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// Postgres starts a dedicated cluster for t, closed at t's cleanup. opts (at most one) may set
+// anything but Dir.
+func Postgres(t testing.TB, opts ...devenv.PostgresOptions) *devenv.Postgres {
+	t.Helper()
+	return dedicated(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
+		o := first(opts)
+		o.Dir = dir
+		return devenv.StartPostgres(ctx, o)
+	})
+}
+
+// Kafka starts a dedicated broker for t, closed at t's cleanup. opts (at most one) may set
+// anything but Dir.
+func Kafka(t testing.TB, opts ...devenv.KafkaOptions) *devenv.Kafka {
+	t.Helper()
+	o := first(opts)
+	requireKafkaLib(t, o.Lib)
+	return dedicated(t, "kafka", func(ctx context.Context, dir string) (*devenv.Kafka, error) {
+		o.Dir = dir
+		return devenv.StartKafka(ctx, o)
+	})
+}
+
+// SharedPostgres returns the test binary's cluster, started on first use. Tests must not stop
+// it; UniqueName keeps their databases and slots apart.
+func SharedPostgres(t testing.TB) *devenv.Postgres {
+	t.Helper()
+	return sharedPG.get(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
+		return devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: dir})
+	})
+}
+
+// SharedKafka returns the test binary's broker, started on first use. Tests must not stop or
+// pause it; UniqueName keeps their topics and groups apart.
+func SharedKafka(t testing.TB) *devenv.Kafka {
+	t.Helper()
+	requireKafkaLib(t, "")
+	return sharedKafka.get(t, "kafka", func(ctx context.Context, dir string) (*devenv.Kafka, error) {
+		return devenv.StartKafka(ctx, devenv.KafkaOptions{Dir: dir})
+	})
+}
+
+var nonName = regexp.MustCompile(`[^a-z0-9]+`)
+
+// UniqueName returns "<prefix>_<test name>_<random>" reduced to [a-z0-9_], starting with a
+// letter, at most 60 characters: valid for databases, slots, publications, topics and groups.
+func UniqueName(t testing.TB, prefix string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := strings.Trim(nonName.ReplaceAllString(strings.ToLower(prefix+"_"+t.Name()), "_"), "_")
+	if name == "" || name[0] < 'a' || name[0] > 'z' {
+		name = "t_" + name
+	}
+	return strings.TrimRight(name[:min(len(name), 51)], "_") + "_" + hex.EncodeToString(b[:])
+}
+
+type instance interface {
+	Close(context.Context) error
+	Logs() string
+}
+
+type startFunc[T instance] func(ctx context.Context, dir string) (T, error)
+
+// startIn starts an instance in a fresh directory named for cleanupStale.
+func startIn[T instance](kind string, start startFunc[T]) (T, error) {
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-%s-", dirPrefix, os.Getpid(), kind))
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return start(ctx, dir)
+}
+
+func dedicated[T instance](t testing.TB, kind string, start startFunc[T]) T {
+	t.Helper()
+	v, err := startIn(kind, start)
+	if err != nil {
+		t.Fatalf("testenv: start %s: %v", kind, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("testenv: tail of %s:\n%s", v.Logs(), devenv.LogTail(v.Logs(), 40))
+		}
+		if err := closeWithTimeout(v); err != nil {
+			t.Errorf("testenv: close %s: %v", kind, err)
+		}
+	})
+	return v
+}
+
+// shared is one lazily started instance per test binary; a failed start is remembered so every
+// test that needs it fails the same way.
+type shared[T instance] struct {
+	mu      sync.Mutex
+	started bool
+	v       T
+	err     error
+}
+
+func (s *shared[T]) get(t testing.TB, kind string, start startFunc[T]) T {
+	t.Helper()
+	if !mainCalled.Load() {
+		t.Fatalf("testenv: shared %s needs a TestMain that calls testenv.Main(m)", kind)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started {
+		s.v, s.err = startIn(kind, start)
+		s.started = true
+	}
+	if s.err != nil {
+		t.Fatalf("testenv: shared %s: %v", kind, s.err)
+	}
+	return s.v
+}
+
+func (s *shared[T]) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started && s.err == nil {
+		if err := closeWithTimeout(s.v); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: close: %v\n", err)
+		}
+	}
+	s.started, s.err = true, fmt.Errorf("already closed")
+}
+
+func closeShared() {
+	var wg sync.WaitGroup
+	wg.Go(sharedPG.close)
+	wg.Go(sharedKafka.close)
+	wg.Wait()
+}
+
+func closeWithTimeout(v instance) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return v.Close(ctx)
+}
+
+// requireKafkaLib fails, never skips: a missing broker must not turn Kafka tests green.
+func requireKafkaLib(t testing.TB, lib string) {
+	t.Helper()
+	if err := devenv.KafkaLibReady(cmp.Or(lib, devenv.DefaultKafkaLib())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cleanupStale stops the servers and removes the directories of test binaries that died
+// (go test -timeout, a panic, SIGKILL).
+func cleanupStale() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, dir := range dirs {
+		parts := strings.SplitN(strings.TrimPrefix(filepath.Base(dir), dirPrefix), "-", 3)
+		pid, err := strconv.Atoi(parts[0])
+		if err != nil || len(parts) != 3 || pid == os.Getpid() || devenv.PIDAlive(pid) {
+			continue
+		}
+		if pg, err := devenv.AttachPostgres(dir); err == nil && parts[1] == "pg" {
+			_ = pg.Kill()
+			_ = pg.Close(context.Background()) // also removes a socket dir outside dir
+		}
+		if k, err := devenv.AttachKafka(dir); err == nil && parts[1] == "kafka" {
+			_ = k.Kill()
+		}
+		_ = os.RemoveAll(dir)
+	}
+}
+
+func first[T any](opts []T) T {
+	var zero T
+	if len(opts) > 0 {
+		return opts[0]
+	}
+	return zero
+}

@@ -1,0 +1,129 @@
+// Package metrics defines the relay's Prometheus metrics. Collectors are created per registry, never
+// registered globally, so tests and several relays in one process do not collide.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const namespace = "outbox_relay"
+
+// Metrics holds every collector the relay updates.
+type Metrics struct {
+	EventsPublished    *prometheus.CounterVec // by topic
+	EventsFailed       *prometheus.CounterVec // by reason
+	EventsDeadLettered *prometheus.CounterVec // by original topic
+	BytesPublished     prometheus.Counter
+	PublishLatency     prometheus.Histogram
+	EndToEndLatency    prometheus.Histogram
+	InFlightEvents     prometheus.Gauge
+	InFlightBytes      prometheus.Gauge
+	LastAckTimestamp   prometheus.Gauge
+	SecondsBehind      prometheus.Gauge
+	Halted             prometheus.Gauge
+	KafkaRetries       prometheus.Counter
+
+	ReceivedLSN       prometheus.Gauge
+	ConfirmedLSN      prometheus.Gauge
+	TransactionsTotal prometheus.Counter
+	Reconnects        *prometheus.CounterVec // by component
+	StatusUpdates     prometheus.Counter
+
+	SlotLagBytes      prometheus.Gauge
+	SlotRetainedBytes prometheus.Gauge
+	SlotSafeWALSize   prometheus.Gauge
+	SlotWALStatus     *prometheus.GaugeVec // 1 for the current wal_status
+	SlotActive        prometheus.Gauge
+	Leader            prometheus.Gauge
+	Ready             prometheus.Gauge
+}
+
+// latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
+// seconds to minutes while the broker is down.
+var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
+
+// New creates the collectors and registers them with reg.
+func New(reg prometheus.Registerer) *Metrics {
+	f := factory{reg: reg}
+	return &Metrics{
+		EventsPublished: f.counterVec("events_published_total",
+			"Outbox events acknowledged by Kafka, by topic.", "topic"),
+		EventsFailed: f.counterVec("events_failed_total",
+			"Outbox events that could not be published to their topic, by reason; each then went to the failure policy.", "reason"),
+		EventsDeadLettered: f.counterVec("events_dead_lettered_total",
+			"Outbox events published to the dead-letter topic instead of their own, by original topic.", "topic"),
+		BytesPublished: f.counter("published_bytes_total", "Bytes of key, value and headers acknowledged by Kafka."),
+		PublishLatency: f.histogram("publish_latency_seconds",
+			"Time from handing an event to the Kafka producer to its acknowledgement."),
+		EndToEndLatency: f.histogram("end_to_end_latency_seconds",
+			"Time from the PostgreSQL commit of an event to its Kafka acknowledgement."),
+		InFlightEvents: f.gauge("in_flight_events", "Events handed to Kafka and not yet acknowledged."),
+		InFlightBytes:  f.gauge("in_flight_bytes", "Bytes of events handed to Kafka and not yet acknowledged."),
+		LastAckTimestamp: f.gauge("last_ack_timestamp_seconds",
+			"Unix time of the most recent Kafka acknowledgement."),
+		SecondsBehind: f.gauge("seconds_behind_source",
+			"Age of the newest acknowledged event's commit while a backlog is in flight; 0 when caught up."),
+		Halted: f.gauge("halted",
+			"1 when the halt policy stopped publishing because an event could not be published."),
+		KafkaRetries: f.counter("kafka_retries_total", "Kafka requests retried after a transient error."),
+
+		ReceivedLSN:       f.gauge("received_lsn", "Highest WAL position received from PostgreSQL."),
+		ConfirmedLSN:      f.gauge("confirmed_lsn", "WAL position last confirmed to PostgreSQL as flushed."),
+		TransactionsTotal: f.counter("transactions_total", "Transactions with outbox events decoded from the WAL."),
+		Reconnects: f.counterVec("reconnects_total",
+			"Reconnections after a lost connection, by component.", "component"),
+		StatusUpdates: f.counter("status_updates_total", "Standby status updates sent to PostgreSQL."),
+
+		SlotLagBytes: f.gauge("slot_lag_bytes",
+			"pg_current_wal_lsn() minus the slot's confirmed_flush_lsn."),
+		SlotRetainedBytes: f.gauge("slot_retained_wal_bytes",
+			"pg_current_wal_lsn() minus the slot's restart_lsn: WAL kept on disk for the slot."),
+		SlotSafeWALSize: f.gauge("slot_safe_wal_size_bytes",
+			"Bytes of WAL that can still be written before the slot is in danger of being lost (safe_wal_size); -1 when unlimited."),
+		SlotWALStatus: f.gaugeVec("slot_wal_status",
+			"1 for the slot's current wal_status (reserved, extended, unreserved, lost).", "status"),
+		SlotActive: f.gauge("slot_active", "1 when the replication slot is being streamed by some process."),
+		Leader:     f.gauge("leader", "1 when this instance holds leadership and streams the slot."),
+		Ready:      f.gauge("ready", "1 when this instance is ready (streaming, or a healthy standby)."),
+	}
+}
+
+type factory struct{ reg prometheus.Registerer }
+
+func (f factory) register(c prometheus.Collector) {
+	if f.reg != nil {
+		f.reg.MustRegister(c)
+	}
+}
+
+func (f factory) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help})
+	f.register(c)
+	return c
+}
+
+func (f factory) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, labels)
+	f.register(c)
+	return c
+}
+
+func (f factory) gauge(name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help})
+	f.register(g)
+	return g
+}
+
+func (f factory) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, labels)
+	f.register(g)
+	return g
+}
+
+func (f factory) histogram(name, help string) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: namespace, Name: name, Help: help, Buckets: latencyBuckets,
+	})
+	f.register(h)
+	return h
+}

@@ -1,0 +1,143 @@
+// Package migrations creates the outbox table. The SQL files are embedded in the binary, applied in
+// order, once each, and recorded in outbox_relay_migrations next to the table.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// Target names the outbox table the migrations create.
+type Target struct {
+	Schema string
+	Table  string
+}
+
+// migration is one embedded SQL file, named NNNN_description.sql.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+func load() ([]migration, error) {
+	entries, err := fs.ReadDir(files, ".")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, e := range entries {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration file %s: name must start with a number and an underscore", e.Name())
+		}
+		body, err := files.ReadFile(e.Name())
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: e.Name(), sql: string(body)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	return ms, nil
+}
+
+// render fills a migration's template: {{.Table}} is the outbox table, {{.Name "suffix"}} an
+// object name derived from it.
+func (m migration) render(t Target) (string, error) {
+	tmpl, err := template.New(m.name).Parse(m.sql)
+	if err != nil {
+		return "", fmt.Errorf("migration %s: %w", m.name, err)
+	}
+	var b strings.Builder
+	err = tmpl.Execute(&b, vars{t})
+	if err != nil {
+		return "", fmt.Errorf("migration %s: %w", m.name, err)
+	}
+	return b.String(), nil
+}
+
+// vars is what a migration template sees.
+type vars struct{ t Target }
+
+// Table is the schema-qualified, quoted outbox table.
+func (v vars) Table() string { return pgx.Identifier{v.t.Schema, v.t.Table}.Sanitize() }
+
+// Name is an object name derived from the table's, e.g. an index.
+func (v vars) Name(suffix string) string { return pgx.Identifier{v.t.Table + "_" + suffix}.Sanitize() }
+
+// Apply runs the migrations not yet recorded, each in its own transaction, and returns the names of
+// those it applied. Concurrent callers serialise on an advisory lock.
+func Apply(ctx context.Context, conn *pgx.Conn, t Target) ([]string, error) {
+	ms, err := load()
+	if err != nil {
+		return nil, err
+	}
+	ledger := pgx.Identifier{t.Schema, "outbox_relay_migrations"}.Sanitize()
+	_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %s;
+		CREATE TABLE IF NOT EXISTS %s (
+			target     text        NOT NULL,
+			version    integer     NOT NULL,
+			name       text        NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now(),
+			PRIMARY KEY (target, version)
+		)`, pgx.Identifier{t.Schema}.Sanitize(), ledger))
+	if err != nil {
+		return nil, fmt.Errorf("create migrations table %s: %w", ledger, err)
+	}
+	target := t.Schema + "." + t.Table
+	var applied []string
+	for _, m := range ms {
+		done, err := applyOne(ctx, conn, ledger, target, m, t)
+		if err != nil {
+			return applied, err
+		}
+		if done {
+			applied = append(applied, m.name)
+		}
+	}
+	return applied, nil
+}
+
+func applyOne(ctx context.Context, conn *pgx.Conn, ledger, target string, m migration, t Target) (bool, error) {
+	sql, err := m.render(t)
+	if err != nil {
+		return false, err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(ctx)
+	// One migrator at a time per database; the key is arbitrary but fixed.
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(7201730150)"); err != nil {
+		return false, fmt.Errorf("lock migrations: %w", err)
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE target = $1 AND version = $2)", ledger),
+		target, m.version).Scan(&exists); err != nil {
+		return false, fmt.Errorf("read migrations table: %w", err)
+	}
+	if exists {
+		return false, nil
+	}
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		return false, fmt.Errorf("migration %s: %w", m.name, err)
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO %s (target, version, name) VALUES ($1, $2, $3)", ledger),
+		target, m.version, m.name); err != nil {
+		return false, fmt.Errorf("record migration %s: %w", m.name, err)
+	}
+	return true, tx.Commit(ctx)
+}

@@ -1,0 +1,48 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+// heartbeatPrefix marks the relay's own logical decoding messages.
+const heartbeatPrefix = "outbox-relay-heartbeat"
+
+// heartbeat writes a non-transactional logical decoding message every interval. It gives the
+// stream a position to confirm when the outbox is quiet: on a database whose own tables are idle
+// while other databases of the cluster write WAL, keepalives alone would leave the slot behind.
+func (r *Relay) heartbeat(ctx context.Context, interval time.Duration) {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		if conn == nil {
+			c, err := pgx.Connect(ctx, r.cfg.Replication.DSN)
+			if err != nil {
+				r.log.Warn("heartbeat: cannot connect", zap.Error(err))
+				continue
+			}
+			conn = c
+		}
+		if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, '')", heartbeatPrefix); err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("heartbeat failed", zap.Error(err))
+			}
+			conn.Close(context.WithoutCancel(ctx))
+			conn = nil
+		}
+	}
+}

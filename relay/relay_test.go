@@ -1,0 +1,323 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// fixture is one test's database with the outbox table, its own slot, and unique aggregate types
+// (so topics do not collide on a shared broker).
+type fixture struct {
+	t       *testing.T
+	dsn     string
+	brokers string
+	slot    string
+	outbox  *harness.Outbox
+	types   []string
+}
+
+func newFixture(t *testing.T, pg *devenv.Postgres, brokers string, nTypes int) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	dsn, err := pg.CreateDatabase(ctx, testenv.UniqueName(t, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := harness.NewOutbox(ctx, dsn, "public.outbox_events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ob.Close)
+	f := &fixture{t: t, dsn: dsn, brokers: brokers, slot: testenv.UniqueName(t, "slot"), outbox: ob}
+	for i := range nTypes {
+		f.types = append(f.types, testenv.UniqueName(t, fmt.Sprintf("agg%d", i)))
+	}
+	return f
+}
+
+func (f *fixture) config() relay.Config {
+	cols := decoder.DefaultColumns()
+	return relay.Config{
+		Replication: replication.Config{
+			DSN: f.dsn, Slot: f.slot, Publication: f.slot, Table: "outbox_events",
+			Columns:    []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload, cols.Headers},
+			CreateSlot: true, CreatePublication: true, StatusInterval: 200 * time.Millisecond,
+		},
+		Decoder:         decoder.Config{Table: "outbox_events", Columns: cols},
+		Sink:            sink.Config{Brokers: []string{f.brokers}},
+		ShutdownTimeout: 10 * time.Second,
+	}
+}
+
+// start runs a relay until the test ends or stop is called; stop returns Run's error.
+func (f *fixture) start(cfg relay.Config) (stop func() error) {
+	f.t.Helper()
+	r, err := relay.New(cfg, zaptest.NewLogger(f.t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	stopped := false
+	var runErr error
+	stop = func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			select {
+			case runErr = <-done:
+			case <-time.After(time.Minute):
+				f.t.Fatal("relay did not stop within a minute")
+			}
+		}
+		return runErr
+	}
+	f.t.Cleanup(func() { stop() })
+	f.waitSlotActive()
+	return stop
+}
+
+// waitSlotActive waits until the relay streams, so writes made afterwards are after the slot's start.
+func (f *fixture) waitSlotActive() {
+	f.t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		var active bool
+		err := f.outbox.Pool().QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
+		if err == nil && active {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	f.t.Fatalf("slot %s never became active", f.slot)
+}
+
+// writeMany writes n transactions of 1..maxPerTx events over aggregates of all the fixture's types.
+func (f *fixture) writeMany(ctx context.Context, rng *rand.Rand, n, maxPerTx, aggregates int) {
+	f.t.Helper()
+	for range n {
+		specs := make([]harness.Spec, 1+rng.IntN(maxPerTx))
+		for i := range specs {
+			typ := f.types[rng.IntN(len(f.types))]
+			specs[i] = harness.Spec{AggregateType: typ, AggregateID: fmt.Sprintf("agg-%d", rng.IntN(aggregates))}
+			if rng.IntN(4) == 0 {
+				specs[i].Headers = map[string]string{"tenant": "t-" + fmt.Sprint(rng.IntN(3)), "traceparent": "00-abc-def-01"}
+			}
+		}
+		if err := f.outbox.WriteTx(ctx, specs...); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+// verify reads every topic until each written event arrived (or timeout) and checks the result.
+func (f *fixture) verify(timeout time.Duration, allowDuplicates bool) harness.Report {
+	f.t.Helper()
+	written := f.outbox.Written()
+	c := harness.NewConsumer(f.brokers, harness.Topics(written, nil)...)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := c.ReadUntil(ctx, time.Second, func(recs []harness.Record) bool {
+		return harness.Verify(written, recs, nil).Missing == 0
+	})
+	rep := harness.Verify(written, c.Records(), nil)
+	if err != nil || !rep.OK() || (!allowDuplicates && rep.Duplicates > 0) {
+		f.t.Fatalf("delivery check failed (read error: %v): %s", err, rep)
+	}
+	return rep
+}
+
+func (f *fixture) confirmedLSN() uint64 {
+	f.t.Helper()
+	lsn, err := harness.ConfirmedFlushLSN(context.Background(), f.outbox.Pool(), f.slot)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return lsn
+}
+
+func (f *fixture) currentLSN() uint64 {
+	f.t.Helper()
+	lsn, err := harness.CurrentLSN(context.Background(), f.outbox.Pool())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return lsn
+}
+
+// eventually polls cond every 100ms until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestRelayDeliversEveryEventOnceInCommitOrder(t *testing.T) {
+	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 3)
+	stop := f.start(f.config())
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+
+	f.writeMany(ctx, rng, 300, 5, 40)
+	// One large transaction, interleaved with nothing: its events must all arrive, in order.
+	big := make([]harness.Spec, 5000)
+	for i := range big {
+		big[i] = harness.Spec{AggregateType: f.types[i%len(f.types)], AggregateID: fmt.Sprintf("agg-%d", i%40)}
+	}
+	if err := f.outbox.WriteTx(ctx, big...); err != nil {
+		t.Fatal(err)
+	}
+	f.writeMany(ctx, rng, 50, 5, 40)
+	rep := f.verify(2*time.Minute, false)
+	t.Logf("delivered: %s", rep)
+
+	end := f.currentLSN()
+	eventually(t, 30*time.Second, "the slot to be confirmed past the last transaction", func() bool {
+		return f.confirmedLSN() >= end
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("relay stopped with %v", err)
+	}
+}
+
+func TestConfirmedLSNDoesNotPassUnacknowledgedEvents(t *testing.T) {
+	k := testenv.Kafka(t)
+	f := newFixture(t, testenv.SharedPostgres(t), k.Brokers(), 2)
+	cfg := f.config()
+	cfg.Sink.WriteTimeout = 2 * time.Second
+	f.start(cfg)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 4))
+
+	f.writeMany(ctx, rng, 20, 3, 10) // topics exist and the relay is warm
+	f.verify(time.Minute, false)
+
+	if err := k.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // let idle keepalives settle before the outage's first write
+	before := f.currentLSN()
+	f.writeMany(ctx, rng, 50, 3, 10)
+	after := f.currentLSN()
+
+	// For several status intervals, the slot must stay before the first unacknowledged transaction.
+	for range 25 {
+		if got := f.confirmedLSN(); got > before {
+			t.Fatalf("confirmed_flush_lsn %X moved past %X while Kafka was down and events were unacknowledged", got, before)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	if err := k.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.verify(2*time.Minute, true)
+	eventually(t, time.Minute, "the slot to be confirmed past the outage's transactions", func() bool {
+		return f.confirmedLSN() >= after
+	})
+}
+
+func TestIdleOutboxDoesNotPinWAL(t *testing.T) {
+	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	ctx := context.Background()
+	if _, err := f.outbox.Pool().Exec(ctx, "CREATE TABLE other (id bigserial PRIMARY KEY, note text)"); err != nil {
+		t.Fatal(err)
+	}
+	f.start(f.config())
+	start := f.confirmedLSN()
+	var target uint64
+	for range 50 {
+		if _, err := f.outbox.Pool().Exec(ctx, "INSERT INTO other (note) SELECT repeat('x', 200) FROM generate_series(1, 100)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	target = f.currentLSN()
+	if target <= start {
+		t.Fatalf("no WAL written: %X <= %X", target, start)
+	}
+	// The outbox is idle; other tables keep changing. Keep them changing while waiting, like a
+	// busy database would.
+	eventually(t, 30*time.Second, "confirmed_flush_lsn to pass the other tables' writes", func() bool {
+		f.outbox.Pool().Exec(ctx, "INSERT INTO other (note) VALUES ('tick')")
+		return f.confirmedLSN() >= target
+	})
+}
+
+func TestRelayResumesWithoutLossAfterStop(t *testing.T) {
+	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 2)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(5, 6))
+
+	stop := f.start(f.config())
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		f.writeMany(ctx, rng, 400, 4, 30)
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if err := stop(); err != nil {
+		t.Fatalf("relay stopped with %v", err)
+	}
+	time.Sleep(500 * time.Millisecond) // events written while no relay runs
+	f.start(f.config())
+	<-writerDone
+	rep := f.verify(2*time.Minute, true)
+	t.Logf("after a restart mid-stream: %s", rep)
+}
+
+func TestRelayExitsWithClearErrorOnMissingColumn(t *testing.T) {
+	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	cfg := f.config()
+	cfg.Decoder.Columns.Payload = "body"
+	cfg.Replication.Columns = append(cfg.Replication.Columns, "body")
+	r, err := relay.New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = r.Run(ctx)
+	if err == nil || !replication.IsFatal(err) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Run = %v, want a fatal error naming the column", err)
+	}
+	if want := `"body"`; !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not name the missing column %s", err, want)
+	}
+}

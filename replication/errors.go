@@ -1,0 +1,55 @@
+package replication
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrSlotActive means another process is streaming the slot: another relay instance (the leader),
+// Debezium, or this relay's previous connection that PostgreSQL has not reaped yet.
+var ErrSlotActive = errors.New("replication slot is active for another process")
+
+// ErrSlotLost means the slot the relay was streaming is gone or has lost required WAL. Events
+// committed in the gap may never be published; an operator has to decide how to recover.
+var ErrSlotLost = errors.New("replication slot lost")
+
+// fatalError is a problem that retrying cannot fix: configuration, permissions, schema. The relay
+// reports it and exits instead of reconnecting.
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+func fatalf(format string, args ...any) error {
+	return &fatalError{fmt.Errorf(format, args...)}
+}
+
+// IsFatal reports whether err is a problem retrying cannot fix.
+func IsFatal(err error) bool {
+	var f *fatalError
+	return errors.As(err, &f) || errors.Is(err, ErrSlotLost)
+}
+
+// classifyConnect maps a connection failure to an actionable error: bad credentials, a missing
+// database or a role without REPLICATION are fatal; anything else (server down, restarting,
+// network) is worth retrying.
+func classifyConnect(err error, what string) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("connect to PostgreSQL for %s: %w", what, err)
+	}
+	switch {
+	case pgErr.Code == "42501" || pgErr.Code == "28000" && strings.Contains(pgErr.Message, "replication"):
+		return fatalf("the PostgreSQL role may not open a replication connection (%s): grant it with ALTER ROLE <role> REPLICATION, or use a role that has it", pgErr.Message)
+	case pgErr.Code[:2] == "28":
+		return fatalf("PostgreSQL refused the credentials in pg_dsn (%s): fix the user or password", pgErr.Message)
+	case pgErr.Code == "3D000":
+		return fatalf("PostgreSQL has no such database (%s): fix the database in pg_dsn", pgErr.Message)
+	case pgErr.Code == "53300":
+		return fmt.Errorf("connect to PostgreSQL for %s: too many connections: %w", what, err)
+	}
+	return fmt.Errorf("connect to PostgreSQL for %s: %w", what, err)
+}

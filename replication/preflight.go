@@ -1,0 +1,188 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// SlotInfo is the state of the replication slot as pg_replication_slots shows it.
+type SlotInfo struct {
+	Exists         bool
+	Plugin         string
+	SlotType       string
+	Database       string
+	Active         bool
+	ActivePID      int32
+	ConfirmedFlush pglogrepl.LSN
+	RestartLSN     pglogrepl.LSN
+	WALStatus      string
+}
+
+// querier is the part of pgx.Conn the checks need.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// preflight checks everything the relay needs from the database before it streams, creating the
+// publication when allowed, and says what to fix when something is wrong.
+func preflight(ctx context.Context, q querier, cfg *Config) error {
+	var walLevel string
+	if err := q.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
+		return fmt.Errorf("read wal_level: %w", err)
+	}
+	if walLevel != "logical" {
+		return fatalf("wal_level is %q but logical replication needs \"logical\": run ALTER SYSTEM SET wal_level = logical (or set it in postgresql.conf) and restart PostgreSQL", walLevel)
+	}
+
+	var role string
+	var canReplicate bool
+	if err := q.QueryRow(ctx, "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&role, &canReplicate); err != nil {
+		return fmt.Errorf("read role attributes: %w", err)
+	}
+	if !canReplicate {
+		return fatalf("role %q lacks the REPLICATION attribute: run ALTER ROLE %s REPLICATION (as a superuser)", role, pgx.Identifier{role}.Sanitize())
+	}
+
+	if err := checkTable(ctx, q, cfg); err != nil {
+		return err
+	}
+	return EnsurePublication(ctx, q, cfg.Publication, cfg.Schema, cfg.Table, cfg.CreatePublication)
+}
+
+func checkTable(ctx context.Context, q querier, cfg *Config) error {
+	table := cfg.qualifiedTable()
+	rows, err := q.Query(ctx, `SELECT a.attname FROM pg_attribute a
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, table)
+	if err != nil {
+		return fmt.Errorf("read columns of %s: %w", table, err)
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("read columns of %s: %w", table, err)
+	}
+	if len(have) == 0 {
+		return fatalf("outbox table %s does not exist: run `outbox-relay migrate`, or set table to the outbox table's name", table)
+	}
+	var missing []string
+	for _, c := range cfg.Columns {
+		found := false
+		for _, h := range have {
+			found = found || h == c
+		}
+		if !found {
+			missing = append(missing, fmt.Sprintf("%q", c))
+		}
+	}
+	if len(missing) > 0 {
+		return fatalf("outbox table %s has no column %s (it has %s): add the column or fix the columns.* settings",
+			table, strings.Join(missing, ", "), strings.Join(have, ", "))
+	}
+	return nil
+}
+
+// EnsurePublication checks that publication exists, publishes INSERTs and includes the outbox
+// table; when it does not exist and create is set, it creates it for INSERTs on that table only.
+func EnsurePublication(ctx context.Context, q querier, publication, schema, tableName string, create bool) error {
+	cfg := &Config{Publication: publication, Schema: schema, Table: tableName}
+	table := cfg.qualifiedTable()
+	var pubInsert bool
+	err := q.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert)
+	if errors.Is(err, pgx.ErrNoRows) {
+		if !create {
+			return fatalf("publication %q does not exist: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+				cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), table)
+		}
+		_, err := q.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+			pgx.Identifier{cfg.Publication}.Sanitize(), pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+			return nil // another instance created it a moment ago
+		}
+		if err != nil {
+			return fatalf("create publication %q for %s: %w (create it as the table owner, or grant the relay's role ownership of the table)", cfg.Publication, table, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read publication %q: %w", cfg.Publication, err)
+	}
+	if !pubInsert {
+		return fatalf("publication %q does not publish INSERTs: run ALTER PUBLICATION %s SET (publish = 'insert')",
+			cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize())
+	}
+	var included bool
+	err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables
+		WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`, cfg.Publication, cfg.Schema, cfg.Table).Scan(&included)
+	if err != nil {
+		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
+	}
+	if !included {
+		return fatalf("publication %q does not include %s: run ALTER PUBLICATION %s ADD TABLE %s",
+			cfg.Publication, table, pgx.Identifier{cfg.Publication}.Sanitize(), table)
+	}
+	return nil
+}
+
+// ReadSlot returns the slot's row in pg_replication_slots; Exists is false when there is none.
+func ReadSlot(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, slot string) (SlotInfo, error) {
+	var s SlotInfo
+	var database, walStatus *string
+	var pid *int32
+	var confirmed, restart *string
+	err := q.QueryRow(ctx, `SELECT plugin, slot_type, database, active, active_pid,
+			confirmed_flush_lsn::text, restart_lsn::text, wal_status
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).
+		Scan(&s.Plugin, &s.SlotType, &database, &s.Active, &pid, &confirmed, &restart, &walStatus)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return SlotInfo{}, nil
+	}
+	if err != nil {
+		return SlotInfo{}, fmt.Errorf("read replication slot %q: %w", slot, err)
+	}
+	s.Exists = true
+	if database != nil {
+		s.Database = *database
+	}
+	if walStatus != nil {
+		s.WALStatus = *walStatus
+	}
+	if pid != nil {
+		s.ActivePID = *pid
+	}
+	if confirmed != nil {
+		if s.ConfirmedFlush, err = pglogrepl.ParseLSN(*confirmed); err != nil {
+			return SlotInfo{}, fmt.Errorf("slot %q confirmed_flush_lsn: %w", slot, err)
+		}
+	}
+	if restart != nil {
+		if s.RestartLSN, err = pglogrepl.ParseLSN(*restart); err != nil {
+			return SlotInfo{}, fmt.Errorf("slot %q restart_lsn: %w", slot, err)
+		}
+	}
+	return s, nil
+}
+
+// checkSlot refuses a slot the relay cannot use, with the fix in the message.
+func checkSlot(s SlotInfo, cfg *Config, database string) error {
+	switch {
+	case s.SlotType != "logical":
+		return fatalf("replication slot %q is a %s slot; the relay needs a logical slot: choose another slot name", cfg.Slot, s.SlotType)
+	case s.Plugin != "pgoutput":
+		return fatalf("replication slot %q uses output plugin %q; the relay needs pgoutput: choose another slot name, or drop the slot with SELECT pg_drop_replication_slot('%s') if nothing else uses it", cfg.Slot, s.Plugin, cfg.Slot)
+	case s.Database != database:
+		return fatalf("replication slot %q belongs to database %q, not %q: choose another slot name or point pg_dsn at %q", cfg.Slot, s.Database, database, s.Database)
+	case s.WALStatus == "lost":
+		return fmt.Errorf("%w: slot %q has wal_status \"lost\": PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so events committed meanwhile may never be published; drop and recreate the slot, then reconcile the outbox rows written since the slot's confirmed position %s", ErrSlotLost, cfg.Slot, s.ConfirmedFlush)
+	}
+	return nil
+}

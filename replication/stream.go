@@ -1,0 +1,496 @@
+// Package replication owns the logical replication connection to PostgreSQL: it checks the
+// database, creates the slot and publication when allowed, streams pgoutput messages to one
+// consumer, reports the checkpoint's safe position back to the server, and reconnects with backoff.
+//
+// One goroutine owns the connection (pgconn is not safe for concurrent use). It keeps sending
+// standby status updates while the consumer is busy, so the walsender never times the relay out
+// during backpressure.
+package replication
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/metrics"
+)
+
+// Config configures a Stream.
+type Config struct {
+	DSN               string
+	Slot              string
+	Publication       string
+	Schema            string   // of the outbox table; default "public"
+	Table             string   // the outbox table
+	Columns           []string // columns that must exist in the outbox table
+	CreateSlot        bool
+	CreatePublication bool
+	// StatusInterval is how often the confirmed position is reported. It is capped at a third of
+	// the server's wal_sender_timeout so the server never gives up on a busy relay.
+	StatusInterval time.Duration
+	// ReceiveTimeout is how long the server may stay silent before the connection is presumed dead
+	// (it sends keepalives at least every wal_sender_timeout/2). Default 2m.
+	ReceiveTimeout time.Duration
+	// SlotBusyWait is how long a first start waits for a slot another process holds (for example
+	// the walsender of a relay that was just killed) before giving up. Default 30s.
+	SlotBusyWait time.Duration
+	// Messages asks pgoutput for logical decoding messages (heartbeats).
+	Messages bool
+	// Buffer is how many messages may wait for the consumer. Default 256.
+	Buffer int
+}
+
+func (c *Config) setDefaults() {
+	if c.Schema == "" {
+		c.Schema = "public"
+	}
+	if c.StatusInterval <= 0 {
+		c.StatusInterval = time.Second
+	}
+	if c.ReceiveTimeout <= 0 {
+		c.ReceiveTimeout = 2 * time.Minute
+	}
+	if c.SlotBusyWait <= 0 {
+		c.SlotBusyWait = 30 * time.Second
+	}
+	if c.Buffer <= 0 {
+		c.Buffer = 256
+	}
+}
+
+func (c *Config) qualifiedTable() string { return pgx.Identifier{c.Schema, c.Table}.Sanitize() }
+
+// Kind says what a Message carries.
+type Kind uint8
+
+const (
+	// Session starts a new replication session; WALEnd is the slot's confirmed position. Anything
+	// of a transaction left open by the previous session will be sent again from its Begin.
+	Session Kind = iota + 1
+	// Data is one pgoutput message that starts at WALStart.
+	Data
+	// Keepalive reports the server's WAL end: everything before it has been sent.
+	Keepalive
+)
+
+// Message is what the stream hands its consumer, in WAL order.
+type Message struct {
+	Kind     Kind
+	WALStart pglogrepl.LSN
+	WALEnd   pglogrepl.LSN
+	Data     []byte // owned by the consumer
+}
+
+// Checkpoint tells the stream how far the slot may be confirmed.
+type Checkpoint interface {
+	Safe() pglogrepl.LSN
+}
+
+// Stream is the replication connection and its receive loop.
+type Stream struct {
+	cfg Config
+	ck  Checkpoint
+	log *zap.Logger
+	m   *metrics.Metrics
+
+	conn       *pgconn.PgConn
+	interval   time.Duration // status interval for the current session
+	nextStatus time.Time
+	floor      pglogrepl.LSN // the slot's confirmed position when the session started
+	received   pglogrepl.LSN
+	reported   pglogrepl.LSN
+	streamed   bool // a session reached START_REPLICATION at least once
+}
+
+// New returns a Stream that reports ck.Safe() as its confirmed position.
+func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream {
+	cfg.setDefaults()
+	return &Stream{cfg: cfg, ck: ck, log: log, m: m}
+}
+
+// Buffer returns the capacity the consumer channel should have.
+func (s *Stream) Buffer() int { return s.cfg.Buffer }
+
+// Run streams into out until ctx ends or a fatal error, reconnecting with backoff after anything
+// else. It closes out when it returns. After Run returns, call Finish to report the final position.
+func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
+	defer close(out)
+	var busySince time.Time
+	for attempt := 0; ; attempt++ {
+		started := time.Now()
+		err := s.session(ctx, out)
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.closeConn()
+		if IsFatal(err) {
+			return err
+		}
+		if errors.Is(err, ErrSlotActive) && !s.streamed {
+			if busySince.IsZero() {
+				busySince = started
+			}
+			if time.Since(busySince) > s.cfg.SlotBusyWait {
+				return fatalf("%v: stop the other reader (another outbox-relay or Debezium) or set slot to another name", err)
+			}
+		}
+		if time.Since(started) > time.Minute {
+			attempt = 0 // it streamed for a while: this is a new outage, start the backoff over
+		}
+		delay := backoff(attempt)
+		s.log.Warn("replication interrupted; reconnecting", zap.Error(err), zap.Duration("retry_in", delay))
+		s.m.Reconnects.WithLabelValues("postgres").Inc()
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+func backoff(attempt int) time.Duration {
+	return min(250*time.Millisecond<<min(attempt, 7), 15*time.Second)
+}
+
+// session runs one replication connection from its checks to its end.
+func (s *Stream) session(ctx context.Context, out chan<- Message) error {
+	slot, err := s.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	rcfg, err := pgconn.ParseConfig(s.cfg.DSN)
+	if err != nil {
+		return fatalf("pg_dsn: %w", err)
+	}
+	rcfg.RuntimeParams["replication"] = "database"
+	if _, ok := rcfg.RuntimeParams["application_name"]; !ok {
+		rcfg.RuntimeParams["application_name"] = "outbox-relay"
+	}
+	s.conn, err = pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return classifyConnect(err, "replication")
+	}
+	if !slot.Exists {
+		if slot, err = s.createSlot(ctx); err != nil {
+			return err
+		}
+	}
+	s.floor = slot.ConfirmedFlush
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(s.cfg.Publication)}
+	if s.cfg.Messages {
+		args = append(args, "messages 'true'")
+	}
+	err = pglogrepl.StartReplication(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), 0,
+		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: args})
+	if err != nil {
+		return s.streamError(err)
+	}
+	s.streamed = true
+	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
+		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval))
+	s.nextStatus = time.Now().Add(s.interval)
+	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor}); err != nil {
+		return err
+	}
+	return s.receive(ctx, out)
+}
+
+// prepare runs the checks on an ordinary connection and returns the slot's current state.
+func (s *Stream) prepare(ctx context.Context) (SlotInfo, error) {
+	conn, err := pgx.Connect(ctx, s.cfg.DSN)
+	if err != nil {
+		return SlotInfo{}, classifyConnect(err, "checks")
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := preflight(ctx, conn, &s.cfg); err != nil {
+		return SlotInfo{}, err
+	}
+	var database string
+	var senderTimeout time.Duration
+	var timeoutText string
+	if err := conn.QueryRow(ctx, "SELECT current_database(), current_setting('wal_sender_timeout')").Scan(&database, &timeoutText); err != nil {
+		return SlotInfo{}, fmt.Errorf("read wal_sender_timeout: %w", err)
+	}
+	senderTimeout = parsePGDuration(timeoutText)
+	s.interval = s.cfg.StatusInterval
+	if senderTimeout > 0 && s.interval > senderTimeout/3 {
+		s.interval = senderTimeout / 3
+	}
+	slot, err := ReadSlot(ctx, conn, s.cfg.Slot)
+	if err != nil {
+		return SlotInfo{}, err
+	}
+	switch {
+	case !slot.Exists && s.streamed:
+		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it); the relay does not recreate it because events committed in the gap would be skipped: recreate it deliberately (outbox-relay run creates it on a fresh start) after deciding how to reconcile outbox rows written since the last confirmed position %s",
+			ErrSlotLost, s.cfg.Slot, s.reported)
+	case !slot.Exists && !s.cfg.CreateSlot:
+		return SlotInfo{}, fatalf("replication slot %q does not exist and create_slot is off: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", s.cfg.Slot, s.cfg.Slot)
+	case !slot.Exists:
+		return slot, nil
+	}
+	if err := checkSlot(slot, &s.cfg, database); err != nil {
+		return SlotInfo{}, err
+	}
+	if slot.Active {
+		return SlotInfo{}, fmt.Errorf("%w: slot %q is being streamed by PostgreSQL backend PID %d%s", ErrSlotActive, s.cfg.Slot, slot.ActivePID, describeBackend(ctx, conn, slot.ActivePID))
+	}
+	return slot, nil
+}
+
+// describeBackend says who holds the slot, to make "slot is active" actionable.
+func describeBackend(ctx context.Context, conn *pgx.Conn, pid int32) string {
+	var app, addr string
+	err := conn.QueryRow(ctx, "SELECT coalesce(application_name, ''), coalesce(host(client_addr), 'local') FROM pg_stat_activity WHERE pid = $1", pid).Scan(&app, &addr)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf(" (application_name=%q, client %s)", app, addr)
+}
+
+func (s *Stream) createSlot(ctx context.Context) (SlotInfo, error) {
+	res, err := pglogrepl.CreateReplicationSlot(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			switch pgErr.Code {
+			case "42710":
+				return SlotInfo{}, fmt.Errorf("slot %q was created by another process meanwhile: %w", s.cfg.Slot, err)
+			case "53400":
+				return SlotInfo{}, fatalf("cannot create replication slot %q: %s: raise max_replication_slots or drop an unused slot", s.cfg.Slot, pgErr.Message)
+			}
+		}
+		return SlotInfo{}, fmt.Errorf("create replication slot %q: %w", s.cfg.Slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return SlotInfo{}, fmt.Errorf("slot %q consistent point %q: %w", s.cfg.Slot, res.ConsistentPoint, err)
+	}
+	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn))
+	return SlotInfo{Exists: true, Plugin: "pgoutput", ConfirmedFlush: lsn}, nil
+}
+
+// streamError maps errors of START_REPLICATION and of the stream to actionable ones.
+func (s *Stream) streamError(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("replication stream: %w", err)
+	}
+	switch pgErr.Code {
+	case "55006": // object_in_use: "replication slot ... is active for PID n"
+		return fmt.Errorf("%w: %s", ErrSlotActive, pgErr.Message)
+	case "42704": // undefined_object: the slot or the publication
+		if s.streamed {
+			return fmt.Errorf("%w: %s", ErrSlotLost, pgErr.Message)
+		}
+		return fatalf("%s: check the slot and publication settings", pgErr.Message)
+	case "55000": // object_not_in_prerequisite_state: e.g. the slot's WAL was removed
+		return fmt.Errorf("%w: %s: the slot can no longer be streamed; drop and recreate it, then reconcile outbox rows written since %s", ErrSlotLost, pgErr.Message, s.reported)
+	case "57P01", "57P02", "57P03": // server shutting down or restarting
+		return fmt.Errorf("PostgreSQL is shutting down: %w", err)
+	}
+	if pgErr.Code[:2] == "42" || pgErr.Code[:2] == "22" {
+		return fatalf("replication stream: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
+	}
+	return fmt.Errorf("replication stream: %w", err)
+}
+
+// receive is the session's read loop.
+func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
+	lastHeard := time.Now()
+	for {
+		if !time.Now().Before(s.nextStatus) {
+			if err := s.sendStatus(ctx, false); err != nil {
+				return err
+			}
+		}
+		rctx, cancel := context.WithDeadline(ctx, s.nextStatus)
+		raw, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				if silent := time.Since(lastHeard); silent > s.cfg.ReceiveTimeout {
+					return fmt.Errorf("no message from PostgreSQL for %s; presuming the connection dead", silent.Round(time.Second))
+				}
+				continue
+			}
+			return fmt.Errorf("receive from PostgreSQL: %w", err)
+		}
+		lastHeard = time.Now()
+		switch msg := raw.(type) {
+		case *pgproto3.CopyData:
+			if err := s.handleCopyData(ctx, out, msg.Data); err != nil {
+				return err
+			}
+			lastHeard = time.Now() // time spent waiting for the consumer is not server silence
+		case *pgproto3.ErrorResponse:
+			return s.streamError(pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return errors.New("PostgreSQL ended the replication stream")
+		}
+	}
+}
+
+func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse keepalive: %w", err)
+		}
+		if pkm.ReplyRequested {
+			if err := s.sendStatus(ctx, false); err != nil {
+				return err
+			}
+		}
+		return s.forward(ctx, out, Message{Kind: Keepalive, WALEnd: pkm.ServerWALEnd})
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse XLogData: %w", err)
+		}
+		if xld.WALStart > s.received {
+			s.received = xld.WALStart
+			s.m.ReceivedLSN.Set(float64(xld.WALStart))
+		}
+		// pgconn reuses its read buffer, and the consumer keeps the data until Kafka has it.
+		return s.forward(ctx, out, Message{Kind: Data, WALStart: xld.WALStart, Data: bytes.Clone(xld.WALData)})
+	}
+	return nil
+}
+
+// forward hands msg to the consumer, sending status updates while it waits.
+func (s *Stream) forward(ctx context.Context, out chan<- Message, msg Message) error {
+	select {
+	case out <- msg:
+		return nil
+	default:
+	}
+	for {
+		timer := time.NewTimer(time.Until(s.nextStatus))
+		select {
+		case out <- msg:
+			timer.Stop()
+			return nil
+		case <-timer.C:
+			if err := s.sendStatus(ctx, false); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// sendStatus reports the checkpoint's position. Write, flush and apply are all set explicitly:
+// pglogrepl replaces a zero flush position with the write position, which would confirm events
+// that Kafka has not acknowledged.
+func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
+	s.nextStatus = time.Now().Add(s.interval)
+	flush := max(s.ck.Safe(), s.floor)
+	if flush == 0 {
+		return nil
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: max(s.received, flush),
+		WALFlushPosition: flush,
+		WALApplyPosition: flush,
+		ClientTime:       time.Now(),
+		ReplyRequested:   reply,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	if flush != s.reported {
+		s.log.Debug("confirmed", zap.Stringer("lsn", flush))
+	}
+	s.reported = flush
+	s.m.ConfirmedLSN.Set(float64(flush))
+	s.m.StatusUpdates.Inc()
+	return nil
+}
+
+// Finish ends the stream after Run: it keeps reporting the checkpoint until drained is closed or
+// ctx ends, sends the final position, and closes the connection.
+func (s *Stream) Finish(ctx context.Context, drained <-chan struct{}) error {
+	if s.conn == nil {
+		return nil
+	}
+	defer s.closeConn()
+	bg := context.WithoutCancel(ctx)
+	for waiting := true; waiting; {
+		timer := time.NewTimer(time.Until(s.nextStatus))
+		select {
+		case <-drained:
+			waiting = false
+		case <-ctx.Done():
+			waiting = false
+		case <-timer.C:
+			if err := s.sendStatus(bg, false); err != nil {
+				timer.Stop()
+				return err
+			}
+		}
+		timer.Stop()
+	}
+	if err := s.sendStatus(bg, false); err != nil {
+		return err
+	}
+	s.log.Info("final position confirmed", zap.Stringer("lsn", s.reported))
+	return nil
+}
+
+func (s *Stream) closeConn() {
+	if s.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.conn.Close(ctx)
+	s.conn = nil
+}
+
+// Reported is the last position confirmed to the server.
+func (s *Stream) Reported() pglogrepl.LSN { return s.reported }
+
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// parsePGDuration reads a time setting as current_setting returns it ("60s", "1min", "500ms", "0").
+func parsePGDuration(v string) time.Duration {
+	units := []struct {
+		suffix string
+		unit   time.Duration
+	}{{"ms", time.Millisecond}, {"min", time.Minute}, {"s", time.Second}, {"h", time.Hour}, {"d", 24 * time.Hour}}
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			var x int64
+			if _, err := fmt.Sscan(n, &x); err == nil {
+				return time.Duration(x) * u.unit
+			}
+		}
+	}
+	var ms int64
+	if _, err := fmt.Sscan(v, &ms); err == nil {
+		return time.Duration(ms) * time.Millisecond
+	}
+	return 0
+}

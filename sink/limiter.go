@@ -1,0 +1,58 @@
+package sink
+
+import (
+	"context"
+	"sync"
+)
+
+// limiter caps the events and bytes handed to Kafka and not yet settled. It admits one waiter at a
+// time (the pipeline goroutine), which is why a single-slot wake channel is enough.
+type limiter struct {
+	maxEvents, maxBytes int64
+
+	mu     sync.Mutex
+	events int64
+	bytes  int64
+	wake   chan struct{}
+}
+
+func newLimiter(maxEvents, maxBytes int64) *limiter {
+	return &limiter{maxEvents: maxEvents, maxBytes: maxBytes, wake: make(chan struct{}, 1)}
+}
+
+// acquire blocks until one event of size bytes fits. An event larger than the byte cap is admitted
+// alone, so a single big event cannot wedge the relay.
+func (l *limiter) acquire(ctx context.Context, size int64) error {
+	for {
+		l.mu.Lock()
+		if l.events == 0 || (l.events < l.maxEvents && l.bytes+size <= l.maxBytes) {
+			l.events++
+			l.bytes += size
+			l.mu.Unlock()
+			return nil
+		}
+		l.mu.Unlock()
+		select {
+		case <-l.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (l *limiter) release(events, bytes int64) {
+	l.mu.Lock()
+	l.events -= events
+	l.bytes -= bytes
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (l *limiter) inFlight() (events, bytes int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.events, l.bytes
+}

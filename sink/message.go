@@ -1,0 +1,160 @@
+package sink
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+)
+
+// Reasons an event cannot be published to its own topic; the label of events_failed_total.
+const (
+	ReasonTooLarge      = "message_too_large"
+	ReasonInvalidTopic  = "invalid_topic"
+	ReasonBadHeaders    = "invalid_headers"
+	ReasonNotAuthorized = "not_authorized"
+	ReasonRejected      = "rejected_by_broker"
+)
+
+// Header names set on every record.
+const (
+	HeaderID            = "id"
+	HeaderEventType     = "event_type"
+	HeaderAggregateType = "aggregate_type"
+)
+
+// Placeholders a topic template may use.
+const (
+	placeholderAggregateType = "{aggregate_type}"
+	placeholderEventType     = "{event_type}"
+)
+
+// router turns events into topic names. Aggregate and event types are few, so names are cached and
+// the hot path does not allocate.
+type router struct {
+	template string
+	byEvent  bool // the template uses {event_type}, so the cache key must include it
+	cache    map[string]string
+}
+
+func newRouter(template string) (*router, error) {
+	if !strings.Contains(template, placeholderAggregateType) && !strings.Contains(template, placeholderEventType) {
+		if err := validTopic(template); err != nil {
+			return nil, err
+		}
+	}
+	return &router{
+		template: template,
+		byEvent:  strings.Contains(template, placeholderEventType),
+		cache:    make(map[string]string),
+	}, nil
+}
+
+func (r *router) topic(ev *decoder.Event) (string, error) {
+	if !r.byEvent {
+		if t, ok := r.cache[string(ev.AggregateType)]; ok {
+			return t, nil
+		}
+	}
+	if ev.AggregateType == nil && strings.Contains(r.template, placeholderAggregateType) {
+		return "", fmt.Errorf("event %s has a NULL aggregate type, so topic template %q has no value for %s",
+			ev.ID, r.template, placeholderAggregateType)
+	}
+	t := strings.ReplaceAll(r.template, placeholderAggregateType, string(ev.AggregateType))
+	t = strings.ReplaceAll(t, placeholderEventType, string(ev.EventType))
+	if err := validTopic(t); err != nil {
+		return "", err
+	}
+	// Cache only by aggregate type, and only so many: a bad producer could invent a type per event.
+	if !r.byEvent && len(r.cache) < 10000 {
+		r.cache[string(ev.AggregateType)] = t
+	}
+	return t, nil
+}
+
+// validTopic applies Kafka's rules for topic names, so a bad aggregate type is caught before it
+// reaches the producer.
+func validTopic(t string) error {
+	if t == "" || t == "." || t == ".." {
+		return fmt.Errorf("topic name %q is not allowed", t)
+	}
+	if len(t) > 249 {
+		return fmt.Errorf("topic name %.40q... is %d characters, Kafka allows 249", t, len(t))
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("topic name %q contains %q; Kafka allows only letters, digits, '.', '_' and '-'", t, c)
+		}
+	}
+	return nil
+}
+
+// headers builds a record's headers: the event id, type and aggregate type, then any configured extra
+// columns, then the entries of the headers column. Values alias the event's buffers.
+func headers(ev *decoder.Event, extra []string) ([]kafka.Header, error) {
+	hs := make([]kafka.Header, 3, 3+len(extra))
+	hs[0] = kafka.Header{Key: HeaderID, Value: ev.ID}
+	hs[1] = kafka.Header{Key: HeaderEventType, Value: ev.EventType}
+	hs[2] = kafka.Header{Key: HeaderAggregateType, Value: ev.AggregateType}
+	for i, name := range extra {
+		if i < len(ev.Extra) && ev.Extra[i] != nil {
+			hs = append(hs, kafka.Header{Key: name, Value: ev.Extra[i]})
+		}
+	}
+	if ev.Headers == nil {
+		return hs, nil
+	}
+	return appendJSONHeaders(hs, ev.Headers)
+}
+
+// appendJSONHeaders adds the members of a JSON object as headers, in document order. String values
+// become their text; other values keep their JSON form; null members are left out.
+func appendJSONHeaders(hs []kafka.Header, obj []byte) ([]kafka.Header, error) {
+	dec := json.NewDecoder(bytes.NewReader(obj))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		if tok == nil && err == nil { // JSON null: no headers
+			return hs, nil
+		}
+		return nil, fmt.Errorf("headers column must hold a JSON object, got %.60s", obj)
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("headers column: %w", err)
+		}
+		name := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, fmt.Errorf("headers column, member %q: %w", name, err)
+		}
+		switch {
+		case bytes.Equal(raw, []byte("null")):
+			continue
+		case len(raw) > 0 && raw[0] == '"':
+			var s string
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return nil, fmt.Errorf("headers column, member %q: %w", name, err)
+			}
+			hs = append(hs, kafka.Header{Key: name, Value: []byte(s)})
+		default:
+			hs = append(hs, kafka.Header{Key: name, Value: raw})
+		}
+	}
+	return hs, nil
+}
+
+// recordSize is the size Kafka counts against max.message.bytes for a record on its own, with the
+// record and batch framing overhead rounded up.
+func recordSize(m *kafka.Message) int {
+	n := len(m.Key) + len(m.Value) + 100 // 61-byte batch header, record header, varints
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value) + 10
+	}
+	return n
+}

@@ -1,0 +1,119 @@
+package sink
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+)
+
+// Headers added to a dead-lettered record, next to the event's own.
+const (
+	HeaderDLQTopic  = "outbox.dlq.original_topic"
+	HeaderDLQKey    = "outbox.dlq.original_key"
+	HeaderDLQReason = "outbox.dlq.reason"
+	HeaderDLQError  = "outbox.dlq.error"
+	HeaderDLQLSN    = "outbox.dlq.lsn"
+)
+
+func eventFields(rec *record) []zap.Field {
+	return []zap.Field{
+		zap.ByteString("event_id", rec.ev.ID),
+		zap.ByteString("event_type", rec.ev.EventType),
+		zap.ByteString("aggregate_type", rec.ev.AggregateType),
+		zap.ByteString("aggregate_id", rec.ev.AggregateID),
+		zap.Stringer("lsn", rec.ev.LSN),
+		zap.String("topic", rec.topic),
+	}
+}
+
+// fail applies the failure policy to a record that cannot be published to its own topic. The
+// record keeps its limiter capacity until the policy settles it.
+func (s *Sink) fail(rec *record, reason string, err error) {
+	s.m.EventsFailed.WithLabelValues(reason).Inc()
+	if s.cfg.Policy == Halt {
+		s.halt(rec, reason, err)
+		return
+	}
+	s.log.Error("event cannot be published to its topic; sending it to the dead-letter topic",
+		append(eventFields(rec), zap.String("reason", reason), zap.String("dead_letter_topic", s.cfg.DeadLetterTopic), zap.Error(err))...)
+	rec.msg = s.deadLetterMessage(rec, reason, err)
+	rec.enqueued = rec.msg.Time
+	s.dead.queue <- rec
+}
+
+// deadLetterMessage builds the record for the dead-letter topic: same key and headers, the payload
+// as value, and headers saying where the event was going and why it failed. A payload too large for
+// the dead-letter topic too is replaced by a JSON reference to the outbox row.
+func (s *Sink) deadLetterMessage(rec *record, reason string, cause error) kafka.Message {
+	ev := rec.ev
+	hs := []kafka.Header{
+		{Key: HeaderID, Value: ev.ID},
+		{Key: HeaderEventType, Value: ev.EventType},
+		{Key: HeaderAggregateType, Value: ev.AggregateType},
+	}
+	if reason != ReasonBadHeaders && len(rec.msg.Headers) > 3 {
+		hs = append(hs, rec.msg.Headers[3:]...)
+	}
+	hs = append(hs,
+		kafka.Header{Key: HeaderDLQTopic, Value: []byte(rec.topic)},
+		kafka.Header{Key: HeaderDLQKey, Value: ev.AggregateID},
+		kafka.Header{Key: HeaderDLQReason, Value: []byte(reason)},
+		kafka.Header{Key: HeaderDLQError, Value: []byte(cause.Error())},
+		kafka.Header{Key: HeaderDLQLSN, Value: []byte(ev.LSN.String())},
+	)
+	m := kafka.Message{
+		Topic:      s.cfg.DeadLetterTopic,
+		Key:        ev.AggregateID,
+		Value:      ev.Payload,
+		Headers:    hs,
+		WriterData: rec,
+		Time:       rec.msg.Time,
+	}
+	if recordSize(&m) > s.cfg.MaxMessageBytes {
+		ref, _ := json.Marshal(struct {
+			EventID       string `json:"event_id"`
+			AggregateType string `json:"aggregate_type"`
+			AggregateID   string `json:"aggregate_id"`
+			EventType     string `json:"event_type"`
+			LSN           string `json:"lsn"`
+			PayloadBytes  int    `json:"payload_bytes"`
+			Note          string `json:"note"`
+		}{string(ev.ID), string(ev.AggregateType), string(ev.AggregateID), string(ev.EventType),
+			ev.LSN.String(), len(ev.Payload), "payload too large to dead-letter; read it from the outbox table by event_id"})
+		m.Value = ref
+		m.Headers = append(m.Headers, kafka.Header{Key: "outbox.dlq.payload_bytes", Value: []byte(strconv.Itoa(len(ev.Payload)))})
+	}
+	return m
+}
+
+// deadLettered is the dead-letter writer's Completion callback.
+func (s *Sink) deadLettered(msgs []kafka.Message, err error) {
+	if err != nil {
+		for i := range msgs {
+			s.halt(msgs[i].WriterData.(*record), reason(err), fmt.Errorf("dead-letter topic %s refused it too: %w", s.cfg.DeadLetterTopic, err))
+		}
+		return
+	}
+	var bytes int64
+	for i := range msgs {
+		rec := msgs[i].WriterData.(*record)
+		bytes += rec.size
+		s.m.EventsDeadLettered.WithLabelValues(rec.topic).Inc()
+	}
+	s.settle(msgs, bytes)
+}
+
+// halt stops the sink for good on rec, which is never acknowledged, so the slot's confirmed position
+// stays before it and nothing after it is lost; an operator fixes the cause and restarts.
+func (s *Sink) halt(rec *record, reason string, err error) {
+	first := s.halted.CompareAndSwap(nil, &haltState{EventID: string(rec.ev.ID), Reason: reason, Err: err})
+	s.m.Halted.Set(1)
+	msg := "halted: event cannot be published; the slot will not advance past it until the cause is fixed and the relay restarted"
+	if !first {
+		msg = "another event cannot be published while halted"
+	}
+	s.log.Error(msg, append(eventFields(rec), zap.String("reason", reason), zap.Error(err))...)
+}
