@@ -37,3 +37,17 @@ lint:
 # Integration tests start their own PostgreSQL clusters and Kafka brokers (internal/testenv).
 test: tools kafka-lib lint
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+# The outbox end to end on local services: make up, migrate, relay, orders in, events out, make down.
+.PHONY: demo
+demo:
+	@LOCAL=$(LOCAL) bash scripts/demo.sh
+
+# Side-by-side benchmark (bench/, results in docs/benchmarks.md): the relay against the
+# pg_recvlogical ceiling and Debezium on Kafka Connect, which bench/debezium-lib.sh fetches through
+# Maven. Not part of `make test` (bench/ has a smoke test that is). BENCH_EVENTS=100000 for a
+# shorter run; the other BENCH_* knobs are listed by `go run ./bench -h`.
+.PHONY: bench
+bench: tools kafka-lib build
+	@bash bench/debezium-lib.sh >/dev/null
+	@$(GO) run ./bench --relay-bin bin/outbox-relay

@@ -29,6 +29,10 @@ type Config struct {
 	CreatePublication bool
 	Columns           Columns
 	ExtraHeaders      []string // "column" or "column:header"
+	BuiltinHeaders    []string
+	ValueEncoding     string
+	KeyEncoding       string
+	Profile           string
 	TopicTemplate     string
 	OnFailure         string
 	DeadLetterTopic   string
@@ -39,15 +43,28 @@ type Config struct {
 	MaxInFlightBytes  int64
 	MaxMessageBytes   int
 	HeartbeatInterval time.Duration
+	Backfill          bool
+	BackfillSince     string // RFC 3339 time, or a duration before the start
+	BackfillWhere     string
 	MetricsAddr       string
 	LogLevel          string
 	LogFormat         string
 	Kafka             Kafka
+
+	// Retention (package prune): delete outbox rows older than PruneOlderThan every PruneInterval.
+	PruneInterval  time.Duration
+	PruneOlderThan time.Duration
+	PruneBatchSize int
+
+	// Single leader and the slot monitor.
+	LeaderElection      bool
+	LeaderRetryInterval time.Duration
+	SlotPollInterval    time.Duration
 }
 
 // Columns names the outbox table's columns.
 type Columns struct {
-	ID, AggregateType, AggregateID, EventType, Payload, Headers string
+	ID, AggregateType, AggregateID, EventType, Payload, Headers, CreatedAt string
 }
 
 // Kafka holds producer and connection settings.
@@ -112,6 +129,18 @@ func duration(p func(*Config) *time.Duration) func(*Config, string) error {
 	}
 }
 
+// minDuration is duration with a lower bound, for intervals that would busy-loop at zero.
+func minDuration(least time.Duration, p func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < least {
+			return fmt.Errorf("want a duration of at least %s such as 2s, got %q", least, v)
+		}
+		*p(c) = d
+		return nil
+	}
+}
+
 func integer(p func(*Config) *int) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
@@ -161,6 +190,14 @@ func oneOf(p func(*Config) *string, allowed ...string) func(*Config, string) err
 
 // settings is the whole configuration surface; README's table follows it.
 var settings = []setting{
+	{key: "profile", help: "preset defaults: debezium (Debezium outbox router column names, id header only); empty for none",
+		apply: func(c *Config, v string) error {
+			if v == "" {
+				c.Profile = ""
+				return nil
+			}
+			return oneOf(func(c *Config) *string { return &c.Profile }, "debezium")(c, v)
+		}},
 	{key: "pg_dsn", help: "PostgreSQL connection string (URL or key=value); the role needs REPLICATION", secret: true,
 		apply: str(func(c *Config) *string { return &c.PGDSN })},
 	{key: "kafka_brokers", help: "Kafka bootstrap brokers, comma-separated host:port",
@@ -197,8 +234,29 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.Columns.Payload })},
 	{key: "columns.headers", def: "headers", help: "JSON object column whose members become headers; empty for none",
 		apply: str(func(c *Config) *string { return &c.Columns.Headers })},
+	{key: "columns.created_at", def: "created_at", help: "creation time column, for backfill_since and the backfill's order",
+		apply: str(func(c *Config) *string { return &c.Columns.CreatedAt })},
 	{key: "extra_headers", help: "further columns sent as headers, comma-separated column[:header]",
 		apply: list(func(c *Config) *[]string { return &c.ExtraHeaders })},
+	{key: "builtin_headers", def: "id,event_type,aggregate_type", help: "which of the headers id, event_type and aggregate_type every record carries",
+		apply: func(c *Config, v string) error {
+			if err := list(func(c *Config) *[]string { return &c.BuiltinHeaders })(c, v); err != nil {
+				return err
+			}
+			for _, h := range c.BuiltinHeaders {
+				if h != "id" && h != "event_type" && h != "aggregate_type" {
+					return fmt.Errorf("want some of id, event_type, aggregate_type, got %q", h)
+				}
+			}
+			if c.BuiltinHeaders == nil {
+				c.BuiltinHeaders = []string{}
+			}
+			return nil
+		}},
+	{key: "value_encoding", def: "raw", help: "record value: raw (payload bytes as stored) or json-string (a JSON string, like Debezium's JsonConverter)",
+		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string")},
+	{key: "key_encoding", def: "raw", help: "record key: raw (aggregate id as stored) or json-string (a JSON string, like Connect's JsonConverter with schemas disabled)",
+		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string")},
 	{key: "topic_template", def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",
 		apply: str(func(c *Config) *string { return &c.TopicTemplate })},
 	{key: "on_failure", def: "dead-letter", help: "what to do with an event Kafka cannot take: dead-letter or halt",
@@ -226,8 +284,47 @@ var settings = []setting{
 		}},
 	{key: "heartbeat_interval", def: "0s", help: "emit a pg_logical_emit_message heartbeat this often; 0 disables",
 		apply: duration(func(c *Config) *time.Duration { return &c.HeartbeatInterval })},
+	{key: "prune_interval", def: "0s", help: "delete outbox rows older than prune_older_than this often (always safe: delivery reads the WAL, not the table); 0 disables, else at least 1s",
+		apply: func(c *Config, v string) error {
+			// 0 (off) or at least a second: a tiny interval would delete in a busy loop.
+			if d, err := time.ParseDuration(v); err == nil && d == 0 {
+				c.PruneInterval = 0
+				return nil
+			}
+			return minDuration(time.Second, func(c *Config) *time.Duration { return &c.PruneInterval })(c, v)
+		}},
+	{key: "prune_older_than", def: "24h", help: "age beyond which pruning deletes an outbox row (by its created_at)",
+		apply: duration(func(c *Config) *time.Duration { return &c.PruneOlderThan })},
+	{key: "prune_batch_size", def: "1000", help: "rows one pruning statement deletes, at most (each batch is its own short transaction)",
+		apply: integer(func(c *Config) *int { return &c.PruneBatchSize })},
+	{key: "backfill", def: "false", help: "on first start, publish the rows already in the outbox table (from the new slot's snapshot: no gap, no duplicates)",
+		apply: boolean(func(c *Config) *bool { return &c.Backfill })},
+	{key: "backfill_since", help: "backfill only rows created at or after this RFC 3339 time, or this long before the start (e.g. 24h)",
+		apply: func(c *Config, v string) error {
+			if v == "" {
+				c.BackfillSince = ""
+				return nil
+			}
+			if _, err := time.Parse(time.RFC3339, v); err == nil {
+				c.BackfillSince = v
+				return nil
+			}
+			if d, err := time.ParseDuration(v); err == nil && d > 0 {
+				c.BackfillSince = v
+				return nil
+			}
+			return fmt.Errorf("want an RFC 3339 time (2026-01-02T15:04:05Z) or a positive duration (24h), got %q", v)
+		}},
+	{key: "backfill_where", help: "extra SQL condition on the outbox table for the backfill, e.g. aggregate_type = 'order'",
+		apply: str(func(c *Config) *string { return &c.BackfillWhere })},
 	{key: "metrics_addr", help: "listen address for /metrics, /healthz and /readyz (e.g. :9187); empty disables",
 		apply: str(func(c *Config) *string { return &c.MetricsAddr })},
+	{key: "leader_election", def: "true", help: "hold a PostgreSQL advisory lock (keyed by the slot) so that one instance streams and the others stand by; false streams without it",
+		apply: boolean(func(c *Config) *bool { return &c.LeaderElection })},
+	{key: "leader_retry_interval", def: "2s", help: "how often a standby tries to take the leader lock (at least 100ms)",
+		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.LeaderRetryInterval })},
+	{key: "slot_poll_interval", def: "10s", help: "how often the slot's lag, retained WAL and wal_status are read from pg_replication_slots for the metrics (at least 100ms)",
+		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.SlotPollInterval })},
 	{key: "log_level", def: "info", help: "debug, info, warn or error",
 		apply: oneOf(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error")},
 	{key: "log_format", def: "json", help: "json or console",
@@ -266,6 +363,22 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.Password })},
 }
 
+// profiles preset defaults; keys set explicitly still win.
+var profiles = map[string]map[string]string{
+	// Debezium's outbox event router defaults: its column names, no headers column, and only the
+	// id header (event type and aggregate type travel as headers only when configured).
+	"debezium": {
+		"columns.id":             "id",
+		"columns.aggregate_type": "aggregatetype",
+		"columns.aggregate_id":   "aggregateid",
+		"columns.event_type":     "type",
+		"columns.payload":        "payload",
+		"columns.headers":        "",
+		"builtin_headers":        "id",
+		"topic_template":         "outbox.event.{aggregate_type}",
+	},
+}
+
 // EnvName is the environment variable for a key: OUTBOX_ and the key in upper case, dots as
 // underscores (kafka.sasl.password -> OUTBOX_KAFKA_SASL_PASSWORD).
 func EnvName(key string) string {
@@ -282,6 +395,14 @@ type Loader struct {
 	file    *string
 	flagged map[string]*string
 	getenv  func(string) string
+	noKafka bool
+}
+
+// WithoutKafka is for subcommands that never contact Kafka (migrate, status, prune): kafka_brokers
+// is then not required.
+func (l *Loader) WithoutKafka() *Loader {
+	l.noKafka = true
+	return l
 }
 
 // NewLoader registers --config and one flag per key on fs.
@@ -330,6 +451,17 @@ func (l *Loader) Load() (*Config, error) {
 			}
 		}
 	})
+	if p := values["profile"]; p.value != "" {
+		preset, ok := profiles[strings.ToLower(p.value)]
+		if !ok {
+			return nil, fmt.Errorf("config key profile (from %s): want debezium, got %q", p.from, p.value)
+		}
+		for k, v := range preset {
+			if values[k].from == "default" {
+				values[k] = source{v, "profile " + p.value}
+			}
+		}
+	}
 	var errs []error
 	for _, s := range settings {
 		v := values[s.key]
@@ -340,7 +472,7 @@ func (l *Loader) Load() (*Config, error) {
 	if err := joinErrors(errs); err != nil {
 		return nil, err
 	}
-	if err := c.validate(); err != nil {
+	if err := c.validate(func(key string) string { return values[key].from }, !l.noKafka); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -411,35 +543,39 @@ func flatten(prefix string, v any, out map[string]string) error {
 	return nil
 }
 
-func (c *Config) validate() error {
+// validate checks values against each other and names where a bad one came from (from(key)).
+func (c *Config) validate(from func(key string) string, needKafka bool) error {
 	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("config key %s (from %s): %s", key, from(key), fmt.Sprintf(format, args...)))
+	}
 	if c.PGDSN == "" {
 		errs = append(errs, fmt.Errorf("config key pg_dsn is required: set %s or --pg-dsn", EnvName("pg_dsn")))
 	}
-	if len(c.KafkaBrokers) == 0 {
+	if len(c.KafkaBrokers) == 0 && needKafka {
 		errs = append(errs, fmt.Errorf("config key kafka_brokers is required: set %s or --kafka-brokers", EnvName("kafka_brokers")))
 	}
 	for _, b := range c.KafkaBrokers {
 		if _, port, ok := strings.Cut(b, ":"); !ok || port == "" {
-			errs = append(errs, fmt.Errorf("config key kafka_brokers: %q is not host:port", b))
+			bad("kafka_brokers", "%q is not host:port", b)
 		}
 	}
 	for key, name := range map[string]string{"slot": c.Slot, "publication": c.Publication} {
 		if !validIdent(name) {
-			errs = append(errs, fmt.Errorf("config key %s: %q must be lower-case letters, digits and underscores, at most 63 characters", key, name))
+			bad(key, "%q must be lower-case letters, digits and underscores, at most 63 characters", name)
 		}
 	}
 	for key, col := range map[string]string{"columns.id": c.Columns.ID, "columns.aggregate_type": c.Columns.AggregateType,
 		"columns.aggregate_id": c.Columns.AggregateID, "columns.event_type": c.Columns.EventType, "columns.payload": c.Columns.Payload} {
 		if col == "" {
-			errs = append(errs, fmt.Errorf("config key %s must not be empty", key))
+			bad(key, "must not be empty")
 		}
 	}
 	if c.TopicTemplate == "" {
-		errs = append(errs, errors.New("config key topic_template must not be empty"))
+		bad("topic_template", "must not be empty")
 	}
 	if c.StatusInterval < 100*time.Millisecond {
-		errs = append(errs, fmt.Errorf("config key status_interval: %s is too short (at least 100ms)", c.StatusInterval))
+		bad("status_interval", "%s is too short (at least 100ms)", c.StatusInterval)
 	}
 	if c.Kafka.SASL.Mechanism != "" && (c.Kafka.SASL.Username == "" || c.Kafka.SASL.Password == "") {
 		errs = append(errs, errors.New("config key kafka.sasl.mechanism is set, so kafka.sasl.username and kafka.sasl.password are required"))
@@ -449,7 +585,7 @@ func (c *Config) validate() error {
 	}
 	if c.PGDSN != "" {
 		if err := checkDSN(c.PGDSN); err != nil {
-			errs = append(errs, err)
+			bad("pg_dsn", "%v", err)
 		}
 	}
 	return joinErrors(errs)
@@ -488,9 +624,21 @@ func checkDSN(dsn string) error {
 		return nil // key=value form; pgconn reports its own errors, redacted
 	}
 	if _, err := url.Parse(dsn); err != nil {
-		return fmt.Errorf("config key pg_dsn: not a valid URL (%s)", RedactDSN(dsn))
+		return fmt.Errorf("not a valid URL (%s)", RedactDSN(dsn))
 	}
 	return nil
+}
+
+// BackfillFrom resolves backfill_since against now; zero means all rows.
+func (c *Config) BackfillFrom(now time.Time) time.Time {
+	if c.BackfillSince == "" {
+		return time.Time{}
+	}
+	if t, err := time.Parse(time.RFC3339, c.BackfillSince); err == nil {
+		return t
+	}
+	d, _ := time.ParseDuration(c.BackfillSince)
+	return now.Add(-d)
 }
 
 // parseSize reads a byte count with an optional KB/MB/GB (powers of 1000) or KiB/MiB/GiB suffix.
@@ -509,6 +657,9 @@ func parseSize(v string) (int64, error) {
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
 		return 0, err
+	}
+	if n > (1<<63-1)/mult {
+		return 0, errors.New("size overflows") // n*mult would wrap, maybe to a small positive size
 	}
 	return n * mult, nil
 }

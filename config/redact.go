@@ -62,7 +62,24 @@ func dsnPassword(dsn string) string {
 		return u.Query().Get("password")
 	}
 	if m := kvPassword.FindStringSubmatch(dsn); m != nil {
-		return strings.Trim(m[2], "'")
+		return unquoteKV(m[2])
 	}
 	return ""
+}
+
+// unquoteKV undoes libpq's quoting of a key=value value ('it\'s' is it's), so the secret matches
+// what a server or driver might echo.
+func unquoteKV(v string) string {
+	if len(v) < 2 || v[0] != '\'' || v[len(v)-1] != '\'' {
+		return v
+	}
+	v = v[1 : len(v)-1]
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == '\\' && i+1 < len(v) {
+			i++
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
 }

@@ -36,6 +36,10 @@ type Metrics struct {
 	SlotActive        prometheus.Gauge
 	Leader            prometheus.Gauge
 	Ready             prometheus.Gauge
+
+	SlotExists prometheus.Gauge
+	PostgresUp prometheus.Gauge
+	Fenced     prometheus.Counter
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -85,6 +89,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		SlotActive: f.gauge("slot_active", "1 when the replication slot is being streamed by some process."),
 		Leader:     f.gauge("leader", "1 when this instance holds leadership and streams the slot."),
 		Ready:      f.gauge("ready", "1 when this instance is ready (streaming, or a healthy standby)."),
+
+		SlotExists: f.gauge("slot_exists", "1 when the replication slot exists (read from pg_replication_slots)."),
+		PostgresUp: f.gauge("postgres_up",
+			"1 when the last poll of pg_replication_slots succeeded; 0 means the slot metrics are stale."),
+		Fenced: f.counter("fenced_total",
+			"Leadership terms ended because the leader-lock connection failed; streaming stopped at once."),
 	}
 }
 

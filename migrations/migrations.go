@@ -74,6 +74,9 @@ type vars struct{ t Target }
 // Table is the schema-qualified, quoted outbox table.
 func (v vars) Table() string { return pgx.Identifier{v.t.Schema, v.t.Table}.Sanitize() }
 
+// Qualified is another object in the outbox table's schema.
+func (v vars) Qualified(name string) string { return pgx.Identifier{v.t.Schema, name}.Sanitize() }
+
 // Name is an object name derived from the table's, e.g. an index.
 func (v vars) Name(suffix string) string { return pgx.Identifier{v.t.Table + "_" + suffix}.Sanitize() }
 

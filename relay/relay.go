@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -23,6 +24,9 @@ type Config struct {
 	Replication replication.Config
 	Decoder     decoder.Config
 	Sink        sink.Config
+	// Backfill, when set, publishes the rows already in the outbox table before streaming, once
+	// per slot (see relay/backfill.go).
+	Backfill *Backfill
 	// HeartbeatInterval, when positive, emits a logical decoding message that often so the slot
 	// advances even when nothing in this database writes WAL. Replication.Messages must be set.
 	HeartbeatInterval time.Duration
@@ -40,6 +44,11 @@ type Relay struct {
 	dec     *decoder.Decoder
 	sink    *sink.Sink
 	stream  *replication.Stream
+
+	// fenced ends when Fence is called; streaming is set once a replication session has started.
+	fenced    context.Context
+	fence     context.CancelFunc
+	streaming atomic.Bool
 }
 
 // New builds a relay. Nothing is contacted until Run.
@@ -55,27 +64,53 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		return nil, err
 	}
 	tracker := checkpoint.New(0)
-	return &Relay{
+	r := &Relay{
 		cfg:     cfg,
 		log:     log,
 		m:       m,
 		tracker: tracker,
 		dec:     decoder.New(cfg.Decoder),
 		sink:    sk,
-		stream:  replication.New(cfg.Replication, tracker, log.Named("replication"), m),
-	}, nil
+	}
+	r.fenced, r.fence = context.WithCancel(context.Background())
+	if cfg.Backfill != nil {
+		r.cfg.Replication.Backfill = r.backfill
+	}
+	r.stream = replication.New(r.cfg.Replication, tracker, log.Named("replication"), m)
+	return r, nil
 }
 
 // Sink exposes the sink for health reporting.
 func (r *Relay) Sink() *sink.Sink { return r.sink }
 
+// Streaming reports whether a replication session has started (it stays set across reconnects).
+func (r *Relay) Streaming() bool { return r.streaming.Load() }
+
+// ErrFenced is what Run returns after Fence.
+var ErrFenced = errors.New("relay fenced: stopped streaming without draining")
+
+// Fence stops a running (or starting) relay at once, without the graceful drain: reading stops,
+// the final acknowledged position is reported, the replication connection is closed and Kafka
+// acknowledgements still outstanding are abandoned (they are replayed by whoever streams next).
+// A leader that lost its lock calls it, since another instance may already be taking over.
+func (r *Relay) Fence() { r.fence() }
+
 // errShutdownTimeout ends the drain when Kafka does not acknowledge in time.
 var errShutdownTimeout = errors.New("shutdown timeout")
 
-// Run streams until ctx ends (a clean stop: returns nil) or a fatal error.
+// Run streams until ctx ends (a clean stop: returns nil), Fence is called (ErrFenced) or a fatal
+// error. A Relay runs once.
 func (r *Relay) Run(ctx context.Context) error {
-	if err := r.sink.WaitReady(ctx); err != nil {
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	unhook := context.AfterFunc(r.fenced, stopWaiting)
+	err := r.sink.WaitReady(waitCtx)
+	unhook()
+	stopWaiting()
+	if err != nil {
 		r.closeSink(context.Background())
+		if r.fenced.Err() != nil {
+			return ErrFenced
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -87,6 +122,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer stopReading()
 	hard, stopAll := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopAll(nil)
+	// A fence skips phase two: hard ends first, so nothing waits for Kafka.
+	defer context.AfterFunc(r.fenced, func() { stopAll(ErrFenced); stopReading() })()
 	go func() {
 		select {
 		case <-soft.Done():
@@ -147,6 +184,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		return streamErr
 	case pipeErr != nil && !errors.Is(pipeErr, context.Canceled):
 		return pipeErr
+	case r.fenced.Err() != nil:
+		return ErrFenced
 	}
 	return nil
 }
@@ -164,6 +203,7 @@ func (r *Relay) pipeline(ctx context.Context, msgs <-chan replication.Message) e
 	for msg := range msgs {
 		switch msg.Kind {
 		case replication.Session:
+			r.streaming.Store(true)
 			r.dec.Reset()
 			r.tracker.Abort()
 			tx = nil

@@ -321,3 +321,42 @@ func TestRelayExitsWithClearErrorOnMissingColumn(t *testing.T) {
 		t.Fatalf("error %q does not name the missing column %s", err, want)
 	}
 }
+
+func TestRelayRefusesToRecreateALostSlot(t *testing.T) {
+	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	ctx := context.Background()
+	stop := f.start(f.config())
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the walsender to release the slot", func() bool {
+		var active bool
+		f.outbox.Pool().QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
+		return !active
+	})
+	if _, err := f.outbox.Pool().Exec(ctx, "SELECT pg_drop_replication_slot($1)", f.slot); err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := relay.New(f.config(), zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err = r.Run(runCtx)
+	if !errors.Is(err, replication.ErrSlotLost) || !strings.Contains(err.Error(), "forget-slot") {
+		t.Fatalf("Run = %v, want ErrSlotLost telling the operator how to recover", err)
+	}
+	var exists bool
+	f.outbox.Pool().QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", f.slot).Scan(&exists)
+	if exists {
+		t.Fatal("the relay recreated a lost slot")
+	}
+
+	// Once the operator has recovered and forgotten the slot, a new one is created.
+	if forgot, err := replication.NewLedger("public").Forget(ctx, f.outbox.Pool(), f.slot); err != nil || !forgot {
+		t.Fatalf("Forget = %v, %v", forgot, err)
+	}
+	f.start(f.config())
+}

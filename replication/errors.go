@@ -27,6 +27,10 @@ func fatalf(format string, args ...any) error {
 	return &fatalError{fmt.Errorf(format, args...)}
 }
 
+// Fatal marks err as a problem retrying cannot fix, for code outside this package that runs inside a
+// session (such as a backfill).
+func Fatal(err error) error { return &fatalError{err} }
+
 // IsFatal reports whether err is a problem retrying cannot fix.
 func IsFatal(err error) bool {
 	var f *fatalError

@@ -44,7 +44,11 @@ func preflight(ctx context.Context, q querier, cfg *Config) error {
 
 	var role string
 	var canReplicate bool
-	if err := q.QueryRow(ctx, "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&role, &canReplicate); err != nil {
+	// Managed services grant replication through a role instead of the attribute (Amazon RDS and
+	// Aurora: rds_replication), so membership counts too.
+	if err := q.QueryRow(ctx, `SELECT current_user, r.rolreplication OR r.rolsuper OR EXISTS (
+			SELECT 1 FROM pg_roles g WHERE g.rolname = 'rds_replication' AND pg_has_role(current_user, g.oid, 'member'))
+		FROM pg_roles r WHERE r.rolname = current_user`).Scan(&role, &canReplicate); err != nil {
 		return fmt.Errorf("read role attributes: %w", err)
 	}
 	if !canReplicate {

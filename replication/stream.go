@@ -45,8 +45,14 @@ type Config struct {
 	SlotBusyWait time.Duration
 	// Messages asks pgoutput for logical decoding messages (heartbeats).
 	Messages bool
-	// Buffer is how many messages may wait for the consumer. Default 256.
+	// Buffer is how many messages may wait for the consumer. Default 32: each holds a copy of its
+	// row, and these copies are outside the in-flight limits, so the buffer stays small.
 	Buffer int
+	// Backfill, when set, runs once per process before streaming starts, while the slot's position
+	// is held: with the name of the snapshot exported when this process created the slot (the rows
+	// it shows are exactly those committed before the slot's consistent point), or with "" when the
+	// slot already existed. It returns only when what it published is acknowledged.
+	Backfill func(ctx context.Context, snapshot string) error
 }
 
 func (c *Config) setDefaults() {
@@ -63,7 +69,7 @@ func (c *Config) setDefaults() {
 		c.SlotBusyWait = 30 * time.Second
 	}
 	if c.Buffer <= 0 {
-		c.Buffer = 256
+		c.Buffer = 32
 	}
 }
 
@@ -103,6 +109,7 @@ type Stream struct {
 	m   *metrics.Metrics
 
 	conn       *pgconn.PgConn
+	ledger     Ledger
 	interval   time.Duration // status interval for the current session
 	nextStatus time.Time
 	floor      pglogrepl.LSN // the slot's confirmed position when the session started
@@ -114,7 +121,7 @@ type Stream struct {
 // New returns a Stream that reports ck.Safe() as its confirmed position.
 func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream {
 	cfg.setDefaults()
-	return &Stream{cfg: cfg, ck: ck, log: log, m: m}
+	return &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema)}
 }
 
 // Buffer returns the capacity the consumer channel should have.
@@ -140,7 +147,7 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
 				busySince = started
 			}
 			if time.Since(busySince) > s.cfg.SlotBusyWait {
-				return fatalf("%v: stop the other reader (another outbox-relay or Debezium) or set slot to another name", err)
+				return fatalf("%w: stop the other reader (another outbox-relay or Debezium) or set slot to another name", err)
 			}
 		}
 		if time.Since(started) > time.Minute {
@@ -179,9 +186,17 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	if err != nil {
 		return classifyConnect(err, "replication")
 	}
+	snapshot := ""
 	if !slot.Exists {
-		if slot, err = s.createSlot(ctx); err != nil {
+		if slot, snapshot, err = s.createSlot(ctx); err != nil {
 			return err
+		}
+	}
+	if s.cfg.Backfill != nil && !s.streamed {
+		// The exported snapshot stays valid until the next command on this connection, so the
+		// backfill runs before START_REPLICATION.
+		if err := s.cfg.Backfill(ctx, snapshot); err != nil {
+			return fmt.Errorf("backfill: %w", err)
 		}
 	}
 	s.floor = slot.ConfirmedFlush
@@ -236,6 +251,14 @@ func (s *Stream) prepare(ctx context.Context) (SlotInfo, error) {
 	case !slot.Exists && !s.cfg.CreateSlot:
 		return SlotInfo{}, fatalf("replication slot %q does not exist and create_slot is off: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", s.cfg.Slot, s.cfg.Slot)
 	case !slot.Exists:
+		// A slot this relay created before and that is gone now was lost; creating a new one would
+		// start after the gap and skip its events without a trace.
+		if e, known, err := s.ledger.Lookup(ctx, conn, s.cfg.Slot); err != nil {
+			return SlotInfo{}, err
+		} else if known {
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, LedgerTable, s.cfg.Slot)
+		}
 		return slot, nil
 	}
 	if err := checkSlot(slot, &s.cfg, database); err != nil {
@@ -257,27 +280,52 @@ func describeBackend(ctx context.Context, conn *pgx.Conn, pid int32) string {
 	return fmt.Sprintf(" (application_name=%q, client %s)", app, addr)
 }
 
-func (s *Stream) createSlot(ctx context.Context) (SlotInfo, error) {
+func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string, err error) {
+	action := "NOEXPORT_SNAPSHOT"
+	if s.cfg.Backfill != nil {
+		action = "EXPORT_SNAPSHOT"
+	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: action})
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
 			switch pgErr.Code {
 			case "42710":
-				return SlotInfo{}, fmt.Errorf("slot %q was created by another process meanwhile: %w", s.cfg.Slot, err)
+				return SlotInfo{}, "", fmt.Errorf("slot %q was created by another process meanwhile: %w", s.cfg.Slot, err)
 			case "53400":
-				return SlotInfo{}, fatalf("cannot create replication slot %q: %s: raise max_replication_slots or drop an unused slot", s.cfg.Slot, pgErr.Message)
+				return SlotInfo{}, "", fatalf("cannot create replication slot %q: %s: raise max_replication_slots or drop an unused slot", s.cfg.Slot, pgErr.Message)
 			}
 		}
-		return SlotInfo{}, fmt.Errorf("create replication slot %q: %w", s.cfg.Slot, err)
+		return SlotInfo{}, "", fmt.Errorf("create replication slot %q: %w", s.cfg.Slot, err)
 	}
 	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
 	if err != nil {
-		return SlotInfo{}, fmt.Errorf("slot %q consistent point %q: %w", s.cfg.Slot, res.ConsistentPoint, err)
+		return SlotInfo{}, "", fmt.Errorf("slot %q consistent point %q: %w", s.cfg.Slot, res.ConsistentPoint, err)
 	}
 	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn))
-	return SlotInfo{Exists: true, Plugin: "pgoutput", ConfirmedFlush: lsn}, nil
+	s.recordSlot(ctx, lsn)
+	return SlotInfo{Exists: true, Plugin: "pgoutput", ConfirmedFlush: lsn}, res.SnapshotName, nil
+}
+
+// recordSlot notes the new slot in the ledger, so that its loss is recognised after a restart.
+// Not being able to is worth a warning, not a failure: the slot works without it.
+func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) {
+	conn, err := pgx.Connect(ctx, s.cfg.DSN)
+	if err == nil {
+		defer conn.Close(context.WithoutCancel(ctx))
+		var exists bool
+		if exists, err = s.ledger.Exists(ctx, conn); err == nil && !exists {
+			s.log.Warn("the slot ledger table does not exist (run outbox-relay migrate); if this slot is ever lost, a restart cannot tell and creates a new one", zap.String("table", LedgerTable))
+			return
+		}
+		if err == nil {
+			err = s.ledger.RecordSlot(ctx, conn, s.cfg.Slot, lsn)
+		}
+	}
+	if err != nil {
+		s.log.Warn("cannot record the new slot in the ledger; if it is ever lost, a restart cannot tell", zap.String("table", LedgerTable), zap.Error(err))
+	}
 }
 
 // streamError maps errors of START_REPLICATION and of the stream to actionable ones.

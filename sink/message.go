@@ -55,19 +55,23 @@ func newRouter(template string) (*router, error) {
 }
 
 func (r *router) topic(ev *decoder.Event) (string, error) {
+	// Before the cache: a NULL and an empty aggregate type share the cache key "".
+	if ev.AggregateType == nil && strings.Contains(r.template, placeholderAggregateType) {
+		return "", fmt.Errorf("event %s has a NULL aggregate type, so topic template %q has no value for %s",
+			ev.ID, r.template, placeholderAggregateType)
+	}
 	if !r.byEvent {
 		if t, ok := r.cache[string(ev.AggregateType)]; ok {
 			return t, nil
 		}
 	}
-	if ev.AggregateType == nil && strings.Contains(r.template, placeholderAggregateType) {
-		return "", fmt.Errorf("event %s has a NULL aggregate type, so topic template %q has no value for %s",
-			ev.ID, r.template, placeholderAggregateType)
-	}
-	t := strings.ReplaceAll(r.template, placeholderAggregateType, string(ev.AggregateType))
-	t = strings.ReplaceAll(t, placeholderEventType, string(ev.EventType))
+	// One pass, so a type that spells a placeholder ("{event_type}") is not expanded again.
+	t := strings.NewReplacer(placeholderAggregateType, string(ev.AggregateType),
+		placeholderEventType, string(ev.EventType)).Replace(r.template)
 	if err := validTopic(t); err != nil {
-		return "", err
+		// The name still goes back with the error: the dead-letter record and the halt log report
+		// it as the event's original topic.
+		return t, err
 	}
 	// Cache only by aggregate type, and only so many: a bad producer could invent a type per event.
 	if !r.byEvent && len(r.cache) < 10000 {
@@ -94,13 +98,29 @@ func validTopic(t string) error {
 	return nil
 }
 
-// headers builds a record's headers: the event id, type and aggregate type, then any configured extra
-// columns, then the entries of the headers column. Values alias the event's buffers.
+// BuiltinHeaders are the headers every record carries unless Config.BuiltinHeaders narrows them.
+var BuiltinHeaders = []string{HeaderID, HeaderEventType, HeaderAggregateType}
+
+// headers builds a record's headers with every built-in header.
 func headers(ev *decoder.Event, extra []string) ([]kafka.Header, error) {
-	hs := make([]kafka.Header, 3, 3+len(extra))
-	hs[0] = kafka.Header{Key: HeaderID, Value: ev.ID}
-	hs[1] = kafka.Header{Key: HeaderEventType, Value: ev.EventType}
-	hs[2] = kafka.Header{Key: HeaderAggregateType, Value: ev.AggregateType}
+	return buildHeaders(ev, BuiltinHeaders, extra)
+}
+
+// buildHeaders builds a record's headers: the chosen built-in ones (event id, type, aggregate type),
+// then any configured extra columns, then the entries of the headers column. Values alias the
+// event's buffers.
+func buildHeaders(ev *decoder.Event, builtin, extra []string) ([]kafka.Header, error) {
+	hs := make([]kafka.Header, 0, len(builtin)+len(extra))
+	for _, name := range builtin {
+		switch name {
+		case HeaderID:
+			hs = append(hs, kafka.Header{Key: HeaderID, Value: ev.ID})
+		case HeaderEventType:
+			hs = append(hs, kafka.Header{Key: HeaderEventType, Value: ev.EventType})
+		case HeaderAggregateType:
+			hs = append(hs, kafka.Header{Key: HeaderAggregateType, Value: ev.AggregateType})
+		}
+	}
 	for i, name := range extra {
 		if i < len(ev.Extra) && ev.Extra[i] != nil {
 			hs = append(hs, kafka.Header{Key: name, Value: ev.Extra[i]})
@@ -146,7 +166,64 @@ func appendJSONHeaders(hs []kafka.Header, obj []byte) ([]kafka.Header, error) {
 			hs = append(hs, kafka.Header{Key: name, Value: raw})
 		}
 	}
+	// A text column is not checked by PostgreSQL: refuse a truncated object or anything after it.
+	if _, err := dec.Token(); err != nil {
+		return nil, fmt.Errorf("headers column: %w", err)
+	}
+	if rest := bytes.TrimSpace(obj[dec.InputOffset():]); len(rest) > 0 {
+		return nil, fmt.Errorf("headers column must hold one JSON object, got %.60s after it", rest)
+	}
 	return hs, nil
+}
+
+// ValueEncoding says how the payload column becomes the record value.
+type ValueEncoding string
+
+const (
+	// ValueRaw sends the payload bytes exactly as PostgreSQL outputs them.
+	ValueRaw ValueEncoding = "raw"
+	// ValueJSONString sends the payload as a JSON string literal, which is what Debezium's
+	// JsonConverter with schemas disabled produces for a jsonb column: consumers of a Debezium
+	// deployment that used it see byte-identical values.
+	ValueJSONString ValueEncoding = "json-string"
+)
+
+// encodeValue applies the value encoding. NULL stays NULL.
+func encodeValue(payload []byte, enc ValueEncoding) []byte {
+	if enc != ValueJSONString || payload == nil {
+		return payload
+	}
+	return appendJSONString(make([]byte, 0, len(payload)+len(payload)/8+2), payload)
+}
+
+// appendJSONString quotes s as a JSON string exactly as Jackson, and so Kafka Connect's
+// JsonConverter, does: only '"', '\\' and control characters are escaped (\b \t \n \f \r, the
+// others as \u00XX in upper-case hex), everything else is copied. encoding/json would differ: it
+// escapes '<', '>', '&', U+2028 and U+2029, which are common in payloads.
+func appendJSONString(dst, s []byte) []byte {
+	const hex = "0123456789ABCDEF"
+	dst = append(dst, '"')
+	for _, c := range s {
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c >= 0x20:
+			dst = append(dst, c)
+		case c == '\b':
+			dst = append(dst, '\\', 'b')
+		case c == '\t':
+			dst = append(dst, '\\', 't')
+		case c == '\n':
+			dst = append(dst, '\\', 'n')
+		case c == '\f':
+			dst = append(dst, '\\', 'f')
+		case c == '\r':
+			dst = append(dst, '\\', 'r')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+		}
+	}
+	return append(dst, '"')
 }
 
 // recordSize is the size Kafka counts against max.message.bytes for a record on its own, with the

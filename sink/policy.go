@@ -54,8 +54,12 @@ func (s *Sink) deadLetterMessage(rec *record, reason string, cause error) kafka.
 		{Key: HeaderEventType, Value: ev.EventType},
 		{Key: HeaderAggregateType, Value: ev.AggregateType},
 	}
-	if reason != ReasonBadHeaders && len(rec.msg.Headers) > 3 {
-		hs = append(hs, rec.msg.Headers[3:]...)
+	if reason != ReasonBadHeaders {
+		for _, h := range rec.msg.Headers {
+			if h.Key != HeaderID && h.Key != HeaderEventType && h.Key != HeaderAggregateType {
+				hs = append(hs, h)
+			}
+		}
 	}
 	hs = append(hs,
 		kafka.Header{Key: HeaderDLQTopic, Value: []byte(rec.topic)},
@@ -67,7 +71,7 @@ func (s *Sink) deadLetterMessage(rec *record, reason string, cause error) kafka.
 	m := kafka.Message{
 		Topic:      s.cfg.DeadLetterTopic,
 		Key:        ev.AggregateID,
-		Value:      ev.Payload,
+		Value:      rec.msg.Value,
 		Headers:    hs,
 		WriterData: rec,
 		Time:       rec.msg.Time,

@@ -41,7 +41,10 @@ const (
 type Config struct {
 	Brokers         []string
 	TopicTemplate   string        // default "outbox.event.{aggregate_type}"
+	BuiltinHeaders  []string      // subset of BuiltinHeaders to send; default all
 	ExtraHeaders    []string      // header names for decoder.Event.Extra values, in order
+	ValueEncoding   ValueEncoding // default ValueRaw
+	KeyEncoding     ValueEncoding // default ValueRaw; ValueJSONString matches Connect's JsonConverter keys
 	MaxMessageBytes int           // largest record accepted; default 1048576 (Kafka's max.request.size)
 	BatchSize       int           // records per produce request and partition; default 500
 	Linger          time.Duration // how long a partial batch waits; default 5ms
@@ -59,6 +62,15 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.TopicTemplate == "" {
 		c.TopicTemplate = "outbox.event." + placeholderAggregateType
+	}
+	if c.BuiltinHeaders == nil {
+		c.BuiltinHeaders = BuiltinHeaders
+	}
+	if c.ValueEncoding == "" {
+		c.ValueEncoding = ValueRaw
+	}
+	if c.KeyEncoding == "" {
+		c.KeyEncoding = ValueRaw
 	}
 	if c.MaxMessageBytes <= 0 {
 		c.MaxMessageBytes = 1 << 20
@@ -105,6 +117,7 @@ type Sink struct {
 	limit     *limiter
 
 	main, dead *lane
+	ctx        context.Context // ends when Close gives up waiting
 	stop       context.CancelFunc
 
 	halted atomic.Pointer[haltState]
@@ -132,6 +145,16 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("sink: no Kafka brokers configured")
 	}
+	for _, enc := range []ValueEncoding{cfg.ValueEncoding, cfg.KeyEncoding} {
+		if enc != ValueRaw && enc != ValueJSONString {
+			return nil, fmt.Errorf("sink: unknown encoding %q (want %q or %q)", enc, ValueRaw, ValueJSONString)
+		}
+	}
+	for _, h := range cfg.BuiltinHeaders {
+		if h != HeaderID && h != HeaderEventType && h != HeaderAggregateType {
+			return nil, fmt.Errorf("sink: unknown built-in header %q (want some of %v)", h, BuiltinHeaders)
+		}
+	}
 	if cfg.Policy != DeadLetter && cfg.Policy != Halt {
 		return nil, fmt.Errorf("sink: unknown failure policy %q (want %q or %q)", cfg.Policy, DeadLetter, Halt)
 	}
@@ -149,6 +172,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		m:      m,
 		router: rt,
 		limit:  newLimiter(int64(cfg.MaxInFlight), cfg.MaxInFlightSize),
+		ctx:    ctx,
 		stop:   stop,
 	}
 	s.transport = &kafka.Transport{
@@ -207,10 +231,16 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 		return ctx.Err()
 	}
 	rec := &record{ev: ev, ack: ack}
-	rec.msg = kafka.Message{Key: ev.AggregateID, Value: ev.Payload, WriterData: rec}
+	// The key is encoded before partitioning, so murmur2 hashes the same bytes a Java producer
+	// with the same converter would.
+	rec.msg = kafka.Message{
+		Key:        encodeValue(ev.AggregateID, s.cfg.KeyEncoding),
+		Value:      encodeValue(ev.Payload, s.cfg.ValueEncoding),
+		WriterData: rec,
+	}
 	topic, routeErr := s.router.topic(ev)
 	rec.msg.Topic, rec.topic = topic, topic
-	hs, hdrErr := headers(ev, s.cfg.ExtraHeaders)
+	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.cfg.ExtraHeaders)
 	rec.msg.Headers = hs
 	rec.size = int64(recordSize(&rec.msg))
 	if err := s.limit.acquire(ctx, rec.size); err != nil {
@@ -298,8 +328,11 @@ func (l *lane) write(ctx context.Context, batch []kafka.Message) {
 			return
 		default:
 			delay := backoff(attempt)
-			l.s.log.Warn("kafka unavailable; retrying",
-				zap.String("topic", batch[0].Topic), zap.Int("events", len(batch)),
+			msg := "kafka unavailable; retrying"
+			if errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable) {
+				msg = "topic not available yet; retrying (if the brokers do not auto-create topics, create it)"
+			}
+			l.s.log.Warn(msg, zap.String("topic", batch[0].Topic), zap.Int("events", len(batch)),
 				zap.Duration("retry_in", delay), zap.Error(err))
 			l.s.m.KafkaRetries.Inc()
 			select {
@@ -329,6 +362,21 @@ func backoff(attempt int) time.Duration {
 // completed is the writer's Completion callback: a batch of one partition was acknowledged, or the
 // broker rejected it for good.
 func (s *Sink) completed(msgs []kafka.Message, err error) {
+	if err != nil && len(msgs) > 1 && permanent(err) {
+		// The broker refuses a whole batch for one record (an invalid record), or for its total size
+		// (max.message.bytes applies to the batch, and a topic may set a smaller limit than ours):
+		// write the records one at a time, so only a record refused on its own goes to the policy.
+		// The partition's writer waits for this callback, so no later batch of the partition goes
+		// ahead of them.
+		for i := range msgs {
+			err := s.produceOne(msgs[i])
+			if s.ctx.Err() != nil {
+				return // Close gave up: leave the rest unsettled, as the writer would
+			}
+			s.completed(msgs[i:i+1], err)
+		}
+		return
+	}
 	if err != nil {
 		for i := range msgs {
 			rec := msgs[i].WriterData.(*record)
@@ -362,6 +410,33 @@ func (s *Sink) completed(msgs []kafka.Message, err error) {
 		s.m.SecondsBehind.Set(now.Sub(newest).Seconds())
 	} else {
 		s.m.SecondsBehind.Set(0)
+	}
+}
+
+// produceOne writes m alone to the partition the writer chose for it, retrying in place until the
+// broker takes it or rejects it for good, and returns nil or the broker's permanent error.
+func (s *Sink) produceOne(m kafka.Message) error {
+	client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: retryTransport{s.transport}, Timeout: s.cfg.WriteTimeout}
+	for attempt := 0; ; attempt++ {
+		res, err := client.Produce(s.ctx, &kafka.ProduceRequest{
+			Topic: m.Topic, Partition: m.Partition, RequiredAcks: kafka.RequireAll, Compression: s.cfg.Compression,
+			Records: kafka.NewRecordReader(kafka.Record{Time: m.Time, Key: kafka.NewBytes(m.Key), Value: kafka.NewBytes(m.Value), Headers: m.Headers}),
+		})
+		if err == nil && res != nil {
+			err = res.Error
+		}
+		if err == nil || permanent(err) {
+			return err
+		}
+		delay := backoff(attempt)
+		s.m.KafkaRetries.Inc()
+		s.log.Warn("kafka write failed; retrying in place", zap.String("topic", m.Topic), zap.Int("partition", m.Partition),
+			zap.Duration("retry_in", delay), zap.Error(err))
+		select {
+		case <-time.After(delay):
+		case <-s.ctx.Done():
+			return s.ctx.Err()
+		}
 	}
 }
 

@@ -15,8 +15,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/health"
+	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/slotmon"
 )
 
 func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
@@ -35,15 +39,18 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := metrics.New(reg)
-	r, err := relay.New(rcfg, log, m)
+	// Fail on a bad configuration now, not when a standby first becomes leader.
+	probe, err := relay.New(rcfg, log, metrics.New(nil))
 	if err != nil {
 		return err
 	}
+	probe.Sink().Close(ctx)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+	state := &health.State{}
 	if cfg.MetricsAddr != "" {
-		stopHTTP, err := serveHTTP(cfg.MetricsAddr, reg, log)
+		stopHTTP, err := serveHTTP(cfg.MetricsAddr, reg, state, log)
 		if err != nil {
 			return err
 		}
@@ -56,8 +63,26 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		zap.String("slot", cfg.Slot),
 		zap.String("publication", cfg.Publication),
 		zap.String("table", cfg.Schema+"."+cfg.Table),
-		zap.String("topic_template", cfg.TopicTemplate))
-	if err := r.Run(ctx); err != nil {
+		zap.String("topic_template", cfg.TopicTemplate),
+		zap.Bool("leader_election", cfg.LeaderElection))
+
+	// The slot monitor and the readiness gauge outlive ctx, so they keep reporting through the
+	// graceful drain; they stop when the relay has.
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
+		OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
+	go mon.Run(bg)
+	go publishReadiness(bg, state, m)
+	stopReporting := context.AfterFunc(ctx, state.Stopping)
+	defer stopReporting()
+
+	if cfg.LeaderElection {
+		err = runLeaderLoop(ctx, cfg, rcfg, log, m, state)
+	} else {
+		err = runTerm(ctx, nil, rcfg, log, m, state)
+	}
+	if err != nil {
 		// Driver errors can quote connection parameters; never let a secret reach the terminal.
 		return errors.New(config.Scrub(err.Error(), secrets...))
 	}
@@ -65,15 +90,132 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	return nil
 }
 
+// runLeaderLoop stands by until this instance holds the leader lock, streams while it does, and
+// stands by again when it loses it. It returns when ctx ends or on an error retrying cannot fix.
+func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
+	el := leader.New(leader.Config{
+		DSN:           cfg.PGDSN,
+		Slot:          cfg.Slot,
+		RetryInterval: cfg.LeaderRetryInterval,
+		OnStandby:     state.Standby,
+	}, log.Named("leader"))
+	for {
+		state.Standby(false)
+		term, err := el.Campaign(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		log.Info("leader: holding the leader lock; streaming the slot",
+			zap.String("slot", cfg.Slot), zap.Uint32("lock_backend_pid", term.PID()))
+		err = runTerm(ctx, term, rcfg, log, m, state)
+		term.Release()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, relay.ErrFenced):
+			// Campaign again at once: usually another instance has the lock by now and this one
+			// becomes its standby; if PostgreSQL restarted, this one may simply lead again.
+			continue
+		case errors.Is(err, replication.ErrSlotActive):
+			// Someone outside the election streams the slot (a relay with leader_election off,
+			// Debezium, or a walsender PostgreSQL has not reaped yet): not a crash, wait our turn.
+			log.Info("another process streams the slot; standing by and retrying",
+				zap.String("slot", cfg.Slot), zap.String("detail", config.Scrub(err.Error(), cfg.Secrets()...)),
+				zap.Duration("retry_in", cfg.LeaderRetryInterval))
+			state.Standby(true)
+			select {
+			case <-time.After(cfg.LeaderRetryInterval):
+			case <-ctx.Done():
+				return nil
+			}
+		case err != nil:
+			return err
+		}
+	}
+}
+
+// runTerm builds a relay (they are single-use) and runs it until ctx ends or, with a term, until
+// the term is lost: then the relay is fenced, stopping at once without the graceful drain.
+func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
+	r, err := relay.New(rcfg, log, m)
+	if err != nil {
+		return err
+	}
+	m.Halted.Set(0)
+	m.Leader.Set(1)
+	state.Lead(relayHealth{r})
+	defer func() {
+		m.Leader.Set(0)
+		// What the fenced relay had in flight is abandoned, not acknowledged: the next term counts afresh.
+		m.InFlightEvents.Set(0)
+		m.InFlightBytes.Set(0)
+		m.SecondsBehind.Set(0)
+	}()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var lost <-chan struct{}
+	if term != nil {
+		lost = term.Lost()
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-lost:
+	}
+	log.Error("lost the leader lock connection; fencing: streaming stops now and unconfirmed events are replayed by the next leader",
+		zap.Error(term.Err()))
+	m.Fenced.Inc()
+	r.Fence()
+	err = <-done
+	if err == nil {
+		err = relay.ErrFenced // ctx ended at the same moment; the loop sees ctx first
+	}
+	return err
+}
+
+// relayHealth adapts a relay to what readiness needs.
+type relayHealth struct{ r *relay.Relay }
+
+func (h relayHealth) Streaming() bool { return h.r.Streaming() }
+
+func (h relayHealth) Halted() (string, bool) {
+	_, reason, _, halted := h.r.Sink().Halted()
+	return reason, halted
+}
+
+// readinessPeriod is how often the ready gauge is refreshed; /readyz itself is computed per request.
+const readinessPeriod = time.Second
+
+func publishReadiness(ctx context.Context, state *health.State, m *metrics.Metrics) {
+	ticker := time.NewTicker(readinessPeriod)
+	defer ticker.Stop()
+	for {
+		if ok, _ := state.Ready(); ok {
+			m.Ready.Set(1)
+		} else {
+			m.Ready.Set(0)
+		}
+		select {
+		case <-ticker.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // serveHTTP exposes /metrics, /healthz and /readyz.
-func serveHTTP(addr string, reg *prometheus.Registry, log *zap.Logger) (stop func(), err error) {
+func serveHTTP(addr string, reg *prometheus.Registry, state *health.State, log *zap.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("config key metrics_addr: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.Handle("/healthz", health.LiveHandler())
+	mux.Handle("/readyz", state.ReadyHandler())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

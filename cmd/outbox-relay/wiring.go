@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
@@ -25,10 +26,14 @@ import (
 )
 
 // loadConfig parses a subcommand's flags and loads its configuration.
+// Only run contacts Kafka; the other subcommands do not require kafka_brokers.
 func loadConfig(name string, args []string, stderr io.Writer) (*config.Config, error) {
 	fs := flag.NewFlagSet("outbox-relay "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	loader := config.NewLoader(fs, nil)
+	if name != "run" {
+		loader.WithoutKafka()
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -91,7 +96,12 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 	if err != nil {
 		return relay.Config{}, err
 	}
+	var backfill *relay.Backfill
+	if c.Backfill {
+		backfill = &relay.Backfill{Since: c.BackfillFrom(time.Now()), CreatedColumn: c.Columns.CreatedAt, Where: c.BackfillWhere}
+	}
 	return relay.Config{
+		Backfill: backfill,
 		Replication: replication.Config{
 			DSN:               c.PGDSN,
 			Slot:              c.Slot,
@@ -109,7 +119,10 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 		Sink: sink.Config{
 			Brokers:         c.KafkaBrokers,
 			TopicTemplate:   c.TopicTemplate,
+			BuiltinHeaders:  c.BuiltinHeaders,
 			ExtraHeaders:    extraHeaders,
+			ValueEncoding:   sink.ValueEncoding(c.ValueEncoding),
+			KeyEncoding:     sink.ValueEncoding(c.KeyEncoding),
 			MaxMessageBytes: c.MaxMessageBytes,
 			BatchSize:       c.Kafka.BatchSize,
 			Linger:          c.Kafka.Linger,

@@ -51,6 +51,11 @@ type KafkaOptions struct {
 	Settings       map[string]string // extra server.properties entries, override the defaults
 	Keep           bool              // Close stops but keeps the directory
 	Detached       bool              // the broker outlives this process (make up)
+	// SCRAMUsers (name -> password) adds a SASL_PLAINTEXT listener, SASLBrokers(), that accepts
+	// SCRAM-SHA-256 and SCRAM-SHA-512, with these users' credentials written when the storage is
+	// formatted (kafka-storage format --add-scram). The PLAINTEXT listener stays for tools and the
+	// broker's own traffic. Passwords must not contain ',', ']' or '"'.
+	SCRAMUsers map[string]string
 }
 
 // Kafka is a single-node KRaft broker+controller: server.properties, data/ and kafka.log in its
@@ -66,6 +71,7 @@ type kafkaState struct {
 	ControllerPort int    `json:"controller_port"`
 	HeapMB         int    `json:"heap_mb"`
 	Lib            string `json:"lib"`
+	SASLPort       int    `json:"sasl_port,omitempty"`
 }
 
 // StartKafka formats a new broker directory and starts the broker.
@@ -81,7 +87,7 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 	}
 	k := newKafka(dir, st)
 	k.detached, k.keep = opts.Detached, opts.Keep
-	if err := k.create(ctx, cmp.Or(opts.Partitions, 3), opts.Settings); err != nil {
+	if err := k.create(ctx, cmp.Or(opts.Partitions, 3), opts.Settings, opts.SCRAMUsers); err != nil {
 		if !opts.Keep {
 			_ = k.Close(context.Background())
 		}
@@ -108,12 +114,15 @@ func newKafka(dir string, st kafkaState) *Kafka {
 		pidFile: filepath.Join(dir, "kafka.pid"), writePid: true, needle: filepath.Join(dir, "server.properties")}}
 }
 
-func (k *Kafka) create(ctx context.Context, partitions int, extra map[string]string) error {
-	ports, err := freePorts(2)
+func (k *Kafka) create(ctx context.Context, partitions int, extra, scramUsers map[string]string) error {
+	ports, err := freePorts(3)
 	if err != nil {
 		return err
 	}
 	k.st.Port, k.st.ControllerPort = cmp.Or(k.st.Port, ports[0]), cmp.Or(k.st.ControllerPort, ports[1])
+	if len(scramUsers) > 0 {
+		k.st.SASLPort = ports[2]
+	}
 	if err := writeState(k.dir, k.st); err != nil {
 		return fmt.Errorf("kafka state: %w", err)
 	}
@@ -141,7 +150,7 @@ func (k *Kafka) create(ctx context.Context, partitions int, extra map[string]str
 		"share.coordinator.state.topic.replication.factor": "1",
 		"share.coordinator.state.topic.min.isr":            "1",
 		"share.coordinator.state.topic.num.partitions":     "1",
-	}, extra, func(k, v string) string { return k + "=" + v })
+	}, k.saslSettings(extra), func(k, v string) string { return k + "=" + v })
 	if err == nil {
 		err = os.WriteFile(k.needle, []byte(props), 0o644)
 	}
@@ -150,12 +159,49 @@ func (k *Kafka) create(ctx context.Context, partitions int, extra map[string]str
 	}
 	// Dynamic quorum (bootstrap servers + format --standalone), the 4.x default. The cluster id is
 	// made here: a `StorageTool random-uuid` run would cost another JVM start.
-	err = run(ctx, k.dir, nil, "java", append(k.jvmFlags(), "-Xmx256m", "kafka.tools.StorageTool",
-		"format", "--standalone", "-t", kafkaClusterID(), "-c", k.needle)...)
+	format := []string{"format", "--standalone", "-t", kafkaClusterID(), "-c", k.needle}
+	for name, password := range scramUsers {
+		for _, mech := range []string{"SCRAM-SHA-256", "SCRAM-SHA-512"} {
+			format = append(format, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", mech, name, password))
+		}
+	}
+	err = run(ctx, k.dir, nil, "java", append(append(k.jvmFlags(), "-Xmx256m", "kafka.tools.StorageTool"), format...)...)
 	if err != nil {
 		return fmt.Errorf("kafka format: %w", err)
 	}
 	return k.Start(ctx)
+}
+
+// saslSettings adds the SASL_PLAINTEXT listener when the broker has one; extra still wins.
+func (k *Kafka) saslSettings(extra map[string]string) map[string]string {
+	if k.st.SASLPort == 0 {
+		return extra
+	}
+	broker, sasl := k.Brokers(), k.SASLBrokers()
+	controller := "127.0.0.1:" + strconv.Itoa(k.st.ControllerPort)
+	out := map[string]string{
+		"listeners":                      "PLAINTEXT://" + broker + ",SASL_PLAINTEXT://" + sasl + ",CONTROLLER://" + controller,
+		"advertised.listeners":           "PLAINTEXT://" + broker + ",SASL_PLAINTEXT://" + sasl + ",CONTROLLER://" + controller,
+		"listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+		"sasl.enabled.mechanisms":        "SCRAM-SHA-256,SCRAM-SHA-512",
+		// The server side of SCRAM checks clients against the credentials in the metadata log; its
+		// login module needs no options.
+		"listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+		"listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+	}
+	for key, v := range extra {
+		out[key] = v
+	}
+	return out
+}
+
+// SASLBrokers returns the SASL_PLAINTEXT bootstrap address, "127.0.0.1:<port>", or "" when the
+// broker was created without SCRAMUsers.
+func (k *Kafka) SASLBrokers() string {
+	if k.st.SASLPort == 0 {
+		return ""
+	}
+	return "127.0.0.1:" + strconv.Itoa(k.st.SASLPort)
 }
 
 // kafkaClusterID makes an id like Kafka's Uuid.randomUuid: 16 random bytes in URL-safe base64,

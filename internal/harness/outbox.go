@@ -45,6 +45,9 @@ type Outbox struct {
 	seq     map[string]int // next sequence number per aggregate type/id
 	written []Written
 	byID    map[string]int
+	// uncertain holds transactions whose commit outcome could not be checked yet (the server was
+	// down); ResolveUncertain settles them.
+	uncertain [][]pending
 }
 
 // NewOutbox connects to dsn; table is the schema-qualified outbox table.
@@ -81,9 +84,13 @@ func (o *Outbox) WriteTx(ctx context.Context, specs ...Spec) error {
 		o.record(batch)
 		return nil
 	}
-	if committed, lookErr := o.reconcile(ctx, batch); lookErr == nil && committed {
+	committed, lookErr := o.reconcile(ctx, batch)
+	switch {
+	case lookErr == nil && committed:
 		o.record(batch)
 		return nil
+	case lookErr != nil:
+		o.keepUncertain(batch)
 	}
 	return err
 }

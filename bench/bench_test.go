@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/relayproc"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay_vs_debezium=(n/a|\d+\.\d) p99_ms=(\d+) rss_mb=(\d+) big_tx_rss_mb=(\d+)$`)
+
+// The smoke run goes through the same code as `make bench` with a tiny backlog: the ceiling and the
+// relay drain it, the relay runs a short steady state and a large transaction, and an in-process
+// relay writes profiles. Debezium is not run (a Connect JVM costs more than the rest of this test
+// and its jars are fetched by `make bench`, not `make test`); its configuration is tested below.
+func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
+	pg := testenv.SharedPostgres(t)
+	k := testenv.SharedKafka(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	dsn, err := pg.CreateDatabase(ctx, testenv.UniqueName(t, "bench"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	profiles := t.TempDir()
+	cfg := Config{
+		Events: 2000, Partitions: 2, Rate: 400, SteadyFor: 3 * time.Second, BigTx: 3000,
+		Sides: []string{sideCeiling, sideRelay}, Steady: []string{sideRelay},
+		RelayBin: relayproc.PlainBinary(t), ProfileDir: profiles, WorkDir: t.TempDir(),
+		Log: t.Output(), DrainTimeout: time.Minute,
+	}
+	rep, err := Run(ctx, cfg, &Services{PG: pg, Kafka: k, DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if failed := rep.Failed(); len(failed) > 0 {
+		t.Fatalf("measurements failed:\n%s", strings.Join(failed, "\n"))
+	}
+	table, summary := rep.Table(), rep.Summary()
+	t.Logf("\n%s\n%s", table, summary)
+
+	for _, want := range []string{"| ceiling (pg_recvlogical) |", "| outbox-relay |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+	m := summaryLine.FindStringSubmatch(summary)
+	if m == nil {
+		t.Fatalf("summary line %q does not match %s", summary, summaryLine)
+	}
+	vsCeiling, _ := strconv.ParseFloat(m[1], 64)
+	p99, _ := strconv.Atoi(m[3])
+	rss, _ := strconv.Atoi(m[4])
+	bigRSS, _ := strconv.Atoi(m[5])
+	checks := []struct {
+		what string
+		ok   bool
+	}{
+		{fmt.Sprintf("relay_vs_ceiling %.2f is above 0 and below 10", vsCeiling), vsCeiling > 0 && vsCeiling < 10},
+		{"relay_vs_debezium is n/a without Debezium", m[2] == "n/a"},
+		{fmt.Sprintf("p99 %d ms is below 10 s", p99), p99 < 10_000},
+		{fmt.Sprintf("steady RSS %d MB is between 5 MB and 1 GB", rss), rss >= 5 && rss < 1024},
+		{fmt.Sprintf("large-transaction RSS %d MB is between 5 MB and 1 GB", bigRSS), bigRSS >= 5 && bigRSS < 1024},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			t.Errorf("want %s", c.what)
+		}
+	}
+
+	for _, d := range rep.Drains {
+		if d.Events != 2000 || d.Wall <= 0 || d.CPU <= 0 || d.PeakRSS <= 0 {
+			t.Errorf("%s: implausible drain %+v", d.Side, d)
+		}
+		// The walsender's CPU for 2,000 events can round to zero clock ticks; procUsage is tested below.
+	}
+	relay := rep.drain(sideRelay)
+	if relay == nil || relay.First <= 0 || relay.OnKafka < relay.First || relay.Wall < relay.OnKafka {
+		t.Errorf("relay timings out of order: %+v", relay)
+	}
+	s := rep.steady(sideRelay)
+	if s == nil || s.Received != s.Written || s.Written < 400 || s.P50 <= 0 || s.P50 > s.P99 || s.P99 > s.Max {
+		t.Errorf("implausible steady state: %+v", s)
+	}
+	if p := rep.Profile; p == nil || p.Drain.AllocsPerEvent <= 0 || p.Steady == nil || p.Steady.AllocsPerEvent <= 0 || p.Drain.PeakHeap == 0 {
+		t.Errorf("no profile stats: %+v", rep.Profile)
+	}
+	for _, phase := range []string{"drain", "steady"} {
+		for _, name := range []string{"cpu", "allocs", "mutex", "block"} {
+			file := phase + "-" + name + ".pprof"
+			if fi, err := os.Stat(filepath.Join(profiles, file)); err != nil || fi.Size() == 0 {
+				t.Errorf("profile %s missing or empty (%v)", file, err)
+			}
+		}
+	}
+}
+
+func TestProcUsageReadsCPUAndPeakRSSOfARunningProcess(t *testing.T) {
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for time.Now().Before(deadline) { // burn a few clock ticks
+	}
+	cpu, rss, err := procUsage(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cpu <= 0 || rss < 1<<20 {
+		t.Errorf("procUsage = %s CPU, %d bytes peak RSS; want both positive, RSS above 1 MiB", cpu, rss)
+	}
+}
+
+func TestDebeziumConfiguration(t *testing.T) {
+	setup := debeziumSetup{
+		DSN:     "postgres://postgres:s3cret@127.0.0.1:5433/bench?sslmode=disable",
+		Brokers: "127.0.0.1:9092", Slot: "b1_debezium_tuned", Publication: "b1_pub",
+		TopicPrefix: "b1.debezium-tuned", Name: "b1_debezium-tuned", OffsetsFile: "/tmp/offsets", RESTPort: 18083,
+	}
+	tests := []struct {
+		name          string
+		tuned         bool
+		wantConnector map[string]string
+		absent        []string
+	}{
+		{
+			name:  "the defaults route like the relay and leave Connect's producer and Debezium's queue alone",
+			tuned: false,
+			wantConnector: map[string]string{
+				"plugin.name": "pgoutput", "slot.name": "b1_debezium_tuned", "publication.name": "b1_pub",
+				"publication.autocreate.mode": "disabled", "snapshot.mode": "no_data",
+				"database.hostname": "127.0.0.1", "database.port": "5433", "database.user": "postgres",
+				"database.password": "s3cret", "database.dbname": "bench",
+				"transforms.outbox.type":                    "io.debezium.transforms.outbox.EventRouter",
+				"transforms.outbox.route.topic.replacement": "b1.debezium-tuned.${routedByValue}",
+				"transforms.outbox.table.field.event.key":   "aggregate_id",
+			},
+			absent: []string{"producer.override.linger.ms", "max.batch.size", "max.queue.size", "poll.interval.ms"},
+		},
+		{
+			name:  "the tuned setup batches, compresses and pipelines the producer and enlarges Debezium's queue",
+			tuned: true,
+			wantConnector: map[string]string{
+				"producer.override.linger.ms": "10", "producer.override.batch.size": "262144",
+				"producer.override.compression.type": "lz4", "producer.override.enable.idempotence": "true",
+				"producer.override.max.in.flight.requests.per.connection": "5", "producer.override.acks": "all",
+				"max.batch.size": "20480", "max.queue.size": "81920", "poll.interval.ms": "50",
+				"transforms.outbox.route.topic.replacement": "b1.debezium-tuned.${routedByValue}",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := setup
+			s.Tuned = tt.tuned
+			worker, connector, err := s.properties()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range tt.wantConnector {
+				if connector[k] != v {
+					t.Errorf("connector %s = %q, want %q", k, connector[k], v)
+				}
+			}
+			for _, k := range tt.absent {
+				if v, ok := connector[k]; ok {
+					t.Errorf("connector sets %s = %q; the defaults row must not", k, v)
+				}
+			}
+			if worker["connector.client.config.override.policy"] != "All" || worker["listeners"] != "http://127.0.0.1:18083" ||
+				worker["value.converter"] != "org.apache.kafka.connect.storage.StringConverter" {
+				t.Errorf("worker configuration: %v", worker)
+			}
+			props := renderProperties(connector)
+			if !strings.Contains(props, "transforms.outbox.route.topic.replacement=b1.debezium-tuned.${routedByValue}\n") {
+				t.Errorf("rendered properties lack the topic replacement:\n%s", props)
+			}
+		})
+	}
+}
+
+func TestPercentilesUseNearestRank(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 100; i++ {
+		d = append(d, time.Duration(101-i)*time.Millisecond)
+	}
+	got := percentiles(d, 50, 95, 99, 100)
+	want := []time.Duration{50 * time.Millisecond, 95 * time.Millisecond, 99 * time.Millisecond, 100 * time.Millisecond}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("p%d = %s, want %s", []int{50, 95, 99, 100}[i], got[i], want[i])
+		}
+	}
+	if got := percentiles(nil, 99); got[0] != 0 {
+		t.Errorf("p99 of nothing = %s, want 0", got[0])
+	}
+}
+
+func TestParseSentReadsThePayloadAsPostgresPrintsIt(t *testing.T) {
+	tests := []struct {
+		name     string
+		payload  string
+		sent     int64
+		warm, ok bool
+	}{
+		{"a measured event", `{"n": 7, "warm": false, "sent_ns": 1764489000123456789, "currency": "EUR"}`, 1764489000123456789, false, true},
+		{"a warm-up event", `{"n": 0, "warm": true, "sent_ns": 42}`, 42, true, true},
+		{"a payload without a send time", `{"n": 1}`, 0, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sent, warm, ok := parseSent([]byte(tt.payload))
+			if sent != tt.sent || warm != tt.warm || ok != tt.ok {
+				t.Errorf("parseSent = %d, %v, %v; want %d, %v, %v", sent, warm, ok, tt.sent, tt.warm, tt.ok)
+			}
+		})
+	}
+}
+
+func TestSummaryMarksWhatWasNotMeasured(t *testing.T) {
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	rep := &Report{
+		Drains: []Result{
+			{Side: sideCeiling, Events: 1000, Wall: sec(1)},
+			{Side: sideRelay, Events: 1000, Wall: sec(1.25)},
+			{Side: sideDbzTuned, Err: errors.New("timeout")},
+		},
+		Steady: []SteadyResult{{Side: sideRelay, P99: 12400 * time.Microsecond, PeakRSS: 30 << 20}},
+	}
+	want := "bench: relay_vs_ceiling=0.80 relay_vs_debezium=n/a p99_ms=12 rss_mb=30 big_tx_rss_mb=n/a"
+	if got := rep.Summary(); got != want {
+		t.Errorf("summary\n got %s\nwant %s", got, want)
+	}
+}

@@ -1,0 +1,235 @@
+// Command bench measures outbox-relay side by side with the pg_recvlogical ceiling and with
+// Debezium (Kafka Connect standalone, PostgreSQL connector and outbox event router), on one
+// PostgreSQL, one Kafka and one backlog, in one run. `make bench` runs it; see docs/benchmarks.md.
+//
+// It prints Markdown tables and, as its last line, a summary for scripts:
+//
+//	bench: relay_vs_ceiling=<x.xx> relay_vs_debezium=<x.x> p99_ms=<n> rss_mb=<n> big_tx_rss_mb=<n>
+//
+// Every knob has a BENCH_* environment variable and a flag (the flag wins).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	cfg, kafkaHeap, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if cfg.RelayBin == "" && needsRelay(cfg) {
+		dir, err := os.MkdirTemp("", "outbox-bench-bin-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if cfg.RelayBin, err = buildRelay(ctx, dir); err != nil {
+			return err
+		}
+	}
+	if cfg.usesDebezium() {
+		if err := debeziumLibReady(cfg.DebeziumLib); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(stderr, "bench: starting PostgreSQL and Kafka")
+	svc, err := StartServices(ctx, kafkaHeap)
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+	began := time.Now()
+	rep, err := Run(ctx, cfg, svc)
+	if rep == nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "bench: measured in %s\n", time.Since(began).Round(time.Second))
+	failed := rep.Failed()
+	for _, f := range failed {
+		fmt.Fprintln(stderr, "bench: FAILED:", f)
+	}
+	fmt.Fprintln(stdout, machine(ctx, svc))
+	fmt.Fprint(stdout, "\n", rep.Table(), "\n")
+	fmt.Fprintln(stdout, rep.Summary())
+	if err == nil && len(failed) > 0 {
+		err = fmt.Errorf("%d measurement(s) failed", len(failed))
+	}
+	return err
+}
+
+func needsRelay(c Config) bool {
+	return len(c.Sides) > 0 || len(c.Steady) > 0 || c.BigTx > 0
+}
+
+func parseFlags(args []string, stderr io.Writer) (Config, int, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	events := fs.Int("events", envInt("BENCH_EVENTS", 1_000_000), "backlog size (BENCH_EVENTS)")
+	partitions := fs.Int("partitions", envInt("BENCH_PARTITIONS", 3), "partitions per topic (BENCH_PARTITIONS)")
+	rate := fs.Int("rate", envInt("BENCH_RATE", 10_000), "steady-state events per second (BENCH_RATE)")
+	steadyFor := fs.Duration("steady", envDuration("BENCH_STEADY", time.Minute), "steady-state duration (BENCH_STEADY)")
+	bigTx := fs.Int("big-tx", envInt("BENCH_BIG_TX", -1), "events in the large transaction, 0 to skip (BENCH_BIG_TX; default: the backlog size)")
+	sides := fs.String("sides", envStr("BENCH_SIDES", strings.Join(allDrainSides, ",")), "drain sides, in order (BENCH_SIDES)")
+	steady := fs.String("steady-sides", envStr("BENCH_STEADY_SIDES", strings.Join(allSteadySides, ",")), "steady-state sides (BENCH_STEADY_SIDES)")
+	relayArgs := fs.String("relay-args", os.Getenv("BENCH_RELAY_ARGS"), "extra relay flags, space-separated, e.g. --kafka.linger=20ms (BENCH_RELAY_ARGS)")
+	relayBin := fs.String("relay-bin", os.Getenv("BENCH_RELAY_BIN"), "outbox-relay binary; built from this module when empty (BENCH_RELAY_BIN)")
+	dbzLib := fs.String("debezium-lib", DefaultDebeziumLib(), "Kafka Connect + Debezium jars (OUTBOX_DEBEZIUM_LIB)")
+	profile := fs.String("profile", os.Getenv("BENCH_PROFILE"), "directory for pprof profiles of an extra in-process relay drain; empty skips it (BENCH_PROFILE)")
+	work := fs.String("work", os.Getenv("BENCH_WORK"), "keep the sides' logs and configuration here; a temp dir removed at the end when empty (BENCH_WORK)")
+	kafkaHeap := fs.Int("kafka-heap-mb", envInt("BENCH_KAFKA_HEAP_MB", 1024), "Kafka broker heap (BENCH_KAFKA_HEAP_MB)")
+	if err := fs.Parse(args); err != nil {
+		return Config{}, 0, err
+	}
+	cfg := Config{
+		Events: *events, Partitions: *partitions, Rate: *rate, SteadyFor: *steadyFor, BigTx: *bigTx,
+		Sides: splitList(*sides), Steady: splitList(*steady), RelayBin: *relayBin, RelayArgs: strings.Fields(*relayArgs), DebeziumLib: *dbzLib,
+		ProfileDir: *profile, WorkDir: *work, Log: stderr,
+	}
+	if cfg.BigTx < 0 {
+		cfg.BigTx = cfg.Events
+	}
+	if cfg.RelayBin != "" {
+		abs, err := filepath.Abs(cfg.RelayBin)
+		if err != nil {
+			return Config{}, 0, err
+		}
+		cfg.RelayBin = abs
+	}
+	return cfg, *kafkaHeap, cfg.validate()
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func envStr(key, def string) string {
+	if v, ok := os.LookupEnv(key); ok {
+		return v
+	}
+	return def
+}
+
+func envInt(key string, def int) int {
+	v, ok := os.LookupEnv(key)
+	if !ok || v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(strings.ReplaceAll(v, "_", ""))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %s=%q is not a whole number; using %d\n", key, v, def)
+		return def
+	}
+	return n
+}
+
+func envDuration(key string, def time.Duration) time.Duration {
+	v, ok := os.LookupEnv(key)
+	if !ok || v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %s=%q is not a duration such as 60s; using %s\n", key, v, def)
+		return def
+	}
+	return d
+}
+
+// buildRelay builds cmd/outbox-relay the way `make build` does (static, stripped).
+func buildRelay(ctx context.Context, dir string) (string, error) {
+	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the module root (run from inside the repository): %w", err)
+	}
+	bin := filepath.Join(dir, "outbox-relay")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/outbox-relay")
+	cmd.Dir = strings.TrimSpace(string(root))
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/outbox-relay: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// machine describes where the numbers come from.
+func machine(ctx context.Context, svc *Services) string {
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				if kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64); err == nil {
+					mem = fmt.Sprintf(", %.0f GiB", float64(kb)/(1<<20))
+				}
+			}
+		}
+	}
+	pgVersion := "PostgreSQL ?"
+	if out, err := exec.CommandContext(ctx, "psql", "--version").Output(); err == nil {
+		pgVersion = strings.TrimSpace(string(out))
+	}
+	var server string
+	if err := svcVersion(ctx, svc, &server); err == nil {
+		pgVersion = "PostgreSQL " + server
+	}
+	java := "java ?"
+	if out, err := exec.CommandContext(ctx, "java", "-version").CombinedOutput(); err == nil {
+		java, _, _ = strings.Cut(string(out), "\n")
+	}
+	return fmt.Sprintf("Machine: %s, %d cores%s; %s; Kafka 4.4.0 (KRaft, one node); %s; %s.",
+		cpu, runtime.NumCPU(), mem, pgVersion, strings.TrimSpace(java), runtime.Version())
+}
+
+func svcVersion(ctx context.Context, svc *Services, out *string) error {
+	conn, err := pgx.Connect(ctx, svc.DSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(out); err != nil {
+		return err
+	}
+	if *out == "" {
+		return errors.New("empty server_version")
+	}
+	return nil
+}

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+)
+
+// Sides of the drain comparison, in the order they run.
+const (
+	sideCeiling    = "ceiling"
+	sideRelay      = "relay"
+	sideDbzDefault = "debezium-default"
+	sideDbzTuned   = "debezium-tuned"
+)
+
+var allDrainSides = []string{sideCeiling, sideRelay, sideDbzDefault, sideDbzTuned}
+var allSteadySides = []string{sideRelay, sideDbzTuned}
+
+// Config says what one benchmark run measures.
+type Config struct {
+	Events      int           // backlog size
+	Partitions  int           // partitions of every topic
+	Rate        int           // steady-state events per second
+	SteadyFor   time.Duration // how long the steady-state writer runs
+	BigTx       int           // events in the large transaction; 0 skips that run
+	Sides       []string      // drain sides, a subset of allDrainSides
+	Steady      []string      // steady-state sides, a subset of allSteadySides
+	RelayBin    string        // the outbox-relay binary
+	RelayArgs   []string      // extra flags for the relay, e.g. --kafka.linger=20ms, to try settings
+	DebeziumLib string        // Kafka Connect + Debezium jars
+	ProfileDir  string        // when set, an extra in-process relay drain writes pprof profiles here
+	WorkDir     string        // logs and configuration of the sides; a temp dir when empty
+	Log         io.Writer     // progress lines
+	// DrainTimeout bounds each side's drain; 0 means scaled to Events (at least 2 minutes).
+	DrainTimeout time.Duration
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Events < 1 {
+		errs = append(errs, fmt.Errorf("events must be positive, got %d", c.Events))
+	}
+	if c.Partitions < 1 {
+		errs = append(errs, fmt.Errorf("partitions must be positive, got %d", c.Partitions))
+	}
+	for _, s := range c.Sides {
+		if !slices.Contains(allDrainSides, s) {
+			errs = append(errs, fmt.Errorf("unknown drain side %q (want some of %v)", s, allDrainSides))
+		}
+	}
+	for _, s := range c.Steady {
+		if !slices.Contains(allSteadySides, s) {
+			errs = append(errs, fmt.Errorf("unknown steady-state side %q (want some of %v)", s, allSteadySides))
+		}
+	}
+	if len(c.Steady) > 0 && (c.Rate < 1 || c.SteadyFor <= 0) {
+		errs = append(errs, fmt.Errorf("steady state needs a positive rate and duration, got %d/s for %s", c.Rate, c.SteadyFor))
+	}
+	if c.RelayBin == "" && (slices.Contains(c.Sides, sideRelay) || slices.Contains(c.Steady, sideRelay) || c.BigTx > 0) {
+		errs = append(errs, errors.New("no relay binary given"))
+	}
+	if c.usesDebezium() {
+		if err := debeziumLibReady(c.DebeziumLib); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) usesDebezium() bool {
+	return slices.ContainsFunc(c.Sides, isDebezium) || slices.ContainsFunc(c.Steady, isDebezium)
+}
+
+func isDebezium(side string) bool { return strings.HasPrefix(side, "debezium") }
+
+// bench is one run's state.
+type bench struct {
+	cfg     Config
+	svc     *Services
+	pool    *pgxpool.Pool
+	kafka   *kafka.Client
+	run     string // prefix of every slot and topic of this run, so runs never share them
+	pub     string
+	work    string
+	payload int64 // payload bytes in the backlog
+	endLSN  uint64
+	logw    io.Writer
+	profile *Profile // the in-process profile runs, when ProfileDir is set
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.logw, "bench: "+format+"\n", args...)
+}
+
+func (b *bench) slot(side string) string { return b.run + "_" + strings.ReplaceAll(side, "-", "_") }
+
+// topics are <run>.<side>.<aggregate type>.
+func (b *bench) topicPrefix(side string) string { return b.run + "." + side }
+
+func (b *bench) topics(side string) []string {
+	var out []string
+	for _, t := range aggregateTypes {
+		out = append(out, b.topicPrefix(side)+"."+t)
+	}
+	return out
+}
+
+func (b *bench) createTopics(ctx context.Context, side string) error {
+	for _, t := range b.topics(side) {
+		if err := b.svc.Kafka.CreateTopic(ctx, t, b.cfg.Partitions); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Run measures every configured side against the same PostgreSQL, Kafka and backlog.
+func Run(ctx context.Context, cfg Config, svc *Services) (*Report, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("bench config: %w", err)
+	}
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
+	}
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	b := &bench{cfg: cfg, svc: svc, run: "b" + hex.EncodeToString(id[:]), logw: cfg.Log,
+		kafka: &kafka.Client{Addr: kafka.TCP(svc.Kafka.Brokers()), Timeout: 10 * time.Second}}
+	b.pub = b.run + "_pub"
+	b.work = cfg.WorkDir
+	if b.work == "" {
+		dir, err := os.MkdirTemp("", "outbox-bench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		b.work = dir
+	} else if err := os.MkdirAll(b.work, 0o755); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, svc.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the bench database: %w", err)
+	}
+	defer pool.Close()
+	b.pool = pool
+	return b.measure(ctx)
+}
+
+func (b *bench) measure(ctx context.Context) (*Report, error) {
+	rep := &Report{Config: b.cfg, LoadBefore: loadAverage()}
+	defer func() { rep.LoadAfter = loadAverage() }()
+	if err := setupDatabase(ctx, b.svc.DSN, b.pub); err != nil {
+		return nil, err
+	}
+	// One slot per side, all created before the backlog, so every side decodes identical WAL.
+	sides := slices.Clone(b.cfg.Sides)
+	if b.cfg.ProfileDir != "" {
+		sides = append(sides, "profile")
+	}
+	for _, s := range sides {
+		if err := createSlot(ctx, b.pool, b.slot(s)); err != nil {
+			return nil, err
+		}
+		if s != sideCeiling {
+			if err := b.createTopics(ctx, s); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	b.logf("writing a backlog of %d events in transactions of 1-%d", b.cfg.Events, maxTxEvents)
+	start := time.Now()
+	if err := writeBacklog(ctx, b.pool, b.cfg.Events); err != nil {
+		return nil, err
+	}
+	rep.BacklogWrite = time.Since(start)
+	var err error
+	if b.endLSN, err = currentLSN(ctx, b.pool); err != nil {
+		return nil, err
+	}
+	var avg float64
+	if err := b.pool.QueryRow(ctx, "SELECT coalesce(sum(length(payload::text)), 0), coalesce(avg(length(payload::text)), 0) FROM public.outbox_events").
+		Scan(&b.payload, &avg); err != nil {
+		return nil, fmt.Errorf("measure the backlog: %w", err)
+	}
+	rep.PayloadBytes, rep.AvgPayload = b.payload, avg
+	b.logf("backlog written in %s (%.0f events/s), %.0f-byte payloads on average", rep.BacklogWrite.Round(time.Millisecond),
+		float64(b.cfg.Events)/rep.BacklogWrite.Seconds(), avg)
+
+	for _, s := range b.cfg.Sides {
+		r := b.drain(ctx, s)
+		rep.Drains = append(rep.Drains, r)
+		b.logf("%s", r.line())
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+	}
+	// The profiled drain runs after every side has drained and dropped its slot... except its own:
+	// the steady-state and large-transaction writes below would otherwise land in it.
+	if b.cfg.ProfileDir != "" {
+		rep.Profile = &Profile{Dir: b.cfg.ProfileDir}
+		p, err := b.profileRelay(ctx, false)
+		if p != nil {
+			rep.Profile = p
+		}
+		if err != nil {
+			rep.Profile.Err = err
+			b.logf("profiled drain failed: %v", err)
+		}
+	}
+
+	for _, s := range b.cfg.Steady {
+		r := b.steady(ctx, s)
+		rep.Steady = append(rep.Steady, r)
+		b.logf("%s", r.line())
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+	}
+	if b.cfg.ProfileDir != "" && rep.Profile.Err == nil && len(b.cfg.Steady) > 0 {
+		if _, err := b.profileRelay(ctx, true); err != nil {
+			rep.Profile.Err = err
+			b.logf("profiled steady state failed: %v", err)
+		}
+		b.logf("profiled relay: %s", rep.Profile.line())
+	}
+
+	if b.cfg.BigTx > 0 {
+		r := b.bigTx(ctx)
+		rep.BigTx = &r
+		b.logf("%s", r.line())
+	}
+	return rep, ctx.Err()
+}
+
+func (b *bench) drainTimeout() time.Duration {
+	if b.cfg.DrainTimeout > 0 {
+		return b.cfg.DrainTimeout
+	}
+	// A side slower than 4,000 events/s (start-up included) gets a partial result, what it
+	// published by then, rather than stretching the run past its time budget.
+	return max(2*time.Minute, time.Duration(b.cfg.Events/4000)*time.Second)
+}
+
+// loadAverage is the first three fields of /proc/loadavg.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+func (b *bench) logPath(name string) string {
+	return filepath.Join(b.work, name+".log")
+}

@@ -1,0 +1,449 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/segmentio/kafka-go"
+)
+
+// Result is one side's drain of a backlog.
+type Result struct {
+	Side      string
+	Events    int64
+	Bytes     int64         // payload bytes drained
+	Wall      time.Duration // process start until done (see the table's notes)
+	First     time.Duration // process start until the first record was on Kafka (0: not applicable)
+	OnKafka   time.Duration // process start until every record was on Kafka (0: not applicable)
+	CPU       time.Duration // user+sys of the side's process
+	CPUFirst  time.Duration // user+sys when the first record was on Kafka (start-up and warm-up)
+	PeakRSS   int64         // bytes
+	SenderCPU time.Duration // user+sys of the walsender(s) that served the side
+	// Partial is set when the side ran out of time: Events is what it had published by then, so
+	// its rate is what it achieved, start-up included.
+	Partial bool
+	Target  int64 // events it had to publish
+	Err     error
+}
+
+func (r Result) rate() float64 {
+	if r.Err != nil || r.Wall <= 0 {
+		return 0
+	}
+	return float64(r.Events) / r.Wall.Seconds()
+}
+
+// streamRate excludes start-up: events per second from the first record to the last.
+func (r Result) streamRate() float64 {
+	end := r.OnKafka
+	if r.Err != nil || r.First <= 0 || end <= r.First {
+		return 0
+	}
+	return float64(r.Events) / (end - r.First).Seconds()
+}
+
+// cpuPerEventAfterFirst is CPU per event from the first record on, leaving out start-up (for the
+// JVM: class loading and most of the JIT compilation).
+func (r Result) cpuPerEventAfterFirst() time.Duration {
+	if r.CPUFirst <= 0 || r.Events == 0 {
+		return 0
+	}
+	return (r.CPU - r.CPUFirst) / time.Duration(r.Events)
+}
+
+func (r Result) line() string {
+	if r.Err != nil {
+		return fmt.Sprintf("%s: FAILED: %v", r.Side, r.Err)
+	}
+	partial := ""
+	if r.Partial {
+		partial = fmt.Sprintf(" (stopped: only %d of %d in time)", r.Events, r.Target)
+	}
+	return fmt.Sprintf("%s: %d events%s in %s (%.0f events/s), CPU %s, peak RSS %.0f MB, walsender CPU %s",
+		r.Side, r.Events, partial, r.Wall.Round(time.Millisecond), r.rate(), r.CPU.Round(10*time.Millisecond),
+		mb(r.PeakRSS), r.SenderCPU.Round(10*time.Millisecond))
+}
+
+func mb(b int64) float64 { return float64(b) / (1 << 20) }
+
+// drain runs one side over the backlog and stops it.
+func (b *bench) drain(ctx context.Context, side string) Result {
+	b.logf("draining the backlog with %s", side)
+	var r Result
+	switch side {
+	case sideCeiling:
+		r = b.drainCeiling(ctx)
+	case sideRelay:
+		r = b.drainProc(ctx, side, func() (*child, error) {
+			return b.startRelay(side, b.slot(side), b.topicPrefix(side))
+		}, b.endLSN)
+	default:
+		r = b.drainProc(ctx, side, func() (*child, error) {
+			return b.startDebezium(side, side == sideDbzTuned, b.slot(side), b.topicPrefix(side))
+		}, 0)
+	}
+	r.Side, r.Target = side, int64(b.cfg.Events)
+	if !r.Partial {
+		r.Events = r.Target
+	}
+	r.Bytes = int64(float64(b.payload) * float64(r.Events) / float64(r.Target))
+	if err := dropSlot(ctx, b.pool, b.slot(side)); err != nil && r.Err == nil {
+		r.Err = err
+	}
+	return r
+}
+
+// drainCeiling runs pg_recvlogical over the slot to the backlog's end, output to /dev/null: how
+// fast PostgreSQL decodes and sends this WAL with nothing else to do.
+func (b *bench) drainCeiling(ctx context.Context) Result {
+	bin, err := pgRecvLogical()
+	if err != nil {
+		return Result{Err: err}
+	}
+	c, err := startChild("pg_recvlogical", b.logPath(sideCeiling), nil, bin,
+		"--dbname", b.svc.DSN, "--slot", b.slot(sideCeiling), "--start", "--no-loop",
+		"-o", "proto_version=1", "-o", "publication_names="+b.pub,
+		"--endpos", pglogrepl.LSN(b.endLSN).String(), "--file", "/dev/null")
+	if err != nil {
+		return Result{Err: err}
+	}
+	defer c.stop(5 * time.Second)
+	senders := newSenderCPU()
+	timeout := time.After(b.drainTimeout())
+	for !c.exited() {
+		b.sampleSender(ctx, senders, sideCeiling)
+		select {
+		case <-c.done:
+		case <-time.After(50 * time.Millisecond):
+		case <-timeout:
+			return Result{Err: fmt.Errorf("pg_recvlogical did not reach %s within %s", pglogrepl.LSN(b.endLSN), b.drainTimeout())}
+		case <-ctx.Done():
+			return Result{Err: ctx.Err()}
+		}
+	}
+	wall := time.Since(c.started)
+	if c.err != nil {
+		return Result{Err: c.failure()}
+	}
+	cpu, rss, err := c.usage()
+	return Result{Wall: wall, CPU: cpu, PeakRSS: rss, SenderCPU: senders.total(), Err: err}
+}
+
+// drainProc starts a side and waits until every event is on its topics and, when endLSN is set,
+// the slot's confirmed position has passed endLSN.
+func (b *bench) drainProc(ctx context.Context, side string, start func() (*child, error), endLSN uint64) Result {
+	c, err := start()
+	if err != nil {
+		return Result{Err: err}
+	}
+	defer c.stop(30 * time.Second)
+	return b.waitDrained(ctx, c, side, b.topics(side), int64(b.cfg.Events), endLSN)
+}
+
+// waitDrained polls the topics' end offsets (and the slot) until the side is done, sampling the
+// walsender's CPU on the way, and reads the side's CPU and peak RSS at that moment. A side that
+// runs out of time gets a partial result: what it published until then.
+func (b *bench) waitDrained(ctx context.Context, c runner, side string, topics []string, events int64, endLSN uint64) Result {
+	senders := newSenderCPU()
+	deadline := time.Now().Add(b.drainTimeout())
+	var r Result
+	for {
+		n, err := b.onKafka(ctx, topics)
+		if err != nil {
+			n = 0
+		}
+		now := time.Since(c.startedAt())
+		if n > 0 && r.First == 0 {
+			r.First = now
+			r.CPUFirst, _, _ = c.usage()
+		}
+		if n >= events && r.OnKafka == 0 {
+			r.OnKafka = now
+		}
+		confirmed, _ := b.sampleSender(ctx, senders, side)
+		if r.OnKafka > 0 && confirmed >= endLSN {
+			r.Wall = now
+			break
+		}
+		if c.exited() {
+			r.Err = c.failure()
+			return r
+		}
+		if time.Now().After(deadline) {
+			if n == 0 {
+				r.Err = fmt.Errorf("nothing on Kafka after %s; %s", b.drainTimeout(), c.logTail())
+				return r
+			}
+			if n >= events {
+				r.Err = fmt.Errorf("every event on Kafka but the slot confirmed only %s of %s after %s",
+					pglogrepl.LSN(confirmed), pglogrepl.LSN(endLSN), b.drainTimeout())
+				return r
+			}
+			r.Partial, r.Events, r.Wall, r.OnKafka = true, n, now, now
+			break
+		}
+		select {
+		case <-ctx.Done():
+			r.Err = ctx.Err()
+			return r
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+	r.CPU, r.PeakRSS, r.Err = c.usage()
+	r.SenderCPU = senders.total()
+	return r
+}
+
+// onKafka sums the end offsets of every partition of the topics: the records Kafka has
+// acknowledged (every side writes with acks=all to a broker of one).
+func (b *bench) onKafka(ctx context.Context, topics []string) (int64, error) {
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for _, t := range topics {
+		for p := range b.cfg.Partitions {
+			req.Topics[t] = append(req.Topics[t], kafka.LastOffsetOf(p))
+		}
+	}
+	resp, err := b.kafka.ListOffsets(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	for t, parts := range resp.Topics {
+		for _, p := range parts {
+			if p.Error != nil {
+				return 0, fmt.Errorf("end offset of %s/%d: %w", t, p.Partition, p.Error)
+			}
+			sum += p.LastOffset
+		}
+	}
+	return sum, nil
+}
+
+// senderCPU remembers the CPU time of every walsender that served a slot (a side may reconnect).
+type senderCPU map[int]time.Duration
+
+func newSenderCPU() senderCPU { return senderCPU{} }
+
+func (s senderCPU) total() time.Duration {
+	var t time.Duration
+	for _, v := range s {
+		t += v
+	}
+	return t
+}
+
+// sampleSender reads the slot's confirmed position and its walsender's CPU.
+func (b *bench) sampleSender(ctx context.Context, s senderCPU, side string) (confirmed uint64, err error) {
+	confirmed, pid, err := slotState(ctx, b.pool, b.slot(side))
+	if err != nil || pid == 0 {
+		return confirmed, err
+	}
+	if cpu, err := procCPU(pid); err == nil {
+		s[pid] = cpu
+	}
+	return confirmed, nil
+}
+
+// startRelay runs the relay binary with its defaults, on slot and the topics under prefix.
+func (b *bench) startRelay(name, slot, prefix string) (*child, error) {
+	args := append([]string{"run",
+		"--slot", slot, "--publication", b.pub, "--create-slot=false", "--create-publication=false",
+		"--topic-template", prefix + ".{aggregate_type}", "--log-level", "warn"}, b.cfg.RelayArgs...)
+	return startChild("outbox-relay", b.logPath(name), []string{
+		"OUTBOX_PG_DSN=" + b.svc.DSN,
+		"OUTBOX_KAFKA_BROKERS=" + b.svc.Kafka.Brokers(),
+	}, b.cfg.RelayBin, args...)
+}
+
+// startDebezium writes a Connect worker and connector configuration and starts the worker.
+func (b *bench) startDebezium(name string, tuned bool, slot, prefix string) (*child, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(b.work, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	setup := debeziumSetup{
+		Tuned: tuned, DSN: b.svc.DSN, Brokers: b.svc.Kafka.Brokers(), Slot: slot, Publication: b.pub,
+		TopicPrefix: prefix, Name: b.run + "_" + filepath.Base(dir), OffsetsFile: filepath.Join(dir, "offsets"), RESTPort: port,
+	}
+	worker, connector, err := setup.properties()
+	if err != nil {
+		return nil, err
+	}
+	workerFile, connectorFile := filepath.Join(dir, "worker.properties"), filepath.Join(dir, "connector.properties")
+	if err := os.WriteFile(workerFile, []byte(renderProperties(worker)), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(connectorFile, []byte(renderProperties(connector)), 0o600); err != nil {
+		return nil, err
+	}
+	args := append(connectJVM(b.cfg.DebeziumLib), workerFile, connectorFile)
+	return startChild("kafka-connect", filepath.Join(dir, "connect.log"), nil, "java", args...)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("reserve a port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// SteadyResult is one side under a constant write rate.
+type SteadyResult struct {
+	Side          string
+	Rate          float64 // achieved by the writer, events/s
+	Written       int
+	Received      int
+	P50, P95, P99 time.Duration
+	Max           time.Duration
+	CPU           time.Duration // during the measured window
+	Window        time.Duration
+	PeakRSS       int64 // over the side's whole life (start-up, warm-up, window)
+	Err           error
+}
+
+func (r SteadyResult) line() string {
+	if r.Err != nil {
+		return fmt.Sprintf("steady %s: FAILED: %v", r.Side, r.Err)
+	}
+	return fmt.Sprintf("steady %s: %d events at %.0f/s, p50 %s p95 %s p99 %s max %s, CPU %s, peak RSS %.0f MB",
+		r.Side, r.Written, r.Rate, ms(r.P50), ms(r.P95), ms(r.P99), ms(r.Max), r.CPU.Round(10*time.Millisecond), mb(r.PeakRSS))
+}
+
+func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + "ms" }
+
+// steady measures a side under a constant write rate.
+func (b *bench) steady(ctx context.Context, side string) SteadyResult {
+	name := "steady-" + side
+	return b.steadyWith(ctx, side, name, func(slot string) (runner, error) {
+		if side == sideRelay {
+			return b.startRelay(name, slot, b.topicPrefix(name))
+		}
+		return b.startDebezium(name, true, slot, b.topicPrefix(name))
+	})
+}
+
+// steadyWith starts a side on a fresh slot (so it has no backlog), warms it up, writes at the
+// configured rate and measures commit-to-consumer latency.
+func (b *bench) steadyWith(ctx context.Context, side, name string, start func(slot string) (runner, error)) SteadyResult {
+	res := SteadyResult{Side: side}
+	slot := b.slot(name)
+	if err := createSlot(ctx, b.pool, slot); err != nil {
+		res.Err = err
+		return res
+	}
+	defer func() {
+		if err := dropSlot(ctx, b.pool, slot); err != nil && res.Err == nil {
+			res.Err = err
+		}
+	}()
+	if err := b.createTopics(ctx, name); err != nil {
+		res.Err = err
+		return res
+	}
+	b.logf("steady state with %s: %d events/s for %s", side, b.cfg.Rate, b.cfg.SteadyFor)
+	c, err := start(slot)
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	defer c.stop(30 * time.Second)
+	if err := waitSlotActive(ctx, b.pool, slot, c, 2*time.Minute); err != nil {
+		res.Err = err
+		return res
+	}
+	lat := newLatencyReader(b.svc.Kafka.Brokers(), b.topics(name), b.cfg.Partitions)
+	defer lat.close()
+
+	// Warm-up: the first records pay for connections, metadata and (for the JVM) class loading.
+	const warmTx, warmPerTx = 20, 10
+	if err := writeWarmup(ctx, b.pool, warmTx, warmPerTx); err != nil {
+		res.Err = err
+		return res
+	}
+	if !lat.waitFor(ctx, time.Minute, func(warm, _ int) bool { return warm >= warmTx*warmPerTx }) {
+		w, _, bad := lat.counts()
+		res.Err = fmt.Errorf("warm-up: %d of %d records arrived within a minute (%d unparsable); %s",
+			w, warmTx*warmPerTx, bad, c.logTail())
+		return res
+	}
+
+	cpu0, _, err := c.usage()
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	start0 := time.Now()
+	res.Written, res.Rate, err = steadyWriter{pool: b.pool, rate: b.cfg.Rate, duration: b.cfg.SteadyFor}.run(ctx)
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	if !lat.waitFor(ctx, 30*time.Second, func(_, measured int) bool { return measured >= res.Written }) {
+		_, got, _ := lat.counts()
+		res.Err = fmt.Errorf("%d of %d records arrived within 30s of the writer's end", got, res.Written)
+	}
+	cpu1, rss, uerr := c.usage()
+	res.Window = time.Since(start0)
+	res.CPU, res.PeakRSS = cpu1-cpu0, rss
+	if res.Err == nil {
+		res.Err = uerr
+	}
+	_, res.Received, _ = lat.counts()
+	p := lat.percentiles(50, 95, 99, 100)
+	res.P50, res.P95, res.P99, res.Max = p[0], p[1], p[2], p[3]
+	return res
+}
+
+// bigTx writes one transaction of BigTx events and measures the relay draining it.
+func (b *bench) bigTx(ctx context.Context) Result {
+	name := "bigtx"
+	res := Result{Side: "relay, one transaction", Events: int64(b.cfg.BigTx)}
+	slot := b.slot(name)
+	if err := createSlot(ctx, b.pool, slot); err != nil {
+		res.Err = err
+		return res
+	}
+	defer func() {
+		if err := dropSlot(ctx, b.pool, slot); err != nil && res.Err == nil {
+			res.Err = err
+		}
+	}()
+	if err := b.createTopics(ctx, name); err != nil {
+		res.Err = err
+		return res
+	}
+	b.logf("writing one transaction of %d events", b.cfg.BigTx)
+	if err := writeOneTx(ctx, b.pool, b.cfg.BigTx); err != nil {
+		res.Err = err
+		return res
+	}
+	end, err := currentLSN(ctx, b.pool)
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	// Same payload generator as the backlog: its average size holds (only used for MB/s).
+	res.Bytes = int64(float64(b.payload) / float64(b.cfg.Events) * float64(b.cfg.BigTx))
+	b.logf("draining it with the relay")
+	c, err := b.startRelay(name, slot, b.topicPrefix(name))
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	defer c.stop(30 * time.Second)
+	r := b.waitDrained(ctx, c, name, b.topics(name), int64(b.cfg.BigTx), end)
+	r.Side, r.Events, r.Bytes = res.Side, res.Events, res.Bytes
+	return r
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/prune"
+)
+
+// runPrune deletes outbox rows older than --older-than (default: prune_older_than) in batches and
+// prints how many. Delivery never needs the rows after commit (the relay reads the WAL), so this is
+// safe to run at any time, next to a running relay, from cron or a Kubernetes CronJob.
+func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("outbox-relay prune", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	olderThan := fs.Duration("older-than", 0, "delete rows created more than this long ago, e.g. 24h or 30m; 0 deletes every committed row (default: prune_older_than)")
+	batchSize := fs.Int("batch-size", 0, "rows one DELETE statement removes, at most (default: prune_batch_size)")
+	loader := config.NewLoader(fs, nil).WithoutKafka()
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "outbox-relay prune: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	cfg, err := loader.Load()
+	if err != nil {
+		return err
+	}
+	opts := prune.Options{
+		Table:     cfg.Schema + "." + cfg.Table,
+		Column:    cfg.Columns.CreatedAt,
+		OlderThan: cfg.PruneOlderThan,
+		BatchSize: cfg.PruneBatchSize,
+	}
+	if set["older-than"] {
+		if *olderThan < 0 {
+			fmt.Fprintf(stderr, "outbox-relay prune: --older-than must not be negative, got %s\n", *olderThan)
+			return errUsage
+		}
+		opts.OlderThan = *olderThan
+	}
+	if set["batch-size"] {
+		if *batchSize <= 0 {
+			fmt.Fprintf(stderr, "outbox-relay prune: --batch-size must be positive, got %d\n", *batchSize)
+			return errUsage
+		}
+		opts.BatchSize = *batchSize
+	}
+
+	scrub := func(err error) error { return errors.New(config.Scrub(err.Error(), cfg.Secrets()...)) }
+	conn, err := pgx.Connect(ctx, cfg.PGDSN)
+	if err != nil {
+		return scrub(fmt.Errorf("connect to PostgreSQL: %w", err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	start := time.Now()
+	n, err := prune.Prune(ctx, conn, opts)
+	if err != nil {
+		return scrub(fmt.Errorf("after deleting %d rows: %w", n, err))
+	}
+	fmt.Fprintf(stdout, "deleted %d rows created more than %s ago from %s.%s in %s\n",
+		n, opts.OlderThan, cfg.Schema, cfg.Table, time.Since(start).Round(time.Millisecond))
+	return nil
+}

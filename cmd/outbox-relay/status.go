@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/leader"
+	"github.com/outbox-relay/outbox-relay/slotmon"
+)
+
+// exitSlotProblem is status's exit code when the slot is missing or has lost WAL: scripts and
+// probes can tell it from a failure to ask (1) and a usage error (2).
+const exitSlotProblem = 3
+
+// statusTimeout bounds the whole status command: it is run by people and scripts waiting for it.
+const statusTimeout = 15 * time.Second
+
+// statusReport is `outbox-relay status --json`.
+type statusReport struct {
+	slotmon.State
+	ConfirmedFlushLSN string         `json:"confirmed_flush_lsn,omitempty"`
+	RestartLSN        string         `json:"restart_lsn,omitempty"`
+	CurrentWALLSN     string         `json:"current_wal_lsn"`
+	LeaderLockKey     int64          `json:"leader_lock_key"`
+	Leader            *leader.Holder `json:"leader"` // null when nobody holds the lock
+	OK                bool           `json:"ok"`
+	Problems          []string       `json:"problems"`
+}
+
+// runStatus prints the slot at a glance and returns the exit code.
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("outbox-relay status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	loader := config.NewLoader(fs, nil)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "outbox-relay status: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if !flagSet(fs, config.FlagName("kafka_brokers")) {
+		// status never contacts Kafka; the shared configuration still requires the key, so that
+		// `status` works with the same file and environment as `run` and without them too.
+		fs.Set(config.FlagName("kafka_brokers"), "unused-by-status:9092")
+	}
+	cfg, err := loader.Load()
+	if err != nil {
+		fmt.Fprintf(stderr, "outbox-relay: %v\n", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	rep, err := slotStatus(ctx, cfg.PGDSN, cfg.Slot)
+	if err != nil {
+		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), cfg.Secrets()...))
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		printStatus(stdout, rep)
+	}
+	if !rep.OK {
+		return exitSlotProblem
+	}
+	return 0
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+func slotStatus(ctx context.Context, dsn, slot string) (statusReport, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return statusReport{}, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	st, err := slotmon.Read(ctx, conn, slot)
+	if err != nil {
+		return statusReport{}, err
+	}
+	rep := statusReport{State: st, CurrentWALLSN: st.CurrentLSN.String(), LeaderLockKey: leader.Key(slot), OK: true, Problems: []string{}}
+	if st.Exists {
+		rep.ConfirmedFlushLSN, rep.RestartLSN = st.ConfirmedFlush.String(), st.RestartLSN.String()
+	}
+	holder, held, err := leader.LockHolder(ctx, conn, slot)
+	if err != nil {
+		return statusReport{}, err
+	}
+	if held {
+		rep.Leader = &holder
+	}
+	switch {
+	case !st.Exists:
+		rep.OK = false
+		rep.Problems = append(rep.Problems, fmt.Sprintf("replication slot %q does not exist in database %q: outbox-relay run creates it (create_slot), or check the slot and pg_dsn settings", slot, st.Database))
+	case st.WALStatus == "lost":
+		rep.OK = false
+		rep.Problems = append(rep.Problems, fmt.Sprintf("replication slot %q has wal_status \"lost\": PostgreSQL removed WAL it still needed, so events committed since %s may never be published: drop and recreate the slot, then reconcile the outbox rows written since then", slot, st.ConfirmedFlush))
+	}
+	return rep, nil
+}
+
+func printStatus(w io.Writer, rep statusReport) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "slot\t%s (database %s)\n", rep.Slot, rep.Database)
+	if !rep.Exists {
+		fmt.Fprintf(tw, "exists\tno\n")
+	} else {
+		fmt.Fprintf(tw, "exists\tyes (plugin %s)\n", rep.Plugin)
+		if rep.Active {
+			fmt.Fprintf(tw, "active\tyes: backend PID %d%s\n", rep.ActivePID, describe(rep.ActiveApplicationName, rep.ActiveClientAddr))
+		} else {
+			fmt.Fprintf(tw, "active\tno: nothing streams the slot\n")
+		}
+		fmt.Fprintf(tw, "wal_status\t%s\n", rep.WALStatus)
+		if rep.SafeWALSize != nil {
+			fmt.Fprintf(tw, "safe_wal_size\t%s\n", bytesText(*rep.SafeWALSize))
+		} else {
+			fmt.Fprintf(tw, "safe_wal_size\tunlimited (max_slot_wal_keep_size = -1)\n")
+		}
+		fmt.Fprintf(tw, "confirmed LSN\t%s\n", rep.ConfirmedFlushLSN)
+		fmt.Fprintf(tw, "current LSN\t%s\n", rep.CurrentWALLSN)
+		fmt.Fprintf(tw, "lag\t%s (current - confirmed)\n", bytesText(rep.LagBytes))
+		fmt.Fprintf(tw, "retained WAL\t%s (current - restart_lsn %s)\n", bytesText(rep.RetainedBytes), rep.RestartLSN)
+	}
+	if rep.Leader != nil {
+		since := ""
+		if !rep.Leader.BackendStart.IsZero() {
+			since = ", connected since " + rep.Leader.BackendStart.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "leader lock\theld by backend PID %d%s%s\n", rep.Leader.PID, describe(rep.Leader.ApplicationName, rep.Leader.ClientAddr), since)
+	} else {
+		fmt.Fprintf(tw, "leader lock\tnot held: no relay with leader_election runs for this slot\n")
+	}
+	tw.Flush()
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "PROBLEM: %s\n", p)
+	}
+}
+
+func describe(app, addr string) string {
+	s := ""
+	if app != "" {
+		s += fmt.Sprintf(", application_name %q", app)
+	}
+	if addr != "" {
+		s += ", client " + addr
+	}
+	return s
+}
+
+// bytesText prints a byte count exactly and, when large, in binary units too.
+func bytesText(n int64) string {
+	units := []string{"KiB", "MiB", "GiB", "TiB"}
+	v, unit := float64(n), ""
+	for _, u := range units {
+		if v < 1024 && v > -1024 {
+			break
+		}
+		v /= 1024
+		unit = u
+	}
+	if unit == "" {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	return fmt.Sprintf("%d bytes (%.1f %s)", n, v, unit)
+}

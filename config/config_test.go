@@ -1,0 +1,473 @@
+package config_test
+
+import (
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/config"
+)
+
+// load runs a Loader over args, a map-backed environment and, when yaml is not empty, a config file
+// (whose path replaces "$FILE" in args, env values and the returned path).
+func load(t *testing.T, yaml string, env map[string]string, args ...string) (*config.Config, string, error) {
+	t.Helper()
+	var file string
+	if yaml != "" {
+		file = filepath.Join(t.TempDir(), "relay.yaml")
+		if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append([]string{"--config", file}, args...)
+	}
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	l := config.NewLoader(fs, func(name string) string { return env[name] })
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("flags %v: %v", args, err)
+	}
+	c, err := l.Load()
+	return c, file, err
+}
+
+// required is the least environment that loads.
+func required() map[string]string {
+	return map[string]string{
+		"OUTBOX_PG_DSN":        "postgres://relay@localhost:5432/app",
+		"OUTBOX_KAFKA_BROKERS": "localhost:9092",
+	}
+}
+
+func with(env map[string]string, kv ...string) map[string]string {
+	for i := 0; i+1 < len(kv); i += 2 {
+		env[kv[i]] = kv[i+1]
+	}
+	return env
+}
+
+func TestDefaultsLoadWithOnlyTheRequiredKeys(t *testing.T) {
+	c, _, err := load(t, "", required())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"pg_dsn is taken from the environment", c.PGDSN, "postgres://relay@localhost:5432/app"},
+		{"kafka_brokers is a list", c.KafkaBrokers, []string{"localhost:9092"}},
+		{"slot", c.Slot, "outbox_relay"},
+		{"publication", c.Publication, "outbox_relay"},
+		{"the table's schema is public", c.Schema, "public"},
+		{"the table is outbox_events", c.Table, "outbox_events"},
+		{"create_slot", c.CreateSlot, true},
+		{"create_publication", c.CreatePublication, true},
+		{"columns.id", c.Columns.ID, "id"},
+		{"columns.aggregate_type", c.Columns.AggregateType, "aggregate_type"},
+		{"columns.aggregate_id", c.Columns.AggregateID, "aggregate_id"},
+		{"columns.event_type", c.Columns.EventType, "event_type"},
+		{"columns.payload", c.Columns.Payload, "payload"},
+		{"columns.headers", c.Columns.Headers, "headers"},
+		{"extra_headers is empty", len(c.ExtraHeaders), 0},
+		{"topic_template", c.TopicTemplate, "outbox.event.{aggregate_type}"},
+		{"on_failure", c.OnFailure, "dead-letter"},
+		{"dead_letter_topic", c.DeadLetterTopic, "outbox.dead-letter"},
+		{"status_interval", c.StatusInterval, time.Second},
+		{"slot_busy_wait", c.SlotBusyWait, 30 * time.Second},
+		{"shutdown_timeout", c.ShutdownTimeout, 30 * time.Second},
+		{"max_in_flight_events", c.MaxInFlight, 10000},
+		{"max_in_flight_bytes", c.MaxInFlightBytes, int64(64 << 20)},
+		{"max_message_bytes", c.MaxMessageBytes, 1 << 20},
+		{"heartbeat_interval", c.HeartbeatInterval, time.Duration(0)},
+		{"metrics_addr", c.MetricsAddr, ""},
+		{"log_level", c.LogLevel, "info"},
+		{"log_format", c.LogFormat, "json"},
+		{"kafka.batch_size", c.Kafka.BatchSize, 500},
+		{"kafka.linger", c.Kafka.Linger, 5 * time.Millisecond},
+		{"kafka.write_timeout", c.Kafka.WriteTimeout, 10 * time.Second},
+		{"kafka.compression", c.Kafka.Compression, "none"},
+		{"kafka.client_id", c.Kafka.ClientID, "outbox-relay"},
+		{"kafka.tls", c.Kafka.TLS, config.TLS{}},
+		{"kafka.sasl", c.Kafka.SASL, config.SASL{}},
+	}
+	for _, tt := range checks {
+		t.Run(tt.name+" has its default", func(t *testing.T) {
+			if !reflect.DeepEqual(tt.got, tt.want) {
+				t.Fatalf("got %#v, want %#v", tt.got, tt.want)
+			}
+		})
+	}
+}
+
+func TestRequiredKeysAreNamed(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want []string
+	}{
+		{"without pg_dsn", map[string]string{"OUTBOX_KAFKA_BROKERS": "k:9092"}, []string{"pg_dsn", "OUTBOX_PG_DSN", "--pg-dsn"}},
+		{"without kafka_brokers", map[string]string{"OUTBOX_PG_DSN": "host=db"}, []string{"kafka_brokers", "OUTBOX_KAFKA_BROKERS", "--kafka-brokers"}},
+		{"with only commas for kafka_brokers", map[string]string{"OUTBOX_PG_DSN": "host=db", "OUTBOX_KAFKA_BROKERS": " , "}, []string{"kafka_brokers"}},
+		{"without either", map[string]string{}, []string{"pg_dsn", "kafka_brokers"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+" the error names the missing key", func(t *testing.T) {
+			_, _, err := load(t, "", tt.env)
+			if err == nil {
+				t.Fatal("loaded")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestPrecedenceIsFileThenEnvironmentThenFlags(t *testing.T) {
+	const file = "slot: from_file\nmax_in_flight_events: 111\nkafka:\n  linger: 111ms\nkafka_brokers: [file:1]\n"
+	type got struct {
+		slot    string
+		max     int
+		linger  time.Duration
+		brokers string
+	}
+	read := func(c *config.Config) got {
+		return got{c.Slot, c.MaxInFlight, c.Kafka.Linger, strings.Join(c.KafkaBrokers, ",")}
+	}
+	tests := []struct {
+		name string
+		yaml string
+		env  map[string]string
+		args []string
+		want got
+	}{
+		{"defaults apply when nothing is set", "", required(), nil,
+			got{"outbox_relay", 10000, 5 * time.Millisecond, "localhost:9092"}},
+		{"the file overrides the defaults", file, map[string]string{"OUTBOX_PG_DSN": "host=db"}, nil,
+			got{"from_file", 111, 111 * time.Millisecond, "file:1"}},
+		{"the environment overrides the file", file,
+			map[string]string{"OUTBOX_PG_DSN": "host=db", "OUTBOX_SLOT": "from_env", "OUTBOX_MAX_IN_FLIGHT_EVENTS": "222",
+				"OUTBOX_KAFKA_LINGER": "222ms", "OUTBOX_KAFKA_BROKERS": "env:1,env:2"}, nil,
+			got{"from_env", 222, 222 * time.Millisecond, "env:1,env:2"}},
+		{"flags override the environment and the file", file,
+			map[string]string{"OUTBOX_PG_DSN": "host=db", "OUTBOX_SLOT": "from_env", "OUTBOX_MAX_IN_FLIGHT_EVENTS": "222",
+				"OUTBOX_KAFKA_LINGER": "222ms", "OUTBOX_KAFKA_BROKERS": "env:1"},
+			[]string{"--slot", "from_flag", "--max-in-flight-events=333", "--kafka.linger", "333ms", "--kafka-brokers", "flag:1, flag:2"},
+			got{"from_flag", 333, 333 * time.Millisecond, "flag:1,flag:2"}},
+		{"each key comes from the highest source that sets it", file,
+			map[string]string{"OUTBOX_PG_DSN": "host=db", "OUTBOX_MAX_IN_FLIGHT_EVENTS": "222"},
+			[]string{"--kafka.linger=333ms"},
+			got{"from_file", 222, 333 * time.Millisecond, "file:1"}},
+		{"an empty environment variable does not override the file", file,
+			map[string]string{"OUTBOX_PG_DSN": "host=db", "OUTBOX_SLOT": ""}, nil,
+			got{"from_file", 111, 111 * time.Millisecond, "file:1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _, err := load(t, tt.yaml, tt.env, tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := read(c); g != tt.want {
+				t.Fatalf("got %+v, want %+v", g, tt.want)
+			}
+		})
+	}
+}
+
+func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
+	type source int
+	const (
+		file source = iota
+		env
+		flagged
+	)
+	tests := []struct {
+		name  string
+		key   string
+		value string
+		from  source
+	}{
+		{"a boolean that is not true or false", "create_slot", "maybe", env},
+		{"a boolean from a flag", "create_publication", "yes please", flagged},
+		{"a duration without a unit", "status_interval", "10", file},
+		{"a negative duration", "shutdown_timeout", "-1s", env},
+		{"a duration that is not one", "kafka.linger", "soon", flagged},
+		{"a zero count", "max_in_flight_events", "0", env},
+		{"a count that is not a number", "kafka.batch_size", "many", file},
+		{"a size with an unknown unit", "max_in_flight_bytes", "64 parsecs", flagged},
+		{"a fractional size", "max_in_flight_bytes", "1.5MiB", env},
+		{"a size that overflows", "max_in_flight_bytes", "17179869185GiB", env},
+		{"a message size over 1 GiB", "max_message_bytes", "2GiB", file},
+		{"a zero message size", "max_message_bytes", "0", flagged},
+		{"an unknown failure policy", "on_failure", "ignore", env},
+		{"an unknown log level", "log_level", "verbose", flagged},
+		{"an unknown log format", "log_format", "xml", file},
+		{"an unknown compression", "kafka.compression", "brotli", env},
+		{"an unknown SASL mechanism", "kafka.sasl.mechanism", "GSSAPI", file},
+		{"a table with two dots", "table", "a.b.c", flagged},
+		{"a table with an empty schema", "table", ".outbox", env},
+		{"a table with an empty name", "table", "app.", file},
+		{"a slot name with capitals and a dash", "slot", "Bad-Slot", flagged},
+		{"a publication name that is too long", "publication", strings.Repeat("p", 64), env},
+		{"a broker without a port", "kafka_brokers", "kafka-1", flagged},
+		{"a status interval that is too short", "status_interval", "10ms", env},
+		{"an empty payload column", "columns.payload", "", file},
+		{"an empty topic template", "topic_template", "", file},
+		{"a malformed URL DSN", "pg_dsn", "postgres://user:secret@db/app%zz", env},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+" is rejected with the key and the source", func(t *testing.T) {
+			e := required()
+			var yaml, from string
+			var args []string
+			switch tt.from {
+			case file:
+				yaml = quoteYAML(tt.key, tt.value)
+			case env:
+				if tt.value == "" {
+					t.Fatal("an empty environment variable means unset")
+				}
+				e[config.EnvName(tt.key)] = tt.value
+				from = config.EnvName(tt.key)
+			case flagged:
+				args = []string{"--" + config.FlagName(tt.key) + "=" + tt.value}
+				from = "--" + config.FlagName(tt.key)
+			}
+			c, path, err := load(t, yaml, e, args...)
+			if err == nil {
+				t.Fatalf("loaded %+v", c)
+			}
+			if tt.from == file {
+				from = path
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, tt.key) || !strings.Contains(msg, from) {
+				t.Fatalf("error %q does not name key %s and source %s", msg, tt.key, from)
+			}
+			if tt.key == "pg_dsn" && strings.Contains(msg, "secret") {
+				t.Fatalf("error %q shows the password", msg)
+			}
+		})
+	}
+}
+
+// quoteYAML writes key: value as YAML, nesting dotted keys.
+func quoteYAML(key, value string) string {
+	parts := strings.Split(key, ".")
+	var b strings.Builder
+	for i, p := range parts[:len(parts)-1] {
+		b.WriteString(strings.Repeat("  ", i) + p + ":\n")
+	}
+	b.WriteString(strings.Repeat("  ", len(parts)-1) + parts[len(parts)-1] + ": '" + strings.ReplaceAll(value, "'", "''") + "'\n")
+	return b.String()
+}
+
+func TestConfigFile(t *testing.T) {
+	tests := []struct {
+		name      string
+		yaml      string
+		check     func(t *testing.T, c *config.Config)
+		wantError []string
+	}{
+		{"nested keys set dotted settings",
+			"pg_dsn: host=db\nkafka_brokers: k:9092\nkafka:\n  batch_size: 42\n  sasl:\n    mechanism: scram-sha-512\n    username: relay\n    password: s3cret\n  tls:\n    enabled: true\ncolumns:\n  id: event_id\n",
+			func(t *testing.T, c *config.Config) {
+				if c.Kafka.BatchSize != 42 || c.Kafka.SASL != (config.SASL{Mechanism: "SCRAM-SHA-512", Username: "relay", Password: "s3cret"}) ||
+					!c.Kafka.TLS.Enabled || c.Columns.ID != "event_id" {
+					t.Fatalf("got %+v", c)
+				}
+			}, nil},
+		{"dotted keys work at the top level too",
+			"pg_dsn: host=db\nkafka_brokers: k:9092\nkafka.sasl.password: s3cret\nkafka.sasl.username: relay\nkafka.sasl.mechanism: PLAIN\n",
+			func(t *testing.T, c *config.Config) {
+				if c.Kafka.SASL.Password != "s3cret" || c.Kafka.SASL.Mechanism != "PLAIN" {
+					t.Fatalf("got %+v", c.Kafka.SASL)
+				}
+			}, nil},
+		{"a YAML list gives several brokers",
+			"pg_dsn: host=db\nkafka_brokers:\n  - k1:9092\n  - k2:9092\n  - k3:9093\n",
+			func(t *testing.T, c *config.Config) {
+				if want := []string{"k1:9092", "k2:9092", "k3:9093"}; !reflect.DeepEqual(c.KafkaBrokers, want) {
+					t.Fatalf("brokers %q, want %q", c.KafkaBrokers, want)
+				}
+			}, nil},
+		{"a flow list gives several extra headers",
+			"pg_dsn: host=db\nkafka_brokers: k:9092\nextra_headers: [trace_id, 'tenant:x-tenant']\n",
+			func(t *testing.T, c *config.Config) {
+				if want := []string{"trace_id", "tenant:x-tenant"}; !reflect.DeepEqual(c.ExtraHeaders, want) {
+					t.Fatalf("extra headers %q, want %q", c.ExtraHeaders, want)
+				}
+			}, nil},
+		{"a comma-separated string also gives several brokers",
+			"pg_dsn: host=db\nkafka_brokers: 'k1:9092, k2:9092'\n",
+			func(t *testing.T, c *config.Config) {
+				if want := []string{"k1:9092", "k2:9092"}; !reflect.DeepEqual(c.KafkaBrokers, want) {
+					t.Fatalf("brokers %q, want %q", c.KafkaBrokers, want)
+				}
+			}, nil},
+		{"YAML booleans and numbers are read as their text",
+			"pg_dsn: host=db\nkafka_brokers: k:9092\ncreate_slot: false\nmax_in_flight_events: 7\n",
+			func(t *testing.T, c *config.Config) {
+				if c.CreateSlot || c.MaxInFlight != 7 {
+					t.Fatalf("create_slot %v, max_in_flight_events %d", c.CreateSlot, c.MaxInFlight)
+				}
+			}, nil},
+		{"an unknown top-level key is rejected by name",
+			"pg_dsn: host=db\nkafka_brokers: k:9092\nslots: s\n", nil, []string{"unknown key", "slots"}},
+		{"an unknown nested key is rejected by its dotted name",
+			"pg_dsn: host=db\nkafka_brokers: k:9092\nkafka:\n  sasl:\n    pasword: x\n", nil, []string{"unknown key", "kafka.sasl.pasword"}},
+		{"a section given for a plain key is rejected",
+			"pg_dsn: host=db\nkafka_brokers: k:9092\nslot:\n  name: s\n", nil, []string{"unknown key", "slot.name"}},
+		{"malformed YAML is an error naming the file",
+			"pg_dsn: [unclosed\n", nil, []string{"config file"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, path, err := load(t, tt.yaml, nil)
+			if tt.wantError != nil {
+				if err == nil {
+					t.Fatalf("loaded %+v", c)
+				}
+				for _, w := range append(tt.wantError, path) {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not mention %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, c)
+		})
+	}
+	t.Run("a missing file is an error", func(t *testing.T) {
+		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		l := config.NewLoader(fs, func(string) string { return "" })
+		missing := filepath.Join(t.TempDir(), "nope.yaml")
+		if err := fs.Parse([]string{"--config", missing}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Load(); err == nil || !strings.Contains(err.Error(), "nope.yaml") {
+			t.Fatalf("Load = %v, want an error naming the file", err)
+		}
+	})
+}
+
+func TestTable(t *testing.T) {
+	tests := []struct {
+		name          string
+		value         string
+		schema, table string
+	}{
+		{"a bare table is in the public schema", "outbox", "public", "outbox"},
+		{"a qualified table keeps its schema", "app.outbox", "app", "outbox"},
+		{"the default is public.outbox_events", "", "public", "outbox_events"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := required()
+			if tt.value != "" {
+				e["OUTBOX_TABLE"] = tt.value
+			}
+			c, _, err := load(t, "", e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Schema != tt.schema || c.Table != tt.table {
+				t.Fatalf("schema %q table %q, want %q %q", c.Schema, c.Table, tt.schema, tt.table)
+			}
+		})
+	}
+}
+
+func TestCaseInsensitiveChoicesAreCanonical(t *testing.T) {
+	c, _, err := load(t, "", with(required(), "OUTBOX_ON_FAILURE", "HALT", "OUTBOX_KAFKA_COMPRESSION", "ZSTD",
+		"OUTBOX_LOG_LEVEL", "Debug", "OUTBOX_KAFKA_SASL_MECHANISM", "plain", "OUTBOX_KAFKA_SASL_USERNAME", "u",
+		"OUTBOX_KAFKA_SASL_PASSWORD", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.OnFailure != "halt" || c.Kafka.Compression != "zstd" || c.LogLevel != "debug" || c.Kafka.SASL.Mechanism != "PLAIN" {
+		t.Fatalf("got %q %q %q %q", c.OnFailure, c.Kafka.Compression, c.LogLevel, c.Kafka.SASL.Mechanism)
+	}
+}
+
+func TestSizesAcceptUnits(t *testing.T) {
+	tests := []struct {
+		value string
+		want  int64
+	}{
+		{"67108864", 67108864},
+		{"64MiB", 64 << 20},
+		{"64 MiB", 64 << 20},
+		{"1MB", 1000 * 1000},
+		{"2KiB", 2048},
+		{"3KB", 3000},
+		{"1GiB", 1 << 30},
+		{"10B", 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.value+" is understood", func(t *testing.T) {
+			c, _, err := load(t, "", with(required(), "OUTBOX_MAX_IN_FLIGHT_BYTES", tt.value))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.MaxInFlightBytes != tt.want {
+				t.Fatalf("max_in_flight_bytes = %d, want %d", c.MaxInFlightBytes, tt.want)
+			}
+		})
+	}
+}
+
+func TestCrossKeyChecks(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"a SASL mechanism needs a user name and password",
+			with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "PLAIN", "OUTBOX_KAFKA_SASL_USERNAME", "u"), "kafka.sasl.password"},
+		{"a client certificate needs its key",
+			with(required(), "OUTBOX_KAFKA_TLS_CERT_FILE", "/tls/cert.pem"), "kafka.tls.key_file"},
+		{"a client key needs its certificate",
+			with(required(), "OUTBOX_KAFKA_TLS_KEY_FILE", "/tls/key.pem"), "kafka.tls.cert_file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := load(t, "", tt.env)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Load = %v, want an error naming %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestNames(t *testing.T) {
+	tests := []struct {
+		key, env, flag string
+	}{
+		{"pg_dsn", "OUTBOX_PG_DSN", "pg-dsn"},
+		{"max_in_flight_events", "OUTBOX_MAX_IN_FLIGHT_EVENTS", "max-in-flight-events"},
+		{"kafka.sasl.password", "OUTBOX_KAFKA_SASL_PASSWORD", "kafka.sasl.password"},
+		{"kafka.tls.ca_file", "OUTBOX_KAFKA_TLS_CA_FILE", "kafka.tls.ca-file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key+" has its environment variable and flag", func(t *testing.T) {
+			if got := config.EnvName(tt.key); got != tt.env {
+				t.Errorf("EnvName = %q, want %q", got, tt.env)
+			}
+			if got := config.FlagName(tt.key); got != tt.flag {
+				t.Errorf("FlagName = %q, want %q", got, tt.flag)
+			}
+		})
+	}
+}

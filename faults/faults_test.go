@@ -1,0 +1,219 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// killRecord is what one SIGKILL may have cost in duplicates, with the numbers behind the bound.
+type killRecord struct {
+	at        time.Duration // after the instance started
+	streaming bool
+	acked     int // events Kafka acknowledged in ackWindow before the kill
+	bigTx     int // events of the large transaction replayed because it was not yet confirmed
+	bound     int
+}
+
+// TestKill9AtRandomMomentsLosesNothingAndDuplicatesStayInTheWindow kills the relay with SIGKILL at
+// random moments while three writers keep committing, then lets a last instance drain. Every event
+// must arrive, in order per aggregate, and the duplicates must fit the window of
+// docs/guarantees.md: per crash, at most max_in_flight_events + the events acknowledged since the
+// last status update + the rest of a transaction that was only partly acknowledged.
+func TestKill9AtRandomMomentsLosesNothingAndDuplicatesStayInTheWindow(t *testing.T) {
+	t.Parallel()
+	const (
+		kills          = 10
+		maxInFlight    = 500
+		statusInterval = 200 * time.Millisecond
+		maxPerTx       = 5
+		bigTxEvents    = 1500
+		samplePeriod   = 50 * time.Millisecond
+	)
+	// "Acknowledged since the last status update": the update before the kill went out at most one
+	// interval earlier; allow one more interval for a late timer on a loaded machine, and the
+	// sampling period.
+	ackWindow := 2*statusInterval + samplePeriod
+
+	d := newDB(t, testenv.SharedPostgres(t), 3)
+	brokers := testenv.SharedKafka(t).Brokers()
+	args := []string{fmt.Sprintf("--max-in-flight-events=%d", maxInFlight), "--status-interval=" + statusInterval.String()}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+
+	// The first instance creates the slot; only transactions committed after that are streamed.
+	first := d.startRelay(brokers, false, args...)
+	first.waitSessions(1, 90*time.Second)
+	load := harness.StartLoad(d.outbox, harness.LoadConfig{
+		Types: d.types, Writers: 3, Aggregates: 12, MaxPerTx: maxPerTx, TxPerSecond: 50,
+		LargeEvery: 300, LargeBytes: 400 << 10, Seed: seed,
+	})
+	// The large transaction is written by the test so its commit position is known: a crash before
+	// it is confirmed republishes all of it, which the window allows for.
+	var big marked
+	var bigMu sync.Mutex
+	bigDone := make(chan struct{})
+	go func() {
+		defer close(bigDone)
+		time.Sleep(4 * time.Second)
+		specs := make([]harness.Spec, bigTxEvents)
+		for i := range specs {
+			specs[i] = harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("groß-%d", i%25), EventType: "Bulk"}
+		}
+		m := d.writeMarked(specs...)
+		bigMu.Lock()
+		big = m
+		bigMu.Unlock()
+	}()
+
+	var records []killRecord
+	window := 0
+	for i := range kills {
+		r := first
+		if i > 0 {
+			r = d.startRelay(brokers, false, args...)
+		}
+		started := time.Now()
+		type point struct {
+			at        time.Time
+			published float64
+		}
+		var mu sync.Mutex
+		var points []point
+		s := sample(samplePeriod, func(now time.Time) {
+			if v, err := r.metric("events_published_total", ""); err == nil {
+				mu.Lock()
+				points = append(points, point{now, v})
+				mu.Unlock()
+			}
+		})
+		if i%4 == 3 {
+			// Some kills land during start-up: checks, slot busy with the last walsender, catching up.
+			time.Sleep(time.Duration(100+rng.IntN(900)) * time.Millisecond)
+		} else {
+			r.waitSessions(1, 90*time.Second)
+			time.Sleep(time.Duration(rng.IntN(2000)) * time.Millisecond)
+		}
+		s.Stop()
+		if v, err := r.metric("events_published_total", ""); err == nil {
+			points = append(points, point{time.Now(), v})
+		}
+		r.Kill()
+		killed := time.Now()
+
+		rec := killRecord{at: killed.Sub(started), streaming: r.sessions() > 0}
+		if len(points) > 0 {
+			last, before := points[len(points)-1].published, 0.0
+			for _, p := range points {
+				if p.at.Before(killed.Add(-ackWindow)) {
+					before = p.published
+				}
+			}
+			rec.acked = int(last - before)
+		}
+		bigMu.Lock()
+		if big.CommitEnd != 0 && confirmedLSN(t, d.outbox.Pool(), d.slot) < big.CommitEnd {
+			rec.bigTx = bigTxEvents
+		}
+		bigMu.Unlock()
+		rec.bound = maxInFlight + maxPerTx + rec.acked + rec.bigTx
+		window += rec.bound
+		records = append(records, rec)
+	}
+	<-bigDone
+
+	final := d.startRelay(brokers, false, args...)
+	final.waitSessions(1, 90*time.Second)
+	time.Sleep(time.Second) // the last instance also drains while writers are busy
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stats, err := load.Stop(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := deliver(t, brokers, d.outbox.Written(), 3*time.Minute)
+
+	streamed := 0
+	for i, rec := range records {
+		t.Logf("kill %2d after %5s streaming=%-5v acked_in_window=%4d big_tx=%4d bound=%d",
+			i+1, rec.at.Round(time.Millisecond), rec.streaming, rec.acked, rec.bigTx, rec.bound)
+		if rec.streaming {
+			streamed++
+		}
+	}
+	t.Logf("load: %s", stats)
+	t.Logf("delivery: %s; duplicate window %d", rep, window)
+	if streamed < kills/2 {
+		t.Errorf("only %d of %d kills hit a streaming relay; the scenario did not test what it should", streamed, kills)
+	}
+	if err := rep.DuplicatesWithin(window); err != nil {
+		t.Error(err)
+	}
+
+	end := currentLSN(t, d.outbox.Pool())
+	eventually(t, 30*time.Second, "the last instance to confirm everything", func() bool {
+		return confirmedLSN(t, d.outbox.Pool(), d.slot) >= end
+	})
+	final.Terminate()
+	if code, ok := final.Wait(30 * time.Second); !ok || code != 0 {
+		t.Fatalf("last instance: exit code %d (exited: %v) after SIGTERM, want 0", code, ok)
+	}
+}
+
+// TestPostgresFastRestartDuringLoadIsReconnectedWithoutLoss restarts PostgreSQL (fast shutdown)
+// under load. The relay process must reconnect and resume on its own; writers reconcile commits
+// whose outcome the restart made unknown.
+func TestPostgresFastRestartDuringLoadIsReconnectedWithoutLoss(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	pg := testenv.Postgres(t, devenv.PostgresOptions{})
+	t.Logf("TIMING pg started %s", time.Since(t0))
+	brokers := testenv.SharedKafka(t).Brokers()
+	d := newDB(t, pg, 2)
+	r := d.startRelay(brokers, false, "--status-interval=200ms")
+	r.waitSessions(1, 90*time.Second)
+	t.Logf("TIMING streaming %s", time.Since(t0))
+
+	load := harness.StartLoad(d.outbox, harness.LoadConfig{
+		Types: d.types, Writers: 3, Aggregates: 10, MaxPerTx: 4, TxPerSecond: 40,
+		BigTxEvents: 1000, BigTxAfter: time.Second, Seed: 3,
+	})
+	time.Sleep(2500 * time.Millisecond)
+	ctx := context.Background()
+	restarted := time.Now()
+	if err := pg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.waitSessions(2, 60*time.Second)
+	t.Logf("PostgreSQL restart took %s until the relay streamed again", time.Since(restarted).Round(time.Millisecond))
+	time.Sleep(2 * time.Second) // load after the restart too
+
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	stats, err := load.Stop(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Failures == 0 {
+		t.Fatalf("no write failed during the restart (%s): the restart did not happen under load", stats)
+	}
+	t.Logf("TIMING load stopped %s", time.Since(t0))
+	rep := deliver(t, brokers, d.outbox.Written(), 2*time.Minute)
+	t.Logf("TIMING delivered %s", time.Since(t0))
+	t.Logf("load: %s; delivery: %s", stats, rep)
+	if r.Exited() {
+		t.Fatal("the relay exited; it must reconnect on its own")
+	}
+	end := currentLSN(t, d.outbox.Pool())
+	eventually(t, 30*time.Second, "the slot to be confirmed past the load", func() bool {
+		return confirmedLSN(t, d.outbox.Pool(), d.slot) >= end
+	})
+}

@@ -1,0 +1,321 @@
+// Package faults breaks the relay's environment on purpose and checks the guarantees in
+// docs/guarantees.md: nothing lost, per-aggregate order kept, duplicates within the window, memory
+// bounded, the slot confirmed only behind Kafka's acknowledgements, and loud failures.
+//
+// The relay runs as a real process (internal/relayproc) so it can be SIGKILLed; PostgreSQL and
+// Kafka are real (internal/testenv); scenarios that stop, pause or cut off a service get their own
+// instance of it.
+package faults
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
+	"github.com/outbox-relay/outbox-relay/internal/relayproc"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// db is one test's database: the outbox table, its own slot and publication, and aggregate types
+// (topics) no other test uses.
+type db struct {
+	t      *testing.T
+	pg     *devenv.Postgres
+	dsn    string
+	slot   string
+	types  []string
+	outbox *harness.Outbox
+}
+
+func newDB(t *testing.T, pg *devenv.Postgres, nTypes int) *db {
+	t.Helper()
+	ctx := context.Background()
+	dsn, err := pg.CreateDatabase(ctx, testenv.UniqueName(t, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
+		t.Fatal(err)
+	}
+	// pg_walinspect finds the exact LSN of a transaction's commit record (see commitOf).
+	if _, err := conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect"); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := harness.NewOutbox(ctx, dsn, "public.outbox_events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ob.Close)
+	d := &db{t: t, pg: pg, dsn: dsn, slot: testenv.UniqueName(t, "slot"), outbox: ob}
+	for i := range nTypes {
+		d.types = append(d.types, testenv.UniqueName(t, fmt.Sprintf("agg%d", i)))
+	}
+	return d
+}
+
+// relay is one outbox-relay process with its metrics endpoint.
+type relay struct {
+	*relayproc.Proc
+	t       *testing.T
+	metrics string // host:port
+}
+
+// startRelay runs `outbox-relay run` on d's slot against brokers; args add or override flags.
+func (d *db) startRelay(brokers string, plain bool, args ...string) *relay {
+	d.t.Helper()
+	addr := freeAddr(d.t)
+	all := []string{"--slot=" + d.slot, "--publication=" + d.slot, "--metrics-addr=" + addr,
+		"--slot-busy-wait=60s", "--shutdown-timeout=10s"}
+	p := relayproc.Start(d.t, relayproc.Options{
+		Args:  append(all, args...),
+		Env:   map[string]string{"OUTBOX_PG_DSN": d.dsn, "OUTBOX_KAFKA_BROKERS": brokers},
+		Plain: plain,
+	})
+	if os.Getenv("OUTBOX_FAULTS_RELAY_LOG") != "" {
+		// For investigating a passing run; relayproc prints the output of failed tests anyway.
+		d.t.Cleanup(func() { d.t.Logf("relay (pid %d) output:\n%s", p.PID(), p.Output()) })
+	}
+	return &relay{Proc: p, t: d.t, metrics: addr}
+}
+
+// waitSessions waits until the relay has logged n streaming sessions (one per (re)connection).
+func (r *relay) waitSessions(n int, timeout time.Duration) {
+	r.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if r.sessions() >= n {
+			return
+		}
+		if r.Exited() {
+			r.t.Fatalf("relay exited while waiting for streaming session %d", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.t.Fatalf("relay did not reach streaming session %d within %s", n, timeout)
+}
+
+func (r *relay) sessions() int { return strings.Count(r.Output(), `"msg":"streaming"`) }
+
+// waitLog waits until the output after offset contains substr; it returns how long that took.
+func (r *relay) waitLog(offset int, substr string, timeout time.Duration) (time.Duration, bool) {
+	start := time.Now()
+	for time.Since(start) < timeout {
+		if out := r.Output(); len(out) > offset && strings.Contains(out[offset:], substr) {
+			return time.Since(start), true
+		}
+		if r.Exited() {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	out := r.Output()
+	return time.Since(start), len(out) > offset && strings.Contains(out[offset:], substr)
+}
+
+// metric returns the sum of every series of an outbox_relay_* metric whose labels contain match
+// (e.g. `reason="invalid_topic"`; empty for all).
+func (r *relay) metric(name, match string) (float64, error) {
+	client := http.Client{Timeout: 5 * time.Second}
+	res, err := client.Get("http://" + r.metrics + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	var sum float64
+	found := false
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	full := "outbox_relay_" + name
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, full) {
+			continue
+		}
+		// Label values may hold spaces; the value is the last field (no timestamps here).
+		i := strings.LastIndexByte(line, ' ')
+		series, value, ok := line[:max(i, 0)], line[i+1:], i > 0
+		if !ok || (series != full && !strings.HasPrefix(series, full+"{")) || !strings.Contains(series, match) {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return 0, fmt.Errorf("metric %s: %w", line, err)
+		}
+		sum += v
+		found = true
+	}
+	if !found {
+		return 0, nil // a vector with no series yet
+	}
+	return sum, sc.Err()
+}
+
+// mustMetric is metric for test goroutines.
+func (r *relay) mustMetric(name, match string) float64 {
+	r.t.Helper()
+	v, err := r.metric(name, match)
+	if err != nil {
+		r.t.Fatalf("scrape %s: %v", name, err)
+	}
+	return v
+}
+
+// deliver reads every topic the written events route to until none is missing (or timeout), then
+// for linger more to catch late duplicates, and fails the test on loss, reordering or alteration.
+func deliver(t *testing.T, brokers string, written []harness.Written, timeout time.Duration) harness.Report {
+	t.Helper()
+	c := harness.NewConsumer(brokers, harness.Topics(written, nil)...)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := c.ReadUntil(ctx, 2*time.Second, func(recs []harness.Record) bool {
+		return len(recs) >= len(written) && harness.Verify(written, recs, nil).Missing == 0
+	})
+	rep := harness.Verify(written, c.Records(), nil)
+	if err != nil || !rep.OK() {
+		t.Fatalf("delivery check failed (read error: %v): %s", err, rep)
+	}
+	return rep
+}
+
+func confirmedLSN(t *testing.T, q pgxQuerier, slot string) uint64 {
+	t.Helper()
+	lsn, err := harness.ConfirmedFlushLSN(context.Background(), q, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+func currentLSN(t *testing.T, q pgxQuerier) uint64 {
+	t.Helper()
+	lsn, err := harness.CurrentLSN(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+type pgxQuerier interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// marked is a transaction whose commit record the test located exactly.
+type marked struct {
+	IDs         []string
+	CommitStart uint64 // LSN where the commit record starts: the furthest a confirmation may go while it is unacknowledged
+	CommitEnd   uint64 // its end: confirming this or beyond means the transaction is done
+}
+
+// writeMarked writes specs in one transaction and finds its commit record in the WAL with
+// pg_walinspect, so a test can say exactly whether the slot was confirmed past it.
+func (d *db) writeMarked(specs ...harness.Spec) marked {
+	d.t.Helper()
+	ctx := context.Background()
+	pool := d.outbox.Pool()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	record, err := d.outbox.WriteIn(ctx, tx, specs...)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	var xid, from uint64
+	var m marked
+	err = tx.QueryRow(ctx, `SELECT (pg_current_xact_id()::text::bigint % 4294967296),
+		(pg_current_wal_insert_lsn() - '0/0')::bigint,
+		(SELECT array_agg(id::text) FROM outbox_events WHERE xmin::text = (pg_current_xact_id()::text::bigint % 4294967296)::text)`).
+		Scan(&xid, &from, &m.IDs)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		d.t.Fatal(err)
+	}
+	record()
+	err = pool.QueryRow(ctx, `SELECT (start_lsn - '0/0')::bigint, (end_lsn - '0/0')::bigint
+		FROM pg_get_wal_records_info('0/0'::pg_lsn + $1::numeric, pg_current_wal_flush_lsn())
+		WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT' AND xid::text = $2`,
+		from, strconv.FormatUint(xid, 10)).Scan(&m.CommitStart, &m.CommitEnd)
+	if err != nil {
+		d.t.Fatalf("locate the commit record of xid %d: %v", xid, err)
+	}
+	return m
+}
+
+// eventually polls cond every 100ms until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// freeAddr returns a 127.0.0.1 address with a port nobody listens on right now.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// sampler calls f every period in the background until stopped.
+type sampler struct {
+	stop chan struct{}
+	once sync.Once
+	wg   sync.WaitGroup
+}
+
+func sample(period time.Duration, f func(time.Time)) *sampler {
+	s := &sampler{stop: make(chan struct{})}
+	s.wg.Go(func() {
+		tick := time.NewTicker(period)
+		defer tick.Stop()
+		for {
+			f(time.Now())
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	return s
+}
+
+// Stop stops the sampling and waits for the last call of f; it may be called more than once.
+func (s *sampler) Stop() {
+	s.once.Do(func() { close(s.stop) })
+	s.wg.Wait()
+}
+
+func lsnString(v uint64) string { return fmt.Sprintf("%X/%X", v>>32, uint32(v)) }

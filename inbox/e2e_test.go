@@ -1,0 +1,205 @@
+package inbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// startRelay runs the relay in this process on the database's outbox table until the test ends,
+// and waits until it streams.
+func startRelay(t *testing.T, dsn, brokers string, pool *pgxpool.Pool) (slot string) {
+	t.Helper()
+	slot = testenv.UniqueName(t, "slot")
+	cols := decoder.DefaultColumns()
+	cfg := relay.Config{
+		Replication: replication.Config{
+			DSN: dsn, Slot: slot, Publication: slot, Table: "outbox_events",
+			Columns:    []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload, cols.Headers},
+			CreateSlot: true, CreatePublication: true, StatusInterval: 200 * time.Millisecond,
+		},
+		Decoder:         decoder.Config{Table: "outbox_events", Columns: cols},
+		Sink:            sink.Config{Brokers: []string{brokers}},
+		ShutdownTimeout: 10 * time.Second,
+	}
+	r, err := relay.New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Error("relay did not stop within a minute")
+		}
+	})
+	waitFor(t, 60*time.Second, "the relay to stream", func() bool {
+		var active bool
+		err := pool.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+		return err == nil && active
+	})
+	return slot
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+type depositEvent struct {
+	Account string `json:"account"`
+	Amount  int    `json:"amount"`
+}
+
+// The whole pattern: a producer writes events with the outbox package in its transactions, the
+// relay publishes them, and a consumer group applies them through the inbox, committing offsets
+// only after its database transaction. The consumer stops once without committing what it applied,
+// so Kafka redelivers; the balances must still count every event exactly once.
+func TestProducerRelayAndInboxConsumerApplyEveryEventExactlyOnceDespiteRedelivery(t *testing.T) {
+	dsn, pool := newDB(t)
+	kafkaSvc := testenv.SharedKafka(t)
+	brokers := kafkaSvc.Brokers()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	// Created up front: the relay waits and retries when a topic is still being auto-created, which
+	// only slows the test down.
+	aggType := testenv.UniqueName(t, "account")
+	if err := kafkaSvc.CreateTopic(ctx, harness.TopicFor(aggType), 3); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	startRelay(t, dsn, brokers, pool)
+
+	// Producer: 40 transactions of 3 deposits over 4 accounts.
+	const txs, perTx = 40, 3
+	want := map[string]int{}
+	for i := range txs {
+		events := make([]outbox.Event, perTx)
+		for j := range events {
+			d := depositEvent{Account: fmt.Sprintf("acc-%d", (i+j)%4), Amount: i*perTx + j + 1}
+			want[d.Account] += d.Amount
+			events[j] = outbox.Event{AggregateType: aggType, AggregateID: d.Account, EventType: "Deposited", Payload: d}
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.Write(ctx, tx, events...)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Everything is in Kafka (and the topic exists, which a group reader needs at its start).
+	all := harness.NewConsumer(brokers, harness.TopicFor(aggType))
+	defer all.Close()
+	rctx, rcancel := context.WithTimeout(ctx, 90*time.Second)
+	defer rcancel()
+	if err := all.ReadUntil(rctx, 0, func(recs []harness.Record) bool { return len(recs) >= txs*perTx }); err != nil {
+		t.Fatal(err)
+	}
+
+	store, err := inbox.New(inbox.Config{Consumer: "balances"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := testenv.UniqueName(t, "group")
+	newReader := func() *kafka.Reader {
+		return kafka.NewReader(kafka.ReaderConfig{
+			Brokers: []string{brokers}, GroupID: group, Topic: harness.TopicFor(aggType),
+			StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 200 * time.Millisecond,
+			HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second, RebalanceTimeout: 10 * time.Second,
+		})
+	}
+	// consume applies up to n messages; it commits the offsets of the first `commit` of them only.
+	skipped := 0
+	consume := func(r *kafka.Reader, n, commit int, done func() bool) {
+		t.Helper()
+		for i := 0; i < n && !done(); i++ {
+			m, err := r.FetchMessage(ctx)
+			if err != nil {
+				t.Fatalf("fetch: %v", err)
+			}
+			id, err := inbox.EventID(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var d depositEvent
+			if err := json.Unmarshal(m.Value, &d); err != nil {
+				t.Fatalf("payload %q: %v", m.Value, err)
+			}
+			processed, err := store.Process(ctx, pool, id, depositor(d.Account, d.Amount))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !processed {
+				skipped++
+			}
+			if i < commit {
+				if err := r.CommitMessages(ctx, m); err != nil {
+					t.Fatalf("commit: %v", err)
+				}
+			}
+		}
+	}
+	never := func() bool { return false }
+
+	// First run: apply 50 events but commit only 20, then stop as a crash after the database
+	// commit and before the offset commit would.
+	r := newReader()
+	consume(r, 50, 20, never)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if skipped != 0 {
+		t.Fatalf("%d events skipped before any redelivery", skipped)
+	}
+
+	// Second run, same group: the 30 uncommitted messages come again, then the rest.
+	r = newReader()
+	defer r.Close()
+	ledger := func() int { return count(t, pool, "SELECT count(*) FROM processed_events WHERE consumer = 'balances'") }
+	consume(r, 10*txs*perTx, 10*txs*perTx, func() bool { return ledger() == txs*perTx })
+
+	for account, amount := range want {
+		if got := balance(t, pool, account); got != amount {
+			t.Errorf("%s balance = %d, want %d", account, got, amount)
+		}
+	}
+	if skipped < 30 {
+		t.Errorf("%d redelivered events were skipped, want at least the 30 whose offsets were not committed", skipped)
+	}
+}

@@ -1,0 +1,250 @@
+// Package inbox makes a Kafka consumer's database changes idempotent by event id: the consumer half
+// of the outbox pattern. The relay delivers every event at least once, so a consumer may see one
+// twice (after a relay crash, or when its own offsets were not committed); Handle records the event
+// id in a processed_events table inside the consumer's transaction and runs the business change
+// only when the id is new.
+//
+//	store, _ := inbox.New(inbox.Config{Consumer: "billing"})
+//	for {
+//		m, err := reader.FetchMessage(ctx) // kafka-go, with a GroupID
+//		...
+//		id, err := inbox.EventID(m)
+//		...
+//		_, err = store.Process(ctx, pool, id, func(ctx context.Context, tx pgx.Tx) error {
+//			return applyPayment(ctx, tx, m.Value)
+//		})
+//		if err != nil { ... retry the same message; do not commit its offset ... }
+//		err = reader.CommitMessages(ctx, m) // only after the transaction committed
+//	}
+//
+// Why it is exactly-once for the database: the id row and the business change commit or roll back
+// together. A second delivery finds the row and does nothing. A concurrent second delivery (another
+// consumer instance, before a rebalance settles) blocks on the first transaction's uncommitted row:
+// if the first commits, the second sees the conflict and does nothing; if it rolls back, the second
+// handles the event. Under READ COMMITTED (PostgreSQL's default) that is all; under REPEATABLE READ
+// or SERIALIZABLE the second transaction may instead fail with a serialization error (SQLSTATE
+// 40001), which is safe and should be retried like any serialization failure.
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/segmentio/kafka-go"
+)
+
+//go:embed processed_events.sql
+var schemaSQL string
+
+var schemaTmpl = template.Must(template.New("processed_events.sql").Parse(schemaSQL))
+
+// DefaultTable is the ledger table: unqualified, so it lives in the first schema of the
+// consumer's search_path.
+const DefaultTable = "processed_events"
+
+// Config says which ledger a Store uses. Zero values get the defaults noted.
+type Config struct {
+	// Table is "table" or "schema.table"; each part is quoted, so it is taken literally. Default
+	// DefaultTable.
+	Table string
+	// Consumer names the consumer, so several can share the table and each handle every event
+	// once. Default "" (one consumer per table).
+	Consumer string
+}
+
+// Store records handled events in one ledger table for one consumer. It is safe for concurrent use.
+type Store struct {
+	consumer string
+	table    string // quoted
+	index    string // quoted, unqualified (an index lives in its table's schema)
+	insert   string
+}
+
+// New checks cfg.
+func New(cfg Config) (*Store, error) {
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	parts := strings.Split(cfg.Table, ".")
+	if len(parts) > 2 || parts[0] == "" || parts[len(parts)-1] == "" {
+		return nil, fmt.Errorf("inbox: table %q: want table or schema.table", cfg.Table)
+	}
+	table := pgx.Identifier(parts).Sanitize()
+	return &Store{
+		consumer: cfg.Consumer,
+		table:    table,
+		index:    pgx.Identifier{parts[len(parts)-1] + "_processed_at_idx"}.Sanitize(),
+		insert:   "INSERT INTO " + table + " (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+	}, nil
+}
+
+// Execer runs a statement: pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// SQLExecer is database/sql's counterpart: *sql.DB, *sql.Conn and *sql.Tx satisfy it.
+type SQLExecer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// migrateLock serialises concurrent Migrate calls (CREATE TABLE IF NOT EXISTS is not safe against
+// itself). The key is arbitrary but fixed.
+const migrateLock = 7201730151
+
+func (s *Store) migrationSQL() (string, error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(%d);\n", migrateLock)
+	if err := schemaTmpl.Execute(&b, map[string]string{"Table": s.table, "Index": s.index}); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+// Migrate creates the ledger table and its index if they do not exist. It runs as one statement
+// batch (one implicit transaction), so it is atomic and safe to call at every start.
+func (s *Store) Migrate(ctx context.Context, db Execer) error {
+	q, err := s.migrationSQL()
+	if err != nil {
+		return err
+	}
+	// No arguments: pgx sends it with the simple protocol, which allows several statements.
+	if _, err := db.Exec(ctx, q); err != nil {
+		return fmt.Errorf("inbox: create %s: %w", s.table, err)
+	}
+	return nil
+}
+
+// MigrateSQL is Migrate for database/sql (the pgx stdlib driver).
+func (s *Store) MigrateSQL(ctx context.Context, db SQLExecer) error {
+	q, err := s.migrationSQL()
+	if err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, q); err != nil {
+		return fmt.Errorf("inbox: create %s: %w", s.table, err)
+	}
+	return nil
+}
+
+// ErrNoEventID is returned for an empty event id: without one, duplicates cannot be told apart.
+var ErrNoEventID = errors.New("inbox: empty event id")
+
+// Handle records eventID in tx and, when it was not recorded before, runs apply in the same
+// transaction. It reports whether apply ran. When apply fails, Handle returns its error and the
+// caller must roll tx back: that also removes the id, so a redelivery tries again. (Committing
+// after an error would record the id without the change.)
+func (s *Store) Handle(ctx context.Context, tx pgx.Tx, eventID string, apply func(context.Context, pgx.Tx) error) (processed bool, err error) {
+	if eventID == "" {
+		return false, ErrNoEventID
+	}
+	tag, err := tx.Exec(ctx, s.insert, s.consumer, eventID)
+	if err != nil {
+		return false, fmt.Errorf("inbox: record event %s: %w", eventID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return false, nil // handled before
+	}
+	if err := apply(ctx, tx); err != nil {
+		return false, fmt.Errorf("inbox: handle event %s: %w", eventID, err)
+	}
+	return true, nil
+}
+
+// HandleSQL is Handle for database/sql.
+func (s *Store) HandleSQL(ctx context.Context, tx *sql.Tx, eventID string, apply func(context.Context, *sql.Tx) error) (processed bool, err error) {
+	if eventID == "" {
+		return false, ErrNoEventID
+	}
+	res, err := tx.ExecContext(ctx, s.insert, s.consumer, eventID)
+	if err != nil {
+		return false, fmt.Errorf("inbox: record event %s: %w", eventID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("inbox: record event %s: %w", eventID, err)
+	}
+	if n == 0 {
+		return false, nil
+	}
+	if err := apply(ctx, tx); err != nil {
+		return false, fmt.Errorf("inbox: handle event %s: %w", eventID, err)
+	}
+	return true, nil
+}
+
+// Beginner starts a transaction: *pgxpool.Pool and *pgx.Conn satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Process runs Handle in a transaction of its own and commits it, rolling back when anything
+// fails. Commit the message's Kafka offset only after Process returns nil.
+func (s *Store) Process(ctx context.Context, db Beginner, eventID string, apply func(context.Context, pgx.Tx) error) (processed bool, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		processed, err = s.Handle(ctx, tx, eventID, apply)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	return processed, nil
+}
+
+var defaultStore, _ = New(Config{})
+
+// Migrate creates the default ledger table (DefaultTable, for the default consumer).
+func Migrate(ctx context.Context, db Execer) error { return defaultStore.Migrate(ctx, db) }
+
+// MigrateSQL is Migrate for database/sql.
+func MigrateSQL(ctx context.Context, db SQLExecer) error { return defaultStore.MigrateSQL(ctx, db) }
+
+// Handle is Store.Handle with the default table and consumer.
+func Handle(ctx context.Context, tx pgx.Tx, eventID string, apply func(context.Context, pgx.Tx) error) (bool, error) {
+	return defaultStore.Handle(ctx, tx, eventID, apply)
+}
+
+// HandleSQL is Store.HandleSQL with the default table and consumer.
+func HandleSQL(ctx context.Context, tx *sql.Tx, eventID string, apply func(context.Context, *sql.Tx) error) (bool, error) {
+	return defaultStore.HandleSQL(ctx, tx, eventID, apply)
+}
+
+// Process is Store.Process with the default table and consumer.
+func Process(ctx context.Context, db Beginner, eventID string, apply func(context.Context, pgx.Tx) error) (bool, error) {
+	return defaultStore.Process(ctx, db, eventID, apply)
+}
+
+// HeaderID is the header that carries the event id (the relay's, and Debezium's outbox router's).
+const HeaderID = "id"
+
+// EventID returns a Kafka message's event id from its id header. If the header occurs more than
+// once the last one wins, as with Java's Headers.lastHeader. A value that is a JSON string (what
+// Kafka Connect writes when its header converter is the JsonConverter) is unquoted, so records from
+// a Debezium deployment and from the relay give the same id.
+func EventID(m kafka.Message) (string, error) {
+	var v []byte
+	found := false
+	for _, h := range m.Headers {
+		if h.Key == HeaderID {
+			v, found = h.Value, true
+		}
+	}
+	if !found || len(v) == 0 {
+		return "", fmt.Errorf("inbox: message %s/%d@%d has no %q header: %w", m.Topic, m.Partition, m.Offset, HeaderID, ErrNoEventID)
+	}
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		var s string
+		if err := json.Unmarshal(v, &s); err == nil && s != "" {
+			return s, nil
+		}
+	}
+	return string(v), nil
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package relayproc
+
+const raceEnabled = false

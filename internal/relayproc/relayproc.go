@@ -1,0 +1,241 @@
+// Package relayproc runs the outbox-relay binary as a child process for end-to-end, fault and
+// benchmark tests: built once per test binary, started with its own environment and flags, its
+// output captured, and stopped with SIGTERM or killed with SIGKILL like an operator or a crash would.
+package relayproc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type buildOnce struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+var raceBuild, plainBuild buildOnce
+
+// Binary builds cmd/outbox-relay once per test binary, with -race when the test binary has it, and
+// returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	if raceEnabled {
+		return raceBuild.get(t, "-race")
+	}
+	return PlainBinary(t)
+}
+
+// PlainBinary builds cmd/outbox-relay without the race detector, for measuring memory and speed.
+func PlainBinary(t testing.TB) string {
+	t.Helper()
+	return plainBuild.get(t)
+}
+
+func (b *buildOnce) get(t testing.TB, flags ...string) string {
+	t.Helper()
+	b.once.Do(func() {
+		dir, err := os.MkdirTemp("", "outbox-relay-bin-")
+		if err != nil {
+			b.err = err
+			return
+		}
+		b.path = filepath.Join(dir, "outbox-relay")
+		args := append([]string{"build", "-o", b.path}, flags...)
+		args = append(args, "github.com/outbox-relay/outbox-relay/cmd/outbox-relay")
+		cmd := exec.Command("go", args...)
+		cmd.Dir = moduleRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
+
+func moduleRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Proc is one running relay.
+type Proc struct {
+	t    testing.TB
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+// Options says how to start the relay.
+type Options struct {
+	Args []string          // after the subcommand
+	Env  map[string]string // added to a minimal environment (PATH, HOME, TMPDIR)
+	// Subcommand defaults to "run".
+	Subcommand string
+	// Plain runs the binary built without the race detector (for RSS and speed measurements).
+	Plain bool
+}
+
+// Start starts the relay; it is killed at the end of the test if still running.
+func Start(t testing.TB, opts Options) *Proc {
+	t.Helper()
+	sub := opts.Subcommand
+	if sub == "" {
+		sub = "run"
+	}
+	bin := Binary(t)
+	if opts.Plain {
+		bin = PlainBinary(t)
+	}
+	cmd := exec.Command(bin, append([]string{sub}, opts.Args...)...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir()}
+	for k, v := range opts.Env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	p := &Proc{t: t, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout = p.out
+	cmd.Stderr = p.out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start relay: %v", err)
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("relay (pid %d) output:\n%s", cmd.Process.Pid, tail(p.Output(), 150))
+		}
+	})
+	return p
+}
+
+// Run starts the relay and waits for it to exit, returning its exit code and output.
+func Run(t testing.TB, opts Options, timeout time.Duration) (code int, output string) {
+	t.Helper()
+	p := Start(t, opts)
+	code, ok := p.Wait(timeout)
+	if !ok {
+		t.Fatalf("relay %v did not exit within %s; output:\n%s", opts.Args, timeout, tail(p.Output(), 50))
+	}
+	return code, p.Output()
+}
+
+// PID returns the process id.
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
+
+// Output returns everything the relay wrote to stdout and stderr so far.
+func (p *Proc) Output() string { return p.out.String() }
+
+// Terminate sends SIGTERM.
+func (p *Proc) Terminate() { p.cmd.Process.Signal(syscall.SIGTERM) }
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (p *Proc) Kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Wait waits up to timeout for the process to exit and returns its exit code (-1 when killed by a
+// signal); ok is false on timeout.
+func (p *Proc) Wait(timeout time.Duration) (code int, ok bool) {
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		return 0, false
+	}
+	if p.err == nil {
+		return 0, true
+	}
+	if ee, isExit := p.err.(*exec.ExitError); isExit {
+		return ee.ExitCode(), true
+	}
+	return -1, true
+}
+
+// WaitFor polls the output until it contains substr or timeout passes.
+func (p *Proc) WaitFor(ctx context.Context, substr string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if strings.Contains(p.Output(), substr) {
+			return true
+		}
+		if p.Exited() {
+			return strings.Contains(p.Output(), substr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
+// RSS returns the process's resident set size in bytes, from /proc.
+func (p *Proc) RSS() (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb int64
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), &kb)
+			return kb * 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", p.PID())
+}
+
+func tail(s string, lines int) string {
+	parts := strings.Split(s, "\n")
+	if len(parts) > lines {
+		parts = parts[len(parts)-lines:]
+	}
+	return strings.Join(parts, "\n")
+}
+
+// syncBuffer is a bytes.Buffer safe for the process's writes and the test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

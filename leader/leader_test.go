@@ -1,0 +1,177 @@
+package leader_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/leader"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func newDatabase(t *testing.T) string {
+	t.Helper()
+	dsn, err := testenv.SharedPostgres(t).CreateDatabase(context.Background(), testenv.UniqueName(t, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
+func campaign(t *testing.T, ctx context.Context, el *leader.Elector) *leader.Term {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	term, err := el.Campaign(ctx)
+	if err != nil {
+		t.Fatalf("campaign: %v", err)
+	}
+	return term
+}
+
+func TestKeysDifferBySlotAndAreStable(t *testing.T) {
+	if leader.Key("a") == leader.Key("b") {
+		t.Fatal("slots a and b share a lock key")
+	}
+	if leader.Key("outbox_relay") != leader.Key("outbox_relay") {
+		t.Fatal("key is not deterministic")
+	}
+}
+
+func TestOneElectorLeadsAndTheOtherTakesOverWhenItReleases(t *testing.T) {
+	ctx := context.Background()
+	dsn := newDatabase(t)
+	slot := testenv.UniqueName(t, "slot")
+	a := leader.New(leader.Config{DSN: dsn, Slot: slot, RetryInterval: 100 * time.Millisecond}, zaptest.NewLogger(t))
+	termA := campaign(t, ctx, a)
+
+	var standbyConnected atomic.Bool
+	b := leader.New(leader.Config{DSN: dsn, Slot: slot, RetryInterval: 100 * time.Millisecond,
+		OnStandby: standbyConnected.Store}, zaptest.NewLogger(t))
+	got := make(chan *leader.Term, 1)
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		term, _ := b.Campaign(bctx)
+		got <- term
+	}()
+	select {
+	case <-got:
+		t.Fatal("a second elector took the lock while the first held it")
+	case <-time.After(time.Second):
+	}
+	if !standbyConnected.Load() {
+		t.Fatal("the waiting elector did not report itself as a connected standby")
+	}
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	holder, held, err := leader.LockHolder(ctx, conn, slot)
+	if err != nil || !held || uint32(holder.PID) != termA.PID() {
+		t.Fatalf("LockHolder = %+v, %v, %v; want pid %d", holder, held, err, termA.PID())
+	}
+	if holder.ApplicationName != "outbox-relay" || holder.ClientAddr != "127.0.0.1" {
+		t.Errorf("holder application_name %q client %q, want outbox-relay from 127.0.0.1", holder.ApplicationName, holder.ClientAddr)
+	}
+	if _, held, _ := leader.LockHolder(ctx, conn, slot+"_other"); held {
+		t.Error("another slot's lock reads as held")
+	}
+
+	released := time.Now()
+	termA.Release()
+	select {
+	case termB := <-got:
+		if termB == nil {
+			t.Fatal("the standby's campaign failed")
+		}
+		t.Logf("standby took over %s after the release", time.Since(released).Round(time.Millisecond))
+		termB.Release()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the standby did not take the lock within 5s of its release")
+	}
+}
+
+func TestATermIsLostWithinSecondsWhenItsBackendIsTerminated(t *testing.T) {
+	ctx := context.Background()
+	dsn := newDatabase(t)
+	slot := testenv.UniqueName(t, "slot")
+	el := leader.New(leader.Config{DSN: dsn, Slot: slot}, zaptest.NewLogger(t))
+	term := campaign(t, ctx, el)
+	defer term.Release()
+	select {
+	case <-term.Lost():
+		t.Fatalf("term lost before anything happened: %v", term.Err())
+	case <-time.After(1500 * time.Millisecond):
+	}
+	if term.Err() != nil {
+		t.Fatalf("Err = %v while the term holds", term.Err())
+	}
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(term.PID())); err != nil {
+		t.Fatal(err)
+	}
+	terminated := time.Now()
+	select {
+	case <-term.Lost():
+		t.Logf("lost %s after pg_terminate_backend: %v", time.Since(terminated).Round(time.Millisecond), term.Err())
+	case <-time.After(5 * time.Second):
+		t.Fatal("the term was not lost within 5s of its backend's termination")
+	}
+	if term.Err() == nil {
+		t.Fatal("a lost term has no error")
+	}
+	if _, held, err := leader.LockHolder(ctx, conn, slot); err != nil || held {
+		t.Fatalf("lock still held (%v, %v) after its backend ended", held, err)
+	}
+}
+
+func TestWrongPasswordEndsTheCampaignWithACredentialsError(t *testing.T) {
+	dsn := newDatabase(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("postgres", "not-the-password")
+	el := leader.New(leader.Config{DSN: u.String(), Slot: "s", RetryInterval: 100 * time.Millisecond}, zaptest.NewLogger(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = el.Campaign(ctx)
+	if !errors.Is(err, leader.ErrCredentials) {
+		t.Fatalf("Campaign error = %v, want ErrCredentials", err)
+	}
+}
+
+func TestAnUnreachableServerIsRetriedAsADisconnectedStandby(t *testing.T) {
+	// Port 1 on localhost refuses connections at once.
+	var reports atomic.Int32
+	var lastConnected atomic.Bool
+	lastConnected.Store(true)
+	el := leader.New(leader.Config{DSN: "postgres://u:p@127.0.0.1:1/db?sslmode=disable", Slot: "s",
+		RetryInterval: 100 * time.Millisecond, OnStandby: func(c bool) { reports.Add(1); lastConnected.Store(c) }},
+		zaptest.NewLogger(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := el.Campaign(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Campaign error = %v, want it to retry until the context ends", err)
+	}
+	if reports.Load() < 2 || lastConnected.Load() {
+		t.Fatalf("OnStandby called %d times, last connected=%v; want repeated disconnected reports", reports.Load(), lastConnected.Load())
+	}
+}

@@ -1,0 +1,130 @@
+// Package prune deletes old outbox rows in small batches.
+//
+// The relay reads events from the WAL, never from the table: once a transaction has committed, its
+// INSERTs are in the WAL and the replication slot keeps that WAL until the relay has confirmed them,
+// whatever happens to the rows. Deleting rows, even right after commit, therefore never affects
+// delivery; the table only grows unless something deletes them. (Only a first-start backfill reads
+// the table, and only rows it is configured to include: keep rows at least as long as that window.)
+//
+// Each batch is one short statement in its own transaction that locks only the rows it deletes and
+// skips rows another transaction has locked, so pruning never waits behind, or holds up, producers.
+package prune
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB runs statements each in its own transaction: a *pgxpool.Pool or a *pgx.Conn. (A pgx.Tx
+// would make the whole prune one long transaction, which is what batching avoids.)
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Options says what to delete. Zero values get the defaults noted.
+type Options struct {
+	// Table is "table" or "schema.table"; each part is quoted, so it is taken literally. Default
+	// "public.outbox_events".
+	Table string
+	// Column is the row's creation time (timestamptz). Default "created_at"; an index on it keeps
+	// each batch cheap (`outbox-relay migrate` creates one).
+	Column string
+	// OlderThan: rows whose Column is more than this far before the database's now() are deleted.
+	// Zero deletes every committed row.
+	OlderThan time.Duration
+	// BatchSize is the most rows one statement deletes. Default 1000.
+	BatchSize int
+	// Progress, when set, is called after each batch with the rows it deleted.
+	Progress func(deleted int64)
+}
+
+const defaultBatch = 1000
+
+// Prune deletes the rows older than o.OlderThan, batch by batch, until a batch finds fewer than
+// BatchSize (rows locked by other transactions are left for the next run). It returns how many it
+// deleted, also when ctx ends or a batch fails part way.
+func Prune(ctx context.Context, db DB, o Options) (deleted int64, err error) {
+	del, err := o.statement()
+	if err != nil {
+		return 0, err
+	}
+	// The cutoff is fixed once, on the database's clock (the one created_at defaults use), so a run
+	// ends even while producers keep inserting.
+	var cutoff time.Time
+	if err := db.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", o.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return 0, fmt.Errorf("prune %s: read the database clock: %w", o.Table, err)
+	}
+	for {
+		tag, err := db.Exec(ctx, del, cutoff, o.BatchSize)
+		if err != nil {
+			return deleted, fmt.Errorf("prune %s: delete rows older than %s: %w", o.Table, cutoff.Format(time.RFC3339), err)
+		}
+		n := tag.RowsAffected()
+		deleted += n
+		if o.Progress != nil {
+			o.Progress(n)
+		}
+		if n < int64(o.BatchSize) {
+			return deleted, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return deleted, err
+		}
+	}
+}
+
+// statement applies the defaults and builds the batch DELETE: the oldest rows first (so an
+// interrupted run still removed the oldest), found by the index, locked with SKIP LOCKED, deleted
+// by ctid (a TID scan, no second index lookup).
+func (o *Options) statement() (string, error) {
+	if o.Table == "" {
+		o.Table = "public.outbox_events"
+	}
+	if o.Column == "" {
+		o.Column = "created_at"
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = defaultBatch
+	}
+	if o.OlderThan < 0 {
+		return "", fmt.Errorf("prune: OlderThan is %s; want zero or more", o.OlderThan)
+	}
+	parts := strings.Split(o.Table, ".")
+	if len(parts) > 2 || parts[0] == "" || parts[len(parts)-1] == "" {
+		return "", fmt.Errorf("prune: table %q: want table or schema.table", o.Table)
+	}
+	table, col := pgx.Identifier(parts).Sanitize(), pgx.Identifier{o.Column}.Sanitize()
+	return fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM %[1]s WHERE %[2]s < $1 ORDER BY %[2]s LIMIT $2 FOR UPDATE SKIP LOCKED))`, table, col), nil
+}
+
+// Loop runs Prune every interval until ctx ends, reporting each run's result to report (which may
+// be nil). A failed run is reported and retried at the next interval. It returns ctx's error.
+func Loop(ctx context.Context, db DB, o Options, interval time.Duration, report func(deleted int64, err error)) error {
+	if interval <= 0 {
+		return errors.New("prune: the interval must be positive")
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		n, err := Prune(ctx, db, o)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if report != nil {
+			report(n, err)
+		}
+	}
+}

@@ -1,0 +1,203 @@
+package relay
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// Backfill configures publishing the rows already in the outbox table on first start.
+type Backfill struct {
+	// Since limits the backfill to rows whose CreatedColumn is at or after it; zero means all rows.
+	Since time.Time
+	// CreatedColumn orders the backfill and is what Since applies to. Default "created_at".
+	CreatedColumn string
+	// Where is an extra SQL predicate on the outbox table, written by the operator.
+	Where string
+}
+
+// backfill publishes the outbox rows that predate the stream. With a snapshot exported by the
+// slot's creation, the rows it shows are exactly those committed before the slot's consistent
+// point, so together with the stream nothing is missed and nothing is published twice. Without one
+// (the slot already existed), it runs only if the slot ledger records no completed backfill for the
+// slot — a relay that stopped mid-backfill, or one that just enabled it — and then reads the table
+// as it is now, which may publish some events twice but loses none.
+func (r *Relay) backfill(ctx context.Context, snapshot string) error {
+	b := r.cfg.Backfill
+	rc := r.cfg.Replication
+	conn, err := pgx.Connect(ctx, rc.DSN)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	ledger := replication.NewLedger(rc.Schema)
+	if exists, err := ledger.Exists(ctx, conn); err != nil {
+		return fmt.Errorf("look for the slot ledger: %w", err)
+	} else if !exists {
+		return replication.Fatal(fmt.Errorf("backfill needs the slot ledger table %s to remember that it is done: run outbox-relay migrate", replication.LedgerTable))
+	}
+	if snapshot == "" {
+		e, _, err := ledger.Lookup(ctx, conn, rc.Slot)
+		if err != nil {
+			return err
+		}
+		if e.BackfillDone {
+			return nil
+		}
+		r.log.Warn("no completed backfill is recorded for this slot (a previous start stopped mid-backfill, or backfill was just enabled); backfilling from the table's current rows, so some events may be published twice",
+			zap.String("slot", rc.Slot))
+	}
+
+	started := time.Now()
+	n, err := r.publishRows(ctx, conn, snapshot, b)
+	if err != nil {
+		return err
+	}
+	if err := ledger.RecordBackfill(ctx, conn, rc.Slot, n); err != nil {
+		return fmt.Errorf("record the completed backfill in %s (the relay's role needs INSERT and UPDATE on it): %w", replication.LedgerTable, err)
+	}
+	r.log.Info("backfill complete", zap.Int64("events", n), zap.Duration("took", time.Since(started)),
+		zap.Bool("from_slot_snapshot", snapshot != ""))
+	return nil
+}
+
+// publishRows reads the rows in the snapshot (or as they are now) and publishes them in CreatedColumn
+// order, returning once Kafka has acknowledged them all.
+func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string, b *Backfill) (int64, error) {
+	rc := r.cfg.Replication
+	if rc.Schema == "" {
+		rc.Schema = "public"
+	}
+	cols := r.cfg.Decoder.Columns
+	created := b.CreatedColumn
+	if created == "" {
+		created = "created_at"
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if snapshot != "" {
+		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
+			return 0, fmt.Errorf("use the slot's snapshot: %w", err)
+		}
+	}
+
+	// Every column comes back in text form, as pgoutput sends it, so events look the same
+	// whichever way they were read.
+	selected := []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload}
+	if cols.Headers != "" {
+		selected = append(selected, cols.Headers)
+	}
+	selected = append(selected, r.cfg.Decoder.Extra...)
+	quoted := make([]string, len(selected))
+	for i, c := range selected {
+		quoted[i] = pgx.Identifier{c}.Sanitize()
+	}
+	where := []string{"true"}
+	var args []any
+	if !b.Since.IsZero() {
+		args = append(args, b.Since)
+		where = append(where, fmt.Sprintf("%s >= $1", pgx.Identifier{created}.Sanitize()))
+	}
+	if b.Where != "" {
+		where = append(where, "("+b.Where+")")
+	}
+	query := fmt.Sprintf("SELECT %s, %s FROM %s WHERE %s ORDER BY %s, %s",
+		strings.Join(quoted, ", "), pgx.Identifier{created}.Sanitize(), pgx.Identifier{rc.Schema, rc.Table}.Sanitize(),
+		strings.Join(where, " AND "), pgx.Identifier{created}.Sanitize(), pgx.Identifier{cols.ID}.Sanitize())
+	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+	if err != nil {
+		return 0, fmt.Errorf("read the outbox table: %w", err)
+	}
+	defer rows.Close()
+
+	payloadBytea := rows.FieldDescriptions()[4].DataTypeOID == 17
+	var acks ackGroup
+	var n int64
+	for rows.Next() {
+		raw := rows.RawValues()
+		vals := make([][]byte, len(raw))
+		for i, v := range raw {
+			if v != nil {
+				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
+			}
+		}
+		ev := &decoder.Event{ID: vals[0], AggregateType: vals[1], AggregateID: vals[2], EventType: vals[3], Payload: vals[4]}
+		i := 5
+		if cols.Headers != "" {
+			ev.Headers = vals[i]
+			i++
+		}
+		if len(r.cfg.Decoder.Extra) > 0 {
+			ev.Extra = vals[i : i+len(r.cfg.Decoder.Extra)]
+			i += len(r.cfg.Decoder.Extra)
+		}
+		if payloadBytea && ev.Payload != nil {
+			if ev.Payload, err = unhex(ev.Payload); err != nil {
+				return n, fmt.Errorf("payload of event %s: %w", ev.ID, err)
+			}
+		}
+		if t, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[i])); err == nil {
+			ev.Tx.CommitTime = t
+		}
+		acks.add()
+		if err := r.sink.Publish(ctx, ev, &acks); err != nil {
+			return n, err
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return n, fmt.Errorf("read the outbox table: %w", err)
+	}
+	return n, acks.wait(ctx)
+}
+
+// ackGroup waits for the acknowledgement of every event added to it.
+type ackGroup struct{ wg sync.WaitGroup }
+
+func (a *ackGroup) add() { a.wg.Add(1) }
+
+// Ack implements sink.Acker.
+func (a *ackGroup) Ack(n int) {
+	for range n {
+		a.wg.Done()
+	}
+}
+
+func (a *ackGroup) wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		a.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for Kafka to acknowledge the backfill: %w", ctx.Err())
+	}
+}
+
+func unhex(b []byte) ([]byte, error) {
+	if len(b) < 2 || b[0] != '\\' || b[1] != 'x' {
+		return nil, errors.New("bytea value is not in hex format")
+	}
+	out := make([]byte, hex.DecodedLen(len(b)-2))
+	_, err := hex.Decode(out, b[2:])
+	return out, err
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -1,0 +1,105 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// LedgerTable is the table, in the outbox table's schema, where the relay records the slots it
+// created (migrations/0002_slot_ledger.sql). It is optional: without it (or without the right to
+// write it) the relay still works, but cannot tell a first start from a lost slot after a restart.
+const LedgerTable = "outbox_relay_slots"
+
+// Ledger reads and writes LedgerTable.
+type Ledger struct {
+	table string // quoted, schema-qualified
+}
+
+// NewLedger returns the ledger in schema.
+func NewLedger(schema string) Ledger {
+	if schema == "" {
+		schema = "public"
+	}
+	return Ledger{table: pgx.Identifier{schema, LedgerTable}.Sanitize()}
+}
+
+// Entry is what the ledger knows of one slot.
+type Entry struct {
+	Slot              string
+	ConsistentLSN     pglogrepl.LSN
+	CreatedAt         time.Time
+	BackfillDone      bool
+	BackfillEvents    int64
+	BackfillCompleted time.Time
+}
+
+type queryExecer interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Exists reports whether the ledger table exists.
+func (l Ledger) Exists(ctx context.Context, q queryExecer) (bool, error) {
+	var exists bool
+	err := q.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", l.table).Scan(&exists)
+	return exists, err
+}
+
+// Lookup returns the slot's entry; ok is false when the ledger has none (or does not exist).
+func (l Ledger) Lookup(ctx context.Context, q queryExecer, slot string) (e Entry, ok bool, err error) {
+	if exists, err := l.Exists(ctx, q); err != nil || !exists {
+		return Entry{}, false, err
+	}
+	var lsn *string
+	var events *int64
+	var completed *time.Time
+	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT consistent_lsn::text, created_at, backfill_events, backfill_completed_at
+		FROM %s WHERE slot = $1`, l.table), slot).Scan(&lsn, &e.CreatedAt, &events, &completed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Entry{}, false, nil
+	}
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("read %s: %w", l.table, err)
+	}
+	e.Slot = slot
+	if lsn != nil {
+		e.ConsistentLSN, _ = pglogrepl.ParseLSN(*lsn)
+	}
+	if completed != nil {
+		e.BackfillDone, e.BackfillCompleted = true, *completed
+	}
+	if events != nil {
+		e.BackfillEvents = *events
+	}
+	return e, true, nil
+}
+
+// RecordSlot notes that the relay created slot at lsn, replacing what an earlier slot of that name
+// left. It returns an error when the ledger cannot be written; callers decide how much that matters.
+func (l Ledger) RecordSlot(ctx context.Context, q queryExecer, slot string, lsn pglogrepl.LSN) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, consistent_lsn) VALUES ($1, $2::pg_lsn)
+		ON CONFLICT (slot) DO UPDATE SET consistent_lsn = EXCLUDED.consistent_lsn, created_at = now(),
+			backfill_events = NULL, backfill_completed_at = NULL`, l.table), slot, lsn.String())
+	return err
+}
+
+// RecordBackfill notes that the slot's backfill published events and completed.
+func (l Ledger) RecordBackfill(ctx context.Context, q queryExecer, slot string, events int64) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, backfill_events, backfill_completed_at) VALUES ($1, $2, now())
+		ON CONFLICT (slot) DO UPDATE SET backfill_events = EXCLUDED.backfill_events, backfill_completed_at = now()`, l.table),
+		slot, events)
+	return err
+}
+
+// Forget removes the slot's entry: an operator who dropped a slot on purpose and wants the relay to
+// start afresh runs `outbox-relay forget-slot`, or deletes the row.
+func (l Ledger) Forget(ctx context.Context, q queryExecer, slot string) (bool, error) {
+	tag, err := q.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE slot = $1", l.table), slot)
+	return tag.RowsAffected() > 0, err
+}

@@ -1,0 +1,152 @@
+package sink
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+)
+
+func TestHeaders(t *testing.T) {
+	base := func() *decoder.Event {
+		return &decoder.Event{ID: []byte("e1"), AggregateType: []byte("Order"), AggregateID: []byte("o1"),
+			EventType: []byte("Created"), Payload: []byte(`{"x":1}`)}
+	}
+	with := func(f func(*decoder.Event)) *decoder.Event { e := base(); f(e); return e }
+	fixed := []string{"id=e1", "event_type=Created", "aggregate_type=Order"}
+	tests := []struct {
+		name      string
+		ev        *decoder.Event
+		extra     []string
+		want      []string // "key=value", in order
+		wantError string
+	}{
+		{"id, event type and aggregate type come first", base(), nil, fixed, ""},
+		{"a NULL event type and aggregate type still give the three headers, empty",
+			with(func(e *decoder.Event) { e.EventType, e.AggregateType = nil, nil }), nil,
+			[]string{"id=e1", "event_type=", "aggregate_type="}, ""},
+		{"extra columns follow in configured order",
+			with(func(e *decoder.Event) { e.Extra = [][]byte{[]byte("t-1"), []byte("u-9")} }), []string{"trace_id", "user"},
+			append(fixed, "trace_id=t-1", "user=u-9"), ""},
+		{"a NULL extra column is left out",
+			with(func(e *decoder.Event) { e.Extra = [][]byte{nil, []byte("u-9")} }), []string{"trace_id", "user"},
+			append(fixed, "user=u-9"), ""},
+		{"an empty extra column is kept as an empty header",
+			with(func(e *decoder.Event) { e.Extra = [][]byte{{}} }), []string{"trace_id"},
+			append(fixed, "trace_id="), ""},
+		{"JSON object members become headers in document order",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{"z":"last-letter","a":"first-letter","m":"middle"}`) }), nil,
+			append(fixed, "z=last-letter", "a=first-letter", "m=middle"), ""},
+		{"extra columns come before the JSON headers",
+			with(func(e *decoder.Event) {
+				e.Extra = [][]byte{[]byte("t-1")}
+				e.Headers = []byte(`{"k":"v"}`)
+			}), []string{"trace_id"},
+			append(fixed, "trace_id=t-1", "k=v"), ""},
+		{"JSON strings are unquoted and unescaped",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{"s":"a \"quoted\" \u00e9 line\nnext","u":"日本"}`) }), nil,
+			append(fixed, "s=a \"quoted\" é line\nnext", "u=日本"), ""},
+		{"numbers, booleans, objects and arrays keep their JSON text",
+			with(func(e *decoder.Event) {
+				e.Headers = []byte(`{"n": 12.50, "big": 12345678901234567890, "b": true, "o": {"x": [1, 2]}, "arr": ["a", null]}`)
+			}), nil,
+			append(fixed, "n=12.50", "big=12345678901234567890", "b=true", `o={"x": [1, 2]}`, `arr=["a", null]`), ""},
+		{"null members are left out",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{"a":null,"b":"x","c":null}`) }), nil,
+			append(fixed, "b=x"), ""},
+		{"an empty string member is kept as an empty header",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{"a":""}`) }), nil,
+			append(fixed, "a="), ""},
+		{"an empty object adds nothing",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{}`) }), nil, fixed, ""},
+		{"JSON null adds no headers",
+			with(func(e *decoder.Event) { e.Headers = []byte(`null`) }), nil, fixed, ""},
+		{"JSON null with whitespace adds no headers",
+			with(func(e *decoder.Event) { e.Headers = []byte(" null ") }), nil, fixed, ""},
+		{"a NULL headers column adds no headers",
+			with(func(e *decoder.Event) { e.Headers = nil }), nil, fixed, ""},
+		{"a JSON array is an error",
+			with(func(e *decoder.Event) { e.Headers = []byte(`["a","b"]`) }), nil, nil, "JSON object"},
+		{"a JSON string is an error",
+			with(func(e *decoder.Event) { e.Headers = []byte(`"a"`) }), nil, nil, "JSON object"},
+		{"a JSON number is an error",
+			with(func(e *decoder.Event) { e.Headers = []byte(`42`) }), nil, nil, "JSON object"},
+		{"malformed JSON is an error",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{"a":}`) }), nil, nil, "headers column"},
+		{"a truncated JSON object is an error",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{"a":"x"`) }), nil, nil, "headers column"},
+		{"text after the JSON object is an error",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{"a":"x"} junk`) }), nil, nil, "junk"},
+		{"a second JSON object is an error",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{"a":"x"}{"b":"y"}`) }), nil, nil, "one JSON object"},
+		{"whitespace around the JSON object is fine",
+			with(func(e *decoder.Event) { e.Headers = []byte(" \n{\"a\":\"x\"}\n ") }), nil, append(fixed, "a=x"), ""},
+		{"an empty headers value is an error",
+			with(func(e *decoder.Event) { e.Headers = []byte{} }), nil, nil, "JSON object"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hs, err := headers(tt.ev, tt.extra)
+			if tt.wantError != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantError) {
+					t.Fatalf("headers = %v, %v; want an error containing %q", hs, err, tt.wantError)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := headerList(hs); strings.Join(got, "|") != strings.Join(tt.want, "|") {
+				t.Fatalf("headers\n got %q\nwant %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func headerList(hs []kafka.Header) []string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		out[i] = h.Key + "=" + string(h.Value)
+	}
+	return out
+}
+
+func TestRecordSize(t *testing.T) {
+	msg := func(key, value int, hdrs ...int) *kafka.Message {
+		m := &kafka.Message{Key: make([]byte, key), Value: make([]byte, value)}
+		for i, n := range hdrs {
+			m.Headers = append(m.Headers, kafka.Header{Key: strings.Repeat("k", i+1), Value: make([]byte, n)})
+		}
+		return m
+	}
+	tests := []struct {
+		name          string
+		smaller, more *kafka.Message
+	}{
+		{"a longer value is bigger", msg(10, 100), msg(10, 101)},
+		{"a longer key is bigger", msg(10, 100), msg(11, 100)},
+		{"another header is bigger", msg(10, 100, 5), msg(10, 100, 5, 0)},
+		{"a longer header value is bigger", msg(10, 100, 5), msg(10, 100, 6)},
+		{"an empty record is smaller than any other", msg(0, 0), msg(0, 1)},
+		{"a megabyte value is bigger than a megabyte minus one", msg(36, 1<<20-1, 2, 8), msg(36, 1<<20, 2, 8)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := recordSize(tt.smaller), recordSize(tt.more)
+			if a >= b {
+				t.Fatalf("recordSize = %d then %d, want strictly growing", a, b)
+			}
+			for _, m := range []*kafka.Message{tt.smaller, tt.more} {
+				n := len(m.Key) + len(m.Value)
+				for _, h := range m.Headers {
+					n += len(h.Key) + len(h.Value)
+				}
+				if got := recordSize(m); got < n {
+					t.Fatalf("recordSize = %d, less than the %d bytes of key, value and headers", got, n)
+				}
+			}
+		})
+	}
+}

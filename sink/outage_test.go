@@ -1,0 +1,174 @@
+package sink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// TestSinkWithABrokerThatGoesAway stops a dedicated broker for about 5s while a sink publishes
+// continuously, and meanwhile calls WaitReady on fresh sinks: one with a context that ends while
+// the broker is down, one that must outlast the outage. One outage serves all of them because
+// starting a broker is the slow part.
+func TestSinkWithABrokerThatGoesAway(t *testing.T) {
+	t.Parallel()
+	k := testenv.Kafka(t)
+	topic := testenv.UniqueName(t, "restart")
+	if err := k.CreateTopic(context.Background(), topic, 3); err != nil {
+		t.Fatal(err)
+	}
+	s := readySink(t, k.Brokers(), sink.Config{
+		TopicTemplate:   topic,
+		DeadLetterTopic: testenv.UniqueName(t, "dlq"),
+		MaxInFlight:     2000,
+		WriteTimeout:    3 * time.Second,
+	})
+	log := newSent()
+	var acked, published atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			key := fmt.Sprintf("order-%02d", i%20)
+			ev := newEvent(fmt.Sprintf("r-%06d", i), []byte("Order"), key, "Changed", fmt.Appendf(nil, `{"seq":%d}`, i))
+			a := &acker{total: &acked}
+			log.add(ev, a, nil)
+			if err := s.Publish(ctx, ev, a); err != nil {
+				log.remove(ev) // never handed over: the limiter was full when the context ended
+				return
+			}
+			published.Add(1)
+			time.Sleep(time.Millisecond)
+		}
+	})
+	defer func() { cancel(); wg.Wait() }()
+	eventually(t, 60*time.Second, "acks flowing before the outage", func() bool { return acked.Load() > 500 })
+
+	// The outage.
+	stopCtx, stopCancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer stopCancel()
+	stoppedAt := time.Now()
+	if err := k.Stop(stopCtx); err != nil {
+		t.Fatalf("stop broker: %v", err)
+	}
+	time.Sleep(time.Second) // acks of responses that were already on the wire
+	ackedAtStop, publishedAtStop := acked.Load(), published.Load()
+
+	late := newSink(t, k.Brokers(), sink.Config{DeadLetterTopic: "dlq"})
+	lateCtx, lateCancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer lateCancel()
+	lateDone := make(chan error, 1)
+	lateStart := time.Now()
+	go func() { lateDone <- late.WaitReady(lateCtx) }()
+
+	type cancelResult struct {
+		name    string
+		err     error
+		want    error
+		elapsed time.Duration
+	}
+	var cancelled []cancelResult
+	for _, tt := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{"cancelled", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(700*time.Millisecond, cancel)
+			return ctx, cancel
+		}, context.Canceled},
+		{"past its deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 700*time.Millisecond)
+		}, context.DeadlineExceeded},
+	} {
+		c := newSink(t, k.Brokers(), sink.Config{DeadLetterTopic: "dlq"})
+		ctx, cancel := tt.ctx()
+		start := time.Now()
+		err := c.WaitReady(ctx)
+		cancel()
+		cancelled = append(cancelled, cancelResult{tt.name, err, tt.want, time.Since(start)})
+		c.mustClose(t)
+	}
+
+	time.Sleep(time.Until(stoppedAt.Add(5 * time.Second)))
+	ackedWhileDown := acked.Load() - ackedAtStop
+	select {
+	case err := <-lateDone:
+		t.Fatalf("WaitReady returned %v while the broker was down", err)
+	default:
+	}
+	warningsWhileDown := late.logs.FilterLevelExact(zapcore.WarnLevel).FilterMessageSnippet("kafka unreachable").Len()
+	t.Logf("down %v: %d acked before, %d more published (the limiter holds 2000)",
+		time.Since(stoppedAt).Round(time.Millisecond), ackedAtStop, published.Load()-publishedAtStop)
+	startCtx, startCancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer startCancel()
+	if err := k.Start(startCtx); err != nil {
+		t.Fatalf("start broker: %v", err)
+	}
+	t.Logf("broker up again after %v", time.Since(stoppedAt).Round(time.Millisecond))
+	eventually(t, 60*time.Second, "acks flowing after the restart", func() bool { return acked.Load() > ackedAtStop+500 })
+	cancel()
+	wg.Wait()
+	s.mustClose(t)
+	lateErr := <-lateDone
+	t.Logf("the late WaitReady returned after %v", time.Since(lateStart).Round(time.Millisecond))
+	late.mustClose(t)
+
+	t.Run("WaitReady returns the context error when the context ends while the broker is down", func(t *testing.T) {
+		for _, r := range cancelled {
+			if !errors.Is(r.err, r.want) {
+				t.Errorf("%s: WaitReady = %v, want %v", r.name, r.err, r.want)
+			}
+			if r.elapsed < 600*time.Millisecond || r.elapsed > 10*time.Second {
+				t.Errorf("%s: WaitReady returned after %v, want it to wait for the context (700ms)", r.name, r.elapsed)
+			}
+		}
+	})
+	t.Run("WaitReady warns while the broker is down and returns once it is up", func(t *testing.T) {
+		if warningsWhileDown < 2 {
+			t.Errorf("%d warnings while the broker was down, want one per retry", warningsWhileDown)
+		}
+		if lateErr != nil {
+			t.Errorf("WaitReady = %v after the broker started", lateErr)
+		}
+		if late.logs.FilterMessageSnippet("kafka reachable").Len() != 1 {
+			t.Error("no log line says kafka is reachable again")
+		}
+	})
+	t.Run("nothing is acked while the broker is down", func(t *testing.T) {
+		if ackedWhileDown != 0 {
+			t.Errorf("%d events acked while the broker was down", ackedWhileDown)
+		}
+	})
+	t.Run("every event is acked once after the restart and none is dead-lettered", func(t *testing.T) {
+		if total := published.Load(); acked.Load() != total {
+			t.Fatalf("%d acks for %d published events", acked.Load(), total)
+		}
+		log.checkAcked(t)
+		if got := s.metric(t, "outbox_relay_events_dead_lettered_total"); got != 0 {
+			t.Errorf("events_dead_lettered_total = %v", got)
+		}
+		if got := s.metric(t, "outbox_relay_events_failed_total"); got != 0 {
+			t.Errorf("events_failed_total = %v", got)
+		}
+		if _, _, _, halted := s.Halted(); halted {
+			t.Error("the sink halted")
+		}
+	})
+	t.Run("Kafka holds every event in key order", func(t *testing.T) {
+		total := int(published.Load())
+		records := readBack(t, k.Brokers(), 60*time.Second, atLeast(total), topic)
+		dups := log.verify(t, topic, records)
+		t.Logf("%d events, %d duplicate deliveries, %v retries", total, dups, s.metric(t, "outbox_relay_kafka_retries_total"))
+	})
+}

@@ -1,0 +1,246 @@
+// Package slotmon watches the replication slot from an ordinary connection: how far its confirmed
+// position trails the server's WAL (lag), how much WAL it keeps on disk (retained), whether that
+// WAL is still guaranteed (wal_status, safe_wal_size) and whether anything streams it. The numbers
+// come from the server, not from the relay, so they stay true while the relay is stuck, a standby,
+// or streaming from another host.
+package slotmon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/metrics"
+)
+
+// WALStatuses are the values of pg_replication_slots.wal_status (PostgreSQL 13+).
+var WALStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// State is the slot as the server sees it.
+type State struct {
+	Slot     string `json:"slot"`
+	Database string `json:"database"` // the connected database
+	Exists   bool   `json:"exists"`
+	Plugin   string `json:"plugin,omitempty"`
+	Active   bool   `json:"active"`
+	// ActivePID is the walsender streaming the slot; ActiveApplicationName and ActiveClientAddr
+	// come from pg_stat_activity (the client address only with pg_read_all_stats or as its role).
+	ActivePID             int32  `json:"active_pid,omitempty"`
+	ActiveApplicationName string `json:"active_application_name,omitempty"`
+	ActiveClientAddr      string `json:"active_client_addr,omitempty"`
+	WALStatus             string `json:"wal_status,omitempty"`
+	// SafeWALSize is how much more WAL may be written before the slot risks losing WAL it needs;
+	// nil when max_slot_wal_keep_size is unlimited (-1).
+	SafeWALSize    *int64        `json:"safe_wal_size_bytes"`
+	ConfirmedFlush pglogrepl.LSN `json:"-"`
+	RestartLSN     pglogrepl.LSN `json:"-"`
+	CurrentLSN     pglogrepl.LSN `json:"-"`
+	// LagBytes is CurrentLSN - ConfirmedFlush: WAL not yet confirmed by the relay.
+	LagBytes int64 `json:"lag_bytes"`
+	// RetainedBytes is CurrentLSN - RestartLSN: WAL the server keeps on disk for the slot.
+	RetainedBytes int64 `json:"retained_wal_bytes"`
+}
+
+// Read returns the slot's state. A missing slot is not an error: Exists is false.
+func Read(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, slot string) (State, error) {
+	st := State{Slot: slot}
+	var plugin, walStatus, app, addr, confirmed, restart *string
+	var pid *int32
+	var active *bool
+	var safe, lag, retained *int64
+	var current *string
+	// On a hot standby (PostgreSQL 16+ can decode there) pg_current_wal_lsn() fails; the replay
+	// position is the standby's end of WAL.
+	err := q.QueryRow(ctx, `WITH cur AS (
+			SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn)
+		SELECT current_database(), cur.lsn::text, s.plugin, s.active, s.active_pid, s.wal_status, s.safe_wal_size,
+			s.confirmed_flush_lsn::text, s.restart_lsn::text,
+			pg_wal_lsn_diff(cur.lsn, s.confirmed_flush_lsn)::bigint, pg_wal_lsn_diff(cur.lsn, s.restart_lsn)::bigint,
+			a.application_name,
+			CASE WHEN a.pid IS NULL THEN NULL
+				WHEN a.client_addr IS NULL AND a.backend_start IS NOT NULL THEN 'local' ELSE host(a.client_addr) END
+		FROM cur
+		LEFT JOIN pg_replication_slots s ON s.slot_name = $1
+		LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid`, slot).
+		Scan(&st.Database, &current, &plugin, &active, &pid, &walStatus, &safe, &confirmed, &restart, &lag, &retained, &app, &addr)
+	if err != nil {
+		return State{}, fmt.Errorf("read replication slot %q from pg_replication_slots: %w", slot, err)
+	}
+	if current != nil {
+		if st.CurrentLSN, err = pglogrepl.ParseLSN(*current); err != nil {
+			return State{}, fmt.Errorf("current WAL position %q: %w", *current, err)
+		}
+	}
+	if plugin == nil {
+		return st, nil
+	}
+	st.Exists, st.Plugin = true, *plugin
+	st.Active = active != nil && *active
+	st.SafeWALSize = safe
+	for _, v := range []struct {
+		dst *string
+		src *string
+	}{{&st.WALStatus, walStatus}, {&st.ActiveApplicationName, app}, {&st.ActiveClientAddr, addr}} {
+		if v.src != nil {
+			*v.dst = *v.src
+		}
+	}
+	if pid != nil {
+		st.ActivePID = *pid
+	}
+	if lag != nil {
+		st.LagBytes = max(*lag, 0)
+	}
+	if retained != nil {
+		st.RetainedBytes = max(*retained, 0)
+	}
+	for _, v := range []struct {
+		dst *pglogrepl.LSN
+		src *string
+	}{{&st.ConfirmedFlush, confirmed}, {&st.RestartLSN, restart}} {
+		if v.src == nil {
+			continue
+		}
+		if *v.dst, err = pglogrepl.ParseLSN(*v.src); err != nil {
+			return State{}, fmt.Errorf("slot %q position %q: %w", slot, *v.src, err)
+		}
+	}
+	return st, nil
+}
+
+// Config configures a Monitor.
+type Config struct {
+	DSN      string
+	Slot     string
+	Interval time.Duration // default 10s
+	// OnPoll, when set, is told the outcome of every poll (nil: PostgreSQL answered).
+	OnPoll func(error)
+}
+
+// Monitor polls the slot and sets the slot metrics.
+type Monitor struct {
+	cfg Config
+	log *zap.Logger
+	m   *metrics.Metrics
+}
+
+// New returns a Monitor. Nothing is contacted until Run.
+func New(cfg Config, log *zap.Logger, m *metrics.Metrics) *Monitor {
+	if cfg.Interval <= 0 {
+		cfg.Interval = 10 * time.Second
+	}
+	if cfg.OnPoll == nil {
+		cfg.OnPoll = func(error) {}
+	}
+	return &Monitor{cfg: cfg, log: log, m: m}
+}
+
+// pollTimeout bounds one poll: a server that does not answer a catalog query within it counts as
+// unreachable for readiness.
+const pollTimeout = 5 * time.Second
+
+// Run polls until ctx ends, reconnecting when the connection fails.
+func (mon *Monitor) Run(ctx context.Context) {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	failing := false
+	ticker := time.NewTicker(mon.cfg.Interval)
+	defer ticker.Stop()
+	for {
+		err := mon.poll(ctx, &conn)
+		if ctx.Err() != nil {
+			return
+		}
+		mon.cfg.OnPoll(err)
+		switch {
+		case err != nil && !failing:
+			mon.log.Warn("cannot read the replication slot's state; slot metrics are stale until PostgreSQL answers",
+				zap.String("slot", mon.cfg.Slot), zap.Error(err))
+			failing = true
+		case err == nil && failing:
+			mon.log.Info("reading the replication slot's state again", zap.String("slot", mon.cfg.Slot))
+			failing = false
+		}
+		select {
+		case <-ticker.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (mon *Monitor) poll(ctx context.Context, conn **pgx.Conn) error {
+	ctx, cancel := context.WithTimeout(ctx, pollTimeout)
+	defer cancel()
+	if *conn == nil {
+		cfg, err := pgx.ParseConfig(mon.cfg.DSN)
+		if err != nil {
+			return fmt.Errorf("pg_dsn: %w", err)
+		}
+		if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+			cfg.RuntimeParams["application_name"] = "outbox-relay"
+		}
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			mon.m.PostgresUp.Set(0)
+			return fmt.Errorf("connect to PostgreSQL for the slot monitor: %w", err)
+		}
+		*conn = c
+	}
+	st, err := Read(ctx, *conn, mon.cfg.Slot)
+	if err != nil {
+		mon.m.PostgresUp.Set(0)
+		(*conn).Close(context.WithoutCancel(ctx))
+		*conn = nil
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("no answer within %s: %w", pollTimeout, err)
+		}
+		return err
+	}
+	mon.m.PostgresUp.Set(1)
+	Publish(mon.m, st)
+	return nil
+}
+
+// Publish sets the slot metrics from st.
+func Publish(m *metrics.Metrics, st State) {
+	m.SlotExists.Set(boolGauge(st.Exists))
+	m.SlotActive.Set(boolGauge(st.Active))
+	for _, s := range WALStatuses {
+		m.SlotWALStatus.WithLabelValues(s).Set(boolGauge(st.Exists && st.WALStatus == s))
+	}
+	if !st.Exists {
+		m.SlotLagBytes.Set(0)
+		m.SlotRetainedBytes.Set(0)
+		m.SlotSafeWALSize.Set(0)
+		return
+	}
+	m.SlotLagBytes.Set(float64(st.LagBytes))
+	m.SlotRetainedBytes.Set(float64(st.RetainedBytes))
+	switch {
+	case st.SafeWALSize != nil:
+		m.SlotSafeWALSize.Set(float64(*st.SafeWALSize))
+	case st.WALStatus == "lost":
+		m.SlotSafeWALSize.Set(0) // nothing is safe any more
+	default:
+		m.SlotSafeWALSize.Set(-1) // max_slot_wal_keep_size = -1: the slot may retain WAL without limit
+	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
