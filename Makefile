@@ -38,6 +38,13 @@ lint:
 test: tools kafka-lib lint
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
+# The fault suite alone (faults/, also part of `make test`): kill -9, broker and PostgreSQL outages,
+# stalled connections, failure policies, bounded memory, lost slots (docs/guarantees.md).
+# OUTBOX_FAULTS_BIG_TX_ROWS=1000000 runs the memory scenario at the issue's full size.
+.PHONY: test-faults
+test-faults: tools kafka-lib
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -v ./faults/
+
 # The outbox end to end on local services: make up, migrate, relay, orders in, events out, make down.
 .PHONY: demo
 demo:

@@ -163,7 +163,7 @@ func testBrokerOutage(t *testing.T, fb *faultBroker) {
 		if c.name == "A" && !stats.BigTxWritten {
 			t.Fatal("the large transaction was not written")
 		}
-		rep := deliver(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute)
+		rep := deliver(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, ra, rb2)
 		t.Logf("relay %s: load %s; delivery %s", c.name, stats, rep)
 		end := currentLSN(t, c.d.outbox.Pool())
 		eventually(t, 30*time.Second, "relay "+c.name+"'s slot to be confirmed past the load", func() bool {
@@ -215,13 +215,41 @@ func testStalledBrokerConnection(t *testing.T, fb *faultBroker) {
 			phase.name, noticed.Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
 	}
 
+	// A stall during the one Kafka request that has no produce timeout of its own: the metadata
+	// lookup for a topic the relay has not written to yet. Nothing else is in flight, so only a
+	// bounded lookup can notice.
+	load.Pause()
+	// A first new topic while the network is fine, so the relay's metadata connection is healthy
+	// (the resets above broke it) and the next lookup hangs rather than fails.
+	before := r.mustMetric("events_published_total", "")
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: testenv.UniqueName(t, "warm"), AggregateID: "w-1"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the event of a first new topic to be published, and nothing in flight", func() bool {
+		return r.mustMetric("events_published_total", "") > before && r.mustMetric("in_flight_events", "") == 0
+	})
+	fresh := testenv.UniqueName(t, "fresh")
+	mark := len(r.Output())
+	fb.proxy.Stall()
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: fresh, AggregateID: "f-1"}); err != nil {
+		t.Fatal(err)
+	}
+	noticed, ok := r.waitLog(mark, "retrying", writeTimeout+10*time.Second)
+	if !ok {
+		t.Fatalf("a new topic's metadata lookup: the relay did not notice the stalled connection within %s (kafka.write_timeout %s)",
+			writeTimeout+10*time.Second, writeTimeout)
+	}
+	fb.proxy.Resume()
+	load.Resume()
+	t.Logf("a new topic's metadata lookup: stall noticed after %s", noticed.Round(time.Millisecond))
+
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	stats, err := load.Stop(sctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := deliver(t, fb.brokers, d.outbox.Written(), 2*time.Minute)
+	rep := deliver(t, fb.brokers, d.outbox.Written(), 2*time.Minute, r)
 	t.Logf("load: %s; delivery: %s", stats, rep)
 	if r.Exited() || r.sessions() != 1 {
 		t.Fatalf("the relay restarted (exited: %v, streaming sessions: %d); it must recover on its own", r.Exited(), r.sessions())

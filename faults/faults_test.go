@@ -139,7 +139,7 @@ func TestKill9AtRandomMomentsLosesNothingAndDuplicatesStayInTheWindow(t *testing
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := deliver(t, brokers, d.outbox.Written(), 3*time.Minute)
+	rep := deliver(t, brokers, d.outbox.Written(), 3*time.Minute, final)
 
 	streamed := 0
 	for i, rec := range records {
@@ -206,7 +206,7 @@ func TestPostgresFastRestartDuringLoadIsReconnectedWithoutLoss(t *testing.T) {
 		t.Fatalf("no write failed during the restart (%s): the restart did not happen under load", stats)
 	}
 	t.Logf("TIMING load stopped %s", time.Since(t0))
-	rep := deliver(t, brokers, d.outbox.Written(), 2*time.Minute)
+	rep := deliver(t, brokers, d.outbox.Written(), 2*time.Minute, r)
 	t.Logf("TIMING delivered %s", time.Since(t0))
 	t.Logf("load: %s; delivery: %s", stats, rep)
 	if r.Exited() {

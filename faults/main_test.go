@@ -88,7 +88,7 @@ func (d *db) startRelay(brokers string, plain bool, args ...string) *relay {
 		"--slot-busy-wait=60s", "--shutdown-timeout=10s"}
 	p := relayproc.Start(d.t, relayproc.Options{
 		Args:  append(all, args...),
-		Env:   map[string]string{"OUTBOX_PG_DSN": d.dsn, "OUTBOX_KAFKA_BROKERS": brokers},
+		Env:   map[string]string{"OUTBOX_PG_DSN": d.dsn, "OUTBOX_KAFKA_BROKERS": brokers, "GODEBUG": os.Getenv("RELAY_GODEBUG")},
 		Plain: plain,
 	})
 	if os.Getenv("OUTBOX_FAULTS_RELAY_LOG") != "" {
@@ -182,7 +182,9 @@ func (r *relay) mustMetric(name, match string) float64 {
 
 // deliver reads every topic the written events route to until none is missing (or timeout), then
 // for linger more to catch late duplicates, and fails the test on loss, reordering or alteration.
-func deliver(t *testing.T, brokers string, written []harness.Written, timeout time.Duration) harness.Report {
+// The relays' counters are logged on failure, to tell a relay that did not publish from a consumer
+// that could not read.
+func deliver(t *testing.T, brokers string, written []harness.Written, timeout time.Duration, relays ...*relay) harness.Report {
 	t.Helper()
 	c := harness.NewConsumer(brokers, harness.Topics(written, nil)...)
 	defer c.Close()
@@ -193,6 +195,12 @@ func deliver(t *testing.T, brokers string, written []harness.Written, timeout ti
 	})
 	rep := harness.Verify(written, c.Records(), nil)
 	if err != nil || !rep.OK() {
+		for _, r := range relays {
+			published, perr := r.metric("events_published_total", "")
+			inFlight, ierr := r.metric("in_flight_events", "")
+			t.Logf("relay pid %d: events_published_total %v (%v), in_flight_events %v (%v), exited %v",
+				r.PID(), published, perr, inFlight, ierr, r.Exited())
+		}
 		t.Fatalf("delivery check failed (read error: %v): %s", err, rep)
 	}
 	return rep

@@ -70,6 +70,9 @@ func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 		return r.mustMetric("events_published_total", "") >= 1
 	})
 	walsender := slotPID(t, d)
+	if base, err := r.RSS(); err == nil {
+		t.Logf("RSS before the transaction: %.1f MB", float64(base)/(1<<20))
+	}
 
 	// Peak RSS per phase: paused, slow, healthy.
 	var phase atomic.Int32

@@ -57,7 +57,7 @@ func TestDeadLetterPolicyParksUnpublishableEventsAndKeepsGoing(t *testing.T) {
 			good = append(good, w)
 		}
 	}
-	deliver(t, brokers, good, time.Minute)
+	deliver(t, brokers, good, time.Minute, r)
 
 	c := harness.NewConsumer(brokers, dlq)
 	defer c.Close()
@@ -140,7 +140,7 @@ func TestDeadLetterPolicyParksUnpublishableEventsAndKeepsGoing(t *testing.T) {
 	}
 	end := currentLSN(t, d.outbox.Pool())
 	written := d.outbox.Written()
-	deliver(t, brokers, append(good, written[len(written)-1]), time.Minute)
+	deliver(t, brokers, append(good, written[len(written)-1]), time.Minute, r)
 	eventually(t, 30*time.Second, "the slot to be confirmed past the dead-lettered events", func() bool {
 		return confirmedLSN(t, d.outbox.Pool(), d.slot) >= end
 	})
@@ -174,7 +174,7 @@ func TestHaltPolicyStopsAtTheEventAndKeepsTheProcessUp(t *testing.T) {
 			if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "a-1"}); err != nil {
 				t.Fatal(err)
 			}
-			deliver(t, brokers, d.outbox.Written(), time.Minute)
+			deliver(t, brokers, d.outbox.Written(), time.Minute, r)
 
 			bad := d.writeMarked(tc.bad(d))
 			if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "a-1"}); err != nil {

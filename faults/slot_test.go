@@ -62,7 +62,7 @@ func TestHeartbeatKeepsTheSlotMovingWhileItsDatabaseIsIdle(t *testing.T) {
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "after-heartbeats"}); err != nil {
 		t.Fatal(err)
 	}
-	deliver(t, testenv.SharedKafka(t).Brokers(), d.outbox.Written(), time.Minute)
+	deliver(t, testenv.SharedKafka(t).Brokers(), d.outbox.Written(), time.Minute, r)
 }
 
 // testSlotLostWhileBrokerDown: with the broker unreachable nothing is acknowledged, so the slot is
@@ -88,7 +88,7 @@ func testSlotLostWhileBrokerDown(t *testing.T, fb *faultBroker) {
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
 		t.Fatal(err)
 	}
-	deliver(t, fb.brokers, d.outbox.Written(), time.Minute)
+	deliver(t, fb.brokers, d.outbox.Written(), time.Minute, r)
 
 	fb.proxy.Down() // Kafka unreachable, as if stopped: nothing is acknowledged from now on
 	d.writeMarked(harness.Spec{AggregateType: d.types[0], AggregateID: "stuck"})

@@ -22,6 +22,7 @@ type Metrics struct {
 	SecondsBehind      prometheus.Gauge
 	Halted             prometheus.Gauge
 	KafkaRetries       prometheus.Counter
+	PrunedRows         prometheus.Counter
 
 	ReceivedLSN       prometheus.Gauge
 	ConfirmedLSN      prometheus.Gauge
@@ -70,6 +71,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		Halted: f.gauge("halted",
 			"1 when the halt policy stopped publishing because an event could not be published."),
 		KafkaRetries: f.counter("kafka_retries_total", "Kafka requests retried after a transient error."),
+		PrunedRows:   f.counter("pruned_rows_total", "Outbox rows deleted by the periodic prune (prune_interval)."),
 
 		ReceivedLSN:       f.gauge("received_lsn", "Highest WAL position received from PostgreSQL."),
 		ConfirmedLSN:      f.gauge("confirmed_lsn", "WAL position last confirmed to PostgreSQL as flushed."),

@@ -49,6 +49,8 @@ type Relay struct {
 	fenced    context.Context
 	fence     context.CancelFunc
 	streaming atomic.Bool
+	// kafkaReady is set by the stream's goroutine once Kafka has answered.
+	kafkaReady bool
 }
 
 // New builds a relay. Nothing is contacted until Run.
@@ -73,9 +75,8 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		sink:    sk,
 	}
 	r.fenced, r.fence = context.WithCancel(context.Background())
-	if cfg.Backfill != nil {
-		r.cfg.Replication.Backfill = r.backfill
-	}
+	r.cfg.Replication.BeforeStream = r.beforeStream
+	r.cfg.Replication.ExportSnapshot = cfg.Backfill != nil
 	r.stream = replication.New(r.cfg.Replication, tracker, log.Named("replication"), m)
 	return r, nil
 }
@@ -101,22 +102,6 @@ var errShutdownTimeout = errors.New("shutdown timeout")
 // Run streams until ctx ends (a clean stop: returns nil), Fence is called (ErrFenced) or a fatal
 // error. A Relay runs once.
 func (r *Relay) Run(ctx context.Context) error {
-	waitCtx, stopWaiting := context.WithCancel(ctx)
-	unhook := context.AfterFunc(r.fenced, stopWaiting)
-	err := r.sink.WaitReady(waitCtx)
-	unhook()
-	stopWaiting()
-	if err != nil {
-		r.closeSink(context.Background())
-		if r.fenced.Err() != nil {
-			return ErrFenced
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-
 	// soft ends reading; hard ends everything, ShutdownTimeout after soft at the latest.
 	soft, stopReading := context.WithCancel(ctx)
 	defer stopReading()
@@ -186,6 +171,28 @@ func (r *Relay) Run(ctx context.Context) error {
 		return pipeErr
 	case r.fenced.Err() != nil:
 		return ErrFenced
+	}
+	return nil
+}
+
+// beforeStream runs once the slot exists and before streaming starts: waiting for Kafka there
+// rather than before connecting to PostgreSQL means a first start during a Kafka outage has already
+// created its slot, so events committed while it waits are not missed.
+func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
+	if !r.kafkaReady {
+		if err := r.sink.WaitReady(ctx); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			return replication.Fatal(err)
+		}
+		r.kafkaReady = true
+	}
+	if r.cfg.Backfill == nil {
+		return nil
+	}
+	if err := r.backfill(ctx, snapshot); err != nil {
+		return fmt.Errorf("backfill: %w", err)
 	}
 	return nil
 }

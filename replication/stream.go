@@ -48,11 +48,14 @@ type Config struct {
 	// Buffer is how many messages may wait for the consumer. Default 32: each holds a copy of its
 	// row, and these copies are outside the in-flight limits, so the buffer stays small.
 	Buffer int
-	// Backfill, when set, runs once per process before streaming starts, while the slot's position
-	// is held: with the name of the snapshot exported when this process created the slot (the rows
-	// it shows are exactly those committed before the slot's consistent point), or with "" when the
-	// slot already existed. It returns only when what it published is acknowledged.
-	Backfill func(ctx context.Context, snapshot string) error
+	// BeforeStream, when set, runs in the first session that gets this far, after the slot exists
+	// (so nothing committed from here on can be missed) and before START_REPLICATION: the relay
+	// waits for Kafka and backfills there. snapshot names the snapshot exported when this session
+	// created the slot with ExportSnapshot (the rows it shows are exactly those committed before the
+	// slot's consistent point); it is "" when the slot already existed.
+	BeforeStream func(ctx context.Context, snapshot string) error
+	// ExportSnapshot creates a missing slot with an exported snapshot, for BeforeStream.
+	ExportSnapshot bool
 }
 
 func (c *Config) setDefaults() {
@@ -192,11 +195,11 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 			return err
 		}
 	}
-	if s.cfg.Backfill != nil && !s.streamed {
-		// The exported snapshot stays valid until the next command on this connection, so the
-		// backfill runs before START_REPLICATION.
-		if err := s.cfg.Backfill(ctx, snapshot); err != nil {
-			return fmt.Errorf("backfill: %w", err)
+	if s.cfg.BeforeStream != nil && !s.streamed {
+		// The exported snapshot stays valid until the next command on this connection, so the hook
+		// runs before START_REPLICATION.
+		if err := s.cfg.BeforeStream(ctx, snapshot); err != nil {
+			return err
 		}
 	}
 	s.floor = slot.ConfirmedFlush
@@ -253,9 +256,18 @@ func (s *Stream) prepare(ctx context.Context) (SlotInfo, error) {
 	case !slot.Exists:
 		// A slot this relay created before and that is gone now was lost; creating a new one would
 		// start after the gap and skip its events without a trace.
-		if e, known, err := s.ledger.Lookup(ctx, conn, s.cfg.Slot); err != nil {
+		e, known, err := s.ledger.Lookup(ctx, conn, s.cfg.Slot)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			// The ledger is optional; a least-privilege role may not read it.
+			s.log.Warn("cannot read the slot ledger, so a lost slot cannot be told from a first start: GRANT SELECT, INSERT, UPDATE ON it to the relay's role",
+				zap.String("table", LedgerTable), zap.Error(err))
+			err, known = nil, false
+		}
+		if err != nil {
 			return SlotInfo{}, err
-		} else if known {
+		}
+		if known {
 			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
 				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, LedgerTable, s.cfg.Slot)
 		}
@@ -282,7 +294,7 @@ func describeBackend(ctx context.Context, conn *pgx.Conn, pid int32) string {
 
 func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string, err error) {
 	action := "NOEXPORT_SNAPSHOT"
-	if s.cfg.Backfill != nil {
+	if s.cfg.ExportSnapshot {
 		action = "EXPORT_SNAPSHOT"
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), "pgoutput",

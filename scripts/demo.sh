@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 LOCAL="${LOCAL:-.local}"
 RELAY_LOG="$LOCAL/demo-relay.log"
 relay_pid=""
+demo_pid=""
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -27,13 +28,17 @@ stop_relay() {
     echo "relay did not stop within 45s of SIGTERM; killing it" >&2
     kill -KILL "$pid" 2>/dev/null || true
   fi
-  wait "$pid" || status=$?
+  wait "$pid" 2>/dev/null || status=$?
   return "$status"
 }
 
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
+  if [[ -n "$demo_pid" ]]; then
+    kill -TERM "$demo_pid" 2>/dev/null || true
+    wait "$demo_pid" 2>/dev/null || true
+  fi
   if [[ -n "$relay_pid" ]]; then
     stop_relay || true
     if [[ -f "$RELAY_LOG" ]]; then
@@ -70,8 +75,24 @@ bin/outbox-relay run --log-format=console >"$RELAY_LOG" 2>&1 &
 relay_pid=$!
 echo "relay pid $relay_pid"
 
-step "go run ./examples/demo: write orders and their events, read them back from Kafka"
-go run ./examples/demo
+step "examples/demo: write orders and their events, read them back from Kafka"
+go build -o bin/outbox-demo ./examples/demo
+bin/outbox-demo &
+demo_pid=$!
+# Fail fast if the relay dies meanwhile, rather than when the demo times out.
+while kill -0 "$demo_pid" 2>/dev/null; do
+  if ! kill -0 "$relay_pid" 2>/dev/null; then
+    echo "the relay exited while the demo ran" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+status=0
+wait "$demo_pid" || status=$?
+demo_pid=""
+if [[ $status -ne 0 ]]; then
+  exit "$status"
+fi
 
 step "stop the relay (SIGTERM)"
 status=0

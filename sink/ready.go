@@ -16,16 +16,21 @@ import (
 // returns an error only for a problem retrying cannot fix (failed authentication) or when ctx ends.
 // It also lowers the record size limit to the broker's message.max.bytes when that is smaller.
 func (s *Sink) WaitReady(ctx context.Context) error {
-	client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: s.transport, Timeout: 10 * time.Second}
 	for attempt := 0; ; attempt++ {
+		// A fresh transport per attempt: a pooled one would answer from state cached while the
+		// brokers were down.
+		probe := &kafka.Transport{ClientID: s.cfg.ClientID, TLS: s.cfg.TLS, SASL: s.cfg.SASL, DialTimeout: 5 * time.Second}
+		client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: probe, Timeout: 10 * time.Second}
 		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
 		if err == nil && len(md.Brokers) > 0 {
 			s.adoptBrokerLimit(ctx, client, md.Brokers[0].ID)
+			probe.CloseIdleConnections()
 			if attempt > 0 {
 				s.log.Info("kafka reachable", zap.Strings("brokers", s.cfg.Brokers))
 			}
 			return nil
 		}
+		probe.CloseIdleConnections()
 		if err == nil {
 			err = errors.New("metadata lists no brokers")
 		}

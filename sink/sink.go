@@ -181,7 +181,8 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		SASL:        cfg.SASL,
 		DialTimeout: 5 * time.Second,
 		IdleTimeout: 30 * time.Second,
-		MetadataTTL: 10 * time.Second,
+		// A short TTL also bounds how long an error cached during an outage outlives the outage.
+		MetadataTTL: 5 * time.Second,
 	}
 	// Records hold limiter capacity from Publish until settled, so neither queue can hold more than
 	// MaxInFlight and sending to one never blocks.
@@ -306,7 +307,12 @@ func (l *lane) feed(ctx context.Context) {
 
 func (l *lane) write(ctx context.Context, batch []kafka.Message) {
 	for attempt := 0; len(batch) > 0; attempt++ {
-		err := l.w.WriteMessages(ctx, batch...)
+		// In async mode WriteMessages only looks up partitions, but that lookup is a metadata request
+		// to the broker for a topic the writer has not seen yet, and it has no timeout of its own:
+		// over a stalled connection it would wait forever, silently. Bound it like a produce request.
+		wctx, cancel := context.WithTimeout(ctx, l.s.cfg.WriteTimeout)
+		err := l.w.WriteMessages(wctx, batch...)
+		cancel()
 		if err == nil || ctx.Err() != nil {
 			return
 		}
@@ -353,10 +359,12 @@ func indexOf(batch []kafka.Message, m kafka.Message) int {
 	return 0
 }
 
-// backoff grows from 200ms to 10s.
+// backoff grows from 200ms to 2s.
+// A retry against a broker that is down costs one failed dial, so the ceiling is low: the relay
+// notices a broker coming back within seconds.
 func backoff(attempt int) time.Duration {
 	d := 200 * time.Millisecond << min(attempt, 6)
-	return min(d, 10*time.Second)
+	return min(d, 2*time.Second)
 }
 
 // completed is the writer's Completion callback: a batch of one partition was acknowledged, or the

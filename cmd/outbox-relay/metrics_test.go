@@ -157,7 +157,8 @@ func TestMetricsAndReadinessOfALeaderAndAStandbyFollowARunAndAPostgresRestart(t 
 func TestReadyzAnswers503WhileTheHaltPolicyHoldsTheRelay(t *testing.T) {
 	f := newHAFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
 	ctx := context.Background()
-	r := f.start("relay-halt", nil, "--on-failure=halt")
+	// A halted relay never drains, so SIGTERM waits out the shutdown timeout: keep it short.
+	r := f.start("relay-halt", map[string]string{"OUTBOX_SHUTDOWN_TIMEOUT": "2s"}, "--on-failure=halt")
 	f.waitStreamer(t, r, haStartTimeout)
 	addr := r.metricsAddr(t)
 	waitFor(t, 10*time.Second, "the streaming leader is ready", func() bool {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/health"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/prune"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/slotmon"
@@ -76,6 +78,13 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	go publishReadiness(bg, state, m)
 	stopReporting := context.AfterFunc(ctx, state.Stopping)
 	defer stopReporting()
+	if cfg.PruneInterval > 0 {
+		stopPruning, err := startPruning(ctx, cfg, log.Named("prune"), m)
+		if err != nil {
+			return errors.New(config.Scrub(err.Error(), secrets...))
+		}
+		defer stopPruning()
+	}
 
 	if cfg.LeaderElection {
 		err = runLeaderLoop(ctx, cfg, rcfg, log, m, state)
@@ -99,6 +108,7 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 		RetryInterval: cfg.LeaderRetryInterval,
 		OnStandby:     state.Standby,
 	}, log.Named("leader"))
+	var busySince time.Time // while this instance holds the lock but someone else streams the slot
 	for {
 		state.Standby(false)
 		term, err := el.Campaign(ctx)
@@ -112,6 +122,9 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 			zap.String("slot", cfg.Slot), zap.Uint32("lock_backend_pid", term.PID()))
 		err = runTerm(ctx, term, rcfg, log, m, state)
 		term.Release()
+		if !errors.Is(err, replication.ErrSlotActive) {
+			busySince = time.Time{}
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -122,7 +135,17 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 		case errors.Is(err, replication.ErrSlotActive):
 			// Someone outside the election streams the slot (a relay with leader_election off,
 			// Debezium, or a walsender PostgreSQL has not reaped yet): not a crash, wait our turn.
-			log.Info("another process streams the slot; standing by and retrying",
+			// Past slot_busy_wait it is no longer a walsender being reaped, so say so louder.
+			if busySince.IsZero() {
+				busySince = time.Now()
+			}
+			level := zap.InfoLevel
+			msg := "another process streams the slot; standing by and retrying"
+			if time.Since(busySince) > cfg.SlotBusyWait {
+				level = zap.WarnLevel
+				msg = "a process outside the leader election has streamed the slot for longer than slot_busy_wait (another relay with leader_election off, or Debezium?); standing by until it stops"
+			}
+			log.Check(level, msg).Write(
 				zap.String("slot", cfg.Slot), zap.String("detail", config.Scrub(err.Error(), cfg.Secrets()...)),
 				zap.Duration("retry_in", cfg.LeaderRetryInterval))
 			state.Standby(true)
@@ -174,6 +197,40 @@ func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap
 		err = relay.ErrFenced // ctx ended at the same moment; the loop sees ctx first
 	}
 	return err
+}
+
+// startPruning deletes relayed rows periodically. It runs on every instance, leader or not: the
+// WAL already holds every committed event, so deleting rows never affects delivery, and batches skip
+// rows another pruner has locked.
+func startPruning(ctx context.Context, cfg *config.Config, log *zap.Logger, m *metrics.Metrics) (stop func(), err error) {
+	pool, err := pgxpool.New(ctx, cfg.PGDSN)
+	if err != nil {
+		return nil, fmt.Errorf("prune: connect to PostgreSQL: %w", err)
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	opts := prune.Options{
+		Table:     cfg.Schema + "." + cfg.Table,
+		Column:    cfg.Columns.CreatedAt,
+		OlderThan: cfg.PruneOlderThan,
+		BatchSize: cfg.PruneBatchSize,
+	}
+	go func() {
+		defer close(done)
+		prune.Loop(pctx, pool, opts, cfg.PruneInterval, func(deleted int64, err error) {
+			m.PrunedRows.Add(float64(deleted))
+			if err != nil && pctx.Err() == nil {
+				log.Warn("prune failed; retrying at the next interval", zap.Error(err))
+			} else if deleted > 0 {
+				log.Info("pruned relayed outbox rows", zap.Int64("rows", deleted), zap.Duration("older_than", cfg.PruneOlderThan))
+			}
+		})
+	}()
+	return func() {
+		cancel()
+		<-done
+		pool.Close()
+	}, nil
 }
 
 // relayHealth adapts a relay to what readiness needs.

@@ -41,7 +41,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("outbox-relay status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	loader := config.NewLoader(fs, nil)
+	loader := config.NewLoader(fs, nil).WithoutKafka()
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -51,11 +51,6 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "outbox-relay status: unexpected argument %q\n", fs.Arg(0))
 		return 2
-	}
-	if !flagSet(fs, config.FlagName("kafka_brokers")) {
-		// status never contacts Kafka; the shared configuration still requires the key, so that
-		// `status` works with the same file and environment as `run` and without them too.
-		fs.Set(config.FlagName("kafka_brokers"), "unused-by-status:9092")
 	}
 	cfg, err := loader.Load()
 	if err != nil {
@@ -80,12 +75,6 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitSlotProblem
 	}
 	return 0
-}
-
-func flagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }
 
 func slotStatus(ctx context.Context, dsn, slot string) (statusReport, error) {

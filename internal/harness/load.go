@@ -71,6 +71,7 @@ type Load struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	paused atomic.Bool
+	active atomic.Int32 // writers inside a transaction
 
 	txs, events, failures atomic.Int64
 	lastErr               atomic.Value // string
@@ -116,8 +117,14 @@ func StartLoad(o *Outbox, cfg LoadConfig) *Load {
 	return l
 }
 
-// Pause makes the writers stop after their current transaction until Resume.
-func (l *Load) Pause() { l.paused.Store(true) }
+// Pause stops the writers after their current transaction and returns once none is writing;
+// Resume lets them go on.
+func (l *Load) Pause() {
+	l.paused.Store(true)
+	for l.active.Load() > 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
 
 // Resume lets paused writers go on.
 func (l *Load) Resume() { l.paused.Store(false) }
@@ -155,7 +162,10 @@ func (l *Load) write(ctx context.Context, w int, started time.Time) {
 	next := time.Now()
 	n := 0
 	for ctx.Err() == nil {
+		// Announce the write before checking for a pause, so Pause never misses one starting.
+		l.active.Add(1)
 		if l.paused.Load() {
+			l.active.Add(-1)
 			sleep(ctx, 10*time.Millisecond)
 			continue
 		}
@@ -175,6 +185,7 @@ func (l *Load) write(ctx context.Context, w int, started time.Time) {
 		// The test's context must not cancel a commit in flight: that would make its outcome
 		// unknown for a reason the test itself caused.
 		err := l.o.WriteTx(context.WithoutCancel(ctx), specs...)
+		l.active.Add(-1)
 		if err != nil {
 			l.failures.Add(1)
 			l.lastErr.Store(err.Error())
