@@ -30,6 +30,9 @@ import (
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -99,7 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, int, error) {
 	relayArgs := fs.String("relay-args", os.Getenv("BENCH_RELAY_ARGS"), "extra relay flags, space-separated, e.g. --kafka.linger=20ms (BENCH_RELAY_ARGS)")
 	relayBin := fs.String("relay-bin", os.Getenv("BENCH_RELAY_BIN"), "outbox-relay binary; built from this module when empty (BENCH_RELAY_BIN)")
 	dbzLib := fs.String("debezium-lib", DefaultDebeziumLib(), "Kafka Connect + Debezium jars (OUTBOX_DEBEZIUM_LIB)")
-	profile := fs.String("profile", os.Getenv("BENCH_PROFILE"), "directory for pprof profiles of an extra in-process relay drain; empty skips it (BENCH_PROFILE)")
+	profile := fs.String("profile", os.Getenv("BENCH_PROFILE"), "directory for pprof profiles of the relay run in-process (a drain and, with steady-state sides, a steady state); empty skips them (BENCH_PROFILE)")
 	work := fs.String("work", os.Getenv("BENCH_WORK"), "keep the sides' logs and configuration here; a temp dir removed at the end when empty (BENCH_WORK)")
 	kafkaHeap := fs.Int("kafka-heap-mb", envInt("BENCH_KAFKA_HEAP_MB", 1024), "Kafka broker heap (BENCH_KAFKA_HEAP_MB)")
 	if err := fs.Parse(args); err != nil {

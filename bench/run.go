@@ -200,6 +200,9 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 	b.logf("backlog written in %s (%.0f events/s), %.0f-byte payloads on average", rep.BacklogWrite.Round(time.Millisecond),
 		float64(b.cfg.Events)/rep.BacklogWrite.Seconds(), avg)
 
+	if err := b.warmBroker(ctx, 200_000); err != nil {
+		return nil, err
+	}
 	for _, s := range b.cfg.Sides {
 		r := b.drain(ctx, s)
 		rep.Drains = append(rep.Drains, r)

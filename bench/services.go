@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,8 +34,8 @@ var pgSettings = map[string]string{
 	"checkpoint_timeout": "1h",
 	"autovacuum":         "off", // the outbox is insert-only here; vacuum would only add noise
 	"wal_sender_timeout": "60s",
-	// logical_decoding_work_mem stays at its default (64MB): every side pays the same spill cost
-	// for the large transaction, as it would in production.
+	// logical_decoding_work_mem stays at its default (64MB): the large transaction spills to disk
+	// in the walsender as it would in production.
 }
 
 // StartServices starts a PostgreSQL cluster and a Kafka broker for one run.
@@ -220,7 +219,8 @@ func pgRecvLogical() (string, error) {
 	return "", errors.New("pg_recvlogical not found: install postgresql-client (make tools does)")
 }
 
+// isExecutable: LookPath with a slash in the name checks that very file.
 func isExecutable(path string) bool {
 	_, err := exec.LookPath(path)
-	return err == nil && !strings.HasSuffix(path, "/")
+	return err == nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -25,6 +26,7 @@ type Result struct {
 	CPUFirst  time.Duration // user+sys when the first record was on Kafka (start-up and warm-up)
 	PeakRSS   int64         // bytes
 	SenderCPU time.Duration // user+sys of the walsender(s) that served the side
+	BrokerCPU time.Duration // user+sys of the Kafka broker meanwhile
 	// Partial is set when the side ran out of time: Events is what it had published by then, so
 	// its rate is what it achieved, start-up included.
 	Partial bool
@@ -75,6 +77,7 @@ func mb(b int64) float64 { return float64(b) / (1 << 20) }
 // drain runs one side over the backlog and stops it.
 func (b *bench) drain(ctx context.Context, side string) Result {
 	b.logf("draining the backlog with %s", side)
+	broker0 := b.brokerCPU()
 	var r Result
 	switch side {
 	case sideCeiling:
@@ -88,6 +91,7 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 			return b.startDebezium(side, side == sideDbzTuned, b.slot(side), b.topicPrefix(side))
 		}, 0)
 	}
+	r.BrokerCPU = b.brokerCPU() - broker0
 	r.Side, r.Target = side, int64(b.cfg.Events)
 	if !r.Partial {
 		r.Events = r.Target
@@ -225,6 +229,20 @@ func (b *bench) onKafka(ctx context.Context, topics []string) (int64, error) {
 	return sum, nil
 }
 
+// brokerCPU is the Kafka broker's CPU time so far (0 when it cannot be read).
+func (b *bench) brokerCPU() time.Duration {
+	pid, err := os.ReadFile(filepath.Join(b.svc.Kafka.Dir(), "kafka.pid"))
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
+	if err != nil {
+		return 0
+	}
+	cpu, _ := procCPU(n)
+	return cpu
+}
+
 // senderCPU remembers the CPU time of every walsender that served a slot (a side may reconnect).
 type senderCPU map[int]time.Duration
 
@@ -308,6 +326,7 @@ type SteadyResult struct {
 	P50, P95, P99 time.Duration
 	Max           time.Duration
 	CPU           time.Duration // during the measured window
+	BrokerCPU     time.Duration // the Kafka broker's, during the measured window
 	Window        time.Duration
 	PeakRSS       int64 // over the side's whole life (start-up, warm-up, window)
 	Err           error
@@ -384,7 +403,7 @@ func (b *bench) steadyWith(ctx context.Context, side, name string, start func(sl
 		res.Err = err
 		return res
 	}
-	start0 := time.Now()
+	start0, broker0 := time.Now(), b.brokerCPU()
 	res.Written, res.Rate, err = steadyWriter{pool: b.pool, rate: b.cfg.Rate, duration: b.cfg.SteadyFor}.run(ctx)
 	if err != nil {
 		res.Err = err
@@ -395,6 +414,7 @@ func (b *bench) steadyWith(ctx context.Context, side, name string, start func(sl
 		res.Err = fmt.Errorf("%d of %d records arrived within 30s of the writer's end", got, res.Written)
 	}
 	cpu1, rss, uerr := c.usage()
+	res.BrokerCPU = b.brokerCPU() - broker0
 	res.Window = time.Since(start0)
 	res.CPU, res.PeakRSS = cpu1-cpu0, rss
 	if res.Err == nil {
@@ -443,7 +463,9 @@ func (b *bench) bigTx(ctx context.Context) Result {
 		return res
 	}
 	defer c.stop(30 * time.Second)
+	broker0 := b.brokerCPU()
 	r := b.waitDrained(ctx, c, name, b.topics(name), int64(b.cfg.BigTx), end)
+	r.BrokerCPU = b.brokerCPU() - broker0
 	r.Side, r.Events, r.Bytes = res.Side, res.Events, res.Bytes
 	return r
 }

@@ -173,14 +173,11 @@ func TestKill9AtRandomMomentsLosesNothingAndDuplicatesStayInTheWindow(t *testing
 // whose outcome the restart made unknown.
 func TestPostgresFastRestartDuringLoadIsReconnectedWithoutLoss(t *testing.T) {
 	t.Parallel()
-	t0 := time.Now()
 	pg := testenv.Postgres(t, devenv.PostgresOptions{})
-	t.Logf("TIMING pg started %s", time.Since(t0))
 	brokers := testenv.SharedKafka(t).Brokers()
 	d := newDB(t, pg, 2)
 	r := d.startRelay(brokers, false, "--status-interval=200ms")
 	r.waitSessions(1, 90*time.Second)
-	t.Logf("TIMING streaming %s", time.Since(t0))
 
 	load := harness.StartLoad(d.outbox, harness.LoadConfig{
 		Types: d.types, Writers: 3, Aggregates: 10, MaxPerTx: 4, TxPerSecond: 40,
@@ -205,9 +202,7 @@ func TestPostgresFastRestartDuringLoadIsReconnectedWithoutLoss(t *testing.T) {
 	if stats.Failures == 0 {
 		t.Fatalf("no write failed during the restart (%s): the restart did not happen under load", stats)
 	}
-	t.Logf("TIMING load stopped %s", time.Since(t0))
 	rep := deliver(t, brokers, d.outbox.Written(), 2*time.Minute, r)
-	t.Logf("TIMING delivered %s", time.Since(t0))
 	t.Logf("load: %s; delivery: %s", stats, rep)
 	if r.Exited() {
 		t.Fatal("the relay exited; it must reconnect on its own")

@@ -88,7 +88,7 @@ func (d *db) startRelay(brokers string, plain bool, args ...string) *relay {
 		"--slot-busy-wait=60s", "--shutdown-timeout=10s"}
 	p := relayproc.Start(d.t, relayproc.Options{
 		Args:  append(all, args...),
-		Env:   map[string]string{"OUTBOX_PG_DSN": d.dsn, "OUTBOX_KAFKA_BROKERS": brokers, "GODEBUG": os.Getenv("RELAY_GODEBUG")},
+		Env:   map[string]string{"OUTBOX_PG_DSN": d.dsn, "OUTBOX_KAFKA_BROKERS": brokers},
 		Plain: plain,
 	})
 	if os.Getenv("OUTBOX_FAULTS_RELAY_LOG") != "" {

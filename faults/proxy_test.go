@@ -15,13 +15,12 @@ import (
 type proxy struct {
 	addr, target string
 
-	mu       sync.Mutex
-	ln       net.Listener
-	stalled  chan struct{} // non-nil while stalled; closed by Resume
-	rate     int           // bytes per second per direction of each connection; 0 = unlimited
-	links    map[*link]struct{}
-	accepted int
-	closed   bool
+	mu      sync.Mutex
+	ln      net.Listener
+	stalled chan struct{} // non-nil while stalled; closed by Resume
+	rate    int           // bytes per second per direction of each connection; 0 = unlimited
+	links   map[*link]struct{}
+	closed  bool
 }
 
 // link is one proxied connection pair.
@@ -90,7 +89,6 @@ func (p *proxy) handle(client net.Conn) {
 		return
 	}
 	p.links[l] = struct{}{}
-	p.accepted++
 	p.mu.Unlock()
 	go p.pipe(l, server, client)
 	p.pipe(l, client, server)
@@ -231,13 +229,6 @@ func (p *proxy) Heal(t testing.TB) {
 	p.Up(t)
 	p.Resume()
 	p.Throttle(0)
-}
-
-// Connections returns how many connections the proxy has accepted and forwarded so far.
-func (p *proxy) Connections() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.accepted
 }
 
 func (p *proxy) close() {

@@ -151,3 +151,47 @@ func checkSlotLostError(t *testing.T, run string, code int, output, slot string)
 		}
 	}
 }
+
+// TestDroppedSlotStopsTheRelayAndIsNotRecreated drops the slot under a streaming relay (its
+// walsender terminated first, since an active slot cannot be dropped). Recreating it would skip
+// everything committed in between, so the relay must exit non-zero with an error that names the
+// slot and leave it missing.
+func TestDroppedSlotStopsTheRelayAndIsNotRecreated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDB(t, testenv.SharedPostgres(t), 1)
+	pool := d.outbox.Pool()
+	brokers := testenv.SharedKafka(t).Brokers()
+	r := d.startRelay(brokers, false)
+	r.waitSessions(1, 90*time.Second)
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	deliver(t, brokers, d.outbox.Written(), time.Minute, r)
+
+	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", d.slot); err != nil {
+		t.Fatal(err)
+	}
+	// The relay reconnects after a backoff of 250ms; the slot is free in between.
+	eventually(t, 10*time.Second, "the slot to be dropped", func() bool {
+		_, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", d.slot)
+		return err == nil
+	})
+	code, ok := r.Wait(time.Minute)
+	if !ok {
+		t.Fatal("the relay kept running after its slot was dropped")
+	}
+	lines := strings.Split(strings.TrimSpace(r.Output()), "\n")
+	last := lines[len(lines)-1]
+	t.Logf("exit %d: %s", code, last)
+	if code == 0 || !strings.Contains(last, d.slot) || !strings.Contains(last, "no longer exists") {
+		t.Errorf("exit %d with %q; want a non-zero exit and an error saying slot %s no longer exists", code, last, d.slot)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", d.slot).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Error("the relay recreated the dropped slot")
+	}
+}

@@ -23,6 +23,8 @@ type Metrics struct {
 	Halted             prometheus.Gauge
 	KafkaRetries       prometheus.Counter
 	PrunedRows         prometheus.Counter
+	ProduceRequests    prometheus.Counter
+	RequestRecords     prometheus.Histogram
 
 	ReceivedLSN       prometheus.Gauge
 	ConfirmedLSN      prometheus.Gauge
@@ -72,6 +74,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			"1 when the halt policy stopped publishing because an event could not be published."),
 		KafkaRetries: f.counter("kafka_retries_total", "Kafka requests retried after a transient error."),
 		PrunedRows:   f.counter("pruned_rows_total", "Outbox rows deleted by the periodic prune (prune_interval)."),
+		ProduceRequests: f.counter("kafka_produce_requests_total",
+			"Produce requests sent to Kafka brokers (each carries every ready partition the broker leads)."),
+		RequestRecords: f.histogramWith("kafka_request_records", "Records per produce request.",
+			prometheus.ExponentialBuckets(1, 4, 8)),
 
 		ReceivedLSN:       f.gauge("received_lsn", "Highest WAL position received from PostgreSQL."),
 		ConfirmedLSN:      f.gauge("confirmed_lsn", "WAL position last confirmed to PostgreSQL as flushed."),
@@ -130,6 +136,12 @@ func (f factory) gaugeVec(name, help string, labels ...string) *prometheus.Gauge
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, labels)
 	f.register(g)
 	return g
+}
+
+func (f factory) histogramWith(name, help string, buckets []float64) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help, Buckets: buckets})
+	f.register(h)
+	return h
 }
 
 func (f factory) histogram(name, help string) prometheus.Histogram {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
 
@@ -135,6 +136,115 @@ func buildHeaders(ev *decoder.Event, builtin, extra []string) ([]kafka.Header, e
 // appendJSONHeaders adds the members of a JSON object as headers, in document order. String values
 // become their text; other values keep their JSON form; null members are left out.
 func appendJSONHeaders(hs []kafka.Header, obj []byte) ([]kafka.Header, error) {
+	if out, ok := appendFlatJSONHeaders(hs, obj); ok {
+		return out, nil
+	}
+	return decodeJSONHeaders(hs, obj)
+}
+
+// appendFlatJSONHeaders is the fast path for the usual headers object: flat, with strings free of
+// escapes, numbers, booleans and nulls, as jsonb prints it. Values alias obj. It gives up (ok is
+// false) on anything else, which decodeJSONHeaders then handles, errors included.
+func appendFlatJSONHeaders(hs []kafka.Header, obj []byte) (out []kafka.Header, ok bool) {
+	i, n := 0, len(obj)
+	ws := func() {
+		for i < n && (obj[i] == ' ' || obj[i] == '\t' || obj[i] == '\n' || obj[i] == '\r') {
+			i++
+		}
+	}
+	str := func() ([]byte, bool) { // a string without escapes; i is at its opening quote
+		for j := i + 1; j < n; j++ {
+			switch c := obj[j]; {
+			case c == '"':
+				v := obj[i+1 : j : j]
+				i = j + 1
+				return v, true
+			case c == '\\' || c < 0x20:
+				return nil, false
+			}
+		}
+		return nil, false
+	}
+	start := len(hs)
+	if !utf8.Valid(obj) {
+		return hs, false // encoding/json replaces invalid bytes; so does the careful path
+	}
+	ws()
+	if i >= n || obj[i] != '{' {
+		return hs, false
+	}
+	i++
+	ws()
+	if i < n && obj[i] == '}' {
+		i++
+	} else {
+		for {
+			if i >= n || obj[i] != '"' {
+				return hs[:start], false
+			}
+			key, ok := str()
+			if !ok {
+				return hs[:start], false
+			}
+			ws()
+			if i >= n || obj[i] != ':' {
+				return hs[:start], false
+			}
+			i++
+			ws()
+			if i >= n {
+				return hs[:start], false
+			}
+			switch c := obj[i]; {
+			case c == '"':
+				v, ok := str()
+				if !ok {
+					return hs[:start], false
+				}
+				hs = append(hs, kafka.Header{Key: string(key), Value: v})
+			case c == 'n' && bytes.HasPrefix(obj[i:], []byte("null")):
+				i += 4
+			case c == 't' && bytes.HasPrefix(obj[i:], []byte("true")):
+				hs = append(hs, kafka.Header{Key: string(key), Value: obj[i : i+4 : i+4]})
+				i += 4
+			case c == 'f' && bytes.HasPrefix(obj[i:], []byte("false")):
+				hs = append(hs, kafka.Header{Key: string(key), Value: obj[i : i+5 : i+5]})
+				i += 5
+			case c == '-' || c >= '0' && c <= '9':
+				j := i
+				for j < n && (obj[j] == '-' || obj[j] == '+' || obj[j] == '.' || obj[j] == 'e' || obj[j] == 'E' || obj[j] >= '0' && obj[j] <= '9') {
+					j++
+				}
+				if !json.Valid(obj[i:j]) {
+					return hs[:start], false
+				}
+				hs = append(hs, kafka.Header{Key: string(key), Value: obj[i:j:j]})
+				i = j
+			default:
+				return hs[:start], false // nested values and anything odd take the careful path
+			}
+			ws()
+			if i < n && obj[i] == ',' {
+				i++
+				ws()
+				continue
+			}
+			if i < n && obj[i] == '}' {
+				i++
+				break
+			}
+			return hs[:start], false
+		}
+	}
+	ws()
+	if i != n {
+		return hs[:start], false
+	}
+	return hs, true
+}
+
+// decodeJSONHeaders handles any headers value with encoding/json.
+func decodeJSONHeaders(hs []kafka.Header, obj []byte) ([]kafka.Header, error) {
 	dec := json.NewDecoder(bytes.NewReader(obj))
 	dec.UseNumber()
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {

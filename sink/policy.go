@@ -41,7 +41,9 @@ func (s *Sink) fail(rec *record, reason string, err error) {
 		append(eventFields(rec), zap.String("reason", reason), zap.String("dead_letter_topic", s.cfg.DeadLetterTopic), zap.Error(err))...)
 	rec.msg = s.deadLetterMessage(rec, reason, err)
 	rec.enqueued = rec.msg.Time
-	s.dead.queue <- rec
+	if err := s.dead.enqueue(s.ctx, rec); err != nil && s.ctx.Err() == nil {
+		s.halt(rec, ReasonRejected, fmt.Errorf("dead-letter topic %s is unusable: %w", s.cfg.DeadLetterTopic, err))
+	}
 }
 
 // deadLetterMessage builds the record for the dead-letter topic: same key and headers, the payload
@@ -69,12 +71,11 @@ func (s *Sink) deadLetterMessage(rec *record, reason string, cause error) kafka.
 		kafka.Header{Key: HeaderDLQLSN, Value: []byte(ev.LSN.String())},
 	)
 	m := kafka.Message{
-		Topic:      s.cfg.DeadLetterTopic,
-		Key:        ev.AggregateID,
-		Value:      rec.msg.Value,
-		Headers:    hs,
-		WriterData: rec,
-		Time:       rec.msg.Time,
+		Topic:   s.cfg.DeadLetterTopic,
+		Key:     ev.AggregateID,
+		Value:   rec.msg.Value,
+		Headers: hs,
+		Time:    rec.msg.Time,
 	}
 	if recordSize(&m) > s.cfg.MaxMessageBytes {
 		ref, _ := json.Marshal(struct {
@@ -93,21 +94,20 @@ func (s *Sink) deadLetterMessage(rec *record, reason string, cause error) kafka.
 	return m
 }
 
-// deadLettered is the dead-letter writer's Completion callback.
-func (s *Sink) deadLettered(msgs []kafka.Message, err error) {
+// deadLettered is the dead-letter producer's report on a batch.
+func (s *Sink) deadLettered(batch []*record, err error) {
 	if err != nil {
-		for i := range msgs {
-			s.halt(msgs[i].WriterData.(*record), reason(err), fmt.Errorf("dead-letter topic %s refused it too: %w", s.cfg.DeadLetterTopic, err))
+		for _, rec := range batch {
+			s.halt(rec, reason(err), fmt.Errorf("dead-letter topic %s refused it too: %w", s.cfg.DeadLetterTopic, err))
 		}
 		return
 	}
 	var bytes int64
-	for i := range msgs {
-		rec := msgs[i].WriterData.(*record)
+	for _, rec := range batch {
 		bytes += rec.size
 		s.m.EventsDeadLettered.WithLabelValues(rec.topic).Inc()
 	}
-	s.settle(msgs, bytes)
+	s.settle(batch, bytes)
 }
 
 // halt stops the sink for good on rec, which is never acknowledged, so the slot's confirmed position

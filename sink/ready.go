@@ -78,8 +78,8 @@ func (s *Sink) adoptBrokerLimit(ctx context.Context, client *kafka.Client, broke
 			s.log.Info("using the broker's smaller record size limit",
 				zap.Int("message.max.bytes", limit), zap.Int("max_message_bytes", s.cfg.MaxMessageBytes))
 			s.cfg.MaxMessageBytes = limit
-			s.main.w.BatchBytes = int64(limit)
-			s.dead.w.BatchBytes = int64(limit)
+			s.main.maxBytes = limit
+			s.dead.maxBytes = limit
 		}
 	}
 }

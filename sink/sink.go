@@ -1,11 +1,10 @@
 // Package sink publishes outbox events to Kafka and reports each one back once Kafka has
 // acknowledged it (acks=all) or the failure policy has settled it.
 //
-// Ordering: kafka-go's Writer keeps one goroutine per partition that writes batches in order and
-// retries a failed batch in place; with retryTransport and unlimited attempts nothing short of a
-// permanent broker error ends a batch, so a later batch of a partition never overtakes an earlier
-// one. Keys are partitioned with murmur2 exactly like the Java client, so a topic written by
-// Debezium keeps its key-to-partition mapping.
+// Ordering: each partition has one goroutine and at most one produce request in flight, and a
+// failed request is retried in place (producer.go), so a later record of a partition never
+// overtakes an earlier one. Keys are partitioned with murmur2 exactly like the Java client, so a
+// topic written by Debezium keeps its key-to-partition mapping.
 package sink
 
 import (
@@ -13,7 +12,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math"
 	"sync/atomic"
 	"time"
 
@@ -116,14 +114,14 @@ type Sink struct {
 	router    *router
 	limit     *limiter
 
-	main, dead *lane
+	main, dead *producer
 	ctx        context.Context // ends when Close gives up waiting
 	stop       context.CancelFunc
 
 	halted atomic.Pointer[haltState]
 }
 
-// record is one event on its way to Kafka; it rides in kafka.Message.WriterData.
+// record is one event on its way to Kafka.
 type record struct {
 	msg      kafka.Message
 	ev       *decoder.Event
@@ -184,43 +182,43 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		// A short TTL also bounds how long an error cached during an outage outlives the outage.
 		MetadataTTL: 5 * time.Second,
 	}
-	// Records hold limiter capacity from Publish until settled, so neither queue can hold more than
-	// MaxInFlight and sending to one never blocks.
-	s.main = s.newLane(s.newWriter(s.completed), s.fail)
-	s.dead = s.newLane(s.newWriter(s.deadLettered), s.halt)
-	go s.main.feed(ctx)
-	go s.dead.feed(ctx)
+	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport, Timeout: cfg.WriteTimeout}
+	s.main = s.newProducer(client, s.completed)
+	s.dead = s.newProducer(client, s.deadLettered)
 	return s, nil
 }
 
-func (s *Sink) newWriter(completion func([]kafka.Message, error)) *kafka.Writer {
-	errLog := s.log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
-	return &kafka.Writer{
-		Addr:         kafka.TCP(s.cfg.Brokers...),
-		Balancer:     kafka.Murmur2Balancer{},
-		RequiredAcks: kafka.RequireAll,
-		Async:        true,
-		Completion:   completion,
-		// Unlimited attempts: a batch is retried in place until the broker takes it or rejects it
-		// for good. A finite count would complete it with an error while the next batch of the same
-		// partition goes ahead.
-		MaxAttempts:            math.MaxInt32,
-		WriteBackoffMin:        100 * time.Millisecond,
-		WriteBackoffMax:        2 * time.Second,
-		BatchSize:              s.cfg.BatchSize,
-		BatchBytes:             int64(s.cfg.MaxMessageBytes),
-		BatchTimeout:           s.cfg.Linger,
-		WriteTimeout:           s.cfg.WriteTimeout,
-		ReadTimeout:            s.cfg.WriteTimeout,
-		Compression:            s.cfg.Compression,
-		AllowAutoTopicCreation: true,
-		Transport:              retryTransport{s.transport},
-		// One constant message, so the log sampler collapses a broker outage's retries.
-		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
-			s.m.KafkaRetries.Inc()
-			errLog.Warn("kafka write failed; retrying in place", zap.String("detail", fmt.Sprintf(msg, args...)))
-		}),
+func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *producer {
+	return &producer{
+		client:      client,
+		compression: s.cfg.Compression,
+		maxBytes:    s.cfg.MaxMessageBytes,
+		maxRecords:  s.cfg.BatchSize,
+		linger:      s.cfg.Linger,
+		timeout:     s.cfg.WriteTimeout,
+		ctx:         s.ctx,
+		done:        done,
+		retrying:    s.retrying,
+		sent: func(records int) {
+			s.m.ProduceRequests.Inc()
+			s.m.RequestRecords.Observe(float64(records))
+		},
+		paused: func() bool { return s.halted.Load() != nil },
+		parts:  make(map[topicPartition]*partitionQueue),
+		topics: make(map[string]topicInfo),
 	}
+}
+
+// retrying logs a transient failure. The message is constant, so the log sampler collapses an
+// outage's retries.
+func (s *Sink) retrying(topic string, partition, records int, err error, delay time.Duration) {
+	s.m.KafkaRetries.Inc()
+	msg := "kafka unavailable; retrying in place"
+	if errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable) {
+		msg = "topic not available yet; retrying (if the brokers do not auto-create topics, create it)"
+	}
+	s.log.Warn(msg, zap.String("topic", topic), zap.Int("partition", partition), zap.Int("events", records),
+		zap.Duration("retry_in", delay), zap.Error(err))
 }
 
 // Publish hands ev to Kafka; ack.Ack(1) is called once it is acknowledged or settled by the failure
@@ -260,103 +258,14 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 	default:
 		rec.enqueued = time.Now()
 		rec.msg.Time = rec.enqueued
-		s.main.queue <- rec
+		if err := s.main.enqueue(ctx, rec); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			s.fail(rec, reason(err), fmt.Errorf("topic %s: %w", topic, err))
+		}
 	}
 	return nil
-}
-
-// lane feeds one writer: records are handed over in order, and what the writer refuses before
-// accepting anything (metadata unavailable, broker down at a topic's first message) is retried.
-type lane struct {
-	s         *Sink
-	w         *kafka.Writer
-	queue     chan *record
-	fed       chan struct{} // closed once everything queued was handed to the writer
-	permanent func(rec *record, reason string, err error)
-}
-
-func (s *Sink) newLane(w *kafka.Writer, permanent func(*record, string, error)) *lane {
-	return &lane{s: s, w: w, queue: make(chan *record, s.cfg.MaxInFlight), fed: make(chan struct{}), permanent: permanent}
-}
-
-func (l *lane) feed(ctx context.Context) {
-	defer close(l.fed)
-	batch := make([]kafka.Message, 0, 256)
-	for rec := range l.queue {
-		batch = append(batch[:0], rec.msg)
-	more:
-		for len(batch) < cap(batch) {
-			select {
-			case r, ok := <-l.queue:
-				if !ok {
-					break more
-				}
-				batch = append(batch, r.msg)
-			default:
-				break more
-			}
-		}
-		if l.s.halted.Load() != nil && l == l.s.main {
-			// Halted: publishing more would put later events ahead of the one that failed.
-			<-ctx.Done()
-			return
-		}
-		l.write(ctx, batch)
-	}
-}
-
-func (l *lane) write(ctx context.Context, batch []kafka.Message) {
-	for attempt := 0; len(batch) > 0; attempt++ {
-		// In async mode WriteMessages only looks up partitions, but that lookup is a metadata request
-		// to the broker for a topic the writer has not seen yet, and it has no timeout of its own:
-		// over a stalled connection it would wait forever, silently. Bound it like a produce request.
-		wctx, cancel := context.WithTimeout(ctx, l.s.cfg.WriteTimeout)
-		err := l.w.WriteMessages(wctx, batch...)
-		cancel()
-		if err == nil || ctx.Err() != nil {
-			return
-		}
-		var tooLarge kafka.MessageTooLargeError
-		switch {
-		case errors.As(err, &tooLarge):
-			// Publish checks sizes, so only a smaller broker limit gets here; settle that record.
-			i := indexOf(batch, tooLarge.Message)
-			l.permanent(batch[i].WriterData.(*record), ReasonTooLarge, err)
-			batch = append(batch[:i:i], batch[i+1:]...)
-		case permanent(err) && len(batch) > 1:
-			// Find the record the broker refuses by writing them one at a time, in order.
-			for i := range batch {
-				l.write(ctx, batch[i:i+1])
-			}
-			return
-		case permanent(err):
-			l.permanent(batch[0].WriterData.(*record), reason(err), err)
-			return
-		default:
-			delay := backoff(attempt)
-			msg := "kafka unavailable; retrying"
-			if errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable) {
-				msg = "topic not available yet; retrying (if the brokers do not auto-create topics, create it)"
-			}
-			l.s.log.Warn(msg, zap.String("topic", batch[0].Topic), zap.Int("events", len(batch)),
-				zap.Duration("retry_in", delay), zap.Error(err))
-			l.s.m.KafkaRetries.Inc()
-			select {
-			case <-time.After(delay):
-			case <-ctx.Done():
-				return
-			}
-		}
-	}
-}
-
-func indexOf(batch []kafka.Message, m kafka.Message) int {
-	for i := range batch {
-		if batch[i].WriterData == m.WriterData {
-			return i
-		}
-	}
-	return 0
 }
 
 // backoff grows from 200ms to 2s.
@@ -367,51 +276,28 @@ func backoff(attempt int) time.Duration {
 	return min(d, 2*time.Second)
 }
 
-// completed is the writer's Completion callback: a batch of one partition was acknowledged, or the
-// broker rejected it for good.
-func (s *Sink) completed(msgs []kafka.Message, err error) {
-	if err != nil && len(msgs) > 1 && permanent(err) {
-		// The broker refuses a whole batch for one record (an invalid record), or for its total size
-		// (max.message.bytes applies to the batch, and a topic may set a smaller limit than ours):
-		// write the records one at a time, so only a record refused on its own goes to the policy.
-		// The partition's writer waits for this callback, so no later batch of the partition goes
-		// ahead of them.
-		for i := range msgs {
-			err := s.produceOne(msgs[i])
-			if s.ctx.Err() != nil {
-				return // Close gave up: leave the rest unsettled, as the writer would
-			}
-			s.completed(msgs[i:i+1], err)
-		}
-		return
-	}
+// completed is the main producer's report on a batch of one partition: acknowledged, or refused
+// for good by the broker (then for a single record).
+func (s *Sink) completed(batch []*record, err error) {
 	if err != nil {
-		for i := range msgs {
-			rec := msgs[i].WriterData.(*record)
-			if permanent(err) {
-				s.fail(rec, reason(err), err)
-			} else {
-				// Cannot happen with retryTransport; if it does, the batch cannot be retried in place
-				// any more, and going on would reorder the partition.
-				s.halt(rec, ReasonRejected, fmt.Errorf("unexpected error after retries: %w", err))
-			}
+		for _, rec := range batch {
+			s.fail(rec, reason(err), err)
 		}
 		return
 	}
 	now := time.Now()
 	var bytes int64
 	var newest time.Time
-	for i := range msgs {
-		rec := msgs[i].WriterData.(*record)
+	for _, rec := range batch {
 		bytes += rec.size
-		s.m.EventsPublished.WithLabelValues(msgs[i].Topic).Inc()
 		s.m.PublishLatency.Observe(now.Sub(rec.enqueued).Seconds())
 		s.m.EndToEndLatency.Observe(now.Sub(rec.ev.Tx.CommitTime).Seconds())
 		if rec.ev.Tx.CommitTime.After(newest) {
 			newest = rec.ev.Tx.CommitTime
 		}
 	}
-	s.settle(msgs, bytes)
+	s.m.EventsPublished.WithLabelValues(batch[0].msg.Topic).Add(float64(len(batch)))
+	s.settle(batch, bytes)
 	s.m.BytesPublished.Add(float64(bytes))
 	s.m.LastAckTimestamp.Set(float64(now.UnixNano()) / 1e9)
 	if events, _ := s.limit.inFlight(); events > 0 {
@@ -421,40 +307,13 @@ func (s *Sink) completed(msgs []kafka.Message, err error) {
 	}
 }
 
-// produceOne writes m alone to the partition the writer chose for it, retrying in place until the
-// broker takes it or rejects it for good, and returns nil or the broker's permanent error.
-func (s *Sink) produceOne(m kafka.Message) error {
-	client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: retryTransport{s.transport}, Timeout: s.cfg.WriteTimeout}
-	for attempt := 0; ; attempt++ {
-		res, err := client.Produce(s.ctx, &kafka.ProduceRequest{
-			Topic: m.Topic, Partition: m.Partition, RequiredAcks: kafka.RequireAll, Compression: s.cfg.Compression,
-			Records: kafka.NewRecordReader(kafka.Record{Time: m.Time, Key: kafka.NewBytes(m.Key), Value: kafka.NewBytes(m.Value), Headers: m.Headers}),
-		})
-		if err == nil && res != nil {
-			err = res.Error
-		}
-		if err == nil || permanent(err) {
-			return err
-		}
-		delay := backoff(attempt)
-		s.m.KafkaRetries.Inc()
-		s.log.Warn("kafka write failed; retrying in place", zap.String("topic", m.Topic), zap.Int("partition", m.Partition),
-			zap.Duration("retry_in", delay), zap.Error(err))
-		select {
-		case <-time.After(delay):
-		case <-s.ctx.Done():
-			return s.ctx.Err()
-		}
-	}
-}
-
 // settle acknowledges records to their transactions, one call per run of the same transaction,
 // and returns their capacity to the limiter.
-func (s *Sink) settle(msgs []kafka.Message, bytes int64) {
+func (s *Sink) settle(batch []*record, bytes int64) {
 	var run Acker
 	n := 0
-	for i := range msgs {
-		ack := msgs[i].WriterData.(*record).ack
+	for _, rec := range batch {
+		ack := rec.ack
 		if ack != run && n > 0 {
 			run.Ack(n)
 			n = 0
@@ -465,8 +324,8 @@ func (s *Sink) settle(msgs []kafka.Message, bytes int64) {
 	if n > 0 {
 		run.Ack(n)
 	}
-	s.limit.release(int64(len(msgs)), bytes)
-	s.m.InFlightEvents.Sub(float64(len(msgs)))
+	s.limit.release(int64(len(batch)), bytes)
+	s.m.InFlightEvents.Sub(float64(len(batch)))
 	s.m.InFlightBytes.Sub(float64(bytes))
 }
 
@@ -486,16 +345,12 @@ func (s *Sink) InFlight() (events, bytes int64) { return s.limit.inFlight() }
 // Whatever is still unacknowledged then is abandoned: it was never confirmed to PostgreSQL, so it
 // is published again after a restart. Publish must not be called concurrently with or after Close.
 func (s *Sink) Close(ctx context.Context) error {
-	close(s.main.queue)
 	done := make(chan struct{})
 	go func() {
-		// The main writer's completions may still dead-letter records, so the dead-letter lane
-		// closes only after the main writer has finished.
-		<-s.main.fed
-		s.main.w.Close()
-		close(s.dead.queue)
-		<-s.dead.fed
-		s.dead.w.Close()
+		// The main producer may still dead-letter records, so the dead-letter producer closes
+		// only after it.
+		s.main.close()
+		s.dead.close()
 		close(done)
 	}()
 	var err error

@@ -75,40 +75,6 @@ func scanPartition(ctx context.Context, addr, topic string, partition int, fn fu
 	return n, nil
 }
 
-// EndOffsets sums the end offsets of topic's partitions: how many records it holds when nothing
-// was deleted. A topic that does not exist yet holds 0.
-func EndOffsets(ctx context.Context, brokers, topic string) (int64, error) {
-	// Its own transport: a connection left hanging by a stalled broker must not be reused.
-	transport := &kafka.Transport{}
-	defer transport.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(strings.Split(brokers, ",")...), Timeout: 10 * time.Second, Transport: transport}
-	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil {
-		return 0, fmt.Errorf("end offsets of %s: %w", topic, err)
-	}
-	var reqs []kafka.OffsetRequest
-	for _, t := range md.Topics {
-		if t.Error != nil {
-			return 0, nil
-		}
-		for _, p := range t.Partitions {
-			reqs = append(reqs, kafka.LastOffsetOf(p.ID))
-		}
-	}
-	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
-	if err != nil {
-		return 0, fmt.Errorf("end offsets of %s: %w", topic, err)
-	}
-	var sum int64
-	for _, po := range res.Topics[topic] {
-		if po.Error != nil {
-			return 0, fmt.Errorf("end offsets of %s/%d: %w", topic, po.Partition, po.Error)
-		}
-		sum += po.LastOffset
-	}
-	return sum, nil
-}
-
 // DuplicatesWithin fails when the report counts more duplicate deliveries than bound, the
 // at-least-once window the relay promises.
 func (r Report) DuplicatesWithin(bound int) error {

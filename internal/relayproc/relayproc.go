@@ -45,7 +45,9 @@ func PlainBinary(t testing.TB) string {
 func (b *buildOnce) get(t testing.TB, flags ...string) string {
 	t.Helper()
 	b.once.Do(func() {
-		dir, err := os.MkdirTemp("", "outbox-relay-bin-")
+		// Named like internal/testenv's instance directories, so its cleanup of what dead test
+		// binaries left behind removes this too.
+		dir, err := os.MkdirTemp("", fmt.Sprintf("outbox-testenv-%d-bin-", os.Getpid()))
 		if err != nil {
 			b.err = err
 			return

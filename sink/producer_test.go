@@ -1,0 +1,59 @@
+package sink
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// TestMurmur2MatchesKafkaGo checks the hash against kafka-go's port of the Java client's murmur2;
+// sink_test.go checks the resulting partitions against the Java client itself.
+func TestMurmur2MatchesKafkaGo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	partitions := make([]int, 7)
+	for i := range partitions {
+		partitions[i] = i
+	}
+	for n := 0; n < 2000; n++ {
+		key := make([]byte, rng.IntN(40))
+		for i := range key {
+			key[i] = byte(rng.IntN(256))
+		}
+		want := kafka.Murmur2Balancer{Consistent: true}.Balance(kafka.Message{Key: key}, partitions...)
+		if got := int((murmur2(key) & 0x7fffffff) % 7); got != want {
+			t.Fatalf("key %x: partition %d, kafka-go says %d", key, got, want)
+		}
+	}
+}
+
+func TestRequestsRespectRecordAndByteLimits(t *testing.T) {
+	tests := []struct {
+		name       string
+		sizes      []int64
+		maxRecords int
+		maxBytes   int
+		want       []int // records per request, in order
+	}{
+		{"everything fits in one request", []int64{10, 10, 10}, 10, 100, []int{3}},
+		{"the record cap splits", []int64{1, 1, 1, 1, 1}, 2, 100, []int{2, 2, 1}},
+		{"the byte cap splits", []int64{40, 40, 40}, 10, 100, []int{2, 1}},
+		{"a record over the byte cap still goes, alone", []int64{500, 10}, 10, 100, []int{1, 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := &partitionQueue{p: &producer{maxRecords: tt.maxRecords, maxBytes: tt.maxBytes}}
+			for _, size := range tt.sizes {
+				q.pending = append(q.pending, &record{size: size})
+			}
+			var got []int
+			for len(q.pending) > 0 {
+				got = append(got, len(q.takeLocked()))
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Fatalf("requests %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
