@@ -45,7 +45,7 @@ type Config struct {
 	KeyEncoding     ValueEncoding // default ValueRaw; ValueJSONString matches Connect's JsonConverter keys
 	MaxMessageBytes int           // largest record accepted; default 1048576 (Kafka's max.request.size)
 	BatchSize       int           // records per produce request and partition; default 500
-	Linger          time.Duration // how long a partial batch waits; default 5ms
+	Linger          time.Duration // how long the first records after a quiet spell wait for more; default 5ms, negative for none
 	WriteTimeout    time.Duration // one produce request; default 10s
 	MaxInFlight     int           // events not yet acknowledged; default 10000
 	MaxInFlightSize int64         // bytes not yet acknowledged; default 64 MiB
@@ -76,7 +76,7 @@ func (c *Config) setDefaults() {
 	if c.BatchSize <= 0 {
 		c.BatchSize = 500
 	}
-	if c.Linger <= 0 {
+	if c.Linger == 0 {
 		c.Linger = 5 * time.Millisecond
 	}
 	if c.WriteTimeout <= 0 {

@@ -125,7 +125,7 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			KeyEncoding:     sink.ValueEncoding(c.KeyEncoding),
 			MaxMessageBytes: c.MaxMessageBytes,
 			BatchSize:       c.Kafka.BatchSize,
-			Linger:          c.Kafka.Linger,
+			Linger:          linger(c.Kafka.Linger),
 			WriteTimeout:    c.Kafka.WriteTimeout,
 			MaxInFlight:     c.MaxInFlight,
 			MaxInFlightSize: c.MaxInFlightBytes,
@@ -139,6 +139,14 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 		ShutdownTimeout:   c.ShutdownTimeout,
 		HeartbeatInterval: c.HeartbeatInterval,
 	}, nil
+}
+
+// linger maps the setting to the sink's convention, where zero means its default.
+func linger(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func compression(name string) kafka.Compression {

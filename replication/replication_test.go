@@ -1,0 +1,160 @@
+package replication
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestParsePGDuration(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Duration
+	}{
+		{"60s", time.Minute},
+		{"1min", time.Minute},
+		{"500ms", 500 * time.Millisecond},
+		{"2h", 2 * time.Hour},
+		{"1d", 24 * time.Hour},
+		{"0", 0},
+		{"30000", 30 * time.Second}, // a bare number is milliseconds
+		{"nonsense", 0},
+	}
+	for _, tt := range tests {
+		if got := parsePGDuration(tt.in); got != tt.want {
+			t.Errorf("parsePGDuration(%q) = %v, want %v", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestQuoteLiteralDoublesQuotes(t *testing.T) {
+	if got := quoteLiteral("it's"); got != "'it''s'" {
+		t.Fatalf("quoteLiteral = %s", got)
+	}
+}
+
+func TestConnectErrorsSayWhetherRetryingHelps(t *testing.T) {
+	tests := []struct {
+		name  string
+		err   error
+		fatal bool
+		says  string
+	}{
+		{"a role without REPLICATION is fatal", &pgconn.PgError{Code: "42501", Message: "must be superuser or replication role to start walsender"}, true, "REPLICATION"},
+		{"a wrong password is fatal", &pgconn.PgError{Code: "28P01", Message: "password authentication failed"}, true, "credentials"},
+		{"a missing database is fatal", &pgconn.PgError{Code: "3D000", Message: `database "x" does not exist`}, true, "database"},
+		{"too many connections is retried", &pgconn.PgError{Code: "53300", Message: "too many clients"}, false, "too many"},
+		{"a refused connection is retried", errors.New("dial tcp 127.0.0.1:5432: connect: connection refused"), false, "connection refused"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := classifyConnect(tt.err, "replication")
+			if IsFatal(err) != tt.fatal {
+				t.Fatalf("IsFatal(%v) = %v, want %v", err, IsFatal(err), tt.fatal)
+			}
+			if !strings.Contains(err.Error(), tt.says) {
+				t.Fatalf("%q does not mention %q", err, tt.says)
+			}
+		})
+	}
+}
+
+func TestCheckSlotRefusesSlotsTheRelayCannotUse(t *testing.T) {
+	cfg := &Config{Slot: "s"}
+	good := SlotInfo{Exists: true, SlotType: "logical", Plugin: "pgoutput", Database: "app", WALStatus: "reserved"}
+	tests := []struct {
+		name   string
+		mutate func(*SlotInfo)
+		says   string // empty: accepted
+		lost   bool
+	}{
+		{"a healthy pgoutput slot is accepted", func(*SlotInfo) {}, "", false},
+		{"a physical slot is refused", func(s *SlotInfo) { s.SlotType = "physical" }, "logical slot", false},
+		{"another plugin is refused", func(s *SlotInfo) { s.Plugin = "wal2json" }, "pgoutput", false},
+		{"another database is refused", func(s *SlotInfo) { s.Database = "other" }, `belongs to database "other"`, false},
+		{"a lost slot is refused as lost", func(s *SlotInfo) { s.WALStatus = "lost" }, "lost", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			slot := good
+			tt.mutate(&slot)
+			err := checkSlot(slot, cfg, "app")
+			if tt.says == "" {
+				if err != nil {
+					t.Fatalf("checkSlot = %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.says) {
+				t.Fatalf("checkSlot = %v, want it to mention %q", err, tt.says)
+			}
+			if !IsFatal(err) {
+				t.Fatalf("%v is not fatal", err)
+			}
+			if errors.Is(err, ErrSlotLost) != tt.lost {
+				t.Fatalf("errors.Is(%v, ErrSlotLost) = %v", err, !tt.lost)
+			}
+		})
+	}
+}
+
+func TestStreamErrorsMapToWhatTheCallerActsOn(t *testing.T) {
+	tests := []struct {
+		name     string
+		code     string
+		streamed bool
+		is       error
+		fatal    bool
+	}{
+		{"an active slot means someone else streams it", "55006", false, ErrSlotActive, false},
+		{"a missing slot before streaming is a configuration problem", "42704", false, nil, true},
+		{"a missing slot after streaming is a lost slot", "42704", true, ErrSlotLost, true},
+		{"removed WAL is a lost slot", "55000", true, ErrSlotLost, true},
+		{"a shutting-down server is retried", "57P01", true, nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &Stream{streamed: tt.streamed}
+			err := s.streamError(&pgconn.PgError{Code: tt.code, Message: "x"})
+			if tt.is != nil && !errors.Is(err, tt.is) {
+				t.Fatalf("%v is not %v", err, tt.is)
+			}
+			if IsFatal(err) != tt.fatal {
+				t.Fatalf("IsFatal(%v) = %v, want %v", err, IsFatal(err), tt.fatal)
+			}
+		})
+	}
+}
+
+type fixedCheckpoint pglogrepl.LSN
+
+func (c fixedCheckpoint) Safe() pglogrepl.LSN { return pglogrepl.LSN(c) }
+
+func TestStatusIsDueOnTheIntervalOrSoonAfterTheCheckpointMoves(t *testing.T) {
+	now := time.Now()
+	tests := []struct {
+		name       string
+		safe       pglogrepl.LSN
+		reported   pglogrepl.LSN
+		lastStatus time.Time
+		nextStatus time.Time
+		want       bool
+	}{
+		{"the interval passed", 10, 10, now.Add(-time.Second), now.Add(-time.Millisecond), true},
+		{"nothing moved and the interval has not passed", 10, 10, now.Add(-time.Second), now.Add(time.Second), false},
+		{"the checkpoint moved a while ago", 20, 10, now.Add(-time.Second), now.Add(time.Second), true},
+		{"the checkpoint moved but an update just went out", 20, 10, now, now.Add(time.Second), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &Stream{ck: fixedCheckpoint(tt.safe), reported: tt.reported, lastStatus: tt.lastStatus, nextStatus: tt.nextStatus}
+			if got := s.statusDue(); got != tt.want {
+				t.Fatalf("statusDue = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
