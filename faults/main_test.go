@@ -26,7 +26,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -45,24 +44,14 @@ type db struct {
 func newDB(t *testing.T, pg *devenv.Postgres, nTypes int) *db {
 	t.Helper()
 	ctx := context.Background()
-	dsn, err := pg.CreateDatabase(ctx, testenv.UniqueName(t, "db"))
+	dsn := testenv.OutboxDatabase(t, pg)
+	ob, err := harness.NewOutbox(ctx, dsn, "public.outbox_events")
 	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
 		t.Fatal(err)
 	}
 	// pg_walinspect finds the exact LSN of a transaction's commit record (see commitOf).
-	if _, err := conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect"); err != nil {
-		t.Fatal(err)
-	}
-	ob, err := harness.NewOutbox(ctx, dsn, "public.outbox_events")
-	if err != nil {
+	if _, err := ob.Pool().Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect"); err != nil {
+		ob.Close()
 		t.Fatal(err)
 	}
 	t.Cleanup(ob.Close)

@@ -14,7 +14,6 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -24,18 +23,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 func newDB(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	dsn, err := testenv.SharedPostgres(t).CreateDatabase(ctx, testenv.UniqueName(t, "db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
-		t.Fatal(err)
-	}
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)

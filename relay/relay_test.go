@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
@@ -18,7 +17,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -40,18 +38,7 @@ type fixture struct {
 func newFixture(t *testing.T, pg *devenv.Postgres, brokers string, nTypes int) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	dsn, err := pg.CreateDatabase(ctx, testenv.UniqueName(t, "db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
-		t.Fatal(err)
-	}
+	dsn := testenv.OutboxDatabase(t, pg)
 	ob, err := harness.NewOutbox(ctx, dsn, "public.outbox_events")
 	if err != nil {
 		t.Fatal(err)

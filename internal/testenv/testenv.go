@@ -22,7 +22,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 const dirPrefix = "outbox-testenv-"
@@ -231,4 +234,25 @@ func first[T any](opts []T) T {
 		return opts[0]
 	}
 	return zero
+}
+
+// OutboxDatabase creates a database with a unique name on pg, with the relay's migrations applied
+// (the outbox table public.outbox_events and the slot ledger), and returns its DSN.
+func OutboxDatabase(t testing.TB, pg *devenv.Postgres) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn, err := pg.CreateDatabase(ctx, UniqueName(t, "db"))
+	if err != nil {
+		t.Fatalf("testenv: create database: %v", err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("testenv: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
+		t.Fatalf("testenv: migrate: %v", err)
+	}
+	return dsn
 }
