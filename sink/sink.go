@@ -105,7 +105,7 @@ type Acker interface {
 }
 
 // Sink publishes events. Publish is called from one goroutine; acknowledgements arrive on
-// kafka-go's goroutines.
+// the producer's partition goroutines.
 type Sink struct {
 	cfg       Config
 	log       *zap.Logger
@@ -233,9 +233,8 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 	// The key is encoded before partitioning, so murmur2 hashes the same bytes a Java producer
 	// with the same converter would.
 	rec.msg = kafka.Message{
-		Key:        encodeValue(ev.AggregateID, s.cfg.KeyEncoding),
-		Value:      encodeValue(ev.Payload, s.cfg.ValueEncoding),
-		WriterData: rec,
+		Key:   encodeValue(ev.AggregateID, s.cfg.KeyEncoding),
+		Value: encodeValue(ev.Payload, s.cfg.ValueEncoding),
 	}
 	topic, routeErr := s.router.topic(ev)
 	rec.msg.Topic, rec.topic = topic, topic
