@@ -6,10 +6,8 @@ package main_test
 // at its end that nothing it captured from a subprocess reveals a password.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -121,28 +119,11 @@ func (p *child) signal(t *testing.T, sig syscall.Signal) {
 }
 
 // logLines returns the JSON log lines written to stderr so far (other lines are left out).
-func (p *child) logLines() []map[string]any {
-	var out []map[string]any
-	sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var m map[string]any
-		if json.Unmarshal(sc.Bytes(), &m) == nil {
-			out = append(out, m)
-		}
-	}
-	return out
-}
+func (p *child) logLines() []map[string]any { return relayproc.Logs(p.stderr.String()) }
 
 // findLog returns the first JSON log line at level (any level if empty) whose message contains msg.
 func (p *child) findLog(level, msg string) map[string]any {
-	for _, l := range p.logLines() {
-		m, _ := l["msg"].(string)
-		if strings.Contains(strings.ToLower(m), strings.ToLower(msg)) && (level == "" || l["level"] == level) {
-			return l
-		}
-	}
-	return nil
+	return relayproc.FindLog(p.stderr.String(), level, msg)
 }
 
 // waitLog waits until the process logged msg at level, failing the test when it exits or the

@@ -6,9 +6,7 @@ package main
 // TestMain (testenv.Main) is in e2e_test.go.
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -145,28 +143,11 @@ func (f *haFixture) start(name string, extra map[string]string, args ...string) 
 }
 
 // logs returns the JSON log lines so far.
-func (r *instance) logs() []map[string]any {
-	var out []map[string]any
-	sc := bufio.NewScanner(strings.NewReader(r.Output()))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var m map[string]any
-		if json.Unmarshal(sc.Bytes(), &m) == nil {
-			out = append(out, m)
-		}
-	}
-	return out
-}
+func (r *instance) logs() []map[string]any { return relayproc.Logs(r.Output()) }
 
 // findLog returns the first log line at level (any when empty) whose message contains msg.
 func (r *instance) findLog(level, msg string) map[string]any {
-	for _, l := range r.logs() {
-		m, _ := l["msg"].(string)
-		if strings.Contains(m, msg) && (level == "" || l["level"] == level) {
-			return l
-		}
-	}
-	return nil
+	return relayproc.FindLog(r.Output(), level, msg)
 }
 
 // waitLog waits for a log line; the relay must not exit meanwhile.

@@ -59,7 +59,7 @@ func (c *Consumer) ReadUntil(ctx context.Context, linger time.Duration, done fun
 		// Errors are retried until ctx ends: tests read while brokers restart.
 		if err := c.poll(ctx); err != nil {
 			lastErr = err
-			c.transport.CloseIdleConnections()
+			c.resetTransport()
 		}
 		if done(c.records) {
 			break
@@ -77,7 +77,7 @@ func (c *Consumer) ReadUntil(ctx context.Context, linger time.Duration, done fun
 		defer cancel()
 		for lctx.Err() == nil {
 			if err := c.poll(lctx); err != nil {
-				c.transport.CloseIdleConnections()
+				c.resetTransport()
 			}
 			select {
 			case <-time.After(200 * time.Millisecond):
@@ -105,17 +105,27 @@ func (c *Consumer) poll(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("metadata: %w", err)
 	}
+	// One partition that cannot be read right now (a leader still being elected, a lookup timing
+	// out on a loaded machine) must not keep the others from being read.
+	var errs []error
 	for _, t := range md.Topics {
 		if t.Error != nil {
 			continue // not created yet
 		}
 		for _, p := range t.Partitions {
 			if err := c.drain(ctx, client, t.Name, p.ID); err != nil {
-				return err
+				errs = append(errs, err)
 			}
 		}
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// resetTransport drops the transport's connections and its cached cluster metadata, which can
+// hold on to a state from before a topic's partitions had leaders.
+func (c *Consumer) resetTransport() {
+	c.transport.CloseIdleConnections()
+	c.transport = &kafka.Transport{}
 }
 
 func (c *Consumer) drain(ctx context.Context, client *kafka.Client, topic string, partition int) error {

@@ -4,8 +4,10 @@
 package relayproc
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -240,4 +242,30 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Logs parses the JSON log lines in output; other lines are left out.
+func Logs(output string) []map[string]any {
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(output))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var m map[string]any
+		if json.Unmarshal(sc.Bytes(), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// FindLog returns the first JSON log line in output at level (any level when empty) whose message
+// contains msg, ignoring case, or nil.
+func FindLog(output, level, msg string) map[string]any {
+	for _, l := range Logs(output) {
+		m, _ := l["msg"].(string)
+		if strings.Contains(strings.ToLower(m), strings.ToLower(msg)) && (level == "" || l["level"] == level) {
+			return l
+		}
+	}
+	return nil
 }
