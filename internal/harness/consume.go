@@ -113,12 +113,27 @@ func (c *Consumer) poll(ctx context.Context) error {
 			continue // not created yet
 		}
 		for _, p := range t.Partitions {
-			if err := c.drain(ctx, client, t.Name, p.ID); err != nil {
+			if err := c.drain(ctx, t.Name, p.ID); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// offsets asks the partition's leader directly for its first and end offsets. (Client.ListOffsets
+// goes through the transport's cached cluster layout, which on a loaded machine was seen to time out
+// for minutes on partitions of topics created moments before.)
+func (c *Consumer) offsets(ctx context.Context, topic string, partition int) (first, end int64, err error) {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := kafka.DialLeader(dctx, "tcp", c.brokers[0], topic, partition)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	return conn.ReadOffsets()
 }
 
 // resetTransport drops the transport's connections and its cached cluster metadata, which can
@@ -128,18 +143,10 @@ func (c *Consumer) resetTransport() {
 	c.transport = &kafka.Transport{}
 }
 
-func (c *Consumer) drain(ctx context.Context, client *kafka.Client, topic string, partition int) error {
-	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
-		Topics: map[string][]kafka.OffsetRequest{topic: {kafka.FirstOffsetOf(partition), kafka.LastOffsetOf(partition)}},
-	})
+func (c *Consumer) drain(ctx context.Context, topic string, partition int) error {
+	first, end, err := c.offsets(ctx, topic, partition)
 	if err != nil {
-		return fmt.Errorf("list offsets of %s/%d: %w", topic, partition, err)
-	}
-	var first, end int64
-	for _, po := range res.Topics[topic] {
-		if po.Partition == partition {
-			first, end = po.FirstOffset, po.LastOffset
-		}
+		return fmt.Errorf("offsets of %s/%d: %w", topic, partition, err)
 	}
 	key := fmt.Sprintf("%s/%d", topic, partition)
 	r := c.readers[key]
