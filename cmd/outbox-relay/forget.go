@@ -2,13 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -19,22 +15,21 @@ func runForgetSlot(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
-	scrub := func(err error) error { return errors.New(config.Scrub(err.Error(), cfg.Secrets()...)) }
-	conn, err := pgx.Connect(ctx, cfg.PGDSN)
+	conn, err := connect(ctx, cfg)
 	if err != nil {
-		return scrub(fmt.Errorf("connect to PostgreSQL: %w", err))
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	slot, err := replication.ReadSlot(ctx, conn, cfg.Slot)
 	if err != nil {
-		return scrub(err)
+		return scrubbed(cfg, err)
 	}
 	if slot.Exists {
 		return fmt.Errorf("replication slot %q still exists, so there is nothing to forget; to start over, drop it first with SELECT pg_drop_replication_slot('%s')", cfg.Slot, cfg.Slot)
 	}
 	forgot, err := replication.NewLedger(cfg.Schema).Forget(ctx, conn, cfg.Slot)
 	if err != nil {
-		return scrub(fmt.Errorf("update %s: %w", replication.LedgerTable, err))
+		return scrubbed(cfg, fmt.Errorf("update %s: %w", replication.LedgerTable, err))
 	}
 	if !forgot {
 		fmt.Fprintf(stdout, "slot %s is not in %s; nothing to do\n", cfg.Slot, replication.LedgerTable)

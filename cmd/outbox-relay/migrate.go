@@ -2,13 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -18,10 +14,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	scrub := func(err error) error { return errors.New(config.Scrub(err.Error(), cfg.Secrets()...)) }
-	conn, err := pgx.Connect(ctx, cfg.PGDSN)
+	conn, err := connect(ctx, cfg)
 	if err != nil {
-		return scrub(fmt.Errorf("connect to PostgreSQL: %w", err))
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	applied, err := migrations.Apply(ctx, conn, migrations.Target{Schema: cfg.Schema, Table: cfg.Table})
@@ -29,10 +24,10 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintf(stdout, "applied %s\n", name)
 	}
 	if err != nil {
-		return scrub(err)
+		return scrubbed(cfg, err)
 	}
 	if err := replication.EnsurePublication(ctx, conn, cfg.Publication, cfg.Schema, cfg.Table, true); err != nil {
-		return scrub(err)
+		return scrubbed(cfg, err)
 	}
 	fmt.Fprintf(stdout, "outbox table %s.%s and publication %s are ready\n", cfg.Schema, cfg.Table, cfg.Publication)
 	return nil

@@ -8,8 +8,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/prune"
 )
@@ -60,16 +58,15 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		opts.BatchSize = *batchSize
 	}
 
-	scrub := func(err error) error { return errors.New(config.Scrub(err.Error(), cfg.Secrets()...)) }
-	conn, err := pgx.Connect(ctx, cfg.PGDSN)
+	conn, err := connect(ctx, cfg)
 	if err != nil {
-		return scrub(fmt.Errorf("connect to PostgreSQL: %w", err))
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	start := time.Now()
 	n, err := prune.Prune(ctx, conn, opts)
 	if err != nil {
-		return scrub(fmt.Errorf("after deleting %d rows: %w", n, err))
+		return scrubbed(cfg, fmt.Errorf("after deleting %d rows: %w", n, err))
 	}
 	fmt.Fprintf(stdout, "deleted %d rows created more than %s ago from %s.%s in %s\n",
 		n, opts.OlderThan, cfg.Schema, cfg.Table, time.Since(start).Round(time.Millisecond))

@@ -35,7 +35,6 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer log.Sync()
-	secrets := cfg.Secrets()
 
 	rcfg, err := relayConfig(cfg)
 	if err != nil {
@@ -81,7 +80,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.PruneInterval > 0 {
 		stopPruning, err := startPruning(ctx, cfg, log.Named("prune"), m)
 		if err != nil {
-			return errors.New(config.Scrub(err.Error(), secrets...))
+			return scrubbed(cfg, err)
 		}
 		defer stopPruning()
 	}
@@ -93,7 +92,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if err != nil {
 		// Driver errors can quote connection parameters; never let a secret reach the terminal.
-		return errors.New(config.Scrub(err.Error(), secrets...))
+		return scrubbed(cfg, err)
 	}
 	log.Info("stopped")
 	return nil

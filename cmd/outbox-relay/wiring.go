@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
@@ -65,6 +67,23 @@ func newLogger(cfg *config.Config, stderr io.Writer) (*zap.Logger, error) {
 	// Sampling keeps a broker outage from flooding the log with identical retry lines.
 	core = zapcore.NewSamplerWithOptions(core, 1e9, 5, 100)
 	return zap.New(core), nil
+}
+
+// connect opens an ordinary connection for a one-shot subcommand.
+func connect(ctx context.Context, cfg *config.Config) (*pgx.Conn, error) {
+	conn, err := pgx.Connect(ctx, cfg.PGDSN)
+	if err != nil {
+		return nil, scrubbed(cfg, fmt.Errorf("connect to PostgreSQL: %w", err))
+	}
+	return conn, nil
+}
+
+// scrubbed keeps cfg's secrets out of err: driver errors can quote connection parameters.
+func scrubbed(cfg *config.Config, err error) error {
+	if err == nil {
+		return nil
+	}
+	return errors.New(config.Scrub(err.Error(), cfg.Secrets()...))
 }
 
 // relayConfig maps the loaded settings onto the pipeline's packages.
