@@ -46,6 +46,7 @@ type Config struct {
 	Backfill          bool
 	BackfillSince     string // RFC 3339 time, or a duration before the start
 	BackfillWhere     string
+	BackfillOrder     string // column; the backfill's publishing order
 	MetricsAddr       string
 	LogLevel          string
 	LogFormat         string
@@ -234,7 +235,7 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.Columns.Payload })},
 	{key: "columns.headers", def: "headers", help: "JSON object column whose members become headers; empty for none",
 		apply: str(func(c *Config) *string { return &c.Columns.Headers })},
-	{key: "columns.created_at", def: "created_at", help: "creation time column, for backfill_since and the backfill's order",
+	{key: "columns.created_at", def: "created_at", help: "creation time column, for backfill_since and pruning",
 		apply: str(func(c *Config) *string { return &c.Columns.CreatedAt })},
 	{key: "extra_headers", help: "further columns sent as headers, comma-separated column[:header]",
 		apply: list(func(c *Config) *[]string { return &c.ExtraHeaders })},
@@ -317,6 +318,8 @@ var settings = []setting{
 		}},
 	{key: "backfill_where", help: "extra SQL condition on the outbox table for the backfill, e.g. aggregate_type = 'order'",
 		apply: str(func(c *Config) *string { return &c.BackfillWhere })},
+	{key: "backfill_order_column", def: "seq", help: "insertion sequence column the backfill publishes in (migrate adds seq); a table without it is backfilled in created_at order, with a warning",
+		apply: str(func(c *Config) *string { return &c.BackfillOrder })},
 	{key: "metrics_addr", help: "listen address for /metrics, /healthz and /readyz (e.g. :9187); empty disables",
 		apply: str(func(c *Config) *string { return &c.MetricsAddr })},
 	{key: "leader_election", def: "true", help: "hold a PostgreSQL advisory lock (keyed by the slot) so that one instance streams and the others stand by; false streams without it",

@@ -74,6 +74,9 @@ type vars struct{ t Target }
 // Table is the schema-qualified, quoted outbox table.
 func (v vars) Table() string { return pgx.Identifier{v.t.Schema, v.t.Table}.Sanitize() }
 
+// TableLiteral is Table as an SQL string literal, for functions that take a relation name as text.
+func (v vars) TableLiteral() string { return "'" + strings.ReplaceAll(v.Table(), "'", "''") + "'" }
+
 // Qualified is another object in the outbox table's schema.
 func (v vars) Qualified(name string) string { return pgx.Identifier{v.t.Schema, name}.Sanitize() }
 

@@ -17,7 +17,8 @@
 // Many events go in one statement (unnest of arrays), so a batch costs one round trip per
 // MaxBatch events whatever its size, and the statement text is the same for every batch size (one
 // prepared statement, not one per size). Rows are inserted in slice order, which is the order the
-// relay publishes them in.
+// relay publishes them in (from the WAL, and in a backfill by the table's seq column, which the
+// database assigns on insert: Write never names it).
 package outbox
 
 import (

@@ -51,7 +51,7 @@ func readRows(t *testing.T, pool *pgxpool.Pool, query string) []row {
 }
 
 const selectAll = `SELECT id::text, aggregate_type, aggregate_id, event_type, payload::text, headers::text
-	FROM outbox_events ORDER BY ctid`
+	FROM outbox_events ORDER BY seq`
 
 func TestWriteCommitsAndRollsBackWithTheCallersTransaction(t *testing.T) {
 	type order struct {

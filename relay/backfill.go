@@ -20,8 +20,15 @@ import (
 type Backfill struct {
 	// Since limits the backfill to rows whose CreatedColumn is at or after it; zero means all rows.
 	Since time.Time
-	// CreatedColumn orders the backfill and is what Since applies to. Default "created_at".
+	// CreatedColumn is what Since applies to. Default "created_at".
 	CreatedColumn string
+	// OrderColumn orders the backfill: an insertion sequence such as the seq identity column that
+	// `outbox-relay migrate` adds. Default "seq". Rows are published in its order, so the events of
+	// one aggregate go out in insertion order, which is commit order when the writers of one
+	// aggregate serialise on it. When the table has no such column (a table of the user's own
+	// making), the backfill falls back to CreatedColumn and the id, with a warning: that order
+	// is the transactions' start order, and random inside one transaction.
+	OrderColumn string
 	// Where is an extra SQL predicate on the outbox table, written by the operator.
 	Where string
 }
@@ -72,7 +79,7 @@ func (r *Relay) backfill(ctx context.Context, snapshot string) error {
 	return nil
 }
 
-// publishRows reads the rows in the snapshot (or as they are now) and publishes them in CreatedColumn
+// publishRows reads the rows in the snapshot (or as they are now) and publishes them in OrderColumn
 // order, returning once Kafka has acknowledged them all.
 func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string, b *Backfill) (int64, error) {
 	rc := r.cfg.Replication
@@ -93,6 +100,11 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
 			return 0, fmt.Errorf("use the slot's snapshot: %w", err)
 		}
+	}
+	table := pgx.Identifier{rc.Schema, rc.Table}.Sanitize()
+	order, err := r.backfillOrder(ctx, tx, table, b.OrderColumn, created, cols.ID)
+	if err != nil {
+		return 0, err
 	}
 
 	// Every column comes back in text form, as pgoutput sends it, so events look the same
@@ -115,9 +127,8 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	if b.Where != "" {
 		where = append(where, "("+b.Where+")")
 	}
-	query := fmt.Sprintf("SELECT %s, %s FROM %s WHERE %s ORDER BY %s, %s",
-		strings.Join(quoted, ", "), pgx.Identifier{created}.Sanitize(), pgx.Identifier{rc.Schema, rc.Table}.Sanitize(),
-		strings.Join(where, " AND "), pgx.Identifier{created}.Sanitize(), pgx.Identifier{cols.ID}.Sanitize())
+	query := fmt.Sprintf("SELECT %s, %s FROM %s WHERE %s ORDER BY %s",
+		strings.Join(quoted, ", "), pgx.Identifier{created}.Sanitize(), table, strings.Join(where, " AND "), order)
 	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
 	if err != nil {
 		return 0, fmt.Errorf("read the outbox table: %w", err)
@@ -163,6 +174,26 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 		return n, fmt.Errorf("read the outbox table: %w", err)
 	}
 	return n, acks.wait(ctx)
+}
+
+// backfillOrder returns the ORDER BY list: the insertion sequence column when the table has it,
+// else the creation time and the id, with a warning that this order is not insertion order.
+func (r *Relay) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, created, id string) (string, error) {
+	if column == "" {
+		column = "seq"
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, column).Scan(&exists); err != nil {
+		return "", fmt.Errorf("look for the backfill's order column %q in %s: %w", column, table, err)
+	}
+	if exists {
+		// The id breaks ties, should the column not be unique.
+		return pgx.Identifier{column}.Sanitize() + ", " + pgx.Identifier{id}.Sanitize(), nil
+	}
+	r.log.Warn("the outbox table has no insertion sequence column, so the backfill publishes in creation time order: events of one aggregate written in one transaction, or by transactions that started in another order than they committed, may go out of order. Run `outbox-relay migrate` (it adds seq) or name your table's sequence column in backfill_order_column",
+		zap.String("table", table), zap.String("backfill_order_column", column))
+	return pgx.Identifier{created}.Sanitize() + ", " + pgx.Identifier{id}.Sanitize(), nil
 }
 
 // ackGroup waits for the acknowledgement of every event added to it.

@@ -95,3 +95,52 @@ func (f *fixture) verifySubset(want, absent []harness.Written, timeout time.Dura
 	}
 	return rep
 }
+
+// TestBackfillKeepsEachAggregatesInsertionOrder writes, before the relay's first start, transactions
+// of several events of one aggregate (equal created_at, random ids) and transactions of one
+// aggregate that interleave: the later-started one inserts and commits first, so created_at order
+// is the reverse of commit order. The backfill must publish every aggregate in insertion order.
+func TestBackfillKeepsEachAggregatesInsertionOrder(t *testing.T) {
+	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 2)
+	ctx := context.Background()
+	pool := f.outbox.Pool()
+
+	for i := range 12 {
+		typ, agg := f.types[i%2], fmt.Sprintf("agg-%d", i%3)
+		specs := []harness.Spec{{AggregateType: typ, AggregateID: agg}, {AggregateType: typ, AggregateID: agg}, {AggregateType: typ, AggregateID: agg}}
+		if err := f.outbox.WriteTx(ctx, specs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4 {
+		spec := harness.Spec{AggregateType: f.types[i%2], AggregateID: fmt.Sprintf("agg-%d", i%3)}
+		early, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// now() is the transaction's start: take it before the other transaction starts.
+		if _, err := early.Exec(ctx, "SELECT now()"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+		if err := f.outbox.WriteTx(ctx, spec, spec); err != nil {
+			t.Fatal(err)
+		}
+		commit, err := f.outbox.WriteIn(ctx, early, spec, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := early.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		commit()
+	}
+
+	cfg := f.config()
+	cfg.Backfill = &relay.Backfill{}
+	f.start(cfg)
+	rep := f.verifySubset(f.outbox.Written(), nil, 2*time.Minute)
+	if rep.Duplicates != 0 {
+		t.Fatalf("backfill published duplicates: %s", rep)
+	}
+}

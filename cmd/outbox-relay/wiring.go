@@ -117,7 +117,8 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 	}
 	var backfill *relay.Backfill
 	if c.Backfill {
-		backfill = &relay.Backfill{Since: c.BackfillFrom(time.Now()), CreatedColumn: c.Columns.CreatedAt, Where: c.BackfillWhere}
+		backfill = &relay.Backfill{Since: c.BackfillFrom(time.Now()), CreatedColumn: c.Columns.CreatedAt, Where: c.BackfillWhere,
+			OrderColumn: c.BackfillOrder}
 	}
 	return relay.Config{
 		Backfill: backfill,
