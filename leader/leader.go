@@ -3,6 +3,15 @@
 // others stand by, retrying on an interval. The lock lives exactly as long as its connection, so
 // the leader checks that connection often and gives up leadership (fences itself) the moment it
 // fails: by then another instance may already hold the lock.
+//
+// The lock is a lease that PostgreSQL enforces. A leader cut off from the network without a reset
+// would otherwise keep its idle session, and the lock, until the operating system's TCP keepalive
+// gave up (two hours by default). So the lock session carries idle_session_timeout = Lease
+// (PostgreSQL 14 and later): the server ends it, and releases the lock, once the leader has been
+// silent for Lease. The leader, which checks the session every CheckInterval, fences itself when
+// no check sent within the last Lease - leaseMargin has been answered, so it has stopped before
+// the server lets the lock go. TCP keepalives and tcp_user_timeout on the session are the backstop
+// for older servers.
 package leader
 
 import (
@@ -10,6 +19,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,12 +47,29 @@ type Config struct {
 	// CheckInterval is how often the leader checks its lock connection. Default 1s: it bounds how
 	// long a leader that lost the lock may go on streaming.
 	CheckInterval time.Duration
-	// CheckTimeout bounds one check (and one lock attempt). Default 3s: long enough for a loaded
-	// server to answer SELECT 1, short enough that a partitioned leader fences itself quickly.
+	// CheckTimeout bounds one check (and one lock attempt). Default 5s: long enough for a loaded
+	// server to answer SELECT 1, short enough that a partitioned leader fences itself quickly. It
+	// lengthens the lease, and so a takeover after a network partition, one for one.
 	CheckTimeout time.Duration
 	// OnStandby, when set, is told after every attempt whether this standby is connected and
 	// waiting (true) or cannot reach PostgreSQL (false).
 	OnStandby func(connected bool)
+	// OnSlowCheck, when set, is called for every check of the leader's lock connection that took
+	// more than half of CheckTimeout: a near miss, the leader was that close to fencing itself.
+	OnSlowCheck func(took time.Duration)
+}
+
+// leaseMargin is how long before PostgreSQL may end a silent leader's lock session the leader has
+// fenced itself: time for the fence to take effect, and for clocks that run at slightly different
+// rates on the two hosts.
+const leaseMargin = 2 * time.Second
+
+// Lease is how long PostgreSQL keeps the lock session of a leader it has not heard from: its
+// idle_session_timeout. A leader's checks are CheckInterval apart and each may take CheckTimeout,
+// and the leader fences itself leaseMargin before the lease runs out.
+func (c Config) Lease() time.Duration {
+	c.setDefaults()
+	return c.CheckInterval + c.CheckTimeout + leaseMargin
 }
 
 func (c *Config) setDefaults() {
@@ -51,18 +80,22 @@ func (c *Config) setDefaults() {
 		c.CheckInterval = time.Second
 	}
 	if c.CheckTimeout <= 0 {
-		c.CheckTimeout = 3 * time.Second
+		c.CheckTimeout = 5 * time.Second
 	}
 	if c.OnStandby == nil {
 		c.OnStandby = func(bool) {}
+	}
+	if c.OnSlowCheck == nil {
+		c.OnSlowCheck = func(time.Duration) {}
 	}
 }
 
 // Elector campaigns for the leader lock of one slot.
 type Elector struct {
-	cfg Config
-	key int64
-	log *zap.Logger
+	cfg       Config
+	key       int64
+	log       *zap.Logger
+	warnedOld bool // about a server without idle_session_timeout
 }
 
 // New returns an Elector. Nothing is contacted until Campaign.
@@ -85,6 +118,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		}
 	}()
 	waitingLogged, downLogged := false, false
+	var previous *Holder // the session seen holding the lock while this instance stood by
 	for {
 		if conn == nil {
 			c, err := e.connect(ctx)
@@ -104,6 +138,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 			}
 		}
 		if conn != nil {
+			sent := time.Now()
 			got, err := e.tryLock(ctx, conn)
 			switch {
 			case ctx.Err() != nil:
@@ -115,15 +150,27 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 				e.cfg.OnStandby(false)
 				e.log.Warn("leader lock attempt failed; reconnecting", zap.Error(err), zap.Duration("retry_in", e.cfg.RetryInterval))
 			case got:
-				t := newTerm(conn, e.cfg)
+				if previous != nil {
+					// Its statements restart the server's idle clock, and so the lease.
+					if answered := e.endStaleWalsender(ctx, conn, *previous); !answered.IsZero() {
+						sent = answered
+					}
+				}
+				t := newTerm(conn, e.cfg, e.log, sent)
 				conn = nil // the term owns it now
 				return t, nil
 			default:
 				e.cfg.OnStandby(true)
 				downLogged = false
+				hctx, cancel := context.WithTimeout(ctx, e.cfg.CheckTimeout)
+				h, held, err := LockHolder(hctx, conn, e.cfg.Slot)
+				cancel()
+				if err == nil && held {
+					previous = &h
+				}
 				if !waitingLogged {
 					fields := []zap.Field{zap.String("slot", e.cfg.Slot), zap.Duration("retry_interval", e.cfg.RetryInterval)}
-					if h, held, err := LockHolder(ctx, conn, e.cfg.Slot); err == nil && held {
+					if err == nil && held {
 						fields = append(fields, zap.Int32("leader_pid", h.PID), zap.String("leader_application_name", h.ApplicationName),
 							zap.String("leader_client", h.ClientAddr))
 					}
@@ -159,17 +206,135 @@ func (e *Elector) connect(ctx context.Context) (*pgx.Conn, error) {
 		}
 		return nil, fmt.Errorf("connect to PostgreSQL for the leader lock: %w", err)
 	}
+	if err := e.setKeepalives(ctx, conn); err != nil {
+		closeQuietly(conn)
+		return nil, err
+	}
 	return conn, nil
 }
 
+// setKeepalives makes PostgreSQL notice a peer that went silent on the lock session: keepalive
+// probes after Lease of silence, one a second, three unanswered ones end the session; and
+// tcp_user_timeout ends it when what the server sent goes unacknowledged for Lease. They are the
+// lease's backstop where idle_session_timeout is missing (before PostgreSQL 14), and they work
+// only on a real network path: a proxy or load balancer in between answers them itself. They are
+// session settings any role may make, set after the connection so that an older server's
+// unknown parameter does not refuse it.
+func (e *Elector) setKeepalives(ctx context.Context, conn *pgx.Conn) error {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.CheckTimeout)
+	defer cancel()
+	lease := e.cfg.Lease()
+	idle := strconv.Itoa(int(math.Ceil(lease.Seconds())))
+	sql := `SELECT set_config('tcp_keepalives_idle', $1, false), set_config('tcp_keepalives_interval', '1', false),
+		set_config('tcp_keepalives_count', '3', false)`
+	args := []any{idle}
+	if serverMajor(conn) >= 12 {
+		sql += `, set_config('tcp_user_timeout', $2, false)`
+		args = append(args, strconv.FormatInt(lease.Milliseconds(), 10))
+	}
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		return fmt.Errorf("set TCP keepalives on the leader-lock connection: %w", err)
+	}
+	return nil
+}
+
+// tryLock asks for the lock. On PostgreSQL 14 and later the session that gets it gets the lease
+// (idle_session_timeout) in the same statement, so no moment exists in which the lock is held
+// without one; a session that does not get it keeps no timeout, since a standby is idle for
+// RetryInterval between attempts.
 func (e *Elector) tryLock(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.CheckTimeout)
 	defer cancel()
 	var got bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", e.key).Scan(&got); err != nil {
+	if serverMajor(conn) < 14 {
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", e.key).Scan(&got); err != nil {
+			return false, fmt.Errorf("pg_try_advisory_lock: %w", err)
+		}
+		if got && !e.warnedOld {
+			e.warnedOld = true
+			e.log.Warn("PostgreSQL before 14 has no idle_session_timeout, so it cannot end the lock session of a leader cut off from the network before TCP keepalives do (and a proxy in between may answer those): a standby may wait long to take over",
+				zap.String("server_version", conn.PgConn().ParameterStatus("server_version")))
+		}
+		return got, nil
+	}
+	err := conn.QueryRow(ctx, `SELECT CASE WHEN pg_try_advisory_lock($1)
+		THEN set_config('idle_session_timeout', $2, false) IS NOT NULL ELSE false END`,
+		e.key, strconv.FormatInt(e.cfg.Lease().Milliseconds(), 10)).Scan(&got)
+	if err != nil {
 		return false, fmt.Errorf("pg_try_advisory_lock: %w", err)
 	}
 	return got, nil
+}
+
+// endStaleWalsender ends the walsender of the previous leader when it still streams the slot. A
+// leader cut off from the network leaves its replication connection behind too, and PostgreSQL
+// keeps the slot active for it until wal_sender_timeout (60s by default) while the new leader
+// cannot stream. Holding the lock proves that the previous leader has fenced itself (it does so
+// before its lease ends), so that walsender serves nobody. It is told apart by coming from the
+// same client (address and application_name) as the lock session seen before, and starting no
+// earlier: the walsender of anything outside the election (a relay with leader_election off,
+// Debezium) is left alone. Without the right to end it (another role's backend needs
+// pg_signal_backend; a superuser's, superuser) the new leader waits for the slot as for any busy one.
+// It returns when the last statement the server answered was sent (zero if none).
+func (e *Elector) endStaleWalsender(ctx context.Context, conn *pgx.Conn, prev Holder) (answered time.Time) {
+	if prev.ApplicationName == "" || prev.ClientAddr == "" {
+		return // the previous holder's session was not visible to this role: nothing to match
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*e.cfg.CheckTimeout)
+	defer cancel()
+	var pgErr *pgconn.PgError
+	var pid int32
+	sent := time.Now()
+	err := conn.QueryRow(ctx, `SELECT s.active_pid FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid
+		WHERE s.slot_name = $1 AND s.active AND s.database = current_database()
+		  AND a.application_name = $2 AND a.backend_start >= $4
+		  AND CASE WHEN a.client_addr IS NULL THEN 'local' ELSE host(a.client_addr) END = $3`,
+		e.cfg.Slot, prev.ApplicationName, prev.ClientAddr, prev.BackendStart).Scan(&pid)
+	if err == nil || errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) {
+		answered = sent
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return answered
+	}
+	fields := []zap.Field{zap.String("slot", e.cfg.Slot), zap.Int32("walsender_pid", pid), zap.Int32("previous_lock_pid", prev.PID),
+		zap.String("previous_leader_application_name", prev.ApplicationName), zap.String("previous_leader_client", prev.ClientAddr)}
+	if err != nil {
+		e.log.Warn("cannot look for the previous leader's walsender; if it still holds the slot, waiting until PostgreSQL ends it (wal_sender_timeout)",
+			append(fields, zap.Error(err))...)
+		return answered
+	}
+	// Wait (PostgreSQL 14 and later) for it to exit, so the slot is free when streaming starts.
+	query := "SELECT pg_terminate_backend($1)"
+	args := []any{pid}
+	if serverMajor(conn) >= 14 {
+		query = "SELECT pg_terminate_backend($1, $2)"
+		args = append(args, e.cfg.CheckTimeout.Milliseconds())
+	}
+	var ended bool
+	sent = time.Now()
+	err = conn.QueryRow(ctx, query, args...).Scan(&ended)
+	if err == nil || errors.As(err, &pgErr) {
+		answered = sent
+	}
+	if err != nil {
+		e.log.Warn("cannot end the previous leader's walsender, which keeps the slot active after that leader lost the lock (the relay's role needs pg_signal_backend to end another role's backends); waiting until PostgreSQL ends it (wal_sender_timeout)",
+			append(fields, zap.Error(err))...)
+		return answered
+	}
+	e.log.Info("ended the previous leader's walsender, which kept the slot active after that leader lost the lock",
+		append(fields, zap.Bool("exited", ended))...)
+	return answered
+}
+
+// serverMajor is the connected server's major version, 0 when unknown.
+func serverMajor(conn *pgx.Conn) int {
+	v := conn.PgConn().ParameterStatus("server_version")
+	end := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' })
+	if end < 0 {
+		end = len(v)
+	}
+	n, _ := strconv.Atoi(v[:end])
+	return n
 }
 
 // Term is one period of leadership. It ends when Release is called or the lock connection fails
@@ -184,10 +349,12 @@ type Term struct {
 	pid     uint32
 }
 
-func newTerm(conn *pgx.Conn, cfg Config) *Term {
+// newTerm starts watching the lock connection; sent is when the statement that took the lock was
+// sent, where the first lease begins.
+func newTerm(conn *pgx.Conn, cfg Config, log *zap.Logger, sent time.Time) *Term {
 	t := &Term{conn: conn, lost: make(chan struct{}), stop: make(chan struct{}),
 		done: make(chan struct{}), pid: conn.PgConn().PID()}
-	go t.watch(cfg.CheckInterval, cfg.CheckTimeout)
+	go t.watch(cfg, log, sent)
 	return t
 }
 
@@ -209,10 +376,13 @@ func (t *Term) Err() error {
 
 // watch is the only user of the connection while the term lasts (pgx.Conn is not safe for
 // concurrent use). A session lock lasts as long as its session, so a working connection means the
-// lock is still held.
-func (t *Term) watch(interval, timeout time.Duration) {
+// lock is still held. The server's idle clock for the session restarts no earlier than a check is
+// sent, so the lease, as the server counts it, runs at least until the last answered check's
+// sending plus Lease; every check must be answered leaseMargin before that, else the term ends.
+func (t *Term) watch(cfg Config, log *zap.Logger, sent time.Time) {
 	defer close(t.done)
-	ticker := time.NewTicker(interval)
+	fenceBy := cfg.Lease() - leaseMargin
+	ticker := time.NewTicker(cfg.CheckInterval)
 	defer ticker.Stop()
 	for {
 		select {
@@ -220,13 +390,26 @@ func (t *Term) watch(interval, timeout time.Duration) {
 			return
 		case <-ticker.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		start := time.Now()
+		deadline := start.Add(cfg.CheckTimeout)
+		if end := sent.Add(fenceBy); end.Before(deadline) {
+			deadline = end
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		_, err := t.conn.Exec(ctx, "SELECT 1")
 		cancel()
+		took := time.Since(start)
 		if err != nil {
-			t.lostErr = fmt.Errorf("leader lock connection (backend PID %d) failed: %w", t.pid, err)
+			t.lostErr = fmt.Errorf("leader lock connection (backend PID %d) failed or did not answer a check within %s (leader_check_timeout, or the lease's end %s after the last answered check): %w",
+				t.pid, cfg.CheckTimeout, fenceBy, err)
 			close(t.lost)
 			return
+		}
+		sent = start
+		if took > cfg.CheckTimeout/2 {
+			cfg.OnSlowCheck(took)
+			log.Warn("the leader lock check was slow: at leader_check_timeout this leader fences itself; raise it if the database is often this slow",
+				zap.Duration("took", took), zap.Duration("leader_check_timeout", cfg.CheckTimeout))
 		}
 	}
 }

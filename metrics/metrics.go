@@ -43,6 +43,8 @@ type Metrics struct {
 	SlotExists prometheus.Gauge
 	PostgresUp prometheus.Gauge
 	Fenced     prometheus.Counter
+	// LeaderSlowChecks counts near misses of the leader's lock check (leader_check_timeout).
+	LeaderSlowChecks prometheus.Counter
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -103,6 +105,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			"1 when the last poll of pg_replication_slots succeeded; 0 means the slot metrics are stale."),
 		Fenced: f.counter("fenced_total",
 			"Leadership terms ended because the leader-lock connection failed; streaming stopped at once."),
+		LeaderSlowChecks: f.counter("leader_slow_checks_total",
+			"Checks of the leader-lock connection that took more than half of leader_check_timeout: near misses of a fence."),
 	}
 }
 

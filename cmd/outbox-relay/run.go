@@ -105,7 +105,9 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 		DSN:           cfg.PGDSN,
 		Slot:          cfg.Slot,
 		RetryInterval: cfg.LeaderRetryInterval,
+		CheckTimeout:  cfg.LeaderCheckTimeout,
 		OnStandby:     state.Standby,
+		OnSlowCheck:   func(time.Duration) { m.LeaderSlowChecks.Inc() },
 	}, log.Named("leader"))
 	var busySince time.Time // while this instance holds the lock but someone else streams the slot
 	for {
