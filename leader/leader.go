@@ -400,8 +400,8 @@ func (t *Term) watch(cfg Config, log *zap.Logger, sent time.Time) {
 		cancel()
 		took := time.Since(start)
 		if err != nil {
-			t.lostErr = fmt.Errorf("leader lock connection (backend PID %d) failed or did not answer a check within %s (leader_check_timeout, or the lease's end %s after the last answered check): %w",
-				t.pid, cfg.CheckTimeout, fenceBy, err)
+			t.lostErr = fmt.Errorf("leader lock connection (backend PID %d) failed, or did not answer a check within leader_check_timeout (%s) or %s after the last answered one (PostgreSQL may end a silent leader's lock session %s after it): %w",
+				t.pid, cfg.CheckTimeout, fenceBy, cfg.Lease(), err)
 			close(t.lost)
 			return
 		}

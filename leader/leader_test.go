@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/netproxy"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/leader"
 )
@@ -174,4 +175,89 @@ func TestAnUnreachableServerIsRetriedAsADisconnectedStandby(t *testing.T) {
 	if reports.Load() < 2 || lastConnected.Load() {
 		t.Fatalf("OnStandby called %d times, last connected=%v; want repeated disconnected reports", reports.Load(), lastConnected.Load())
 	}
+}
+
+// viaProxy returns dsn with its host replaced by a proxy to it.
+func viaProxy(t *testing.T, dsn string) (string, *netproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := netproxy.New(t, u.Host)
+	u.Host = p.Addr
+	return u.String(), p
+}
+
+func TestASilentLeaderFencesItselfAndPostgreSQLReleasesItsLockWithinTheLease(t *testing.T) {
+	ctx := context.Background()
+	dsn := newDatabase(t)
+	slot := testenv.UniqueName(t, "slot")
+	proxied, p := viaProxy(t, dsn)
+	cfg := leader.Config{DSN: proxied, Slot: slot, CheckTimeout: time.Second}
+	termA := campaign(t, ctx, leader.New(cfg, zaptest.NewLogger(t)))
+	defer termA.Release()
+	b := leader.New(leader.Config{DSN: dsn, Slot: slot, RetryInterval: 100 * time.Millisecond}, zaptest.NewLogger(t))
+	got := make(chan *leader.Term, 1)
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		term, _ := b.Campaign(bctx)
+		got <- term
+	}()
+	time.Sleep(1500 * time.Millisecond)
+
+	p.Freeze() // no FIN, no RST: only the lease can free the lock
+	frozen := time.Now()
+	var lostAt time.Time
+	select {
+	case <-termA.Lost():
+		lostAt = time.Now()
+		t.Logf("the cut-off leader fenced itself %s after the freeze: %v", lostAt.Sub(frozen).Round(time.Millisecond), termA.Err())
+	case termB := <-got:
+		termB.Release()
+		t.Fatal("the standby took the lock before the cut-off leader fenced itself")
+	case <-time.After(cfg.Lease()):
+		t.Fatalf("the cut-off leader did not fence itself within its lease (%s)", cfg.Lease())
+	}
+	// The server counts the lease from the last check it answered, at most a check interval
+	// before the freeze; the standby tries every 100ms. Allow a loaded machine a few seconds more.
+	bound := cfg.Lease() + 5*time.Second
+	select {
+	case termB := <-got:
+		if termB == nil {
+			t.Fatal("the standby's campaign failed")
+		}
+		took := time.Now()
+		t.Logf("the standby took the lock %s after the freeze, %s after the fence (lease %s)",
+			took.Sub(frozen).Round(time.Millisecond), took.Sub(lostAt).Round(time.Millisecond), cfg.Lease())
+		termB.Release()
+	case <-time.After(bound - time.Since(frozen)):
+		t.Fatalf("the standby did not get the lock within %s of the freeze: PostgreSQL kept the silent leader's session", bound)
+	}
+}
+
+func TestSlowChecksAreCountedAsNearMissesWithoutFencing(t *testing.T) {
+	ctx := context.Background()
+	proxied, p := viaProxy(t, newDatabase(t))
+	var slow atomic.Int32
+	el := leader.New(leader.Config{DSN: proxied, Slot: testenv.UniqueName(t, "slot"), CheckTimeout: 2 * time.Second,
+		OnSlowCheck: func(time.Duration) { slow.Add(1) }}, zaptest.NewLogger(t))
+	term := campaign(t, ctx, el)
+	defer term.Release()
+	time.Sleep(2 * time.Second)
+	if n := slow.Load(); n != 0 {
+		t.Fatalf("%d slow checks counted while the server answered at once", n)
+	}
+	p.DelayResponses(1200 * time.Millisecond) // more than half the timeout, less than all of it
+	time.Sleep(5 * time.Second)
+	select {
+	case <-term.Lost():
+		t.Fatalf("a leader whose checks were slow but in time was fenced: %v", term.Err())
+	default:
+	}
+	if slow.Load() == 0 {
+		t.Fatal("checks taking more than half of CheckTimeout were not counted")
+	}
+	t.Logf("%d slow checks counted", slow.Load())
 }

@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"net"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/netproxy"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -29,8 +28,8 @@ func TestALeaderCutOffFromPostgreSQLIsReplacedWithinTheLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newFreezer(t, u.Host)
-	u.Host = p.addr
+	p := netproxy.New(t, u.Host)
+	u.Host = p.Addr
 
 	a := f.start("relay-a", map[string]string{"OUTBOX_PG_DSN": withAppName(t, u.String(), "relay-a")})
 	f.waitStreamer(t, a, haStartTimeout)
@@ -40,7 +39,7 @@ func TestALeaderCutOffFromPostgreSQLIsReplacedWithinTheLease(t *testing.T) {
 	w := f.startWriter(ctx, 3)
 	time.Sleep(2 * time.Second)
 
-	p.freeze()
+	p.Freeze()
 	frozen := time.Now()
 	f.waitStreamer(t, b, partitionTakeoverBound)
 	t.Logf("relay-b streams %s after relay-a was cut off (bound %s)", time.Since(frozen).Round(time.Millisecond), partitionTakeoverBound)
@@ -70,78 +69,4 @@ func logTime(t *testing.T, l map[string]any) time.Time {
 		t.Fatalf("log line %v: ts: %v", l, err)
 	}
 	return ts
-}
-
-// freezer forwards TCP connections to a target until freeze: from then on it forwards nothing in
-// either direction and closes nothing, like a network that silently drops the traffic of a host.
-// (faults/proxy_test.go has a fuller proxy; this one is only what the leader tests need.)
-type freezer struct {
-	addr   string
-	mu     sync.Mutex
-	frozen chan struct{} // closed by freeze
-	done   chan struct{} // closed at the end of the test
-	conns  []net.Conn
-}
-
-func newFreezer(t *testing.T, target string) *freezer {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &freezer{addr: ln.Addr().String(), frozen: make(chan struct{}), done: make(chan struct{})}
-	t.Cleanup(func() {
-		ln.Close()
-		close(p.done)
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, c := range p.conns {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.DialTimeout("tcp", target, 5*time.Second)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, client, server)
-			p.mu.Unlock()
-			go p.pipe(client, server)
-			go p.pipe(server, client)
-		}
-	}()
-	return p
-}
-
-func (p *freezer) freeze() { close(p.frozen) }
-
-// pipe copies src to dst until either fails; once frozen it holds what it read and waits for the
-// end of the test, keeping both connections open.
-func (p *freezer) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		select {
-		case <-p.frozen:
-			<-p.done
-			return
-		default:
-		}
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			dst.Close()
-			return
-		}
-	}
 }
