@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/netproxy"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -55,6 +58,64 @@ func TestALeaderCutOffFromPostgreSQLIsReplacedWithinTheLease(t *testing.T) {
 	}
 
 	time.Sleep(2 * time.Second) // the writer goes on across the takeover
+	w.stop(t)
+	rep := f.verify(t, f.brokers)
+	t.Logf("across the partition: %s", rep)
+	b.stop(t)
+}
+
+// TestANewLeaderThatMayNotEndTheOldWalsenderWaitsForWalSenderTimeout is the fallback: the new
+// leader's role may not end the cut-off leader's walsender (a superuser's backend), so it waits
+// until PostgreSQL's wal_sender_timeout ends it, standing by meanwhile, and then streams; nothing
+// is lost. The lease is short here (leader_check_timeout 1s) so that the lock changes hands well
+// before the walsender goes.
+func TestANewLeaderThatMayNotEndTheOldWalsenderWaitsForWalSenderTimeout(t *testing.T) {
+	const walSenderTimeout = 10 * time.Second
+	pg := testenv.Postgres(t, devenv.PostgresOptions{Settings: map[string]string{"wal_sender_timeout": "10s"}})
+	f := newHAFixture(t, pg, testenv.SharedKafka(t).Brokers(), 1)
+	ctx := context.Background()
+	role := testenv.UniqueName(t, "relay")
+	ident := pgx.Identifier{role}.Sanitize()
+	for _, s := range []string{
+		"CREATE ROLE " + ident + " LOGIN REPLICATION PASSWORD '" + relayRolePassword + "'",
+		"GRANT pg_read_all_stats TO " + ident, // it sees who held the lock, so it tries
+		"CREATE PUBLICATION " + pgx.Identifier{f.slot}.Sanitize() + " FOR TABLE public.outbox_events WITH (publish = 'insert')",
+	} {
+		if _, err := f.pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	u, err := url.Parse(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := netproxy.New(t, u.Host)
+	u.Host = p.Addr
+	short := map[string]string{"OUTBOX_LEADER_CHECK_TIMEOUT": "1s", "OUTBOX_LEADER_RETRY_INTERVAL": "500ms"}
+	a := f.start("relay-a", map[string]string{"OUTBOX_PG_DSN": withAppName(t, u.String(), "relay-a"),
+		"OUTBOX_LEADER_CHECK_TIMEOUT": "1s"})
+	f.waitStreamer(t, a, haStartTimeout)
+	short["OUTBOX_PG_DSN"] = withAppName(t, f.roleDSN(t, role), "relay-b")
+	short["OUTBOX_CREATE_PUBLICATION"] = "false"
+	b := f.start("relay-b", short)
+	b.waitLog(t, haStartTimeout, "info", "standby: another instance holds the leader lock")
+	w := f.startWriter(ctx, 4)
+	time.Sleep(2 * time.Second)
+
+	p.Freeze()
+	frozen := time.Now()
+	b.waitLog(t, 20*time.Second, "warn", "cannot end the previous leader's walsender")
+	f.waitStreamer(t, b, walSenderTimeout+20*time.Second)
+	took := time.Since(frozen)
+	t.Logf("relay-b streams %s after relay-a was cut off (wal_sender_timeout %s)", took.Round(time.Millisecond), walSenderTimeout)
+	// relay-a answered the walsender at most a status interval (1s) before the freeze.
+	if took < walSenderTimeout-2*time.Second {
+		t.Fatalf("relay-b streamed %s after the freeze, before wal_sender_timeout could end relay-a's walsender: something ended it", took)
+	}
+	if b.Exited() {
+		t.Fatalf("relay-b exited:\n%s", b.Output())
+	}
+	time.Sleep(2 * time.Second)
 	w.stop(t)
 	rep := f.verify(t, f.brokers)
 	t.Logf("across the partition: %s", rep)
