@@ -6,8 +6,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -142,5 +149,44 @@ func TestBackfillKeepsEachAggregatesInsertionOrder(t *testing.T) {
 	rep := f.verifySubset(f.outbox.Written(), nil, 2*time.Minute)
 	if rep.Duplicates != 0 {
 		t.Fatalf("backfill published duplicates: %s", rep)
+	}
+}
+
+// TestBackfillOfATableWithoutAnInsertionSequenceWarnsAndPublishesEverything: a table of the user's
+// own making without seq still backfills, in created_at order, and the log says what that risks.
+func TestBackfillOfATableWithoutAnInsertionSequenceWarnsAndPublishesEverything(t *testing.T) {
+	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 2)
+	ctx := context.Background()
+	if _, err := f.outbox.Pool().Exec(ctx, "ALTER TABLE outbox_events DROP COLUMN seq"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[i%2], AggregateID: fmt.Sprintf("agg-%d", i%3)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := f.config()
+	cfg.Backfill = &relay.Backfill{}
+	core, logs := observer.New(zap.WarnLevel)
+	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
+	r, err := relay.New(cfg, log, metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	}()
+	rep := f.verifySubset(f.outbox.Written(), nil, 2*time.Minute)
+	if rep.Duplicates != 0 {
+		t.Fatalf("backfill published duplicates: %s", rep)
+	}
+	if logs.FilterMessageSnippet("no insertion sequence column").Len() == 0 {
+		t.Fatal("no warning that the table has no insertion sequence column")
 	}
 }
