@@ -446,6 +446,7 @@ func TestMigrateIsIdempotentAndCreatesTheDocumentedTableAndPublication(t *testin
 		"payload":        func(c column) bool { return c.typ == "jsonb" },
 		"headers":        func(c column) bool { return c.typ == "jsonb" && c.nullable == "YES" },
 		"created_at":     func(c column) bool { return c.typ == "timestamp with time zone" && c.def == "now()" },
+		"seq":            func(c column) bool { return c.typ == "bigint" && c.nullable == "NO" }, // identity: no default
 	}
 	// Further columns are allowed: the relay maps columns by name.
 	for name, ok := range want {
