@@ -553,8 +553,42 @@ func (s *Stream) Finish(ctx context.Context, drained <-chan struct{}) error {
 	if err := s.sendStatus(bg, false); err != nil {
 		return err
 	}
+	if err := s.endCopy(); err != nil {
+		return fmt.Errorf("final position %s sent, but the server may not have read it: %w", s.reported, err)
+	}
 	s.log.Info("final position confirmed", zap.Stringer("lsn", s.reported))
 	return nil
+}
+
+// finishTimeout bounds the end of the copy stream at a stop (see endCopy).
+const finishTimeout = 5 * time.Second
+
+// endCopy ends the copy stream and waits until the server answers with its own CopyDone, which it
+// sends only after reading everything sent before, the final status update included. Closing the
+// connection without this loses that update whenever the walsender is still writing: it finds the
+// socket closed on its next write and exits without reading what it was sent last, and the next
+// start replays what was already published.
+func (s *Stream) endCopy() error {
+	netConn := s.conn.Conn()
+	netConn.SetDeadline(time.Now().Add(finishTimeout))
+	defer netConn.SetDeadline(time.Time{})
+	s.conn.Frontend().Send(&pgproto3.CopyDone{})
+	if err := s.conn.Frontend().Flush(); err != nil {
+		return fmt.Errorf("send CopyDone: %w", err)
+	}
+	for {
+		// What the server sent meanwhile lies beyond the final position: it is streamed again.
+		msg, err := s.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			return fmt.Errorf("wait for the server's CopyDone: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyDone:
+			return nil
+		case *pgproto3.ErrorResponse:
+			return s.streamError(pgconn.ErrorResponseToPgError(m))
+		}
+	}
 }
 
 func (s *Stream) closeConn() {
