@@ -76,6 +76,11 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		sink:    sk,
 	}
 	r.fenced, r.fence = context.WithCancel(context.Background())
+	if cfg.Sink.MaxInFlightSize > 0 && r.cfg.Replication.BufferBytes <= 0 {
+		// Rows read ahead of the sink are a quarter of what the sink may hold (16 MiB with the
+		// defaults), so memory stays a small multiple of max_in_flight_bytes (docs/guarantees.md).
+		r.cfg.Replication.BufferBytes = cfg.Sink.MaxInFlightSize / 4
+	}
 	r.cfg.Replication.BeforeStream = r.beforeStream
 	r.cfg.Replication.ExportSnapshot = cfg.Backfill != nil
 	r.stream = replication.New(r.cfg.Replication, tracker, log.Named("replication"), m)
@@ -266,5 +271,7 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 				}
 			}
 		}
+		// The sink has the event now (and counts its bytes); the stream may read ahead again.
+		msg.Release()
 	}
 }
