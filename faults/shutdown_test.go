@@ -24,6 +24,8 @@ func TestSigtermUnderLoadStopsWithinSecondsWithoutDuplicates(t *testing.T) {
 		// A stop waits for the open transaction's Commit (already on its way: pgoutput sends a
 		// transaction only after it committed) and for Kafka's acknowledgements: milliseconds
 		// normally, a few seconds on a loaded machine. The old stop waited all of shutdown_timeout.
+		// A relay built with -race (go test -race) adds 1s at exit: the race runtime's
+		// atexit_sleep_ms.
 		maxStop         = 3 * time.Second
 		shutdownTimeout = 30 * time.Second
 	)
