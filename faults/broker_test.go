@@ -28,6 +28,8 @@ func newFaultBroker(t *testing.T) *faultBroker {
 	p := newProxy(t, "127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", port))
 	k := testenv.Kafka(t, devenv.KafkaOptions{Port: port, ControllerPort: controller, Settings: map[string]string{
 		"advertised.listeners": fmt.Sprintf("PLAINTEXT://%s,CONTROLLER://127.0.0.1:%d", p.addr, controller),
+		// Room for the 10 MB rows of the huge-rows scenario; the others send far smaller records.
+		"message.max.bytes": "16777216",
 	}})
 	return &faultBroker{k: k, proxy: p, brokers: p.addr}
 }
@@ -71,6 +73,7 @@ func TestBrokerFaults(t *testing.T) {
 		{"broker stopped for 20s during load: a running relay keeps the slot behind the first unacknowledged transaction and recovers by itself, a relay restarted meanwhile waits and delivers", testBrokerOutage},
 		{"broker connection stalls without a reset: the relay notices within its write timeout and recovers", testStalledBrokerConnection},
 		{"a huge transaction (OUTBOX_FAULTS_BIG_TX_ROWS) while the broker is paused, then slow: memory stays bounded and the walsender never times out", testHugeTransactionWithPausedBroker},
+		{"rows of 10 MB while the broker is paused, max_in_flight_bytes 8 MiB: the rows read ahead of Kafka are bounded by bytes, RSS stays under its bound", testHugeRowsWithPausedBroker},
 		{"slot loses its WAL while the broker is down: the relay exits with an actionable error and never recreates the slot", testSlotLostWhileBrokerDown},
 	} {
 		fb.heal(t)

@@ -1,6 +1,7 @@
 // Package relay wires the pipeline: replication -> decoder -> sink -> checkpoint, and the confirmed
-// position back to replication. It owns startup order and the two-phase shutdown: stop reading,
-// wait (bounded) for Kafka to acknowledge what is in flight, report the final position, close.
+// position back to replication. It owns startup order and the two-phase shutdown: stop reading at
+// a transaction boundary, wait (bounded) for Kafka to acknowledge what is in flight, report the
+// final position, close (see Run).
 package relay
 
 import (
@@ -30,8 +31,8 @@ type Config struct {
 	// HeartbeatInterval, when positive, emits a logical decoding message that often so the slot
 	// advances even when nothing in this database writes WAL. Replication.Messages must be set.
 	HeartbeatInterval time.Duration
-	// ShutdownTimeout bounds how long a stopping relay waits for Kafka to acknowledge in-flight
-	// events. Default 30s.
+	// ShutdownTimeout bounds a graceful stop: finishing the open transaction and waiting for Kafka
+	// to acknowledge in-flight events. Default 30s.
 	ShutdownTimeout time.Duration
 }
 
@@ -75,6 +76,11 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		sink:    sk,
 	}
 	r.fenced, r.fence = context.WithCancel(context.Background())
+	if cfg.Sink.MaxInFlightSize > 0 && r.cfg.Replication.BufferBytes <= 0 {
+		// Rows read ahead of the sink are a quarter of what the sink may hold (16 MiB with the
+		// defaults), so memory stays a small multiple of max_in_flight_bytes (docs/guarantees.md).
+		r.cfg.Replication.BufferBytes = cfg.Sink.MaxInFlightSize / 4
+	}
 	r.cfg.Replication.BeforeStream = r.beforeStream
 	r.cfg.Replication.ExportSnapshot = cfg.Backfill != nil
 	r.stream = replication.New(r.cfg.Replication, tracker, log.Named("replication"), m)
@@ -96,46 +102,49 @@ var ErrFenced = errors.New("relay fenced: stopped streaming without draining")
 // A leader that lost its lock calls it, since another instance may already be taking over.
 func (r *Relay) Fence() { r.fence() }
 
-// errShutdownTimeout ends the drain when Kafka does not acknowledge in time.
+// errShutdownTimeout ends the drain when it does not finish in time.
 var errShutdownTimeout = errors.New("shutdown timeout")
 
 // Run streams until ctx ends (a clean stop: returns nil), Fence is called (ErrFenced) or a fatal
 // error. A Relay runs once.
+//
+// What a stop does, all of it here:
+//   - ctx ends (SIGTERM): the pipeline finishes the transaction it is in the middle of (its Commit is
+//     already on its way: pgoutput sends a transaction only after it committed), then stops reading,
+//     so the stop falls on a transaction boundary and nothing is published that the final position
+//     does not cover. What was received after that Commit is dropped; it lies beyond the final
+//     position and is streamed again on the next start. Then it waits for Kafka to acknowledge what
+//     it was given, reports the final position (the end of the last transaction acknowledged) and
+//     closes. Normally that takes milliseconds.
+//   - ShutdownTimeout after ctx ended, whatever is still waiting gives up (logged as a shutdown
+//     timeout): the position acknowledged so far is reported, the rest is published again on the next
+//     start.
+//   - Fence: the same at once, without finishing the transaction or waiting for Kafka.
 func (r *Relay) Run(ctx context.Context) error {
-	// soft ends reading; hard ends everything, ShutdownTimeout after soft at the latest.
-	soft, stopReading := context.WithCancel(ctx)
-	defer stopReading()
+	// hard ends everything: at once on a fence, ShutdownTimeout after ctx ended at the latest.
 	hard, stopAll := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopAll(nil)
-	// A fence skips phase two: hard ends first, so nothing waits for Kafka.
-	defer context.AfterFunc(r.fenced, func() { stopAll(ErrFenced); stopReading() })()
-	go func() {
-		select {
-		case <-soft.Done():
-		case <-hard.Done():
-			return
-		}
-		timer := time.NewTimer(r.cfg.ShutdownTimeout)
-		defer timer.Stop()
-		select {
-		case <-timer.C:
-			stopAll(errShutdownTimeout)
-		case <-hard.Done():
-		}
-	}()
+	defer context.AfterFunc(r.fenced, func() { stopAll(ErrFenced) })()
+	defer context.AfterFunc(ctx, func() {
+		timer := time.AfterFunc(r.cfg.ShutdownTimeout, func() { stopAll(errShutdownTimeout) })
+		context.AfterFunc(hard, func() { timer.Stop() })
+	})()
+	// reading ends once the pipeline has stopped (at a transaction boundary after ctx ended, or on an
+	// error), or with hard.
+	reading, stopReading := context.WithCancel(hard)
+	defer stopReading()
 
 	if r.cfg.HeartbeatInterval > 0 {
-		go r.heartbeat(soft, r.cfg.HeartbeatInterval)
+		go r.heartbeat(reading, r.cfg.HeartbeatInterval)
 	}
 
 	msgs := make(chan replication.Message, r.stream.Buffer())
 	drained := make(chan struct{}) // closed once the pipeline is done and Kafka has acknowledged it all
 	piped := make(chan error, 1)
 	go func() {
-		err := r.pipeline(hard, msgs)
-		if err != nil {
-			stopReading()
-		} else {
+		err := r.pipeline(ctx, hard, msgs)
+		stopReading()
+		if err == nil {
 			select {
 			case <-r.tracker.Drained():
 			case <-hard.Done():
@@ -145,10 +154,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		piped <- err
 	}()
 
-	streamErr := r.stream.Run(soft, msgs)
+	streamErr := r.stream.Run(reading, msgs)
 	if streamErr == nil {
-		// Phase two: keep reporting while Kafka acknowledges what is in flight, then report the
-		// final position.
+		// Keep reporting while Kafka acknowledges what is in flight, then report the final position.
 		if err := r.stream.Finish(hard, drained); err != nil {
 			r.log.Warn("could not report the final position; the next start replays from the last one reported", zap.Error(err))
 		}
@@ -204,10 +212,26 @@ func (r *Relay) closeSink(ctx context.Context) {
 }
 
 // pipeline decodes messages in WAL order and hands events to the sink, tracking every transaction
-// so the checkpoint knows what Kafka still owes.
-func (r *Relay) pipeline(ctx context.Context, msgs <-chan replication.Message) error {
+// so the checkpoint knows what Kafka still owes. It returns when msgs is closed, on an error, or at
+// the first transaction boundary after stop ends; hard ends a wait for Kafka's room.
+func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Message) error {
 	var tx *checkpoint.Txn
-	for msg := range msgs {
+	stopping := stop.Done()
+	for {
+		if tx == nil && stop.Err() != nil {
+			return nil
+		}
+		var msg replication.Message
+		var ok bool
+		select {
+		case msg, ok = <-msgs:
+		case <-stopping:
+			stopping = nil // a transaction is open: read on to its Commit
+			continue
+		}
+		if !ok {
+			return nil
+		}
 		switch msg.Kind {
 		case replication.Session:
 			r.streaming.Store(true)
@@ -229,12 +253,11 @@ func (r *Relay) pipeline(ctx context.Context, msgs <-chan replication.Message) e
 			case decoder.Begin:
 				tx = r.tracker.Begin(ch.Tx.CommitLSN) // nil: already handled before a reconnect
 			case decoder.Insert:
-				if tx == nil {
-					continue
-				}
-				tx.Add()
-				if err := r.sink.Publish(ctx, ch.Event, tx); err != nil {
-					return err
+				if tx != nil {
+					tx.Add()
+					if err := r.sink.Publish(hard, ch.Event, tx); err != nil {
+						return err
+					}
 				}
 			case decoder.Commit:
 				if tx != nil {
@@ -248,6 +271,7 @@ func (r *Relay) pipeline(ctx context.Context, msgs <-chan replication.Message) e
 				}
 			}
 		}
+		// The sink has the event now (and counts its bytes); the stream may read ahead again.
+		msg.Release()
 	}
-	return nil
 }

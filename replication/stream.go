@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -47,9 +48,14 @@ type Config struct {
 	SlotBusyWait time.Duration
 	// Messages asks pgoutput for logical decoding messages (heartbeats).
 	Messages bool
-	// Buffer is how many messages may wait for the consumer. Default 32: each holds a copy of its
-	// row, and these copies are outside the in-flight limits, so the buffer stays small.
+	// Buffer is how many messages may wait for the consumer. Default 32.
 	Buffer int
+	// BufferBytes caps the bytes of the Data messages handed to the consumer and not yet released
+	// (Message.Release): those waiting in the channel and the one the consumer is working on. Each
+	// holds a copy of its row outside the sink's in-flight limits, so with large rows the message
+	// count alone would let the buffer hold Buffer rows. A message larger than the cap is admitted
+	// when nothing else is held, so a huge row cannot wedge the stream. Default 16 MiB.
+	BufferBytes int64
 	// BeforeStream, when set, runs in the first session that gets this far, after the slot exists
 	// (so nothing committed from here on can be missed) and before START_REPLICATION: the relay
 	// waits for Kafka and backfills there. snapshot names the snapshot exported when this session
@@ -76,6 +82,9 @@ func (c *Config) setDefaults() {
 	if c.Buffer <= 0 {
 		c.Buffer = 32
 	}
+	if c.BufferBytes <= 0 {
+		c.BufferBytes = 16 << 20
+	}
 }
 
 func (c *Config) qualifiedTable() string { return pgx.Identifier{c.Schema, c.Table}.Sanitize() }
@@ -99,6 +108,52 @@ type Message struct {
 	WALStart pglogrepl.LSN
 	WALEnd   pglogrepl.LSN
 	Data     []byte // owned by the consumer
+
+	ahead *readAhead // where Release returns len(Data) to
+}
+
+// Release tells the stream that the consumer is done with msg's data (handed on to something that
+// accounts for it, or dropped), so the stream may read further ahead. Call it once per message;
+// messages that are never released only hold the stream back.
+func (m Message) Release() {
+	if m.ahead != nil {
+		m.ahead.release(int64(len(m.Data)))
+	}
+}
+
+// readAhead is the byte budget of Data messages handed to the consumer and not yet released. The
+// stream's goroutine is its only waiter, so a single-slot wake channel is enough.
+type readAhead struct {
+	max  int64
+	mu   sync.Mutex
+	used int64
+	wake chan struct{}
+}
+
+func newReadAhead(max int64) *readAhead {
+	return &readAhead{max: max, wake: make(chan struct{}, 1)}
+}
+
+// tryAcquire takes n bytes if they fit, or if nothing is held (a message larger than the budget is
+// admitted alone).
+func (b *readAhead) tryAcquire(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used > 0 && b.used+n > b.max {
+		return false
+	}
+	b.used += n
+	return true
+}
+
+func (b *readAhead) release(n int64) {
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Checkpoint tells the stream how far the slot may be confirmed.
@@ -122,12 +177,13 @@ type Stream struct {
 	received   pglogrepl.LSN
 	reported   pglogrepl.LSN
 	streamed   bool // a session reached START_REPLICATION at least once
+	ahead      *readAhead
 }
 
 // New returns a Stream that reports ck.Safe() as its confirmed position.
 func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream {
 	cfg.setDefaults()
-	return &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema)}
+	return &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema), ahead: newReadAhead(cfg.BufferBytes)}
 }
 
 // Buffer returns the capacity the consumer channel should have.
@@ -468,14 +524,25 @@ func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []
 			s.received = xld.WALStart
 			s.m.ReceivedLSN.Set(float64(xld.WALStart))
 		}
-		// pgconn reuses its read buffer, and the consumer keeps the data until Kafka has it.
-		return s.forward(ctx, out, Message{Kind: Data, WALStart: xld.WALStart, Data: bytes.Clone(xld.WALData)})
+		// forward copies the data: pgconn reuses its read buffer.
+		return s.forward(ctx, out, Message{Kind: Data, WALStart: xld.WALStart, Data: xld.WALData})
 	}
 	return nil
 }
 
-// forward hands msg to the consumer, sending status updates while it waits.
+// forward hands msg to the consumer, sending status updates while it waits: for room in the
+// read-ahead budget (Data messages), then for room in the channel. A Data message's bytes belong to
+// pgconn's read buffer; they are copied only once admitted, so a row waiting for the budget is not
+// held twice.
 func (s *Stream) forward(ctx context.Context, out chan<- Message, msg Message) error {
+	if msg.Kind == Data {
+		for !s.ahead.tryAcquire(int64(len(msg.Data))) {
+			if err := s.await(ctx, s.ahead.wake); err != nil {
+				return err
+			}
+		}
+		msg.Data, msg.ahead = bytes.Clone(msg.Data), s.ahead
+	}
 	select {
 	case out <- msg:
 		return nil
@@ -485,6 +552,27 @@ func (s *Stream) forward(ctx context.Context, out chan<- Message, msg Message) e
 		timer := time.NewTimer(time.Until(s.nextStatus))
 		select {
 		case out <- msg:
+			timer.Stop()
+			return nil
+		case <-timer.C:
+			if err := s.sendStatus(ctx, false); err != nil {
+				msg.Release()
+				return err
+			}
+		case <-ctx.Done():
+			timer.Stop()
+			msg.Release()
+			return ctx.Err()
+		}
+	}
+}
+
+// await waits for wake, sending status updates meanwhile.
+func (s *Stream) await(ctx context.Context, wake <-chan struct{}) error {
+	for {
+		timer := time.NewTimer(time.Until(s.nextStatus))
+		select {
+		case <-wake:
 			timer.Stop()
 			return nil
 		case <-timer.C:
@@ -553,8 +641,42 @@ func (s *Stream) Finish(ctx context.Context, drained <-chan struct{}) error {
 	if err := s.sendStatus(bg, false); err != nil {
 		return err
 	}
+	if err := s.endCopy(); err != nil {
+		return fmt.Errorf("final position %s sent, but the server may not have read it: %w", s.reported, err)
+	}
 	s.log.Info("final position confirmed", zap.Stringer("lsn", s.reported))
 	return nil
+}
+
+// finishTimeout bounds the end of the copy stream at a stop (see endCopy).
+const finishTimeout = 5 * time.Second
+
+// endCopy ends the copy stream and waits until the server answers with its own CopyDone, which it
+// sends only after reading everything sent before, the final status update included. Closing the
+// connection without this loses that update whenever the walsender is still writing: it finds the
+// socket closed on its next write and exits without reading what it was sent last, and the next
+// start replays what was already published.
+func (s *Stream) endCopy() error {
+	netConn := s.conn.Conn()
+	netConn.SetDeadline(time.Now().Add(finishTimeout))
+	defer netConn.SetDeadline(time.Time{})
+	s.conn.Frontend().Send(&pgproto3.CopyDone{})
+	if err := s.conn.Frontend().Flush(); err != nil {
+		return fmt.Errorf("send CopyDone: %w", err)
+	}
+	for {
+		// What the server sent meanwhile lies beyond the final position: it is streamed again.
+		msg, err := s.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			return fmt.Errorf("wait for the server's CopyDone: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyDone:
+			return nil
+		case *pgproto3.ErrorResponse:
+			return s.streamError(pgconn.ErrorResponseToPgError(m))
+		}
+	}
 }
 
 func (s *Stream) closeConn() {
