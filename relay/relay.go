@@ -213,6 +213,10 @@ func (r *Relay) pipeline(ctx context.Context, msgs <-chan replication.Message) e
 			r.streaming.Store(true)
 			r.dec.Reset()
 			r.tracker.Abort()
+			if msg.Timeline != r.tracker.Timeline() {
+				// First session, or a failover: positions of another timeline mean nothing here.
+				r.tracker.Reset(msg.WALEnd, msg.Timeline)
+			}
 			tx = nil
 		case replication.Keepalive:
 			// Inside a transaction (even one being skipped as a replay) the server's WAL end may lie

@@ -86,6 +86,8 @@ type Kind uint8
 const (
 	// Session starts a new replication session; WALEnd is the slot's confirmed position. Anything
 	// of a transaction left open by the previous session will be sent again from its Begin.
+	// Timeline is the server's: when it differs from the Checkpoint's, the consumer must start
+	// over at WALEnd on it (checkpoint.Tracker.Reset), since LSNs of two timelines do not compare.
 	Session Kind = iota + 1
 	// Data is one pgoutput message that starts at WALStart.
 	Data
@@ -99,11 +101,17 @@ type Message struct {
 	WALStart pglogrepl.LSN
 	WALEnd   pglogrepl.LSN
 	Data     []byte // owned by the consumer
+	Timeline uint32 // Session: the server's timeline
 }
 
 // Checkpoint tells the stream how far the slot may be confirmed.
 type Checkpoint interface {
+	// Safe is the highest position that may be confirmed.
 	Safe() pglogrepl.LSN
+	// Timeline is the server timeline Safe belongs to. Until the consumer has taken up a Session's
+	// timeline, the stream confirms nothing beyond the slot's own position: after a failover, Safe
+	// may still be a position of the old timeline, which means something else on the new one.
+	Timeline() uint32
 }
 
 // Stream is the replication connection and its receive loop.
@@ -122,6 +130,10 @@ type Stream struct {
 	received   pglogrepl.LSN
 	reported   pglogrepl.LSN
 	streamed   bool // a session reached START_REPLICATION at least once
+	// identity is the server streamed from (IDENTIFY_SYSTEM), zero before the first session;
+	// ledgerIdentity is what the ledger holds, as far as this process knows.
+	identity       Identity
+	ledgerIdentity Identity
 }
 
 // New returns a Stream that reports ck.Safe() as its confirmed position.
@@ -176,7 +188,7 @@ func backoff(attempt int) time.Duration {
 
 // session runs one replication connection from its checks to its end.
 func (s *Stream) session(ctx context.Context, out chan<- Message) error {
-	slot, err := s.prepare(ctx)
+	slot, recorded, err := s.prepare(ctx)
 	if err != nil {
 		return err
 	}
@@ -197,11 +209,17 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	if err != nil {
 		return classifyConnect(err, "replication")
 	}
+	if err := s.identify(ctx, recorded); err != nil {
+		return err
+	}
 	snapshot := ""
 	if !slot.Exists {
 		if slot, snapshot, err = s.createSlot(ctx); err != nil {
 			return err
 		}
+	}
+	if s.identity != s.ledgerIdentity {
+		s.recordIdentity(ctx)
 	}
 	if s.cfg.BeforeStream != nil && !s.streamed {
 		// The exported snapshot stays valid until the next command on this connection, so the hook
@@ -224,19 +242,37 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
 		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval))
 	s.nextStatus = time.Now().Add(s.interval)
-	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor}); err != nil {
+	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor, Timeline: s.identity.Timeline}); err != nil {
 		return err
 	}
 	return s.receive(ctx, out)
 }
 
-// prepare runs the checks on an ordinary connection and returns the slot's current state.
-func (s *Stream) prepare(ctx context.Context) (SlotInfo, error) {
+// prepare runs the checks on an ordinary connection and returns the slot's current state and, on
+// the process's first session, the server the ledger says the slot was last streamed from.
+func (s *Stream) prepare(ctx context.Context) (SlotInfo, Identity, error) {
 	conn, err := pgx.Connect(ctx, s.cfg.DSN)
 	if err != nil {
-		return SlotInfo{}, classifyConnect(err, "checks")
+		return SlotInfo{}, Identity{}, classifyConnect(err, "checks")
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	slot, err := s.prepareSlot(ctx, conn)
+	if err != nil || s.identity != (Identity{}) {
+		return slot, Identity{}, err
+	}
+	recorded, known, err := s.ledger.Identity(ctx, conn, s.cfg.Slot)
+	if err != nil {
+		// Like the rest of the ledger, optional: without it only the in-process comparison remains.
+		s.log.Warn("cannot read the server identity recorded in the slot ledger", zap.String("table", LedgerTable), zap.Error(err))
+		return slot, Identity{}, nil
+	}
+	if known {
+		s.ledgerIdentity = recorded
+	}
+	return slot, recorded, nil
+}
+
+func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, error) {
 	if err := preflight(ctx, conn, &s.cfg); err != nil {
 		return SlotInfo{}, err
 	}
@@ -257,7 +293,7 @@ func (s *Stream) prepare(ctx context.Context) (SlotInfo, error) {
 	}
 	switch {
 	case !slot.Exists && s.streamed:
-		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it); the relay does not recreate it because events committed in the gap would be skipped: recreate it deliberately (outbox-relay run creates it on a fresh start) after deciding how to reconcile outbox rows written since the last confirmed position %s",
+		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed in the gap would be skipped: recreate it deliberately (outbox-relay run creates it on a fresh start) after deciding how to reconcile outbox rows written since the last confirmed position %s",
 			ErrSlotLost, s.cfg.Slot, s.reported)
 	case !slot.Exists && !s.cfg.CreateSlot:
 		return SlotInfo{}, fatalf("replication slot %q does not exist and create_slot is off: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", s.cfg.Slot, s.cfg.Slot)
@@ -275,8 +311,12 @@ func (s *Stream) prepare(ctx context.Context) (SlotInfo, error) {
 		if err != nil {
 			return SlotInfo{}, err
 		}
+		if known && e.ConsistentLSN == 0 {
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, which the relay streamed (recorded on %s), no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), LedgerTable, s.cfg.Slot)
+		}
 		if known {
-			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
 				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, LedgerTable, s.cfg.Slot)
 		}
 		return slot, nil
@@ -440,7 +480,7 @@ func (s *Stream) statusDue() bool {
 	if !now.Before(s.nextStatus) {
 		return true
 	}
-	return s.ck.Safe() > s.reported && now.Sub(s.lastStatus) >= eagerStatusGap
+	return s.confirmable() > s.reported && now.Sub(s.lastStatus) >= eagerStatusGap
 }
 
 func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []byte) error {
@@ -504,7 +544,7 @@ func (s *Stream) forward(ctx context.Context, out chan<- Message, msg Message) e
 func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 	s.lastStatus = time.Now()
 	s.nextStatus = s.lastStatus.Add(s.interval)
-	flush := max(s.ck.Safe(), s.floor)
+	flush := s.confirmable()
 	if flush == 0 {
 		return nil
 	}
