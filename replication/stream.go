@@ -37,10 +37,12 @@ type Config struct {
 	CreateSlot        bool
 	CreatePublication bool
 	// StatusInterval is how often the confirmed position is reported. It is capped at a third of
-	// the server's wal_sender_timeout so the server never gives up on a busy relay.
+	// the server's wal_sender_timeout so the server never gives up on a busy relay, and at a third
+	// of ReceiveTimeout so a silent server is asked for a reply in time.
 	StatusInterval time.Duration
-	// ReceiveTimeout is how long the server may stay silent before the connection is presumed dead
-	// (it sends keepalives at least every wal_sender_timeout/2). Default 2m.
+	// ReceiveTimeout is how long the server may stay silent before the connection is presumed dead.
+	// A walsender that receives the relay's status updates sends nothing on an idle database, so
+	// after a third of it in silence the status updates ask for a reply. Default 2m.
 	ReceiveTimeout time.Duration
 	// SlotBusyWait is how long a first start waits for a slot another process holds (for example
 	// the walsender of a relay that was just killed) before giving up. Default 30s.
@@ -287,6 +289,7 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 	if senderTimeout > 0 && s.interval > senderTimeout/3 {
 		s.interval = senderTimeout / 3
 	}
+	s.interval = min(s.interval, s.cfg.ReceiveTimeout/3)
 	slot, err := ReadSlot(ctx, conn, s.cfg.Slot)
 	if err != nil {
 		return SlotInfo{}, err
@@ -428,7 +431,13 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 			return err
 		}
 		if s.statusDue() {
-			if err := s.sendStatus(ctx, false); err != nil {
+			// The server sends keepalives only when it has not heard from the relay for half its
+			// wal_sender_timeout (never when that is 0) or has sent what the relay has not
+			// confirmed, so an idle server says nothing while status updates arrive. Once it has
+			// been silent a while, ask for a reply: a healthy one answers at once, so silence
+			// up to ReceiveTimeout then means the connection is dead.
+			probe := time.Since(lastHeard) >= s.cfg.ReceiveTimeout/3
+			if err := s.sendStatus(ctx, probe); err != nil {
 				return err
 			}
 		}
