@@ -199,6 +199,10 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		return fatalf("pg_dsn: %w", err)
 	}
 	rcfg.RuntimeParams["replication"] = "database"
+	// pgoutput sends values in their text form, which for bytea follows the session's bytea_output,
+	// and ALTER DATABASE/ROLE ... SET bytea_output = 'escape' reaches the walsender too: the
+	// decoder reads hex. Startup options win over database and role settings.
+	rcfg.RuntimeParams["bytea_output"] = "hex"
 	// pgproto3 reads the socket 8 KiB at a time; a busy stream is tens of MB/s, so read it in
 	// larger pieces and spare the syscalls.
 	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
