@@ -3,14 +3,21 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // A failover to an asynchronous standby that was behind: the new primary's timeline reuses LSNs the
@@ -147,4 +154,76 @@ func queryOn(ctx context.Context, pg *devenv.Postgres, dsn string, sql string, d
 	}
 	defer conn.Close(ctx)
 	return conn.QueryRow(ctx, sql).Scan(dest...)
+}
+
+// When pg_dsn comes to lead to another database cluster (a DNS or configuration mistake, a
+// restored copy), a slot of the same name there is not the slot the relay streamed: it must stop
+// with an error that says so, and confirm nothing to that slot.
+func TestRelayRefusesToStreamFromAnotherCluster(t *testing.T) {
+	ctx := context.Background()
+	first := testenv.Postgres(t)
+	f := newFixture(t, first, testenv.SharedKafka(t).Brokers(), 1)
+	r, err := relay.New(f.config(), zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	f.waitSlotActive()
+	if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	f.verify(time.Minute, false)
+	end := f.currentLSN()
+	eventually(t, time.Minute, "the relay to confirm its writes", func() bool { return f.confirmedLSN() >= end })
+
+	// Another cluster takes the address, with the same database, outbox table and slot name.
+	if err := first.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := testenv.Postgres(t, devenv.PostgresOptions{Port: first.Port()})
+	cfg, err := pgx.ParseConfig(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.CreateDatabase(ctx, cfg.Database); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", f.slot); err != nil {
+		t.Fatal(err)
+	}
+	created, err := harness.ConfirmedFlushLSN(ctx, conn, f.slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	deadline := time.After(2 * time.Minute)
+	for {
+		select {
+		case err := <-done:
+			if !replication.IsFatal(err) || !strings.Contains(err.Error(), "another database cluster") {
+				t.Fatalf("Run = %v, want a fatal error saying pg_dsn leads to another database cluster", err)
+			}
+			if got, err := harness.ConfirmedFlushLSN(ctx, conn, f.slot); err != nil || got != created {
+				t.Fatalf("the other cluster's slot is confirmed at %X (%v), want it untouched at %X", got, err, created)
+			}
+			return
+		case <-deadline:
+			t.Fatal("the relay kept running against another cluster")
+		case <-time.After(100 * time.Millisecond):
+			if got, err := harness.ConfirmedFlushLSN(ctx, conn, f.slot); err == nil && got != created {
+				t.Fatalf("the relay confirmed %X to another cluster's slot (created at %X)", got, created)
+			}
+		}
+	}
 }
