@@ -179,16 +179,38 @@ func TestRelayRefusesToStreamFromAnotherCluster(t *testing.T) {
 	end := f.currentLSN()
 	eventually(t, time.Minute, "the relay to confirm its writes", func() bool { return f.confirmedLSN() >= end })
 
-	// Another cluster takes the address, with the same database, outbox table and slot name.
-	if err := first.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	second := testenv.Postgres(t, devenv.PostgresOptions{Port: first.Port()})
+	// Another cluster, with the same database, outbox table and slot name, takes the address.
+	second := testenv.Postgres(t)
 	cfg, err := pgx.ParseConfig(f.dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := second.CreateDatabase(ctx, cfg.Database); err != nil {
+	secondDSN, err := second.CreateDatabase(ctx, cfg.Database)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created uint64
+	if err := func() error {
+		conn, err := pgx.Connect(ctx, secondDSN)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
+			return err
+		}
+		if _, err = conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", f.slot); err != nil {
+			return err
+		}
+		created, err = harness.ConfirmedFlushLSN(ctx, conn, f.slot)
+		return err
+	}(); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.MovePort(ctx, first.Port()); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := pgx.Connect(ctx, f.dsn)
@@ -196,16 +218,6 @@ func TestRelayRefusesToStreamFromAnotherCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", f.slot); err != nil {
-		t.Fatal(err)
-	}
-	created, err := harness.ConfirmedFlushLSN(ctx, conn, f.slot)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	deadline := time.After(2 * time.Minute)
 	for {
