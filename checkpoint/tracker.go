@@ -17,6 +17,9 @@ import (
 // from the single goroutine that decodes the stream; Txn.Ack may be called from any goroutine.
 type Tracker struct {
 	safe atomic.Uint64 // pglogrepl.LSN; read without the lock by the replication status loop
+	// timeline is the server timeline safe was learned on (0 until the first Reset). The stream
+	// reads it before safe and confirms safe only on that timeline; Reset stores safe first.
+	timeline atomic.Uint32
 
 	mu            sync.Mutex
 	queue         []*Txn // begun transactions in commit order, oldest first
@@ -28,6 +31,7 @@ type Tracker struct {
 // Txn is one transaction as the tracker sees it.
 type Txn struct {
 	t           *Tracker
+	detached    bool // dropped by Reset: its acks no longer count (guarded by t.mu)
 	commitLSN   pglogrepl.LSN
 	endLSN      pglogrepl.LSN
 	outstanding int
@@ -43,8 +47,30 @@ func New(start pglogrepl.LSN) *Tracker {
 }
 
 // Safe is the highest LSN that may be confirmed to PostgreSQL: every transaction that ends at or
-// before it has been fully acknowledged. It never decreases.
+// before it has been fully acknowledged. It never decreases, except by Reset.
 func (t *Tracker) Safe() pglogrepl.LSN { return pglogrepl.LSN(t.safe.Load()) }
+
+// Timeline is the server timeline Safe belongs to: the one given to the last Reset, 0 before.
+func (t *Tracker) Timeline() uint32 { return t.timeline.Load() }
+
+// Reset starts over on another server timeline (after a failover) at start, the slot's confirmed
+// position on the new server. LSNs of different timelines cannot be compared: the new timeline
+// reuses positions the old one had passed, so every transaction is forgotten (the new server
+// replays from start whatever it has), the replay filter is cleared, and acks still arriving for
+// transactions begun before the reset change nothing.
+func (t *Tracker) Reset(start pglogrepl.LSN, timeline uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, tx := range t.queue {
+		tx.detached = true
+	}
+	if len(t.queue) > 0 {
+		close(t.drained)
+	}
+	t.queue, t.open, t.lastCommitted = nil, nil, 0
+	t.safe.Store(uint64(start))
+	t.timeline.Store(timeline)
+}
 
 // Begin starts tracking the transaction that will commit at commitLSN. It returns nil when that
 // transaction was already committed in this tracker: after a reconnect the server replays from the
@@ -86,7 +112,7 @@ func (tx *Txn) Ack(n int) {
 		t.mu.Unlock()
 		panic("checkpoint: more acks than events in a transaction")
 	}
-	if tx.outstanding == 0 && tx.committed {
+	if tx.outstanding == 0 && tx.committed && !tx.detached {
 		t.advanceLocked()
 	}
 	t.mu.Unlock()

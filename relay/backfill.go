@@ -2,8 +2,6 @@ package relay
 
 import (
 	"context"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -222,13 +220,8 @@ func (a *ackGroup) wait(ctx context.Context) error {
 	}
 }
 
-func unhex(b []byte) ([]byte, error) {
-	if len(b) < 2 || b[0] != '\\' || b[1] != 'x' {
-		return nil, errors.New("bytea value is not in hex format")
-	}
-	out := make([]byte, hex.DecodedLen(len(b)-2))
-	_, err := hex.Decode(out, b[2:])
-	return out, err
-}
+// unhex decodes a bytea payload's text form, hex or (bytea_output = 'escape' on the database or
+// role) escape format.
+func unhex(b []byte) ([]byte, error) { return decoder.Bytea(b) }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

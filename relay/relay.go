@@ -237,6 +237,10 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 			r.streaming.Store(true)
 			r.dec.Reset()
 			r.tracker.Abort()
+			if msg.Timeline != r.tracker.Timeline() {
+				// First session, or a failover: positions of another timeline mean nothing here.
+				r.tracker.Reset(msg.WALEnd, msg.Timeline)
+			}
 			tx = nil
 		case replication.Keepalive:
 			// Inside a transaction (even one being skipped as a replay) the server's WAL end may lie

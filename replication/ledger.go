@@ -82,6 +82,8 @@ func (l Ledger) Lookup(ctx context.Context, q queryExecer, slot string) (e Entry
 
 // RecordSlot notes that the relay created slot at lsn, replacing what an earlier slot of that name
 // left. It returns an error when the ledger cannot be written; callers decide how much that matters.
+// The server identity is recorded separately (RecordIdentity), so that a ledger not yet migrated
+// to have it still records the slot.
 func (l Ledger) RecordSlot(ctx context.Context, q queryExecer, slot string, lsn pglogrepl.LSN) error {
 	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, consistent_lsn) VALUES ($1, $2::pg_lsn)
 		ON CONFLICT (slot) DO UPDATE SET consistent_lsn = EXCLUDED.consistent_lsn, created_at = now(),
@@ -94,6 +96,51 @@ func (l Ledger) RecordBackfill(ctx context.Context, q queryExecer, slot string, 
 	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, backfill_events, backfill_completed_at) VALUES ($1, $2, now())
 		ON CONFLICT (slot) DO UPDATE SET backfill_events = EXCLUDED.backfill_events, backfill_completed_at = now()`, l.table),
 		slot, events)
+	return err
+}
+
+// Identity is what IDENTIFY_SYSTEM says about a server: the database cluster (system identifier,
+// shared by a primary and its physical standbys) and the history of its WAL (timeline, new after
+// every promotion).
+type Identity struct {
+	SystemID string
+	Timeline uint32
+}
+
+func (id Identity) String() string {
+	return fmt.Sprintf("system identifier %s, timeline %d", id.SystemID, id.Timeline)
+}
+
+// Identity returns the server the relay last streamed slot from; ok is false when nothing is
+// recorded (no entry, no ledger, or a ledger from before migration 0003).
+func (l Ledger) Identity(ctx context.Context, q queryExecer, slot string) (id Identity, ok bool, err error) {
+	if exists, err := l.Exists(ctx, q); err != nil || !exists {
+		return Identity{}, false, err
+	}
+	var sysID *string
+	var timeline *int64
+	err = q.QueryRow(ctx, fmt.Sprintf("SELECT system_identifier, timeline FROM %s WHERE slot = $1", l.table), slot).Scan(&sysID, &timeline)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42703": // undefined_column: not migrated
+		return Identity{}, false, nil
+	case err != nil:
+		return Identity{}, false, fmt.Errorf("read %s: %w", l.table, err)
+	case sysID == nil:
+		return Identity{}, false, nil
+	}
+	id.SystemID = *sysID
+	if timeline != nil {
+		id.Timeline = uint32(*timeline)
+	}
+	return id, true, nil
+}
+
+// RecordIdentity notes the server the relay streams slot from.
+func (l Ledger) RecordIdentity(ctx context.Context, q queryExecer, slot string, id Identity) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, system_identifier, timeline) VALUES ($1, $2, $3)
+		ON CONFLICT (slot) DO UPDATE SET system_identifier = EXCLUDED.system_identifier, timeline = EXCLUDED.timeline`, l.table),
+		slot, id.SystemID, int64(id.Timeline))
 	return err
 }
 

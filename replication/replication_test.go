@@ -133,6 +133,7 @@ func TestStreamErrorsMapToWhatTheCallerActsOn(t *testing.T) {
 type fixedCheckpoint pglogrepl.LSN
 
 func (c fixedCheckpoint) Safe() pglogrepl.LSN { return pglogrepl.LSN(c) }
+func (c fixedCheckpoint) Timeline() uint32    { return 0 }
 
 func TestStatusIsDueOnTheIntervalOrSoonAfterTheCheckpointMoves(t *testing.T) {
 	now := time.Now()

@@ -38,10 +38,12 @@ type Config struct {
 	CreateSlot        bool
 	CreatePublication bool
 	// StatusInterval is how often the confirmed position is reported. It is capped at a third of
-	// the server's wal_sender_timeout so the server never gives up on a busy relay.
+	// the server's wal_sender_timeout so the server never gives up on a busy relay, and at a third
+	// of ReceiveTimeout so a silent server is asked for a reply in time.
 	StatusInterval time.Duration
-	// ReceiveTimeout is how long the server may stay silent before the connection is presumed dead
-	// (it sends keepalives at least every wal_sender_timeout/2). Default 2m.
+	// ReceiveTimeout is how long the server may stay silent before the connection is presumed dead.
+	// A walsender that receives the relay's status updates sends nothing on an idle database, so
+	// after a third of it in silence the status updates ask for a reply. Default 2m.
 	ReceiveTimeout time.Duration
 	// SlotBusyWait is how long a first start waits for a slot another process holds (for example
 	// the walsender of a relay that was just killed) before giving up. Default 30s.
@@ -95,6 +97,8 @@ type Kind uint8
 const (
 	// Session starts a new replication session; WALEnd is the slot's confirmed position. Anything
 	// of a transaction left open by the previous session will be sent again from its Begin.
+	// Timeline is the server's: when it differs from the Checkpoint's, the consumer must start
+	// over at WALEnd on it (checkpoint.Tracker.Reset), since LSNs of two timelines do not compare.
 	Session Kind = iota + 1
 	// Data is one pgoutput message that starts at WALStart.
 	Data
@@ -108,6 +112,7 @@ type Message struct {
 	WALStart pglogrepl.LSN
 	WALEnd   pglogrepl.LSN
 	Data     []byte // owned by the consumer
+	Timeline uint32 // Session: the server's timeline
 
 	ahead *readAhead // where Release returns len(Data) to
 }
@@ -158,7 +163,12 @@ func (b *readAhead) release(n int64) {
 
 // Checkpoint tells the stream how far the slot may be confirmed.
 type Checkpoint interface {
+	// Safe is the highest position that may be confirmed.
 	Safe() pglogrepl.LSN
+	// Timeline is the server timeline Safe belongs to. Until the consumer has taken up a Session's
+	// timeline, the stream confirms nothing beyond the slot's own position: after a failover, Safe
+	// may still be a position of the old timeline, which means something else on the new one.
+	Timeline() uint32
 }
 
 // Stream is the replication connection and its receive loop.
@@ -178,6 +188,10 @@ type Stream struct {
 	reported   pglogrepl.LSN
 	streamed   bool // a session reached START_REPLICATION at least once
 	ahead      *readAhead
+	// identity is the server streamed from (IDENTIFY_SYSTEM), zero before the first session;
+	// ledgerIdentity is what the ledger holds, as far as this process knows.
+	identity       Identity
+	ledgerIdentity Identity
 }
 
 // New returns a Stream that reports ck.Safe() as its confirmed position.
@@ -232,7 +246,7 @@ func backoff(attempt int) time.Duration {
 
 // session runs one replication connection from its checks to its end.
 func (s *Stream) session(ctx context.Context, out chan<- Message) error {
-	slot, err := s.prepare(ctx)
+	slot, recorded, err := s.prepare(ctx)
 	if err != nil {
 		return err
 	}
@@ -241,6 +255,10 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		return fatalf("pg_dsn: %w", err)
 	}
 	rcfg.RuntimeParams["replication"] = "database"
+	// pgoutput sends values in their text form, which for bytea follows the session's bytea_output,
+	// and ALTER DATABASE/ROLE ... SET bytea_output = 'escape' reaches the walsender too: the
+	// decoder reads hex. Startup options win over database and role settings.
+	rcfg.RuntimeParams["bytea_output"] = "hex"
 	// pgproto3 reads the socket 8 KiB at a time; a busy stream is tens of MB/s, so read it in
 	// larger pieces and spare the syscalls.
 	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
@@ -253,11 +271,17 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	if err != nil {
 		return classifyConnect(err, "replication")
 	}
+	if err := s.identify(ctx, recorded); err != nil {
+		return err
+	}
 	snapshot := ""
 	if !slot.Exists {
 		if slot, snapshot, err = s.createSlot(ctx); err != nil {
 			return err
 		}
+	}
+	if s.identity != s.ledgerIdentity {
+		s.recordIdentity(ctx)
 	}
 	if s.cfg.BeforeStream != nil && !s.streamed {
 		// The exported snapshot stays valid until the next command on this connection, so the hook
@@ -280,19 +304,37 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
 		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval))
 	s.nextStatus = time.Now().Add(s.interval)
-	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor}); err != nil {
+	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor, Timeline: s.identity.Timeline}); err != nil {
 		return err
 	}
 	return s.receive(ctx, out)
 }
 
-// prepare runs the checks on an ordinary connection and returns the slot's current state.
-func (s *Stream) prepare(ctx context.Context) (SlotInfo, error) {
+// prepare runs the checks on an ordinary connection and returns the slot's current state and, on
+// the process's first session, the server the ledger says the slot was last streamed from.
+func (s *Stream) prepare(ctx context.Context) (SlotInfo, Identity, error) {
 	conn, err := pgx.Connect(ctx, s.cfg.DSN)
 	if err != nil {
-		return SlotInfo{}, classifyConnect(err, "checks")
+		return SlotInfo{}, Identity{}, classifyConnect(err, "checks")
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	slot, err := s.prepareSlot(ctx, conn)
+	if err != nil || s.identity != (Identity{}) {
+		return slot, Identity{}, err
+	}
+	recorded, known, err := s.ledger.Identity(ctx, conn, s.cfg.Slot)
+	if err != nil {
+		// Like the rest of the ledger, optional: without it only the in-process comparison remains.
+		s.log.Warn("cannot read the server identity recorded in the slot ledger", zap.String("table", LedgerTable), zap.Error(err))
+		return slot, Identity{}, nil
+	}
+	if known {
+		s.ledgerIdentity = recorded
+	}
+	return slot, recorded, nil
+}
+
+func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, error) {
 	if err := preflight(ctx, conn, &s.cfg); err != nil {
 		return SlotInfo{}, err
 	}
@@ -307,13 +349,14 @@ func (s *Stream) prepare(ctx context.Context) (SlotInfo, error) {
 	if senderTimeout > 0 && s.interval > senderTimeout/3 {
 		s.interval = senderTimeout / 3
 	}
+	s.interval = min(s.interval, s.cfg.ReceiveTimeout/3)
 	slot, err := ReadSlot(ctx, conn, s.cfg.Slot)
 	if err != nil {
 		return SlotInfo{}, err
 	}
 	switch {
 	case !slot.Exists && s.streamed:
-		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it); the relay does not recreate it because events committed in the gap would be skipped: recreate it deliberately (outbox-relay run creates it on a fresh start) after deciding how to reconcile outbox rows written since the last confirmed position %s",
+		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed in the gap would be skipped: recreate it deliberately (outbox-relay run creates it on a fresh start) after deciding how to reconcile outbox rows written since the last confirmed position %s",
 			ErrSlotLost, s.cfg.Slot, s.reported)
 	case !slot.Exists && !s.cfg.CreateSlot:
 		return SlotInfo{}, fatalf("replication slot %q does not exist and create_slot is off: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", s.cfg.Slot, s.cfg.Slot)
@@ -331,8 +374,12 @@ func (s *Stream) prepare(ctx context.Context) (SlotInfo, error) {
 		if err != nil {
 			return SlotInfo{}, err
 		}
+		if known && e.ConsistentLSN == 0 {
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, which the relay streamed (recorded on %s), no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), LedgerTable, s.cfg.Slot)
+		}
 		if known {
-			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
 				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, LedgerTable, s.cfg.Slot)
 		}
 		return slot, nil
@@ -444,7 +491,13 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 			return err
 		}
 		if s.statusDue() {
-			if err := s.sendStatus(ctx, false); err != nil {
+			// The server sends keepalives only when it has not heard from the relay for half its
+			// wal_sender_timeout (never when that is 0) or has sent what the relay has not
+			// confirmed, so an idle server says nothing while status updates arrive. Once it has
+			// been silent a while, ask for a reply: a healthy one answers at once, so silence
+			// up to ReceiveTimeout then means the connection is dead.
+			probe := time.Since(lastHeard) >= s.cfg.ReceiveTimeout/3
+			if err := s.sendStatus(ctx, probe); err != nil {
 				return err
 			}
 		}
@@ -496,7 +549,7 @@ func (s *Stream) statusDue() bool {
 	if !now.Before(s.nextStatus) {
 		return true
 	}
-	return s.ck.Safe() > s.reported && now.Sub(s.lastStatus) >= eagerStatusGap
+	return s.confirmable() > s.reported && now.Sub(s.lastStatus) >= eagerStatusGap
 }
 
 func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []byte) error {
@@ -592,7 +645,7 @@ func (s *Stream) await(ctx context.Context, wake <-chan struct{}) error {
 func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 	s.lastStatus = time.Now()
 	s.nextStatus = s.lastStatus.Add(s.interval)
-	flush := max(s.ck.Safe(), s.floor)
+	flush := s.confirmable()
 	if flush == 0 {
 		return nil
 	}

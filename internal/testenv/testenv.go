@@ -68,6 +68,17 @@ func Postgres(t testing.TB, opts ...devenv.PostgresOptions) *devenv.Postgres {
 	})
 }
 
+// Standby starts a physical standby of primary for t (pg_basebackup), closed at t's cleanup. opts
+// (at most one) may set Port and Settings.
+func Standby(t testing.TB, primary *devenv.Postgres, opts ...devenv.PostgresOptions) *devenv.Postgres {
+	t.Helper()
+	return dedicated(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
+		o := first(opts)
+		o.Dir = dir
+		return devenv.StartStandby(ctx, primary, o)
+	})
+}
+
 // Kafka starts a dedicated broker for t, closed at t's cleanup. opts (at most one) may set
 // anything but Dir.
 func Kafka(t testing.TB, opts ...devenv.KafkaOptions) *devenv.Kafka {

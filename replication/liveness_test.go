@@ -1,0 +1,175 @@
+package replication_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// runStream runs a Stream on dsn with a consumer that does what the relay does with an idle
+// outbox: take up each session's timeline and advance on keepalives. It returns the metrics and a
+// stop function that returns Run's error.
+func runStream(t *testing.T, dsn, slot string, receiveTimeout time.Duration) (*prometheus.Registry, func() error) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	tracker := checkpoint.New(0)
+	s := replication.New(replication.Config{
+		DSN: dsn, Slot: slot, Publication: slot, Table: "outbox_events",
+		CreateSlot: true, CreatePublication: true, ReceiveTimeout: receiveTimeout,
+	}, tracker, zaptest.NewLogger(t), m)
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan replication.Message, s.Buffer())
+	go func() {
+		for msg := range out {
+			switch msg.Kind {
+			case replication.Session:
+				tracker.Reset(msg.WALEnd, msg.Timeline)
+			case replication.Keepalive:
+				tracker.Idle(msg.WALEnd)
+			}
+		}
+	}()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, out) }()
+	var runErr error
+	stopped := false
+	stop := func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			select {
+			case runErr = <-done:
+			case <-time.After(time.Minute):
+				t.Fatal("stream did not stop within a minute")
+			}
+		}
+		return runErr
+	}
+	t.Cleanup(func() { stop() })
+	return reg, stop
+}
+
+// reconnects reads the stream's reconnect counter.
+func reconnects(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if !strings.HasSuffix(f.GetName(), "reconnects_total") {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == "postgres" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// walsenderPID waits until slot is streamed and returns its walsender's PID.
+func walsenderPID(t *testing.T, dsn, slot string) int {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		var pid *int32
+		err := conn.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&pid)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		if pid != nil {
+			return int(*pid)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("slot %s never became active", slot)
+	return 0
+}
+
+func withOption(t *testing.T, dsn, option string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("options", option)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// On an idle database the walsender sends nothing while the relay's status updates keep arriving
+// (with wal_sender_timeout 0, never): the stream must not take that silence for a dead connection,
+// yet must still notice one that is.
+func TestIdleStreamKeepsItsConnectionAndDetectsAFrozenOne(t *testing.T) {
+	const receiveTimeout = 3 * time.Second
+	pg := testenv.Postgres(t)
+	tests := []struct {
+		name   string
+		option string // for the connections' startup
+	}{
+		{"with the default wal_sender_timeout", ""},
+		{"with wal_sender_timeout 0", "--wal_sender_timeout=0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dsn := testenv.OutboxDatabase(t, pg)
+			if tt.option != "" {
+				dsn = withOption(t, dsn, tt.option)
+			}
+			slot := testenv.UniqueName(t, "slot")
+			m, stop := runStream(t, dsn, slot, receiveTimeout)
+			pid := walsenderPID(t, dsn, slot)
+
+			time.Sleep(3 * receiveTimeout)
+			if n := reconnects(t, m); n != 0 {
+				t.Fatalf("%v reconnects on an idle, healthy connection within %s (receive timeout %s)", n, 3*receiveTimeout, receiveTimeout)
+			}
+			if now := walsenderPID(t, dsn, slot); now != pid {
+				t.Fatalf("the walsender changed from PID %d to %d: the connection was replaced", pid, now)
+			}
+
+			// The server stops answering without closing the connection.
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+			frozen := time.Now()
+			for reconnects(t, m) == 0 {
+				if time.Since(frozen) > 3*receiveTimeout {
+					t.Fatalf("a frozen connection was not given up within %s (receive timeout %s)", 3*receiveTimeout, receiveTimeout)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			t.Logf("a frozen connection was given up after %s", time.Since(frozen).Round(100*time.Millisecond))
+			syscall.Kill(pid, syscall.SIGCONT)
+			if err := stop(); err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+		})
+	}
+}
