@@ -228,12 +228,20 @@ func (r *Relay) pipeline(ctx context.Context, msgs <-chan replication.Message) e
 			switch ch.Kind {
 			case decoder.Begin:
 				tx = r.tracker.Begin(ch.Tx.CommitLSN) // nil: already handled before a reconnect
+			case decoder.Relation:
+				if err := r.relation(ctx, ch.Relation); err != nil {
+					return err
+				}
 			case decoder.Insert:
 				if tx == nil {
 					continue
 				}
 				tx.Add()
-				if err := r.sink.Publish(ctx, ch.Event, tx); err != nil {
+				publish := r.sink.Publish
+				if ch.Unusable != nil {
+					publish = r.reject(ch.Unusable)
+				}
+				if err := publish(ctx, ch.Event, tx); err != nil {
 					return err
 				}
 			case decoder.Commit:
