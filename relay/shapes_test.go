@@ -131,8 +131,9 @@ func TestPartitionedOutboxDeliversEveryEventWhilePartitionsChange(t *testing.T) 
 
 // TestPartitionedOutboxWithLeafNamedWAL covers WAL written while the publication did not publish
 // through the partition root: pgoutput names the leaf partitions for it even after the setting is
-// changed. Without create_publication the relay refuses with the exact fix; with it, it sets the
-// option and publishes the rows written before as well as after.
+// changed, including leaves detached or dropped since. Without create_publication the relay
+// refuses with the exact fix; with it, it sets the option and publishes the rows written before as
+// well as after.
 func TestPartitionedOutboxWithLeafNamedWAL(t *testing.T) {
 	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 2)
 	ctx := context.Background()
@@ -143,6 +144,17 @@ func TestPartitionedOutboxWithLeafNamedWAL(t *testing.T) {
 	)
 	rng := rand.New(rand.NewPCG(8, 9))
 	f.writeMany(ctx, rng, 100, 3, 20)
+	// Rows in two more leaves, one detached afterwards (it exists, outside the outbox) and one
+	// detached and dropped: their WAL names relations today's catalog cannot place under the outbox.
+	f.exec(ctx, "CREATE TABLE outbox_events_later PARTITION OF outbox_events FOR VALUES FROM (now() + interval '5 days') TO (now() + interval '20 days')",
+		"ALTER TABLE outbox_events ALTER COLUMN created_at SET DEFAULT now() + interval '10 days'")
+	f.writeMany(ctx, rng, 20, 3, 20)
+	f.exec(ctx, "ALTER TABLE outbox_events ALTER COLUMN created_at SET DEFAULT now() + interval '30 days'")
+	f.writeMany(ctx, rng, 20, 3, 20)
+	f.exec(ctx, "ALTER TABLE outbox_events ALTER COLUMN created_at SET DEFAULT now()",
+		"ALTER TABLE outbox_events DETACH PARTITION outbox_events_later",
+		"ALTER TABLE outbox_events DETACH PARTITION outbox_events_default",
+		"DROP TABLE outbox_events_default")
 
 	cfg := f.config()
 	cfg.Replication.CreatePublication = false

@@ -52,6 +52,9 @@ type horizon struct {
 	changed  chan struct{} // receives (without blocking) when verified moves
 
 	pending pglogrepl.LSN // L of the last successful check, trusted once another check succeeds
+	// noLock: the role may not lock the table (LOCK needs SELECT on it); checks then rely on the
+	// margin for a drop too.
+	noLock bool
 }
 
 func newHorizon(cfg *Config, log *zap.Logger) *horizon {
@@ -146,8 +149,10 @@ func (h *horizon) check(ctx context.Context, conn **pgx.Conn) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "LOCK TABLE ONLY "+h.table+" IN ACCESS SHARE MODE"); err != nil {
-			return err
+		if !h.noLock {
+			if _, err := tx.Exec(ctx, "LOCK TABLE ONLY "+h.table+" IN ACCESS SHARE MODE"); err != nil {
+				return err
+			}
 		}
 		var text string
 		if err := tx.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&text); err != nil {
@@ -166,6 +171,12 @@ func (h *horizon) check(ctx context.Context, conn **pgx.Conn) error {
 			Scan(&oid, &pubInsert, &pubExists, &included)
 	})
 	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" && !h.noLock { // insufficient_privilege
+		h.noLock = true
+		h.log.Warn("the relay's role may not lock the outbox table, so the publication check relies on its time margin for a dropped table too: GRANT SELECT ON it to the relay's role",
+			zap.String("table", h.table), zap.Error(err))
+		return h.check(ctx, conn)
+	}
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 		return fatalf("outbox table %s no longer exists (dropped or renamed while the relay was streaming): rows written to a new table of that name are not in publication %q, so the relay stopped before confirming past the change. Recreate or rename the table back, ALTER PUBLICATION %s ADD TABLE %s, republish the rows written meanwhile (backfill_since), and restart",
 			h.table, h.publication, pgx.Identifier{h.publication}.Sanitize(), h.table)
