@@ -200,10 +200,17 @@ func waitStopped(t *testing.T, done <-chan error, timeout time.Duration, want ..
 // the slot past the change.
 func TestOutboxChangedWhileStreamingStopsLoudly(t *testing.T) {
 	tests := []struct {
-		name   string
-		change func(f *fixture) []string
-		want   []string
+		name    string
+		change  func(f *fixture) []string
+		want    []string
+		noTable bool // nothing can be written afterwards
 	}{
+		{
+			name:    "dropped",
+			change:  func(f *fixture) []string { return []string{"DROP TABLE outbox_events"} },
+			want:    []string{"outbox_events", "no longer exists", "ADD TABLE"},
+			noTable: true,
+		},
 		{
 			name: "dropped and recreated",
 			change: func(f *fixture) []string {
@@ -231,7 +238,9 @@ func TestOutboxChangedWhileStreamingStopsLoudly(t *testing.T) {
 
 			f.exec(ctx, tt.change(f)...)
 			before := f.currentLSN()
-			f.writeMany(ctx, rng, 20, 2, 5)
+			if !tt.noTable {
+				f.writeMany(ctx, rng, 20, 2, 5)
+			}
 			waitStopped(t, done, time.Minute, tt.want...)
 			if got := f.confirmedLSN(); got > before {
 				t.Fatalf("confirmed_flush_lsn %X is past %X: events written after the change were confirmed unpublished", got, before)

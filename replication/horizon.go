@@ -111,6 +111,10 @@ func (h *horizon) run(ctx context.Context) {
 				return
 			case ctx.Err() != nil:
 				return
+			case isLockTimeout(err):
+				// DDL on the table (ATTACH/DETACH PARTITION, ALTER TABLE) holds or awaits a
+				// conflicting lock: skip this round rather than queue behind it.
+				h.log.Debug("the outbox table is locked by DDL; publication check skipped this round", zap.Error(err))
 			default:
 				// Not fatal: the horizon stays where it is this time, and confirmation waits.
 				h.log.Warn("cannot check the outbox table's publication; the slot is not confirmed further until a check succeeds", zap.Error(err))
@@ -222,4 +226,10 @@ func (h *horizon) waitFor(ctx context.Context, lsn pglogrepl.LSN) {
 			return
 		}
 	}
+}
+
+// isLockTimeout reports whether err is PostgreSQL's lock_not_available (lock_timeout expired).
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
