@@ -19,20 +19,14 @@ type RelationRef struct {
 // BelongsToOutbox decides whether a relation in the stream that is not named like the outbox is
 // part of it: a leaf partition (at any depth) of a partitioned outbox, which pgoutput names for WAL
 // written while the publication did not publish via the partition root. It asks today's catalog on
-// an ordinary connection, so a relation that no longer hangs under the outbox cannot be proved
-// either way; such a relation is treated as the outbox's (with a warning) when it has every outbox
-// column and is not published in its own right, because skipping it could lose events without a
-// trace while publishing it costs at worst foreign rows on the outbox topics.
+// an ordinary connection: a relation under the outbox is the outbox's (even if the stream's
+// definition lacks a column: its rows then go to the failure policy). A relation that no longer
+// hangs under the outbox cannot be proved either way; it is treated as the outbox's (with a
+// warning) when it has every outbox column and is not published in its own right, because skipping
+// it could lose events without a trace while publishing it costs at worst foreign rows on the
+// outbox topics. The publication normally holds only the outbox, so this runs rarely.
 func (s *Stream) BelongsToOutbox(ctx context.Context, rel RelationRef) (bool, error) {
 	name := pgx.Identifier{rel.Schema, rel.Table}.Sanitize()
-	for _, c := range s.cfg.Columns {
-		if !slices.Contains(rel.Columns, c) {
-			// Not decodable as an outbox row, and every partition of the outbox has its columns.
-			s.log.Debug("relation in the stream is not the outbox: it lacks an outbox column",
-				zap.String("relation", name), zap.Uint32("oid", rel.OID), zap.String("column", c))
-			return false, nil
-		}
-	}
 	conn, err := pgx.Connect(ctx, s.cfg.DSN)
 	if err != nil {
 		return false, classifyConnect(err, "classifying a relation")
@@ -54,6 +48,11 @@ func (s *Stream) BelongsToOutbox(ctx context.Context, rel RelationRef) (bool, er
 		s.log.Info("relation in the stream is a partition of the outbox (WAL written while the publication did not publish via the partition root)",
 			zap.String("relation", name), zap.Uint32("oid", rel.OID))
 		return true, nil
+	case !hasColumns(rel.Columns, s.cfg.Columns):
+		// Not a partition of the outbox today, and not decodable as an outbox row.
+		s.log.Info("relation in the stream is not the outbox: it is not a partition of it and lacks outbox columns; its rows are skipped",
+			zap.String("relation", name), zap.Uint32("oid", rel.OID), zap.Strings("columns", rel.Columns))
+		return false, nil
 	case exists && publishedItself:
 		s.log.Info("relation in the stream is another table of the publication, not the outbox; its rows are skipped",
 			zap.String("relation", name), zap.Uint32("oid", rel.OID), zap.String("publication", s.cfg.Publication))
@@ -66,3 +65,12 @@ func (s *Stream) BelongsToOutbox(ctx context.Context, rel RelationRef) (bool, er
 
 // OutboxOID is the outbox table's OID as the relay found it at its first session (0 before).
 func (s *Stream) OutboxOID() uint32 { return s.guard.oid.Load() }
+
+func hasColumns(have, want []string) bool {
+	for _, c := range want {
+		if !slices.Contains(have, c) {
+			return false
+		}
+	}
+	return true
+}
