@@ -1,10 +1,16 @@
 // Package decoder turns pgoutput (protocol version 1) messages into outbox events.
 //
-// Columns are found by name in the Relation message, so their order and any extra columns in the
-// table do not matter. Only INSERTs into the outbox relation become events; other tables and other
-// operations (UPDATE, DELETE, TRUNCATE) are skipped, which also makes the insert-then-delete pattern
-// work. Column values are slices of the message buffer: the caller must hand Decode a buffer it
-// owns and never reuses.
+// Columns are found by name in each Relation message, so their order and any extra columns in the
+// table do not matter, and a schema change is judged by the columns the stream carries at that
+// point (not by today's catalog). Only INSERTs into the outbox become events; other operations
+// (UPDATE, DELETE, TRUNCATE) are skipped, which also makes the insert-then-delete pattern work.
+//
+// A relation named like the outbox is the outbox. Any other relation in the stream may still be
+// part of it (a leaf partition of a partitioned outbox, named by pgoutput for WAL written while the
+// publication did not publish via the partition root), so the decoder never decides that alone:
+// it returns a Relation change and the caller, who can ask the database, answers with Classify
+// before decoding on. Column values are slices of the message buffer: the caller must hand Decode
+// a buffer it owns and never reuses.
 package decoder
 
 import (
@@ -78,6 +84,9 @@ const (
 	Insert              // an outbox row; Event is set
 	Commit              // the transaction ends; Tx and EndLSN are set
 	Message             // a non-transactional logical decoding message at LSN (e.g. a heartbeat)
+	// Relation is a Relation message; Relation is set. When Relation.Named is false, the caller
+	// must call Classify for its OID before the next Decode.
+	Relation
 )
 
 func (k Kind) String() string {
@@ -92,6 +101,8 @@ func (k Kind) String() string {
 		return "commit"
 	case Message:
 		return "message"
+	case Relation:
+		return "relation"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -102,8 +113,24 @@ type Change struct {
 	Tx     TxInfo
 	EndLSN pglogrepl.LSN // Commit: the transaction end LSN, the position to confirm
 	Event  *Event        // Insert
-	LSN    pglogrepl.LSN // Message
-	Prefix string        // Message
+	// Unusable is set on an Insert into an outbox relation that lacks a mapped column (at that
+	// point of the stream): Event holds what could be read, and the row belongs to the failure
+	// policy, not to its topic.
+	Unusable error
+	LSN      pglogrepl.LSN // Message
+	Prefix   string        // Message
+	Relation *RelationInfo // Relation
+}
+
+// RelationInfo describes a Relation message.
+type RelationInfo struct {
+	OID           uint32
+	Schema, Table string
+	Columns       []string
+	// Named is true when schema and table are the outbox's: the relation is the outbox, and
+	// Unusable says whether its rows can be read. Otherwise the caller must Classify it.
+	Named    bool
+	Unusable error
 }
 
 // Decoder keeps the state a pgoutput stream needs: the relation cache and the open transaction.
@@ -120,6 +147,12 @@ type Decoder struct {
 type relation struct {
 	name   string // schema.table, for messages
 	outbox bool
+	// unclassified: not named like the outbox, and Classify has not been called yet.
+	unclassified bool
+	names        []string
+	types        []uint32
+	// unusable says why rows of this outbox relation cannot be read (a mapped column is missing).
+	unusable error
 	// index of each mapped column in the tuple; -1 when not configured (Headers only)
 	id, aggType, aggID, evType, payload, headers int
 	extra                                        []int
@@ -174,7 +207,7 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, data []byte) (Change, error) {
 	case msgCommit:
 		ch, err = d.commit(&r)
 	case msgRelation:
-		err = d.relation(&r)
+		ch, err = d.relation(&r)
 	case msgInsert:
 		ch, err = d.insert(&r, walStart)
 	case msgMessage:
@@ -221,7 +254,7 @@ func (d *Decoder) commit(r *reader) (Change, error) {
 	return Change{Kind: Commit, Tx: d.tx, EndLSN: end}, nil
 }
 
-func (d *Decoder) relation(r *reader) error {
+func (d *Decoder) relation(r *reader) (Change, error) {
 	oid := r.u32()
 	schema := r.cstring()
 	table := r.cstring()
@@ -236,26 +269,44 @@ func (d *Decoder) relation(r *reader) error {
 		r.u32() // type modifier
 	}
 	if r.err != nil {
-		return nil
+		return Change{}, nil
 	}
-	rel := &relation{name: schema + "." + table}
+	// A new definition replaces any earlier one: its column indexes may no longer match.
+	rel := &relation{name: schema + "." + table, names: names, types: types}
+	info := &RelationInfo{OID: oid, Schema: schema, Table: table, Columns: names}
 	if schema == d.cfg.Schema && table == d.cfg.Table {
-		if err := d.mapColumns(rel, names, types); err != nil {
-			// Forget any earlier definition: its column indexes no longer match the table, and
-			// decoding later inserts with them would put values in the wrong fields.
-			delete(d.relations, oid)
-			return err
-		}
-		rel.outbox = true
+		d.mapColumns(rel)
+		info.Named, info.Unusable = true, rel.unusable
+	} else {
+		rel.unclassified = true
 	}
 	d.relations[oid] = rel
-	return nil
+	return Change{Kind: Relation, Relation: info}, nil
+}
+
+// Classify says whether the relation oid, announced by a Relation change that was not Named, is
+// part of the outbox (a partition of it). It returns why its rows cannot be read, if they cannot.
+func (d *Decoder) Classify(oid uint32, outbox bool) (unusable error) {
+	rel, ok := d.relations[oid]
+	if !ok {
+		return nil
+	}
+	rel.unclassified = false
+	if outbox {
+		d.mapColumns(rel)
+	}
+	return rel.unusable
 }
 
 // byteaOID is the type OID of bytea, whose text form is hex and must be decoded.
 const byteaOID = 17
 
-func (d *Decoder) mapColumns(rel *relation, names []string, types []uint32) error {
+// mapColumns marks rel as the outbox and finds the configured columns in it. A missing column
+// does not fail the stream: the relation is remembered as unusable, and each of its rows goes to
+// the failure policy with what could be read.
+func (d *Decoder) mapColumns(rel *relation) {
+	names, types := rel.names, rel.types
+	rel.outbox = true
 	index := func(name string) int {
 		for i, n := range names {
 			if n == name {
@@ -286,12 +337,12 @@ func (d *Decoder) mapColumns(rel *relation, names []string, types []uint32) erro
 	for i, name := range d.cfg.Extra {
 		rel.extra[i] = need("extra column", name)
 	}
+	rel.unusable = nil
 	if len(missing) > 0 {
-		return fmt.Errorf("outbox table %s has no column %s; it has %s: fix the table or the columns.* settings",
+		rel.unusable = fmt.Errorf("outbox table %s had no column %s when this row was written (it had %s): the table's schema changed; restore the column or fix the columns.* settings",
 			rel.name, strings.Join(missing, ", "), strings.Join(names, ", "))
 	}
-	rel.payloadBytea = types[rel.payload] == byteaOID
-	return nil
+	rel.payloadBytea = rel.payload >= 0 && types[rel.payload] == byteaOID
 }
 
 func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN) (Change, error) {
@@ -305,6 +356,9 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN) (Change, error) {
 	}
 	if !ok {
 		return Change{}, fmt.Errorf("insert into relation %d before its Relation message", oid)
+	}
+	if rel.unclassified {
+		return Change{}, fmt.Errorf("insert into %s before the relation was classified (call Classify after its Relation change)", rel.name)
 	}
 	if !rel.outbox {
 		return Change{}, nil
@@ -354,7 +408,7 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN) (Change, error) {
 			return Change{}, fmt.Errorf("payload of event %s: %w", ev.ID, err)
 		}
 	}
-	return Change{Kind: Insert, Tx: d.tx, Event: ev}, nil
+	return Change{Kind: Insert, Tx: d.tx, Event: ev, Unusable: rel.unusable}, nil
 }
 
 // unhexBytea decodes bytea's text output (hex format, "\x0a0b...").

@@ -236,12 +236,18 @@ func show(b []byte) string {
 // sameValue reports whether got equals want, telling NULL (nil) from empty (non-nil, length 0).
 func sameValue(got, want []byte) bool { return (got == nil) == (want == nil) && bytes.Equal(got, want) }
 
-// mustDecode decodes msgs in order and fails the test on any error.
+// mustDecode decodes msgs in order and fails the test on any error. Relations not named like the
+// outbox are classified as other tables, as the relay does for a table that is not a partition of
+// the outbox.
 func mustDecode(t testing.TB, d *decoder.Decoder, msgs ...[]byte) {
 	t.Helper()
 	for i, m := range msgs {
-		if _, err := d.Decode(insertAt, m); err != nil {
+		ch, err := d.Decode(insertAt, m)
+		if err != nil {
 			t.Fatalf("setup message %d (%q): %v", i, m[0], err)
+		}
+		if ch.Kind == decoder.Relation && !ch.Relation.Named {
+			d.Classify(ch.Relation.OID, false)
 		}
 	}
 }
@@ -706,8 +712,6 @@ func TestDecodeSkipsWhatIsNotAnOutboxInsert(t *testing.T) {
 		{"a type message", defaultConfig(), typeMsg(70000, "public", "mood")},
 		{"an origin message", defaultConfig(), originMsg(0x5000, "node_b")},
 		{"a transactional logical decoding message", defaultConfig(), logicalMsg(true, 0x16B3720, "audit", "hello")},
-		{"a relation message for another table", defaultConfig(), relationMsg(otherOID+2, "public", "audit_log", otherCols)},
-		{"a relation message for the outbox sent again", defaultConfig(), outboxRelation()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -756,7 +760,7 @@ func TestDecodeStreams(t *testing.T) {
 		{
 			name: "an insert then a delete of the same row in one transaction yields the insert once",
 			steps: []step{
-				{outboxRelation(), decoder.Skip, "", ""},
+				{outboxRelation(), decoder.Relation, "", ""},
 				{txBegin(), decoder.Begin, "", ""},
 				{insertMsg(outboxOID, row(defaultCols, with(sampleRow, "id", text("a")))), decoder.Insert, "a", `{"total":12.5,"items":[1,2]}`},
 				{deleteMsg(outboxOID, 'K', []val{text("a"), null, null, null, null, null}), decoder.Skip, "", ""},
@@ -767,9 +771,9 @@ func TestDecodeStreams(t *testing.T) {
 			name: "outbox inserts interleaved with other tables' changes are the only events",
 			steps: []step{
 				{txBegin(), decoder.Begin, "", ""},
-				{otherRelation(), decoder.Skip, "", ""},
+				{otherRelation(), decoder.Relation, "", ""},
 				{insertMsg(otherOID, []val{text("1"), text("alice")}), decoder.Skip, "", ""},
-				{outboxRelation(), decoder.Skip, "", ""},
+				{outboxRelation(), decoder.Relation, "", ""},
 				{ins(defaultCols, "a", `{"n":1}`), decoder.Insert, "a", `{"n":1}`},
 				{updateMsg(otherOID, 0, nil, []val{text("1"), text("bob")}), decoder.Skip, "", ""},
 				{ins(defaultCols, "b", `{"n":2}`), decoder.Insert, "b", `{"n":2}`},
@@ -787,7 +791,7 @@ func TestDecodeStreams(t *testing.T) {
 		{
 			name: "consecutive transactions each begin and commit",
 			steps: []step{
-				{outboxRelation(), decoder.Skip, "", ""},
+				{outboxRelation(), decoder.Relation, "", ""},
 				{txBegin(), decoder.Begin, "", ""},
 				{ins(defaultCols, "a", "1"), decoder.Insert, "a", "1"},
 				{txCommit(), decoder.Commit, "", ""},
@@ -800,11 +804,11 @@ func TestDecodeStreams(t *testing.T) {
 			name: "a relation redefined by ALTER TABLE is re-mapped",
 			steps: []step{
 				{txBegin(), decoder.Begin, "", ""},
-				{relationMsg(outboxOID, "public", "outbox", v1), decoder.Skip, "", ""},
+				{relationMsg(outboxOID, "public", "outbox", v1), decoder.Relation, "", ""},
 				{ins(v1, "a", `{"v":1}`), decoder.Insert, "a", `{"v":1}`},
 				{txCommit(), decoder.Commit, "", ""},
 				{beginMsg(t2Commit, txTime, txXid+1), decoder.Begin, "", ""},
-				{relationMsg(outboxOID, "public", "outbox", v2), decoder.Skip, "", ""},
+				{relationMsg(outboxOID, "public", "outbox", v2), decoder.Relation, "", ""},
 				{ins(v2, "b", `{"v":2}`), decoder.Insert, "b", `{"v":2}`},
 				{commitMsg(t2Commit, t2End, txTime), decoder.Commit, "", ""},
 			},
@@ -812,10 +816,10 @@ func TestDecodeStreams(t *testing.T) {
 		{
 			name: "a relation redefined with an added column in the middle of a transaction re-maps later inserts",
 			steps: []step{
-				{outboxRelation(), decoder.Skip, "", ""},
+				{outboxRelation(), decoder.Relation, "", ""},
 				{txBegin(), decoder.Begin, "", ""},
 				{ins(defaultCols, "a", "1"), decoder.Insert, "a", "1"},
-				{relationMsg(outboxOID, "public", "outbox", append([]col{{"created_at", timestamptzOID}}, defaultCols...)), decoder.Skip, "", ""},
+				{relationMsg(outboxOID, "public", "outbox", append([]col{{"created_at", timestamptzOID}}, defaultCols...)), decoder.Relation, "", ""},
 				{ins(append([]col{{"created_at", timestamptzOID}}, defaultCols...), "b", "2"), decoder.Insert, "b", "2"},
 				{txCommit(), decoder.Commit, "", ""},
 			},
@@ -838,6 +842,9 @@ func TestDecodeStreams(t *testing.T) {
 				ch, err := d.Decode(insertAt+pglogrepl.LSN(i), s.msg)
 				if err != nil {
 					t.Fatalf("step %d (%q): %v", i, s.msg[0], err)
+				}
+				if ch.Kind == decoder.Relation && !ch.Relation.Named {
+					d.Classify(ch.Relation.OID, false)
 				}
 				if ch.Kind != s.kind {
 					t.Fatalf("step %d (%q): kind %s, want %s", i, s.msg[0], ch.Kind, s.kind)
@@ -864,26 +871,7 @@ func TestDecodeStreams(t *testing.T) {
 
 func TestDecodeErrors(t *testing.T) {
 	const at = pglogrepl.LSN(0x1000) // every failing message is decoded here; errors must say so
-	withExtra := decoder.Config{Table: "outbox", Columns: decoder.DefaultColumns(), Extra: []string{"tenant"}}
-	noHeaders := func() decoder.Config {
-		c := defaultConfig()
-		c.Columns.Headers = ""
-		return c
-	}()
 	byteaCols := []col{{"id", uuidOID}, {"aggregate_type", textOID}, {"aggregate_id", textOID}, {"event_type", textOID}, {"payload", byteaOID}, {"headers", jsonbOID}}
-	without := func(cols []col, names ...string) []col {
-		var out []col
-	next:
-		for _, c := range cols {
-			for _, n := range names {
-				if c.name == n {
-					continue next
-				}
-			}
-			out = append(out, c)
-		}
-		return out
-	}
 	tests := []struct {
 		name  string
 		cfg   decoder.Config // zero: defaultConfig()
@@ -978,10 +966,67 @@ func TestDecodeErrors(t *testing.T) {
 			msg:   beginMsg(txCommitLSN+0x100, txTime, txXid+1),
 			want:  []string{`'B'`, "still open", "731"},
 		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := tt.cfg
+			if cfg.Table == "" {
+				cfg = defaultConfig()
+			}
+			d := decoder.New(cfg)
+			mustDecode(t, d, tt.setup...)
+			ch, err := d.Decode(at, tt.msg)
+			if err == nil {
+				t.Fatalf("Decode = kind %s, no error; want an error containing %q", ch.Kind, tt.want)
+			}
+			if ch.Kind != decoder.Skip || ch.Event != nil {
+				t.Errorf("Decode returned kind %s, event %v with its error; want a zero Change", ch.Kind, ch.Event)
+			}
+			msg := err.Error()
+			for _, w := range append([]string{"at " + at.String()}, tt.want...) {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q does not contain %q", msg, w)
+				}
+			}
+		})
+	}
+}
+
+func without(cols []col, names ...string) []col {
+	var out []col
+next:
+	for _, c := range cols {
+		for _, n := range names {
+			if c.name == n {
+				continue next
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// TestDecodeOutboxRelationMissingAColumn: a Relation message is judged by the columns the stream
+// carries at that point (a rename and back leaves a historic definition in the WAL). A missing
+// column makes the relation unusable, not the stream: each row becomes an Insert carrying what
+// could be read and the reason, for the failure policy.
+func TestDecodeOutboxRelationMissingAColumn(t *testing.T) {
+	withExtra := decoder.Config{Table: "outbox", Columns: decoder.DefaultColumns(), Extra: []string{"tenant"}}
+	noHeaders := func() decoder.Config {
+		c := defaultConfig()
+		c.Columns.Headers = ""
+		return c
+	}()
+	tests := []struct {
+		name string
+		cfg  decoder.Config
+		msg  []byte
+		want []string
+	}{
 		{
 			name: "an outbox relation without the payload column",
 			msg:  relationMsg(outboxOID, "public", "outbox", without(defaultCols, "payload")),
-			want: []string{`'R'`, "public.outbox", `"payload"`, "columns.payload", "it has id, aggregate_type"},
+			want: []string{"public.outbox", `"payload"`, "columns.payload", "it had id, aggregate_type"},
 		},
 		{
 			name: "an outbox relation missing several columns names each with its setting key",
@@ -1027,39 +1072,94 @@ func TestDecodeErrors(t *testing.T) {
 				cfg = defaultConfig()
 			}
 			d := decoder.New(cfg)
-			mustDecode(t, d, tt.setup...)
-			ch, err := d.Decode(at, tt.msg)
-			if err == nil {
-				t.Fatalf("Decode = kind %s, no error; want an error containing %q", ch.Kind, tt.want)
+			ch, err := d.Decode(insertAt, tt.msg)
+			if err != nil {
+				t.Fatalf("Decode(relation) error: %v", err)
 			}
-			if ch.Kind != decoder.Skip || ch.Event != nil {
-				t.Errorf("Decode returned kind %s, event %v with its error; want a zero Change", ch.Kind, ch.Event)
+			if ch.Kind != decoder.Relation || !ch.Relation.Named || ch.Relation.Unusable == nil {
+				t.Fatalf("Decode(relation) = kind %s, relation %+v; want a named, unusable relation", ch.Kind, ch.Relation)
 			}
-			msg := err.Error()
-			for _, w := range append([]string{"at " + at.String()}, tt.want...) {
-				if !strings.Contains(msg, w) {
-					t.Errorf("error %q does not contain %q", msg, w)
+			for _, w := range tt.want {
+				if !strings.Contains(ch.Relation.Unusable.Error(), w) {
+					t.Errorf("reason %q does not contain %q", ch.Relation.Unusable, w)
 				}
+			}
+			var cols []col
+			for _, name := range ch.Relation.Columns {
+				cols = append(cols, col{name, textOID})
+			}
+			mustDecode(t, d, txBegin())
+			ins, err := d.Decode(insertAt, insertMsg(outboxOID, row(cols, with(sampleRow, "body", text("{}")))))
+			if err != nil {
+				t.Fatalf("insert into the unusable relation: %v", err)
+			}
+			if ins.Kind != decoder.Insert || ins.Event == nil || ins.Unusable == nil {
+				t.Fatalf("insert = kind %s, event %v, unusable %v; want an insert for the failure policy", ins.Kind, ins.Event, ins.Unusable)
+			}
+			if ch.Relation.Unusable.Error() != ins.Unusable.Error() {
+				t.Errorf("insert reason %q differs from the relation's %q", ins.Unusable, ch.Relation.Unusable)
 			}
 		})
 	}
 }
 
-func TestDecodeFailedRedefinitionForgetsTheOldMapping(t *testing.T) {
-	// After ALTER TABLE drops the payload column, the old mapping would read the wrong columns of
-	// every later insert; the decoder must refuse those inserts, not decode them with stale indexes.
+func TestDecodeRedefinitionWithoutPayloadAndBack(t *testing.T) {
+	// ALTER TABLE outbox RENAME payload TO body, an insert, and the rename back: the row written
+	// in between is unusable (and says so); the rows before and after decode normally.
 	d := decoder.New(defaultConfig())
 	mustDecode(t, d, outboxRelation(), txBegin())
-	broken := []col{{"id", uuidOID}, {"aggregate_type", textOID}, {"aggregate_id", textOID}, {"event_type", textOID}, {"headers", jsonbOID}, {"body", jsonbOID}}
-	if _, err := d.Decode(insertAt, relationMsg(outboxOID, "public", "outbox", broken)); err == nil {
-		t.Fatal("Decode(relation without payload) succeeded, want an error")
+	renamed := []col{{"id", uuidOID}, {"aggregate_type", textOID}, {"aggregate_id", textOID}, {"event_type", textOID}, {"body", jsonbOID}, {"headers", jsonbOID}}
+	ch, err := d.Decode(insertAt, relationMsg(outboxOID, "public", "outbox", renamed))
+	if err != nil || ch.Relation == nil || ch.Relation.Unusable == nil {
+		t.Fatalf("Decode(relation without payload) = %+v, %v; want an unusable relation", ch.Relation, err)
 	}
-	ch, err := d.Decode(insertAt, insertMsg(outboxOID, row(broken, with(sampleRow, "body", text("{}")))))
-	if err == nil {
-		t.Fatalf("insert after the failed redefinition decoded as %s with payload %s; want an error", ch.Kind, show(ch.Event.Payload))
+	ch, err = d.Decode(insertAt, insertMsg(outboxOID, row(renamed, with(sampleRow, "body", text("{}")))))
+	if err != nil || ch.Kind != decoder.Insert || ch.Unusable == nil {
+		t.Fatalf("insert without payload = kind %s, unusable %v, err %v; want an unusable insert", ch.Kind, ch.Unusable, err)
 	}
-	if !strings.Contains(err.Error(), "before its Relation message") {
-		t.Errorf("error %q does not say the relation is unknown", err)
+	if string(ch.Event.ID) != string(sampleRow["id"].data) || ch.Event.Payload != nil || string(ch.Event.AggregateID) != "order-42" {
+		t.Errorf("unusable event id %s aggregate %s payload %s; want the readable fields and no payload", show(ch.Event.ID), show(ch.Event.AggregateID), show(ch.Event.Payload))
+	}
+	mustDecode(t, d, outboxRelation())
+	ch, err = d.Decode(insertAt, sampleInsert())
+	if err != nil || ch.Kind != decoder.Insert || ch.Unusable != nil || ch.Event.Payload == nil {
+		t.Fatalf("insert after the rename back = kind %s, unusable %v, err %v; want a normal event", ch.Kind, ch.Unusable, err)
+	}
+}
+
+func TestDecodeClassifiesOtherRelationsThroughTheCaller(t *testing.T) {
+	leafCols := append([]col{{"created_at", timestamptzOID}}, defaultCols...)
+	tests := []struct {
+		name   string
+		outbox bool
+		want   decoder.Kind
+	}{
+		{"a leaf partition of the outbox yields its inserts", true, decoder.Insert},
+		{"another table yields nothing", false, decoder.Skip},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := decoder.New(defaultConfig())
+			ch, err := d.Decode(insertAt, relationMsg(otherOID, "public", "outbox_2026_11", leafCols))
+			if err != nil || ch.Kind != decoder.Relation || ch.Relation.Named || ch.Relation.OID != otherOID || ch.Relation.Table != "outbox_2026_11" {
+				t.Fatalf("Decode(leaf relation) = %s %+v, %v; want an unnamed Relation change", ch.Kind, ch.Relation, err)
+			}
+			mustDecode(t, d, txBegin())
+			ins := insertMsg(otherOID, row(leafCols, with(sampleRow, "created_at", text("now"))))
+			if _, err := d.Decode(insertAt, ins); err == nil || !strings.Contains(err.Error(), "classified") {
+				t.Fatalf("insert before Classify: %v; want an error (never a silent skip)", err)
+			}
+			if unusable := d.Classify(otherOID, tt.outbox); unusable != nil {
+				t.Fatalf("Classify = %v", unusable)
+			}
+			got, err := d.Decode(insertAt, ins)
+			if err != nil || got.Kind != tt.want {
+				t.Fatalf("insert after Classify(%v) = %s, %v; want %s", tt.outbox, got.Kind, err, tt.want)
+			}
+			if tt.want == decoder.Insert && string(got.Event.Payload) != string(sampleRow["payload"].data) {
+				t.Errorf("payload %s, want the sample's", show(got.Event.Payload))
+			}
+		})
 	}
 }
 

@@ -256,10 +256,18 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 			switch ch.Kind {
 			case decoder.Begin:
 				tx = r.tracker.Begin(ch.Tx.CommitLSN) // nil: already handled before a reconnect
+			case decoder.Relation:
+				if err := r.relation(hard, ch.Relation); err != nil {
+					return err
+				}
 			case decoder.Insert:
 				if tx != nil {
 					tx.Add()
-					if err := r.sink.Publish(hard, ch.Event, tx); err != nil {
+					publish := r.sink.Publish
+					if ch.Unusable != nil {
+						publish = r.reject(ch.Unusable)
+					}
+					if err := publish(hard, ch.Event, tx); err != nil {
 						return err
 					}
 				}

@@ -79,11 +79,12 @@ func (s *Stream) recordIdentity(ctx context.Context) {
 }
 
 // confirmable is the position a status update may confirm: the checkpoint's, once it belongs to
-// the server's timeline, and never less than the slot's own confirmed position.
+// the server's timeline and capped at what the publication checks covered (horizon.go), and never
+// less than the slot's own confirmed position.
 func (s *Stream) confirmable() pglogrepl.LSN {
 	// Timeline first: the tracker's Reset stores the position before the timeline.
 	if s.ck.Timeline() != s.identity.Timeline {
 		return s.floor
 	}
-	return max(s.ck.Safe(), s.floor)
+	return max(min(s.ck.Safe(), s.guard.Verified()), s.floor)
 }

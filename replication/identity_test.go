@@ -63,20 +63,25 @@ func (c timelineCheckpoint) Timeline() uint32    { return c.timeline }
 
 func TestOnlyPositionsOfTheServersTimelineAreConfirmed(t *testing.T) {
 	tests := []struct {
-		name   string
-		ck     timelineCheckpoint
-		server uint32
-		floor  pglogrepl.LSN
-		want   pglogrepl.LSN
+		name    string
+		ck      timelineCheckpoint
+		server  uint32
+		floor   pglogrepl.LSN
+		horizon pglogrepl.LSN
+		want    pglogrepl.LSN
 	}{
-		{"the checkpoint on the server's timeline", timelineCheckpoint{0x500, 1}, 1, 0x100, 0x500},
-		{"never below the slot's own position", timelineCheckpoint{0x50, 1}, 1, 0x100, 0x100},
-		{"an old timeline's position is not confirmed to the new one", timelineCheckpoint{0x500, 1}, 2, 0x300, 0x300},
-		{"before the consumer took up the first session", timelineCheckpoint{0, 0}, 1, 0x300, 0x300},
+		{"the checkpoint on the server's timeline", timelineCheckpoint{0x500, 1}, 1, 0x100, 0x900, 0x500},
+		{"never below the slot's own position", timelineCheckpoint{0x50, 1}, 1, 0x100, 0x900, 0x100},
+		{"an old timeline's position is not confirmed to the new one", timelineCheckpoint{0x500, 1}, 2, 0x300, 0x900, 0x300},
+		{"before the consumer took up the first session", timelineCheckpoint{0, 0}, 1, 0x300, 0x900, 0x300},
+		{"capped at what the publication checks covered", timelineCheckpoint{0x500, 1}, 1, 0x100, 0x400, 0x400},
+		{"the slot's own position even before a check covered it", timelineCheckpoint{0x500, 1}, 1, 0x100, 0, 0x100},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &Stream{ck: tt.ck, identity: Identity{SystemID: "x", Timeline: tt.server}, floor: tt.floor}
+			guard := &horizon{}
+			guard.verified.Store(uint64(tt.horizon))
+			s := &Stream{ck: tt.ck, identity: Identity{SystemID: "x", Timeline: tt.server}, floor: tt.floor, guard: guard}
 			if got := s.confirmable(); got != tt.want {
 				t.Fatalf("confirmable() = %s, want %s", got, tt.want)
 			}

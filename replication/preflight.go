@@ -94,17 +94,23 @@ func checkTable(ctx context.Context, q querier, cfg *Config) error {
 
 // EnsurePublication checks that publication exists, publishes INSERTs and includes the outbox
 // table; when it does not exist and create is set, it creates it for INSERTs on that table only.
+//
+// A partitioned outbox needs publish_via_partition_root: without it pgoutput names the leaf
+// partitions instead of the table. The publication is created with it (it changes nothing for a
+// plain table); an existing one without it is altered when create is set, and refused otherwise.
+// WAL written before the change still names the leaves (pgoutput decodes with the catalog of the
+// time); the relay recognises those through BelongsToOutbox.
 func EnsurePublication(ctx context.Context, q querier, publication, schema, tableName string, create bool) error {
 	cfg := &Config{Publication: publication, Schema: schema, Table: tableName}
 	table := cfg.qualifiedTable()
-	var pubInsert bool
-	err := q.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert)
+	var pubInsert, viaRoot bool
+	err := q.QueryRow(ctx, "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert, &viaRoot)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if !create {
-			return fatalf("publication %q does not exist: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+			return fatalf("publication %q does not exist: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
 				cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), table)
 		}
-		_, err := q.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+		_, err := q.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
 			pgx.Identifier{cfg.Publication}.Sanitize(), pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()))
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
@@ -122,15 +128,34 @@ func EnsurePublication(ctx context.Context, q querier, publication, schema, tabl
 		return fatalf("publication %q does not publish INSERTs: run ALTER PUBLICATION %s SET (publish = 'insert')",
 			cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize())
 	}
-	var included bool
-	err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables
-		WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`, cfg.Publication, cfg.Schema, cfg.Table).Scan(&included)
+	// pg_publication_tables lists a partitioned table's leaves or its root depending on
+	// publish_via_partition_root (and nothing for one without partitions), so look for any member
+	// of the outbox's partition tree there, or for the table itself in the publication's own list.
+	var included, partitioned bool
+	err = q.QueryRow(ctx, `SELECT
+			EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $1
+				AND (t.schemaname, t.tablename) IN (SELECT n.nspname, c.relname FROM (SELECT to_regclass($2) AS relid UNION SELECT relid FROM pg_partition_tree(to_regclass($2))) pt
+					JOIN pg_class c ON c.oid = pt.relid JOIN pg_namespace n ON n.oid = c.relnamespace))
+			OR EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
+				WHERE p.pubname = $1 AND r.prrelid = to_regclass($2)),
+			coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($2)), false)`,
+		cfg.Publication, table).Scan(&included, &partitioned)
 	if err != nil {
 		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
 	}
 	if !included {
 		return fatalf("publication %q does not include %s: run ALTER PUBLICATION %s ADD TABLE %s",
 			cfg.Publication, table, pgx.Identifier{cfg.Publication}.Sanitize(), table)
+	}
+	if partitioned && !viaRoot {
+		alter := fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", pgx.Identifier{cfg.Publication}.Sanitize())
+		if !create {
+			return fatalf("outbox table %s is partitioned but publication %q does not publish via the partition root, so its rows would arrive under the partitions' names: run %s (or set create_publication to let the relay do it)",
+				table, cfg.Publication, alter)
+		}
+		if _, err := q.Exec(ctx, alter); err != nil {
+			return fatalf("%s: %w (run it as the publication's owner)", alter, err)
+		}
 	}
 	return nil
 }

@@ -140,19 +140,24 @@ func TestStatusIsDueOnTheIntervalOrSoonAfterTheCheckpointMoves(t *testing.T) {
 	tests := []struct {
 		name       string
 		safe       pglogrepl.LSN
+		verified   pglogrepl.LSN
 		reported   pglogrepl.LSN
 		lastStatus time.Time
 		nextStatus time.Time
 		want       bool
 	}{
-		{"the interval passed", 10, 10, now.Add(-time.Second), now.Add(-time.Millisecond), true},
-		{"nothing moved and the interval has not passed", 10, 10, now.Add(-time.Second), now.Add(time.Second), false},
-		{"the checkpoint moved a while ago", 20, 10, now.Add(-time.Second), now.Add(time.Second), true},
-		{"the checkpoint moved but an update just went out", 20, 10, now, now.Add(time.Second), false},
+		{"the interval passed", 10, 100, 10, now.Add(-time.Second), now.Add(-time.Millisecond), true},
+		{"nothing moved and the interval has not passed", 10, 100, 10, now.Add(-time.Second), now.Add(time.Second), false},
+		{"the checkpoint moved a while ago", 20, 100, 10, now.Add(-time.Second), now.Add(time.Second), true},
+		{"the checkpoint moved but an update just went out", 20, 100, 10, now, now.Add(time.Second), false},
+		{"the checkpoint moved past the verified horizon, which did not move", 20, 10, 10, now.Add(-time.Second), now.Add(time.Second), false},
+		{"the checkpoint moved and the verified horizon partly", 20, 15, 10, now.Add(-time.Second), now.Add(time.Second), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &Stream{ck: fixedCheckpoint(tt.safe), reported: tt.reported, lastStatus: tt.lastStatus, nextStatus: tt.nextStatus}
+			g := &horizon{}
+			g.verified.Store(uint64(tt.verified))
+			s := &Stream{ck: fixedCheckpoint(tt.safe), guard: g, reported: tt.reported, lastStatus: tt.lastStatus, nextStatus: tt.nextStatus}
 			if got := s.statusDue(); got != tt.want {
 				t.Fatalf("statusDue = %v, want %v", got, tt.want)
 			}

@@ -192,12 +192,16 @@ type Stream struct {
 	// ledgerIdentity is what the ledger holds, as far as this process knows.
 	identity       Identity
 	ledgerIdentity Identity
+
+	guard     *horizon // caps the confirmed position at what the publication checks covered
+	stopGuard context.CancelFunc
 }
 
 // New returns a Stream that reports ck.Safe() as its confirmed position.
 func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream {
 	cfg.setDefaults()
-	return &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema), ahead: newReadAhead(cfg.BufferBytes)}
+	return &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema),
+		ahead: newReadAhead(cfg.BufferBytes), guard: newHorizon(&cfg, log.Named("horizon"))}
 }
 
 // Buffer returns the capacity the consumer channel should have.
@@ -205,8 +209,17 @@ func (s *Stream) Buffer() int { return s.cfg.Buffer }
 
 // Run streams into out until ctx ends or a fatal error, reconnecting with backoff after anything
 // else. It closes out when it returns. After Run returns, call Finish to report the final position.
-func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
+func (s *Stream) Run(ctx context.Context, out chan<- Message) (err error) {
 	defer close(out)
+	// The publication checks outlive Run when it ends cleanly: Finish still confirms, capped by them.
+	guardCtx, stopGuard := context.WithCancel(context.WithoutCancel(ctx))
+	s.stopGuard = stopGuard
+	go s.guard.run(guardCtx)
+	defer func() {
+		if err != nil {
+			stopGuard()
+		}
+	}()
 	var busySince time.Time
 	for attempt := 0; ; attempt++ {
 		started := time.Now()
@@ -336,6 +349,13 @@ func (s *Stream) prepare(ctx context.Context) (SlotInfo, Identity, error) {
 
 func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, error) {
 	if err := preflight(ctx, conn, &s.cfg); err != nil {
+		return SlotInfo{}, err
+	}
+	var oid uint32
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1)::oid", s.cfg.qualifiedTable()).Scan(&oid); err != nil {
+		return SlotInfo{}, fmt.Errorf("read the OID of %s: %w", s.cfg.qualifiedTable(), err)
+	}
+	if err := s.guard.start(oid); err != nil {
 		return SlotInfo{}, err
 	}
 	var database string
@@ -643,6 +663,9 @@ func (s *Stream) await(ctx context.Context, wake <-chan struct{}) error {
 // pglogrepl replaces a zero flush position with the write position, which would confirm events
 // that Kafka has not acknowledged.
 func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
+	if err := s.guard.Err(); err != nil {
+		return err
+	}
 	s.lastStatus = time.Now()
 	s.nextStatus = s.lastStatus.Add(s.interval)
 	flush := s.confirmable()
@@ -671,6 +694,9 @@ func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 // Finish ends the stream after Run: it keeps reporting the checkpoint until drained is closed or
 // ctx ends, sends the final position, and closes the connection.
 func (s *Stream) Finish(ctx context.Context, drained <-chan struct{}) error {
+	if s.stopGuard != nil {
+		defer s.stopGuard()
+	}
 	if s.conn == nil {
 		return nil
 	}
@@ -691,6 +717,11 @@ func (s *Stream) Finish(ctx context.Context, drained <-chan struct{}) error {
 		}
 		timer.Stop()
 	}
+	// The horizon trails the stream by a check or two; give it that long to cover what Kafka has
+	// acknowledged, so a clean stop does not leave more to replay than needed.
+	wait, cancel := context.WithTimeout(ctx, 4*s.guard.interval)
+	s.guard.waitFor(wait, s.ck.Safe())
+	cancel()
 	if err := s.sendStatus(bg, false); err != nil {
 		return err
 	}

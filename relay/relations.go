@@ -1,0 +1,50 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// relation handles a Relation message of the stream: a relation not named like the outbox is
+// classified by the replication side (which can ask the database) before the decoder goes on, so
+// nothing is skipped as "another table" that may be part of the outbox; an outbox relation whose
+// OID is not the table's the relay started with is reported, and one that lacks a mapped column
+// is reported once here, its rows going to the failure policy.
+func (r *Relay) relation(ctx context.Context, rel *decoder.RelationInfo) error {
+	name := rel.Schema + "." + rel.Table
+	unusable := rel.Unusable
+	if !rel.Named {
+		ours, err := r.stream.BelongsToOutbox(ctx, replication.RelationRef{OID: rel.OID, Schema: rel.Schema, Table: rel.Table, Columns: rel.Columns})
+		if err != nil {
+			return fmt.Errorf("relation %s in the replication stream: %w", name, err)
+		}
+		unusable = r.dec.Classify(rel.OID, ours)
+		if !ours {
+			return nil
+		}
+	} else if known := r.stream.OutboxOID(); known != 0 && rel.OID != known {
+		// WAL written before the table was dropped and recreated (while no relay ran): its rows are
+		// outbox events and are published; rows written to the new table before it joined the
+		// publication are not in the stream at all.
+		r.log.Error("the outbox table in the replication stream is not the table that exists now: it was dropped and recreated since these rows were written; they are published, but rows written to the new table before it was added to the publication are not in the stream: republish them (backfill_since)",
+			zap.String("table", name), zap.Uint32("stream_oid", rel.OID), zap.Uint32("table_oid", known))
+	}
+	if unusable != nil {
+		r.log.Error("outbox rows written under this table definition cannot be read; each goes to the failure policy as "+sink.ReasonSchemaMismatch,
+			zap.String("relation", name), zap.Uint32("oid", rel.OID), zap.Error(unusable))
+	}
+	return nil
+}
+
+// reject returns a publish function that hands events to the failure policy for unusable.
+func (r *Relay) reject(unusable error) func(context.Context, *decoder.Event, sink.Acker) error {
+	return func(ctx context.Context, ev *decoder.Event, ack sink.Acker) error {
+		return r.sink.Reject(ctx, ev, sink.ReasonSchemaMismatch, unusable, ack)
+	}
+}

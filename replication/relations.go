@@ -1,0 +1,76 @@
+package replication
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+// RelationRef is a relation the replication stream named, as its Relation message describes it.
+type RelationRef struct {
+	OID           uint32
+	Schema, Table string
+	Columns       []string
+}
+
+// BelongsToOutbox decides whether a relation in the stream that is not named like the outbox is
+// part of it: a leaf partition (at any depth) of a partitioned outbox, which pgoutput names for WAL
+// written while the publication did not publish via the partition root. It asks today's catalog on
+// an ordinary connection: a relation under the outbox is the outbox's (even if the stream's
+// definition lacks a column: its rows then go to the failure policy). A relation that no longer
+// hangs under the outbox cannot be proved either way; it is treated as the outbox's (with a
+// warning) when it has every outbox column and is not published in its own right, because skipping
+// it could lose events without a trace while publishing it costs at worst foreign rows on the
+// outbox topics. The publication normally holds only the outbox, so this runs rarely.
+func (s *Stream) BelongsToOutbox(ctx context.Context, rel RelationRef) (bool, error) {
+	name := pgx.Identifier{rel.Schema, rel.Table}.Sanitize()
+	conn, err := pgx.Connect(ctx, s.cfg.DSN)
+	if err != nil {
+		return false, classifyConnect(err, "classifying a relation")
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var exists, inOutbox, publishedItself bool
+	err = conn.QueryRow(ctx, `SELECT
+			EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::oid),
+			EXISTS (SELECT 1 FROM pg_partition_ancestors($1::oid::regclass) a WHERE a.relid = to_regclass($2)),
+			EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = $3 AND (p.puballtables OR EXISTS (
+				SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid <> coalesce(to_regclass($2)::oid, 0)
+					AND (r.prrelid = $1::oid OR r.prrelid IN (SELECT relid FROM pg_partition_ancestors($1::oid::regclass))))))`,
+		rel.OID, s.cfg.qualifiedTable(), s.cfg.Publication).Scan(&exists, &inOutbox, &publishedItself)
+	if err != nil {
+		return false, fmt.Errorf("classify relation %s (OID %d) in the replication stream: %w", name, rel.OID, err)
+	}
+	switch {
+	case inOutbox:
+		s.log.Info("relation in the stream is a partition of the outbox (WAL written while the publication did not publish via the partition root)",
+			zap.String("relation", name), zap.Uint32("oid", rel.OID))
+		return true, nil
+	case !hasColumns(rel.Columns, s.cfg.Columns):
+		// Not a partition of the outbox today, and not decodable as an outbox row.
+		s.log.Info("relation in the stream is not the outbox: it is not a partition of it and lacks outbox columns; its rows are skipped",
+			zap.String("relation", name), zap.Uint32("oid", rel.OID), zap.Strings("columns", rel.Columns))
+		return false, nil
+	case exists && publishedItself:
+		s.log.Info("relation in the stream is another table of the publication, not the outbox; its rows are skipped",
+			zap.String("relation", name), zap.Uint32("oid", rel.OID), zap.String("publication", s.cfg.Publication))
+		return false, nil
+	}
+	s.log.Warn("relation in the stream has the outbox's columns but is no longer a partition of it (detached or dropped since) and is not published in its own right: treating its rows as outbox events",
+		zap.String("relation", name), zap.Uint32("oid", rel.OID), zap.Bool("exists", exists), zap.String("outbox", s.cfg.qualifiedTable()))
+	return true, nil
+}
+
+// OutboxOID is the outbox table's OID as the relay found it at its first session (0 before).
+func (s *Stream) OutboxOID() uint32 { return s.guard.oid.Load() }
+
+func hasColumns(have, want []string) bool {
+	for _, c := range want {
+		if !slices.Contains(have, c) {
+			return false
+		}
+	}
+	return true
+}
