@@ -113,7 +113,7 @@ func (s *Sink) deadLettered(batch []*record, err error) {
 // halt stops the sink for good on rec, which is never acknowledged, so the slot's confirmed position
 // stays before it and nothing after it is lost; an operator fixes the cause and restarts.
 func (s *Sink) halt(rec *record, reason string, err error) {
-	first := s.halted.CompareAndSwap(nil, &haltState{EventID: string(rec.ev.ID), Reason: reason, Err: err})
+	first := s.halted.CompareAndSwap(nil, &haltState{seq: rec.seq, EventID: string(rec.ev.ID), Reason: reason, Err: err})
 	s.m.Halted.Set(1)
 	msg := "halted: event cannot be published; the slot will not advance past it until the cause is fixed and the relay restarted"
 	if !first {

@@ -12,6 +12,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -119,6 +120,7 @@ type Sink struct {
 	stop       context.CancelFunc
 
 	halted atomic.Pointer[haltState]
+	seq    uint64 // the last record's position; Publish runs on one goroutine
 }
 
 // record is one event on its way to Kafka.
@@ -129,9 +131,11 @@ type record struct {
 	size     int64
 	enqueued time.Time
 	topic    string // the event's own topic, kept when it is dead-lettered
+	seq      uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
 }
 
 type haltState struct {
+	seq     uint64 // the halted record's position
 	EventID string
 	Reason  string
 	Err     error
@@ -203,7 +207,7 @@ func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *p
 			s.m.ProduceRequests.Inc()
 			s.m.RequestRecords.Observe(float64(records))
 		},
-		paused: func() bool { return s.halted.Load() != nil },
+		stopAt: s.stopAt,
 		parts:  make(map[topicPartition]*partitionQueue),
 		topics: make(map[string]topicInfo),
 	}
@@ -229,7 +233,8 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	rec := &record{ev: ev, ack: ack}
+	s.seq++
+	rec := &record{ev: ev, ack: ack, seq: s.seq}
 	// The key is encoded before partitioning, so murmur2 hashes the same bytes a Java producer
 	// with the same converter would.
 	rec.msg = kafka.Message{
@@ -326,6 +331,16 @@ func (s *Sink) settle(batch []*record, bytes int64) {
 	s.limit.release(int64(len(batch)), bytes)
 	s.m.InFlightEvents.Sub(float64(len(batch)))
 	s.m.InFlightBytes.Sub(float64(bytes))
+}
+
+// stopAt is the position of the halted record, or the largest position while not halted: no
+// record at or after it may be sent, or a key's later event would reach Kafka without the halted
+// one.
+func (s *Sink) stopAt() uint64 {
+	if h := s.halted.Load(); h != nil {
+		return h.seq
+	}
+	return math.MaxUint64
 }
 
 // Halted reports the event that stopped the sink under the halt policy, if any.
