@@ -22,6 +22,7 @@ type Metrics struct {
 	SecondsBehind      prometheus.Gauge
 	Halted             prometheus.Gauge
 	KafkaRetries       prometheus.Counter
+	TopicUnavailable   *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 	PrunedRows         prometheus.Counter
 	ProduceRequests    prometheus.Counter
 	RequestRecords     prometheus.Histogram
@@ -73,7 +74,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		Halted: f.gauge("halted",
 			"1 when the halt policy stopped publishing because an event could not be published."),
 		KafkaRetries: f.counter("kafka_retries_total", "Kafka requests retried after a transient error."),
-		PrunedRows:   f.counter("pruned_rows_total", "Outbox rows deleted by the periodic prune (prune_interval)."),
+		TopicUnavailable: f.gaugeVec("topic_unavailable",
+			"1 for a topic the relay has waited for more than 3s because it does not exist (auto-creation off) or is not authorized; every event waits behind it.", "topic"),
+		PrunedRows: f.counter("pruned_rows_total", "Outbox rows deleted by the periodic prune (prune_interval)."),
 		ProduceRequests: f.counter("kafka_produce_requests_total",
 			"Produce requests sent to Kafka brokers (each carries every ready partition the broker leads)."),
 		RequestRecords: f.histogramWith("kafka_request_records", "Records per produce request.",

@@ -120,6 +120,7 @@ type Sink struct {
 	stop       context.CancelFunc
 
 	halted atomic.Pointer[haltState]
+	topics *topicWaits
 	seq    uint64 // the last record's position; Publish runs on one goroutine
 }
 
@@ -176,6 +177,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		limit:  newLimiter(int64(cfg.MaxInFlight), cfg.MaxInFlightSize),
 		ctx:    ctx,
 		stop:   stop,
+		topics: &topicWaits{log: log, gauge: m.TopicUnavailable, waiting: make(map[string]*topicWait)},
 	}
 	s.transport = &kafka.Transport{
 		ClientID:    cfg.ClientID,
@@ -213,17 +215,30 @@ func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *p
 	}
 }
 
-// retrying logs a transient failure. The message is constant, so the log sampler collapses an
+// retrying logs a transient failure. The messages are constant, so the log sampler collapses an
 // outage's retries.
 func (s *Sink) retrying(topic string, partition, records int, err error, delay time.Duration) {
 	s.m.KafkaRetries.Inc()
-	msg := "kafka unavailable; retrying in place"
-	if errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable) {
-		msg = "topic not available yet; retrying (if the brokers do not auto-create topics, create it)"
+	if topicLevel(err) {
+		s.topics.unavailable(topic, err)
 	}
-	s.log.Warn(msg, zap.String("topic", topic), zap.Int("partition", partition), zap.Int("events", records),
-		zap.Duration("retry_in", delay), zap.Error(err))
+	fields := []zap.Field{zap.String("topic", topic), zap.Int("partition", partition), zap.Int("events", records),
+		zap.Duration("retry_in", delay), zap.Error(err)}
+	switch {
+	case authError(err):
+		// Loud, but retried: during a credential or ACL rotation this heals by itself, and
+		// dead-lettering would cut a gap into every aggregate of the topic.
+		s.log.Error("kafka refused the relay's credentials or permissions; retrying in place until they are fixed", fields...)
+	case errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable):
+		s.log.Warn("topic not available yet; retrying (if the brokers do not auto-create topics, create it)", fields...)
+	default:
+		s.log.Warn("kafka unavailable; retrying in place", fields...)
+	}
 }
+
+// Stalled reports, in words for /readyz, a topic the relay has been waiting for past a short grace
+// period (missing with auto-creation off, or not authorized): every later event waits behind it.
+func (s *Sink) Stalled() (string, bool) { return s.topics.stalled() }
 
 // Publish hands ev to Kafka; ack.Ack(1) is called once it is acknowledged or settled by the failure
 // policy. It blocks while the in-flight limits are reached, and for good once the sink has halted.
@@ -251,23 +266,30 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 	}
 	s.m.InFlightEvents.Inc()
 	s.m.InFlightBytes.Add(float64(rec.size))
+	// The waits below (for a topic's partitions, the dead-letter topic's included) end with ctx: a
+	// stop must never hang on a topic that cannot be learned. An event not handed over then gives
+	// its capacity back; it was never acknowledged, so it is published again after a restart.
+	var err error
 	switch {
 	case routeErr != nil:
-		s.fail(rec, ReasonInvalidTopic, routeErr)
+		err = s.fail(ctx, rec, ReasonInvalidTopic, routeErr)
 	case hdrErr != nil:
-		s.fail(rec, ReasonBadHeaders, hdrErr)
+		err = s.fail(ctx, rec, ReasonBadHeaders, hdrErr)
 	case rec.size > int64(s.cfg.MaxMessageBytes):
-		s.fail(rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
+		err = s.fail(ctx, rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
 			rec.size, s.cfg.MaxMessageBytes))
 	default:
 		rec.enqueued = time.Now()
 		rec.msg.Time = rec.enqueued
-		if err := s.main.enqueue(ctx, rec); err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			s.fail(rec, reason(err), fmt.Errorf("topic %s: %w", topic, err))
+		if err = s.main.enqueue(ctx, rec); err != nil && ctx.Err() == nil {
+			err = s.fail(ctx, rec, reason(err), fmt.Errorf("topic %s: %w", topic, err))
 		}
+	}
+	if err != nil {
+		s.limit.release(1, rec.size)
+		s.m.InFlightEvents.Dec()
+		s.m.InFlightBytes.Sub(float64(rec.size))
+		return ctx.Err()
 	}
 	return nil
 }
@@ -283,9 +305,11 @@ func backoff(attempt int) time.Duration {
 // completed is the main producer's report on a batch of one partition: acknowledged, or refused
 // for good by the broker (then for a single record).
 func (s *Sink) completed(batch []*record, err error) {
+	s.topics.available(batch[0].msg.Topic) // the broker answered for the topic
 	if err != nil {
 		for _, rec := range batch {
-			s.fail(rec, reason(err), err)
+			// Ends only when Close gives up: the record then stays unacknowledged and is replayed.
+			_ = s.fail(s.ctx, rec, reason(err), err)
 		}
 		return
 	}
