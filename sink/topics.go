@@ -64,13 +64,13 @@ func (w *topicWaits) unavailable(topic string, err error) {
 	report := now.Sub(tw.since) >= topicGrace && now.Sub(tw.reported) >= topicReportEvery
 	if report {
 		tw.reported = now
+		w.gauge.WithLabelValues(topic).Set(1) // under mu: available deletes it under mu too
 	}
 	since := tw.since
 	w.mu.Unlock()
 	if !report {
 		return
 	}
-	w.gauge.WithLabelValues(topic).Set(1)
 	fields := []zap.Field{zap.String("topic", topic), zap.Duration("waiting_for", now.Sub(since).Round(time.Second)), zap.Error(err)}
 	if errors.Is(err, kafka.TopicAuthorizationFailed) {
 		w.log.Error("not authorized to write to the topic; retrying until the relay's principal may: grant it Write and Describe on the topic. "+
@@ -91,12 +91,12 @@ func (w *topicWaits) available(topic string) {
 	if tw != nil {
 		delete(w.waiting, topic)
 		w.n.Add(-1)
+		w.gauge.DeleteLabelValues(topic)
 	}
 	w.mu.Unlock()
 	if tw == nil {
 		return
 	}
-	w.gauge.DeleteLabelValues(topic)
 	if !tw.reported.IsZero() {
 		w.log.Info("topic available; events flow again", zap.String("topic", topic),
 			zap.Duration("waited", time.Since(tw.since).Round(time.Second)))
