@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
@@ -48,18 +49,26 @@ func TestSinkWithoutTopicAutoCreation(t *testing.T) {
 			t.Errorf("%d events in flight after Publish gave up on its only event", events)
 		}
 
-		// Close with an event of a missing topic queued: it must give up at its deadline.
-		go func() {
-			_ = s.Publish(context.Background(), newEvent("stuck", []byte("nosuchtype"), "order-2", "Odd", []byte(`{}`)), &acker{})
-		}()
-		time.Sleep(500 * time.Millisecond)
+		// Close while a partition goroutine waits for the missing dead-letter topic: the topic takes
+		// 2,000-byte records, so the broker refuses a 5 KB event that passes the relay's own limit,
+		// and its dead-lettering waits. Close must give up at its deadline.
+		topic := testenv.UniqueName(t, "small")
+		createTopic(t, k.Brokers(), topic, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "2000"})
+		s2 := readySink(t, k.Brokers(), sink.Config{TopicTemplate: topic, DeadLetterTopic: testenv.UniqueName(t, "missing_dlq")})
+		s2.publish(t, newEvent("big", []byte("Order"), "order-2", "Big", []byte(`"`+strings.Repeat("b", 5000)+`"`)), &acker{})
+		eventually(t, 30*time.Second, "the dead-lettering waits for the missing topic", func() bool {
+			return s2.logs.FilterMessageSnippet("sending it to the dead-letter topic").Len() > 0
+		})
 		closeCtx, closeCancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer closeCancel()
 		start = time.Now()
 		closed := make(chan error, 1)
-		go func() { closed <- s.close(closeCtx) }()
+		go func() { closed <- s2.close(closeCtx) }()
 		select {
-		case <-closed:
+		case err := <-closed:
+			if err == nil {
+				t.Error("Close reported nothing unacknowledged")
+			}
 			if elapsed := time.Since(start); elapsed > 5*time.Second {
 				t.Errorf("Close returned %v after its 2s deadline", elapsed)
 			}
