@@ -22,7 +22,6 @@ type Metrics struct {
 	SecondsBehind      prometheus.Gauge
 	Halted             prometheus.Gauge
 	KafkaRetries       prometheus.Counter
-	TopicUnavailable   *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 	PrunedRows         prometheus.Counter
 	ProduceRequests    prometheus.Counter
 	RequestRecords     prometheus.Histogram
@@ -44,6 +43,8 @@ type Metrics struct {
 	SlotExists prometheus.Gauge
 	PostgresUp prometheus.Gauge
 	Fenced     prometheus.Counter
+
+	TopicUnavailable *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -74,9 +75,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		Halted: f.gauge("halted",
 			"1 when the halt policy stopped publishing because an event could not be published."),
 		KafkaRetries: f.counter("kafka_retries_total", "Kafka requests retried after a transient error."),
-		TopicUnavailable: f.gaugeVec("topic_unavailable",
-			"1 for a topic the relay has waited for more than 3s because it does not exist (auto-creation off) or is not authorized; every event waits behind it.", "topic"),
-		PrunedRows: f.counter("pruned_rows_total", "Outbox rows deleted by the periodic prune (prune_interval)."),
+		PrunedRows:   f.counter("pruned_rows_total", "Outbox rows deleted by the periodic prune (prune_interval)."),
 		ProduceRequests: f.counter("kafka_produce_requests_total",
 			"Produce requests sent to Kafka brokers (each carries every ready partition the broker leads)."),
 		RequestRecords: f.histogramWith("kafka_request_records", "Records per produce request.",
@@ -106,6 +105,9 @@ func New(reg prometheus.Registerer) *Metrics {
 			"1 when the last poll of pg_replication_slots succeeded; 0 means the slot metrics are stale."),
 		Fenced: f.counter("fenced_total",
 			"Leadership terms ended because the leader-lock connection failed; streaming stopped at once."),
+
+		TopicUnavailable: f.gaugeVec("topic_unavailable",
+			"1 for a topic the relay has waited for more than 3s because it does not exist (auto-creation off) or is not authorized; every event waits behind it.", "topic"),
 	}
 }
 
