@@ -17,6 +17,13 @@ type Streamer interface {
 	Halted() (reason string, halted bool)
 }
 
+// Staller is optionally implemented by a Streamer whose publishing can stall on something an
+// operator must fix (a Kafka topic that does not exist while the brokers do not create topics, or
+// that the relay may not write): every later event waits behind it, so the leader is not ready.
+type Staller interface {
+	Stalled() (why string, stalled bool)
+}
+
 type role int
 
 const (
@@ -83,6 +90,11 @@ func (s *State) Ready() (bool, string) {
 		if s.pgDown != nil {
 			// Not the error text: /readyz is unauthenticated and driver errors name hosts and users.
 			return false, "leader cannot reach PostgreSQL"
+		}
+		if st, ok := s.relay.(Staller); ok {
+			if why, stalled := st.Stalled(); stalled {
+				return false, "leader stalled: " + why
+			}
 		}
 		if !s.relay.Streaming() {
 			return false, "leader starting: not streaming yet"

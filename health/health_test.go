@@ -18,6 +18,14 @@ type fakeRelay struct {
 func (f fakeRelay) Streaming() bool        { return f.streaming }
 func (f fakeRelay) Halted() (string, bool) { return f.halted, f.halted != "" }
 
+// stalledRelay also reports a stall, as the relay does while it waits for a missing topic.
+type stalledRelay struct {
+	fakeRelay
+	stalled string
+}
+
+func (f stalledRelay) Stalled() (string, bool) { return f.stalled, f.stalled != "" }
+
 func TestReadiness(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -39,6 +47,12 @@ func TestReadiness(t *testing.T) {
 			s.Lead(fakeRelay{streaming: true})
 			s.PostgresPolled(errors.New("connection refused"))
 			s.PostgresPolled(nil)
+		}, true, "streaming"},
+		{"a leader stalled on a missing topic is not ready, and says which", func(s *health.State) {
+			s.Lead(stalledRelay{fakeRelay{streaming: true}, "waiting for Kafka topic outbox.event.Order for 5s: it does not exist"})
+		}, false, "leader stalled: waiting for Kafka topic outbox.event.Order"},
+		{"a leader that can stall but does not is ready", func(s *health.State) {
+			s.Lead(stalledRelay{fakeRelay{streaming: true}, ""})
 		}, true, "streaming"},
 		{"a stopping instance is not ready", func(s *health.State) { s.Lead(fakeRelay{streaming: true}); s.Stopping() }, false, "stopping"},
 	}

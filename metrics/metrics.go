@@ -45,6 +45,8 @@ type Metrics struct {
 	Fenced     prometheus.Counter
 	// LeaderSlowChecks counts near misses of the leader's lock check (leader_check_timeout).
 	LeaderSlowChecks prometheus.Counter
+
+	TopicUnavailable *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -107,6 +109,9 @@ func New(reg prometheus.Registerer) *Metrics {
 			"Leadership terms ended because the leader-lock connection failed; streaming stopped at once."),
 		LeaderSlowChecks: f.counter("leader_slow_checks_total",
 			"Checks of the leader-lock connection that took more than half of leader_check_timeout: near misses of a fence."),
+
+		TopicUnavailable: f.gaugeVec("topic_unavailable",
+			"1 for a topic the relay has waited for more than 3s because it does not exist (auto-creation off) or is not authorized; every event waits behind it.", "topic"),
 	}
 }
 

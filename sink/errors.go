@@ -6,12 +6,75 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// permanent reports whether err is the broker's final word about a message: a Kafka error code that
-// is not temporary (message too large, invalid topic, not authorized...). Everything else, including
-// every network and protocol failure below the Kafka error codes, is retried in place.
+// permanentErrors is the allow-list of broker error codes that are the broker's final word about
+// the records of a produce request (or, for the partition-count lookup, about a topic name): these
+// go to the failure policy, after a refused batch is split so only the record refused on its own
+// does. Everything else is retried in place, indefinitely, however kafka-go marks it: a record sent
+// to the dead-letter topic by mistake is a gap in its aggregate's stream, while a wrongly retried
+// one only waits, loudly (retries, logs, /readyz), until an operator looks.
+//
+// The list follows the Java producer (org.apache.kafka.common.protocol.Errors: an error that is
+// not a RetriableException fails the batch there) minus what is not about the record:
+//   - MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE: the record (or, before the split, the request)
+//     exceeds the broker's or the topic's size limit. Java: RecordTooLargeException,
+//     RecordBatchTooLargeException, not retriable; Java splits a batch too.
+//   - INVALID_RECORD: the broker's per-record validation refused it (a null key on a compacted
+//     topic, ...). Java: InvalidRecordException, not retriable.
+//   - INVALID_TIMESTAMP: outside the topic's message.timestamp.*.ms window. Java: not retriable.
+//   - INVALID_TOPIC_EXCEPTION: the topic name is not valid. Java: not retriable.
+//   - UNSUPPORTED_FOR_MESSAGE_FORMAT: the topic's message format cannot hold the record (headers
+//     on a pre-0.11 format). Java: not retriable. It cannot happen with Kafka 3 and later.
+//   - POLICY_VIOLATION: the cluster's create-topic policy refuses the auto-created topic.
+//     Java: not retriable.
+//
+// Deliberately retried, although Java gives up on them:
+//   - UNKNOWN_SERVER_ERROR (-1), BROKER_NOT_AVAILABLE, REPLICA_NOT_AVAILABLE: connection or broker
+//     state, seen during restarts; nothing about the record.
+//   - TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED, SASL_AUTHENTICATION_FAILED and the
+//     other authentication errors: none is record-level. They are about the relay's principal and
+//     heal when a credential or ACL rotation completes; dead-lettering would cut a gap into every
+//     aggregate of the topic (and the dead-letter topic usually refuses the same principal). They
+//     are logged at ERROR on every retry (sampled) and a topic the relay may not write is reported
+//     like a missing one (topics.go).
+//   - INVALID_REQUIRED_ACKS: the relay always sends acks=all; if a broker refused that, it would
+//     refuse every record, which is a broker problem, not a record's.
+//   - CORRUPT_MESSAGE: Java retries it (CorruptRecordException is retriable): a CRC failure is
+//     the network's, and the record is encoded again on the next attempt.
+var permanentErrors = map[kafka.Error]bool{
+	kafka.MessageSizeTooLarge:         true,
+	kafka.RecordListTooLarge:          true,
+	kafka.InvalidRecord:               true,
+	kafka.InvalidTimestamp:            true,
+	kafka.InvalidTopic:                true,
+	kafka.UnsupportedForMessageFormat: true,
+	kafka.PolicyViolation:             true,
+}
+
+// permanent reports whether err is on the allow-list above, or kafka-go's own refusal of a record
+// over its size limit. Everything else, every network and protocol failure below the Kafka error
+// codes included, is transient.
 func permanent(err error) bool {
 	var kerr kafka.Error
-	return errors.As(err, &kerr) && !kerr.Temporary()
+	if errors.As(err, &kerr) {
+		return permanentErrors[kerr]
+	}
+	var tooLarge kafka.MessageTooLargeError
+	return errors.As(err, &tooLarge)
+}
+
+// authError reports whether err says the relay's credentials or permissions were refused: retried,
+// but logged at ERROR, since only an operator (or a finishing rotation) fixes it.
+func authError(err error) bool {
+	var kerr kafka.Error
+	if !errors.As(err, &kerr) {
+		return false
+	}
+	switch kerr {
+	case kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed, kafka.SASLAuthenticationFailed,
+		kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState, kafka.TransactionalIDAuthorizationFailed:
+		return true
+	}
+	return false
 }
 
 // reason names a permanent error for the failed-events metric.
@@ -27,8 +90,6 @@ func reason(err error) string {
 			return ReasonTooLarge
 		case kafka.InvalidTopic:
 			return ReasonInvalidTopic
-		case kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed:
-			return ReasonNotAuthorized
 		}
 		return ReasonRejected
 	}

@@ -17,7 +17,7 @@ const (
 	ReasonTooLarge      = "message_too_large"
 	ReasonInvalidTopic  = "invalid_topic"
 	ReasonBadHeaders    = "invalid_headers"
-	ReasonNotAuthorized = "not_authorized"
+	ReasonNotAuthorized = "not_authorized" // no longer produced: authorization errors are retried (errors.go)
 	ReasonRejected      = "rejected_by_broker"
 )
 

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -30,20 +31,27 @@ func eventFields(rec *record) []zap.Field {
 }
 
 // fail applies the failure policy to a record that cannot be published to its own topic. The
-// record keeps its limiter capacity until the policy settles it.
-func (s *Sink) fail(rec *record, reason string, err error) {
+// record keeps its limiter capacity until the policy settles it. ctx bounds the wait for the
+// dead-letter topic's partitions (Publish passes its caller's context, the partition goroutines the
+// sink's own, which Close ends); fail returns ctx's error when ctx ended before the record was
+// handed over: it is then neither settled nor failed, and is published again after a restart.
+func (s *Sink) fail(ctx context.Context, rec *record, reason string, err error) error {
 	s.m.EventsFailed.WithLabelValues(reason).Inc()
 	if s.cfg.Policy == Halt {
 		s.halt(rec, reason, err)
-		return
+		return nil
 	}
 	s.log.Error("event cannot be published to its topic; sending it to the dead-letter topic",
 		append(eventFields(rec), zap.String("reason", reason), zap.String("dead_letter_topic", s.cfg.DeadLetterTopic), zap.Error(err))...)
 	rec.msg = s.deadLetterMessage(rec, reason, err)
 	rec.enqueued = rec.msg.Time
-	if err := s.dead.enqueue(s.ctx, rec); err != nil && s.ctx.Err() == nil {
+	if err := s.dead.enqueue(ctx, rec); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		s.halt(rec, ReasonRejected, fmt.Errorf("dead-letter topic %s is unusable: %w", s.cfg.DeadLetterTopic, err))
 	}
+	return nil
 }
 
 // deadLetterMessage builds the record for the dead-letter topic: same key and headers, the payload
@@ -102,6 +110,7 @@ func (s *Sink) deadLettered(batch []*record, err error) {
 		}
 		return
 	}
+	s.topics.available(s.cfg.DeadLetterTopic)
 	var bytes int64
 	for _, rec := range batch {
 		bytes += rec.size
@@ -113,7 +122,7 @@ func (s *Sink) deadLettered(batch []*record, err error) {
 // halt stops the sink for good on rec, which is never acknowledged, so the slot's confirmed position
 // stays before it and nothing after it is lost; an operator fixes the cause and restarts.
 func (s *Sink) halt(rec *record, reason string, err error) {
-	first := s.halted.CompareAndSwap(nil, &haltState{EventID: string(rec.ev.ID), Reason: reason, Err: err})
+	first := s.halted.CompareAndSwap(nil, &haltState{seq: rec.seq, EventID: string(rec.ev.ID), Reason: reason, Err: err})
 	s.m.Halted.Set(1)
 	msg := "halted: event cannot be published; the slot will not advance past it until the cause is fixed and the relay restarted"
 	if !first {

@@ -36,7 +36,7 @@ type producer struct {
 	done        func(batch []*record, err error)
 	retrying    func(topic string, partition int, records int, err error, delay time.Duration)
 	sent        func(records int) // one produce request went out
-	paused      func() bool       // true once the sink has halted: later records must not overtake
+	stopAt      func() uint64     // the halted record's position once the sink has halted; nothing at or after it is sent
 	roundRobin  atomic.Uint32
 
 	mu     sync.Mutex
@@ -200,11 +200,10 @@ func (q *partitionQueue) run() {
 		if batch == nil {
 			return
 		}
-		if q.p.paused() {
+		if !q.send(batch) {
 			<-q.p.ctx.Done() // halted: sending more would put later events ahead of the failed one
 			return
 		}
-		q.send(batch)
 	}
 }
 
@@ -261,34 +260,59 @@ func (q *partitionQueue) takeLocked() []*record {
 	return batch
 }
 
-// send produces batch, retrying in place until the broker takes it or refuses it for good.
-func (q *partitionQueue) send(batch []*record) {
+// send produces batch, retrying in place until the broker takes it or refuses it for good. It
+// returns false when it withheld records because the sink halted on an earlier one: those and
+// everything queued behind them stay unsent and unacknowledged (they are replayed after the
+// restart), so a key's later event never reaches Kafka without the halted one. Records before the
+// halted one still go: acknowledging them lets the slot move up to it.
+func (q *partitionQueue) send(batch []*record) bool {
 	for attempt := 0; ; attempt++ {
+		allowed := q.p.beforeHalt(batch)
+		if len(allowed) == 0 {
+			return false
+		}
+		cut := len(allowed) < len(batch)
+		batch = allowed
 		err := q.p.produce(q.tp, batch)
 		switch {
 		case err == nil:
 			q.p.done(batch, nil)
-			return
+			return !cut
 		case permanent(err) && len(batch) > 1:
 			// The broker refuses the whole batch for one record (an invalid record) or for its total
 			// size (a topic may set a smaller max.message.bytes than ours): send the records one at a
-			// time, in order, so only a record refused on its own goes to the failure policy.
+			// time, in order, so only a record refused on its own goes to the failure policy. Once
+			// one of them halts the sink, the rest are withheld.
 			for _, rec := range batch {
-				q.send([]*record{rec})
+				if !q.send([]*record{rec}) {
+					return false
+				}
 			}
-			return
+			return !cut
 		case permanent(err):
 			q.p.done(batch, err)
-			return
+			return !cut
 		}
 		delay := backoff(attempt)
 		q.p.retrying(q.tp.topic, q.tp.partition, len(batch), err, delay)
 		select {
 		case <-time.After(delay):
 		case <-q.p.ctx.Done():
-			return // the sink gave up; these records stay unacknowledged, so they are replayed
+			return false // the sink gave up; these records stay unacknowledged, so they are replayed
 		}
 	}
+}
+
+// beforeHalt returns the records of batch that may still be sent: all of them while the sink runs;
+// after a halt, those before the halted record, up to the first one that is not.
+func (p *producer) beforeHalt(batch []*record) []*record {
+	stop := p.stopAt()
+	for i, rec := range batch {
+		if rec.seq >= stop {
+			return batch[:i]
+		}
+	}
+	return batch
 }
 
 func (p *producer) produce(tp topicPartition, batch []*record) error {

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -53,6 +54,34 @@ func TestRequestsRespectRecordAndByteLimits(t *testing.T) {
 			}
 			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
 				t.Fatalf("requests %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestAfterAHaltOnlyRecordsBeforeTheHaltedOneAreSent(t *testing.T) {
+	tests := []struct {
+		name   string
+		seqs   []uint64
+		stopAt uint64
+		want   int // records that may be sent
+	}{
+		{"not halted: everything", []uint64{1, 2, 3}, math.MaxUint64, 3},
+		{"halted later: everything", []uint64{1, 2, 3}, 7, 3},
+		{"halted inside the batch: the records before it", []uint64{4, 5, 6}, 5, 1},
+		{"halted on the first: nothing", []uint64{5, 6}, 5, 0},
+		{"halted before the batch: nothing", []uint64{8, 9}, 5, 0},
+		{"out of order (dead letters): up to the first one at or after it", []uint64{3, 9, 4}, 5, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &producer{stopAt: func() uint64 { return tt.stopAt }}
+			var batch []*record
+			for _, seq := range tt.seqs {
+				batch = append(batch, &record{seq: seq})
+			}
+			if got := len(p.beforeHalt(batch)); got != tt.want {
+				t.Fatalf("%d records may be sent, want %d", got, tt.want)
 			}
 		})
 	}

@@ -3,8 +3,6 @@ package sink
 import (
 	"context"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/outbox-relay/outbox-relay/decoder"
 )
 
@@ -18,29 +16,5 @@ const ReasonSchemaMismatch = "schema_mismatch"
 // dead-letter record keeps the id, key and headers that exist. Like Publish it blocks while the
 // in-flight limits are reached and returns an error only when ctx ends.
 func (s *Sink) Reject(ctx context.Context, ev *decoder.Event, reason string, err error, ack Acker) error {
-	if s.halted.Load() != nil {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	rec := &record{ev: ev, ack: ack}
-	rec.msg = kafka.Message{
-		Key:   encodeValue(ev.AggregateID, s.cfg.KeyEncoding),
-		Value: encodeValue(ev.Payload, s.cfg.ValueEncoding),
-	}
-	// The topic the event would have gone to, when it can be told: the dead-letter headers say so.
-	if topic, routeErr := s.router.topic(ev); routeErr == nil {
-		rec.topic = topic
-	}
-	rec.msg.Topic = rec.topic
-	if hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.cfg.ExtraHeaders); hdrErr == nil {
-		rec.msg.Headers = hs
-	}
-	rec.size = int64(recordSize(&rec.msg))
-	if err := s.limit.acquire(ctx, rec.size); err != nil {
-		return err
-	}
-	s.m.InFlightEvents.Inc()
-	s.m.InFlightBytes.Add(float64(rec.size))
-	s.fail(rec, reason, err)
-	return nil
+	return s.submit(ctx, ev, ack, reason, err)
 }

@@ -12,6 +12,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -119,6 +120,8 @@ type Sink struct {
 	stop       context.CancelFunc
 
 	halted atomic.Pointer[haltState]
+	topics *topicWaits
+	seq    uint64 // the last record's position; Publish runs on one goroutine
 }
 
 // record is one event on its way to Kafka.
@@ -129,9 +132,11 @@ type record struct {
 	size     int64
 	enqueued time.Time
 	topic    string // the event's own topic, kept when it is dead-lettered
+	seq      uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
 }
 
 type haltState struct {
+	seq     uint64 // the halted record's position
 	EventID string
 	Reason  string
 	Err     error
@@ -172,6 +177,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		limit:  newLimiter(int64(cfg.MaxInFlight), cfg.MaxInFlightSize),
 		ctx:    ctx,
 		stop:   stop,
+		topics: &topicWaits{log: log, gauge: m.TopicUnavailable, waiting: make(map[string]*topicWait)},
 	}
 	s.transport = &kafka.Transport{
 		ClientID:    cfg.ClientID,
@@ -203,33 +209,53 @@ func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *p
 			s.m.ProduceRequests.Inc()
 			s.m.RequestRecords.Observe(float64(records))
 		},
-		paused: func() bool { return s.halted.Load() != nil },
+		stopAt: s.stopAt,
 		parts:  make(map[topicPartition]*partitionQueue),
 		topics: make(map[string]topicInfo),
 	}
 }
 
-// retrying logs a transient failure. The message is constant, so the log sampler collapses an
+// retrying logs a transient failure. The messages are constant, so the log sampler collapses an
 // outage's retries.
 func (s *Sink) retrying(topic string, partition, records int, err error, delay time.Duration) {
 	s.m.KafkaRetries.Inc()
-	msg := "kafka unavailable; retrying in place"
-	if errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable) {
-		msg = "topic not available yet; retrying (if the brokers do not auto-create topics, create it)"
+	if topicLevel(err) {
+		s.topics.unavailable(topic, err)
 	}
-	s.log.Warn(msg, zap.String("topic", topic), zap.Int("partition", partition), zap.Int("events", records),
-		zap.Duration("retry_in", delay), zap.Error(err))
+	fields := []zap.Field{zap.String("topic", topic), zap.Int("partition", partition), zap.Int("events", records),
+		zap.Duration("retry_in", delay), zap.Error(err)}
+	switch {
+	case authError(err):
+		// Loud, but retried: during a credential or ACL rotation this heals by itself, and
+		// dead-lettering would cut a gap into every aggregate of the topic.
+		s.log.Error("kafka refused the relay's credentials or permissions; retrying in place until they are fixed", fields...)
+	case errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable):
+		s.log.Warn("topic not available yet; retrying (if the brokers do not auto-create topics, create it)", fields...)
+	default:
+		s.log.Warn("kafka unavailable; retrying in place", fields...)
+	}
 }
+
+// Stalled reports, in words for /readyz, a topic the relay has been waiting for past a short grace
+// period (missing with auto-creation off, or not authorized): every later event waits behind it.
+func (s *Sink) Stalled() (string, bool) { return s.topics.stalled() }
 
 // Publish hands ev to Kafka; ack.Ack(1) is called once it is acknowledged or settled by the failure
 // policy. It blocks while the in-flight limits are reached, and for good once the sink has halted.
 // It returns an error only when ctx ends.
 func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error {
+	return s.submit(ctx, ev, ack, "", nil)
+}
+
+// submit is Publish, or, with a reject reason, Reject: both take a position in publish order and
+// in-flight capacity the same way, so a rejected event is ordered, bounded and halted like any other.
+func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject string, cause error) error {
 	if s.halted.Load() != nil {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	rec := &record{ev: ev, ack: ack}
+	s.seq++
+	rec := &record{ev: ev, ack: ack, seq: s.seq}
 	// The key is encoded before partitioning, so murmur2 hashes the same bytes a Java producer
 	// with the same converter would.
 	rec.msg = kafka.Message{
@@ -246,23 +272,38 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 	}
 	s.m.InFlightEvents.Inc()
 	s.m.InFlightBytes.Add(float64(rec.size))
+	// The waits below (for a topic's partitions, the dead-letter topic's included) end with ctx: a
+	// stop must never hang on a topic that cannot be learned. An event not handed over then gives
+	// its capacity back; it was never acknowledged, so it is published again after a restart.
+	var err error
 	switch {
+	case reject != "":
+		if routeErr != nil {
+			rec.topic = "" // the dead-letter headers name the event's topic only when there is one
+		}
+		if hdrErr != nil {
+			rec.msg.Headers = nil
+		}
+		err = s.fail(ctx, rec, reject, cause)
 	case routeErr != nil:
-		s.fail(rec, ReasonInvalidTopic, routeErr)
+		err = s.fail(ctx, rec, ReasonInvalidTopic, routeErr)
 	case hdrErr != nil:
-		s.fail(rec, ReasonBadHeaders, hdrErr)
+		err = s.fail(ctx, rec, ReasonBadHeaders, hdrErr)
 	case rec.size > int64(s.cfg.MaxMessageBytes):
-		s.fail(rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
+		err = s.fail(ctx, rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
 			rec.size, s.cfg.MaxMessageBytes))
 	default:
 		rec.enqueued = time.Now()
 		rec.msg.Time = rec.enqueued
-		if err := s.main.enqueue(ctx, rec); err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			s.fail(rec, reason(err), fmt.Errorf("topic %s: %w", topic, err))
+		if err = s.main.enqueue(ctx, rec); err != nil && ctx.Err() == nil {
+			err = s.fail(ctx, rec, reason(err), fmt.Errorf("topic %s: %w", topic, err))
 		}
+	}
+	if err != nil {
+		s.limit.release(1, rec.size)
+		s.m.InFlightEvents.Dec()
+		s.m.InFlightBytes.Sub(float64(rec.size))
+		return ctx.Err()
 	}
 	return nil
 }
@@ -278,9 +319,11 @@ func backoff(attempt int) time.Duration {
 // completed is the main producer's report on a batch of one partition: acknowledged, or refused
 // for good by the broker (then for a single record).
 func (s *Sink) completed(batch []*record, err error) {
+	s.topics.available(batch[0].msg.Topic) // the broker answered for the topic
 	if err != nil {
 		for _, rec := range batch {
-			s.fail(rec, reason(err), err)
+			// Ends only when Close gives up: the record then stays unacknowledged and is replayed.
+			_ = s.fail(s.ctx, rec, reason(err), err)
 		}
 		return
 	}
@@ -326,6 +369,16 @@ func (s *Sink) settle(batch []*record, bytes int64) {
 	s.limit.release(int64(len(batch)), bytes)
 	s.m.InFlightEvents.Sub(float64(len(batch)))
 	s.m.InFlightBytes.Sub(float64(bytes))
+}
+
+// stopAt is the position of the halted record, or the largest position while not halted: no
+// record at or after it may be sent, or a key's later event would reach Kafka without the halted
+// one.
+func (s *Sink) stopAt() uint64 {
+	if h := s.halted.Load(); h != nil {
+		return h.seq
+	}
+	return math.MaxUint64
 }
 
 // Halted reports the event that stopped the sink under the halt policy, if any.

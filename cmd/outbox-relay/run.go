@@ -244,6 +244,9 @@ func (h relayHealth) Halted() (string, bool) {
 	return reason, halted
 }
 
+// Stalled reports a Kafka topic every event waits for (health.Staller).
+func (h relayHealth) Stalled() (string, bool) { return h.r.Sink().Stalled() }
+
 // readinessPeriod is how often the ready gauge is refreshed; /readyz itself is computed per request.
 const readinessPeriod = time.Second
 

@@ -1,0 +1,260 @@
+package sink_test
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/apiversions"
+	"github.com/segmentio/kafka-go/protocol/metadata"
+	"github.com/segmentio/kafka-go/protocol/produce"
+	"github.com/segmentio/kafka-go/protocol/saslauthenticate"
+	"github.com/segmentio/kafka-go/protocol/saslhandshake"
+	"github.com/segmentio/kafka-go/sasl/plain"
+
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// fakeBroker speaks just enough of the Kafka protocol (ApiVersions, Metadata, Produce and SASL
+// PLAIN), encoded with kafka-go's protocol package, to answer with an error code a real broker
+// returns only in rare moments (a restart, a credential rotation). It isolates the classification
+// of those codes; the real-broker tests prove the rest. Every topic has one partition on it.
+type fakeBroker struct {
+	ln net.Listener
+
+	mu sync.Mutex
+	// failProduce and failAuth are how many produce requests (metadata lookups, SASL
+	// authentications) still fail, and with what code.
+	failProduce, failMetadata, failAuth int
+	code                                int16
+	refuseID                            string   // a record id whose produce requests always fail with code
+	stored                              []string // ids of the records it acknowledged, in order
+	produced                            int      // produce requests answered
+}
+
+func newFakeBroker(t *testing.T) *fakeBroker {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb := &fakeBroker{ln: ln}
+	var wg sync.WaitGroup
+	var conns sync.Map
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Store(c, true)
+			wg.Go(func() { fb.serve(c); conns.Delete(c) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		conns.Range(func(c, _ any) bool { c.(net.Conn).Close(); return true })
+		wg.Wait()
+	})
+	return fb
+}
+
+func (fb *fakeBroker) addr() string { return fb.ln.Addr().String() }
+
+// script makes the next n requests of one kind fail with code.
+func (fb *fakeBroker) script(produce, metadata, auth int, code kafka.Error) {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	fb.failProduce, fb.failMetadata, fb.failAuth, fb.code = produce, metadata, auth, int16(code)
+}
+
+func (fb *fakeBroker) state() (stored []string, pendingFailures int) {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	return append([]string(nil), fb.stored...), fb.failProduce + fb.failMetadata + fb.failAuth
+}
+
+// take returns the code for this request kind: the scripted error while any are left, else 0.
+func (fb *fakeBroker) take(left *int) int16 {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	if *left > 0 {
+		*left--
+		return fb.code
+	}
+	return 0
+}
+
+func (fb *fakeBroker) serve(c net.Conn) {
+	defer c.Close()
+	host, portText, _ := net.SplitHostPort(fb.addr())
+	var port int32
+	fmt.Sscan(portText, &port)
+	for {
+		version, correlation, _, msg, err := protocol.ReadRequest(c)
+		if err != nil {
+			return
+		}
+		var res protocol.Message
+		closeAfter := false
+		switch req := msg.(type) {
+		case *apiversions.Request:
+			var keys []apiversions.ApiKeyResponse
+			for _, k := range []protocol.ApiKey{protocol.ApiVersions, protocol.Metadata, protocol.Produce, protocol.SaslHandshake, protocol.SaslAuthenticate} {
+				keys = append(keys, apiversions.ApiKeyResponse{ApiKey: int16(k), MinVersion: k.MinVersion(), MaxVersion: min(k.MaxVersion(), maxVersion(k))})
+			}
+			res = &apiversions.Response{ApiKeys: keys}
+		case *saslhandshake.Request:
+			res = &saslhandshake.Response{Mechanisms: []string{"PLAIN"}}
+		case *saslauthenticate.Request:
+			code := fb.take(&fb.failAuth)
+			res = &saslauthenticate.Response{ErrorCode: code}
+			closeAfter = code != 0 // a broker drops the connection after a failed authentication
+		case *metadata.Request:
+			r := &metadata.Response{Brokers: []metadata.ResponseBroker{{NodeID: 1, Host: host, Port: port}}, ControllerID: 1}
+			code := fb.take(&fb.failMetadata)
+			topics := req.TopicNames
+			if topics == nil { // the transport's own lookup: every topic
+				topics = []string{"events", "dlq"}
+			}
+			for _, topic := range topics {
+				rt := metadata.ResponseTopic{Name: topic, ErrorCode: code}
+				if code == 0 {
+					rt.Partitions = []metadata.ResponsePartition{{PartitionIndex: 0, LeaderID: 1, ReplicaNodes: []int32{1}, IsrNodes: []int32{1}}}
+				}
+				r.Topics = append(r.Topics, rt)
+			}
+			res = r
+		case *produce.Request:
+			code := fb.take(&fb.failProduce)
+			r := &produce.Response{}
+			var ids []string
+			for _, t := range req.Topics {
+				rt := produce.ResponseTopic{Topic: t.Topic}
+				for _, p := range t.Partitions {
+					rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: code})
+					for {
+						rec, err := p.RecordSet.Records.ReadRecord()
+						if err != nil {
+							break
+						}
+						for _, h := range rec.Headers {
+							if h.Key == sink.HeaderID {
+								ids = append(ids, t.Topic+"/"+string(h.Value))
+							}
+						}
+					}
+				}
+				r.Topics = append(r.Topics, rt)
+			}
+			fb.mu.Lock()
+			fb.produced++
+			if fb.refuseID != "" && slices.Contains(ids, "events/"+fb.refuseID) {
+				code = fb.code
+				for i := range r.Topics {
+					for j := range r.Topics[i].Partitions {
+						r.Topics[i].Partitions[j].ErrorCode = code
+					}
+				}
+			}
+			if code == 0 {
+				fb.stored = append(fb.stored, ids...)
+			}
+			fb.mu.Unlock()
+			res = r
+		default:
+			return
+		}
+		if err := protocol.WriteResponse(c, version, correlation, res); err != nil || closeAfter {
+			return
+		}
+	}
+}
+
+// maxVersion keeps the fake on the non-flexible versions its answers are written for.
+func maxVersion(k protocol.ApiKey) int16 {
+	switch k {
+	case protocol.ApiVersions:
+		return 2
+	case protocol.Metadata, protocol.Produce:
+		return 8
+	}
+	return 1
+}
+
+// TestSinkRetriesBrokerErrorsThatAreNotAboutTheRecord: error codes kafka-go does not mark temporary
+// but that say nothing about the record (a broker restarting, a credential or ACL rotation) must be
+// retried in place, never dead-lettered or halted on; a record-level code must still go to the
+// policy.
+func TestSinkRetriesBrokerErrorsThatAreNotAboutTheRecord(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name                    string
+		produce, metadata, auth int
+		code                    kafka.Error
+		deadLettered            bool // code refuses e0 for good
+	}{
+		{"broker not available on produce", 3, 0, 0, kafka.BrokerNotAvailable, false},
+		{"replica not available on produce", 3, 0, 0, kafka.ReplicaNotAvailable, false},
+		{"the unknown server error on produce", 3, 0, 0, kafka.Unknown, false},
+		{"topic authorization failed on produce (an ACL rotation)", 3, 0, 0, kafka.TopicAuthorizationFailed, false},
+		{"cluster authorization failed on produce", 3, 0, 0, kafka.ClusterAuthorizationFailed, false},
+		{"topic authorization failed on the partition lookup", 0, 3, 0, kafka.TopicAuthorizationFailed, false},
+		{"broker not available on the partition lookup", 0, 3, 0, kafka.BrokerNotAvailable, false},
+		{"SASL authentication failed (a credential rotation)", 0, 0, 3, kafka.SASLAuthenticationFailed, false},
+		{"an invalid record still goes to the dead-letter topic", 0, 0, 0, kafka.InvalidRecord, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			fb := newFakeBroker(t)
+			s := newSink(t, "", sink.Config{
+				Brokers: []string{fb.addr()}, TopicTemplate: "events", DeadLetterTopic: "dlq",
+				SASL: plain.Mechanism{Username: "relay", Password: "secret"}, Linger: -1, WriteTimeout: 5 * time.Second,
+			})
+			fb.script(tt.produce, tt.metadata, tt.auth, tt.code)
+			if tt.deadLettered {
+				fb.refuseID = "e0"
+			}
+			a := &acker{}
+			const n = 3
+			for i := range n {
+				s.publish(t, newEvent(fmt.Sprintf("e%d", i), []byte("Order"), "order-1", "Changed", []byte(`{}`)), a)
+			}
+			eventually(t, 60*time.Second, "every event settled", func() bool { return a.n.Load() == n })
+			s.mustClose(t)
+			stored, left := fb.state()
+			if left != 0 {
+				t.Fatalf("%d scripted failures never happened: the test did not test", left)
+			}
+			// Order holds within a topic; the dead-letter topic is another topic.
+			want := "events/e0,events/e1,events/e2"
+			if tt.deadLettered {
+				want = "events/e1,events/e2,dlq/e0"
+				slices.SortStableFunc(stored, func(a, b string) int { return strings.Compare(b[:3], a[:3]) })
+				if got := s.metric(t, "outbox_relay_events_dead_lettered_total"); got != 1 {
+					t.Errorf("events_dead_lettered_total = %v, want 1", got)
+				}
+			} else {
+				if got := s.metric(t, "outbox_relay_events_failed_total"); got != 0 {
+					t.Errorf("events_failed_total = %v, want 0: %v is not about the record", got, tt.code)
+				}
+				if got := s.metric(t, "outbox_relay_kafka_retries_total"); got < 1 {
+					t.Errorf("kafka_retries_total = %v, want retries", got)
+				}
+			}
+			if _, _, _, halted := s.Halted(); halted {
+				t.Error("the sink halted")
+			}
+			if got := strings.Join(stored, ","); got != want {
+				t.Errorf("the broker stored %s, want %s", got, want)
+			}
+		})
+	}
+}
