@@ -47,6 +47,8 @@ type Metrics struct {
 	LeaderSlowChecks prometheus.Counter
 
 	TopicUnavailable *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
+
+	PublicationCheckAge prometheus.Gauge
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -112,6 +114,9 @@ func New(reg prometheus.Registerer) *Metrics {
 
 		TopicUnavailable: f.gaugeVec("topic_unavailable",
 			"1 for a topic the relay has waited for more than 3s because it does not exist (auto-creation off) or is not authorized; every event waits behind it.", "topic"),
+
+		PublicationCheckAge: f.gauge("publication_check_age_seconds",
+			"Seconds since the last successful check that the outbox table is still in the publication; the slot is not confirmed past what that check covered, and the relay stops after 5 minutes without one."),
 	}
 }
 

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -11,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
 // horizon is the verified horizon: the WAL position up to which the outbox table is known to have
@@ -20,23 +25,39 @@ import (
 // stream alone cannot see those rows: the slot must never be confirmed past a position that no
 // check covered. sendStatus caps the confirmed position at Verified.
 //
-// Each check runs, on an ordinary connection, in one READ COMMITTED transaction:
+// Each check is one simple-protocol query, so that the server never waits for the relay while it
+// holds the lock (a relay or network that freezes mid-check must not leave the table locked: a
+// DDL statement queued behind that lock would block every writer). It runs BEGIN ISOLATION LEVEL
+// READ COMMITTED, SET LOCAL lock_timeout = '200ms', then:
 //
 //  1. LOCK TABLE ONLY <outbox> IN ACCESS SHARE MODE. DROP TABLE (and RENAME) need ACCESS
 //     EXCLUSIVE, so from here until the check commits the table cannot be dropped: a drop commits
 //     after L below, and inserts into a recreated table commit after the drop.
 //  2. L = pg_current_wal_lsn().
-//  3. In a new statement (so a snapshot taken after L was read): the table's OID is the one the
-//     relay started with, the publication exists, publishes inserts and includes the table.
+//  3. In a new statement (READ COMMITTED: a snapshot taken after L was read): the table's OID is
+//     the one the relay started with, and the publication includes it by the rules preflight
+//     applies (membership.go): listed, its schema published, or FOR ALL TABLES; publishing
+//     INSERTs; no row filter, no column list. The publication's OID and the catalog rows through
+//     which it includes the table must be those of the previous check, so that a removal and a
+//     re-addition between two checks (ALTER PUBLICATION ... DROP TABLE then ADD TABLE, or DROP
+//     and CREATE PUBLICATION) is caught although the table is a member again.
+//  4. COMMIT.
+//
+// The check connection also carries idle_in_transaction_session_timeout and TCP keepalives, a
+// backstop should the server ever wait for it inside the transaction.
 //
 // ALTER PUBLICATION ... DROP TABLE does not conflict with that lock, and a commit becomes visible
 // to new snapshots only some time after its commit record is written (it is written, flushed,
 // possibly waited on by synchronous replication, and only then shown). So L of a check is trusted
-// only once the next check, half a status interval later, still finds the table in the
-// publication: a removal whose commit record precedes L has become visible by then, unless making
-// its commit visible took longer than that margin (a synchronous standby that stalls for that
-// long). Checks run every half status interval, so confirmation trails what Kafka acknowledged by
-// at most about one status interval.
+// only once a check that started at least one interval (half a status interval) after L was read
+// still finds the table in the publication: a removal whose commit record precedes L has become
+// visible by then, unless making its commit visible took longer than that margin (a synchronous
+// standby that stalls for that long). Checks run every half status interval, so confirmation
+// trails what Kafka acknowledged by at most about one status interval.
+//
+// A check that keeps failing without a verdict (the table always locked by DDL, a query error)
+// holds confirmation back; after staleLimit without a good check the relay stops with an error
+// rather than let the slot retain WAL without a word. publication_check_age_seconds shows it.
 type horizon struct {
 	dsn         string
 	table       string // qualified, sanitized
@@ -44,23 +65,39 @@ type horizon struct {
 	name        string
 	publication string
 	interval    time.Duration // between checks: half the status interval, also the safety margin
+	staleLimit  time.Duration // the longest time without a good check before the relay stops
 	log         *zap.Logger
+	m           *metrics.Metrics // may be nil
 
 	verified atomic.Uint64 // pglogrepl.LSN
 	oid      atomic.Uint32 // the outbox table's OID when the relay started; 0 before the first session
 	failed   atomic.Pointer[error]
 	changed  chan struct{} // receives (without blocking) when verified moves
+	resetReq atomic.Bool   // set by reset: forget pending and verified at the next check
 
-	pending pglogrepl.LSN // L of the last successful check, trusted once another check succeeds
+	pending   pglogrepl.LSN // L of the last successful check, trusted once a later check succeeds
+	pendingAt time.Time     // when that check returned: L was read before
+	member    membership    // what the last good check read; pubOID nil before the first
+	lastGood  time.Time     // when a check last succeeded (or the checks began)
+	lockSkips int           // consecutive checks skipped because DDL held the table
 	// noLock: the role may not lock the table (LOCK needs SELECT on it); checks then rely on the
 	// margin for a drop too.
 	noLock bool
 }
 
+// staleLimit is how long the publication checks may fail without a verdict (see horizon) before
+// the relay stops: long enough for DDL and a database restart, short enough that WAL retention
+// and the confirmed position do not lag unnoticed.
+const staleLimit = 5 * time.Minute
+
+// checkIdleTimeout ends the check session when it sits inside a transaction that long (the check
+// is one query, so only a server waiting on a frozen client could).
+const checkIdleTimeout = 2 * time.Second
+
 func newHorizon(cfg *Config, log *zap.Logger) *horizon {
 	return &horizon{
 		dsn: cfg.DSN, table: cfg.qualifiedTable(), schema: cfg.Schema, name: cfg.Table, publication: cfg.Publication,
-		interval: max(cfg.StatusInterval/2, 10*time.Millisecond), log: log, changed: make(chan struct{}, 1),
+		interval: max(cfg.StatusInterval/2, 10*time.Millisecond), staleLimit: staleLimit, log: log, changed: make(chan struct{}, 1),
 	}
 }
 
@@ -79,6 +116,13 @@ func (h *horizon) fail(err error) {
 	h.failed.CompareAndSwap(nil, &err)
 }
 
+// reset forgets the positions checked so far: on another timeline (a promoted standby) they are
+// not positions of this server's history. The next checks start over.
+func (h *horizon) reset() {
+	h.verified.Store(0)
+	h.resetReq.Store(true)
+}
+
 // start records the outbox's OID for a new session: the first one sets it, later ones must find
 // the same table, or it was dropped and recreated while the relay was reconnecting.
 func (h *horizon) start(oid uint32) error {
@@ -92,29 +136,56 @@ func (h *horizon) start(oid uint32) error {
 
 // run checks every interval until ctx ends or a check finds the outbox gone from the stream.
 func (h *horizon) run(ctx context.Context) {
-	var conn *pgx.Conn
+	var conn *pgconn.PgConn
 	defer func() {
 		if conn != nil {
 			conn.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	tick := time.NewTicker(h.interval)
-	defer tick.Stop()
+	// A timer rather than a ticker: a ticker delivers a tick missed during a slow check at once.
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	for {
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		}
 		if h.oid.Load() != 0 {
+			if h.lastGood.IsZero() {
+				h.lastGood = time.Now()
+			}
 			err := h.check(ctx, &conn)
+			if err == nil {
+				h.lastGood, h.lockSkips = time.Now(), 0
+			}
+			if h.m != nil {
+				h.m.PublicationCheckAge.Set(time.Since(h.lastGood).Seconds())
+			}
 			switch {
 			case err == nil:
 			case IsFatal(err):
 				h.fail(err)
-				h.log.Error("the outbox table left the replication stream", zap.Error(err))
+				h.log.Error("publication check failed; the relay stops", zap.Error(err))
 				return
 			case ctx.Err() != nil:
+				return
+			case time.Since(h.lastGood) > h.staleLimit:
+				err = fatalf("no publication check of outbox table %s succeeded for %s (last error: %w), so the slot could not be confirmed meanwhile: fix the cause and restart",
+					h.table, time.Since(h.lastGood).Round(time.Second), err)
+				h.fail(err)
+				h.log.Error("publication check failed; the relay stops", zap.Error(err))
 				return
 			case isLockTimeout(err):
 				// DDL on the table (ATTACH/DETACH PARTITION, ALTER TABLE) holds or awaits a
 				// conflicting lock: skip this round rather than queue behind it.
-				h.log.Debug("the outbox table is locked by DDL; publication check skipped this round", zap.Error(err))
+				h.lockSkips++
+				level := zap.DebugLevel
+				if h.lockSkips%10 == 0 {
+					level = zap.WarnLevel
+				}
+				h.log.Check(level, "the outbox table is locked by DDL; publication check skipped this round").Write(
+					zap.Int("rounds_skipped", h.lockSkips), zap.Error(err))
 			default:
 				// Not fatal: the horizon stays where it is this time, and confirmation waits.
 				h.log.Warn("cannot check the outbox table's publication; the slot is not confirmed further until a check succeeds", zap.Error(err))
@@ -124,56 +195,74 @@ func (h *horizon) run(ctx context.Context) {
 				}
 			}
 		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			return
-		}
+		timer.Reset(h.interval)
 	}
 }
 
+// connect opens the check connection: a session that ends itself when it idles inside a
+// transaction, and TCP keepalives both ways, so that a lost peer never keeps the lock.
+func (h *horizon) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(h.dsn)
+	if err != nil {
+		return nil, fatalf("pg_dsn: %w", err)
+	}
+	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(checkIdleTimeout.Milliseconds(), 10)
+	cfg.RuntimeParams["tcp_keepalives_idle"] = "5"
+	cfg.RuntimeParams["tcp_keepalives_interval"] = "1"
+	cfg.RuntimeParams["tcp_keepalives_count"] = "3"
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+		cfg.RuntimeParams["application_name"] = "outbox-relay publication check"
+	}
+	dialer := &net.Dialer{KeepAlive: 5 * time.Second, Timeout: 10 * time.Second}
+	cfg.DialFunc = dialer.DialContext
+	c, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, classifyConnect(err, "the publication check")
+	}
+	return c, nil
+}
+
 // check runs one check (see horizon) and moves the horizon.
-func (h *horizon) check(ctx context.Context, conn **pgx.Conn) error {
+func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 	// A check must finish well within the interval, or confirmation falls behind.
 	ctx, cancel := context.WithTimeout(ctx, max(h.interval, 5*time.Second))
 	defer cancel()
 	if *conn == nil {
-		c, err := pgx.Connect(ctx, h.dsn)
+		c, err := h.connect(ctx)
 		if err != nil {
-			return classifyConnect(err, "the publication check")
+			return err
 		}
 		*conn = c
 	}
-	var lsn pglogrepl.LSN
-	var oid uint32
-	var pubExists, pubInsert, included bool
-	err := pgx.BeginFunc(ctx, *conn, func(tx pgx.Tx) error {
-		// A short lock timeout: a DDL statement waiting for the table must not queue the check,
-		// and the check must not hold back the DDL; a skipped round only delays confirmation.
-		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
-			return err
+	if h.resetReq.Swap(false) {
+		h.pending, h.pendingAt = 0, time.Time{}
+		h.verified.Store(0)
+	}
+	started := time.Now()
+	lock := ""
+	if !h.noLock {
+		lock = "LOCK TABLE ONLY " + h.table + " IN ACCESS SHARE MODE;\n"
+	}
+	major := serverMajor((*conn).ParameterStatus("server_version"))
+	catalog := strings.NewReplacer("$1", quoteLiteral(h.table), "$2", quoteLiteral(h.publication)).Replace(membershipSQL(major))
+	// A short lock timeout: a DDL statement waiting for the table must not queue the check, and
+	// the check must not hold back the DDL; a skipped round only delays confirmation.
+	sql := "BEGIN ISOLATION LEVEL READ COMMITTED;\nSET LOCAL lock_timeout = '200ms';\n" + lock +
+		"SELECT pg_current_wal_lsn()::text;\n" + catalog + ";\nCOMMIT"
+	results, err := (*conn).Exec(ctx, sql).ReadAll()
+	if err == nil && (*conn).TxStatus() != 'I' {
+		err = fmt.Errorf("the check transaction did not end (status %c)", (*conn).TxStatus())
+	}
+	if err != nil && !(*conn).IsClosed() && (*conn).TxStatus() != 'I' {
+		// The statements after the failing one were skipped, COMMIT too: the transaction is
+		// aborted (holding no locks) until it is rolled back.
+		if _, rbErr := (*conn).Exec(ctx, "ROLLBACK").ReadAll(); rbErr != nil {
+			(*conn).Close(context.WithoutCancel(ctx))
 		}
-		if !h.noLock {
-			if _, err := tx.Exec(ctx, "LOCK TABLE ONLY "+h.table+" IN ACCESS SHARE MODE"); err != nil {
-				return err
-			}
-		}
-		var text string
-		if err := tx.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&text); err != nil {
-			return err
-		}
-		var err error
-		if lsn, err = pglogrepl.ParseLSN(text); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, `SELECT to_regclass($1)::oid,
-				coalesce(p.pubinsert, false), p.oid IS NOT NULL,
-				coalesce(p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r
-					WHERE r.prpubid = p.oid AND (r.prrelid = to_regclass($1)
-						OR r.prrelid IN (SELECT relid FROM pg_partition_ancestors(to_regclass($1))))), false)
-			FROM (SELECT 1) one LEFT JOIN pg_publication p ON p.pubname = $2`, h.table, h.publication).
-			Scan(&oid, &pubInsert, &pubExists, &included)
-	})
+	}
+	if (*conn).IsClosed() {
+		*conn = nil
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" && !h.noLock { // insufficient_privilege
 		h.noLock = true
@@ -181,35 +270,63 @@ func (h *horizon) check(ctx context.Context, conn **pgx.Conn) error {
 			zap.String("table", h.table), zap.Error(err))
 		return h.check(ctx, conn)
 	}
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return fatalf("outbox table %s no longer exists (dropped or renamed while the relay was streaming): rows written to a new table of that name are not in publication %q, so the relay stopped before confirming past the change. Recreate or rename the table back, ALTER PUBLICATION %s ADD TABLE %s, republish the rows written meanwhile (backfill_since), and restart",
-			h.table, h.publication, pgx.Identifier{h.publication}.Sanitize(), h.table)
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined_table, invalid_schema_name
+		return h.goneError()
 	}
 	if err != nil {
 		return fmt.Errorf("check outbox table %s in publication %q: %w", h.table, h.publication, err)
 	}
-	switch known := h.oid.Load(); {
-	case oid != known:
-		return h.recreatedError(known, oid)
-	case !pubExists:
-		return fatalf("publication %q no longer exists: recreate it (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)) and restart; rows written meanwhile are not in the replication stream and must be republished (backfill_since)",
-			h.publication, pgx.Identifier{h.publication}.Sanitize(), h.table)
-	case !pubInsert:
-		return fatalf("publication %q no longer publishes INSERTs, so outbox rows would be skipped: run ALTER PUBLICATION %s SET (publish = 'insert') and restart; rows written meanwhile are not in the replication stream and must be republished (backfill_since)",
-			h.publication, pgx.Identifier{h.publication}.Sanitize())
-	case !included:
-		return fatalf("outbox table %s was removed from publication %q while the relay was streaming, so its new rows are not in the replication stream: run ALTER PUBLICATION %s ADD TABLE %s, republish the rows written meanwhile (backfill_since), and restart",
-			h.table, h.publication, pgx.Identifier{h.publication}.Sanitize(), h.table)
+	// BEGIN, SET, [LOCK,] SELECT lsn, SELECT membership, COMMIT.
+	if len(results) < 4 || len(results[len(results)-3].Rows) != 1 || len(results[len(results)-2].Rows) != 1 {
+		return fmt.Errorf("check outbox table %s in publication %q: unexpected answer (%d results)", h.table, h.publication, len(results))
 	}
-	if h.pending > h.Verified() {
+	lsnRow := results[len(results)-3].Rows[0]
+	if len(lsnRow) != 1 {
+		return fmt.Errorf("check outbox table %s in publication %q: unexpected answer", h.table, h.publication)
+	}
+	lsn, err := pglogrepl.ParseLSN(string(lsnRow[0]))
+	if err != nil {
+		return err
+	}
+	m, err := parseMembership(results[len(results)-2].Rows[0])
+	if err != nil {
+		return err
+	}
+	if m.oid == nil {
+		// No table of that name (without the lock, a drop is seen here rather than by LOCK).
+		return h.goneError()
+	}
+	if known := h.oid.Load(); *m.oid != known {
+		return h.recreatedError(known, *m.oid)
+	}
+	if err := m.problem(h.table, h.publication); err != nil {
+		return fatalf("publication check: %w; outbox rows written while the publication was so are not in the replication stream: republish them (backfill_since), then restart", err)
+	}
+	if h.member.pubOID != nil && !m.continuous(h.member) {
+		pub := pgx.Identifier{h.publication}.Sanitize()
+		return fatalf("outbox table %s left publication %q and was added again since the previous check (publication OID %d, now %d; membership %v, now %v): rows written in between are not in the replication stream. Republish them (backfill_since), and restart; to change the publication while the relay runs, use ALTER PUBLICATION %s ADD (not DROP and ADD)",
+			h.table, h.publication, *h.member.pubOID, *m.pubOID, h.member.tokens, m.tokens, pub)
+	}
+	h.member = m
+	switch {
+	case h.pending > 0 && started.Sub(h.pendingAt) < h.interval:
+		// Too soon after the check that read pending to trust it (a late round): keep it for the
+		// next check.
+		return nil
+	case h.pending > h.Verified():
 		h.verified.Store(uint64(h.pending))
 		select {
 		case h.changed <- struct{}{}:
 		default:
 		}
 	}
-	h.pending = lsn
+	h.pending, h.pendingAt = lsn, time.Now()
 	return nil
+}
+
+func (h *horizon) goneError() error {
+	return fatalf("outbox table %s no longer exists (dropped or renamed, or its schema was, while the relay was streaming): rows written to a new table of that name are not in publication %q, so the relay stopped before confirming past the change. Recreate or rename the table back, ALTER PUBLICATION %s ADD TABLE %s, republish the rows written meanwhile (backfill_since), and restart",
+		h.table, h.publication, pgx.Identifier{h.publication}.Sanitize(), h.table)
 }
 
 func (h *horizon) recreatedError(known, now uint32) error {

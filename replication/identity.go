@@ -27,6 +27,7 @@ func (s *Stream) identify(ctx context.Context, recorded Identity) error {
 		// stream confirms only the slot's own position (confirmable).
 		// Positions of the old timeline mean nothing here, also as a baseline for eager updates.
 		s.received, s.reported = 0, 0
+		s.guard.reset()
 		s.log.Warn("PostgreSQL is on another timeline (a standby was promoted): positions learned on the old one are never confirmed to this server, and transactions are published again from the slot's confirmed position on it; events the old primary committed without shipping them to this server may have been published but are not in this database",
 			zap.Uint32("old_timeline", prev.Timeline), zap.Uint32("timeline", id.Timeline), zap.String("system_identifier", id.SystemID))
 	}

@@ -93,7 +93,8 @@ func checkTable(ctx context.Context, q querier, cfg *Config) error {
 }
 
 // EnsurePublication checks that publication exists, publishes INSERTs and includes the outbox
-// table; when it does not exist and create is set, it creates it for INSERTs on that table only.
+// table (listed, its schema published, or FOR ALL TABLES) with neither a row filter nor a column
+// list; when it does not exist and create is set, it creates it for INSERTs on that table only.
 //
 // A partitioned outbox needs publish_via_partition_root: without it pgoutput names the leaf
 // partitions instead of the table. The publication is created with it (it changes nothing for a
@@ -103,9 +104,11 @@ func checkTable(ctx context.Context, q querier, cfg *Config) error {
 func EnsurePublication(ctx context.Context, q querier, publication, schema, tableName string, create bool) error {
 	cfg := &Config{Publication: publication, Schema: schema, Table: tableName}
 	table := cfg.qualifiedTable()
-	var pubInsert, viaRoot bool
-	err := q.QueryRow(ctx, "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert, &viaRoot)
-	if errors.Is(err, pgx.ErrNoRows) {
+	var exists bool
+	if err := q.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", cfg.Publication).Scan(&exists); err != nil {
+		return fmt.Errorf("read publication %q: %w", cfg.Publication, err)
+	}
+	if !exists {
 		if !create {
 			return fatalf("publication %q does not exist: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
 				cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), table)
@@ -121,32 +124,15 @@ func EnsurePublication(ctx context.Context, q querier, publication, schema, tabl
 		}
 		return nil
 	}
+	// The same rules as the publication check while streaming (membership.go).
+	m, err := readMembership(ctx, q, table, cfg.Publication)
 	if err != nil {
-		return fmt.Errorf("read publication %q: %w", cfg.Publication, err)
+		return err
 	}
-	if !pubInsert {
-		return fatalf("publication %q does not publish INSERTs: run ALTER PUBLICATION %s SET (publish = 'insert')",
-			cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize())
+	if err := m.problem(table, cfg.Publication); err != nil {
+		return err
 	}
-	// pg_publication_tables lists a partitioned table's leaves or its root depending on
-	// publish_via_partition_root (and nothing for one without partitions), so look for any member
-	// of the outbox's partition tree there, or for the table itself in the publication's own list.
-	var included, partitioned bool
-	err = q.QueryRow(ctx, `SELECT
-			EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $1
-				AND (t.schemaname, t.tablename) IN (SELECT n.nspname, c.relname FROM (SELECT to_regclass($2) AS relid UNION SELECT relid FROM pg_partition_tree(to_regclass($2))) pt
-					JOIN pg_class c ON c.oid = pt.relid JOIN pg_namespace n ON n.oid = c.relnamespace))
-			OR EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
-				WHERE p.pubname = $1 AND r.prrelid = to_regclass($2)),
-			coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($2)), false)`,
-		cfg.Publication, table).Scan(&included, &partitioned)
-	if err != nil {
-		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
-	}
-	if !included {
-		return fatalf("publication %q does not include %s: run ALTER PUBLICATION %s ADD TABLE %s",
-			cfg.Publication, table, pgx.Identifier{cfg.Publication}.Sanitize(), table)
-	}
+	partitioned, viaRoot := m.partitioned, m.viaRoot
 	if partitioned && !viaRoot {
 		alter := fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", pgx.Identifier{cfg.Publication}.Sanitize())
 		if !create {
@@ -214,4 +200,39 @@ func checkSlot(s SlotInfo, cfg *Config, database string) error {
 		return fmt.Errorf("%w: slot %q has wal_status \"lost\": PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so events committed meanwhile may never be published; drop and recreate the slot, then reconcile the outbox rows written since the slot's confirmed position %s", ErrSlotLost, cfg.Slot, s.ConfirmedFlush)
 	}
 	return nil
+}
+
+// readMembership reads how publication includes table (membershipSQL) with the extended protocol.
+func readMembership(ctx context.Context, q querier, table, publication string) (membership, error) {
+	var major int
+	if err := q.QueryRow(ctx, "SELECT current_setting('server_version_num')::int / 10000").Scan(&major); err != nil {
+		return membership{}, fmt.Errorf("read the server version: %w", err)
+	}
+	rows, err := q.Query(ctx, membershipSQL(major), table, publication)
+	if err != nil {
+		return membership{}, fmt.Errorf("read tables of publication %q: %w", publication, err)
+	}
+	defer rows.Close()
+	var m membership
+	found := false
+	for rows.Next() {
+		raw := rows.RawValues()
+		row := make([][]byte, len(raw))
+		for i, v := range raw {
+			if v != nil {
+				row[i] = append([]byte{}, v...)
+			}
+		}
+		if m, err = parseMembership(row); err != nil {
+			return membership{}, err
+		}
+		found = true
+	}
+	if err := rows.Err(); err != nil {
+		return membership{}, fmt.Errorf("read tables of publication %q: %w", publication, err)
+	}
+	if !found {
+		return membership{}, fmt.Errorf("read tables of publication %q: no row", publication)
+	}
+	return m, nil
 }

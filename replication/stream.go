@@ -200,8 +200,10 @@ type Stream struct {
 // New returns a Stream that reports ck.Safe() as its confirmed position.
 func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream {
 	cfg.setDefaults()
+	guard := newHorizon(&cfg, log.Named("horizon"))
+	guard.m = m
 	return &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema),
-		ahead: newReadAhead(cfg.BufferBytes), guard: newHorizon(&cfg, log.Named("horizon"))}
+		ahead: newReadAhead(cfg.BufferBytes), guard: guard}
 }
 
 // Buffer returns the capacity the consumer channel should have.

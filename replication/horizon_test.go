@@ -1,0 +1,361 @@
+package replication
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outbox-relay/outbox-relay/internal/netproxy"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+const outboxColumns = "(id int, aggregate_type text, aggregate_id text, event_type text, payload jsonb)"
+
+// horizonDB returns a fresh database and an admin connection to it.
+func horizonDB(t *testing.T) (string, *pgx.Conn) {
+	t.Helper()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	return dsn, admin
+}
+
+func mustExec(t *testing.T, conn *pgx.Conn, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// startedHorizon returns a horizon for schema.table and publication, started with the table's OID
+// as a session would, with a check connection closed at the test's end.
+func startedHorizon(t *testing.T, dsn string, admin *pgx.Conn, schema, table, publication string, interval time.Duration) (*horizon, *checkConn) {
+	t.Helper()
+	cfg := &Config{DSN: dsn, Schema: schema, Table: table, Publication: publication, StatusInterval: 2 * interval}
+	h := newHorizon(cfg, zaptest.NewLogger(t))
+	var oid uint32
+	if err := admin.QueryRow(context.Background(), "SELECT to_regclass($1)::oid", cfg.qualifiedTable()).Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.start(oid); err != nil {
+		t.Fatal(err)
+	}
+	c := &checkConn{}
+	t.Cleanup(func() {
+		if c.conn != nil {
+			c.conn.Close(context.Background())
+		}
+	})
+	return h, c
+}
+
+// checkConn is the connection a horizon's checks reuse.
+type checkConn struct{ conn *pgconn.PgConn }
+
+func (c *checkConn) check(ctx context.Context, h *horizon) error { return h.check(ctx, &c.conn) }
+
+// A relay or network that freezes in the middle of a check must not leave the outbox table locked:
+// a DDL statement queued behind the lock would block every writer until TCP gave up (hours).
+func TestHorizonFrozenCheckDoesNotBlockWriters(t *testing.T) {
+	dsn, admin := horizonDB(t)
+	mustExec(t, admin, `CREATE TABLE frozen_outbox `+outboxColumns+`;
+		CREATE PUBLICATION frozen_pub FOR TABLE frozen_outbox WITH (publish = 'insert')`)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := netproxy.New(t, u.Host)
+	u.Host = px.Addr
+	q := u.Query()
+	q.Set("application_name", "frozen_check")
+	u.RawQuery = q.Encode()
+	h, c := startedHorizon(t, u.String(), admin, "public", "frozen_outbox", "frozen_pub", 500*time.Millisecond)
+	t.Cleanup(func() {
+		admin.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'frozen_check'")
+	})
+	ctx := context.Background()
+	if err := c.check(ctx, h); err != nil { // connect, and see that a check passes
+		t.Fatal(err)
+	}
+	var oid uint32
+	if err := admin.QueryRow(ctx, "SELECT 'frozen_outbox'::regclass::oid").Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+
+	// Slow answers make a check that waits on the relay while it holds the lock hold it long
+	// enough to be seen; freeze the connection once it is (or after a while).
+	px.DelayResponses(300 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() { done <- c.check(ctx, h) }()
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE a.application_name = 'frozen_check' AND l.relation = $1 AND l.granted`, oid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+	}
+	px.Freeze()
+	select {
+	case err := <-done:
+		t.Logf("check on a frozen connection: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("a check on a frozen connection did not give up within a minute")
+	}
+
+	// A DDL statement that needs ACCESS EXCLUSIVE, then a writer behind it.
+	ddl, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ddl.Close(context.Background())
+	ddlDone := make(chan error, 1)
+	go func() {
+		_, err := ddl.Exec(ctx, "ALTER TABLE frozen_outbox ADD COLUMN extra int")
+		ddlDone <- err
+	}()
+	w, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := w.Exec(wctx, "INSERT INTO frozen_outbox VALUES (1, 'a', 'b', 'c', '{}')"); err != nil {
+		var state string
+		admin.QueryRow(ctx, "SELECT coalesce(string_agg(state, ','), '') FROM pg_stat_activity WHERE application_name = 'frozen_check'").Scan(&state)
+		t.Fatalf("a writer was blocked for %s behind DDL queued behind the frozen check (its session: %q): %v", time.Since(start).Round(time.Millisecond), state, err)
+	}
+	if err := <-ddlDone; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Preflight and the check apply the same rules to a publication: one the relay starts with is one
+// the check accepts, and one that would lose rows (a row filter, a column list, only the
+// partitions listed) is refused by both, with the fix.
+func TestPublicationShapes(t *testing.T) {
+	dsn, admin := horizonDB(t)
+	tests := []struct {
+		name   string
+		setup  string // in schema %[1]s, outbox table %[1]s.outbox, publication %[1]s_pub
+		refuse string // "" when accepted
+	}{
+		{"listed", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WITH (publish = 'insert')`, ""},
+		{"schema", `CREATE PUBLICATION %[1]s_pub FOR TABLES IN SCHEMA %[1]s WITH (publish = 'insert', publish_via_partition_root = true)`, ""},
+		{"all tables", `CREATE PUBLICATION %[1]s_pub FOR ALL TABLES WITH (publish = 'insert')`, ""},
+		{"partitioned and listed", `DROP TABLE %[1]s.outbox; CREATE TABLE %[1]s.outbox ` + outboxColumns + ` PARTITION BY HASH (id);
+			CREATE TABLE %[1]s.outbox_0 PARTITION OF %[1]s.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+			CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WITH (publish = 'insert', publish_via_partition_root = true)`, ""},
+		{"partitioned, schema published", `DROP TABLE %[1]s.outbox; CREATE TABLE %[1]s.outbox ` + outboxColumns + ` PARTITION BY HASH (id);
+			CREATE TABLE %[1]s.outbox_0 PARTITION OF %[1]s.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+			CREATE PUBLICATION %[1]s_pub FOR TABLES IN SCHEMA %[1]s WITH (publish = 'insert', publish_via_partition_root = true)`, ""},
+		{"row filter", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WHERE (aggregate_type <> 'order') WITH (publish = 'insert')`, "row filter"},
+		{"column list", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox (id, aggregate_type, aggregate_id, event_type) WITH (publish = 'insert')`, "column list"},
+		{"row filter on a partition", `DROP TABLE %[1]s.outbox; CREATE TABLE %[1]s.outbox ` + outboxColumns + ` PARTITION BY HASH (id);
+			CREATE TABLE %[1]s.outbox_0 PARTITION OF %[1]s.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+			CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox, %[1]s.outbox_0 WHERE (id > 5) WITH (publish = 'insert', publish_via_partition_root = false)`, "row filter"},
+		{"only partitions listed", `DROP TABLE %[1]s.outbox; CREATE TABLE %[1]s.outbox ` + outboxColumns + ` PARTITION BY HASH (id);
+			CREATE TABLE %[1]s.outbox_0 PARTITION OF %[1]s.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+			CREATE TABLE %[1]s.outbox_1 PARTITION OF %[1]s.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+			CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox_0, %[1]s.outbox_1 WITH (publish = 'insert', publish_via_partition_root = true)`, `ADD TABLE "%[1]s"."outbox"`},
+		{"another table", `CREATE TABLE %[1]s.other (id int); CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.other WITH (publish = 'insert')`, `ADD TABLE "%[1]s"."outbox"`},
+		{"no inserts", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WITH (publish = 'update')`, "publish = 'insert'"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			schema := fmt.Sprintf("shape%d", i)
+			dsn, admin := dsn, admin
+			if tt.name == "all tables" {
+				// FOR ALL TABLES includes every other case's tables too; it has its own database.
+				dsn, admin = horizonDB(t)
+			}
+			mustExec(t, admin, fmt.Sprintf(`CREATE SCHEMA %[1]s; CREATE TABLE %[1]s.outbox `+outboxColumns, schema))
+			mustExec(t, admin, fmt.Sprintf(tt.setup, schema))
+			want := strings.ReplaceAll(tt.refuse, "%[1]s", schema)
+			judge := func(what string, err error) {
+				t.Helper()
+				switch {
+				case want == "" && err != nil:
+					t.Errorf("%s refuses a publication that streams every outbox row: %v", what, err)
+				case want != "" && err == nil:
+					t.Errorf("%s accepts a publication that loses rows (want an error naming %q)", what, want)
+				case want != "" && !IsFatal(err):
+					t.Errorf("%s: want a fatal error, got %v", what, err)
+				case want != "" && !strings.Contains(err.Error(), want):
+					t.Errorf("%s: error does not name %q: %v", what, want, err)
+				}
+			}
+			judge("preflight", EnsurePublication(context.Background(), admin, schema+"_pub", schema, "outbox", false))
+			h, c := startedHorizon(t, dsn, admin, schema, "outbox", schema+"_pub", 50*time.Millisecond)
+			for range 2 {
+				err := c.check(context.Background(), h)
+				judge("the publication check", err)
+				if err != nil {
+					break
+				}
+				time.Sleep(h.interval)
+			}
+		})
+	}
+}
+
+// A table removed from the publication and added again (or a publication dropped and created
+// again) between two checks is a member at both, but the rows written in between were never
+// streamed: the check must notice.
+func TestHorizonMembershipInterrupted(t *testing.T) {
+	tests := []struct{ name, change string }{
+		{"drop and add the table", `ALTER PUBLICATION gap_pub DROP TABLE gap_outbox;
+			INSERT INTO gap_outbox VALUES (2, 'a', 'a', 'x', '{}');
+			ALTER PUBLICATION gap_pub ADD TABLE gap_outbox`},
+		{"drop and create the publication", `DROP PUBLICATION gap_pub;
+			INSERT INTO gap_outbox VALUES (2, 'a', 'a', 'x', '{}');
+			CREATE PUBLICATION gap_pub FOR TABLE gap_outbox WITH (publish = 'insert')`},
+		{"from the table to its schema", `ALTER PUBLICATION gap_pub DROP TABLE gap_outbox;
+			INSERT INTO gap_outbox VALUES (2, 'a', 'a', 'x', '{}');
+			ALTER PUBLICATION gap_pub ADD TABLES IN SCHEMA public`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dsn, admin := horizonDB(t)
+			mustExec(t, admin, `CREATE TABLE gap_outbox `+outboxColumns+`;
+				CREATE PUBLICATION gap_pub FOR TABLE gap_outbox WITH (publish = 'insert')`)
+			h, c := startedHorizon(t, dsn, admin, "public", "gap_outbox", "gap_pub", 50*time.Millisecond)
+			if err := c.check(context.Background(), h); err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, admin, tt.change)
+			err := c.check(context.Background(), h)
+			if !IsFatal(err) || !strings.Contains(err.Error(), "added again") {
+				t.Fatalf("after the table left the publication and came back between two checks, want a fatal error, got %v (verified %s)", err, h.Verified())
+			}
+		})
+	}
+	t.Run("adding a schema while listed is no interruption", func(t *testing.T) {
+		dsn, admin := horizonDB(t)
+		mustExec(t, admin, `CREATE TABLE gap_outbox `+outboxColumns+`;
+			CREATE PUBLICATION gap_pub FOR TABLE gap_outbox WITH (publish = 'insert')`)
+		h, c := startedHorizon(t, dsn, admin, "public", "gap_outbox", "gap_pub", 50*time.Millisecond)
+		for _, change := range []string{"ALTER PUBLICATION gap_pub ADD TABLES IN SCHEMA public", "ALTER PUBLICATION gap_pub DROP TABLE gap_outbox", ""} {
+			if err := c.check(context.Background(), h); err != nil {
+				t.Fatal(err)
+			}
+			if change != "" {
+				mustExec(t, admin, change)
+			}
+		}
+	})
+}
+
+// A table that is gone (its schema renamed, or dropped while the check cannot lock it) is a fatal
+// error with the fix, not a transient one retried forever.
+func TestHorizonTableGone(t *testing.T) {
+	tests := []struct {
+		name   string
+		noLock bool
+		change string
+	}{
+		{"schema renamed", false, "ALTER SCHEMA gone RENAME TO gone_elsewhere"},
+		{"schema dropped", false, "DROP SCHEMA gone CASCADE"},
+		{"table dropped, no lock", true, "DROP TABLE gone.outbox"},
+		{"schema renamed, no lock", true, "ALTER SCHEMA gone RENAME TO gone_elsewhere"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dsn, admin := horizonDB(t)
+			mustExec(t, admin, `CREATE SCHEMA gone; CREATE TABLE gone.outbox `+outboxColumns+`;
+				CREATE PUBLICATION gone_pub FOR TABLE gone.outbox WITH (publish = 'insert')`)
+			h, c := startedHorizon(t, dsn, admin, "gone", "outbox", "gone_pub", 50*time.Millisecond)
+			h.noLock = tt.noLock
+			if err := c.check(context.Background(), h); err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, admin, tt.change)
+			err := c.check(context.Background(), h)
+			if !IsFatal(err) || !strings.Contains(err.Error(), "no longer exists") {
+				t.Fatalf("want a fatal error saying the table no longer exists, got %v", err)
+			}
+		})
+	}
+}
+
+// A position is trusted only once a check that started at least an interval after it was read
+// still finds the table in the publication: a late round (a ticker delivers a missed tick at once)
+// must not promote it microseconds later.
+func TestHorizonMargin(t *testing.T) {
+	dsn, admin := horizonDB(t)
+	mustExec(t, admin, `CREATE TABLE margin_outbox `+outboxColumns+`;
+		CREATE PUBLICATION margin_pub FOR TABLE margin_outbox WITH (publish = 'insert')`)
+	h, c := startedHorizon(t, dsn, admin, "public", "margin_outbox", "margin_pub", time.Second)
+	ctx := context.Background()
+	if err := c.check(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	first := h.pending
+	if err := c.check(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if v := h.Verified(); v != 0 {
+		t.Fatalf("a check right after another promoted %s without the margin of %s", v, h.interval)
+	}
+	time.Sleep(h.interval)
+	if err := c.check(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if v := h.Verified(); v != first {
+		t.Fatalf("a check an interval later: verified %s, want the first check's position %s", v, first)
+	}
+}
+
+// Checks that keep failing without a verdict (here: DDL holds the table all along) stop the relay
+// after the stale limit, and the age of the last good check is a metric.
+func TestHorizonStopsWhenChecksKeepFailing(t *testing.T) {
+	dsn, admin := horizonDB(t)
+	mustExec(t, admin, `CREATE TABLE stale_outbox `+outboxColumns+`;
+		CREATE PUBLICATION stale_pub FOR TABLE stale_outbox WITH (publish = 'insert')`)
+	h, _ := startedHorizon(t, dsn, admin, "public", "stale_outbox", "stale_pub", 50*time.Millisecond)
+	h.staleLimit = time.Second
+	ctx := context.Background()
+	locker, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, "LOCK TABLE stale_outbox IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { h.run(runCtx); close(done) }()
+	select {
+	case <-done:
+	case <-runCtx.Done():
+		t.Fatal("the checks failed for 30s and the horizon did not stop")
+	}
+	if err := h.Err(); !IsFatal(err) || !strings.Contains(err.Error(), "no publication check") {
+		t.Fatalf("want a fatal error about the failing checks, got %v", err)
+	}
+}
