@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -25,20 +27,90 @@ type RelationRef struct {
 // warning) when it has every outbox column and is not published in its own right, because skipping
 // it could lose events without a trace while publishing it costs at worst foreign rows on the
 // outbox topics. The publication normally holds only the outbox, so this runs rarely.
+//
+// A relation with the outbox's OID is the outbox whatever the stream calls it (a table renamed
+// and renamed back, or a schema renamed: the check stops the relay on the latter). A transient
+// error (the database restarting) is retried here, each try bounded by classifyTimeout, until ctx
+// ends; only an error retrying cannot fix is returned.
 func (s *Stream) BelongsToOutbox(ctx context.Context, rel RelationRef) (bool, error) {
-	name := pgx.Identifier{rel.Schema, rel.Table}.Sanitize()
-	conn, err := pgx.Connect(ctx, s.cfg.DSN)
-	if err != nil {
-		return false, classifyConnect(err, "classifying a relation")
+	if known := s.guard.oid.Load(); known != 0 && rel.OID == known {
+		return true, nil
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	for attempt := 0; ; attempt++ {
+		ours, err := s.classifier.belongs(ctx, s, rel)
+		if err == nil || IsFatal(err) || ctx.Err() != nil {
+			return ours, err
+		}
+		delay := backoff(attempt)
+		s.log.Warn("cannot classify a relation in the replication stream; retrying (the stream waits meanwhile)",
+			zap.Uint32("oid", rel.OID), zap.String("relation", rel.Schema+"."+rel.Table), zap.Error(err), zap.Duration("retry_in", delay))
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+}
+
+// classifyTimeout bounds one attempt to classify a relation.
+const classifyTimeout = 10 * time.Second
+
+// classifier holds the connection BelongsToOutbox asks on, kept between Relation messages (a
+// publication with many tables sends many) and closed when the context it was opened for ends.
+type classifier struct {
+	mu   sync.Mutex
+	conn *pgx.Conn
+	stop func() bool // unregisters the close at the end of the context
+}
+
+func (c *classifier) belongs(ctx context.Context, s *Stream, rel RelationRef) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, classifyTimeout)
+	defer cancel()
+	if c.conn == nil || c.conn.IsClosed() {
+		conn, err := pgx.Connect(actx, s.cfg.DSN)
+		if err != nil {
+			return false, classifyConnect(err, "classifying a relation")
+		}
+		c.conn = conn
+		c.stop = context.AfterFunc(ctx, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			conn.Close(context.Background())
+			if c.conn == conn {
+				c.conn = nil
+			}
+		})
+	}
+	ours, err := s.classify(actx, c.conn, rel)
+	if err != nil && !IsFatal(err) {
+		c.stop()
+		c.conn.Close(context.WithoutCancel(ctx))
+		c.conn = nil
+	}
+	return ours, err
+}
+
+// classify is one attempt of BelongsToOutbox.
+func (s *Stream) classify(ctx context.Context, conn *pgx.Conn, rel RelationRef) (bool, error) {
+	name := pgx.Identifier{rel.Schema, rel.Table}.Sanitize()
+	// Published in its own right: listed (or an ancestor other than the outbox is), its schema
+	// published (PostgreSQL 15 on), or FOR ALL TABLES.
+	schemas := ""
+	if serverMajor(conn.PgConn().ParameterStatus("server_version")) >= 15 {
+		schemas = `
+				OR EXISTS (SELECT 1 FROM pg_publication_namespace n JOIN pg_class c ON c.relnamespace = n.pnnspid
+					WHERE n.pnpubid = p.oid AND c.oid <> coalesce(to_regclass($2)::oid, 0)
+					AND (c.oid = $1::oid OR c.oid IN (SELECT relid FROM pg_partition_ancestors($1::oid::regclass))))`
+	}
 	var exists, inOutbox, publishedItself bool
-	err = conn.QueryRow(ctx, `SELECT
+	err := conn.QueryRow(ctx, `SELECT
 			EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::oid),
 			EXISTS (SELECT 1 FROM pg_partition_ancestors($1::oid::regclass) a WHERE a.relid = to_regclass($2)),
 			EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = $3 AND (p.puballtables OR EXISTS (
 				SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid <> coalesce(to_regclass($2)::oid, 0)
-					AND (r.prrelid = $1::oid OR r.prrelid IN (SELECT relid FROM pg_partition_ancestors($1::oid::regclass))))))`,
+					AND (r.prrelid = $1::oid OR r.prrelid IN (SELECT relid FROM pg_partition_ancestors($1::oid::regclass))))`+schemas+`))`,
 		rel.OID, s.cfg.qualifiedTable(), s.cfg.Publication).Scan(&exists, &inOutbox, &publishedItself)
 	if err != nil {
 		return false, fmt.Errorf("classify relation %s (OID %d) in the replication stream: %w", name, rel.OID, err)

@@ -193,8 +193,9 @@ type Stream struct {
 	identity       Identity
 	ledgerIdentity Identity
 
-	guard     *horizon // caps the confirmed position at what the publication checks covered
-	stopGuard context.CancelFunc
+	guard      *horizon   // caps the confirmed position at what the publication checks covered
+	classifier classifier // BelongsToOutbox's connection
+	stopGuard  context.CancelFunc
 }
 
 // New returns a Stream that reports ck.Safe() as its confirmed position.
