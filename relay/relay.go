@@ -159,6 +159,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		// Keep reporting while Kafka acknowledges what is in flight, then report the final position.
 		if err := r.stream.Finish(hard, drained); err != nil {
 			r.log.Warn("could not report the final position; the next start replays from the last one reported", zap.Error(err))
+			if replication.IsFatal(err) {
+				streamErr = err // a publication check failed during the drain: not a clean stop
+			}
 		}
 	}
 	if context.Cause(hard) == errShutdownTimeout {

@@ -115,11 +115,19 @@ func TestStreamErrorsMapToWhatTheCallerActsOn(t *testing.T) {
 		{"a missing slot after streaming is a lost slot", "42704", true, ErrSlotLost, true},
 		{"removed WAL is a lost slot", "55000", true, ErrSlotLost, true},
 		{"a shutting-down server is retried", "57P01", true, nil, false},
+		{"a dropped publication is not a lost slot", "42704", true, nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &Stream{streamed: tt.streamed}
-			err := s.streamError(&pgconn.PgError{Code: tt.code, Message: "x"})
+			s := &Stream{streamed: tt.streamed, cfg: Config{Publication: "p", Schema: "public", Table: "outbox"}}
+			msg := "x"
+			if strings.HasPrefix(tt.name, "a dropped publication") {
+				msg = `publication "p" does not exist`
+			}
+			err := s.streamError(&pgconn.PgError{Code: tt.code, Message: msg})
+			if tt.is == nil && errors.Is(err, ErrSlotLost) {
+				t.Fatalf("%v is reported as a lost slot", err)
+			}
 			if tt.is != nil && !errors.Is(err, tt.is) {
 				t.Fatalf("%v is not %v", err, tt.is)
 			}

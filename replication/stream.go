@@ -484,6 +484,10 @@ func (s *Stream) streamError(err error) error {
 	case "55006": // object_in_use: "replication slot ... is active for PID n"
 		return fmt.Errorf("%w: %s", ErrSlotActive, pgErr.Message)
 	case "42704": // undefined_object: the slot or the publication
+		if strings.HasPrefix(pgErr.Message, "publication ") {
+			return fatalf("%s: publication %q was dropped while the relay was streaming, so outbox rows written since are not in the replication stream: recreate it (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)), republish the rows written meanwhile (backfill_since), and restart",
+				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize(), s.cfg.qualifiedTable())
+		}
 		if s.streamed {
 			return fmt.Errorf("%w: %s", ErrSlotLost, pgErr.Message)
 		}
