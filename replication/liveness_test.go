@@ -56,6 +56,13 @@ func runStream(t *testing.T, dsn, slot string, receiveTimeout time.Duration) (*p
 			case <-time.After(time.Minute):
 				t.Fatal("stream did not stop within a minute")
 			}
+			// The publication checks outlive a clean Run, for Finish; end them, or one logs after
+			// the test.
+			drained := make(chan struct{})
+			close(drained)
+			ended, end := context.WithCancel(context.Background())
+			end()
+			_ = s.Finish(ended, drained)
 		}
 		return runErr
 	}
