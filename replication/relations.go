@@ -2,12 +2,14 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 )
 
@@ -112,6 +114,10 @@ func (s *Stream) classify(ctx context.Context, conn *pgx.Conn, rel RelationRef) 
 				SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid <> coalesce(to_regclass($2)::oid, 0)
 					AND (r.prrelid = $1::oid OR r.prrelid IN (SELECT relid FROM pg_partition_ancestors($1::oid::regclass))))`+schemas+`))`,
 		rel.OID, s.cfg.qualifiedTable(), s.cfg.Publication).Scan(&exists, &inOutbox, &publishedItself)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code[:2] == "42" { // a privilege or the query: retrying cannot fix it
+		return false, fatalf("classify relation %s (OID %d) in the replication stream: %w (the relay's role needs USAGE on the outbox's schema)", name, rel.OID, err)
+	}
 	if err != nil {
 		return false, fmt.Errorf("classify relation %s (OID %d) in the replication stream: %w", name, rel.OID, err)
 	}

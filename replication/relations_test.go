@@ -2,12 +2,15 @@ package replication
 
 import (
 	"context"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
@@ -60,5 +63,45 @@ func TestBelongsToOutbox(t *testing.T) {
 				t.Fatalf("BelongsToOutbox = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// A lookup that fails for a reason retrying can fix (here: the role may not connect for a moment)
+// is retried while the stream waits, not returned as an error that would end the relay.
+func TestBelongsToOutboxRetriesATransientFailure(t *testing.T) {
+	dsn, admin := horizonDB(t)
+	role := "classifier_" + strings.TrimPrefix(testenv.UniqueName(t, "r"), "r_")[:8]
+	mustExec(t, admin, `CREATE SCHEMA rel; CREATE TABLE rel.outbox `+outboxColumns+`;
+		CREATE TABLE rel.other `+outboxColumns+`;
+		CREATE PUBLICATION rel_pub FOR TABLE rel.outbox, rel.other WITH (publish = 'insert');
+		CREATE ROLE `+role+` LOGIN PASSWORD 'classifier' CONNECTION LIMIT 0;
+		GRANT USAGE ON SCHEMA rel TO `+role)
+	t.Cleanup(func() { admin.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE IF EXISTS "+role) })
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, "classifier")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := New(Config{DSN: u.String(), Schema: "rel", Table: "outbox", Publication: "rel_pub"}, checkpoint.New(0), zaptest.NewLogger(t), metrics.New(nil))
+	var oid, other uint32
+	if err := admin.QueryRow(ctx, "SELECT 'rel.outbox'::regclass::oid, 'rel.other'::regclass::oid").Scan(&oid, &other); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.guard.start(oid); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(time.Second)
+		admin.Exec(context.Background(), "ALTER ROLE "+role+" CONNECTION LIMIT -1")
+	}()
+	got, err := s.BelongsToOutbox(ctx, RelationRef{OID: other, Schema: "rel", Table: "other",
+		Columns: []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload"}})
+	if err != nil {
+		t.Fatalf("a connection refused for a moment ended the classification: %v", err)
+	}
+	if got {
+		t.Fatal("another table of the publication classified as the outbox")
 	}
 }
