@@ -322,6 +322,16 @@ func TestHorizonMargin(t *testing.T) {
 	if v := h.Verified(); v != first {
 		t.Fatalf("a check an interval later: verified %s, want the first check's position %s", v, first)
 	}
+
+	// On a new timeline the positions checked so far are forgotten: the next check promotes none.
+	h.reset()
+	time.Sleep(h.interval)
+	if err := c.check(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if v := h.Verified(); v != 0 {
+		t.Fatalf("after a reset, a check promoted %s, a position read before it", v)
+	}
 }
 
 // Checks that keep failing without a verdict (here: DDL holds the table all along) stop the relay
