@@ -206,10 +206,6 @@ func (h *horizon) connect(ctx context.Context) (*pgconn.PgConn, error) {
 	if err != nil {
 		return nil, fatalf("pg_dsn: %w", err)
 	}
-	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(checkIdleTimeout.Milliseconds(), 10)
-	cfg.RuntimeParams["tcp_keepalives_idle"] = "5"
-	cfg.RuntimeParams["tcp_keepalives_interval"] = "1"
-	cfg.RuntimeParams["tcp_keepalives_count"] = "3"
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "outbox-relay publication check"
 	}
@@ -218,6 +214,13 @@ func (h *horizon) connect(ctx context.Context) (*pgconn.PgConn, error) {
 	c, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, classifyConnect(err, "the publication check")
+	}
+	// Session settings rather than startup parameters, which a connection pooler may refuse.
+	_, err = c.Exec(ctx, "SET idle_in_transaction_session_timeout = "+strconv.FormatInt(checkIdleTimeout.Milliseconds(), 10)+
+		"; SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 3").ReadAll()
+	if err != nil {
+		c.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("set the publication check's session timeouts: %w", err)
 	}
 	return c, nil
 }
