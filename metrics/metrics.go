@@ -116,7 +116,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			"1 for a topic the relay has waited for more than 3s because it does not exist (auto-creation off) or is not authorized; every event waits behind it.", "topic"),
 
 		PublicationCheckAge: f.gauge("publication_check_age_seconds",
-			"Seconds since the last successful check that the outbox table is still in the publication; the slot is not confirmed past what that check covered, and the relay stops after 5 minutes without one."),
+			"Seconds since the last successful check that the outbox table is still in the publication; the slot is not confirmed past what that check covered, and the relay stops after 5 minutes of checks PostgreSQL refuses."),
 	}
 }
 

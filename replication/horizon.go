@@ -56,8 +56,10 @@ import (
 // trails what Kafka acknowledged by at most about one status interval.
 //
 // A check that keeps failing without a verdict (the table always locked by DDL, a query error)
-// holds confirmation back; after staleLimit without a good check the relay stops with an error
-// rather than let the slot retain WAL without a word. publication_check_age_seconds shows it.
+// holds confirmation back; after staleLimit of such failures the relay stops with an error rather
+// than let the slot retain WAL without a word. publication_check_age_seconds shows it. Failures
+// without an answer from PostgreSQL (down, unreachable) do not count: the stream has the same
+// problem and reports it.
 type horizon struct {
 	dsn         string
 	table       string // qualified, sanitized
@@ -79,6 +81,7 @@ type horizon struct {
 	pendingAt time.Time     // when that check returned: L was read before
 	member    membership    // what the last good check read; pubOID nil before the first
 	lastGood  time.Time     // when a check last succeeded (or the checks began)
+	badSince  time.Time     // since when checks have failed with an answer from PostgreSQL; zero if not
 	lockSkips int           // consecutive checks skipped because DDL held the table
 	// noLock: the role may not lock the table (LOCK needs SELECT on it); checks then rely on the
 	// margin for a drop too.
@@ -156,8 +159,16 @@ func (h *horizon) run(ctx context.Context) {
 				h.lastGood = time.Now()
 			}
 			err := h.check(ctx, &conn)
-			if err == nil {
-				h.lastGood, h.lockSkips = time.Now(), 0
+			var pgErr *pgconn.PgError
+			switch {
+			case err == nil:
+				h.lastGood, h.lockSkips, h.badSince = time.Now(), 0, time.Time{}
+			case !errors.As(err, &pgErr):
+				// PostgreSQL did not answer (down, restarting, unreachable): the stream sees that
+				// too and reports it; only failures the server answered count toward staleLimit.
+				h.badSince = time.Time{}
+			case h.badSince.IsZero():
+				h.badSince = time.Now()
 			}
 			if h.m != nil {
 				h.m.PublicationCheckAge.Set(time.Since(h.lastGood).Seconds())
@@ -170,8 +181,8 @@ func (h *horizon) run(ctx context.Context) {
 				return
 			case ctx.Err() != nil:
 				return
-			case time.Since(h.lastGood) > h.staleLimit:
-				err = fatalf("no publication check of outbox table %s succeeded for %s (last error: %w), so the slot could not be confirmed meanwhile: fix the cause and restart",
+			case !h.badSince.IsZero() && time.Since(h.badSince) > h.staleLimit:
+				err = fatalf("no publication check of outbox table %s succeeded for %s, PostgreSQL refusing each (last error: %w), so the slot could not be confirmed meanwhile: fix the cause and restart",
 					h.table, time.Since(h.lastGood).Round(time.Second), err)
 				h.fail(err)
 				h.log.Error("publication check failed; the relay stops", zap.Error(err))
