@@ -8,10 +8,16 @@
 // would otherwise keep its idle session, and the lock, until the operating system's TCP keepalive
 // gave up (two hours by default). So the lock session carries idle_session_timeout = Lease
 // (PostgreSQL 14 and later): the server ends it, and releases the lock, once the leader has been
-// silent for Lease. The leader, which checks the session every CheckInterval, fences itself when
-// no check sent within the last Lease - leaseMargin has been answered, so it has stopped before
-// the server lets the lock go. TCP keepalives and tcp_user_timeout on the session are the backstop
-// for older servers.
+// silent for Lease. The leader, which checks the session every CheckInterval, fences itself when a
+// check goes unanswered for CheckTimeout, and in any case before Lease - leaseMargin has passed
+// since the sending of the last answered check, so it has stopped before the server lets the lock
+// go. TCP keepalives and tcp_user_timeout on the session are the backstop for older servers.
+//
+// The fence is the leader's own goroutine, so it holds only while the leader's process runs: a
+// process paused for longer than the lease (SIGSTOP, a frozen VM) misses its fence, and when it
+// resumes, what it had in flight may reach Kafka before its next check fences it, while another
+// instance already leads. That is a duplicate, never a loss: a leader confirms to the slot only
+// what Kafka acknowledged. Only a producer epoch in Kafka fences such a zombie for good.
 package leader
 
 import (
@@ -22,6 +28,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,14 +55,15 @@ type Config struct {
 	// long a leader that lost the lock may go on streaming.
 	CheckInterval time.Duration
 	// CheckTimeout bounds one check (and one lock attempt). Default 5s: long enough for a loaded
-	// server to answer SELECT 1, short enough that a partitioned leader fences itself quickly. It
-	// lengthens the lease, and so a takeover after a network partition, one for one.
+	// server to answer a check, short enough that a partitioned leader fences itself quickly. A
+	// check answered within it never fences the leader, however many in a row are that slow; it
+	// lengthens the lease, and so a takeover after a network partition, two for one.
 	CheckTimeout time.Duration
 	// OnStandby, when set, is told after every attempt whether this standby is connected and
 	// waiting (true) or cannot reach PostgreSQL (false).
 	OnStandby func(connected bool)
 	// OnSlowCheck, when set, is called for every check of the leader's lock connection that took
-	// more than half of CheckTimeout: a near miss, the leader was that close to fencing itself.
+	// more than half of CheckTimeout: a near miss, a check that takes CheckTimeout fences the leader.
 	OnSlowCheck func(took time.Duration)
 }
 
@@ -65,12 +73,18 @@ type Config struct {
 const leaseMargin = 2 * time.Second
 
 // Lease is how long PostgreSQL keeps the lock session of a leader it has not heard from: its
-// idle_session_timeout. A leader's checks are CheckInterval apart and each may take CheckTimeout,
-// and the leader fences itself leaseMargin before the lease runs out.
+// idle_session_timeout. The server's idle clock restarts no earlier than a check is sent. A check
+// sent at s and answered within CheckTimeout is followed by the next at most CheckInterval after
+// the answer, which may itself take CheckTimeout: s + CheckInterval + 2×CheckTimeout is the
+// latest a check that never fences must be answered by, and the lease adds leaseMargin to that.
 func (c Config) Lease() time.Duration {
 	c.setDefaults()
-	return c.CheckInterval + c.CheckTimeout + leaseMargin
+	return c.CheckInterval + 2*c.CheckTimeout + leaseMargin
 }
+
+// fenceBy is how long after sending the last answered check the leader may go on: leaseMargin
+// before PostgreSQL may end its session.
+func (c Config) fenceBy() time.Duration { return c.Lease() - leaseMargin }
 
 func (c *Config) setDefaults() {
 	if c.RetryInterval <= 0 {
@@ -150,15 +164,21 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 				e.cfg.OnStandby(false)
 				e.log.Warn("leader lock attempt failed; reconnecting", zap.Error(err), zap.Duration("retry_in", e.cfg.RetryInterval))
 			case got:
-				if previous != nil {
-					// Its statements restart the server's idle clock, and so the lease.
-					if answered := e.endStaleWalsender(ctx, conn, *previous); !answered.IsZero() {
-						sent = answered
-					}
+				t, err := e.begin(ctx, conn, sent, previous)
+				if err == nil {
+					conn = nil // the term owns it now
+					return t, nil
 				}
-				t := newTerm(conn, e.cfg, e.log, sent)
-				conn = nil // the term owns it now
-				return t, nil
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				// The session may be gone, and the lock with it: closing it makes sure, and the
+				// next attempt starts over.
+				closeQuietly(conn)
+				conn = nil
+				e.cfg.OnStandby(false)
+				e.log.Warn("took the leader lock but lost the answer of its session while ending the previous leader's walsender; reconnecting",
+					zap.Error(err), zap.Duration("retry_in", e.cfg.RetryInterval))
 			default:
 				e.cfg.OnStandby(true)
 				downLogged = false
@@ -166,7 +186,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 				h, held, err := LockHolder(hctx, conn, e.cfg.Slot)
 				cancel()
 				if err == nil && held {
-					previous = &h
+					previous = &h // the last seen, published walsender and all
 				}
 				if !waitingLogged {
 					fields := []zap.Field{zap.String("slot", e.cfg.Slot), zap.Duration("retry_interval", e.cfg.RetryInterval)}
@@ -198,6 +218,9 @@ func (e *Elector) connect(ctx context.Context) (*pgx.Conn, error) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = 10 * time.Second // a blackholed server must not stall the campaign
 	}
+	// One round trip per statement (no prepare first): a statement's time is then one round trip
+	// plus the server's work, which the lease arithmetic counts on.
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -266,64 +289,95 @@ func (e *Elector) tryLock(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	return got, nil
 }
 
+// begin starts a term on conn, which has just taken the lock with a statement sent at sent, after
+// ending the previous holder's walsender. It fails when the session's state is unknown (a statement
+// went unanswered, so pgx closed the connection): the lock may be gone with it.
+func (e *Elector) begin(ctx context.Context, conn *pgx.Conn, sent time.Time, previous *Holder) (*Term, error) {
+	if previous != nil {
+		answered, err := e.endStaleWalsender(ctx, conn, *previous, sent)
+		if !answered.IsZero() {
+			sent = answered // its statements restart the server's idle clock, and so the lease
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if conn.IsClosed() {
+		return nil, errors.New("the leader-lock connection closed")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return newTerm(conn, e.cfg, e.log, sent), nil
+}
+
 // endStaleWalsender ends the walsender of the previous leader when it still streams the slot. A
 // leader cut off from the network leaves its replication connection behind too, and PostgreSQL
 // keeps the slot active for it until wal_sender_timeout (60s by default) while the new leader
-// cannot stream. Holding the lock proves that the previous leader has fenced itself (it does so
-// before its lease ends), so that walsender serves nobody. It is told apart by coming from the
-// same client (address and application_name) as the lock session seen before, and starting no
-// earlier: the walsender of anything outside the election (a relay with leader_election off,
-// Debezium) is left alone. Without the right to end it (another role's backend needs
-// pg_signal_backend; a superuser's, superuser) the new leader waits for the slot as for any busy one.
-// It returns when the last statement the server answered was sent (zero if none).
-func (e *Elector) endStaleWalsender(ctx context.Context, conn *pgx.Conn, prev Holder) (answered time.Time) {
-	if prev.ApplicationName == "" || prev.ClientAddr == "" {
-		return // the previous holder's session was not visible to this role: nothing to match
+// cannot stream. That leader has fenced itself before its lease ended (unless its process was
+// paused through it, see the package comment), so that walsender serves nobody. A leader publishes
+// its walsender's PID in its lock session's application_name once it streams; this ends exactly
+// that backend, and only while it is still the slot's active one, in one statement: the walsender
+// of anything outside the election (a relay with leader_election off, Debezium) is left alone.
+// Without the right to end it (another role's backend needs pg_signal_backend; a superuser's,
+// superuser) the new leader waits for the slot as for any busy one.
+//
+// Its statement gets CheckTimeout, like a check: answered within it, it keeps the term's first
+// check inside the lease (see Config.Lease), as its sending restarts the server's idle clock.
+// Waiting for the walsender to exit gets what is left of that after two round trips (as long as
+// the lock statement's, which was sent at lockSent). It returns when the statement was sent if the
+// server answered it (zero if not), and an error when it went unanswered: the session, and the
+// lock, may be gone.
+func (e *Elector) endStaleWalsender(ctx context.Context, conn *pgx.Conn, prev Holder, lockSent time.Time) (answered time.Time, err error) {
+	pid := prev.WalsenderPID
+	if pid == 0 {
+		return time.Time{}, nil // it published none: it never streamed, or its role's name hid it
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*e.cfg.CheckTimeout)
-	defer cancel()
-	var pgErr *pgconn.PgError
-	var pid int32
 	sent := time.Now()
-	err := conn.QueryRow(ctx, `SELECT s.active_pid FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid
-		WHERE s.slot_name = $1 AND s.active AND s.database = current_database()
-		  AND a.application_name = $2 AND a.backend_start >= $4
-		  AND CASE WHEN a.client_addr IS NULL THEN 'local' ELSE host(a.client_addr) END = $3`,
-		e.cfg.Slot, prev.ApplicationName, prev.ClientAddr, prev.BackendStart).Scan(&pid)
-	if err == nil || errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) {
-		answered = sent
+	ctx, cancel := context.WithDeadline(ctx, sent.Add(e.cfg.CheckTimeout))
+	defer cancel()
+	wait := e.cfg.CheckTimeout - 2*sent.Sub(lockSent)
+	if wait < 0 {
+		wait = 0
 	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return answered
+	query := `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+		WHERE slot_name = $1 AND database = current_database() AND active_pid = $2`
+	args := []any{e.cfg.Slot, pid}
+	if serverMajor(conn) >= 14 && wait > 0 {
+		// Wait for it to exit, so the slot is free when streaming starts.
+		query = `SELECT pg_terminate_backend(active_pid, $3) FROM pg_replication_slots
+			WHERE slot_name = $1 AND database = current_database() AND active_pid = $2`
+		args = append(args, wait.Milliseconds())
+	} else {
+		wait = 0
 	}
+	var exited bool
+	err = conn.QueryRow(ctx, query, args...).Scan(&exited)
 	fields := []zap.Field{zap.String("slot", e.cfg.Slot), zap.Int32("walsender_pid", pid), zap.Int32("previous_lock_pid", prev.PID),
 		zap.String("previous_leader_application_name", prev.ApplicationName), zap.String("previous_leader_client", prev.ClientAddr)}
-	if err != nil {
-		e.log.Warn("cannot look for the previous leader's walsender; if it still holds the slot, waiting until PostgreSQL ends it (wal_sender_timeout)",
-			append(fields, zap.Error(err))...)
-		return answered
-	}
-	// Wait (PostgreSQL 14 and later) for it to exit, so the slot is free when streaming starts.
-	query := "SELECT pg_terminate_backend($1)"
-	args := []any{pid}
-	if serverMajor(conn) >= 14 {
-		query = "SELECT pg_terminate_backend($1, $2)"
-		args = append(args, e.cfg.CheckTimeout.Milliseconds())
-	}
-	var ended bool
-	sent = time.Now()
-	err = conn.QueryRow(ctx, query, args...).Scan(&ended)
-	if err == nil || errors.As(err, &pgErr) {
-		answered = sent
-	}
-	if err != nil {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return sent, nil // it no longer streams the slot
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
 		e.log.Warn("cannot end the previous leader's walsender, which keeps the slot active after that leader lost the lock (the relay's role needs pg_signal_backend to end another role's backends); waiting until PostgreSQL ends it (wal_sender_timeout)",
 			append(fields, zap.Error(err))...)
-		return answered
+		return sent, nil
+	case errors.As(err, &pgErr):
+		e.log.Warn("cannot end the previous leader's walsender, which keeps the slot active after that leader lost the lock; waiting until PostgreSQL ends it (wal_sender_timeout)",
+			append(fields, zap.Error(err))...)
+		return sent, nil
+	case err != nil:
+		return time.Time{}, fmt.Errorf("end the previous leader's walsender (PID %d), leader_check_timeout %s: %w", pid, e.cfg.CheckTimeout, err)
 	}
-	e.log.Info("ended the previous leader's walsender, which kept the slot active after that leader lost the lock",
-		append(fields, zap.Bool("exited", ended))...)
-	return answered
+	if exited || wait == 0 {
+		e.log.Info("ended the previous leader's walsender, which kept the slot active after that leader lost the lock",
+			append(fields, zap.Bool("waited_for_exit", wait > 0))...)
+	} else {
+		e.log.Warn("told the previous leader's walsender to end, but it had not exited within the time left of leader_check_timeout; streaming waits until it has",
+			append(fields, zap.Duration("waited", wait))...)
+	}
+	return sent, nil
 }
 
 // serverMajor is the connected server's major version, 0 when unknown.
@@ -342,24 +396,34 @@ func serverMajor(conn *pgx.Conn) int {
 type Term struct {
 	conn *pgx.Conn
 
-	lost    chan struct{}
-	lostErr error
-	stop    chan struct{}
-	done    chan struct{}
-	pid     uint32
+	lost      chan struct{}
+	lostErr   error
+	stop      chan struct{}
+	cancel    context.CancelFunc // ends a check in flight when the term is released
+	done      chan struct{}
+	pid       uint32
+	streaming atomic.Pointer[func() bool]
 }
 
-// newTerm starts watching the lock connection; sent is when the statement that took the lock was
-// sent, where the first lease begins.
+// newTerm starts watching the lock connection; sent is when the last statement the session
+// answered was sent, where the first lease begins.
 func newTerm(conn *pgx.Conn, cfg Config, log *zap.Logger, sent time.Time) *Term {
-	t := &Term{conn: conn, lost: make(chan struct{}), stop: make(chan struct{}),
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &Term{conn: conn, lost: make(chan struct{}), stop: make(chan struct{}), cancel: cancel,
 		done: make(chan struct{}), pid: conn.PgConn().PID()}
-	go t.watch(cfg, log, sent)
+	go t.watch(ctx, cfg, log, sent)
 	return t
 }
 
 // PID is the PostgreSQL backend that holds the lock.
 func (t *Term) PID() uint32 { return t.pid }
+
+// PublishWalsender tells the term how to know that this leader streams the slot. While streaming
+// says so, each check also publishes the slot's walsender PID in the lock session's
+// application_name (" walsender=<pid>" appended), so that the next leader ends exactly that
+// walsender should this one be cut off. It publishes a walsender only of the lock session's role
+// and client address, started after the lock session.
+func (t *Term) PublishWalsender(streaming func() bool) { t.streaming.Store(&streaming) }
 
 // Lost is closed when the lock connection failed: the lock may already belong to another instance.
 func (t *Term) Lost() <-chan struct{} { return t.lost }
@@ -374,14 +438,19 @@ func (t *Term) Err() error {
 	}
 }
 
+// walsenderTag precedes the walsender PID a leader publishes in its lock session's application_name.
+const walsenderTag = " walsender="
+
 // watch is the only user of the connection while the term lasts (pgx.Conn is not safe for
 // concurrent use). A session lock lasts as long as its session, so a working connection means the
 // lock is still held. The server's idle clock for the session restarts no earlier than a check is
 // sent, so the lease, as the server counts it, runs at least until the last answered check's
-// sending plus Lease; every check must be answered leaseMargin before that, else the term ends.
-func (t *Term) watch(cfg Config, log *zap.Logger, sent time.Time) {
+// sending plus Lease. A check ends at CheckTimeout, or at fenceBy after the sending of the last
+// answered one, whichever is first (the latter only binds when this goroutine did not run for a
+// while: see Config.Lease); an unanswered check ends the term.
+func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time.Time) {
 	defer close(t.done)
-	fenceBy := cfg.Lease() - leaseMargin
+	app := t.conn.Config().RuntimeParams["application_name"]
 	ticker := time.NewTicker(cfg.CheckInterval)
 	defer ticker.Stop()
 	for {
@@ -392,31 +461,47 @@ func (t *Term) watch(cfg Config, log *zap.Logger, sent time.Time) {
 		}
 		start := time.Now()
 		deadline := start.Add(cfg.CheckTimeout)
-		if end := sent.Add(fenceBy); end.Before(deadline) {
+		if end := sent.Add(cfg.fenceBy()); end.Before(deadline) {
 			deadline = end
 		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		_, err := t.conn.Exec(ctx, "SELECT 1")
+		query, args := "SELECT 1", []any(nil)
+		if f := t.streaming.Load(); f != nil && (*f)() {
+			query = `SELECT set_config('application_name', left($2::text, 63 - length($3::text || w.pid::text)) || $3::text || w.pid::text, false)
+				FROM pg_replication_slots s JOIN pg_stat_activity w ON w.pid = s.active_pid
+				JOIN pg_stat_activity me ON me.pid = pg_backend_pid()
+				WHERE s.slot_name = $1 AND s.database = current_database() AND w.usesysid = me.usesysid
+				  AND w.client_addr IS NOT DISTINCT FROM me.client_addr AND w.backend_start >= me.backend_start`
+			args = []any{cfg.Slot, app, walsenderTag}
+		}
+		cctx, cancel := context.WithDeadline(ctx, deadline)
+		_, err := t.conn.Exec(cctx, query, args...)
 		cancel()
 		took := time.Since(start)
+		select {
+		case <-t.stop:
+			return // released: the check was cut short on purpose
+		default:
+		}
 		if err != nil {
 			t.lostErr = fmt.Errorf("leader lock connection (backend PID %d) failed, or did not answer a check within leader_check_timeout (%s) or %s after the last answered one (PostgreSQL may end a silent leader's lock session %s after it): %w",
-				t.pid, cfg.CheckTimeout, fenceBy, cfg.Lease(), err)
+				t.pid, cfg.CheckTimeout, cfg.fenceBy(), cfg.Lease(), err)
 			close(t.lost)
 			return
 		}
 		sent = start
 		if took > cfg.CheckTimeout/2 {
 			cfg.OnSlowCheck(took)
-			log.Warn("the leader lock check was slow: at leader_check_timeout this leader fences itself; raise it if the database is often this slow",
+			log.Warn("the leader lock check was slow: a check that takes leader_check_timeout fences this leader; raise it if the database is often this slow",
 				zap.Duration("took", took), zap.Duration("leader_check_timeout", cfg.CheckTimeout))
 		}
 	}
 }
 
-// Release ends the term: it stops the checks and closes the connection, which releases the lock.
+// Release ends the term: it stops the checks, cutting one in flight short, and closes the
+// connection, which releases the lock.
 func (t *Term) Release() {
 	close(t.stop)
+	t.cancel()
 	<-t.done
 	closeQuietly(t.conn)
 }
@@ -430,9 +515,11 @@ func closeQuietly(conn *pgx.Conn) {
 // Holder describes the session that holds a slot's leader lock.
 type Holder struct {
 	PID             int32     `json:"pid"`
-	ApplicationName string    `json:"application_name"`
-	ClientAddr      string    `json:"client_addr"` // "local" for a Unix socket; empty when not visible to this role
+	ApplicationName string    `json:"application_name"` // as configured, without the published walsender
+	ClientAddr      string    `json:"client_addr"`      // "local" for a Unix socket; empty when not visible to this role
 	BackendStart    time.Time `json:"backend_start,omitzero"`
+	// WalsenderPID is the walsender the holder published as its own (see Term.PublishWalsender); 0 if none.
+	WalsenderPID int32 `json:"walsender_pid,omitempty"`
 }
 
 // LockHolder finds who holds the leader lock of slot in the connected database. pg_locks shows a
@@ -460,6 +547,11 @@ func LockHolder(ctx context.Context, q interface {
 	}
 	if app != nil {
 		h.ApplicationName = *app
+		if i := strings.LastIndex(*app, walsenderTag); i >= 0 {
+			if pid, err := strconv.ParseInt((*app)[i+len(walsenderTag):], 10, 32); err == nil {
+				h.ApplicationName, h.WalsenderPID = (*app)[:i], int32(pid)
+			}
+		}
 	}
 	if addr != nil {
 		h.ClientAddr = *addr

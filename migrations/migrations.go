@@ -5,6 +5,7 @@ package migrations
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -13,6 +14,7 @@ import (
 	"text/template"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed *.sql
@@ -139,6 +141,10 @@ func applyOne(ctx context.Context, conn *pgx.Conn, ledger, target string, m migr
 		return false, nil
 	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: the migration's lock_timeout
+			return false, fmt.Errorf("migration %s: other sessions held a lock on the outbox table for longer than the migration waits (a long transaction, or an open cursor, reads or writes it); nothing was changed: retry, at a quieter moment if it happens again: %w", m.name, err)
+		}
 		return false, fmt.Errorf("migration %s: %w", m.name, err)
 	}
 	if _, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO %s (target, version, name) VALUES ($1, $2, $3)", ledger),

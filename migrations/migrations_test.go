@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,4 +98,116 @@ func TestSeqIsAddedToTablesWithRowsInCreationOrder(t *testing.T) {
 			}
 		})
 	}
+}
+
+func newConn(t *testing.T) (*pgx.Conn, string) {
+	t.Helper()
+	ctx := context.Background()
+	dsn, err := testenv.SharedPostgres(t).CreateDatabase(ctx, testenv.UniqueName(t, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn, dsn
+}
+
+// TestATableThatAlreadyHasSeqIsMigrated: the README told owners of their own tables to add the seq
+// identity column themselves; migrate then keeps it (and its numbers) and adds only the index.
+func TestATableThatAlreadyHasSeqIsMigrated(t *testing.T) {
+	ctx := context.Background()
+	conn, _ := newConn(t)
+	if _, err := conn.Exec(ctx, `CREATE TABLE outbox_events (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+		event_type text NOT NULL, payload jsonb, headers jsonb, created_at timestamptz NOT NULL DEFAULT now());
+		ALTER TABLE outbox_events ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY (START WITH 100);
+		INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type) VALUES ('a', 'x', 'first'), ('a', 'x', 'second')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
+		t.Fatalf("migrate a table that has seq already: %v", err)
+	}
+	rows, _ := conn.Query(ctx, "SELECT seq FROM outbox_events ORDER BY seq")
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(seqs) != 2 || seqs[0] != 100 || seqs[1] != 101 {
+		t.Fatalf("seq after the migration %v (%v), want the table's own numbers [100 101]", seqs, err)
+	}
+	requireSeqIndex(t, conn)
+}
+
+// TestATextSeqColumnIsRefused: a seq column that cannot be an insertion sequence is an error that
+// says what to do, not something the backfill would order by.
+func TestATextSeqColumnIsRefused(t *testing.T) {
+	ctx := context.Background()
+	conn, _ := newConn(t)
+	if _, err := conn.Exec(ctx, `CREATE TABLE outbox_events (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+		event_type text NOT NULL, payload jsonb, headers jsonb, created_at timestamptz NOT NULL DEFAULT now(), seq text)`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"})
+	if err == nil || !strings.Contains(err.Error(), "seq") || !strings.Contains(err.Error(), "rename") {
+		t.Fatalf("migrate a table with a text seq column: %v, want an error that says to rename it", err)
+	}
+}
+
+// requireSeqIndex fails unless an index of the outbox table leads with seq, so the backfill's
+// ORDER BY seq reads the index instead of sorting the whole table.
+func requireSeqIndex(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	var n int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_index i JOIN pg_attribute a
+		ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+		WHERE i.indrelid = 'outbox_events'::regclass AND a.attname = 'seq'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("no index on outbox_events leads with seq: the backfill sorts the whole table")
+	}
+}
+
+// TestTheSeqMigrationGivesUpOnABusyTableInsteadOfStallingWriters: adding seq needs an exclusive lock;
+// queued behind an open transaction that read the table it would stall every insert behind it. It
+// must give up within seconds with an error that says to retry, and leave the table as it was.
+func TestTheSeqMigrationGivesUpOnABusyTableInsteadOfStallingWriters(t *testing.T) {
+	ctx := context.Background()
+	conn, dsn := newConn(t)
+	target := migrations.Target{Schema: "public", Table: "outbox_events"}
+	if _, err := conn.Exec(ctx, `CREATE TABLE outbox_events (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+		event_type text NOT NULL, payload jsonb, headers jsonb, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close(ctx)
+	tx, err := reader.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT count(*) FROM outbox_events"); err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = migrations.Apply(mctx, conn, target)
+	took := time.Since(start)
+	if err == nil || mctx.Err() != nil {
+		t.Fatalf("migrate behind an open reader: %v after %s, want it to give up on its own", err, took.Round(time.Millisecond))
+	}
+	if !strings.Contains(err.Error(), "retry") {
+		t.Fatalf("the error does not say to retry: %v", err)
+	}
+	t.Logf("gave up after %s: %v", took.Round(time.Millisecond), err)
+	tx.Rollback(ctx)
+	if _, err := migrations.Apply(ctx, conn, target); err != nil {
+		t.Fatalf("migrate again once the reader is gone: %v", err)
+	}
+	requireSeqIndex(t, conn)
 }

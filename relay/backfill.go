@@ -25,7 +25,8 @@ type Backfill struct {
 	// one aggregate go out in insertion order, which is commit order when the writers of one
 	// aggregate serialise on it. When the table has no such column (a table of the user's own
 	// making), the backfill falls back to CreatedColumn and the id, with a warning: that order
-	// is the transactions' start order, and random inside one transaction.
+	// is the transactions' start order, and random inside one transaction. Any other column that
+	// the table lacks is an error.
 	OrderColumn string
 	// Where is an extra SQL predicate on the outbox table, written by the operator.
 	Where string
@@ -174,11 +175,16 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	return n, acks.wait(ctx)
 }
 
-// backfillOrder returns the ORDER BY list: the insertion sequence column when the table has it,
-// else the creation time and the id, with a warning that this order is not insertion order.
+// defaultOrderColumn is the insertion sequence `outbox-relay migrate` adds.
+const defaultOrderColumn = "seq"
+
+// backfillOrder returns the ORDER BY list: the insertion sequence column when the table has it.
+// Without the default one (a table of the user's own), the creation time and the id, with a
+// warning that this order is not insertion order; without a column the operator named, an error:
+// a typo must not quietly cost the order it was named for.
 func (r *Relay) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, created, id string) (string, error) {
 	if column == "" {
-		column = "seq"
+		column = defaultOrderColumn
 	}
 	var exists bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
@@ -188,6 +194,9 @@ func (r *Relay) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, cre
 	if exists {
 		// The id breaks ties, should the column not be unique.
 		return pgx.Identifier{column}.Sanitize() + ", " + pgx.Identifier{id}.Sanitize(), nil
+	}
+	if column != defaultOrderColumn {
+		return "", replication.Fatal(fmt.Errorf("backfill_order_column %q: the outbox table %s has no such column; name its insertion sequence column, or leave the key unset to use seq (which `outbox-relay migrate` adds)", column, table))
 	}
 	r.log.Warn("the outbox table has no insertion sequence column, so the backfill publishes in creation time order: events of one aggregate written in one transaction, or by transactions that started in another order than they committed, may go out of order. Run `outbox-relay migrate` (it adds seq) or name your table's sequence column in backfill_order_column",
 		zap.String("table", table), zap.String("backfill_order_column", column))

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,4 +190,28 @@ func TestBackfillOfATableWithoutAnInsertionSequenceWarnsAndPublishesEverything(t
 	if logs.FilterMessageSnippet("no insertion sequence column").Len() == 0 {
 		t.Fatal("no warning that the table has no insertion sequence column")
 	}
+}
+
+// TestBackfillWithAMissingConfiguredOrderColumnStopsTheRelay: only the default seq may fall back to
+// created_at order; a backfill_order_column the operator named that the table lacks (a typo, an
+// unmigrated table) is an error naming the key, and nothing is published out of order meanwhile.
+func TestBackfillWithAMissingConfiguredOrderColumnStopsTheRelay(t *testing.T) {
+	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	ctx := context.Background()
+	if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: "agg"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := f.config()
+	cfg.Backfill = &relay.Backfill{OrderColumn: "position"}
+	r, err := relay.New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	err = r.Run(runCtx)
+	if runCtx.Err() != nil || err == nil || !strings.Contains(err.Error(), "backfill_order_column") || !strings.Contains(err.Error(), "position") {
+		t.Fatalf("Run with a missing backfill_order_column: %v (context: %v), want an error naming the key and the column", err, runCtx.Err())
+	}
+	t.Logf("stopped: %v", err)
 }

@@ -183,6 +183,8 @@ func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap
 	var lost <-chan struct{}
 	if term != nil {
 		lost = term.Lost()
+		// The next leader ends exactly this relay's walsender should this one be cut off.
+		term.PublishWalsender(r.Streaming)
 	}
 	select {
 	case err := <-done:

@@ -1,0 +1,228 @@
+package leader_test
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/leader"
+)
+
+// slotFixture is a database with a logical slot (test_decoding: no publication needed) and an
+// ordinary connection to look at it.
+type slotFixture struct {
+	dsn, slot string
+	admin     *pgx.Conn
+}
+
+func newSlotFixture(t *testing.T) *slotFixture {
+	t.Helper()
+	ctx := context.Background()
+	f := &slotFixture{dsn: newDatabase(t), slot: testenv.UniqueName(t, "slot")}
+	admin, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	f.admin = admin
+	if _, err := admin.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", f.slot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		admin.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", f.slot)
+		for range 50 {
+			if _, err := admin.Exec(ctx, "SELECT pg_drop_replication_slot($1)", f.slot); err == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	return f
+}
+
+// stream starts a walsender on the slot, connecting as the relay does (from 127.0.0.1, with the
+// relay's default application_name), and returns its backend PID once the slot shows it active.
+func (f *slotFixture) stream(t *testing.T) int32 {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgconn.Connect(ctx, f.dsn+"&replication=database&application_name=outbox-relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		conn.Close(ctx)
+	})
+	if err := pglogrepl.StartReplication(ctx, conn, f.slot, 0, pglogrepl.StartReplicationOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if pid := f.activePID(t); pid != int32(conn.PID()) {
+		t.Fatalf("slot active for PID %d, want the walsender %d", pid, conn.PID())
+	}
+	return int32(conn.PID())
+}
+
+// activePID is the slot's active walsender, 0 if none.
+func (f *slotFixture) activePID(t *testing.T) int32 {
+	t.Helper()
+	var pid *int32
+	if err := f.admin.QueryRow(context.Background(), "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if pid == nil {
+		return 0
+	}
+	return *pid
+}
+
+// waitPublished waits until the lock holder shows the walsender it published.
+func (f *slotFixture) waitPublished(t *testing.T, want int32) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h, held, err := leader.LockHolder(context.Background(), f.admin, f.slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held && h.WalsenderPID == want {
+			if h.ApplicationName != "outbox-relay" {
+				t.Fatalf("holder application_name %q: the published PID must not show in it", h.ApplicationName)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the leader did not publish its walsender %d within 10s: holder %+v (held %v)", want, h, held)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// campaignInBackground starts a campaign and returns where its term arrives.
+func campaignInBackground(t *testing.T, el *leader.Elector) <-chan *leader.Term {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	got := make(chan *leader.Term, 1)
+	go func() {
+		term, err := el.Campaign(ctx)
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("campaign: %v", err)
+		}
+		got <- term
+	}()
+	return got
+}
+
+func receive(t *testing.T, got <-chan *leader.Term, within time.Duration) *leader.Term {
+	t.Helper()
+	select {
+	case term := <-got:
+		if term == nil {
+			t.Fatal("the campaign ended without a term")
+		}
+		return term
+	case <-time.After(within):
+		t.Fatalf("no term within %s", within)
+		return nil
+	}
+}
+
+// TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished: a walsender that streams the slot
+// from the same client with the same application_name as the leader, but that the leader did not
+// publish as its own (a relay with leader_election off, while the elected one waits for the slot),
+// survives a change of leader; the walsender the leader published is ended.
+func TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		published bool
+	}{
+		{"outside the election", false},
+		{"published by the leader", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newSlotFixture(t)
+			cfg := leader.Config{DSN: f.dsn, Slot: f.slot, RetryInterval: 100 * time.Millisecond, CheckTimeout: 2 * time.Second}
+			termA := campaign(t, context.Background(), leader.New(cfg, zaptest.NewLogger(t).Named("a")))
+			walsender := f.stream(t)
+			termA.PublishWalsender(func() bool { return tc.published })
+			if tc.published {
+				f.waitPublished(t, walsender)
+			} else {
+				time.Sleep(2 * time.Second) // checks run, and must publish nothing
+			}
+			got := campaignInBackground(t, leader.New(cfg, zaptest.NewLogger(t).Named("b")))
+			time.Sleep(time.Second) // b stands by and sees a as the holder
+			termA.Release()
+			termB := receive(t, got, 10*time.Second)
+			defer termB.Release()
+			active := f.activePID(t)
+			switch {
+			case tc.published && active == walsender:
+				t.Fatalf("the walsender %d the previous leader published still streams the slot", walsender)
+			case !tc.published && active != walsender:
+				t.Fatalf("the new leader ended walsender %d, which the previous leader never published (slot active for %d)", walsender, active)
+			}
+		})
+	}
+}
+
+// TestCampaignNeverReturnsATermWhoseLockIsGone: the new leader's server answers slowly (700ms a
+// response, leader_check_timeout 2s) and the previous leader's walsender does not exit when told
+// to (it is stopped). Ending it must fit in the lease, so that the term Campaign returns holds the
+// lock: its session is the holder, and no other elector gets the lock while the term is not lost.
+func TestCampaignNeverReturnsATermWhoseLockIsGone(t *testing.T) {
+	f := newSlotFixture(t)
+	termA := campaign(t, context.Background(), leader.New(leader.Config{DSN: f.dsn, Slot: f.slot, CheckTimeout: time.Second},
+		zaptest.NewLogger(t).Named("a")))
+	walsender := f.stream(t)
+	termA.PublishWalsender(func() bool { return true })
+	f.waitPublished(t, walsender)
+	// The walsender cannot act on SIGTERM for now, like one stuck on a dead network.
+	if err := syscall.Kill(int(walsender), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(int(walsender), syscall.SIGCONT)
+
+	proxied, p := viaProxy(t, f.dsn)
+	p.DelayResponses(700 * time.Millisecond)
+	got := campaignInBackground(t, leader.New(leader.Config{DSN: proxied, Slot: f.slot, CheckTimeout: 2 * time.Second,
+		RetryInterval: 200 * time.Millisecond}, zaptest.NewLogger(t).Named("b")))
+	time.Sleep(6 * time.Second) // b connects, slowly, and sees a as the holder
+	termA.Release()
+	termB := receive(t, got, 30*time.Second)
+	defer termB.Release()
+	returned := time.Now()
+	if h, held, err := leader.LockHolder(context.Background(), f.admin, f.slot); err != nil || !held || uint32(h.PID) != termB.PID() {
+		t.Fatalf("Campaign returned a term of backend %d, but the lock holder is %+v (held %v, %v)", termB.PID(), h, held, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
+	defer cancel()
+	termC, err := leader.New(leader.Config{DSN: f.dsn, Slot: f.slot, CheckTimeout: time.Second, RetryInterval: 20 * time.Millisecond},
+		zaptest.NewLogger(t).Named("c")).Campaign(ctx)
+	if err == nil {
+		defer termC.Release()
+		select {
+		case <-termB.Lost():
+			t.Logf("b's term was lost before c took the lock: %v", termB.Err())
+		default:
+			t.Fatalf("two terms: c took the lock %s after b's Campaign returned, and b's term is not lost",
+				time.Since(returned).Round(time.Millisecond))
+		}
+	}
+	select {
+	case <-termB.Lost():
+		t.Fatalf("b's term was lost although its checks are answered in time: %v", termB.Err())
+	default:
+	}
+}
