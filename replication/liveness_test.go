@@ -56,6 +56,13 @@ func runStream(t *testing.T, dsn, slot string, receiveTimeout time.Duration) (*p
 			case <-time.After(time.Minute):
 				t.Fatal("stream did not stop within a minute")
 			}
+			// Finish stops the publication checks, which outlive Run for it: none may log after
+			// the test.
+			drained := make(chan struct{})
+			close(drained)
+			finishCtx, cancelFinish := context.WithTimeout(context.Background(), time.Minute)
+			defer cancelFinish()
+			s.Finish(finishCtx, drained)
 		}
 		return runErr
 	}
