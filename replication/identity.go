@@ -81,11 +81,11 @@ func (s *Stream) checkCluster(systemID string, recorded Identity) error {
 // after the promotion is not in the current primary's history, and its slot's positions are not
 // the ones the relay confirmed.
 func (s *Stream) supersededError(id, prev, recorded Identity) error {
-	where := "streamed before"
+	where := "streamed before from"
 	if s.identity == (Identity{}) && recorded != (Identity{}) {
-		where = "recorded in " + s.ledger.Table() + " as streamed last"
+		where = "is recorded in " + s.ledger.Table() + " as having streamed from"
 	}
-	return fatalf("pg_dsn leads to a superseded primary: this server of database cluster %s is on timeline %d, but the relay %s from timeline %d of it, so a standby was promoted over this server since; what it committed after that promotion is not in the current primary's history, and its slot %q is not the one whose positions the relay knows. Point pg_dsn at the current primary (timeline %d or later) and retire this server or rebuild it as a standby (pg_rewind). If this server is deliberately the one to stream from now, clear the record (UPDATE %s SET system_identifier = NULL WHERE slot = %s) and restart the relay",
+	return fatalf("pg_dsn leads to a superseded primary: this server of database cluster %s is on timeline %d, but the relay %s timeline %d of it, so a standby was promoted over this server since; what it committed after that promotion is not in the current primary's history, and its slot %q is not the one whose positions the relay knows. Point pg_dsn at the current primary (timeline %d or later) and retire this server or rebuild it as a standby (pg_rewind). If this server is deliberately the one to stream from now, clear the record (UPDATE %s SET system_identifier = NULL WHERE slot = %s) and restart the relay",
 		id.SystemID, id.Timeline, where, prev.Timeline, s.cfg.Slot, prev.Timeline, s.ledger.Table(), quoteLiteral(s.cfg.Slot))
 }
 
