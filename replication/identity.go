@@ -34,27 +34,60 @@ func (s *Stream) identify(ctx context.Context, recorded Identity) error {
 	return nil
 }
 
-// compareIdentity accepts id when it is the database cluster streamed before and remembers it; it
-// returns the identity it compared with (zero on a first start). A new timeline of the same cluster
-// is a failover and accepted; another cluster is refused, since the slot there is not the one whose
+// compareIdentity accepts id when it is the database cluster streamed before, on the same timeline
+// or a later one, and remembers it; it returns the identity it compared with (zero on a first
+// start). A later timeline of the same cluster is a failover and accepted; another cluster, or an
+// earlier timeline (a superseded primary), is refused, since the slot there is not the one whose
 // positions the relay knows.
 func (s *Stream) compareIdentity(id Identity, recorded Identity) (prev Identity, err error) {
-	switch {
-	case s.identity != (Identity{}):
-		prev = s.identity
-		if id.SystemID != prev.SystemID {
-			return prev, fatalf("pg_dsn now leads to another database cluster (%s) than the one the relay was streaming from (system identifier %s): slot %q there is not the slot whose positions the relay knows, so it stops rather than confirm positions of one cluster to another. Point pg_dsn back at the cluster with system identifier %s; to stream from this cluster instead, restart the relay deliberately (it then starts at that slot's own confirmed position)",
-				id, prev.SystemID, s.cfg.Slot, prev.SystemID)
-		}
-	case recorded != (Identity{}):
-		prev = recorded
-		if id.SystemID != prev.SystemID {
-			return prev, fatalf("slot %q is recorded in %s as streamed from the database cluster with system identifier %s, but this server is another one (%s): this database was copied from that cluster (restored from a dump, or upgraded with pg_upgrade), so the slot here is not the one the relay streamed, and events committed there after its last confirmed position may not have been published. Check for them (backfill), then, if this slot is the one to stream from now, clear the record: UPDATE %s SET system_identifier = NULL WHERE slot = '%s'",
-				s.cfg.Slot, LedgerTable, prev.SystemID, id, LedgerTable, s.cfg.Slot)
-		}
+	prev = s.previousIdentity(recorded)
+	if err := s.checkCluster(id.SystemID, recorded); err != nil {
+		return prev, err
+	}
+	if id.Timeline < prev.Timeline {
+		return prev, s.supersededError(id, prev, recorded)
 	}
 	s.identity = id
 	return prev, nil
+}
+
+// previousIdentity is the server a new session is compared with: the one streamed earlier in this
+// process, or else the one the ledger recorded (zero when neither is known).
+func (s *Stream) previousIdentity(recorded Identity) Identity {
+	if s.identity != (Identity{}) {
+		return s.identity
+	}
+	return recorded
+}
+
+// checkCluster refuses a server of another database cluster than the one streamed before. It runs
+// first on the checks' ordinary connection (prepare), before anything compares table OIDs or slot
+// positions, whose meaning depends on the cluster, and again on the replication connection
+// (compareIdentity).
+func (s *Stream) checkCluster(systemID string, recorded Identity) error {
+	switch prev := s.previousIdentity(recorded); {
+	case prev.SystemID == "" || systemID == prev.SystemID:
+		return nil
+	case s.identity != (Identity{}):
+		return fatalf("pg_dsn now leads to another database cluster (system identifier %s) than the one the relay was streaming from (system identifier %s): slot %q there is not the slot whose positions the relay knows, so it stops rather than confirm positions of one cluster to another. Point pg_dsn back at the cluster with system identifier %s; to stream from this cluster instead, restart the relay deliberately (it then starts at that slot's own confirmed position)",
+			systemID, prev.SystemID, s.cfg.Slot, prev.SystemID)
+	default:
+		return fatalf("slot %q is recorded in %s as streamed from the database cluster with system identifier %s, but this server is another one (system identifier %s): this database was copied from that cluster (restored from a dump, or upgraded with pg_upgrade), so the slot here is not the one the relay streamed, and events committed there after its last confirmed position may not have been published. Check for them (backfill), then, if this slot is the one to stream from now, clear the record: UPDATE %s SET system_identifier = NULL WHERE slot = %s",
+			s.cfg.Slot, s.ledger.Table(), prev.SystemID, systemID, s.ledger.Table(), quoteLiteral(s.cfg.Slot))
+	}
+}
+
+// supersededError refuses a server on an earlier timeline than the one streamed before: a primary
+// that a standby was promoted over, running again (or reached again through pg_dsn). What it wrote
+// after the promotion is not in the current primary's history, and its slot's positions are not
+// the ones the relay confirmed.
+func (s *Stream) supersededError(id, prev, recorded Identity) error {
+	where := "streamed before from"
+	if s.identity == (Identity{}) && recorded != (Identity{}) {
+		where = "is recorded in " + s.ledger.Table() + " as having streamed from"
+	}
+	return fatalf("pg_dsn leads to a superseded primary: this server of database cluster %s is on timeline %d, but the relay %s timeline %d of it, so a standby was promoted over this server since; what it committed after that promotion is not in the current primary's history, and its slot %q is not the one whose positions the relay knows. Point pg_dsn at the current primary (timeline %d or later) and retire this server or rebuild it as a standby (pg_rewind). If this server is deliberately the one to stream from now, clear the record (UPDATE %s SET system_identifier = NULL WHERE slot = %s) and restart the relay",
+		id.SystemID, id.Timeline, where, prev.Timeline, s.cfg.Slot, prev.Timeline, s.ledger.Table(), quoteLiteral(s.cfg.Slot))
 }
 
 // recordIdentity notes the server in the ledger, so that a restart still recognises another
@@ -72,8 +105,15 @@ func (s *Stream) recordIdentity(ctx context.Context) {
 		}
 	}
 	if err != nil {
-		s.log.Warn("cannot record the server's identity in the slot ledger (run outbox-relay migrate; the relay's role needs INSERT and UPDATE on it); a restart cannot tell whether the slot is on another cluster",
-			zap.String("table", LedgerTable), zap.Error(err))
+		// Every session tries again (a passing outage heals), but says so once per server: a
+		// ledger the role may not write would otherwise warn on every reconnect.
+		if s.unrecorded != s.identity {
+			s.unrecorded = s.identity
+			s.log.Warn("cannot record the server's identity in the slot ledger (run outbox-relay migrate; the relay's role needs INSERT and UPDATE on it); a restart cannot tell whether the slot is on another cluster or a superseded primary",
+				zap.String("table", s.ledger.Table()), zap.Error(err))
+		} else {
+			s.log.Debug("still cannot record the server's identity in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
+		}
 		return
 	}
 	s.ledgerIdentity = s.identity

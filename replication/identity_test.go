@@ -25,12 +25,15 @@ func TestServerIdentityIsComparedWithTheServerStreamedBefore(t *testing.T) {
 		{"a promoted standby (new timeline) is accepted as a failover", a1, a1, a2, a1, ""},
 		{"a failover while the relay was down is seen in the ledger", Identity{}, a1, a2, a1, ""},
 		{"another cluster while streaming is refused", a1, a1, b1, a1, "another database cluster"},
-		{"another cluster than the ledger records is refused", Identity{}, a1, b1, a1, "SET system_identifier = NULL"},
+		{"another cluster than the ledger records is refused, naming the ledger as SQL takes it", Identity{}, a1, b1, a1, `UPDATE "public"."outbox_relay_slots" SET system_identifier = NULL WHERE slot = 's'`},
 		{"what this process saw wins over the ledger", a2, a1, a2, a2, ""},
+		{"an earlier timeline while streaming (a superseded primary) is refused", a2, a2, a1, a2, "superseded primary"},
+		{"an earlier timeline than the ledger records is refused", Identity{}, a2, a1, a2, "superseded primary"},
+		{"a later timeline than the ledger records but another cluster is refused", Identity{}, a1, Identity{SystemID: b1.SystemID, Timeline: 3}, a1, "SET system_identifier = NULL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &Stream{cfg: Config{Slot: "s"}, identity: tt.before, log: zap.NewNop()}
+			s := &Stream{cfg: Config{Slot: "s"}, identity: tt.before, log: zap.NewNop(), ledger: NewLedger("public")}
 			prev, err := s.compareIdentity(tt.server, tt.recorded)
 			if prev != tt.prev {
 				t.Errorf("compared with %v, want %v", prev, tt.prev)

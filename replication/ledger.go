@@ -29,6 +29,9 @@ func NewLedger(schema string) Ledger {
 	return Ledger{table: pgx.Identifier{schema, LedgerTable}.Sanitize()}
 }
 
+// Table is the ledger's quoted, schema-qualified name, as an operator types it into SQL.
+func (l Ledger) Table() string { return l.table }
+
 // Entry is what the ledger knows of one slot.
 type Entry struct {
 	Slot              string
@@ -112,7 +115,7 @@ func (id Identity) String() string {
 }
 
 // Identity returns the server the relay last streamed slot from; ok is false when nothing is
-// recorded (no entry, no ledger, or a ledger from before migration 0003).
+// recorded (no entry, no ledger, or a ledger from before migration 0004).
 func (l Ledger) Identity(ctx context.Context, q queryExecer, slot string) (id Identity, ok bool, err error) {
 	if exists, err := l.Exists(ctx, q); err != nil || !exists {
 		return Identity{}, false, err

@@ -56,13 +56,13 @@ func runStream(t *testing.T, dsn, slot string, receiveTimeout time.Duration) (*p
 			case <-time.After(time.Minute):
 				t.Fatal("stream did not stop within a minute")
 			}
-			// The publication checks outlive a clean Run, for Finish; end them, or one logs after
+			// Finish stops the publication checks, which outlive Run for it: none may log after
 			// the test.
 			drained := make(chan struct{})
 			close(drained)
-			ended, end := context.WithCancel(context.Background())
-			end()
-			_ = s.Finish(ended, drained)
+			finishCtx, cancelFinish := context.WithTimeout(context.Background(), time.Minute)
+			defer cancelFinish()
+			s.Finish(finishCtx, drained)
 		}
 		return runErr
 	}
@@ -130,7 +130,8 @@ func withOption(t *testing.T, dsn, option string) string {
 
 // On an idle database the walsender sends nothing while the relay's status updates keep arriving
 // (with wal_sender_timeout 0, never): the stream must not take that silence for a dead connection,
-// yet must still notice one that is.
+// yet must still notice one that is, within the receive timeout (here longer than
+// wal_sender_timeout and two status intervals, which would otherwise extend it).
 func TestIdleStreamKeepsItsConnectionAndDetectsAFrozenOne(t *testing.T) {
 	const receiveTimeout = 3 * time.Second
 	pg := testenv.Postgres(t)
@@ -138,7 +139,7 @@ func TestIdleStreamKeepsItsConnectionAndDetectsAFrozenOne(t *testing.T) {
 		name   string
 		option string // for the connections' startup
 	}{
-		{"with the default wal_sender_timeout", ""},
+		{"with a wal_sender_timeout shorter than the receive timeout", "--wal_sender_timeout=2s"},
 		{"with wal_sender_timeout 0", "--wal_sender_timeout=0"},
 	}
 	for _, tt := range tests {
@@ -174,6 +175,65 @@ func TestIdleStreamKeepsItsConnectionAndDetectsAFrozenOne(t *testing.T) {
 			}
 			t.Logf("a frozen connection was given up after %s", time.Since(frozen).Round(100*time.Millisecond))
 			syscall.Kill(pid, syscall.SIGCONT)
+			if err := stop(); err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+		})
+	}
+}
+
+// A healthy walsender decoding one large transaction (here of a table outside the publication, so
+// it sends nothing meanwhile) reads the relay's messages only when it has not heard from it for
+// half its wal_sender_timeout, so it may not answer a request for a reply for up to about
+// wal_sender_timeout: the stream must wait that long before presuming it dead, whatever its own
+// receive timeout, or it reconnects and the server starts the decode over, for ever. With
+// wal_sender_timeout 0 the walsender reads them at every progress update, and answers at once.
+func TestBusyWalsenderIsNotTakenForADeadOne(t *testing.T) {
+	const receiveTimeout = time.Second
+	pg := testenv.Postgres(t)
+	for _, senderTimeout := range []string{"4s", "0"} {
+		t.Run("wal_sender_timeout "+senderTimeout, func(t *testing.T) {
+			dsn := withOption(t, testenv.OutboxDatabase(t, pg), "--wal_sender_timeout="+senderTimeout)
+			slot := testenv.UniqueName(t, "slot")
+			m, stop := runStream(t, dsn, slot, receiveTimeout)
+			walsenderPID(t, dsn, slot)
+			ctx := context.Background()
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if _, err := conn.Exec(ctx, "CREATE TABLE other (id int)"); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if _, err := conn.Exec(ctx, "INSERT INTO other SELECT g FROM generate_series(1, 3000000) g"); err != nil {
+				t.Fatal(err)
+			}
+			var target string
+			if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&target); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("the large transaction took %s", time.Since(start).Round(100*time.Millisecond))
+			start = time.Now()
+			for {
+				var passed bool
+				err := conn.QueryRow(ctx, "SELECT coalesce(bool_or(sent_lsn >= $1::pg_lsn), false) FROM pg_stat_replication WHERE application_name = 'outbox-relay'", target).Scan(&passed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if passed {
+					break
+				}
+				if time.Since(start) > 2*time.Minute {
+					t.Fatalf("the walsender did not pass the large transaction within 2 minutes (%v reconnects)", reconnects(t, m))
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("the walsender passed it after %s", time.Since(start).Round(100*time.Millisecond))
+			if n := reconnects(t, m); n != 0 {
+				t.Fatalf("%v reconnects while a healthy walsender decoded a large transaction", n)
+			}
 			if err := stop(); err != nil {
 				t.Fatalf("Run = %v", err)
 			}

@@ -192,6 +192,10 @@ type Stream struct {
 	// ledgerIdentity is what the ledger holds, as far as this process knows.
 	identity       Identity
 	ledgerIdentity Identity
+	unrecorded     Identity // the server whose identity the ledger refused, warned about once
+	// receiveTimeout is how long the server may be silent in this session: ReceiveTimeout, or
+	// longer when the server's wal_sender_timeout says a busy walsender may take longer to answer.
+	receiveTimeout time.Duration
 
 	guard      *horizon   // caps the confirmed position at what the publication checks covered
 	classifier classifier // BelongsToOutbox's connection
@@ -262,10 +266,11 @@ func backoff(attempt int) time.Duration {
 
 // session runs one replication connection from its checks to its end.
 func (s *Stream) session(ctx context.Context, out chan<- Message) error {
-	slot, recorded, err := s.prepare(ctx)
+	checked, err := s.prepare(ctx)
 	if err != nil {
 		return err
 	}
+	slot := checked.slot
 	rcfg, err := pgconn.ParseConfig(s.cfg.DSN)
 	if err != nil {
 		return fatalf("pg_dsn: %w", err)
@@ -287,14 +292,23 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	if err != nil {
 		return classifyConnect(err, "replication")
 	}
-	if err := s.identify(ctx, recorded); err != nil {
+	if err := s.identify(ctx, checked.recorded); err != nil {
 		return err
+	}
+	if checked.systemID != "" && checked.systemID != s.identity.SystemID {
+		// Both agree with the cluster streamed before, if any (each was compared with it): a
+		// multi-host pg_dsn, or a name that moved, reached two clusters on a first start. The checks
+		// (and the outbox table's OID they noted) belong to another cluster than the stream would.
+		return fatalf("pg_dsn reached two database clusters at once: the checks' connection one with system identifier %s, the replication connection one with %s (a multi-host pg_dsn listing servers of different clusters, or a host name that moved between the two connections). Make pg_dsn lead to the one cluster to stream from, and restart",
+			checked.systemID, s.identity.SystemID)
 	}
 	snapshot := ""
 	if !slot.Exists {
 		if slot, snapshot, err = s.createSlot(ctx); err != nil {
 			return err
 		}
+	} else if slot.ConfirmedFlush, err = s.confirmedOnStreamServer(ctx); err != nil {
+		return err
 	}
 	if s.identity != s.ledgerIdentity {
 		s.recordIdentity(ctx)
@@ -307,6 +321,11 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		}
 	}
 	s.floor = slot.ConfirmedFlush
+	if s.reported == 0 {
+		// The slot's own position is confirmed already (after a new timeline, the old one's
+		// reported position was dropped): say that, not 0/0, wherever "last confirmed" is logged.
+		s.reported = s.floor
+	}
 	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(s.cfg.Publication)}
 	if s.cfg.Messages {
 		args = append(args, "messages 'true'")
@@ -318,7 +337,8 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	}
 	s.streamed = true
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
-		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval))
+		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval),
+		zap.Duration("receive_timeout", s.receiveTimeout))
 	s.nextStatus = time.Now().Add(s.interval)
 	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor, Timeline: s.identity.Timeline}); err != nil {
 		return err
@@ -326,28 +346,71 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	return s.receive(ctx, out)
 }
 
-// prepare runs the checks on an ordinary connection and returns the slot's current state and, on
-// the process's first session, the server the ledger says the slot was last streamed from.
-func (s *Stream) prepare(ctx context.Context) (SlotInfo, Identity, error) {
+// checked is what prepare learned on the checks' ordinary connection.
+type checked struct {
+	slot SlotInfo
+	// recorded is, on the process's first session, the server the ledger says the slot was last
+	// streamed from (zero when it recorded nothing).
+	recorded Identity
+	// systemID is the cluster the checks ran on ("" when the role may not read it).
+	systemID string
+}
+
+// prepare runs the checks on an ordinary connection and returns the slot's current state. Which
+// database cluster it reached is compared first: a table OID or a slot of another cluster means
+// nothing, and comparing those first would blame the wrong thing (a "recreated" outbox table).
+func (s *Stream) prepare(ctx context.Context) (checked, error) {
 	conn, err := pgx.Connect(ctx, s.cfg.DSN)
 	if err != nil {
-		return SlotInfo{}, Identity{}, classifyConnect(err, "checks")
+		return checked{}, classifyConnect(err, "checks")
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	slot, err := s.prepareSlot(ctx, conn)
-	if err != nil || s.identity != (Identity{}) {
-		return slot, Identity{}, err
+	var c checked
+	if s.identity == (Identity{}) {
+		recorded, known, err := s.ledger.Identity(ctx, conn, s.cfg.Slot)
+		switch {
+		case err != nil:
+			// Like the rest of the ledger, optional: without it only the in-process comparison remains.
+			s.log.Warn("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
+		case known:
+			s.ledgerIdentity, c.recorded = recorded, recorded
+		}
 	}
-	recorded, known, err := s.ledger.Identity(ctx, conn, s.cfg.Slot)
+	// pg_control_system() is executable by PUBLIC by default; where it was revoked, the comparison
+	// on the replication connection (IDENTIFY_SYSTEM) still refuses another cluster, only later.
+	if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&c.systemID); err != nil {
+		s.log.Debug("cannot read the system identifier on the checks' connection", zap.Error(err))
+		c.systemID = ""
+	}
+	if c.systemID != "" {
+		if err := s.checkCluster(c.systemID, c.recorded); err != nil {
+			return checked{}, err
+		}
+	}
+	if c.slot, err = s.prepareSlot(ctx, conn); err != nil {
+		return checked{}, err
+	}
+	return c, nil
+}
+
+// confirmedOnStreamServer reads the slot's confirmed position over the replication connection. The
+// checks read it on their own connection, which a multi-host pg_dsn (or a host name that moved) may
+// have led to another server than the one streamed from; the floor confirmed to the server must be
+// that server's own.
+func (s *Stream) confirmedOnStreamServer(ctx context.Context) (pglogrepl.LSN, error) {
+	// A replication=database connection runs simple-protocol SQL.
+	results, err := s.conn.Exec(ctx, "SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = "+quoteLiteral(s.cfg.Slot)).ReadAll()
 	if err != nil {
-		// Like the rest of the ledger, optional: without it only the in-process comparison remains.
-		s.log.Warn("cannot read the server identity recorded in the slot ledger", zap.String("table", LedgerTable), zap.Error(err))
-		return slot, Identity{}, nil
+		return 0, fmt.Errorf("read slot %q on the replication connection: %w", s.cfg.Slot, err)
 	}
-	if known {
-		s.ledgerIdentity = recorded
+	if len(results) != 1 || len(results[0].Rows) != 1 || results[0].Rows[0][0] == nil {
+		return 0, fmt.Errorf("slot %q, which the checks found, is not a usable slot on the server the replication connection reached (a multi-host pg_dsn, or a host name that moved between the two connections); retrying", s.cfg.Slot)
 	}
-	return slot, recorded, nil
+	lsn, err := pglogrepl.ParseLSN(string(results[0].Rows[0][0]))
+	if err != nil {
+		return 0, fmt.Errorf("slot %q confirmed_flush_lsn %q: %w", s.cfg.Slot, results[0].Rows[0][0], err)
+	}
+	return lsn, nil
 }
 
 func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, error) {
@@ -373,6 +436,7 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 		s.interval = senderTimeout / 3
 	}
 	s.interval = min(s.interval, s.cfg.ReceiveTimeout/3)
+	s.receiveTimeout = receiveTimeout(s.cfg.ReceiveTimeout, senderTimeout, s.interval)
 	slot, err := ReadSlot(ctx, conn, s.cfg.Slot)
 	if err != nil {
 		return SlotInfo{}, err
@@ -399,11 +463,11 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 		}
 		if known && e.ConsistentLSN == 0 {
 			return SlotInfo{}, fmt.Errorf("%w: slot %q, which the relay streamed (recorded on %s), no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
-				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), LedgerTable, s.cfg.Slot)
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), s.ledger.Table(), s.cfg.Slot)
 		}
 		if known {
 			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
-				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, LedgerTable, s.cfg.Slot)
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, s.ledger.Table(), s.cfg.Slot)
 		}
 		return slot, nil
 	}
@@ -543,7 +607,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 				return ctx.Err()
 			}
 			if pgconn.Timeout(err) {
-				if silent := time.Since(lastHeard); silent > s.cfg.ReceiveTimeout {
+				if silent := time.Since(lastHeard); silent > s.receiveTimeout {
 					return fmt.Errorf("no message from PostgreSQL for %s; presuming the connection dead", silent.Round(time.Second))
 				}
 				continue
@@ -806,4 +870,17 @@ func parsePGDuration(v string) time.Duration {
 		return time.Duration(ms) * time.Millisecond
 	}
 	return 0
+}
+
+// receiveTimeout is how long a session lets the server stay silent before presuming the
+// connection dead: the configured ReceiveTimeout, or longer where a healthy walsender may take
+// longer to answer. A walsender decoding a large transaction that gives it nothing to send (rows of
+// tables outside the publication) reads the relay's messages, the requests for a reply among them,
+// only once it has not heard from the relay for half its wal_sender_timeout; it then sends a
+// keepalive itself, and it gives the relay up after a whole wal_sender_timeout without reading
+// anything. So it answers within about wal_sender_timeout, plus up to a status interval on either
+// side before the relay's next message goes out and is read. With wal_sender_timeout 0 it reads
+// the relay's messages at every progress update of such a decode, so ReceiveTimeout stands.
+func receiveTimeout(configured, senderTimeout, interval time.Duration) time.Duration {
+	return max(configured, senderTimeout+2*interval)
 }
