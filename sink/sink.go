@@ -240,7 +240,8 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 	rec.msg.Topic, rec.topic = topic, topic
 	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.cfg.ExtraHeaders)
 	rec.msg.Headers = hs
-	rec.size = int64(recordSize(&rec.msg))
+	size := int64(recordSize(&rec.msg))
+	rec.size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
 	if err := s.limit.acquire(ctx, rec.size); err != nil {
 		return err
 	}
@@ -251,9 +252,9 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 		s.fail(rec, ReasonInvalidTopic, routeErr)
 	case hdrErr != nil:
 		s.fail(rec, ReasonBadHeaders, hdrErr)
-	case rec.size > int64(s.cfg.MaxMessageBytes):
+	case size > int64(s.cfg.MaxMessageBytes):
 		s.fail(rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
-			rec.size, s.cfg.MaxMessageBytes))
+			size, s.cfg.MaxMessageBytes))
 	default:
 		rec.enqueued = time.Now()
 		rec.msg.Time = rec.enqueued
