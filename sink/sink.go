@@ -225,6 +225,9 @@ func (s *Sink) retrying(topic string, partition, records int, err error, delay t
 // policy. It blocks while the in-flight limits are reached, and for good once the sink has halted.
 // It returns an error only when ctx ends.
 func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error {
+	if err := ctx.Err(); err != nil {
+		return err // a stopped or fenced relay hands Kafka nothing more, even while the window has room
+	}
 	if s.halted.Load() != nil {
 		<-ctx.Done()
 		return ctx.Err()
