@@ -290,10 +290,10 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 		}
 		if !ok {
 			if tx != nil {
-				// The stream ended (a stop while it was reconnecting) inside a transaction whose
-				// Commit will not come in this session. Forget it: the next start replays it from its
-				// Begin, events already sent included.
-				r.log.Warn("stopped inside a transaction the lost replication session cannot finish; its events already sent are published again on the next start",
+				// The stream ended (a stop while it was reconnecting, or a fatal error) inside a
+				// transaction whose Commit will not come. Forget it: the next start replays it from
+				// its Begin, events already sent included.
+				r.log.Warn("the replication stream ended inside a transaction; the next start replays it, publishing its events already sent again",
 					zap.Stringer("commit_lsn", tx.CommitLSN()))
 				r.tracker.Abort()
 			}
