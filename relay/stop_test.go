@@ -25,11 +25,12 @@ import (
 
 // running is a relay started by a test, with its metrics and warnings.
 type running struct {
-	r      *relay.Relay
-	reg    *prometheus.Registry
-	warns  *observer.ObservedLogs
-	cancel context.CancelFunc
-	done   chan error
+	r        *relay.Relay
+	reg      *prometheus.Registry
+	warns    *observer.ObservedLogs
+	cancel   context.CancelFunc
+	done     chan error    // Run's result, for the test
+	finished chan struct{} // closed once Run returned, for the cleanup
 }
 
 func (f *fixture) launch(cfg relay.Config) *running {
@@ -42,13 +43,17 @@ func (f *fixture) launch(cfg relay.Config) *running {
 		f.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	run := &running{r: r, reg: reg, warns: warns, cancel: cancel, done: make(chan error, 1)}
-	go func() { run.done <- r.Run(ctx) }()
+	run := &running{r: r, reg: reg, warns: warns, cancel: cancel, done: make(chan error, 1), finished: make(chan struct{})}
+	go func() {
+		run.done <- r.Run(ctx)
+		close(run.finished)
+	}()
 	f.t.Cleanup(func() {
 		cancel()
 		select {
-		case <-run.done:
+		case <-run.finished:
 		case <-time.After(time.Minute):
+			f.t.Error("relay did not stop within a minute")
 		}
 	})
 	return run
