@@ -73,6 +73,11 @@ type Event struct {
 	Extra         [][]byte // values of Config.Extra, in the same order
 	LSN           pglogrepl.LSN
 	Tx            TxInfo
+	// RawSize is the memory the event keeps alive for as long as it is held: the whole message
+	// buffer its fields alias (every column of the row, mapped or not), plus any value the decoder
+	// had to copy out of it (a bytea payload decoded from hex). It is what a holder of the event,
+	// such as the sink's in-flight window, must count; the record built from it may be far smaller.
+	RawSize int64
 }
 
 // Kind says what a decoded message means for the relay.
@@ -209,7 +214,7 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, data []byte) (Change, error) {
 	case msgRelation:
 		ch, err = d.relation(&r)
 	case msgInsert:
-		ch, err = d.insert(&r, walStart)
+		ch, err = d.insert(&r, walStart, len(data))
 	case msgMessage:
 		ch, err = d.message(&r)
 	case msgOrigin, msgType, msgUpdate, msgDelete, msgTruncate:
@@ -345,7 +350,7 @@ func (d *Decoder) mapColumns(rel *relation) {
 	rel.payloadBytea = rel.payload >= 0 && types[rel.payload] == byteaOID
 }
 
-func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN) (Change, error) {
+func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN, size int) (Change, error) {
 	oid := r.u32()
 	if tag := r.u8(); r.err == nil && tag != 'N' {
 		return Change{}, fmt.Errorf("insert with tuple tag %q, want 'N'", tag)
@@ -382,7 +387,7 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN) (Change, error) {
 		}
 		return d.cols[i].data, nil
 	}
-	ev := &Event{LSN: walStart, Tx: d.tx}
+	ev := &Event{LSN: walStart, Tx: d.tx, RawSize: int64(size)}
 	var err error
 	for _, f := range []struct {
 		dst *[]byte
@@ -407,6 +412,7 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN) (Change, error) {
 		if ev.Payload, err = unhexBytea(ev.Payload); err != nil {
 			return Change{}, fmt.Errorf("payload of event %s: %w", ev.ID, err)
 		}
+		ev.RawSize += int64(len(ev.Payload))
 	}
 	return Change{Kind: Insert, Tx: d.tx, Event: ev, Unusable: rel.unusable}, nil
 }

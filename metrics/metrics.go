@@ -65,7 +65,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			"Outbox events that could not be published to their topic, by reason; each then went to the failure policy.", "reason"),
 		EventsDeadLettered: f.counterVec("events_dead_lettered_total",
 			"Outbox events published to the dead-letter topic instead of their own, by original topic.", "topic"),
-		BytesPublished: f.counter("published_bytes_total", "Bytes of key, value and headers acknowledged by Kafka."),
+		BytesPublished: f.counter("published_bytes_total", "Bytes acknowledged by Kafka, counted like max_in_flight_bytes: the memory each event held (at least key, value and headers)."),
 		PublishLatency: f.histogram("publish_latency_seconds",
 			"Time from handing an event to the Kafka producer to its acknowledgement."),
 		EndToEndLatency: f.histogram("end_to_end_latency_seconds",

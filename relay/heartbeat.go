@@ -16,9 +16,16 @@ const heartbeatPrefix = "outbox-relay-heartbeat"
 // while other databases of the cluster write WAL, keepalives alone would leave the slot behind.
 func (r *Relay) heartbeat(ctx context.Context, interval time.Duration) {
 	var conn *pgx.Conn
+	// Run waits for this goroutine, so closing must not hang on a silent server.
+	closeConn := func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		conn.Close(closeCtx)
+		conn = nil
+	}
 	defer func() {
 		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
+			closeConn()
 		}
 	}()
 	ticker := time.NewTicker(interval)
@@ -41,8 +48,7 @@ func (r *Relay) heartbeat(ctx context.Context, interval time.Duration) {
 			if ctx.Err() == nil {
 				r.log.Warn("heartbeat failed", zap.Error(err))
 			}
-			conn.Close(context.WithoutCancel(ctx))
-			conn = nil
+			closeConn()
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -105,6 +106,9 @@ func (r *Relay) Fence() { r.fence() }
 // errShutdownTimeout ends the drain when it does not finish in time.
 var errShutdownTimeout = errors.New("shutdown timeout")
 
+// errHalted ends the drain of a stop that finds the sink halted: nothing more will be acknowledged.
+var errHalted = errors.New("sink halted")
+
 // Run streams until ctx ends (a clean stop: returns nil), Fence is called (ErrFenced) or a fatal
 // error. A Relay runs once.
 //
@@ -116,38 +120,53 @@ var errShutdownTimeout = errors.New("shutdown timeout")
 //     position and is streamed again on the next start. Then it waits for Kafka to acknowledge what
 //     it was given, reports the final position (the end of the last transaction acknowledged) and
 //     closes. Normally that takes milliseconds.
+//   - ctx ends while the replication connection is down (or not yet streaming): no new session is
+//     started. A transaction the lost session was in the middle of cannot be finished any more; it
+//     is forgotten (the next start replays it from its Begin, so its events already sent to Kafka
+//     are published twice), and the stop waits only for Kafka, with no connection to report to.
+//   - ctx ends while the sink is halted: nothing more will be acknowledged, so nothing is waited
+//     for; the position reported stays before the halted event.
 //   - ShutdownTimeout after ctx ended, whatever is still waiting gives up (logged as a shutdown
 //     timeout): the position acknowledged so far is reported, the rest is published again on the next
 //     start.
-//   - Fence: the same at once, without finishing the transaction or waiting for Kafka.
+//   - Fence: the same at once, without finishing the transaction or waiting for Kafka; nothing
+//     more is handed to Kafka, not even messages already received.
 func (r *Relay) Run(ctx context.Context) error {
 	// hard ends everything: at once on a fence, ShutdownTimeout after ctx ended at the latest.
 	hard, stopAll := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopAll(nil)
 	defer context.AfterFunc(r.fenced, func() { stopAll(ErrFenced) })()
 	defer context.AfterFunc(ctx, func() {
+		// A session lost from here on is not replaced: the stop would only wait for it.
+		r.stream.StopReconnecting()
 		timer := time.AfterFunc(r.cfg.ShutdownTimeout, func() { stopAll(errShutdownTimeout) })
 		context.AfterFunc(hard, func() { timer.Stop() })
 	})()
+	// abandon ends with hard, or once a stop finds the sink halted: the pipeline stops handing
+	// events over and nobody waits for Kafka any more.
+	abandon, giveUp := context.WithCancelCause(hard)
+	defer giveUp(nil)
 	// reading ends once the pipeline has stopped (at a transaction boundary after ctx ended, or on an
 	// error), or with hard.
 	reading, stopReading := context.WithCancel(hard)
 	defer stopReading()
 
+	var helpers sync.WaitGroup
 	if r.cfg.HeartbeatInterval > 0 {
-		go r.heartbeat(reading, r.cfg.HeartbeatInterval)
+		helpers.Go(func() { r.heartbeat(reading, r.cfg.HeartbeatInterval) })
 	}
+	helpers.Go(func() { r.watchHalt(ctx, abandon, giveUp) })
 
 	msgs := make(chan replication.Message, r.stream.Buffer())
 	drained := make(chan struct{}) // closed once the pipeline is done and Kafka has acknowledged it all
 	piped := make(chan error, 1)
 	go func() {
-		err := r.pipeline(ctx, hard, msgs)
+		err := r.pipeline(ctx, abandon, msgs)
 		stopReading()
 		if err == nil {
 			select {
 			case <-r.tracker.Drained():
-			case <-hard.Done():
+			case <-abandon.Done():
 			}
 		}
 		close(drained)
@@ -169,9 +188,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.Warn("shutdown timeout: events not acknowledged by Kafka will be published again on the next start",
 			zap.Int64("events", events), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
 	}
+	halted := context.Cause(abandon) == errHalted
 	stopAll(nil)
 	pipeErr := <-piped
-	closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+	helpers.Wait()
+	closeWait := time.Second
+	if halted {
+		closeWait = 0 // what the halted sink holds is never acknowledged
+	}
+	closeCtx, cancel := context.WithTimeout(context.Background(), closeWait)
 	defer cancel()
 	r.closeSink(closeCtx)
 
@@ -185,6 +210,37 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// watchHalt gives up on the drain (cancel with errHalted) when a stop (stop ends) finds the sink
+// halted, or once it halts afterwards: the halted event is never acknowledged, and nothing after it
+// is sent, so waiting for the open transaction or for Kafka could only end in the shutdown timeout.
+// The halt guarantee does not depend on it: the checkpoint never passes the unacknowledged event.
+func (r *Relay) watchHalt(stop, abandon context.Context, cancel context.CancelCauseFunc) {
+	select {
+	case <-stop.Done():
+	case <-abandon.Done():
+		return
+	}
+	// The sink reports a halt by state only; a stop is rare, so polling it is cheap enough.
+	tick := time.NewTicker(haltPoll)
+	defer tick.Stop()
+	for {
+		if id, reason, err, halted := r.sink.Halted(); halted {
+			r.log.Warn("stopping while halted on an event: nothing more will be acknowledged, so the stop waits for nothing; the slot stays before the halted event",
+				zap.String("event_id", id), zap.String("reason", reason), zap.Error(err), zap.Stringer("final_position", r.tracker.Safe()))
+			cancel(errHalted)
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-abandon.Done():
+			return
+		}
+	}
+}
+
+// haltPoll is how often a stop looks whether the sink has halted.
+const haltPoll = 50 * time.Millisecond
 
 // beforeStream runs once the slot exists and before streaming starts: waiting for Kafka there
 // rather than before connecting to PostgreSQL means a first start during a Kafka outage has already
@@ -215,13 +271,14 @@ func (r *Relay) closeSink(ctx context.Context) {
 }
 
 // pipeline decodes messages in WAL order and hands events to the sink, tracking every transaction
-// so the checkpoint knows what Kafka still owes. It returns when msgs is closed, on an error, or at
-// the first transaction boundary after stop ends; hard ends a wait for Kafka's room.
+// so the checkpoint knows what Kafka still owes. It returns when msgs is closed, on an error, at the
+// first transaction boundary after stop ends, or at once when hard ends (nothing more is handed to
+// Kafka then, not even what was already received).
 func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Message) error {
 	var tx *checkpoint.Txn
 	stopping := stop.Done()
 	for {
-		if tx == nil && stop.Err() != nil {
+		if hard.Err() != nil || (tx == nil && stop.Err() != nil) {
 			return nil
 		}
 		var msg replication.Message
@@ -231,8 +288,18 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 		case <-stopping:
 			stopping = nil // a transaction is open: read on to its Commit
 			continue
+		case <-hard.Done():
+			return nil
 		}
 		if !ok {
+			if tx != nil {
+				// The stream ended (a stop while it was reconnecting, or a fatal error) inside a
+				// transaction whose Commit will not come. Forget it: the next start replays it from
+				// its Begin, events already sent included.
+				r.log.Warn("the replication stream ended inside a transaction; the next start replays it, publishing its events already sent again",
+					zap.Stringer("commit_lsn", tx.CommitLSN()))
+				r.tracker.Abort()
+			}
 			return nil
 		}
 		switch msg.Kind {
@@ -261,6 +328,9 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 				tx = r.tracker.Begin(ch.Tx.CommitLSN) // nil: already handled before a reconnect
 			case decoder.Relation:
 				if err := r.relation(hard, ch.Relation); err != nil {
+					if hard.Err() != nil {
+						return nil
+					}
 					return err
 				}
 			case decoder.Insert:
@@ -271,6 +341,9 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 						publish = r.reject(ch.Unusable)
 					}
 					if err := publish(hard, ch.Event, tx); err != nil {
+						if hard.Err() != nil {
+							return nil
+						}
 						return err
 					}
 				}

@@ -44,7 +44,19 @@ func runStream(t *testing.T, dsn, slot string, receiveTimeout time.Duration) (*p
 		}
 	}()
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, out) }()
+	go func() {
+		err := s.Run(ctx, out)
+		if err == nil {
+			// Finish belongs to a clean end: without it the publication checks would outlive the
+			// test and log after it.
+			drained := make(chan struct{})
+			close(drained)
+			if ferr := s.Finish(context.Background(), drained); ferr != nil {
+				t.Logf("Finish: %v", ferr)
+			}
+		}
+		done <- err
+	}()
 	var runErr error
 	stopped := false
 	stop := func() error {

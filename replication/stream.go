@@ -200,6 +200,16 @@ type Stream struct {
 	guard      *horizon   // caps the confirmed position at what the publication checks covered
 	classifier classifier // BelongsToOutbox's connection
 	stopGuard  context.CancelFunc
+
+	// copying is set while the connection is in copy mode (START_REPLICATION succeeded): only then
+	// is there a copy stream for Finish to end.
+	copying bool
+	// stopping is closed by StopReconnecting. setupMu guards cancelSetup, which ends the session
+	// in progress while it has not started streaming.
+	stopping    chan struct{}
+	stopOnce    sync.Once
+	setupMu     sync.Mutex
+	cancelSetup context.CancelFunc
 }
 
 // New returns a Stream that reports ck.Safe() as its confirmed position.
@@ -208,7 +218,41 @@ func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream
 	guard := newHorizon(&cfg, log.Named("horizon"))
 	guard.m = m
 	return &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema),
-		ahead: newReadAhead(cfg.BufferBytes), guard: guard}
+		ahead: newReadAhead(cfg.BufferBytes), guard: guard,
+		stopping: make(chan struct{})}
+}
+
+// StopReconnecting tells Run that a stop was requested: a session that is streaming goes on until
+// ctx ends (the consumer finishes its transaction), but none is started any more, one still being
+// set up is abandoned, and Run returns once the session ends. Without it a stop during an outage
+// would wait for a reconnection only to drop what it brings. Safe to call from any goroutine, more
+// than once.
+func (s *Stream) StopReconnecting() {
+	s.stopOnce.Do(func() { close(s.stopping) })
+	s.setupMu.Lock()
+	if s.cancelSetup != nil {
+		s.cancelSetup()
+	}
+	s.setupMu.Unlock()
+}
+
+func (s *Stream) stopRequested() bool {
+	select {
+	case <-s.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// setup records how to end the session being set up; nil once it streams.
+func (s *Stream) setup(cancel context.CancelFunc) {
+	s.setupMu.Lock()
+	s.cancelSetup = cancel
+	s.setupMu.Unlock()
+	if cancel != nil && s.stopRequested() {
+		cancel()
+	}
 }
 
 // Buffer returns the capacity the consumer channel should have.
@@ -229,14 +273,28 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) (err error) {
 	}()
 	var busySince time.Time
 	for attempt := 0; ; attempt++ {
-		started := time.Now()
-		err := s.session(ctx, out)
-		if ctx.Err() != nil {
+		if s.stopRequested() {
 			return nil
 		}
-		s.closeConn()
+		started := time.Now()
+		sessionCtx, cancel := context.WithCancel(ctx)
+		s.setup(cancel)
+		err := s.session(sessionCtx, out)
+		s.setup(nil)
+		cancel()
+		if ctx.Err() != nil {
+			return nil // Finish ends the copy stream
+		}
+		s.closeConn(ctx)
 		if IsFatal(err) {
 			return err
+		}
+		if s.stopRequested() {
+			// Lost (or never streaming) during a stop: a new session would only be dropped.
+			if err != nil && !errors.Is(err, context.Canceled) {
+				s.log.Info("replication interrupted during a stop; not reconnecting", zap.Error(err))
+			}
+			return nil
 		}
 		if errors.Is(err, ErrSlotActive) && !s.streamed {
 			if busySince.IsZero() {
@@ -255,6 +313,8 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) (err error) {
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
+			return nil
+		case <-s.stopping:
 			return nil
 		}
 	}
@@ -335,6 +395,9 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	if err != nil {
 		return s.streamError(err)
 	}
+	s.copying = true
+	// Streaming: from here on only ctx ends the session, so a stop can finish the transaction.
+	s.setup(nil)
 	s.streamed = true
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
 		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval),
@@ -573,8 +636,8 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 	// tens of thousands of messages a second is most of this loop's cost. Read with a socket
 	// deadline instead, moved only when the next status update is due, and expire it when ctx ends.
 	netConn := s.conn.Conn()
-	defer context.AfterFunc(ctx, func() { netConn.SetReadDeadline(time.Now()) })()
-	defer netConn.SetReadDeadline(time.Time{})
+	defer netConn.SetDeadline(time.Time{})
+	defer interruptOnDone(ctx, netConn)() // before the deadline is cleared: see interruptOnDone
 	var deadline time.Time
 	lastHeard := time.Now()
 	for {
@@ -762,8 +825,11 @@ func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 	return nil
 }
 
-// Finish ends the stream after Run: it keeps reporting the checkpoint until drained is closed or
-// ctx ends, sends the final position, and closes the connection.
+// Finish ends the stream after Run: it keeps reporting the checkpoint until drained is closed,
+// sends the final position, ends the copy stream (waiting, boundedly, until the server has read
+// that position) and closes the connection. When ctx ends (a fence, or the shutdown timeout), it
+// stops waiting at once: the final position is sent as far as the socket takes it without waiting,
+// and the connection is closed.
 func (s *Stream) Finish(ctx context.Context, drained <-chan struct{}) error {
 	if s.stopGuard != nil {
 		defer s.stopGuard()
@@ -771,9 +837,16 @@ func (s *Stream) Finish(ctx context.Context, drained <-chan struct{}) error {
 	if s.conn == nil {
 		return nil
 	}
-	defer s.closeConn()
+	defer s.closeConn(ctx)
+	if !s.copying {
+		// Stopped before streaming (waiting for Kafka, backfilling): nothing was received, so there
+		// is nothing to report and no copy stream to end.
+		return nil
+	}
 	bg := context.WithoutCancel(ctx)
-	for waiting := true; waiting; {
+	netConn := s.conn.Conn()
+	release := interruptOnDone(ctx, netConn) // a status update stuck on a full socket ends with ctx
+	for waiting := true; waiting && ctx.Err() == nil; {
 		timer := time.NewTimer(time.Until(s.nextStatus))
 		select {
 		case <-drained:
@@ -781,12 +854,25 @@ func (s *Stream) Finish(ctx context.Context, drained <-chan struct{}) error {
 		case <-ctx.Done():
 			waiting = false
 		case <-timer.C:
-			if err := s.sendStatus(bg, false); err != nil {
+			if err := s.sendStatus(bg, false); err != nil && ctx.Err() == nil {
 				timer.Stop()
+				release()
 				return err
 			}
 		}
 		timer.Stop()
+	}
+	release()
+	netConn.SetDeadline(time.Time{})
+	if ctx.Err() != nil {
+		// Best effort: what the socket takes at once; the server may not read it before the close.
+		netConn.SetWriteDeadline(time.Now().Add(cutShortWrite))
+		if err := s.sendStatus(bg, false); err != nil {
+			return fmt.Errorf("final position not sent (%w): the next start replays from %s at the latest", err, s.reported)
+		}
+		s.log.Info("final position sent without waiting for the server to read it", zap.Stringer("lsn", s.reported),
+			zap.NamedError("cause", context.Cause(ctx)))
+		return nil
 	}
 	// The horizon trails the stream by a check or two; give it that long to cover what Kafka has
 	// acknowledged, so a clean stop does not leave more to replay than needed.
@@ -796,25 +882,34 @@ func (s *Stream) Finish(ctx context.Context, drained <-chan struct{}) error {
 	if err := s.sendStatus(bg, false); err != nil {
 		return err
 	}
-	if err := s.endCopy(); err != nil {
+	if err := s.endCopy(ctx); err != nil {
 		return fmt.Errorf("final position %s sent, but the server may not have read it: %w", s.reported, err)
 	}
 	s.log.Info("final position confirmed", zap.Stringer("lsn", s.reported))
 	return nil
 }
 
-// finishTimeout bounds the end of the copy stream at a stop (see endCopy).
+// cutShortWrite bounds the final status update of a stop cut short: enough for a socket with
+// room, no wait for one without.
+const cutShortWrite = 100 * time.Millisecond
+
+// finishTimeout bounds the end of the copy stream at a stop (see endCopy). A walsender in the
+// middle of sending a large transaction reads the relay's messages only between its writes, so it
+// may not get to the final status update (and answer CopyDone) within it: the connection is then
+// closed anyway and the next start replays from the position reported before, which means
+// duplicates, never a loss.
 const finishTimeout = 5 * time.Second
 
 // endCopy ends the copy stream and waits until the server answers with its own CopyDone, which it
 // sends only after reading everything sent before, the final status update included. Closing the
 // connection without this loses that update whenever the walsender is still writing: it finds the
 // socket closed on its next write and exits without reading what it was sent last, and the next
-// start replays what was already published.
-func (s *Stream) endCopy() error {
+// start replays what was already published. The wait ends after finishTimeout or with ctx.
+func (s *Stream) endCopy(ctx context.Context) error {
 	netConn := s.conn.Conn()
 	netConn.SetDeadline(time.Now().Add(finishTimeout))
 	defer netConn.SetDeadline(time.Time{})
+	defer interruptOnDone(ctx, netConn)()
 	s.conn.Frontend().Send(&pgproto3.CopyDone{})
 	if err := s.conn.Frontend().Flush(); err != nil {
 		return fmt.Errorf("send CopyDone: %w", err)
@@ -827,6 +922,7 @@ func (s *Stream) endCopy() error {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CopyDone:
+			s.copying = false
 			return nil
 		case *pgproto3.ErrorResponse:
 			return s.streamError(pgconn.ErrorResponseToPgError(m))
@@ -834,14 +930,33 @@ func (s *Stream) endCopy() error {
 	}
 }
 
-func (s *Stream) closeConn() {
+// interruptOnDone expires netConn's deadlines when ctx ends, until the returned function is called.
+// That function waits for a callback already under way, so a deadline its caller sets afterwards
+// (endCopy's, or clearing it) is not overwritten by a late "now".
+func interruptOnDone(ctx context.Context, netConn interface{ SetDeadline(time.Time) error }) (release func()) {
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		netConn.SetDeadline(time.Now())
+	})
+	return func() {
+		if !stop() {
+			<-fired
+		}
+	}
+}
+
+// closeConn closes the replication connection, waiting at most 5s (and not once ctx has ended) for
+// the goodbye to be written.
+func (s *Stream) closeConn(ctx context.Context) {
 	if s.conn == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	s.conn.Close(ctx)
 	s.conn = nil
+	s.copying = false
 }
 
 // Reported is the last position confirmed to the server.

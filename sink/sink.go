@@ -250,6 +250,9 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 // submit is Publish, or, with a reject reason, Reject: both take a position in publish order and
 // in-flight capacity the same way, so a rejected event is ordered, bounded and halted like any other.
 func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject string, cause error) error {
+	if err := ctx.Err(); err != nil {
+		return err // a stopped or fenced relay hands Kafka nothing more, even while the window has room
+	}
 	if s.halted.Load() != nil {
 		<-ctx.Done()
 		return ctx.Err()
@@ -266,7 +269,8 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	rec.msg.Topic, rec.topic = topic, topic
 	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.cfg.ExtraHeaders)
 	rec.msg.Headers = hs
-	rec.size = int64(recordSize(&rec.msg))
+	size := int64(recordSize(&rec.msg))
+	rec.size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
 	if err := s.limit.acquire(ctx, rec.size); err != nil {
 		return err
 	}
@@ -289,9 +293,9 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		err = s.fail(ctx, rec, ReasonInvalidTopic, routeErr)
 	case hdrErr != nil:
 		err = s.fail(ctx, rec, ReasonBadHeaders, hdrErr)
-	case rec.size > int64(s.cfg.MaxMessageBytes):
+	case size > int64(s.cfg.MaxMessageBytes):
 		err = s.fail(ctx, rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
-			rec.size, s.cfg.MaxMessageBytes))
+			size, s.cfg.MaxMessageBytes))
 	default:
 		rec.enqueued = time.Now()
 		rec.msg.Time = rec.enqueued

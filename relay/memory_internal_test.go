@@ -1,0 +1,87 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// TestTheSinkCountsTheRowMemoryEachEventHolds: a decoded event aliases its whole pgoutput message
+// until Kafka acknowledges it, so max_in_flight_bytes must count that message (plus any copy made
+// on the way), not only the record's key, value and headers. Kafka never acknowledges here (the
+// topic wants more in-sync replicas than it has), so what the sink counts stays put.
+func TestTheSinkCountsTheRowMemoryEachEventHolds(t *testing.T) {
+	k := testenv.SharedKafka(t)
+	aggType := testenv.UniqueName(t, "mem")
+	createStuckTopic(t, k.Brokers(), "outbox.event."+aggType)
+	big := strings.Repeat("x", 256<<10)
+	blob := hex.EncodeToString(bytes.Repeat([]byte{0xab}, 256<<10))
+	withBlob := append(append([]column{}, outboxColumns...), column{"blob", 25})
+	byteaPayload := append([]column{}, outboxColumns...)
+	byteaPayload[4].typ = 17
+
+	for _, tc := range []struct {
+		name     string
+		cols     []column
+		insert   []byte
+		encoding sink.ValueEncoding
+		atLeast  func(msg []byte) int64
+	}{
+		{"a large column the relay does not map", withBlob, event(aggType, 1, `{}`, big), sink.ValueRaw,
+			func(msg []byte) int64 { return int64(len(msg)) }},
+		{"a large payload sent as it is", outboxColumns, event(aggType, 2, `"`+big+`"`), sink.ValueRaw,
+			func(msg []byte) int64 { return int64(len(msg)) }},
+		{"a large payload encoded as a JSON string (a copy)", outboxColumns, event(aggType, 3, `"`+big+`"`), sink.ValueJSONString,
+			func(msg []byte) int64 { return int64(len(msg)) + int64(len(big)) }},
+		{"a bytea payload (hex text, and the decoded copy)", byteaPayload, event(aggType, 4, `\x`+blob), sink.ValueRaw,
+			func(msg []byte) int64 { return int64(len(msg)) + int64(len(blob)/2) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, reg := newTestRelay(t, Config{Sink: sink.Config{Brokers: []string{k.Brokers()}, ValueEncoding: tc.encoding}})
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				defer cancel()
+				r.sink.Close(ctx) // the record is never acknowledged: abandon it
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := r.pipeline(ctx, ctx, feed(relationMessage(tc.cols), beginMessage(100), tc.insert)); err != nil {
+				t.Fatal(err)
+			}
+			events, held := r.sink.InFlight()
+			if want := tc.atLeast(tc.insert); events != 1 || held < want {
+				t.Fatalf("the sink counts %d events of %d bytes in flight, want 1 event of at least %d bytes", events, held, want)
+			}
+			// The cap on Kafka's record size still applies to the record itself.
+			if failed := metricSum(t, reg, "outbox_relay_events_failed_total"); failed != 0 {
+				t.Fatalf("%v events failed; the record itself fits max_message_bytes", failed)
+			}
+		})
+	}
+}
+
+// createStuckTopic creates a topic that takes no acks=all write: it wants two in-sync replicas of one.
+func createStuckTopic(t *testing.T, brokers, topic string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(strings.Split(brokers, ",")...)}
+	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: 1, ReplicationFactor: 1,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "min.insync.replicas", ConfigValue: "2"}},
+	}}})
+	if err == nil {
+		err = res.Errors[topic]
+	}
+	if err != nil {
+		t.Fatalf("create topic %s: %v", topic, err)
+	}
+}
