@@ -76,6 +76,9 @@ type horizon struct {
 	failed   atomic.Pointer[error]
 	changed  chan struct{} // receives (without blocking) when verified moves
 	resetReq atomic.Bool   // set by reset: forget pending and verified at the next check
+	// cluster is the system identifier of the server the stream identified; a check connection
+	// that reaches another cluster (a multi-host pg_dsn or a DNS move) would judge another table.
+	cluster atomic.Pointer[string]
 
 	pending   pglogrepl.LSN // L of the last successful check, trusted once a later check succeeds
 	pendingAt time.Time     // when that check returned: L was read before
@@ -121,6 +124,9 @@ func (h *horizon) fail(err error) {
 
 // reset forgets the positions checked so far: on another timeline (a promoted standby) they are
 // not positions of this server's history. The next checks start over.
+// expectCluster tells the checks which database cluster the stream is on.
+func (h *horizon) expectCluster(systemID string) { h.cluster.Store(&systemID) }
+
 func (h *horizon) reset() {
 	h.verified.Store(0)
 	h.resetReq.Store(true)
@@ -233,7 +239,30 @@ func (h *horizon) connect(ctx context.Context) (*pgconn.PgConn, error) {
 		c.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("set the publication check's session timeouts: %w", err)
 	}
+	if err := h.sameCluster(ctx, c); err != nil {
+		c.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
 	return c, nil
+}
+
+// sameCluster refuses a check connection to another database cluster than the stream's: its
+// table would have another OID, and the error would blame a recreated table. A role that may not
+// read pg_control_system is not refused: the stream's own comparison still runs every session.
+func (h *horizon) sameCluster(ctx context.Context, c *pgconn.PgConn) error {
+	want := h.cluster.Load()
+	if want == nil {
+		return nil
+	}
+	res, err := c.Exec(ctx, "SELECT system_identifier::text FROM pg_control_system()").ReadAll()
+	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		return nil
+	}
+	if got := string(res[0].Rows[0][0]); got != *want {
+		return fatalf("pg_dsn leads to different database clusters: the publication check reached system identifier %s while the replication stream is on %s (a multi-host pg_dsn or a DNS name that moved): point pg_dsn at one cluster's primary and restart",
+			got, *want)
+	}
+	return nil
 }
 
 // check runs one check (see horizon) and moves the horizon.

@@ -369,3 +369,39 @@ func TestHorizonStopsWhenChecksKeepFailing(t *testing.T) {
 		t.Fatalf("want a fatal error about the failing checks, got %v", err)
 	}
 }
+
+// A check connection that reaches another database cluster than the stream's (a multi-host pg_dsn,
+// a DNS name that moved) is refused as such, not judged as a recreated table.
+func TestHorizonRefusesACheckOnAnotherCluster(t *testing.T) {
+	dsn, admin := horizonDB(t)
+	mustExec(t, admin, `CREATE TABLE cluster_outbox `+outboxColumns+`;
+		CREATE PUBLICATION cluster_pub FOR TABLE cluster_outbox WITH (publish = 'insert')`)
+	var systemID string
+	if err := admin.QueryRow(context.Background(), "SELECT system_identifier::text FROM pg_control_system()").Scan(&systemID); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		stream  string // the cluster the stream identified; "" before any session
+		wantErr string
+	}{
+		{"before the stream identified its server", "", ""},
+		{"the stream's cluster", systemID, ""},
+		{"another cluster", "7000000000000000001", "pg_dsn leads to different database clusters"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, c := startedHorizon(t, dsn, admin, "public", "cluster_outbox", "cluster_pub", time.Second)
+			if tt.stream != "" {
+				h.expectCluster(tt.stream)
+			}
+			err := c.check(context.Background(), h)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("check: %v", err)
+			case tt.wantErr != "" && (err == nil || !IsFatal(err) || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("check: %v, want a fatal error saying %q", err, tt.wantErr)
+			}
+		})
+	}
+}

@@ -22,6 +22,7 @@ func (s *Stream) identify(ctx context.Context, recorded Identity) error {
 	if err != nil {
 		return err
 	}
+	s.guard.expectCluster(id.SystemID)
 	if prev.Timeline != 0 && prev.Timeline != id.Timeline {
 		// The consumer starts over when it sees the Session's new timeline; until it has, the
 		// stream confirms only the slot's own position (confirmable).
