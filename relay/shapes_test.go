@@ -92,7 +92,17 @@ func (f *fixture) writer(ctx context.Context, seed uint64) (stop func()) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
-	return func() { cancel(); wg.Wait() }
+	return func() {
+		cancel()
+		wg.Wait()
+		// A transaction cut off by the cancel may have committed: settle it, or its events would
+		// arrive as unknown ones.
+		rctx, rcancel := context.WithTimeout(context.Background(), time.Minute)
+		defer rcancel()
+		if n, err := f.outbox.ResolveUncertain(rctx); err != nil || n > 0 {
+			f.t.Fatalf("%d transactions of unknown outcome: %v", n, err)
+		}
+	}
 }
 
 // TestPartitionedOutboxDeliversEveryEventWhilePartitionsChange streams a partitioned outbox table

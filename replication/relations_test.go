@@ -92,10 +92,14 @@ func TestBelongsToOutboxRetriesATransientFailure(t *testing.T) {
 	if err := s.guard.start(oid); err != nil {
 		t.Fatal(err)
 	}
+	allowed := make(chan struct{})
 	go func() {
+		defer close(allowed)
 		time.Sleep(time.Second)
 		admin.Exec(context.Background(), "ALTER ROLE "+role+" CONNECTION LIMIT -1")
 	}()
+	// admin is not safe for concurrent use: the cleanups use it only after the goroutine is done.
+	defer func() { <-allowed }()
 	got, err := s.BelongsToOutbox(ctx, RelationRef{OID: other, Schema: "rel", Table: "other",
 		Columns: []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload"}})
 	if err != nil {
