@@ -1,6 +1,7 @@
 package sink_test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"slices"
@@ -36,6 +37,7 @@ type fakeBroker struct {
 	refuseID                            string   // a record id whose produce requests always fail with code
 	stored                              []string // ids of the records it acknowledged, in order
 	produced                            int      // produce requests answered
+	plan                                func(ids []string) int16
 }
 
 func newFakeBroker(t *testing.T) *fakeBroker {
@@ -121,7 +123,7 @@ func (fb *fakeBroker) serve(c net.Conn) {
 			code := fb.take(&fb.failMetadata)
 			topics := req.TopicNames
 			if topics == nil { // the transport's own lookup: every topic
-				topics = []string{"events", "dlq"}
+				topics = []string{"events", "dlq", "A", "B"}
 			}
 			for _, topic := range topics {
 				rt := metadata.ResponseTopic{Name: topic, ErrorCode: code}
@@ -155,6 +157,16 @@ func (fb *fakeBroker) serve(c net.Conn) {
 			}
 			fb.mu.Lock()
 			fb.produced++
+			if fb.plan != nil {
+				if c := fb.plan(ids); c != 0 {
+					code = c
+					for i := range r.Topics {
+						for j := range r.Topics[i].Partitions {
+							r.Topics[i].Partitions[j].ErrorCode = code
+						}
+					}
+				}
+			}
 			if fb.refuseID != "" && slices.Contains(ids, "events/"+fb.refuseID) {
 				code = fb.code
 				for i := range r.Topics {
@@ -257,4 +269,64 @@ func TestSinkRetriesBrokerErrorsThatAreNotAboutTheRecord(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Refusals of two partitions arrive out of publish order: b1 (topic B, key K) is retried after
+// transient errors and refused last, a1 (topic A, published after b1 and b2) is refused at once.
+// The halt must hold at b1, the earliest, so key K's b2 never reaches Kafka without b1.
+func TestAHaltHoldsAtTheEarliestRefusedRecordWhateverOrderRefusalsArriveIn(t *testing.T) {
+	fb := newFakeBroker(t)
+	var mu sync.Mutex
+	attemptsB1 := 0
+	fb.mu.Lock()
+	fb.plan = func(ids []string) int16 {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case slices.Contains(ids, "B/b1"):
+			attemptsB1++
+			if attemptsB1 <= 2 {
+				return int16(kafka.NotEnoughReplicas) // transient: b1 is retried in place
+			}
+			return int16(kafka.InvalidRecord)
+		case slices.Contains(ids, "A/a1"):
+			return int16(kafka.InvalidRecord)
+		}
+		return 0
+	}
+	fb.mu.Unlock()
+	s := newSink(t, "", sink.Config{
+		Brokers: []string{fb.addr()}, TopicTemplate: "{aggregate_type}", DeadLetterTopic: "dlq",
+		Policy: sink.Halt, Linger: -1, WriteTimeout: 5 * time.Second,
+	})
+	a := &acker{}
+	s.publish(t, newEvent("b1", []byte("B"), "K", "X", []byte(`{}`)), a)
+	time.Sleep(50 * time.Millisecond)
+	s.publish(t, newEvent("b2", []byte("B"), "K", "X", []byte(`{}`)), a)
+	s.publish(t, newEvent("a1", []byte("A"), "J", "X", []byte(`{}`)), a)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		refused := attemptsB1 > 2
+		mu.Unlock()
+		if refused || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // time for anything wrongly released to be sent
+	stored, _ := fb.state()
+	id, _, _, halted := s.Halted()
+	if !halted || id != "b1" {
+		t.Errorf("halted on %q (halted %v), want b1, the earliest refused event", id, halted)
+	}
+	if slices.Contains(stored, "B/b2") {
+		t.Errorf("key K's b2 reached Kafka without b1: %v", stored)
+	}
+	if n := a.n.Load(); n != 0 {
+		t.Errorf("%d events acknowledged, want none: each is the halted one or behind it", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = s.close(ctx)
 }

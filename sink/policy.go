@@ -122,10 +122,24 @@ func (s *Sink) deadLettered(batch []*record, err error) {
 // halt stops the sink for good on rec, which is never acknowledged, so the slot's confirmed position
 // stays before it and nothing after it is lost; an operator fixes the cause and restarts.
 func (s *Sink) halt(rec *record, reason string, err error) {
-	first := s.halted.CompareAndSwap(nil, &haltState{seq: rec.seq, EventID: string(rec.ev.ID), Reason: reason, Err: err})
+	// The halt holds at the earliest refused record: refusals of several partitions may arrive in
+	// any order (a record retried after a transient error is refused last), and a partition may
+	// send only what comes before the halt.
+	next := &haltState{seq: rec.seq, EventID: string(rec.ev.ID), Reason: reason, Err: err}
+	earliest := false
+	for {
+		cur := s.halted.Load()
+		if cur != nil && cur.seq <= rec.seq {
+			break
+		}
+		if s.halted.CompareAndSwap(cur, next) {
+			earliest = true
+			break
+		}
+	}
 	s.m.Halted.Set(1)
 	msg := "halted: event cannot be published; the slot will not advance past it until the cause is fixed and the relay restarted"
-	if !first {
+	if !earliest {
 		msg = "another event cannot be published while halted"
 	}
 	s.log.Error(msg, append(eventFields(rec), zap.String("reason", reason), zap.Error(err))...)
