@@ -97,7 +97,9 @@ func newPostgres(dir string, st pgState, cred *syscall.Credential) *Postgres {
 		pidFile: filepath.Join(data, "postmaster.pid"), needle: data}}
 }
 
-func (p *Postgres) create(ctx context.Context, walLevel string, extra map[string]string) error {
+// claimAddress picks the cluster's port (when not set) and socket directory and records them in
+// its state file, before the cluster's files are made.
+func (p *Postgres) claimAddress() error {
 	if p.st.Port == 0 {
 		ports, err := freePorts(1)
 		if err != nil {
@@ -114,6 +116,13 @@ func (p *Postgres) create(ctx context.Context, walLevel string, extra map[string
 	}
 	if err := writeState(p.dir, p.st); err != nil {
 		return fmt.Errorf("postgres state: %w", err)
+	}
+	return nil
+}
+
+func (p *Postgres) create(ctx context.Context, walLevel string, extra map[string]string) error {
+	if err := p.claimAddress(); err != nil {
+		return err
 	}
 	pwFile := filepath.Join(p.dir, ".pwfile")
 	if err := os.WriteFile(pwFile, []byte(p.st.Password+"\n"), 0o600); err != nil {

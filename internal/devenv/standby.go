@@ -32,21 +32,8 @@ func StartStandby(ctx context.Context, primary *Postgres, opts PostgresOptions) 
 }
 
 func (p *Postgres) copyFrom(ctx context.Context, primary *Postgres, extra map[string]string) error {
-	if p.st.Port == 0 {
-		ports, err := freePorts(1)
-		if err != nil {
-			return err
-		}
-		p.st.Port = ports[0]
-	}
-	if len(p.dir)+len("/.s.PGSQL.65535.lock") > 100 {
-		var err error
-		if p.st.SocketDir, err = os.MkdirTemp("/tmp", "opgs"); err != nil {
-			return fmt.Errorf("postgres socket dir: %w", err)
-		}
-	}
-	if err := writeState(p.dir, p.st); err != nil {
-		return fmt.Errorf("postgres state: %w", err)
+	if err := p.claimAddress(); err != nil {
+		return err
 	}
 	if err := errors.Join(handOver(p.dir, p.cred), handOver(p.st.SocketDir, p.cred)); err != nil {
 		return fmt.Errorf("postgres: %w", err)
