@@ -327,7 +327,7 @@ var settings = []setting{
 		apply: boolean(func(c *Config) *bool { return &c.LeaderElection })},
 	{key: "leader_retry_interval", def: "2s", help: "how often a standby tries to take the leader lock (at least 100ms)",
 		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.LeaderRetryInterval })},
-	{key: "leader_check_timeout", def: "5s", help: "how long the leader's check of its lock connection (every second) may take before the leader fences itself; PostgreSQL ends a silent leader's lock session 1s + this + 2s after its last check (at least 100ms)",
+	{key: "leader_check_timeout", def: "5s", help: "how long the leader's check of its lock connection (every second) may take before the leader fences itself; PostgreSQL ends a silent leader's lock session 1s + 2 x this + 2s after its last check (at least 100ms)",
 		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.LeaderCheckTimeout })},
 	{key: "slot_poll_interval", def: "10s", help: "how often the slot's lag, retained WAL and wal_status are read from pg_replication_slots for the metrics (at least 100ms)",
 		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.SlotPollInterval })},

@@ -123,7 +123,8 @@ var errHalted = errors.New("sink halted")
 //   - ctx ends while the replication connection is down (or not yet streaming): no new session is
 //     started. A transaction the lost session was in the middle of cannot be finished any more; it
 //     is forgotten (the next start replays it from its Begin, so its events already sent to Kafka
-//     are published twice), and the stop waits only for Kafka, with no connection to report to.
+//     are published twice), and the stop waits for nothing: with no connection to report to,
+//     what Kafka still owes would change nothing, so it counts as a crash for duplicates.
 //   - ctx ends while the sink is halted: nothing more will be acknowledged, so nothing is waited
 //     for; the position reported stays before the halted event.
 //   - ShutdownTimeout after ctx ended, whatever is still waiting gives up (logged as a shutdown

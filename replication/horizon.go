@@ -122,11 +122,11 @@ func (h *horizon) fail(err error) {
 	h.failed.CompareAndSwap(nil, &err)
 }
 
-// reset forgets the positions checked so far: on another timeline (a promoted standby) they are
-// not positions of this server's history. The next checks start over.
 // expectCluster tells the checks which database cluster the stream is on.
 func (h *horizon) expectCluster(systemID string) { h.cluster.Store(&systemID) }
 
+// reset forgets the positions checked so far: on another timeline (a promoted standby) they are
+// not positions of this server's history. The next checks start over.
 func (h *horizon) reset() {
 	h.verified.Store(0)
 	h.resetReq.Store(true)
