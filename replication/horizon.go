@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,7 +67,7 @@ type horizon struct {
 	schema      string
 	name        string
 	publication string
-	interval    time.Duration // between checks: half the status interval, also the safety margin
+	every       atomic.Int64  // time.Duration between checks: half the session's status interval, also the safety margin
 	staleLimit  time.Duration // the longest time without a good check before the relay stops
 	log         *zap.Logger
 	m           *metrics.Metrics // may be nil
@@ -75,17 +76,22 @@ type horizon struct {
 	oid      atomic.Uint32 // the outbox table's OID when the relay started; 0 before the first session
 	failed   atomic.Pointer[error]
 	changed  chan struct{} // receives (without blocking) when verified moves
-	resetReq atomic.Bool   // set by reset: forget pending and verified at the next check
+	// mu orders a reset against a check's promotion: epoch counts resets, and a check promotes only
+	// if no reset happened since it began.
+	mu    sync.Mutex
+	epoch uint64
 	// cluster is the system identifier of the server the stream identified; a check connection
 	// that reaches another cluster (a multi-host pg_dsn or a DNS move) would judge another table.
 	cluster atomic.Pointer[string]
 
-	pending   pglogrepl.LSN // L of the last successful check, trusted once a later check succeeds
-	pendingAt time.Time     // when that check returned: L was read before
-	member    membership    // what the last good check read; pubOID nil before the first
-	lastGood  time.Time     // when a check last succeeded (or the checks began)
-	badSince  time.Time     // since when checks have failed with an answer from PostgreSQL; zero if not
-	lockSkips int           // consecutive checks skipped because DDL held the table
+	checkedEpoch uint64        // the epoch the check connection and pending belong to
+	connCluster  string        // the cluster the check connection was compared with; "" if not compared
+	pending      pglogrepl.LSN // L of the last successful check, trusted once a later check succeeds
+	pendingAt    time.Time     // when that check returned: L was read before
+	member       membership    // what the last good check read; pubOID nil before the first
+	lastGood     time.Time     // when a check last succeeded (or the checks began)
+	badSince     time.Time     // since when checks have failed with an answer from PostgreSQL; zero if not
+	lockSkips    int           // consecutive checks skipped because DDL held the table
 	// noLock: the role may not lock the table (LOCK needs SELECT on it); checks then rely on the
 	// margin for a drop too.
 	noLock bool
@@ -101,11 +107,22 @@ const staleLimit = 5 * time.Minute
 const checkIdleTimeout = 2 * time.Second
 
 func newHorizon(cfg *Config, log *zap.Logger) *horizon {
-	return &horizon{
+	h := &horizon{
 		dsn: cfg.DSN, table: cfg.qualifiedTable(), schema: cfg.Schema, name: cfg.Table, publication: cfg.Publication,
-		interval: max(cfg.StatusInterval/2, 10*time.Millisecond), staleLimit: staleLimit, log: log, changed: make(chan struct{}, 1),
+		staleLimit: staleLimit, log: log, changed: make(chan struct{}, 1),
 	}
+	h.setStatusInterval(cfg.StatusInterval)
+	return h
 }
+
+// setStatusInterval sets the checks' pace from the session's status interval (capped by the
+// server's timeouts): a check every half interval keeps confirmation within about one interval.
+func (h *horizon) setStatusInterval(d time.Duration) {
+	h.every.Store(int64(max(d/2, 10*time.Millisecond)))
+}
+
+// interval is the time between checks, and the safety margin.
+func (h *horizon) interval() time.Duration { return time.Duration(h.every.Load()) }
 
 // Verified is the highest position the slot may be confirmed to.
 func (h *horizon) Verified() pglogrepl.LSN { return pglogrepl.LSN(h.verified.Load()) }
@@ -128,8 +145,10 @@ func (h *horizon) expectCluster(systemID string) { h.cluster.Store(&systemID) }
 // reset forgets the positions checked so far: on another timeline (a promoted standby) they are
 // not positions of this server's history. The next checks start over.
 func (h *horizon) reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.epoch++
 	h.verified.Store(0)
-	h.resetReq.Store(true)
 }
 
 // start records the outbox's OID for a new session: the first one sets it, later ones must find
@@ -212,7 +231,7 @@ func (h *horizon) run(ctx context.Context) {
 				}
 			}
 		}
-		timer.Reset(h.interval)
+		timer.Reset(h.interval())
 	}
 }
 
@@ -251,9 +270,12 @@ func (h *horizon) connect(ctx context.Context) (*pgconn.PgConn, error) {
 // read pg_control_system is not refused: the stream's own comparison still runs every session.
 func (h *horizon) sameCluster(ctx context.Context, c *pgconn.PgConn) error {
 	want := h.cluster.Load()
+	h.connCluster = ""
 	if want == nil {
 		return nil
 	}
+	// Compared as far as the role allows: a refused read is not asked again on this connection.
+	h.connCluster = *want
 	res, err := c.Exec(ctx, "SELECT system_identifier::text FROM pg_control_system()").ReadAll()
 	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
 		return nil
@@ -268,18 +290,32 @@ func (h *horizon) sameCluster(ctx context.Context, c *pgconn.PgConn) error {
 // check runs one check (see horizon) and moves the horizon.
 func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 	// A check must finish well within the interval, or confirmation falls behind.
-	ctx, cancel := context.WithTimeout(ctx, max(h.interval, 5*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, max(h.interval(), 5*time.Second))
 	defer cancel()
+	h.mu.Lock()
+	epoch := h.epoch
+	h.mu.Unlock()
+	renew := false
+	if epoch != h.checkedEpoch {
+		// Another server (a promoted standby): what was checked before is no position of its
+		// history, and the connection may still reach the old one.
+		h.checkedEpoch = epoch
+		h.pending, h.pendingAt = 0, time.Time{}
+		renew = true
+	}
+	if want := h.cluster.Load(); want != nil && *want != h.connCluster {
+		renew = true // connected before the stream identified its server: compare it now
+	}
+	if renew && *conn != nil {
+		(*conn).Close(context.WithoutCancel(ctx))
+		*conn = nil
+	}
 	if *conn == nil {
 		c, err := h.connect(ctx)
 		if err != nil {
 			return err
 		}
 		*conn = c
-	}
-	if h.resetReq.Swap(false) {
-		h.pending, h.pendingAt = 0, time.Time{}
-		h.verified.Store(0)
 	}
 	started := time.Now()
 	lock := ""
@@ -351,8 +387,13 @@ func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 			h.table, h.publication, *h.member.pubOID, *m.pubOID, h.member.tokens, m.tokens, pub)
 	}
 	h.member = m
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.epoch != epoch {
+		return nil // a reset landed during this check: its position and the pending one predate it
+	}
 	switch {
-	case h.pending > 0 && started.Sub(h.pendingAt) < h.interval:
+	case h.pending > 0 && started.Sub(h.pendingAt) < h.interval():
 		// Too soon after the check that read pending to trust it (a late round): keep it for the
 		// next check.
 		return nil

@@ -211,7 +211,7 @@ func TestPublicationShapes(t *testing.T) {
 				if err != nil {
 					break
 				}
-				time.Sleep(h.interval)
+				time.Sleep(h.interval())
 			}
 		})
 	}
@@ -313,9 +313,9 @@ func TestHorizonMargin(t *testing.T) {
 		t.Fatal(err)
 	}
 	if v := h.Verified(); v != 0 {
-		t.Fatalf("a check right after another promoted %s without the margin of %s", v, h.interval)
+		t.Fatalf("a check right after another promoted %s without the margin of %s", v, h.interval())
 	}
-	time.Sleep(h.interval)
+	time.Sleep(h.interval())
 	if err := c.check(ctx, h); err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestHorizonMargin(t *testing.T) {
 
 	// On a new timeline the positions checked so far are forgotten: the next check promotes none.
 	h.reset()
-	time.Sleep(h.interval)
+	time.Sleep(h.interval())
 	if err := c.check(ctx, h); err != nil {
 		t.Fatal(err)
 	}
@@ -403,5 +403,52 @@ func TestHorizonRefusesACheckOnAnotherCluster(t *testing.T) {
 				t.Fatalf("check: %v, want a fatal error saying %q", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+// A reset (a new timeline) that lands while a check is in flight must not let that check promote a
+// position read before the reset; and the next check runs on a new connection, since the old one
+// may still reach the superseded server.
+func TestHorizonResetDuringACheck(t *testing.T) {
+	dsn, admin := horizonDB(t)
+	mustExec(t, admin, `CREATE TABLE race_outbox `+outboxColumns+`;
+		CREATE PUBLICATION race_pub FOR TABLE race_outbox WITH (publish = 'insert')`)
+	h, c := startedHorizon(t, dsn, admin, "public", "race_outbox", "race_pub", 100*time.Millisecond)
+	ctx := context.Background()
+	if err := c.check(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	first := h.pending
+	oldConn := c.conn
+	time.Sleep(h.interval())
+	// Hold the table a moment so the next check is in flight when the reset lands.
+	locker, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE race_outbox IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.check(ctx, h) }()
+	time.Sleep(50 * time.Millisecond)
+	h.reset() // a new timeline, identified while the check waits for the lock
+	tx.Rollback(ctx)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if v := h.Verified(); v != 0 {
+		t.Fatalf("a check in flight at the reset promoted %s (the first check read %s), a position read before the reset", v, first)
+	}
+	if err := c.check(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if c.conn == oldConn {
+		t.Fatal("the check after a reset reused the connection opened before it")
 	}
 }

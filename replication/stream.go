@@ -500,6 +500,7 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 	}
 	s.interval = min(s.interval, s.cfg.ReceiveTimeout/3)
 	s.receiveTimeout = receiveTimeout(s.cfg.ReceiveTimeout, senderTimeout, s.interval)
+	s.guard.setStatusInterval(s.interval)
 	slot, err := ReadSlot(ctx, conn, s.cfg.Slot)
 	if err != nil {
 		return SlotInfo{}, err
@@ -876,7 +877,7 @@ func (s *Stream) Finish(ctx context.Context, drained <-chan struct{}) error {
 	}
 	// The horizon trails the stream by a check or two; give it that long to cover what Kafka has
 	// acknowledged, so a clean stop does not leave more to replay than needed.
-	wait, cancel := context.WithTimeout(ctx, 4*s.guard.interval)
+	wait, cancel := context.WithTimeout(ctx, 4*s.guard.interval())
 	s.guard.waitFor(wait, s.ck.Safe())
 	cancel()
 	if err := s.sendStatus(bg, false); err != nil {
