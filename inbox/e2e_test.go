@@ -58,7 +58,7 @@ func startRelay(t *testing.T, dsn, brokers string, pool *pgxpool.Pool) (slot str
 	})
 	waitFor(t, 60*time.Second, "the relay to stream", func() bool {
 		var active bool
-		err := pool.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+		err := pool.QueryRow(context.Background(), "SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		return err == nil && active
 	})
 	return slot

@@ -137,7 +137,7 @@ func (f *fixture) waitSlotActiveOn(ob *harness.Outbox) {
 	f.t.Helper()
 	eventually(f.t, 2*time.Minute, "the relay to stream from the new primary", func() bool {
 		var active bool
-		err := ob.Pool().QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
+		err := ob.Pool().QueryRow(context.Background(), "SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
 		return err == nil && active
 	})
 }

@@ -95,13 +95,15 @@ func (f *fixture) start(cfg relay.Config) (stop func() error) {
 }
 
 // waitSlotActive waits until the relay streams, so writes made afterwards are after the slot's start.
+// A slot being created is active too, without a confirmed position yet, and transactions that commit
+// before its consistent point are not in its stream: hence the second condition.
 func (f *fixture) waitSlotActive() {
 	f.t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		var active bool
-		err := f.outbox.Pool().QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
+		err := f.outbox.Pool().QueryRow(ctx, "SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
 		if err == nil && active {
 			return
 		}

@@ -98,7 +98,7 @@ func (f *dbzFixture) relay(slot string, args ...string) *relayproc.Proc {
 	deadline := time.Now().Add(dbzStartTimeout)
 	for {
 		var active bool
-		err := f.pool.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+		err := f.pool.QueryRow(context.Background(), "SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		if err == nil && active {
 			return p
 		}

@@ -315,7 +315,7 @@ func (d *testDB) exec(t *testing.T, sql string, args ...any) {
 // slotState reads a slot's activity; exists is false when there is no such slot.
 func slotState(ctx context.Context, pool *pgxpool.Pool, slot string) (exists, active bool, pid int, err error) {
 	var p *int32
-	err = pool.QueryRow(ctx, "SELECT active, active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active, &p)
+	err = pool.QueryRow(ctx, "SELECT active AND confirmed_flush_lsn IS NOT NULL, active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active, &p)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, false, 0, nil
 	}
@@ -328,7 +328,9 @@ func slotState(ctx context.Context, pool *pgxpool.Pool, slot string) (exists, ac
 	return true, active, pid, nil
 }
 
-// waitSlotActive waits until a process streams slot and returns its backend PID; p, if not nil,
+// waitSlotActive waits until a process streams slot and returns its backend PID (a slot being
+// created is active too, but without a confirmed position yet: transactions that commit before its
+// consistent point are not in its stream, so writes must wait for more than "active"); p, if not nil,
 // must not exit meanwhile.
 func waitSlotActive(t *testing.T, pool *pgxpool.Pool, slot string, p *child) int {
 	t.Helper()

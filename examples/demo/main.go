@@ -75,7 +75,7 @@ func waitForRelay(ctx context.Context, conn *pgx.Conn, slot string) error {
 	deadline := time.Now().Add(slotTimeout)
 	for {
 		var active bool
-		err := conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+		err := conn.QueryRow(ctx, "SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		if err == nil && active {
 			fmt.Printf("relay is streaming slot %s\n", slot)
 			return nil
