@@ -142,6 +142,19 @@ func (h *horizon) fail(err error) {
 // expectCluster tells the checks which database cluster the stream is on.
 func (h *horizon) expectCluster(systemID string) { h.cluster.Store(&systemID) }
 
+// server says which server the stream is on, for other connections that must follow it: the
+// number of resets (timeline changes) so far, and the cluster's system identifier ("" before the
+// stream identified it).
+func (h *horizon) server() (epoch uint64, cluster string) {
+	h.mu.Lock()
+	epoch = h.epoch
+	h.mu.Unlock()
+	if c := h.cluster.Load(); c != nil {
+		cluster = *c
+	}
+	return epoch, cluster
+}
+
 // reset forgets the positions checked so far: on another timeline (a promoted standby) they are
 // not positions of this server's history. The next checks start over.
 func (h *horizon) reset() {
@@ -276,13 +289,19 @@ func (h *horizon) sameCluster(ctx context.Context, c *pgconn.PgConn) error {
 	}
 	// Compared as far as the role allows: a refused read is not asked again on this connection.
 	h.connCluster = *want
+	return sameClusterAs(ctx, c, *want, "the publication check")
+}
+
+// sameClusterAs refuses a connection (used by who) to another database cluster than want, the
+// stream's; a role that may not read pg_control_system is not refused.
+func sameClusterAs(ctx context.Context, c *pgconn.PgConn, want, who string) error {
 	res, err := c.Exec(ctx, "SELECT system_identifier::text FROM pg_control_system()").ReadAll()
 	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
 		return nil
 	}
-	if got := string(res[0].Rows[0][0]); got != *want {
-		return fatalf("pg_dsn leads to different database clusters: the publication check reached system identifier %s while the replication stream is on %s (a multi-host pg_dsn or a DNS name that moved): point pg_dsn at one cluster's primary and restart",
-			got, *want)
+	if got := string(res[0].Rows[0][0]); got != want {
+		return fatalf("pg_dsn leads to different database clusters: %s reached system identifier %s while the replication stream is on %s (a multi-host pg_dsn or a DNS name that moved): point pg_dsn at one cluster's primary and restart",
+			who, got, want)
 	}
 	return nil
 }

@@ -63,6 +63,10 @@ type classifier struct {
 	mu   sync.Mutex
 	conn *pgx.Conn
 	stop func() bool // unregisters the close at the end of the context
+	// epoch and cluster are the server the connection was opened for (horizon.server): after a
+	// failover it may still reach the old one, so a new server means a new connection.
+	epoch   uint64
+	cluster string
 }
 
 func (c *classifier) belongs(ctx context.Context, s *Stream, rel RelationRef) (bool, error) {
@@ -70,12 +74,24 @@ func (c *classifier) belongs(ctx context.Context, s *Stream, rel RelationRef) (b
 	defer c.mu.Unlock()
 	actx, cancel := context.WithTimeout(ctx, classifyTimeout)
 	defer cancel()
+	epoch, cluster := s.guard.server()
+	if c.conn != nil && (epoch != c.epoch || cluster != c.cluster) {
+		c.stop()
+		c.conn.Close(context.WithoutCancel(ctx))
+		c.conn = nil
+	}
 	if c.conn == nil || c.conn.IsClosed() {
 		conn, err := pgx.Connect(actx, s.cfg.DSN)
 		if err != nil {
 			return false, classifyConnect(err, "classifying a relation")
 		}
-		c.conn = conn
+		if cluster != "" {
+			if err := sameClusterAs(actx, conn.PgConn(), cluster, "classifying a relation"); err != nil {
+				conn.Close(context.WithoutCancel(ctx))
+				return false, err
+			}
+		}
+		c.conn, c.epoch, c.cluster = conn, epoch, cluster
 		c.stop = context.AfterFunc(ctx, func() {
 			c.mu.Lock()
 			defer c.mu.Unlock()

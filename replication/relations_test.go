@@ -109,3 +109,47 @@ func TestBelongsToOutboxRetriesATransientFailure(t *testing.T) {
 		t.Fatal("another table of the publication classified as the outbox")
 	}
 }
+
+// The classifier's connection follows the stream's server: one that reaches another database
+// cluster than the stream's is refused as such, and after a timeline change (a reset) the next
+// classification opens a new connection rather than asking the server the old one reached.
+func TestClassifierFollowsTheStreamsServer(t *testing.T) {
+	dsn, admin := horizonDB(t)
+	mustExec(t, admin, `CREATE SCHEMA rel; CREATE TABLE rel.outbox `+outboxColumns+`; CREATE TABLE rel.other `+outboxColumns+`;
+		CREATE PUBLICATION rel_pub FOR TABLE rel.outbox, rel.other WITH (publish = 'insert')`)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var oid, other uint32
+	var systemID string
+	if err := admin.QueryRow(ctx, "SELECT 'rel.outbox'::regclass::oid, 'rel.other'::regclass::oid, (SELECT system_identifier::text FROM pg_control_system())").
+		Scan(&oid, &other, &systemID); err != nil {
+		t.Fatal(err)
+	}
+	ref := RelationRef{OID: other, Schema: "rel", Table: "other", Columns: []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload"}}
+	newStream := func(cluster string) *Stream {
+		s := New(Config{DSN: dsn, Schema: "rel", Table: "outbox", Publication: "rel_pub"}, checkpoint.New(0), zaptest.NewLogger(t), metrics.New(nil))
+		if err := s.guard.start(oid); err != nil {
+			t.Fatal(err)
+		}
+		s.guard.expectCluster(cluster)
+		return s // the classifier closes its connection when ctx ends
+	}
+
+	s := newStream("7000000000000000001")
+	if _, err := s.BelongsToOutbox(ctx, ref); err == nil || !IsFatal(err) || !strings.Contains(err.Error(), "different database clusters") {
+		t.Fatalf("classifying on another cluster than the stream's: %v, want a fatal error naming it", err)
+	}
+
+	s = newStream(systemID)
+	if ours, err := s.BelongsToOutbox(ctx, ref); err != nil || ours {
+		t.Fatalf("BelongsToOutbox = %v, %v; want another table of the publication", ours, err)
+	}
+	before := s.classifier.conn
+	s.guard.reset()
+	if ours, err := s.BelongsToOutbox(ctx, ref); err != nil || ours {
+		t.Fatalf("after a reset: BelongsToOutbox = %v, %v", ours, err)
+	}
+	if s.classifier.conn == before {
+		t.Fatal("after a timeline change the classifier reused the connection opened before it")
+	}
+}
