@@ -156,7 +156,7 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 			i += len(r.cfg.Decoder.Extra)
 		}
 		if payloadBytea && ev.Payload != nil {
-			if ev.Payload, err = unhex(ev.Payload); err != nil {
+			if ev.Payload, err = decoder.Bytea(ev.Payload); err != nil {
 				return n, fmt.Errorf("payload of event %s: %w", ev.ID, err)
 			}
 		}
@@ -228,9 +228,5 @@ func (a *ackGroup) wait(ctx context.Context) error {
 		return fmt.Errorf("waiting for Kafka to acknowledge the backfill: %w", ctx.Err())
 	}
 }
-
-// unhex decodes a bytea payload's text form, hex or (bytea_output = 'escape' on the database or
-// role) escape format.
-func unhex(b []byte) ([]byte, error) { return decoder.Bytea(b) }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
