@@ -9,13 +9,17 @@ TEST_TIMEOUT ?= 20m
 LOCAL ?= .local
 DEVENV := go run ./internal/cmd/devenv
 
-.PHONY: tools kafka-lib up down services-status build test lint
+.PHONY: tools kafka-lib pg-lib up down services-status build test lint
 
 tools:
 	@bash scripts/ensure-tools.sh
 
 kafka-lib: tools
 	@bash scripts/kafka-lib.sh
+
+# PostgreSQL 14, 16, 17 and 18 server binaries from Maven Central (15 is Debian's): scripts/pg-lib.sh.
+pg-lib: tools
+	@bash scripts/pg-lib.sh >/dev/null
 
 up: tools kafka-lib
 	@$(DEVENV) up --dir $(LOCAL)
@@ -35,7 +39,7 @@ lint:
 	$(GO) vet ./...
 
 # Integration tests start their own PostgreSQL clusters and Kafka brokers (internal/testenv).
-test: tools kafka-lib lint
+test: tools kafka-lib pg-lib lint
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 # The fault suite alone (faults/, also part of `make test`): kill -9, broker and PostgreSQL outages,

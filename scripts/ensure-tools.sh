@@ -31,6 +31,9 @@ if ! command -v java >/dev/null || [[ "$(java_major)" -lt 17 ]]; then
 fi
 
 command -v mvn >/dev/null || missing+=(maven)
+# scripts/pg-lib.sh unpacks the other PostgreSQL versions from jars holding .txz archives.
+command -v unzip >/dev/null || missing+=(unzip)
+command -v xz >/dev/null || missing+=(xz-utils)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0

@@ -27,7 +27,8 @@ type PostgresOptions struct {
 	Database string            // created at start; "outbox"
 	WALLevel string            // "logical"
 	Settings map[string]string // extra postgresql.conf settings, e.g. wal_sender_timeout
-	BinDir   string            // server binaries; found on PATH or in /usr/lib/postgresql/*/bin
+	BinDir   string            // server binaries; by Version, else found on PATH or in /usr/lib/postgresql/*/bin
+	Version  string            // major version ("14" to "18") when BinDir is empty: see PGBinDir
 	Keep     bool              // Close stops but keeps the directory
 	Detached bool              // the server outlives this process (make up)
 }
@@ -50,7 +51,15 @@ type pgState struct {
 
 // StartPostgres creates a new cluster and starts it.
 func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
-	bin, err := findPGBin(opts.BinDir)
+	binDir := opts.BinDir
+	if binDir == "" && opts.Version != "" {
+		d, err := PGBinDir(opts.Version)
+		if err != nil {
+			return nil, err
+		}
+		binDir = d
+	}
+	bin, err := findPGBin(binDir)
 	if err != nil {
 		return nil, err
 	}
@@ -250,6 +259,35 @@ func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, err
 
 // findPGBin locates a directory holding initdb and postgres: Debian puts only client wrappers
 // (and maybe symlinks) on PATH.
+// PGLibDir is where scripts/pg-lib.sh unpacks the server binaries of the version matrix:
+// $OUTBOX_PG_LIB, else /var/cache/outbox-relay/postgres for root (whose home the postgres OS user
+// cannot read), else ~/.cache/outbox-relay/postgres.
+func PGLibDir() string {
+	if d := os.Getenv("OUTBOX_PG_LIB"); d != "" {
+		return d
+	}
+	if os.Geteuid() == 0 {
+		return "/var/cache/outbox-relay/postgres"
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "outbox-relay", "postgres")
+}
+
+// PGBinDir returns the bin directory of PostgreSQL major version major ("17"): Debian's package
+// when installed, else the binaries scripts/pg-lib.sh unpacked (postgres-<major>.*/bin).
+func PGBinDir(major string) (string, error) {
+	candidates := []string{filepath.Join("/usr/lib/postgresql", major, "bin")}
+	found, _ := filepath.Glob(filepath.Join(PGLibDir(), "postgres-"+major+".*", "bin"))
+	slices.Reverse(found) // newest minor first
+	candidates = append(candidates, found...)
+	for _, d := range candidates {
+		if isExec(filepath.Join(d, "initdb")) && isExec(filepath.Join(d, "postgres")) {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("postgres %s: no server binaries in /usr/lib/postgresql/%s/bin or %s: run scripts/pg-lib.sh", major, major, PGLibDir())
+}
+
 func findPGBin(dir string) (string, error) {
 	candidates := []string{dir}
 	if dir == "" {
