@@ -72,6 +72,11 @@ type Event struct {
 	Extra         [][]byte // values of Config.Extra, in the same order
 	LSN           pglogrepl.LSN
 	Tx            TxInfo
+	// Index is the event's ordinal among the events of its transaction (0 for the first), counting
+	// every event the decoder produced, usable or not. pgoutput replays a transaction's changes in
+	// the same order, so (Tx.CommitLSN, Index) names one event across restarts: exactly-once
+	// delivery records how far it got inside a transaction with it.
+	Index int
 	// RawSize is the memory the event keeps alive for as long as it is held: the whole message
 	// buffer its fields alias (every column of the row, mapped or not), plus any value the decoder
 	// had to copy out of it (a bytea payload decoded from hex). It is what a holder of the event,
@@ -144,6 +149,7 @@ type Decoder struct {
 	relations map[uint32]*relation
 	tx        TxInfo
 	inTx      bool
+	events    int      // events of the open transaction so far: the next Event.Index
 	cols      []column // scratch for TupleData
 }
 
@@ -237,6 +243,7 @@ func (d *Decoder) begin(r *reader) (Change, error) {
 	}
 	d.tx = TxInfo{CommitLSN: r.lsn(), CommitTime: r.time(), Xid: r.u32()}
 	d.inTx = r.err == nil
+	d.events = 0
 	return Change{Kind: Begin, Tx: d.tx}, nil
 }
 
@@ -413,6 +420,8 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN, size int) (Change, e
 		}
 		ev.RawSize += int64(len(ev.Payload))
 	}
+	ev.Index = d.events
+	d.events++
 	return Change{Kind: Insert, Tx: d.tx, Event: ev, Unusable: rel.unusable}, nil
 }
 

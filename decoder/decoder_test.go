@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -687,6 +688,30 @@ func TestDecodeTagsEventsWithTheirTransaction(t *testing.T) {
 				t.Error("InTransaction() = true after Commit")
 			}
 		})
+	}
+}
+
+// Event.Index numbers a transaction's events from 0, counting rows of other tables not at all and
+// unusable rows like any other, and starts again with the next transaction.
+func TestDecodeIndexesEventsWithinTheirTransaction(t *testing.T) {
+	d := decoder.New(defaultConfig())
+	mustDecode(t, d, outboxRelation(), otherRelation())
+	var got []int
+	for range 2 {
+		mustDecode(t, d, txBegin())
+		for _, msg := range [][]byte{sampleInsert(), insertMsg(otherOID, row(otherCols, nil)), sampleInsert(), sampleInsert()} {
+			ch, err := d.Decode(insertAt, msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ch.Kind == decoder.Insert {
+				got = append(got, ch.Event.Index)
+			}
+		}
+		mustDecode(t, d, txCommit())
+	}
+	if want := []int{0, 1, 2, 0, 1, 2}; !slices.Equal(got, want) {
+		t.Errorf("indexes %v, want %v", got, want)
 	}
 }
 
