@@ -67,6 +67,7 @@ type Config struct {
 // Columns names the outbox table's columns.
 type Columns struct {
 	ID, AggregateType, AggregateID, EventType, Payload, Headers, CreatedAt string
+	AggregateVersion                                                       string // optional
 }
 
 // Kafka holds producer and connection settings.
@@ -236,6 +237,8 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.Columns.Payload })},
 	{key: "columns.headers", def: "headers", help: "JSON object column whose members become headers; empty for none",
 		apply: str(func(c *Config) *string { return &c.Columns.Headers })},
+	{key: "columns.aggregate_version", help: "bigint column with the aggregate's version, sent as the aggregate_version header (consumers detect missed and stale events); empty for none",
+		apply: str(func(c *Config) *string { return &c.Columns.AggregateVersion })},
 	{key: "columns.created_at", def: "created_at", help: "creation time column, for backfill_since and pruning",
 		apply: str(func(c *Config) *string { return &c.Columns.CreatedAt })},
 	{key: "extra_headers", help: "further columns sent as headers, comma-separated column[:header]",

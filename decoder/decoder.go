@@ -21,8 +21,8 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// Columns names the outbox table's columns. Headers is optional: leave it empty when the table has
-// no headers column.
+// Columns names the outbox table's columns. Headers and AggregateVersion are optional: leave them
+// empty when the table has no such column.
 type Columns struct {
 	ID            string
 	AggregateType string
@@ -30,6 +30,9 @@ type Columns struct {
 	EventType     string
 	Payload       string
 	Headers       string
+	// AggregateVersion is the aggregate's version the event leads to (a bigint), which the sink
+	// sends as the aggregate_version header so consumers can tell a missed or stale event.
+	AggregateVersion string
 }
 
 // DefaultColumns matches the table `outbox-relay migrate` creates.
@@ -68,10 +71,13 @@ type Event struct {
 	AggregateID   []byte
 	EventType     []byte
 	Payload       []byte
-	Headers       []byte   // the headers column as JSON text, or nil
-	Extra         [][]byte // values of Config.Extra, in the same order
-	LSN           pglogrepl.LSN
-	Tx            TxInfo
+	Headers       []byte // the headers column as JSON text, or nil
+	// AggregateVersion is the Columns.AggregateVersion value in text form (decimal), or nil when
+	// the column is not configured or NULL.
+	AggregateVersion []byte
+	Extra            [][]byte // values of Config.Extra, in the same order
+	LSN              pglogrepl.LSN
+	Tx               TxInfo
 	// Index is the event's ordinal among the events of its transaction (0 for the first), counting
 	// every event the decoder produced, usable or not. pgoutput replays a transaction's changes in
 	// the same order, so (Tx.CommitLSN, Index) names one event across restarts: exactly-once
@@ -164,9 +170,9 @@ type relation struct {
 	// unusable says why rows of this outbox relation cannot be read (a mapped column is missing).
 	unusable error
 	// index of each mapped column in the tuple; -1 when not configured (Headers only)
-	id, aggType, aggID, evType, payload, headers int
-	extra                                        []int
-	payloadBytea                                 bool
+	id, aggType, aggID, evType, payload, headers, aggVersion int
+	extra                                                    []int
+	payloadBytea                                             bool
 }
 
 // New returns a decoder for cfg.
@@ -340,9 +346,12 @@ func (d *Decoder) mapColumns(rel *relation) {
 	rel.aggID = need("columns.aggregate_id", c.AggregateID)
 	rel.evType = need("columns.event_type", c.EventType)
 	rel.payload = need("columns.payload", c.Payload)
-	rel.headers = -1
+	rel.headers, rel.aggVersion = -1, -1
 	if c.Headers != "" {
 		rel.headers = need("columns.headers", c.Headers)
+	}
+	if c.AggregateVersion != "" {
+		rel.aggVersion = need("columns.aggregate_version", c.AggregateVersion)
 	}
 	rel.extra = make([]int, len(d.cfg.Extra))
 	for i, name := range d.cfg.Extra {
@@ -401,6 +410,7 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN, size int) (Change, e
 	}{
 		{&ev.ID, rel.id}, {&ev.AggregateType, rel.aggType}, {&ev.AggregateID, rel.aggID},
 		{&ev.EventType, rel.evType}, {&ev.Payload, rel.payload}, {&ev.Headers, rel.headers},
+		{&ev.AggregateVersion, rel.aggVersion},
 	} {
 		if *f.dst, err = value(f.idx); err != nil {
 			return Change{}, err

@@ -454,6 +454,32 @@ func TestDecodeInsertMapsColumnsByName(t *testing.T) {
 			}(),
 		},
 		{
+			name: "a configured aggregate version column is read in text form",
+			cfg: func() decoder.Config {
+				c := defaultConfig()
+				c.Columns.AggregateVersion = "version"
+				return c
+			}(),
+			cols: append(append([]col{}, defaultCols...), col{"version", int8OID}),
+			vals: with(sampleRow, "version", text("42")),
+			want: func() decoder.Event {
+				e := sampleEvent()
+				e.AggregateVersion = bs("42")
+				return e
+			}(),
+		},
+		{
+			name: "a NULL aggregate version is nil, and an unconfigured one is never read",
+			cfg: func() decoder.Config {
+				c := defaultConfig()
+				c.Columns.AggregateVersion = "version"
+				return c
+			}(),
+			cols: append(append([]col{}, defaultCols...), col{"version", int8OID}, col{"aggregate_version", int8OID}),
+			vals: with(sampleRow, "version", null, "aggregate_version", text("7")),
+			want: sampleEvent(),
+		},
+		{
 			name: "no Extra configured leaves Extra nil",
 			cfg:  defaultConfig(),
 			cols: append(append([]col{}, defaultCols...), col{"tenant", textOID}),
@@ -1067,6 +1093,16 @@ func TestDecodeOutboxRelationMissingAColumn(t *testing.T) {
 			name: "an outbox relation without the configured headers column",
 			msg:  relationMsg(outboxOID, "public", "outbox", without(defaultCols, "headers")),
 			want: []string{`"headers" (columns.headers)`},
+		},
+		{
+			name: "an outbox relation without the configured aggregate version column",
+			cfg: func() decoder.Config {
+				c := defaultConfig()
+				c.Columns.AggregateVersion = "version"
+				return c
+			}(),
+			msg:  relationMsg(outboxOID, "public", "outbox", defaultCols),
+			want: []string{`"version" (columns.aggregate_version)`},
 		},
 		{
 			name: "an outbox relation without a configured Extra column",

@@ -112,6 +112,9 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	if cols.Headers != "" {
 		selected = append(selected, cols.Headers)
 	}
+	if cols.AggregateVersion != "" {
+		selected = append(selected, cols.AggregateVersion)
+	}
 	selected = append(selected, r.cfg.Decoder.Extra...)
 	quoted := make([]string, len(selected))
 	for i, c := range selected {
@@ -149,6 +152,10 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 		i := 5
 		if cols.Headers != "" {
 			ev.Headers = vals[i]
+			i++
+		}
+		if cols.AggregateVersion != "" {
+			ev.AggregateVersion = vals[i]
 			i++
 		}
 		if len(r.cfg.Decoder.Extra) > 0 {

@@ -36,6 +36,17 @@ func TestHeaders(t *testing.T) {
 		{"an empty extra column is kept as an empty header",
 			with(func(e *decoder.Event) { e.Extra = [][]byte{{}} }), []string{"trace_id"},
 			append(fixed, "trace_id="), ""},
+		{"the aggregate version follows the built-in headers, before extra columns and the JSON headers",
+			with(func(e *decoder.Event) {
+				e.AggregateVersion = []byte("42")
+				e.Extra = [][]byte{[]byte("t-1")}
+				e.Headers = []byte(`{"k":"v"}`)
+			}), []string{"trace_id"},
+			append(fixed, "aggregate_version=42", "trace_id=t-1", "k=v"), ""},
+		{"a NULL aggregate version is left out",
+			with(func(e *decoder.Event) { e.AggregateVersion = nil }), nil, fixed, ""},
+		{"an aggregate version that is not an integer is an error",
+			with(func(e *decoder.Event) { e.AggregateVersion = []byte("4.5") }), nil, nil, "columns.aggregate_version"},
 		{"JSON object members become headers in document order",
 			with(func(e *decoder.Event) { e.Headers = []byte(`{"z":"last-letter","a":"first-letter","m":"middle"}`) }), nil,
 			append(fixed, "z=last-letter", "a=first-letter", "m=middle"), ""},

@@ -26,6 +26,9 @@ const (
 	HeaderID            = "id"
 	HeaderEventType     = "event_type"
 	HeaderAggregateType = "aggregate_type"
+	// HeaderAggregateVersion carries the aggregate version column (decoder.Columns.AggregateVersion)
+	// when one is configured, in decimal.
+	HeaderAggregateVersion = "aggregate_version"
 )
 
 // Placeholders a topic template may use.
@@ -122,6 +125,12 @@ func buildHeaders(ev *decoder.Event, builtin, extra []string) ([]kafka.Header, e
 			hs = append(hs, kafka.Header{Key: HeaderAggregateType, Value: ev.AggregateType})
 		}
 	}
+	if v := ev.AggregateVersion; v != nil {
+		if !decimal(v) {
+			return nil, fmt.Errorf("aggregate version %.30q is not a decimal integer (columns.aggregate_version must be a bigint column)", v)
+		}
+		hs = append(hs, kafka.Header{Key: HeaderAggregateVersion, Value: v})
+	}
 	for i, name := range extra {
 		if i < len(ev.Extra) && ev.Extra[i] != nil {
 			hs = append(hs, kafka.Header{Key: name, Value: ev.Extra[i]})
@@ -131,6 +140,22 @@ func buildHeaders(ev *decoder.Event, builtin, extra []string) ([]kafka.Header, e
 		return hs, nil
 	}
 	return appendJSONHeaders(hs, ev.Headers)
+}
+
+// decimal reports whether b is an integer in decimal, as PostgreSQL prints a bigint.
+func decimal(b []byte) bool {
+	if len(b) > 0 && b[0] == '-' {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 19 {
+		return false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // appendJSONHeaders adds the members of a JSON object as headers, in document order. String values

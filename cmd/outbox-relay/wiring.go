@@ -91,6 +91,7 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 	cols := decoder.Columns{
 		ID: c.Columns.ID, AggregateType: c.Columns.AggregateType, AggregateID: c.Columns.AggregateID,
 		EventType: c.Columns.EventType, Payload: c.Columns.Payload, Headers: c.Columns.Headers,
+		AggregateVersion: c.Columns.AggregateVersion,
 	}
 	var extraCols, extraHeaders []string
 	for _, e := range c.ExtraHeaders {
@@ -104,6 +105,9 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 	required := []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload}
 	if cols.Headers != "" {
 		required = append(required, cols.Headers)
+	}
+	if cols.AggregateVersion != "" {
+		required = append(required, cols.AggregateVersion)
 	}
 	required = append(required, extraCols...)
 
