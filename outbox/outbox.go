@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -50,6 +51,15 @@ type Event struct {
 	// Headers become Kafka headers (the headers column, a JSON object). See the Header* names and
 	// SetHeader.
 	Headers map[string]string
+	// AggregateVersion is the version of the aggregate this event leads to, usually the
+	// optimistic-locking version the caller just wrote to its aggregate row; the relay sends it as
+	// the aggregate_version header, and the inbox package tells new, duplicate, stale and missed
+	// events apart by it. 0 writes NULL, or, with Config.VersionTable, the next version from the
+	// counter table. Needs Columns.AggregateVersion.
+	AggregateVersion int64
+	// SchemaVersion, when not 0, is sent as the schema_version header (HeaderSchemaVersion), which
+	// the inbox's Registry routes to a handler or an upcaster.
+	SchemaVersion int
 }
 
 // SetHeader sets one header, creating the map when needed.
@@ -64,6 +74,9 @@ func (e *Event) SetHeader(name, value string) {
 type Columns struct {
 	ID, AggregateType, AggregateID, EventType, Payload string
 	Headers                                            string // empty when the table has no headers column
+	// AggregateVersion is the bigint column for Event.AggregateVersion (the relay's
+	// columns.aggregate_version); empty when the table has none.
+	AggregateVersion string
 }
 
 // DefaultColumns is the table `outbox-relay migrate` creates.
@@ -87,6 +100,13 @@ type Config struct {
 	// IDType and PayloadType are the SQL types of the id and payload columns. Defaults "uuid" and
 	// "jsonb"; "text" works for ids that are not UUIDs, "json" or "text" for other payload columns.
 	IDType, PayloadType string
+	// VersionTable, "table" or "schema.table", makes Write assign versions: each event gets the
+	// next version of its aggregate from this counter table (see CreateVersionTable), in the
+	// caller's transaction. The cost is a row lock per aggregate until the transaction ends, so
+	// concurrent writers of one aggregate take turns (writers of different aggregates do not), and
+	// a rolled-back transaction gives its versions back. Needs Columns.AggregateVersion; events must
+	// leave AggregateVersion 0. Empty: versions are the caller's (Event.AggregateVersion).
+	VersionTable string
 }
 
 // MaxBatch is how many events go into one INSERT statement; larger batches take several, all in
@@ -97,7 +117,9 @@ const MaxBatch = 1000
 type Writer struct {
 	insert     string
 	hasHeaders bool
+	hasVersion bool
 	uuidIDs    bool
+	versions   *versionTable // nil: versions are the caller's
 }
 
 var typeName = regexp.MustCompile(`^[a-z][a-z0-9_ ]*$`)
@@ -132,6 +154,19 @@ func New(cfg Config) (*Writer, error) {
 		names = append(names, c.Headers)
 		types = append(types, "jsonb")
 	}
+	if c.AggregateVersion != "" {
+		names = append(names, c.AggregateVersion)
+		types = append(types, "bigint")
+	}
+	var versions *versionTable
+	if cfg.VersionTable != "" {
+		if c.AggregateVersion == "" {
+			return nil, errors.New("outbox: Config.VersionTable assigns versions, so Columns.AggregateVersion must name the column they go to")
+		}
+		if versions, err = newVersionTable(cfg.VersionTable); err != nil {
+			return nil, err
+		}
+	}
 	cols := make([]string, len(names))
 	params := make([]string, len(names))
 	fields := make([]string, len(names))
@@ -146,7 +181,8 @@ func New(cfg Config) (*Writer, error) {
 	// ORDER BY the ordinality: rows are inserted, and so published, in the order of the slice.
 	insert := fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM unnest(%s) WITH ORDINALITY AS t(%s, n) ORDER BY n",
 		table, strings.Join(cols, ", "), strings.Join(fields, ", "), strings.Join(params, ", "), strings.Join(fields, ", "))
-	return &Writer{insert: insert, hasHeaders: c.Headers != "", uuidIDs: cfg.IDType == "uuid"}, nil
+	return &Writer{insert: insert, hasHeaders: c.Headers != "", hasVersion: c.AggregateVersion != "",
+		uuidIDs: cfg.IDType == "uuid", versions: versions}, nil
 }
 
 // parseTable quotes "table" or "schema.table".
@@ -177,6 +213,12 @@ type SQLExecer interface {
 // Write inserts events through tx (normally the caller's pgx.Tx) and returns their ids in order.
 // On error some events may already be inserted: roll the transaction back.
 func (w *Writer) Write(ctx context.Context, tx Execer, events ...Event) ([]string, error) {
+	if w.versions != nil {
+		var err error
+		if events, err = w.versions.assign(ctx, tx, nil, events); err != nil {
+			return nil, err
+		}
+	}
 	return w.write(ctx, events, func(args []any) error {
 		_, err := tx.Exec(ctx, w.insert, args...)
 		return err
@@ -185,6 +227,12 @@ func (w *Writer) Write(ctx context.Context, tx Execer, events ...Event) ([]strin
 
 // WriteSQL is Write for database/sql (*sql.Tx on the pgx stdlib driver).
 func (w *Writer) WriteSQL(ctx context.Context, tx SQLExecer, events ...Event) ([]string, error) {
+	if w.versions != nil {
+		var err error
+		if events, err = w.versions.assign(ctx, nil, tx, events); err != nil {
+			return nil, err
+		}
+	}
 	return w.write(ctx, events, func(args []any) error {
 		_, err := tx.ExecContext(ctx, w.insert, args...)
 		return err
@@ -216,6 +264,7 @@ func (w *Writer) columns(events []Event, trace string, ids *[]string) ([]any, er
 		evType  = make([]string, len(events))
 		payload = make([][]byte, len(events)) // a nil element is SQL NULL
 		headers = make([][]byte, len(events))
+		version = make([]*int64, len(events)) // a nil element is SQL NULL
 	)
 	for i := range events {
 		e := &events[i]
@@ -234,7 +283,24 @@ func (w *Writer) columns(events []Event, trace string, ids *[]string) ([]any, er
 			return nil, fmt.Errorf("outbox: event %s: %w", id[i], err)
 		}
 		payload[i] = p
-		h, err := w.encodeHeaders(e.Headers, trace)
+		if e.AggregateVersion != 0 {
+			if !w.hasVersion {
+				return nil, fmt.Errorf("outbox: event %s has an AggregateVersion but the outbox table has no version column (Columns.AggregateVersion)", id[i])
+			}
+			if e.AggregateVersion < 0 {
+				return nil, fmt.Errorf("outbox: event %s: AggregateVersion %d is negative", id[i], e.AggregateVersion)
+			}
+			version[i] = &e.AggregateVersion
+		}
+		hs := e.Headers
+		if e.SchemaVersion != 0 {
+			sv := strconv.Itoa(e.SchemaVersion)
+			if old, ok := hs[HeaderSchemaVersion]; ok && old != sv {
+				return nil, fmt.Errorf("outbox: event %s: SchemaVersion %s and header %s %q disagree", id[i], sv, HeaderSchemaVersion, old)
+			}
+			hs = withHeader(hs, HeaderSchemaVersion, sv)
+		}
+		h, err := w.encodeHeaders(hs, trace)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: event %s: %w", id[i], err)
 		}
@@ -244,6 +310,9 @@ func (w *Writer) columns(events []Event, trace string, ids *[]string) ([]any, er
 	args := []any{id, aggType, aggID, evType, payload}
 	if w.hasHeaders {
 		args = append(args, headers)
+	}
+	if w.hasVersion {
+		args = append(args, version)
 	}
 	return args, nil
 }
@@ -284,12 +353,7 @@ func (w *Writer) encodeHeaders(h map[string]string, trace string) ([]byte, error
 		return nil, nil
 	}
 	if trace != "" && h[HeaderTraceparent] == "" {
-		withTrace := make(map[string]string, len(h)+1)
-		for k, v := range h {
-			withTrace[k] = v
-		}
-		withTrace[HeaderTraceparent] = trace
-		h = withTrace
+		h = withHeader(h, HeaderTraceparent, trace)
 	}
 	if len(h) == 0 {
 		return nil, nil
@@ -299,6 +363,16 @@ func (w *Writer) encodeHeaders(h map[string]string, trace string) ([]byte, error
 		return nil, fmt.Errorf("encode headers: %w", err)
 	}
 	return b, nil
+}
+
+// withHeader returns a copy of h with name set: the caller's map is never changed.
+func withHeader(h map[string]string, name, value string) map[string]string {
+	out := make(map[string]string, len(h)+1)
+	for k, v := range h {
+		out[k] = v
+	}
+	out[name] = value
+	return out
 }
 
 var defaultWriter, defaultErr = New(Config{})

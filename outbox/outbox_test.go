@@ -284,6 +284,11 @@ func TestBadEventsAreRejectedBeforeAnythingIsSent(t *testing.T) {
 		{"an id that is not a UUID", with(func(e *outbox.Event) { e.ID = "evt-1" }), "not a UUID"},
 		{"raw bytes that are not JSON", with(func(e *outbox.Event) { e.Payload = []byte("{oops") }), "not valid JSON"},
 		{"a payload encoding/json cannot encode", with(func(e *outbox.Event) { e.Payload = func() {} }), "encode payload"},
+		{"a version for a table without a version column", with(func(e *outbox.Event) { e.AggregateVersion = 3 }), "Columns.AggregateVersion"},
+		{"a schema version that disagrees with the header", with(func(e *outbox.Event) {
+			e.SchemaVersion = 2
+			e.Headers = map[string]string{outbox.HeaderSchemaVersion: "1"}
+		}), "disagree"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -305,6 +310,8 @@ func TestConfigMistakesAreReportedByNew(t *testing.T) {
 		{"an empty schema", outbox.Config{Table: ".events"}},
 		{"a type that is not a plain name", outbox.Config{IDType: "uuid); DROP TABLE x; --"}},
 		{"a column left empty", outbox.Config{Columns: outbox.Columns{ID: "id"}}},
+		{"a version table without a version column", outbox.Config{VersionTable: "versions"}},
+		{"a version table with three parts", outbox.Config{VersionTable: "a.b.c", Columns: versionColumns}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
