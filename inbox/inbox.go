@@ -29,8 +29,7 @@ package inbox
 import (
 	"context"
 	"database/sql"
-	_ "embed"
-	"encoding/json"
+	"embed"
 	"errors"
 	"fmt"
 	"strings"
@@ -41,10 +40,10 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-//go:embed processed_events.sql
-var schemaSQL string
+//go:embed processed_events.sql aggregate_versions.sql operations.sql
+var schemaFS embed.FS
 
-var schemaTmpl = template.Must(template.New("processed_events.sql").Parse(schemaSQL))
+var schemaTmpl = template.Must(template.ParseFS(schemaFS, "*.sql"))
 
 // DefaultTable is the ledger table: unqualified, so it lives in the first schema of the
 // consumer's search_path.
@@ -58,7 +57,19 @@ type Config struct {
 	// Consumer names the consumer, so several can share the table and each handle every event
 	// once. Default "" (one consumer per table).
 	Consumer string
+	// VersionTable records, per aggregate, the last version the consumer applied (Consumer uses
+	// it to tell new, duplicate, stale and missed events apart). Default DefaultVersionTable.
+	VersionTable string
+	// OperationTable records effects outside the database (Event.Intend). Default
+	// DefaultOperationTable.
+	OperationTable string
 }
+
+// Default names of the tables next to the ledger; unqualified like DefaultTable.
+const (
+	DefaultVersionTable   = "inbox_aggregate_versions"
+	DefaultOperationTable = "inbox_operations"
+)
 
 // Store records handled events in one ledger table for one consumer. It is safe for concurrent use.
 type Store struct {
@@ -66,6 +77,9 @@ type Store struct {
 	table    string // quoted
 	index    string // quoted, unqualified (an index lives in its table's schema)
 	insert   string
+	versions string // quoted
+	ops      string // quoted
+	opsIndex string // quoted, unqualified
 }
 
 // New checks cfg.
@@ -73,16 +87,29 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Table == "" {
 		cfg.Table = DefaultTable
 	}
-	parts := strings.Split(cfg.Table, ".")
-	if len(parts) > 2 || parts[0] == "" || parts[len(parts)-1] == "" {
-		return nil, fmt.Errorf("inbox: table %q: want table or schema.table", cfg.Table)
+	if cfg.VersionTable == "" {
+		cfg.VersionTable = DefaultVersionTable
 	}
-	table := pgx.Identifier(parts).Sanitize()
+	if cfg.OperationTable == "" {
+		cfg.OperationTable = DefaultOperationTable
+	}
+	var parts [3][]string
+	for i, name := range []string{cfg.Table, cfg.VersionTable, cfg.OperationTable} {
+		parts[i] = strings.Split(name, ".")
+		if p := parts[i]; len(p) > 2 || p[0] == "" || p[len(p)-1] == "" {
+			return nil, fmt.Errorf("inbox: table %q: want table or schema.table", name)
+		}
+	}
+	table := pgx.Identifier(parts[0]).Sanitize()
+	ops := parts[2]
 	return &Store{
 		consumer: cfg.Consumer,
 		table:    table,
-		index:    pgx.Identifier{parts[len(parts)-1] + "_processed_at_idx"}.Sanitize(),
+		index:    pgx.Identifier{parts[0][len(parts[0])-1] + "_processed_at_idx"}.Sanitize(),
 		insert:   "INSERT INTO " + table + " (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+		versions: pgx.Identifier(parts[1]).Sanitize(),
+		ops:      pgx.Identifier(ops).Sanitize(),
+		opsIndex: pgx.Identifier{ops[len(ops)-1] + "_pending_idx"}.Sanitize(),
 	}, nil
 }
 
@@ -103,13 +130,18 @@ const migrateLock = 7201730151
 func (s *Store) migrationSQL() (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(%d);\n", migrateLock)
-	if err := schemaTmpl.Execute(&b, map[string]string{"Table": s.table, "Index": s.index}); err != nil {
-		return "", err
+	names := map[string]string{"Table": s.table, "Index": s.index, "Versions": s.versions, "Ops": s.ops, "OpsIndex": s.opsIndex}
+	for _, f := range []string{"processed_events.sql", "aggregate_versions.sql", "operations.sql"} {
+		if err := schemaTmpl.ExecuteTemplate(&b, f, names); err != nil {
+			return "", err
+		}
+		b.WriteString(";\n")
 	}
 	return b.String(), nil
 }
 
-// Migrate creates the ledger table and its index if they do not exist. It runs as one statement
+// Migrate creates the ledger table, the version and operation tables and their indexes if they do
+// not exist. It runs as one statement
 // batch (one implicit transaction), so it is atomic and safe to call at every start.
 func (s *Store) Migrate(ctx context.Context, db Execer) error {
 	q, err := s.migrationSQL()
@@ -230,21 +262,9 @@ const HeaderID = "id"
 // Kafka Connect writes when its header converter is the JsonConverter) is unquoted, so records from
 // a Debezium deployment and from the relay give the same id.
 func EventID(m kafka.Message) (string, error) {
-	var v []byte
-	found := false
-	for _, h := range m.Headers {
-		if h.Key == HeaderID {
-			v, found = h.Value, true
-		}
-	}
-	if !found || len(v) == 0 {
+	v, _ := header(m, HeaderID)
+	if v == "" {
 		return "", fmt.Errorf("inbox: message %s/%d@%d has no %q header: %w", m.Topic, m.Partition, m.Offset, HeaderID, ErrNoEventID)
 	}
-	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
-		var s string
-		if err := json.Unmarshal(v, &s); err == nil && s != "" {
-			return s, nil
-		}
-	}
-	return string(v), nil
+	return v, nil
 }

@@ -14,4 +14,4 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     PRIMARY KEY (consumer, event_id)
 );
 
-CREATE INDEX IF NOT EXISTS {{.Index}} ON {{.Table}} (processed_at);
+CREATE INDEX IF NOT EXISTS {{.Index}} ON {{.Table}} (processed_at)
