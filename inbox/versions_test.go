@@ -241,6 +241,12 @@ func TestTwoConsumersRacingOnOneAggregateApplyEachVersionOnceInOrder(t *testing.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
+	// Both start each version together, so they collide on every one: one applies it while the
+	// other waits for its row lock (or, ahead of it, finds a gap).
+	barrier := make([]sync.WaitGroup, versions+1)
+	for i := range barrier {
+		barrier[i].Add(2)
+	}
 	outcomes := make([]map[inbox.Outcome]int, 2)
 	errs := make(chan error, 2)
 	for c := range 2 {
@@ -251,6 +257,8 @@ func TestTwoConsumersRacingOnOneAggregateApplyEachVersionOnceInOrder(t *testing.
 			defer wg.Done()
 			for v := int64(1); v <= versions; v++ {
 				m := msg(fmt.Sprintf("e%d", v), "a", v, 0, strconv.FormatInt(v, 10))
+				barrier[v].Done()
+				barrier[v].Wait()
 				for {
 					o, err := cons.Handle(ctx, m)
 					if errors.Is(err, inbox.ErrGap) {
@@ -283,6 +291,9 @@ func TestTwoConsumersRacingOnOneAggregateApplyEachVersionOnceInOrder(t *testing.
 		t.Fatalf("applied %d, duplicates %d (consumer 0 %v, 1 %v); want %d each", a, d, outcomes[0], outcomes[1], versions)
 	}
 	t.Logf("consumer 0: %v; consumer 1: %v", outcomes[0], outcomes[1])
+	if outcomes[0][inbox.Applied] == 0 || outcomes[1][inbox.Applied] == 0 {
+		t.Fatalf("one consumer applied everything (%v, %v): the race was not run", outcomes[0], outcomes[1])
+	}
 }
 
 func TestSchemaVersionsGoThroughUpcastersAndAnUnknownOneIsAnErrorThatAppliesNothing(t *testing.T) {
@@ -346,5 +357,114 @@ func TestSchemaVersionsGoThroughUpcastersAndAnUnknownOneIsAnErrorThatAppliesNoth
 	}
 	if n := count(t, pool, "SELECT count(*) FROM processed_events WHERE event_id = 'v4'"); n != 0 {
 		t.Fatal("the unhandled event's id was recorded")
+	}
+}
+
+// provider is a payment provider that honours nothing by itself: it counts every call, so a
+// second charge shows. Reconcile asks it by idempotency key.
+type provider struct {
+	mu      sync.Mutex
+	charges map[string]int // by idempotency key
+	// failAfter makes the next Perform charge and then fail, as a consumer that dies before
+	// recording the outcome would; failBefore makes it fail without charging.
+	failAfter, failBefore bool
+}
+
+func (p *provider) effect() inbox.Effect {
+	return inbox.Effect{
+		Perform: func(ctx context.Context, op inbox.Operation) (string, error) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.failBefore {
+				p.failBefore = false
+				return "", errors.New("connection reset before the request was sent")
+			}
+			p.charges[op.Key]++
+			if p.failAfter {
+				p.failAfter = false
+				return "", errors.New("connection reset after the request was sent")
+			}
+			return "charge-" + op.Key[:8], nil
+		},
+		Reconcile: func(ctx context.Context, op inbox.Operation) (string, bool, error) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.charges[op.Key] > 0 {
+				return "charge-" + op.Key[:8], true, nil
+			}
+			return "", false, nil
+		},
+	}
+}
+
+func TestAnEffectIsPerformedOnceAcrossFailuresAroundIt(t *testing.T) {
+	cases := []struct {
+		name                  string
+		failBefore, failAfter bool
+		// how the failed Handle is followed up: a redelivery, or ResumePending at a restart
+		resume bool
+	}{
+		{"no failure", false, false, false},
+		{"the effect fails before reaching the provider: the redelivery performs it", true, false, false},
+		{"the effect happens but its outcome is not recorded: the redelivery reconciles, no second charge", false, true, false},
+		{"the effect happens but its outcome is not recorded: a restart reconciles, no second charge", false, true, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			pool := newVersionDB(t)
+			prov := &provider{charges: map[string]int{}, failBefore: c.failBefore, failAfter: c.failAfter}
+			store, err := inbox.New(inbox.Config{Consumer: "billing"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if err := store.Migrate(ctx, pool); err != nil {
+				t.Fatal(err)
+			}
+			reg := inbox.NewRegistry().Handle("Deposited", 1, func(ctx context.Context, e *inbox.Event) error {
+				if _, err := e.Tx.Exec(ctx, "INSERT INTO journal (consumer, aggregate_id, version, event_id, amount) VALUES ('billing', $1, $2, $3, 1)",
+					e.AggregateID, e.Version, e.ID); err != nil {
+					return err
+				}
+				_, err := e.Intend(ctx, "charge", map[string]any{"account": e.AggregateID, "amount": string(e.Payload)})
+				return err
+			})
+			cons := &inbox.Consumer{DB: pool, Store: store, Registry: reg, Effects: map[string]inbox.Effect{"charge": prov.effect()}}
+			m := msg("e1", "a", 1, 0, "10")
+			o, err := cons.Handle(ctx, m)
+			failed := c.failBefore || c.failAfter
+			if (err != nil) != failed || o != inbox.Applied {
+				t.Fatalf("first Handle = %v, %v; want applied, failed %v", o, err, failed)
+			}
+			if failed {
+				if c.resume {
+					// A new process: the message is not redelivered (say its offset was committed).
+					cons = &inbox.Consumer{DB: pool, Store: store, Registry: reg, Effects: map[string]inbox.Effect{"charge": prov.effect()}}
+					if n, err := cons.ResumePending(ctx); err != nil || n != 1 {
+						t.Fatalf("ResumePending = %d, %v; want 1 settled", n, err)
+					}
+				} else if o, err := cons.Handle(ctx, m); err != nil || o != inbox.Duplicate {
+					t.Fatalf("redelivery: Handle = %v, %v; want duplicate", o, err)
+				}
+			}
+			key := inbox.IdempotencyKey("billing", "e1", "charge")
+			if prov.charges[key] != 1 || len(prov.charges) != 1 {
+				t.Fatalf("charges = %v, want one, under key %s", prov.charges, key)
+			}
+			var state, outcome string
+			if err := pool.QueryRow(ctx, "SELECT state, outcome FROM inbox_operations WHERE idempotency_key = $1", key).Scan(&state, &outcome); err != nil {
+				t.Fatal(err)
+			}
+			if state != "done" || outcome != "charge-"+key[:8] {
+				t.Fatalf("operation state %q, outcome %q; want done with the provider's outcome", state, outcome)
+			}
+			if got := journalOf(t, pool, "a"); !slices.Equal(got, []string{"1:e1"}) {
+				t.Fatalf("journal = %v, want the database change once", got)
+			}
+			// Later redeliveries find nothing pending and charge nothing.
+			if o, err := cons.Handle(ctx, m); err != nil || o != inbox.Duplicate || prov.charges[key] != 1 {
+				t.Fatalf("late redelivery: %v, %v, charges %v", o, err, prov.charges)
+			}
+		})
 	}
 }
