@@ -23,6 +23,8 @@ Usage:
   outbox-relay status   [--json]  the replication slot at a glance (exit 3: slot missing or lost)
   outbox-relay forget-slot         after recovering from a lost slot, let the next run create a new one
   outbox-relay prune    [flags]   delete outbox rows older than --older-than (default 24h), in batches
+  outbox-relay replay   [flags]   publish rows still in the outbox table again (by --event-id, aggregate, or --since)
+  outbox-relay redrive  [flags]   publish dead-lettered records to their original topics again, once each
   outbox-relay version            print the version
 
 Every flag has an OUTBOX_* environment variable and a YAML key (--config file.yaml);
@@ -56,6 +58,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runForgetSlot(ctx, rest, stdout, stderr)
 	case "prune":
 		err = runPrune(ctx, rest, stdout, stderr)
+	case "replay":
+		err = runReplay(ctx, rest, stdout, stderr)
+	case "redrive":
+		err = runRedrive(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "outbox-relay", version)
 	case "help", "-h", "--help":
@@ -71,6 +77,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	case errors.Is(err, errUsage):
 		return 2
+	case errors.Is(err, errStillFailing):
+		fmt.Fprintf(stderr, "outbox-relay: %v\n", err)
+		return 3
 	}
 	fmt.Fprintf(stderr, "outbox-relay: %v\n", err)
 	return 1

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/redrive"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// errStillFailing is the exit status 3 of a redrive that left dead letters behind.
+var errStillFailing = errors.New("some dead letters still fail")
+
+// runRedrive publishes the dead-letter topic's records (or a range of them) to their original
+// topics again, once each across runs, and lists those that still fail.
+func runRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("outbox-relay redrive", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	partition := fs.Int("partition", -1, "redrive only this partition of the dead-letter topic (default: all)")
+	fromOffset := fs.Int64("from-offset", -1, "redrive records at or after this offset (of each partition read)")
+	toOffset := fs.Int64("to-offset", -1, "redrive records up to this offset, inclusive")
+	var ids listFlag
+	fs.Var(&ids, "event-id", "redrive only this event (repeat the flag, or separate ids with commas)")
+	ledger := fs.String("ledger-topic", "", "compacted topic recording what went back (default: the dead-letter topic + "+redrive.LedgerSuffix+")")
+	dryRun := fs.Bool("dry-run", false, "report what would go back, publish nothing")
+	loader := config.NewLoader(fs, nil)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "outbox-relay redrive: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	if *fromOffset >= 0 && *toOffset >= 0 && *toOffset < *fromOffset {
+		fmt.Fprintln(stderr, "outbox-relay redrive: --to-offset is before --from-offset")
+		return errUsage
+	}
+	cfg, err := loader.Load()
+	if err != nil {
+		return err
+	}
+	tlsCfg, err := tlsConfig(cfg.Kafka.TLS)
+	if err != nil {
+		return err
+	}
+	mech, err := saslMechanism(cfg.Kafka.SASL)
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	res, err := redrive.Run(ctx, redrive.Config{
+		Brokers:         cfg.KafkaBrokers,
+		Transport:       &kafka.Transport{TLS: tlsCfg, SASL: mech, ClientID: cfg.Kafka.ClientID, DialTimeout: 10 * time.Second},
+		Dialer:          &kafka.Dialer{TLS: tlsCfg, SASLMechanism: mech, ClientID: cfg.Kafka.ClientID, Timeout: 10 * time.Second},
+		DeadLetterTopic: cfg.DeadLetterTopic,
+		LedgerTopic:     *ledger,
+		Partition:       *partition,
+		FromOffset:      *fromOffset,
+		ToOffset:        *toOffset,
+		EventIDs:        ids,
+		KeyEncoding:     sink.ValueEncoding(cfg.KeyEncoding),
+		BuiltinHeaders:  cfg.BuiltinHeaders,
+		WriteTimeout:    cfg.Kafka.WriteTimeout,
+		DryRun:          *dryRun,
+	})
+	if *dryRun {
+		fmt.Fprintf(stdout, "dry run: %d dead letters read from %s: %d would go back, %d were redriven by an earlier run, %d would fail\n",
+			res.Read, cfg.DeadLetterTopic, res.Read-res.Already-len(res.Failed), res.Already, len(res.Failed))
+	} else {
+		fmt.Fprintf(stdout, "%d dead letters read from %s: %d redriven to their original topics, %d redriven by an earlier run, %d still failing (%s)\n",
+			res.Read, cfg.DeadLetterTopic, res.Redriven, res.Already, len(res.Failed), time.Since(started).Round(time.Millisecond))
+	}
+	for _, f := range res.Failed {
+		fmt.Fprintf(stdout, "still failing: %s\n", f)
+	}
+	if err != nil {
+		return err
+	}
+	if len(res.Failed) > 0 {
+		return errStillFailing
+	}
+	return nil
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/replay"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// runReplay publishes outbox rows still in the table again, through the sink and the failure
+// policy of `run`, marked outbox.replay=true. It reads the table only, never the slot: it runs next
+// to a streaming relay.
+func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("outbox-relay replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var ids listFlag
+	fs.Var(&ids, "event-id", "replay this event (repeat the flag, or separate ids with commas)")
+	aggType := fs.String("aggregate-type", "", "replay the events of one aggregate: its type (with --aggregate-id)")
+	aggID := fs.String("aggregate-id", "", "replay the events of one aggregate: its id (with --aggregate-type)")
+	fromVersion := fs.Int64("from-version", 0, "with an aggregate: from this aggregate version on (needs columns.aggregate_version)")
+	toVersion := fs.Int64("to-version", 0, "with an aggregate: up to this aggregate version (inclusive)")
+	since := fs.String("since", "", "replay the events created at or after this RFC 3339 time, or this long ago (e.g. 2h)")
+	until := fs.String("until", "", "with --since: only events created before this RFC 3339 time, or this long ago")
+	partial := fs.Bool("partial", false, "publish what is left of a selection some rows of which were pruned, instead of refusing")
+	dryRun := fs.Bool("dry-run", false, "check and count the selection, publish nothing")
+	loader := config.NewLoader(fs, nil)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "outbox-relay replay: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	now := time.Now()
+	sel := replay.Selection{EventIDs: ids, AggregateType: *aggType, AggregateID: *aggID,
+		FromVersion: *fromVersion, ToVersion: *toVersion, Partial: *partial, DryRun: *dryRun}
+	for _, f := range []struct {
+		name, value string
+		dst         *time.Time
+	}{{"since", *since, &sel.Since}, {"until", *until, &sel.Until}} {
+		if f.value == "" {
+			continue
+		}
+		t, err := timeOrAgo(f.value, now)
+		if err != nil {
+			fmt.Fprintf(stderr, "outbox-relay replay: --%s: %v\n", f.name, err)
+			return errUsage
+		}
+		*f.dst = t
+	}
+	if *fromVersion < 0 || *toVersion < 0 {
+		fmt.Fprintln(stderr, "outbox-relay replay: --from-version and --to-version must not be negative")
+		return errUsage
+	}
+	cfg, err := loader.Load()
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	rc, err := relayConfig(cfg)
+	if err != nil {
+		return err
+	}
+	table := replay.Table{Schema: cfg.Schema, Name: cfg.Table, Columns: rc.Decoder.Columns, Extra: rc.Decoder.Extra,
+		Created: cfg.Columns.CreatedAt, Order: cfg.BackfillOrder}
+
+	reg := prometheus.NewRegistry()
+	s, err := sink.New(replay.SinkConfig(rc.Sink), log, metrics.New(reg))
+	if err != nil {
+		return err
+	}
+	// A halt (on_failure: halt) never acknowledges its event: end the wait for it with the reason.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go watchSinkHalt(ctx, s, cancel)
+	if !sel.DryRun {
+		if err := s.WaitReady(ctx); err != nil {
+			return fmt.Errorf("kafka: %w", err)
+		}
+	}
+	conn, err := connect(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	started := time.Now()
+	res, runErr := replay.Run(ctx, conn, table, sel, s)
+	closeCtx, closeCancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer closeCancel()
+	closeErr := s.Close(closeCtx)
+	if cause := context.Cause(ctx); runErr != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		runErr = cause
+	}
+	if runErr != nil {
+		return scrubbed(cfg, fmt.Errorf("%w (%d of %d selected events published before)", runErr, res.Published, res.Selected))
+	}
+	if closeErr != nil {
+		return closeErr
+	}
+	target := cfg.Schema + "." + cfg.Table
+	if sel.DryRun {
+		fmt.Fprintf(stdout, "dry run: %d events of %s selected, nothing published\n", res.Selected, target)
+		return nil
+	}
+	dead := counterSum(reg, "outbox_relay_events_dead_lettered_total")
+	fmt.Fprintf(stdout, "replayed %d events of %s (header %s=true) in %s: %d acknowledged by Kafka, %d dead-lettered\n",
+		res.Published, target, replay.Header, time.Since(started).Round(time.Millisecond), res.Published-int64(dead), int64(dead))
+	return nil
+}
+
+// watchSinkHalt ends ctx with the halt's reason once the sink halts.
+func watchSinkHalt(ctx context.Context, s *sink.Sink, cancel context.CancelCauseFunc) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if id, reason, err, halted := s.Halted(); halted {
+			cancel(fmt.Errorf("halted (on_failure: halt) on event %s: %s: %v", id, reason, err))
+			return
+		}
+	}
+}
+
+// counterSum adds up every series of a counter in reg.
+func counterSum(reg *prometheus.Registry, name string) float64 {
+	families, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// timeOrAgo reads an RFC 3339 time, or a duration before now.
+func timeOrAgo(v string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("want an RFC 3339 time (2026-01-02T15:04:05Z) or a positive duration (24h), got %q", v)
+}
+
+// listFlag collects a repeatable, comma-separated flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,384 @@
+// Package redrive publishes dead-lettered records to their original topics again, once the cause
+// (a topic's size limit, its permissions, a missing topic) is fixed. Each record goes back with its
+// original key, value and headers (the outbox.dlq.* headers removed, outbox.redrive=true added),
+// partitioned as the relay does, and is then recorded in a ledger: a compacted topic next to the
+// dead-letter topic, keyed by the dead letter's partition and offset. A second run skips what the
+// ledger holds, so re-running a redrive, or running it over an overlapping range, sends nothing
+// twice; a crash between a record's acknowledgement and its ledger entry sends that one record
+// again on the next run (consumers deduplicate it by its id, like any redelivery).
+//
+// Records of one key go back in dead-letter order. When one fails, the later dead letters of the
+// same key are held back in this run, so an aggregate's events never overtake each other.
+package redrive
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// Header marks a redriven record; its value is "true".
+const Header = "outbox.redrive"
+
+// LedgerSuffix names the default ledger topic: the dead-letter topic's name with it appended.
+const LedgerSuffix = ".redriven"
+
+// Config says what to redrive and how to reach Kafka.
+type Config struct {
+	Brokers   []string
+	Transport *kafka.Transport // TLS, SASL and client id; nil for kafka-go's default
+	Dialer    *kafka.Dialer    // for reading; the same TLS and SASL as Transport
+
+	DeadLetterTopic string
+	LedgerTopic     string // default DeadLetterTopic + LedgerSuffix
+
+	// Partition limits the run to one partition of the dead-letter topic; -1 for all.
+	Partition int
+	// FromOffset and ToOffset bound the offsets read in each partition (inclusive); -1 leaves a
+	// bound open. The end is the partition's end when the run starts: records dead-lettered
+	// during the run wait for the next one.
+	FromOffset, ToOffset int64
+	// EventIDs, when not empty, limits the run to these events.
+	EventIDs []string
+
+	// KeyEncoding is the relay's key_encoding: the dead letter's key is the raw aggregate id, the
+	// original record's key is encoded with it.
+	KeyEncoding sink.ValueEncoding
+	// BuiltinHeaders is the relay's builtin_headers: dead letters always carry id, event_type and
+	// aggregate_type, and the ones the original records did not carry are removed.
+	BuiltinHeaders []string
+
+	WriteTimeout time.Duration // default 10s
+	DryRun       bool          // read and report, write nothing
+}
+
+// Result is what a run did.
+type Result struct {
+	Read     int // dead letters in the range (and matching EventIDs)
+	Redriven int // published to their original topics in this run
+	Already  int // found in the ledger: redriven by an earlier run
+	Failed   []Failure
+}
+
+// Failure is a dead letter that could not be published again.
+type Failure struct {
+	Partition int
+	Offset    int64
+	EventID   string
+	Topic     string // the original topic ("" when the dead letter does not name one)
+	Err       error
+}
+
+func (f Failure) String() string {
+	return fmt.Sprintf("%d@%d event %s to %q: %v", f.Partition, f.Offset, f.EventID, f.Topic, f.Err)
+}
+
+// ledgerEntry is the value of a ledger record.
+type ledgerEntry struct {
+	EventID string    `json:"event_id"`
+	Topic   string    `json:"topic"`
+	At      time.Time `json:"redriven_at"`
+}
+
+// Run redrives the dead letters cfg selects and reports each one that still fails.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if cfg.LedgerTopic == "" {
+		cfg.LedgerTopic = cfg.DeadLetterTopic + LedgerSuffix
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 10 * time.Second
+	}
+	if cfg.Dialer == nil {
+		cfg.Dialer = &kafka.Dialer{Timeout: 10 * time.Second}
+	}
+	if cfg.BuiltinHeaders == nil {
+		cfg.BuiltinHeaders = sink.BuiltinHeaders
+	}
+	if len(cfg.Brokers) == 0 || cfg.DeadLetterTopic == "" {
+		return Result{}, errors.New("redrive: brokers and the dead-letter topic are required")
+	}
+	if !cfg.DryRun {
+		if err := ensureLedger(ctx, cfg); err != nil {
+			return Result{}, err
+		}
+	}
+	done := make(map[string]bool)
+	if err := scan(ctx, cfg, cfg.LedgerTopic, -1, -1, -1, true, func(m kafka.Message) error {
+		if m.Value != nil { // a tombstone undoes an entry
+			done[string(m.Key)] = true
+		} else {
+			delete(done, string(m.Key))
+		}
+		return nil
+	}); err != nil {
+		return Result{}, fmt.Errorf("redrive: read the ledger %s: %w", cfg.LedgerTopic, err)
+	}
+
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(cfg.Brokers...),
+		Transport:    cfg.Transport,
+		Balancer:     &kafka.Murmur2Balancer{Consistent: true}, // the relay's partitioner (murmur2, as Java's)
+		RequiredAcks: kafka.RequireAll,
+		MaxAttempts:  3,
+		BatchSize:    1,
+		WriteTimeout: cfg.WriteTimeout,
+	}
+	defer w.Close()
+	wanted := make(map[string]bool, len(cfg.EventIDs))
+	for _, id := range cfg.EventIDs {
+		wanted[id] = true
+	}
+	var res Result
+	heldKeys := make(map[string]error) // original topic + key -> the failure holding them back
+	err := scan(ctx, cfg, cfg.DeadLetterTopic, cfg.Partition, cfg.FromOffset, cfg.ToOffset, false, func(m kafka.Message) error {
+		id := headerValue(m, sink.HeaderID)
+		if len(wanted) > 0 && !wanted[id] {
+			return nil
+		}
+		res.Read++
+		ledgerKey := fmt.Sprintf("%s/%d/%d", cfg.DeadLetterTopic, m.Partition, m.Offset)
+		if done[ledgerKey] {
+			res.Already++
+			return nil
+		}
+		orig, err := original(m, cfg)
+		fail := func(err error) {
+			res.Failed = append(res.Failed, Failure{Partition: m.Partition, Offset: m.Offset, EventID: id, Topic: orig.Topic, Err: err})
+		}
+		if err != nil {
+			fail(err)
+			return nil
+		}
+		order := orig.Topic + "\x00" + string(orig.Key)
+		if cause, held := heldKeys[order]; held {
+			fail(fmt.Errorf("held back: an earlier dead letter of the same key failed (%v)", cause))
+			return nil
+		}
+		if cfg.DryRun {
+			return nil
+		}
+		if err := w.WriteMessages(ctx, orig); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			heldKeys[order] = err
+			fail(err)
+			return nil
+		}
+		entry, _ := json.Marshal(ledgerEntry{EventID: id, Topic: orig.Topic, At: time.Now().UTC()})
+		if err := w.WriteMessages(ctx, kafka.Message{Topic: cfg.LedgerTopic, Key: []byte(ledgerKey), Value: entry}); err != nil {
+			// The record is back but not recorded: stop, so the operator learns of it before a
+			// re-run publishes it again.
+			return fmt.Errorf("event %s is back on %s but could not be recorded in the ledger %s (a re-run publishes it once more): %w",
+				id, orig.Topic, cfg.LedgerTopic, err)
+		}
+		res.Redriven++
+		return nil
+	})
+	if err != nil {
+		return res, fmt.Errorf("redrive: %w", err)
+	}
+	return res, nil
+}
+
+// original rebuilds the record the relay meant to publish.
+func original(m kafka.Message, cfg Config) (kafka.Message, error) {
+	topic := headerValue(m, sink.HeaderDLQTopic)
+	out := kafka.Message{Topic: topic, Value: m.Value}
+	reason := headerValue(m, sink.HeaderDLQReason)
+	switch {
+	case topic == "":
+		return out, fmt.Errorf("the dead letter names no original topic (reason %s): fix the row's aggregate type or the topic_template, then replay the event by id", reason)
+	case headerValue(m, "outbox.dlq.payload_bytes") != "":
+		return out, errors.New("the dead letter holds a reference, not the payload (it was too large for the dead-letter topic too): replay the event by id from the outbox table")
+	case reason == sink.ReasonBadHeaders:
+		return out, errors.New("the event's headers were malformed and were not kept: fix the row's headers, then replay the event by id")
+	case reason == sink.ReasonSchemaMismatch:
+		return out, errors.New("the row lacked a mapped column when it was written, so the event is incomplete: replay it by id once the row is complete")
+	}
+	key := m.Key
+	if k := headerValue(m, sink.HeaderDLQKey); k != "" || hasHeader(m, sink.HeaderDLQKey) {
+		key = []byte(k)
+	}
+	out.Key = sink.EncodeKey(key, cfg.KeyEncoding)
+	builtin := make(map[string]bool, len(cfg.BuiltinHeaders))
+	for _, h := range cfg.BuiltinHeaders {
+		builtin[h] = true
+	}
+	for _, h := range m.Headers {
+		switch {
+		case strings.HasPrefix(h.Key, "outbox.dlq."):
+		case (h.Key == sink.HeaderEventType || h.Key == sink.HeaderAggregateType || h.Key == sink.HeaderID) && !builtin[h.Key]:
+		default:
+			out.Headers = append(out.Headers, h)
+		}
+	}
+	out.Headers = append(out.Headers, kafka.Header{Key: Header, Value: []byte("true")})
+	return out, nil
+}
+
+func headerValue(m kafka.Message, name string) string {
+	for i := len(m.Headers) - 1; i >= 0; i-- {
+		if m.Headers[i].Key == name {
+			return string(m.Headers[i].Value)
+		}
+	}
+	return ""
+}
+
+func hasHeader(m kafka.Message, name string) bool {
+	for _, h := range m.Headers {
+		if h.Key == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ensureLedger creates the ledger topic (compacted, one partition) unless it exists.
+func ensureLedger(ctx context.Context, cfg Config) error {
+	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: cfg.Transport, Timeout: cfg.WriteTimeout}
+	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: cfg.LedgerTopic, NumPartitions: 1, ReplicationFactor: -1,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "cleanup.policy", ConfigValue: "compact"}},
+	}}})
+	if err != nil {
+		return fmt.Errorf("redrive: create the ledger topic %s: %w", cfg.LedgerTopic, err)
+	}
+	if err := resp.Errors[cfg.LedgerTopic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return fmt.Errorf("redrive: create the ledger topic %s (or create it yourself: compacted, one partition): %w", cfg.LedgerTopic, err)
+	}
+	return nil
+}
+
+// scan reads topic's partitions (or one) from the first offset at or after from up to the end at
+// the time of the call (or to, inclusive), in offset order, and hands each record to fn. A missing
+// topic is empty when missingOK.
+func scan(ctx context.Context, cfg Config, topic string, partition int, from, to int64, missingOK bool, fn func(kafka.Message) error) error {
+	addr := cfg.Brokers[0]
+	parts, err := cfg.Dialer.LookupPartitions(ctx, "tcp", addr, topic)
+	if err != nil {
+		if missingOK && errors.Is(err, kafka.UnknownTopicOrPartition) {
+			return nil
+		}
+		return fmt.Errorf("partitions of %s: %w", topic, err)
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i].ID < parts[j].ID })
+	found := false
+	for _, p := range parts {
+		if partition >= 0 && p.ID != partition {
+			continue
+		}
+		found = true
+		if err := scanPartition(ctx, cfg.Dialer, addr, topic, p.ID, from, to, fn); err != nil {
+			return err
+		}
+	}
+	if !found {
+		return fmt.Errorf("topic %s has no partition %d", topic, partition)
+	}
+	return nil
+}
+
+func scanPartition(ctx context.Context, d *kafka.Dialer, addr, topic string, partition int, from, to int64, fn func(kafka.Message) error) error {
+	conn, err := d.DialLeader(ctx, "tcp", addr, topic, partition)
+	if err != nil {
+		return fmt.Errorf("%s/%d: %w", topic, partition, err)
+	}
+	defer conn.Close()
+	first, end, err := conn.ReadOffsets()
+	if err != nil {
+		return fmt.Errorf("%s/%d: offsets: %w", topic, partition, err)
+	}
+	if from > first {
+		first = from
+	}
+	if to >= 0 && to+1 < end {
+		end = to + 1
+	}
+	if first >= end {
+		return nil
+	}
+	if _, err := conn.Seek(first, kafka.SeekAbsolute); err != nil {
+		return fmt.Errorf("%s/%d: seek to %d: %w", topic, partition, first, err)
+	}
+	for next := first; next < end; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		deadline := time.Now().Add(15 * time.Second)
+		if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+			deadline = dl
+		}
+		_ = conn.SetReadDeadline(deadline)
+		batch := conn.ReadBatch(1, 16<<20)
+		before := next
+		for next < end {
+			m, err := batch.ReadMessage()
+			if err != nil {
+				break
+			}
+			next = m.Offset + 1
+			if m.Offset < first {
+				continue
+			}
+			if err := fn(m); err != nil {
+				batch.Close()
+				return err
+			}
+		}
+		if err := batch.Close(); err != nil && !errors.Is(err, kafka.OffsetOutOfRange) {
+			return fmt.Errorf("%s/%d at offset %d: %w", topic, partition, next, err)
+		}
+		if next == before {
+			return fmt.Errorf("%s/%d: no record at or after offset %d, below the end %d", topic, partition, next, end)
+		}
+	}
+	return nil
+}
+
+// ParseRange reads "partition:from-to" style ranges for the command line: "" (everything), "3"
+// (partition 3), "3:100-" or "3:100-200" (offsets of partition 3, inclusive), ":100-200" (those
+// offsets of every partition).
+func ParseRange(s string) (partition int, from, to int64, err error) {
+	partition, from, to = -1, -1, -1
+	if s == "" {
+		return
+	}
+	p, offsets, hasOffsets := strings.Cut(s, ":")
+	if p != "" {
+		if partition, err = strconv.Atoi(p); err != nil || partition < 0 {
+			return -1, -1, -1, fmt.Errorf("partition %q is not a partition number", p)
+		}
+	}
+	if !hasOffsets {
+		return
+	}
+	a, b, ok := strings.Cut(offsets, "-")
+	if !ok {
+		return -1, -1, -1, fmt.Errorf("offsets %q: want from-to, from- or -to", offsets)
+	}
+	if a != "" {
+		if from, err = strconv.ParseInt(a, 10, 64); err != nil || from < 0 {
+			return -1, -1, -1, fmt.Errorf("offset %q is not an offset", a)
+		}
+	}
+	if b != "" {
+		if to, err = strconv.ParseInt(b, 10, 64); err != nil || to < 0 {
+			return -1, -1, -1, fmt.Errorf("offset %q is not an offset", b)
+		}
+	}
+	if from >= 0 && to >= 0 && to < from {
+		return -1, -1, -1, fmt.Errorf("offsets %q end before they start", offsets)
+	}
+	return
+}

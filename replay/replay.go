@@ -1,0 +1,384 @@
+// Package replay publishes outbox rows still in the table again, through the relay's sink and its
+// failure policy: events chosen by id, by aggregate (optionally a version range) or by creation
+// time. Each record carries the header outbox.replay=true. It reads the table in a read-only
+// transaction and never touches the replication slot, so it runs next to a streaming relay.
+//
+// A replay publishes exactly what was asked or nothing: when asked-for rows are no longer in the
+// table (pruned), it refuses with the reason before publishing anything, unless told to publish what
+// is left (Selection.Partial).
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// Header marks a replayed record; its value is "true".
+const Header = "outbox.replay"
+
+// SinkConfig returns c with the replay header added: Run hands the sink its value as the last
+// extra column of every event.
+func SinkConfig(c sink.Config) sink.Config {
+	c.ExtraHeaders = append(append([]string{}, c.ExtraHeaders...), Header)
+	return c
+}
+
+// Table says where the outbox rows are and how to read them (the relay's settings).
+type Table struct {
+	Schema, Name string
+	Columns      decoder.Columns
+	Extra        []string // extra_headers columns, in the sink's ExtraHeaders order
+	Created      string   // creation time column; default "created_at"
+	Order        string   // insertion sequence column; default "seq", falling back to Created
+}
+
+// Selection says which rows to publish again. Exactly one of EventIDs, Aggregate* and Since is
+// the selection; versions and Until narrow theirs.
+type Selection struct {
+	EventIDs []string
+
+	AggregateType, AggregateID string
+	// FromVersion and ToVersion bound the aggregate's versions (inclusive); 0 leaves a bound open.
+	FromVersion, ToVersion int64
+
+	Since, Until time.Time // Until zero: up to now
+
+	// Partial publishes what is left of a selection rows of which were pruned, instead of
+	// refusing.
+	Partial bool
+	// DryRun counts and checks, and publishes nothing.
+	DryRun bool
+}
+
+// Publisher is the sink: Publish hands an event over, ack is told when Kafka acknowledged it or
+// the failure policy settled it.
+type Publisher interface {
+	Publish(ctx context.Context, ev *decoder.Event, ack sink.Acker) error
+}
+
+// Result is what a replay did.
+type Result struct {
+	Selected  int64 // rows that matched
+	Published int64 // handed to the sink and settled (acknowledged or dead-lettered)
+	Oldest    time.Time
+	Newest    time.Time
+}
+
+// ErrRefused marks a selection refused before anything was published.
+var ErrRefused = errors.New("replay refused")
+
+func refuse(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrRefused, fmt.Sprintf(format, args...))
+}
+
+// Run checks the selection against the table, then publishes the selected rows in insertion
+// order and waits until every one is settled.
+func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publisher) (Result, error) {
+	if t.Schema == "" {
+		t.Schema = "public"
+	}
+	if t.Created == "" {
+		t.Created = "created_at"
+	}
+	if t.Order == "" {
+		t.Order = "seq"
+	}
+	where, args, err := t.where(sel)
+	if err != nil {
+		return Result{}, err
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return Result{}, fmt.Errorf("replay: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	table := pgx.Identifier{t.Schema, t.Name}.Sanitize()
+	if err := t.check(ctx, tx, table, sel, where, args); err != nil {
+		return Result{}, err
+	}
+	order, err := t.orderBy(ctx, tx, table)
+	if err != nil {
+		return Result{}, err
+	}
+	c := t.Columns
+	selected := []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, t.Created}
+	if c.Headers != "" {
+		selected = append(selected, c.Headers)
+	}
+	if c.AggregateVersion != "" {
+		selected = append(selected, c.AggregateVersion)
+	}
+	selected = append(selected, t.Extra...)
+	quoted := make([]string, len(selected))
+	for i, col := range selected {
+		quoted[i] = pgx.Identifier{col}.Sanitize()
+	}
+	// Text form for every column, as pgoutput sends them: records look the same however the event
+	// was read.
+	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT %s FROM %s WHERE %s ORDER BY %s", strings.Join(quoted, ", "), table, where, order),
+		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+	if err != nil {
+		return Result{}, fmt.Errorf("replay: read %s: %w", table, err)
+	}
+	defer rows.Close()
+	payloadBytea := rows.FieldDescriptions()[4].DataTypeOID == 17
+	var res Result
+	var acks ackGroup
+	for rows.Next() {
+		raw := rows.RawValues()
+		vals := make([][]byte, len(raw))
+		for i, v := range raw {
+			if v != nil {
+				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
+			}
+		}
+		ev := &decoder.Event{ID: vals[0], AggregateType: vals[1], AggregateID: vals[2], EventType: vals[3], Payload: vals[4]}
+		if created, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[5])); err == nil {
+			ev.Tx.CommitTime = created
+			if res.Oldest.IsZero() || created.Before(res.Oldest) {
+				res.Oldest = created
+			}
+			if created.After(res.Newest) {
+				res.Newest = created
+			}
+		}
+		i := 6
+		if c.Headers != "" {
+			ev.Headers = vals[i]
+			i++
+		}
+		if c.AggregateVersion != "" {
+			ev.AggregateVersion = vals[i]
+			i++
+		}
+		ev.Extra = append(vals[i:len(vals):len(vals)], []byte("true")) // the replay header, last
+		if payloadBytea && ev.Payload != nil {
+			if ev.Payload, err = decoder.Bytea(ev.Payload); err != nil {
+				return res, fmt.Errorf("replay: payload of event %s: %w", ev.ID, err)
+			}
+		}
+		res.Selected++
+		if sel.DryRun {
+			continue
+		}
+		acks.add()
+		if err := pub.Publish(ctx, ev, &acks); err != nil {
+			return res, fmt.Errorf("replay: after %d events: %w", res.Published, err)
+		}
+		res.Published++
+	}
+	if err := rows.Err(); err != nil {
+		return res, fmt.Errorf("replay: read %s: %w", table, err)
+	}
+	if err := acks.wait(ctx); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// where builds the selection's condition.
+func (t Table) where(sel Selection) (string, []any, error) {
+	c := t.Columns
+	col := func(name string) string { return pgx.Identifier{name}.Sanitize() }
+	kinds := 0
+	if len(sel.EventIDs) > 0 {
+		kinds++
+	}
+	if sel.AggregateType != "" || sel.AggregateID != "" {
+		kinds++
+	}
+	if !sel.Since.IsZero() {
+		kinds++
+	}
+	if kinds != 1 {
+		return "", nil, errors.New("replay: choose one selection: event ids, an aggregate (type and id), or a time range (since)")
+	}
+	switch {
+	case len(sel.EventIDs) > 0:
+		return col(c.ID) + "::text = ANY($1::text[])", []any{sel.EventIDs}, nil
+	case !sel.Since.IsZero():
+		until := sel.Until
+		if until.IsZero() {
+			until = time.Now().Add(time.Hour) // rows created up to now, whatever the clocks say
+		}
+		if !until.After(sel.Since) {
+			return "", nil, fmt.Errorf("replay: the time range ends (%s) before it starts (%s)", until.Format(time.RFC3339), sel.Since.Format(time.RFC3339))
+		}
+		return fmt.Sprintf("%s >= $1 AND %s < $2", col(t.Created), col(t.Created)), []any{sel.Since, until}, nil
+	}
+	if sel.AggregateType == "" || sel.AggregateID == "" {
+		return "", nil, errors.New("replay: an aggregate needs both its type and its id")
+	}
+	w := fmt.Sprintf("%s = $1 AND %s = $2", col(c.AggregateType), col(c.AggregateID))
+	args := []any{sel.AggregateType, sel.AggregateID}
+	if sel.FromVersion != 0 || sel.ToVersion != 0 {
+		if c.AggregateVersion == "" {
+			return "", nil, errors.New("replay: a version range needs the aggregate version column (config key columns.aggregate_version)")
+		}
+		if sel.ToVersion != 0 && sel.ToVersion < sel.FromVersion {
+			return "", nil, fmt.Errorf("replay: the version range ends (%d) before it starts (%d)", sel.ToVersion, sel.FromVersion)
+		}
+		if sel.FromVersion != 0 {
+			args = append(args, sel.FromVersion)
+			w += fmt.Sprintf(" AND %s >= $%d", col(c.AggregateVersion), len(args))
+		}
+		if sel.ToVersion != 0 {
+			args = append(args, sel.ToVersion)
+			w += fmt.Sprintf(" AND %s <= $%d", col(c.AggregateVersion), len(args))
+		}
+	}
+	return w, args, nil
+}
+
+// check refuses a selection whose rows the table no longer has all of.
+func (t Table) check(ctx context.Context, tx pgx.Tx, table string, sel Selection, where string, args []any) error {
+	c := t.Columns
+	col := func(name string) string { return pgx.Identifier{name}.Sanitize() }
+	switch {
+	case len(sel.EventIDs) > 0:
+		rows, err := tx.Query(ctx, fmt.Sprintf("SELECT %s::text FROM %s WHERE %s", col(c.ID), table, where), args...)
+		if err != nil {
+			return fmt.Errorf("replay: look up the events in %s: %w", table, err)
+		}
+		found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("replay: look up the events in %s: %w", table, err)
+		}
+		have := make(map[string]bool, len(found))
+		for _, id := range found {
+			have[id] = true
+		}
+		var missing []string
+		for _, id := range sel.EventIDs {
+			if !have[id] {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) > 0 && !sel.Partial {
+			return refuse("%d of %d events are not in %s (pruned, or never written; ids are compared in the column's text form): %s",
+				len(missing), len(sel.EventIDs), table, strings.Join(missing, ", "))
+		}
+	case !sel.Since.IsZero():
+		var oldest *time.Time
+		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s", col(t.Created), table)).Scan(&oldest); err != nil {
+			return fmt.Errorf("replay: read the oldest row of %s: %w", table, err)
+		}
+		if !sel.Partial && (oldest == nil || oldest.After(sel.Since)) {
+			horizon := "the table is empty"
+			if oldest != nil {
+				horizon = "its oldest row was created at " + oldest.UTC().Format(time.RFC3339Nano)
+			}
+			return refuse("the range starts at %s, but %s: rows before may have been pruned (prune_older_than); replay from a later time, or pass --partial to publish what is left",
+				sel.Since.UTC().Format(time.RFC3339), horizon)
+		}
+	default:
+		if c.AggregateVersion == "" {
+			return nil // nothing tells a pruned event of an unversioned aggregate
+		}
+		rows, err := tx.Query(ctx, fmt.Sprintf("SELECT DISTINCT %s FROM %s WHERE %s AND %s IS NOT NULL ORDER BY 1",
+			col(c.AggregateVersion), table, where, col(c.AggregateVersion)), args...)
+		if err != nil {
+			return fmt.Errorf("replay: read the versions of %s/%s: %w", sel.AggregateType, sel.AggregateID, err)
+		}
+		versions, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return fmt.Errorf("replay: read the versions of %s/%s: %w", sel.AggregateType, sel.AggregateID, err)
+		}
+		if sel.Partial {
+			return nil
+		}
+		if missing := missingVersions(versions, sel.FromVersion, sel.ToVersion); missing != "" {
+			return refuse("versions %s of aggregate %s/%s are not in %s (pruned, or never written); pass --partial to publish what is left",
+				missing, sel.AggregateType, sel.AggregateID, table)
+		}
+	}
+	return nil
+}
+
+// missingVersions lists the versions from..to (from 1 and up to the highest present when a bound is
+// open) that are not in have (sorted), as ranges: "1..3, 7".
+func missingVersions(have []int64, from, to int64) string {
+	if from == 0 {
+		from = 1
+	}
+	if to == 0 {
+		if len(have) == 0 {
+			return fmt.Sprintf("%d and later", from)
+		}
+		to = have[len(have)-1]
+	}
+	var out []string
+	next := from
+	add := func(a, b int64) {
+		if a == b {
+			out = append(out, fmt.Sprint(a))
+		} else {
+			out = append(out, fmt.Sprintf("%d..%d", a, b))
+		}
+	}
+	for _, v := range have {
+		if v < next {
+			continue
+		}
+		if v > next {
+			add(next, min(v-1, to))
+		}
+		next = v + 1
+		if next > to {
+			break
+		}
+	}
+	if next <= to {
+		add(next, to)
+	}
+	return strings.Join(out, ", ")
+}
+
+// orderBy is insertion order: the sequence column when the table has it, else creation time and id.
+func (t Table) orderBy(ctx context.Context, tx pgx.Tx, table string) (string, error) {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, t.Order).Scan(&exists); err != nil {
+		return "", fmt.Errorf("replay: look for the order column %q in %s: %w", t.Order, table, err)
+	}
+	first := t.Order
+	if !exists {
+		first = t.Created
+	}
+	return pgx.Identifier{first}.Sanitize() + ", " + pgx.Identifier{t.Columns.ID}.Sanitize(), nil
+}
+
+// ackGroup waits for the acknowledgement of every event added to it.
+type ackGroup struct{ wg sync.WaitGroup }
+
+func (a *ackGroup) add() { a.wg.Add(1) }
+
+// Ack implements sink.Acker.
+func (a *ackGroup) Ack(n int) {
+	for range n {
+		a.wg.Done()
+	}
+}
+
+func (a *ackGroup) wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		a.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("replay: waiting for Kafka to acknowledge: %w", ctx.Err())
+	}
+}
