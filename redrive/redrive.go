@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -344,41 +343,4 @@ func scanPartition(ctx context.Context, d *kafka.Dialer, addr, topic string, par
 		}
 	}
 	return nil
-}
-
-// ParseRange reads "partition:from-to" style ranges for the command line: "" (everything), "3"
-// (partition 3), "3:100-" or "3:100-200" (offsets of partition 3, inclusive), ":100-200" (those
-// offsets of every partition).
-func ParseRange(s string) (partition int, from, to int64, err error) {
-	partition, from, to = -1, -1, -1
-	if s == "" {
-		return
-	}
-	p, offsets, hasOffsets := strings.Cut(s, ":")
-	if p != "" {
-		if partition, err = strconv.Atoi(p); err != nil || partition < 0 {
-			return -1, -1, -1, fmt.Errorf("partition %q is not a partition number", p)
-		}
-	}
-	if !hasOffsets {
-		return
-	}
-	a, b, ok := strings.Cut(offsets, "-")
-	if !ok {
-		return -1, -1, -1, fmt.Errorf("offsets %q: want from-to, from- or -to", offsets)
-	}
-	if a != "" {
-		if from, err = strconv.ParseInt(a, 10, 64); err != nil || from < 0 {
-			return -1, -1, -1, fmt.Errorf("offset %q is not an offset", a)
-		}
-	}
-	if b != "" {
-		if to, err = strconv.ParseInt(b, 10, 64); err != nil || to < 0 {
-			return -1, -1, -1, fmt.Errorf("offset %q is not an offset", b)
-		}
-	}
-	if from >= 0 && to >= 0 && to < from {
-		return -1, -1, -1, fmt.Errorf("offsets %q end before they start", offsets)
-	}
-	return
 }

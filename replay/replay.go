@@ -92,6 +92,7 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 	if t.Order == "" {
 		t.Order = "seq"
 	}
+	c := t.Columns
 	where, args, err := t.where(sel)
 	if err != nil {
 		return Result{}, err
@@ -102,14 +103,17 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	table := pgx.Identifier{t.Schema, t.Name}.Sanitize()
-	if err := t.check(ctx, tx, table, sel, where, args); err != nil {
-		return Result{}, err
-	}
-	order, err := t.orderBy(ctx, tx, table)
+	hasSeq, err := t.hasOrderColumn(ctx, tx, table)
 	if err != nil {
 		return Result{}, err
 	}
-	c := t.Columns
+	if err := t.check(ctx, tx, table, hasSeq, sel, where, args); err != nil {
+		return Result{}, err
+	}
+	order := pgx.Identifier{t.Created}.Sanitize() + ", " + pgx.Identifier{c.ID}.Sanitize()
+	if hasSeq {
+		order = pgx.Identifier{t.Order}.Sanitize() + ", " + pgx.Identifier{c.ID}.Sanitize()
+	}
 	selected := []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, t.Created}
 	if c.Headers != "" {
 		selected = append(selected, c.Headers)
@@ -240,7 +244,7 @@ func (t Table) where(sel Selection) (string, []any, error) {
 }
 
 // check refuses a selection whose rows the table no longer has all of.
-func (t Table) check(ctx context.Context, tx pgx.Tx, table string, sel Selection, where string, args []any) error {
+func (t Table) check(ctx context.Context, tx pgx.Tx, table string, hasSeq bool, sel Selection, where string, args []any) error {
 	c := t.Columns
 	col := func(name string) string { return pgx.Identifier{name}.Sanitize() }
 	switch {
@@ -268,16 +272,28 @@ func (t Table) check(ctx context.Context, tx pgx.Tx, table string, sel Selection
 				len(missing), len(sel.EventIDs), table, strings.Join(missing, ", "))
 		}
 	case !sel.Since.IsZero():
+		// Rows older than the oldest one left may have been pruned. The insertion sequence tells:
+		// it starts at 1, so a lowest seq above 1 means rows before it were deleted (or, rarely,
+		// rolled back). Without it, any range starting before the oldest row is suspect.
 		var oldest *time.Time
-		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s", col(t.Created), table)).Scan(&oldest); err != nil {
+		var lowest *int64
+		seq := "NULL::bigint"
+		if hasSeq {
+			seq = "min(" + col(t.Order) + ")::bigint"
+		}
+		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%s), %s FROM %s", col(t.Created), seq, table)).Scan(&oldest, &lowest); err != nil {
 			return fmt.Errorf("replay: read the oldest row of %s: %w", table, err)
 		}
-		if !sel.Partial && (oldest == nil || oldest.After(sel.Since)) {
+		deleted := !hasSeq || lowest != nil && *lowest > 1
+		if !sel.Partial && deleted && (oldest == nil || !oldest.Before(sel.Since)) {
 			horizon := "the table is empty"
 			if oldest != nil {
 				horizon = "its oldest row was created at " + oldest.UTC().Format(time.RFC3339Nano)
 			}
-			return refuse("the range starts at %s, but %s: rows before may have been pruned (prune_older_than); replay from a later time, or pass --partial to publish what is left",
+			if lowest != nil {
+				horizon += fmt.Sprintf(" and has %s %d, so older rows were deleted", t.Order, *lowest)
+			}
+			return refuse("the range starts at %s, but %s: rows in the range may have been pruned (prune_older_than); replay from a later time, or pass --partial to publish what is left",
 				sel.Since.UTC().Format(time.RFC3339), horizon)
 		}
 	default:
@@ -343,18 +359,14 @@ func missingVersions(have []int64, from, to int64) string {
 	return strings.Join(out, ", ")
 }
 
-// orderBy is insertion order: the sequence column when the table has it, else creation time and id.
-func (t Table) orderBy(ctx context.Context, tx pgx.Tx, table string) (string, error) {
+// hasOrderColumn reports whether the table has the insertion sequence column.
+func (t Table) hasOrderColumn(ctx context.Context, tx pgx.Tx, table string) (bool, error) {
 	var exists bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
 		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, t.Order).Scan(&exists); err != nil {
-		return "", fmt.Errorf("replay: look for the order column %q in %s: %w", t.Order, table, err)
+		return false, fmt.Errorf("replay: look for the order column %q in %s: %w", t.Order, table, err)
 	}
-	first := t.Order
-	if !exists {
-		first = t.Created
-	}
-	return pgx.Identifier{first}.Sanitize() + ", " + pgx.Identifier{t.Columns.ID}.Sanitize(), nil
+	return exists, nil
 }
 
 // ackGroup waits for the acknowledgement of every event added to it.
