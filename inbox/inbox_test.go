@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -20,7 +21,12 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(crashChildEnv) != "" {
+		os.Exit(crashingConsumer()) // crash_test.go: this process is a consumer, not the tests
+	}
+	testenv.Main(m)
+}
 
 // newDB creates a database with the default ledger and a business table: accounts whose balance
 // each event adds to, so an event applied twice shows.
