@@ -5,6 +5,10 @@
 //	make up && set -a && . .local/services.env && set +a
 //	go run ./cmd/outbox-relay migrate
 //	go run ./examples/producer -customer ada -total 42.50 -tenant acme
+//
+// With -versioned, the event also carries the order's aggregate version, taken from a counter table
+// in the same transaction (the outbox table needs an aggregate_version bigint column, and the
+// relay columns.aggregate_version; see examples/receipts).
 package main
 
 import (
@@ -33,14 +37,15 @@ func main() {
 	customer := flag.String("customer", "ada", "customer name")
 	total := flag.Float64("total", 42.5, "order total")
 	tenant := flag.String("tenant", "", "tenant header (optional)")
+	versioned := flag.Bool("versioned", false, "write the aggregate_version column, numbered by the outbox_aggregate_versions table")
 	flag.Parse()
-	if err := run(*customer, *total, *tenant); err != nil {
+	if err := run(*customer, *total, *tenant, *versioned); err != nil {
 		fmt.Fprintln(os.Stderr, "producer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(customer string, total float64, tenant string) error {
+func run(customer string, total float64, tenant string, versioned bool) error {
 	dsn := os.Getenv("OUTBOX_PG_DSN")
 	if dsn == "" {
 		return fmt.Errorf("set OUTBOX_PG_DSN (make up writes it to .local/services.env)")
@@ -62,6 +67,20 @@ func run(customer string, total float64, tenant string) error {
 	// request's) travels with the event as a header, so consumers can continue the trace.
 	ctx = outbox.ContextWithTraceparent(ctx, os.Getenv("TRACEPARENT"))
 
+	write := outbox.Write
+	if versioned {
+		cols := outbox.DefaultColumns
+		cols.AggregateVersion = "aggregate_version"
+		w, err := outbox.New(outbox.Config{Columns: cols, VersionTable: "outbox_aggregate_versions"})
+		if err != nil {
+			return err
+		}
+		if err := w.CreateVersionTable(ctx, pool); err != nil {
+			return err
+		}
+		write = w.Write
+	}
+
 	orderID := fmt.Sprintf("o-%d", time.Now().UnixNano())
 	var eventIDs []string
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -74,11 +93,11 @@ func run(customer string, total float64, tenant string) error {
 			EventType:     "OrderCreated",
 			Payload:       OrderCreated{OrderID: orderID, Customer: customer, Total: total},
 		}
-		ev.SetHeader(outbox.HeaderSchemaVersion, "1")
+		ev.SchemaVersion = 1
 		if tenant != "" {
 			ev.SetHeader(outbox.HeaderTenant, tenant)
 		}
-		eventIDs, err = outbox.Write(ctx, tx, ev)
+		eventIDs, err = write(ctx, tx, ev)
 		return err
 	})
 	if err != nil {
