@@ -189,6 +189,13 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 	return res, nil
 }
 
+// Validate reports a selection that cannot run against t (none or several kinds, a version range
+// without a version column, a range that ends before it starts), before anything is contacted.
+func (t Table) Validate(sel Selection) error {
+	_, _, err := t.where(sel)
+	return err
+}
+
 // where builds the selection's condition.
 func (t Table) where(sel Selection) (string, []any, error) {
 	c := t.Columns

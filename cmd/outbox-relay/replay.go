@@ -80,6 +80,10 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	table := replay.Table{Schema: cfg.Schema, Name: cfg.Table, Columns: rc.Decoder.Columns, Extra: rc.Decoder.Extra,
 		Created: cfg.Columns.CreatedAt, Order: cfg.BackfillOrder}
+	if err := table.Validate(sel); err != nil {
+		fmt.Fprintf(stderr, "outbox-relay %v\n", err)
+		return errUsage
+	}
 
 	reg := prometheus.NewRegistry()
 	s, err := sink.New(replay.SinkConfig(rc.Sink), log, metrics.New(reg))

@@ -287,6 +287,20 @@ func TestALostEventIsAGapThatTheReplayFillsInOrderAndAWeekOldReplayIsADuplicate(
 			t.Fatalf("%d journal rows from replayed records (%v), want 3 (outbox.replay=true)", replayed, err)
 		}
 	})
+	t.Run("a replay without one clear selection is a usage error, before anything is contacted", func(t *testing.T) {
+		for _, args := range [][]string{
+			{},
+			{"--event-id=x", "--since=1h"},
+			{"--aggregate-type=" + v.aggType},
+			{"--aggregate-type=" + v.aggType, "--aggregate-id=a", "--from-version=5", "--to-version=2"},
+		} {
+			p := v.e.relay("bad replay", relayEnv("OUTBOX_PG_DSN=postgres://nobody@127.0.0.1:1/x", "OUTBOX_KAFKA_BROKERS=127.0.0.1:1"),
+				append([]string{"replay"}, args...)...)
+			if code, ok := p.wait(time.Minute); !ok || code != 2 || !strings.Contains(p.stderr.String(), "outbox-relay replay: ") {
+				t.Fatalf("replay %v: exit status %d (exited %v), want 2 with the reason; stderr:\n%s", args, code, ok, p.stderr.String())
+			}
+		}
+	})
 	t.Run("a week-old event replayed later is a duplicate and changes nothing", func(t *testing.T) {
 		v.db.exec(t, "UPDATE outbox_events SET created_at = now() - interval '7 days' WHERE aggregate_id = 'b' AND aggregate_version = 1")
 		p := v.e.mustRun("replay", v.env, "replay", "--since=192h", "--until=144h")
@@ -327,6 +341,16 @@ func TestRedriveAfterFixingATooSmallTopicLimitDeliversTheDeadLettersOnce(t *test
 		t.Fatalf("dead letters %v, want version 2, too large", dead)
 	}
 	v.records(v.topic, 2)
+
+	// Before the fix: the dead letter still fails, is reported, and stays to be tried again.
+	p := v.e.relay("redrive before the fix", v.env, "redrive")
+	if code, ok := p.wait(time.Minute); !ok || code != 3 {
+		t.Fatalf("redrive before the fix: exit status %d (exited %v), want 3; stderr:\n%s", code, ok, lastLines(p.stderr.String(), 10))
+	}
+	if out := p.stdout.String(); !strings.Contains(out, "0 redriven to their original topics, 0 redriven by an earlier run, 1 still failing") ||
+		!strings.Contains(out, "still failing: 0@0 event "+dead[0].Header("id")) || !strings.Contains(strings.ToLower(out), "too large") {
+		t.Fatalf("redrive before the fix said %q", out)
+	}
 
 	client := &kafka.Client{Addr: kafka.TCP(v.k.Brokers()), Timeout: 30 * time.Second}
 	resp, err := client.AlterConfigs(context.Background(), &kafka.AlterConfigsRequest{Resources: []kafka.AlterConfigRequestResource{{
