@@ -24,6 +24,11 @@
 // handles the event. Under READ COMMITTED (PostgreSQL's default) that is all; under REPEATABLE READ
 // or SERIALIZABLE the second transaction may instead fail with a serialization error (SQLSTATE
 // 40001), which is safe and should be retried like any serialization failure.
+//
+// Consumer (consumer.go) goes further with events that carry an aggregate_version header: it tells
+// each delivery new, duplicate, stale or gap against the version applied, routes it by event type
+// and schema_version through a Registry of handlers and upcasters, and performs effects outside
+// the database once (effects.go). Store.Migrate creates its tables too.
 package inbox
 
 import (
