@@ -4,14 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Backfill configures publishing the rows already in the outbox table on first start.
@@ -108,14 +107,7 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 
 	// Every column comes back in text form, as pgoutput sends it, so events look the same
 	// whichever way they were read.
-	selected := []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload}
-	if cols.Headers != "" {
-		selected = append(selected, cols.Headers)
-	}
-	if cols.AggregateVersion != "" {
-		selected = append(selected, cols.AggregateVersion)
-	}
-	selected = append(selected, r.cfg.Decoder.Extra...)
+	selected := r.cfg.Decoder.RowColumns()
 	quoted := make([]string, len(selected))
 	for i, c := range selected {
 		quoted[i] = pgx.Identifier{c}.Sanitize()
@@ -138,7 +130,7 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	defer rows.Close()
 
 	payloadBytea := rows.FieldDescriptions()[4].DataTypeOID == 17
-	var acks ackGroup
+	var acks sink.AckGroup
 	var n int64
 	for rows.Next() {
 		raw := rows.RawValues()
@@ -148,29 +140,14 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
 			}
 		}
-		ev := &decoder.Event{ID: vals[0], AggregateType: vals[1], AggregateID: vals[2], EventType: vals[3], Payload: vals[4]}
-		i := 5
-		if cols.Headers != "" {
-			ev.Headers = vals[i]
-			i++
+		ev, err := r.cfg.Decoder.FromRow(vals[:len(vals)-1], payloadBytea)
+		if err != nil {
+			return n, err
 		}
-		if cols.AggregateVersion != "" {
-			ev.AggregateVersion = vals[i]
-			i++
-		}
-		if len(r.cfg.Decoder.Extra) > 0 {
-			ev.Extra = vals[i : i+len(r.cfg.Decoder.Extra)]
-			i += len(r.cfg.Decoder.Extra)
-		}
-		if payloadBytea && ev.Payload != nil {
-			if ev.Payload, err = decoder.Bytea(ev.Payload); err != nil {
-				return n, fmt.Errorf("payload of event %s: %w", ev.ID, err)
-			}
-		}
-		if t, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[i])); err == nil {
+		if t, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[len(vals)-1])); err == nil {
 			ev.Tx.CommitTime = t
 		}
-		acks.add()
+		acks.Add()
 		if err := r.sink.Publish(ctx, ev, &acks); err != nil {
 			return n, err
 		}
@@ -179,7 +156,10 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	if err := rows.Err(); err != nil {
 		return n, fmt.Errorf("read the outbox table: %w", err)
 	}
-	return n, acks.wait(ctx)
+	if err := acks.Wait(ctx); err != nil {
+		return n, fmt.Errorf("waiting for Kafka to acknowledge the backfill: %w", err)
+	}
+	return n, nil
 }
 
 // defaultOrderColumn is the insertion sequence `outbox-relay migrate` adds.
@@ -208,32 +188,6 @@ func (r *Relay) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, cre
 	r.log.Warn("the outbox table has no insertion sequence column, so the backfill publishes in creation time order: events of one aggregate written in one transaction, or by transactions that started in another order than they committed, may go out of order. Run `outbox-relay migrate` (it adds seq) or name your table's sequence column in backfill_order_column",
 		zap.String("table", table), zap.String("backfill_order_column", column))
 	return pgx.Identifier{created}.Sanitize() + ", " + pgx.Identifier{id}.Sanitize(), nil
-}
-
-// ackGroup waits for the acknowledgement of every event added to it.
-type ackGroup struct{ wg sync.WaitGroup }
-
-func (a *ackGroup) add() { a.wg.Add(1) }
-
-// Ack implements sink.Acker.
-func (a *ackGroup) Ack(n int) {
-	for range n {
-		a.wg.Done()
-	}
-}
-
-func (a *ackGroup) wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		a.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("waiting for Kafka to acknowledge the backfill: %w", ctx.Err())
-	}
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

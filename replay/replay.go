@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -114,14 +113,8 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 	if hasSeq {
 		order = pgx.Identifier{t.Order}.Sanitize() + ", " + pgx.Identifier{c.ID}.Sanitize()
 	}
-	selected := []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, t.Created}
-	if c.Headers != "" {
-		selected = append(selected, c.Headers)
-	}
-	if c.AggregateVersion != "" {
-		selected = append(selected, c.AggregateVersion)
-	}
-	selected = append(selected, t.Extra...)
+	dec := decoder.Config{Columns: c, Extra: t.Extra}
+	selected := append(dec.RowColumns(), t.Created)
 	quoted := make([]string, len(selected))
 	for i, col := range selected {
 		quoted[i] = pgx.Identifier{col}.Sanitize()
@@ -136,7 +129,7 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 	defer rows.Close()
 	payloadBytea := rows.FieldDescriptions()[4].DataTypeOID == 17
 	var res Result
-	var acks ackGroup
+	var acks sink.AckGroup
 	for rows.Next() {
 		raw := rows.RawValues()
 		vals := make([][]byte, len(raw))
@@ -145,8 +138,11 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
 			}
 		}
-		ev := &decoder.Event{ID: vals[0], AggregateType: vals[1], AggregateID: vals[2], EventType: vals[3], Payload: vals[4]}
-		if created, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[5])); err == nil {
+		ev, err := dec.FromRow(vals[:len(vals)-1], payloadBytea)
+		if err != nil {
+			return res, fmt.Errorf("replay: %w", err)
+		}
+		if created, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[len(vals)-1])); err == nil {
 			ev.Tx.CommitTime = created
 			if res.Oldest.IsZero() || created.Before(res.Oldest) {
 				res.Oldest = created
@@ -155,26 +151,12 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 				res.Newest = created
 			}
 		}
-		i := 6
-		if c.Headers != "" {
-			ev.Headers = vals[i]
-			i++
-		}
-		if c.AggregateVersion != "" {
-			ev.AggregateVersion = vals[i]
-			i++
-		}
-		ev.Extra = append(vals[i:len(vals):len(vals)], []byte("true")) // the replay header, last
-		if payloadBytea && ev.Payload != nil {
-			if ev.Payload, err = decoder.Bytea(ev.Payload); err != nil {
-				return res, fmt.Errorf("replay: payload of event %s: %w", ev.ID, err)
-			}
-		}
+		ev.Extra = append(ev.Extra[:len(ev.Extra):len(ev.Extra)], []byte("true")) // the replay header, last
 		res.Selected++
 		if sel.DryRun {
 			continue
 		}
-		acks.add()
+		acks.Add()
 		if err := pub.Publish(ctx, ev, &acks); err != nil {
 			return res, fmt.Errorf("replay: after %d events: %w", res.Published, err)
 		}
@@ -183,8 +165,8 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 	if err := rows.Err(); err != nil {
 		return res, fmt.Errorf("replay: read %s: %w", table, err)
 	}
-	if err := acks.wait(ctx); err != nil {
-		return res, err
+	if err := acks.Wait(ctx); err != nil {
+		return res, fmt.Errorf("replay: waiting for Kafka to acknowledge: %w", err)
 	}
 	return res, nil
 }
@@ -374,30 +356,4 @@ func (t Table) hasOrderColumn(ctx context.Context, tx pgx.Tx, table string) (boo
 		return false, fmt.Errorf("replay: look for the order column %q in %s: %w", t.Order, table, err)
 	}
 	return exists, nil
-}
-
-// ackGroup waits for the acknowledgement of every event added to it.
-type ackGroup struct{ wg sync.WaitGroup }
-
-func (a *ackGroup) add() { a.wg.Add(1) }
-
-// Ack implements sink.Acker.
-func (a *ackGroup) Ack(n int) {
-	for range n {
-		a.wg.Done()
-	}
-}
-
-func (a *ackGroup) wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		a.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("replay: waiting for Kafka to acknowledge: %w", ctx.Err())
-	}
 }
