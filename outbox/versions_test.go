@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 	"sync"
@@ -186,5 +187,38 @@ func TestConcurrentWritersOfOneAggregateGetDistinctGaplessVersions(t *testing.T)
 		if !slices.Equal(got, want) {
 			t.Fatalf("versions of %s in insertion order = %v, want 1..%d", id, got, writers*txs)
 		}
+	}
+}
+
+func TestTheVersionTableWorksThroughDatabaseSQLToo(t *testing.T) {
+	pool := newVersionedDB(t)
+	ctx := context.Background()
+	db, err := sql.Open("pgx", pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	w, err := outbox.New(outbox.Config{Columns: versionColumns, VersionTable: "aggregate_versions"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.CreateVersionTableSQL(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.WriteSQL(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "s", EventType: "E"},
+			outbox.Event{AggregateType: "order", AggregateID: "s", EventType: "E"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := versions(t, pool, "s"); !slices.Equal(got, []int64{1, 2, 3, 4}) {
+		t.Fatalf("versions = %v, want 1..4", got)
 	}
 }
