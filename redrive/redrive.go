@@ -5,7 +5,9 @@
 // dead-letter topic, keyed by the dead letter's partition and offset. A second run skips what the
 // ledger holds, so re-running a redrive, or running it over an overlapping range, sends nothing
 // twice; a crash between a record's acknowledgement and its ledger entry sends that one record
-// again on the next run (consumers deduplicate it by its id, like any redelivery).
+// again on the next run (consumers deduplicate it by its id, like any redelivery). The ledger is
+// in Kafka rather than in the database because the dead letters are: what became of each lives
+// beside it, with the same retention and permissions, and a redrive needs no database access.
 //
 // Records of one key go back in dead-letter order. When one fails, the later dead letters of the
 // same key are held back in this run, so an aggregate's events never overtake each other.
