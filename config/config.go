@@ -405,12 +405,20 @@ type Loader struct {
 	flagged map[string]*string
 	getenv  func(string) string
 	noKafka bool
+	noPG    bool
 }
 
 // WithoutKafka is for subcommands that never contact Kafka (migrate, status, prune): kafka_brokers
 // is then not required.
 func (l *Loader) WithoutKafka() *Loader {
 	l.noKafka = true
+	return l
+}
+
+// WithoutPostgres is for subcommands that never contact PostgreSQL (redrive): pg_dsn is then not
+// required.
+func (l *Loader) WithoutPostgres() *Loader {
+	l.noPG = true
 	return l
 }
 
@@ -481,7 +489,7 @@ func (l *Loader) Load() (*Config, error) {
 	if err := joinErrors(errs); err != nil {
 		return nil, err
 	}
-	if err := c.validate(func(key string) string { return values[key].from }, !l.noKafka); err != nil {
+	if err := c.validate(func(key string) string { return values[key].from }, !l.noKafka, !l.noPG); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -553,12 +561,12 @@ func flatten(prefix string, v any, out map[string]string) error {
 }
 
 // validate checks values against each other and names where a bad one came from (from(key)).
-func (c *Config) validate(from func(key string) string, needKafka bool) error {
+func (c *Config) validate(from func(key string) string, needKafka, needPG bool) error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("config key %s (from %s): %s", key, from(key), fmt.Sprintf(format, args...)))
 	}
-	if c.PGDSN == "" {
+	if c.PGDSN == "" && needPG {
 		errs = append(errs, fmt.Errorf("config key pg_dsn is required: set %s or --pg-dsn", EnvName("pg_dsn")))
 	}
 	if len(c.KafkaBrokers) == 0 && needKafka {

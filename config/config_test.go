@@ -471,3 +471,20 @@ func TestNames(t *testing.T) {
 		})
 	}
 }
+
+func TestACommandWithoutPostgresDoesNotNeedPgDSNButStillNeedsKafka(t *testing.T) {
+	fs := flag.NewFlagSet("redrive", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	env := map[string]string{"OUTBOX_KAFKA_BROKERS": "k:9092"}
+	l := config.NewLoader(fs, func(name string) string { return env[name] }).WithoutPostgres()
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := l.Load(); err != nil || c.KafkaBrokers[0] != "k:9092" {
+		t.Fatalf("Load = %v, %v; want it to load without pg_dsn", c, err)
+	}
+	delete(env, "OUTBOX_KAFKA_BROKERS")
+	if _, err := l.Load(); err == nil || !strings.Contains(err.Error(), "kafka_brokers") || strings.Contains(err.Error(), "pg_dsn") {
+		t.Fatalf("Load without kafka_brokers: %v; want only kafka_brokers named", err)
+	}
+}

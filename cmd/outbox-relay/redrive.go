@@ -30,7 +30,7 @@ func runRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Var(&ids, "event-id", "redrive only this event (repeat the flag, or separate ids with commas)")
 	ledger := fs.String("ledger-topic", "", "compacted topic recording what went back (default: the dead-letter topic + "+redrive.LedgerSuffix+")")
 	dryRun := fs.Bool("dry-run", false, "report what would go back, publish nothing")
-	loader := config.NewLoader(fs, nil)
+	loader := config.NewLoader(fs, nil).WithoutPostgres()
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
