@@ -27,10 +27,11 @@ import (
 // that arrived since the one before.
 func TestReplayPublishesWhatIsStillInTheTableAndRefusesWhatWasPruned(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	k := testenv.SharedKafka(t)
 	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	// After the servers' start, which a loaded machine may take long for.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
