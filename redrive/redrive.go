@@ -101,6 +101,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.Dialer == nil {
 		cfg.Dialer = &kafka.Dialer{Timeout: 10 * time.Second}
 	}
+	if cfg.Transport == nil {
+		// A nil *kafka.Transport in the Writer's and the Client's RoundTripper interface is not
+		// nil there, and panics on first use.
+		cfg.Transport = &kafka.Transport{}
+	}
 	if cfg.BuiltinHeaders == nil {
 		cfg.BuiltinHeaders = sink.BuiltinHeaders
 	}
