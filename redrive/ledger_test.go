@@ -2,6 +2,7 @@ package redrive
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -47,5 +48,37 @@ func TestARunWithoutATransportUsesKafkaGosDefault(t *testing.T) {
 	}
 	if res, err := Run(ctx, cfg); err != nil || res.Redriven != 1 {
 		t.Fatalf("Run = %+v, %v; want the dead letter redriven", res, err)
+	}
+}
+
+// A dead-letter topic deleted and created again (to clear it, or by a new environment) starts
+// its offsets at 0 again, while the ledger still holds what went back from the old topic's
+// offsets. A new dead letter at an old offset is another event: it must go back, not be skipped
+// as "redriven by an earlier run".
+func TestADeadLetterAtAnOffsetTheLedgerHoldsForAnotherEventIsRedriven(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, topic, w := topics(ctx, t)
+	// What an earlier run recorded for offset 0 of the topic's previous incarnation.
+	old, _ := json.Marshal(ledgerEntry{EventID: "e-old", Topic: topic, At: time.Now().UTC()})
+	if err := testenv.SharedKafka(t).CreateTopic(ctx, cfg.DeadLetterTopic+LedgerSuffix, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteMessages(ctx,
+		kafka.Message{Topic: cfg.DeadLetterTopic + LedgerSuffix, Key: []byte(cfg.DeadLetterTopic + "/0/0"), Value: old},
+		deadLetter(cfg.DeadLetterTopic, topic, "e-new"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Read != 1 || res.Redriven != 1 || res.Already != 0 || len(res.Failed) != 0 {
+		t.Fatalf("result %+v; want the new event at offset 0 redriven, not skipped for the old one", res)
+	}
+	// And now it is recorded: a second run skips it.
+	if res, err := Run(ctx, cfg); err != nil || res.Redriven != 0 || res.Already != 1 {
+		t.Fatalf("second run: %+v, %v; want it skipped", res, err)
 	}
 }

@@ -5,9 +5,11 @@
 // dead-letter topic, keyed by the dead letter's partition and offset. A second run skips what the
 // ledger holds, so re-running a redrive, or running it over an overlapping range, sends nothing
 // twice; a crash between a record's acknowledgement and its ledger entry sends that one record
-// again on the next run (consumers deduplicate it by its id, like any redelivery). The ledger is
-// in Kafka rather than in the database because the dead letters are: what became of each lives
-// beside it, with the same retention and permissions, and a redrive needs no database access.
+// again on the next run (consumers deduplicate it by its id, like any redelivery). An entry counts
+// only for the event id it records, so a dead-letter topic created again, whose offsets start
+// over, is redriven in full. The ledger is in Kafka rather than in the database because the dead
+// letters are: what became of each lives beside it, with the same retention and permissions, and
+// a redrive needs no database access.
 //
 // Records of one key go back in dead-letter order. When one fails, the later dead letters of the
 // same key are held back in this run, so an aggregate's events never overtake each other.
@@ -117,12 +119,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return Result{}, err
 		}
 	}
-	done := make(map[string]bool)
+	// The event each ledger entry recorded, by the dead letter's position. The position alone
+	// does not name a dead letter: a dead-letter topic deleted and created again counts its
+	// offsets from 0 again, so an entry counts only for the event it names.
+	done := make(map[string]string)
 	if err := scan(ctx, cfg, cfg.LedgerTopic, -1, -1, -1, true, func(m kafka.Message) error {
-		if m.Value != nil { // a tombstone undoes an entry
-			done[string(m.Key)] = true
-		} else {
+		var e ledgerEntry
+		if m.Value == nil || json.Unmarshal(m.Value, &e) != nil { // a tombstone undoes an entry
 			delete(done, string(m.Key))
+		} else {
+			done[string(m.Key)] = e.EventID
 		}
 		return nil
 	}); err != nil {
@@ -152,7 +158,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		res.Read++
 		ledgerKey := fmt.Sprintf("%s/%d/%d", cfg.DeadLetterTopic, m.Partition, m.Offset)
-		if done[ledgerKey] {
+		if recorded, ok := done[ledgerKey]; ok && recorded == id {
 			res.Already++
 			return nil
 		}
