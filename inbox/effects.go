@@ -104,7 +104,8 @@ func (c *Consumer) settle(ctx context.Context, eventID string, fresh []string) e
 // ResumePending settles every operation of this consumer still pending, reconciling each with its
 // provider: run it at start, for operations whose events will not be delivered again (their
 // offsets were committed by a consumer that did not wait for Handle, or the topic's retention
-// passed). It returns how many it settled.
+// passed). Operations another instance is settling at the moment are left to it. It returns how
+// many it settled.
 func (c *Consumer) ResumePending(ctx context.Context) (int, error) {
 	s := c.Store
 	rows, err := c.DB.Query(ctx, `SELECT idempotency_key, event_id, effect, request FROM `+s.ops+`
@@ -116,41 +117,66 @@ func (c *Consumer) ResumePending(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("inbox: read the pending operations: %w", err)
 	}
-	for i, op := range ops {
-		if err := c.run(ctx, op, false); err != nil {
-			return i, err
+	settled := 0
+	for _, op := range ops {
+		err := c.run(ctx, op, false)
+		if errors.Is(err, ErrInProgress) {
+			continue // another instance is settling it
 		}
+		if err != nil {
+			return settled, err
+		}
+		settled++
 	}
-	return len(ops), nil
+	return settled, nil
 }
 
-// run performs op (fresh) or reconciles it, and records the outcome.
+// ErrInProgress is returned for an operation another consumer instance is performing or
+// reconciling at the moment: the record's offset must not be committed yet; handle it again later
+// (it is then a duplicate with nothing pending).
+var ErrInProgress = errors.New("inbox: the operation is being settled by another consumer instance")
+
+// run performs op (fresh) or reconciles it, and records the outcome. It holds the operation's row
+// locked meanwhile (a transaction open across the provider call), so two instances (one resuming
+// at its start, one handling a redelivery after a rebalance) never ask the provider and perform
+// the same operation at once: the second gets ErrInProgress.
 func (c *Consumer) run(ctx context.Context, op Operation, fresh bool) error {
 	eff, ok := c.Effects[op.Effect]
 	if !ok || eff.Perform == nil {
 		return fmt.Errorf("inbox: operation %s of event %s: effect %q has no Perform in Consumer.Effects", op.Key, op.EventID, op.Effect)
 	}
-	var outcome string
-	done := false
-	if !fresh {
-		if eff.Reconcile == nil {
-			return fmt.Errorf("inbox: operation %s of event %s is pending from an earlier attempt and effect %q has no Reconcile to ask whether it happened", op.Key, op.EventID, op.Effect)
-		}
-		var err error
-		if outcome, done, err = eff.Reconcile(ctx, op); err != nil {
-			return fmt.Errorf("inbox: reconcile operation %s (%s) of event %s: %w", op.Key, op.Effect, op.EventID, err)
-		}
-	}
-	if !done {
-		var err error
-		if outcome, err = eff.Perform(ctx, op); err != nil {
-			return fmt.Errorf("inbox: perform operation %s (%s) of event %s: %w", op.Key, op.Effect, op.EventID, err)
-		}
-	}
 	s := c.Store
-	if _, err := c.DB.Exec(ctx, `UPDATE `+s.ops+` SET state = 'done', outcome = $3, settled_at = now()
-		WHERE consumer = $1 AND idempotency_key = $2`, s.consumer, op.Key, outcome); err != nil {
-		return fmt.Errorf("inbox: record the outcome of operation %s (%s) of event %s: %w", op.Key, op.Effect, op.EventID, err)
-	}
-	return nil
+	return pgx.BeginFunc(ctx, c.DB, func(tx pgx.Tx) error {
+		var state string
+		err := tx.QueryRow(ctx, `SELECT state FROM `+s.ops+` WHERE consumer = $1 AND idempotency_key = $2 FOR UPDATE SKIP LOCKED`,
+			s.consumer, op.Key).Scan(&state)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("%w: operation %s (%s) of event %s", ErrInProgress, op.Key, op.Effect, op.EventID)
+		case err != nil:
+			return fmt.Errorf("inbox: lock operation %s (%s) of event %s: %w", op.Key, op.Effect, op.EventID, err)
+		case state == "done":
+			return nil // settled by another instance since it was read
+		}
+		var outcome string
+		done := false
+		if !fresh {
+			if eff.Reconcile == nil {
+				return fmt.Errorf("inbox: operation %s of event %s is pending from an earlier attempt and effect %q has no Reconcile to ask whether it happened", op.Key, op.EventID, op.Effect)
+			}
+			if outcome, done, err = eff.Reconcile(ctx, op); err != nil {
+				return fmt.Errorf("inbox: reconcile operation %s (%s) of event %s: %w", op.Key, op.Effect, op.EventID, err)
+			}
+		}
+		if !done {
+			if outcome, err = eff.Perform(ctx, op); err != nil {
+				return fmt.Errorf("inbox: perform operation %s (%s) of event %s: %w", op.Key, op.Effect, op.EventID, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+s.ops+` SET state = 'done', outcome = $3, settled_at = now()
+			WHERE consumer = $1 AND idempotency_key = $2`, s.consumer, op.Key, outcome); err != nil {
+			return fmt.Errorf("inbox: record the outcome of operation %s (%s) of event %s: %w", op.Key, op.Effect, op.EventID, err)
+		}
+		return nil
+	})
 }
