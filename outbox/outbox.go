@@ -104,8 +104,12 @@ type Config struct {
 	// next version of its aggregate from this counter table (see CreateVersionTable), in the
 	// caller's transaction. The cost is a row lock per aggregate until the transaction ends, so
 	// concurrent writers of one aggregate take turns (writers of different aggregates do not), and
-	// a rolled-back transaction gives its versions back. Needs Columns.AggregateVersion; events must
-	// leave AggregateVersion 0. Empty: versions are the caller's (Event.AggregateVersion).
+	// a rolled-back transaction gives its versions back. One Write locks its aggregates' rows in
+	// key order; several Writes in one transaction lock in call order, so two transactions writing
+	// the same aggregates in different orders across calls can deadlock (PostgreSQL aborts one
+	// with SQLSTATE 40P01): pass a transaction's events in one call. Needs
+	// Columns.AggregateVersion; events must leave AggregateVersion 0. Empty: versions are the
+	// caller's (Event.AggregateVersion).
 	VersionTable string
 }
 
