@@ -66,6 +66,9 @@ type Config struct {
 	BeforeStream func(ctx context.Context, snapshot string) error
 	// ExportSnapshot creates a missing slot with an exported snapshot, for BeforeStream.
 	ExportSnapshot bool
+	// Failover makes the slot a failover slot (PostgreSQL 17+; a fatal error on older servers):
+	// created with FAILOVER, or altered when it exists without it.
+	Failover bool
 }
 
 func (c *Config) setDefaults() {
@@ -193,6 +196,9 @@ type Stream struct {
 	identity       Identity
 	ledgerIdentity Identity
 	unrecorded     Identity // the server whose identity the ledger refused, warned about once
+	newTimeline    bool     // this session's server is on a later timeline than the last one's
+	// standbySlotsFinding is what warnStandbySlots last said, so a session repeats nothing.
+	standbySlotsFinding string
 	// receiveTimeout is how long the server may be silent in this session: ReceiveTimeout, or
 	// longer when the server's wal_sender_timeout says a busy walsender may take longer to answer.
 	receiveTimeout time.Duration
@@ -362,14 +368,25 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		return fatalf("pg_dsn reached two database clusters at once: the checks' connection one with system identifier %s, the replication connection one with %s (a multi-host pg_dsn listing servers of different clusters, or a host name that moved between the two connections). Make pg_dsn lead to the one cluster to stream from, and restart",
 			checked.systemID, s.identity.SystemID)
 	}
+	if s.cfg.Failover {
+		if err := checkFailoverSupported(serverMajor(s.conn.ParameterStatus("server_version"))); err != nil {
+			return err
+		}
+	}
 	snapshot := ""
 	if !slot.Exists {
 		if slot, snapshot, err = s.createSlot(ctx); err != nil {
 			return err
 		}
-	} else if slot.ConfirmedFlush, err = s.confirmedOnStreamServer(ctx); err != nil {
-		return err
+	} else {
+		if slot.ConfirmedFlush, err = s.confirmedOnStreamServer(ctx); err != nil {
+			return err
+		}
+		if err := s.ensureFailover(ctx, s.newTimeline); err != nil {
+			return err
+		}
 	}
+	s.warnStandbySlots(ctx)
 	if s.identity != s.ledgerIdentity {
 		s.recordIdentity(ctx)
 	}
@@ -555,12 +572,7 @@ func describeBackend(ctx context.Context, conn *pgx.Conn, pid int32) string {
 }
 
 func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string, err error) {
-	action := "NOEXPORT_SNAPSHOT"
-	if s.cfg.ExportSnapshot {
-		action = "EXPORT_SNAPSHOT"
-	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: action})
+	res, err := pglogrepl.ParseCreateReplicationSlot(s.conn.Exec(ctx, s.createSlotCommand()))
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
@@ -577,7 +589,7 @@ func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string
 	if err != nil {
 		return SlotInfo{}, "", fmt.Errorf("slot %q consistent point %q: %w", s.cfg.Slot, res.ConsistentPoint, err)
 	}
-	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn))
+	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn), zap.Bool("failover", s.cfg.Failover))
 	s.recordSlot(ctx, lsn)
 	return SlotInfo{Exists: true, Plugin: "pgoutput", ConfirmedFlush: lsn}, res.SnapshotName, nil
 }
