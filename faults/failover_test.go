@@ -259,6 +259,11 @@ func failoverScenario(t *testing.T, brokers, version string, protect bool) {
 	if protect != (len(st.Failover.StandbySlots) == 1 && st.Failover.StandbySlots[0].Active) || protect == (len(st.Warnings) > 0) {
 		t.Fatalf("status = %+v, want synchronized_standby_slots %v and a warning only without it", st, protect)
 	}
+	listed := map[bool]float64{true: 1, false: 0}[protect]
+	eventually(t, 30*time.Second, "the metrics to show the failover slot", func() bool {
+		return r.mustMetric("slot_failover", "") == 1 && r.mustMetric("synchronized_standby_slots", "") == listed &&
+			r.mustMetric("synchronized_standby_slots_active", "") == listed
+	})
 
 	// The standby misses what comes next: everything before is on it, then its replication
 	// connection freezes and the primary commits transactions it never receives.
@@ -349,4 +354,105 @@ func failoverScenario(t *testing.T, brokers, version string, protect bool) {
 	if relayproc.FindLog(r.Output(), "info", "resuming from the failover slot this server kept as a standby") == nil {
 		t.Fatal("the relay did not log that it resumed from the synchronised slot")
 	}
+}
+
+// Before PostgreSQL 17 (and on 17+ without a failover slot) a promoted standby has no copy of the
+// logical slot. The relay must not create a new one there by itself: that slot would start after
+// the gap, and the events committed between the old slot's last confirmed position and now would
+// never be published, without a trace. The running relay stops, a restarted one is refused by the
+// slot ledger (which the standby received with the rest of the database), and the documented
+// recovery (forget-slot, then one start with backfill_since before the last acknowledgement)
+// publishes every event of the surviving timeline, in per-aggregate order.
+func TestPromotionWithoutAFailoverSlotIsRefusedAndRecoveredByBackfill(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := testenv.SharedKafka(t).Brokers()
+	start := time.Now()
+	phase := func(what string) { t.Logf("%5.1fs %s", time.Since(start).Seconds(), what) }
+	c := newCluster(t, "16", false)
+	phase("primary and standby running")
+	d := c.d
+	dsn := c.dsn(true)
+	r := d.startRelay(brokers, false, "--pg-dsn="+dsn)
+	r.waitSessions(1, time.Minute)
+	ob, err := harness.NewOutbox(ctx, dsn, "public.outbox_events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ob.Close()
+	load := harness.StartLoad(ob, harness.LoadConfig{Types: d.types, Writers: 2, Aggregates: 6, MaxPerTx: 3, TxPerSecond: 20, Seed: 72})
+
+	// Everything written so far reaches Kafka; the recovery's start time is taken after that, as an
+	// operator takes it from the last acknowledgement before the incident (less a margin).
+	time.Sleep(2 * time.Second)
+	load.Pause()
+	deliver(t, brokers, ob.Written(), 90*time.Second, r)
+	phase("first events delivered")
+	since := time.Now().Add(-2 * time.Second).UTC().Truncate(time.Second)
+	time.Sleep(time.Second)
+	// More is written, and the primary dies before the relay need have published it: the gap.
+	load.Resume()
+	time.Sleep(2 * time.Second)
+	load.Pause()
+	c.waitStandbyCaughtUp()
+	if err := c.primary.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	c.promote()
+	phase("standby promoted")
+	load.Resume()
+
+	noSlot := func(when string) {
+		t.Helper()
+		var n int
+		if err := c.queryStandby("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", []any{d.slot}, &n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Fatalf("%s: the relay created slot %s on the promoted standby", when, d.slot)
+		}
+	}
+	refused := func(p *relay, when string) {
+		t.Helper()
+		code, ok := p.Wait(2 * time.Minute)
+		if !ok || code == 0 {
+			t.Fatalf("%s: the relay did not stop with an error (exited %v, code %d)", when, ok, code)
+		}
+		out := p.Output()
+		for _, want := range []string{"no longer exists", "failover slots from PostgreSQL 17", "backfill_since", "forget-slot"} {
+			if !strings.Contains(out, want) {
+				t.Fatalf("%s: the relay's error does not say %q:\n%s", when, want, out[max(0, len(out)-3000):])
+			}
+		}
+		noSlot(when)
+	}
+	refused(r, "the running relay")
+	phase("the running relay stopped")
+	refused(d.startRelay(brokers, false, "--pg-dsn="+dsn), "a restarted relay")
+	phase("a restarted relay refused")
+
+	// The recovery of docs/operations.md.
+	code, out := relayproc.Run(t, relayproc.Options{Subcommand: "forget-slot",
+		Env: map[string]string{"OUTBOX_PG_DSN": dsn, "OUTBOX_SLOT": d.slot, "GORACE": "atexit_sleep_ms=0"}}, 30*time.Second)
+	if code != 0 || !strings.Contains(out, "forgot lost slot") {
+		t.Fatalf("forget-slot exited %d:\n%s", code, out)
+	}
+	recovered := d.startRelay(brokers, false, "--pg-dsn="+dsn, "--backfill=true", "--backfill-since="+since.Format(time.RFC3339))
+	if _, ok := recovered.waitLog(0, "backfill complete", 2*time.Minute); !ok {
+		t.Fatalf("the recovering relay did not complete its backfill:\n%s", recovered.Output())
+	}
+	phase("backfill complete")
+	time.Sleep(2 * time.Second)
+	stats, err := load.Stop(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	surviving := c.surviving()
+	if len(surviving) != len(ob.Written()) {
+		t.Fatalf("the promoted standby has %d outbox rows, the writers committed %d", len(surviving), len(ob.Written()))
+	}
+	rep := deliver(t, brokers, ob.Written(), 2*time.Minute, recovered)
+	phase("delivery checked")
+	t.Cleanup(func() { phase("cleaned up") })
+	t.Logf("load: %s; backfill since %s; Kafka: %s", stats, since.Format(time.RFC3339), rep)
 }

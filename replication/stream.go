@@ -524,8 +524,8 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 	}
 	switch {
 	case !slot.Exists && s.streamed:
-		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed in the gap would be skipped: recreate it deliberately (outbox-relay run creates it on a fresh start) after deciding how to reconcile outbox rows written since the last confirmed position %s",
-			ErrSlotLost, s.cfg.Slot, s.reported)
+		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed after its last confirmed position %s would be skipped. %s",
+			ErrSlotLost, s.cfg.Slot, s.reported, s.recovery())
 	case !slot.Exists && !s.cfg.CreateSlot:
 		return SlotInfo{}, fatalf("replication slot %q does not exist and create_slot is off: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", s.cfg.Slot, s.cfg.Slot)
 	case !slot.Exists:
@@ -543,12 +543,12 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 			return SlotInfo{}, err
 		}
 		if known && e.ConsistentLSN == 0 {
-			return SlotInfo{}, fmt.Errorf("%w: slot %q, which the relay streamed (recorded on %s), no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
-				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), s.ledger.Table(), s.cfg.Slot)
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, which the relay streamed (recorded on %s), no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. %s",
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), s.recovery())
 		}
 		if known {
-			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
-				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, s.ledger.Table(), s.cfg.Slot)
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. %s",
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, s.recovery())
 		}
 		return slot, nil
 	}
@@ -559,6 +559,13 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 		return SlotInfo{}, fmt.Errorf("%w: slot %q is being streamed by PostgreSQL backend PID %d%s", ErrSlotActive, s.cfg.Slot, slot.ActivePID, describeBackend(ctx, conn, slot.ActivePID))
 	}
 	return slot, nil
+}
+
+// recovery is what to do about a lost slot: the new slot's backfill publishes the gap from the
+// outbox table, once the ledger lets the relay create it.
+func (s *Stream) recovery() string {
+	return fmt.Sprintf("To recover: stop every instance, run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = %s) so that the relay may create a new slot, and start one instance once with backfill: true and backfill_since covering the gap (from before the last event Kafka acknowledged): it publishes those events from the outbox table, consistently with the new slot (docs/operations.md, \"Recovering a lost or missing slot\")",
+		s.ledger.Table(), quoteLiteral(s.cfg.Slot))
 }
 
 // describeBackend says who holds the slot, to make "slot is active" actionable.

@@ -121,10 +121,10 @@ type Standby struct {
 	ConfirmedFlushLSN  string `json:"confirmed_flush_lsn,omitempty"`
 }
 
-// Ready reports whether a promotion of this standby now would keep the slot.
-func (s Standby) Ready() bool {
-	return s.Recovery && s.SlotExists && s.Synced && !s.Temporary && s.InvalidationReason == ""
-}
+// Ready reports whether a promotion of this standby now would keep a usable slot: a copy that is
+// synchronised, persistent and valid, and kept so (a standby that stopped synchronising keeps a
+// copy that falls behind, or is invalidated without hot_standby_feedback).
+func (s Standby) Ready() bool { return s.Problem("") == "" }
 
 // Problem says why a promotion of this standby would lose the slot (or lose it later), with the
 // fix; "" when it would not.
