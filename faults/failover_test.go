@@ -117,6 +117,26 @@ func (c *cluster) waitStandbyCaughtUp() {
 	})
 }
 
+// run starts the relay with pg_dsn dsn (and args) and, once it streams, writers that commit
+// through the same dsn, so that they follow a promotion too.
+func (c *cluster) run(brokers, dsn string, seed uint64, args ...string) (*relay, *harness.Outbox, *harness.Load) {
+	c.t.Helper()
+	r := c.d.startRelay(brokers, false, append([]string{"--pg-dsn=" + dsn}, args...)...)
+	r.waitSessions(1, time.Minute)
+	ob, err := harness.NewOutbox(context.Background(), dsn, "public.outbox_events")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(ob.Close)
+	return r, ob, harness.StartLoad(ob, harness.LoadConfig{Types: c.d.types, Writers: 2, Aggregates: 6, MaxPerTx: 3, TxPerSecond: 20, Seed: seed})
+}
+
+// phases logs the time since the start of the test with each step it names.
+func phases(t *testing.T) func(string) {
+	start := time.Now()
+	return func(what string) { t.Logf("%5.1fs %s", time.Since(start).Seconds(), what) }
+}
+
 // promote promotes the standby the way docs/operations.md tells operators to when the old primary
 // may be unreachable rather than gone (its connection silent, as here): PostgreSQL 18.1 finishes a
 // promotion only once its slot synchronisation worker has returned from the primary, which a silent
@@ -202,23 +222,13 @@ func TestFailoverToAStandbyWithTheFailoverSlot(t *testing.T) {
 
 func failoverScenario(t *testing.T, brokers, version string, protect bool) {
 	ctx := context.Background()
-	start := time.Now()
-	phase := func(what string) { t.Logf("%5.1fs %s", time.Since(start).Seconds(), what) }
+	phase := phases(t)
 	c := newCluster(t, version, protect)
 	phase("primary and standby running")
 	d := c.d
 	// The protected run lists the standby first: the relay must pick the primary wherever it is.
 	dsn := c.dsn(protect)
-	r := d.startRelay(brokers, false, "--pg-dsn="+dsn, "--failover=true", "--slot-poll-interval=1s")
-	r.waitSessions(1, time.Minute)
-
-	// The application writes through the same kind of DSN, so it follows the promotion too.
-	ob, err := harness.NewOutbox(ctx, dsn, "public.outbox_events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ob.Close()
-	load := harness.StartLoad(ob, harness.LoadConfig{Types: d.types, Writers: 2, Aggregates: 6, MaxPerTx: 3, TxPerSecond: 20, Seed: 71})
+	r, ob, load := c.run(brokers, dsn, 71, "--failover=true", "--slot-poll-interval=1s")
 	// Aggregates the test writes itself, before the freeze, during it (on the old primary only) and
 	// after the promotion: lost events sit between surviving ones in their sequence.
 	accounts := func(phase string, n int) {
@@ -367,20 +377,12 @@ func TestPromotionWithoutAFailoverSlotIsRefusedAndRecoveredByBackfill(t *testing
 	t.Parallel()
 	ctx := context.Background()
 	brokers := testenv.SharedKafka(t).Brokers()
-	start := time.Now()
-	phase := func(what string) { t.Logf("%5.1fs %s", time.Since(start).Seconds(), what) }
+	phase := phases(t)
 	c := newCluster(t, "16", false)
 	phase("primary and standby running")
 	d := c.d
 	dsn := c.dsn(true)
-	r := d.startRelay(brokers, false, "--pg-dsn="+dsn)
-	r.waitSessions(1, time.Minute)
-	ob, err := harness.NewOutbox(ctx, dsn, "public.outbox_events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ob.Close()
-	load := harness.StartLoad(ob, harness.LoadConfig{Types: d.types, Writers: 2, Aggregates: 6, MaxPerTx: 3, TxPerSecond: 20, Seed: 72})
+	r, ob, load := c.run(brokers, dsn, 72)
 
 	// Everything written so far reaches Kafka; the recovery's start time is taken after that, as an
 	// operator takes it from the last acknowledgement before the incident (less a margin).

@@ -85,15 +85,19 @@ func TestFailoverSetting(t *testing.T) {
 				return
 			}
 
-			t.Run("a new slot is created as a failover slot", func(t *testing.T) {
-				dsn, slot := testenv.OutboxDatabase(t, pg), testenv.UniqueName(t, "slot")
+			// stream runs a stream with failover: true until the slot streams, and checks that
+			// it is a failover slot and what was logged.
+			stream := func(t *testing.T, dsn, slot, logged string) {
 				log, logs := observed(t)
 				_, stop, _ := runStreamConfig(t, config(dsn, slot), log)
 				defer stop()
 				if !slotFailover(t, dsn, slot) {
-					t.Fatal("the slot the relay created is not a failover slot")
+					t.Fatal("the slot is not a failover slot")
 				}
-				waitLogged(t, logs, "synchronized_standby_slots is empty")
+				waitLogged(t, logs, logged)
+			}
+			t.Run("a new slot is created as a failover slot", func(t *testing.T) {
+				stream(t, testenv.OutboxDatabase(t, pg), testenv.UniqueName(t, "slot"), "synchronized_standby_slots is empty")
 			})
 			t.Run("an existing slot is made a failover slot", func(t *testing.T) {
 				dsn, slot := testenv.OutboxDatabase(t, pg), testenv.UniqueName(t, "slot")
@@ -105,13 +109,7 @@ func TestFailoverSetting(t *testing.T) {
 				if _, err := conn.Exec(context.Background(), "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
 					t.Fatal(err)
 				}
-				log, logs := observed(t)
-				_, stop, _ := runStreamConfig(t, config(dsn, slot), log)
-				defer stop()
-				if !slotFailover(t, dsn, slot) {
-					t.Fatal("the existing slot is still not a failover slot")
-				}
-				waitLogged(t, logs, "made the existing slot a failover slot")
+				stream(t, dsn, slot, "made the existing slot a failover slot")
 			})
 			t.Run("a standby slot that nothing streams is reported", func(t *testing.T) {
 				dsn, slot := testenv.OutboxDatabase(t, pg), testenv.UniqueName(t, "slot")
