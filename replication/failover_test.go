@@ -86,15 +86,26 @@ func TestFailoverSetting(t *testing.T) {
 			}
 
 			// stream runs a stream with failover: true until the slot streams, and checks that
-			// it is a failover slot and what was logged.
+			// it is a failover slot and what was logged. A slot it creates exports its snapshot
+			// (for the backfill) as without failover.
 			stream := func(t *testing.T, dsn, slot, logged string) {
 				log, logs := observed(t)
-				_, stop, _ := runStreamConfig(t, config(dsn, slot), log)
+				cfg := config(dsn, slot)
+				cfg.ExportSnapshot = true
+				snapshots := make(chan string, 1)
+				cfg.BeforeStream = func(_ context.Context, snapshot string) error {
+					snapshots <- snapshot
+					return nil
+				}
+				_, stop, _ := runStreamConfig(t, cfg, log)
 				defer stop()
 				if !slotFailover(t, dsn, slot) {
 					t.Fatal("the slot is not a failover slot")
 				}
 				waitLogged(t, logs, logged)
+				if created := logs.FilterMessage("created replication slot").Len() > 0; created != (<-snapshots != "") {
+					t.Fatalf("created the slot: %v, but exported a snapshot: %v", created, !created)
+				}
 			}
 			t.Run("a new slot is created as a failover slot", func(t *testing.T) {
 				stream(t, testenv.OutboxDatabase(t, pg), testenv.UniqueName(t, "slot"), "synchronized_standby_slots is empty")
