@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/url"
 	"os"
 	"sort"
 	"strconv"
@@ -27,6 +26,7 @@ type Config struct {
 	Table             string
 	CreateSlot        bool
 	CreatePublication bool
+	Failover          bool
 	Columns           Columns
 	ExtraHeaders      []string // "column" or "column:header"
 	BuiltinHeaders    []string
@@ -225,6 +225,8 @@ var settings = []setting{
 		apply: boolean(func(c *Config) *bool { return &c.CreateSlot })},
 	{key: "create_publication", def: "true", help: "create the publication when it does not exist",
 		apply: boolean(func(c *Config) *bool { return &c.CreatePublication })},
+	{key: "failover", def: "false", help: "make the slot a failover slot (PostgreSQL 17+), which standbys with sync_replication_slots keep, so that it survives a promotion: created with FAILOVER, an existing slot altered; an error on older servers",
+		apply: boolean(func(c *Config) *bool { return &c.Failover })},
 	{key: "columns.id", def: "id", help: "event id column (sent as the id header)",
 		apply: str(func(c *Config) *string { return &c.Columns.ID })},
 	{key: "columns.aggregate_type", def: "aggregate_type", help: "aggregate type column (routes to the topic)",
@@ -635,15 +637,15 @@ func validIdent(s string) bool {
 	return true
 }
 
-// checkDSN catches a malformed URL early, without echoing the password.
+// checkDSN catches a malformed DSN early, without echoing the password, and a multi-host DSN
+// that could lead to a standby.
 func checkDSN(dsn string) error {
-	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
-		return nil // key=value form; pgconn reports its own errors, redacted
+	if isURL(dsn) {
+		if _, _, err := parseURL(dsn); err != nil {
+			return fmt.Errorf("not a valid URL (%s)", RedactDSN(dsn))
+		}
 	}
-	if _, err := url.Parse(dsn); err != nil {
-		return fmt.Errorf("not a valid URL (%s)", RedactDSN(dsn))
-	}
-	return nil
+	return checkHosts(dsn)
 }
 
 // BackfillFrom resolves backfill_since against now; zero means all rows.

@@ -8,8 +8,8 @@ import (
 
 // RedactDSN hides the password in a PostgreSQL connection string, in URL or key=value form.
 func RedactDSN(dsn string) string {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
+	if isURL(dsn) {
+		u, hosts, err := parseURL(dsn)
 		if err != nil {
 			return "<unparsable DSN>"
 		}
@@ -21,7 +21,7 @@ func RedactDSN(dsn string) string {
 			q.Set("password", "xxxxx")
 			u.RawQuery = q.Encode()
 		}
-		return u.String()
+		return restoreHosts(u, hosts)
 	}
 	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
 }
@@ -51,8 +51,8 @@ func Scrub(s string, secrets ...string) string {
 }
 
 func dsnPassword(dsn string) string {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
+	if isURL(dsn) {
+		u, _, err := parseURL(dsn)
 		if err != nil {
 			return ""
 		}

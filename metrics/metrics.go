@@ -41,8 +41,13 @@ type Metrics struct {
 	Ready             prometheus.Gauge
 
 	SlotExists prometheus.Gauge
-	PostgresUp prometheus.Gauge
-	Fenced     prometheus.Counter
+	// SlotFailover, StandbySlots and StandbySlotsActive say whether the slot survives a promotion
+	// (PostgreSQL 17+ failover slots) and what protects it (synchronized_standby_slots).
+	SlotFailover       prometheus.Gauge
+	StandbySlots       prometheus.Gauge
+	StandbySlotsActive prometheus.Gauge
+	PostgresUp         prometheus.Gauge
+	Fenced             prometheus.Counter
 	// LeaderSlowChecks counts near misses of the leader's lock check (leader_check_timeout).
 	LeaderSlowChecks prometheus.Counter
 
@@ -105,6 +110,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		Ready:      f.gauge("ready", "1 when this instance is ready (streaming, or a healthy standby)."),
 
 		SlotExists: f.gauge("slot_exists", "1 when the replication slot exists (read from pg_replication_slots)."),
+		SlotFailover: f.gauge("slot_failover",
+			"1 when the replication slot is a failover slot (PostgreSQL 17+), which standbys with sync_replication_slots = on keep through a promotion."),
+		StandbySlots: f.gauge("synchronized_standby_slots",
+			"Physical slots listed in the server's synchronized_standby_slots (PostgreSQL 17+): a failover slot's changes reach the relay only once their standbys have the WAL. 0: the relay may publish transactions no standby has received."),
+		StandbySlotsActive: f.gauge("synchronized_standby_slots_active",
+			"Slots of synchronized_standby_slots that exist and are streamed; below outbox_relay_synchronized_standby_slots, PostgreSQL holds the failover slot's changes back."),
 		PostgresUp: f.gauge("postgres_up",
 			"1 when the last poll of pg_replication_slots succeeded; 0 means the slot metrics are stale."),
 		Fenced: f.counter("fenced_total",

@@ -23,7 +23,8 @@ func (s *Stream) identify(ctx context.Context, recorded Identity) error {
 		return err
 	}
 	s.guard.expectCluster(id.SystemID)
-	if prev.Timeline != 0 && prev.Timeline != id.Timeline {
+	s.newTimeline = prev.Timeline != 0 && prev.Timeline != id.Timeline
+	if s.newTimeline {
 		// The consumer starts over when it sees the Session's new timeline; until it has, the
 		// stream confirms only the slot's own position (confirmable).
 		// Positions of the old timeline mean nothing here, also as a baseline for eager updates.

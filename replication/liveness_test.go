@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -24,13 +25,21 @@ import (
 // stop function that returns Run's error.
 func runStream(t *testing.T, dsn, slot string, receiveTimeout time.Duration) (*prometheus.Registry, func() error) {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	m := metrics.New(reg)
-	tracker := checkpoint.New(0)
-	s := replication.New(replication.Config{
+	reg, stop, _ := runStreamConfig(t, replication.Config{
 		DSN: dsn, Slot: slot, Publication: slot, Table: "outbox_events",
 		CreateSlot: true, CreatePublication: true, ReceiveTimeout: receiveTimeout,
-	}, tracker, zaptest.NewLogger(t), m)
+	}, zaptest.NewLogger(t))
+	return reg, stop
+}
+
+// runStreamConfig is runStream with the whole configuration and logger; ended is closed when Run
+// returns by itself (a fatal error), after which stop returns that error at once.
+func runStreamConfig(t *testing.T, cfg replication.Config, log *zap.Logger) (reg *prometheus.Registry, stop func() error, ended <-chan struct{}) {
+	t.Helper()
+	reg = prometheus.NewRegistry()
+	m := metrics.New(reg)
+	tracker := checkpoint.New(0)
+	s := replication.New(cfg, tracker, log, m)
 	ctx, cancel := context.WithCancel(context.Background())
 	out := make(chan replication.Message, s.Buffer())
 	go func() {
@@ -44,8 +53,10 @@ func runStream(t *testing.T, dsn, slot string, receiveTimeout time.Duration) (*p
 		}
 	}()
 	done := make(chan error, 1)
+	runEnded := make(chan struct{})
 	go func() {
 		err := s.Run(ctx, out)
+		close(runEnded)
 		if err == nil {
 			// Finish belongs to a clean end: without it the publication checks would outlive the
 			// test and log after it.
@@ -59,7 +70,7 @@ func runStream(t *testing.T, dsn, slot string, receiveTimeout time.Duration) (*p
 	}()
 	var runErr error
 	stopped := false
-	stop := func() error {
+	stop = func() error {
 		if !stopped {
 			stopped = true
 			cancel()
@@ -79,7 +90,7 @@ func runStream(t *testing.T, dsn, slot string, receiveTimeout time.Duration) (*p
 		return runErr
 	}
 	t.Cleanup(func() { stop() })
-	return reg, stop
+	return reg, stop, runEnded
 }
 
 // reconnects reads the stream's reconnect counter.

@@ -66,6 +66,9 @@ type Config struct {
 	BeforeStream func(ctx context.Context, snapshot string) error
 	// ExportSnapshot creates a missing slot with an exported snapshot, for BeforeStream.
 	ExportSnapshot bool
+	// Failover makes the slot a failover slot (PostgreSQL 17+; a fatal error on older servers):
+	// created with FAILOVER, or altered when it exists without it.
+	Failover bool
 }
 
 func (c *Config) setDefaults() {
@@ -193,6 +196,9 @@ type Stream struct {
 	identity       Identity
 	ledgerIdentity Identity
 	unrecorded     Identity // the server whose identity the ledger refused, warned about once
+	newTimeline    bool     // this session's server is on a later timeline than the last one's
+	// standbySlotsFinding is what warnStandbySlots last said, so a session repeats nothing.
+	standbySlotsFinding string
 	// receiveTimeout is how long the server may be silent in this session: ReceiveTimeout, or
 	// longer when the server's wal_sender_timeout says a busy walsender may take longer to answer.
 	receiveTimeout time.Duration
@@ -362,14 +368,25 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		return fatalf("pg_dsn reached two database clusters at once: the checks' connection one with system identifier %s, the replication connection one with %s (a multi-host pg_dsn listing servers of different clusters, or a host name that moved between the two connections). Make pg_dsn lead to the one cluster to stream from, and restart",
 			checked.systemID, s.identity.SystemID)
 	}
+	if s.cfg.Failover {
+		if err := checkFailoverSupported(serverMajor(s.conn.ParameterStatus("server_version"))); err != nil {
+			return err
+		}
+	}
 	snapshot := ""
 	if !slot.Exists {
 		if slot, snapshot, err = s.createSlot(ctx); err != nil {
 			return err
 		}
-	} else if slot.ConfirmedFlush, err = s.confirmedOnStreamServer(ctx); err != nil {
-		return err
+	} else {
+		if slot.ConfirmedFlush, err = s.confirmedOnStreamServer(ctx); err != nil {
+			return err
+		}
+		if err := s.ensureFailover(ctx, s.newTimeline); err != nil {
+			return err
+		}
 	}
+	s.warnStandbySlots(ctx)
 	if s.identity != s.ledgerIdentity {
 		s.recordIdentity(ctx)
 	}
@@ -507,8 +524,8 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 	}
 	switch {
 	case !slot.Exists && s.streamed:
-		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed in the gap would be skipped: recreate it deliberately (outbox-relay run creates it on a fresh start) after deciding how to reconcile outbox rows written since the last confirmed position %s",
-			ErrSlotLost, s.cfg.Slot, s.reported)
+		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed after its last confirmed position %s would be skipped. %s",
+			ErrSlotLost, s.cfg.Slot, s.reported, s.recovery())
 	case !slot.Exists && !s.cfg.CreateSlot:
 		return SlotInfo{}, fatalf("replication slot %q does not exist and create_slot is off: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", s.cfg.Slot, s.cfg.Slot)
 	case !slot.Exists:
@@ -526,12 +543,12 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 			return SlotInfo{}, err
 		}
 		if known && e.ConsistentLSN == 0 {
-			return SlotInfo{}, fmt.Errorf("%w: slot %q, which the relay streamed (recorded on %s), no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
-				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), s.ledger.Table(), s.cfg.Slot)
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, which the relay streamed (recorded on %s), no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. %s",
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), s.recovery())
 		}
 		if known {
-			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. Recover them from the outbox table (e.g. start once with backfill: true and backfill_since covering the gap), then run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = '%s') to let the relay create a new slot",
-				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, s.ledger.Table(), s.cfg.Slot)
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. %s",
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, s.recovery())
 		}
 		return slot, nil
 	}
@@ -542,6 +559,13 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 		return SlotInfo{}, fmt.Errorf("%w: slot %q is being streamed by PostgreSQL backend PID %d%s", ErrSlotActive, s.cfg.Slot, slot.ActivePID, describeBackend(ctx, conn, slot.ActivePID))
 	}
 	return slot, nil
+}
+
+// recovery is what to do about a lost slot: the new slot's backfill publishes the gap from the
+// outbox table, once the ledger lets the relay create it.
+func (s *Stream) recovery() string {
+	return fmt.Sprintf("To recover: stop every instance, run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = %s) so that the relay may create a new slot, and start one instance once with backfill: true and backfill_since covering the gap (from before the last event Kafka acknowledged): it publishes those events from the outbox table, consistently with the new slot (docs/operations.md, \"Recovering a lost or missing slot\")",
+		s.ledger.Table(), quoteLiteral(s.cfg.Slot))
 }
 
 // describeBackend says who holds the slot, to make "slot is active" actionable.
@@ -555,12 +579,7 @@ func describeBackend(ctx context.Context, conn *pgx.Conn, pid int32) string {
 }
 
 func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string, err error) {
-	action := "NOEXPORT_SNAPSHOT"
-	if s.cfg.ExportSnapshot {
-		action = "EXPORT_SNAPSHOT"
-	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: action})
+	res, err := pglogrepl.ParseCreateReplicationSlot(s.conn.Exec(ctx, s.createSlotCommand()))
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
@@ -577,7 +596,7 @@ func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string
 	if err != nil {
 		return SlotInfo{}, "", fmt.Errorf("slot %q consistent point %q: %w", s.cfg.Slot, res.ConsistentPoint, err)
 	}
-	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn))
+	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn), zap.Bool("failover", s.cfg.Failover))
 	s.recordSlot(ctx, lsn)
 	return SlotInfo{Exists: true, Plugin: "pgoutput", ConfirmedFlush: lsn}, res.SnapshotName, nil
 }

@@ -208,8 +208,16 @@ func (mon *Monitor) poll(ctx context.Context, conn **pgx.Conn) error {
 		}
 		return err
 	}
+	fo, err := ReadFailover(ctx, *conn, mon.cfg.Slot)
+	if err != nil {
+		mon.m.PostgresUp.Set(0)
+		(*conn).Close(context.WithoutCancel(ctx))
+		*conn = nil
+		return err
+	}
 	mon.m.PostgresUp.Set(1)
 	Publish(mon.m, st)
+	PublishFailover(mon.m, fo)
 	return nil
 }
 

@@ -17,8 +17,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/slotmon"
 )
 
-// exitSlotProblem is status's exit code when the slot is missing or has lost WAL: scripts and
-// probes can tell it from a failure to ask (1) and a usage error (2).
+// exitSlotProblem is status's exit code when the slot is missing or has lost WAL, or when a standby
+// given with --standby-dsn would not keep it through a promotion: scripts and probes can tell it
+// from a failure to ask (1) and a usage error (2).
 const exitSlotProblem = 3
 
 // statusTimeout bounds the whole status command: it is run by people and scripts waiting for it.
@@ -32,8 +33,14 @@ type statusReport struct {
 	CurrentWALLSN     string         `json:"current_wal_lsn"`
 	LeaderLockKey     int64          `json:"leader_lock_key"`
 	Leader            *leader.Holder `json:"leader"` // null when nobody holds the lock
-	OK                bool           `json:"ok"`
-	Problems          []string       `json:"problems"`
+	// Failover is whether the slot survives a promotion; Standbys what the --standby-dsn servers
+	// say of their copies.
+	Failover slotmon.Failover  `json:"failover"`
+	Standbys []slotmon.Standby `json:"standbys,omitempty"`
+	OK       bool              `json:"ok"`
+	Problems []string          `json:"problems"`
+	// Warnings do not change the exit code: the slot streams, but a failover would cost something.
+	Warnings []string `json:"warnings"`
 }
 
 // runStatus prints the slot at a glance and returns the exit code.
@@ -41,6 +48,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs := flag.NewFlagSet("outbox-relay status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	var standbyDSNs []string
+	fs.Func("standby-dsn", "a standby to check for a usable copy of the failover slot (PostgreSQL 17+); repeat for several",
+		func(v string) error { standbyDSNs = append(standbyDSNs, v); return nil })
 	loader := config.NewLoader(fs, nil).WithoutKafka()
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -59,9 +69,16 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
+	secrets := cfg.Secrets()
+	for _, dsn := range standbyDSNs {
+		secrets = append(secrets, (&config.Config{PGDSN: dsn}).Secrets()...)
+	}
 	rep, err := slotStatus(ctx, cfg.PGDSN, cfg.Slot)
+	if err == nil {
+		err = checkFailover(ctx, &rep, cfg, standbyDSNs)
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), cfg.Secrets()...))
+		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), secrets...))
 		return 1
 	}
 	if *asJSON {
@@ -87,7 +104,10 @@ func slotStatus(ctx context.Context, dsn, slot string) (statusReport, error) {
 	if err != nil {
 		return statusReport{}, err
 	}
-	rep := statusReport{State: st, CurrentWALLSN: st.CurrentLSN.String(), LeaderLockKey: leader.Key(slot), OK: true, Problems: []string{}}
+	rep := statusReport{State: st, CurrentWALLSN: st.CurrentLSN.String(), LeaderLockKey: leader.Key(slot), OK: true, Problems: []string{}, Warnings: []string{}}
+	if rep.Failover, err = slotmon.ReadFailover(ctx, conn, slot); err != nil {
+		return statusReport{}, err
+	}
 	if st.Exists {
 		rep.ConfirmedFlushLSN, rep.RestartLSN = st.ConfirmedFlush.String(), st.RestartLSN.String()
 	}
@@ -141,10 +161,65 @@ func printStatus(w io.Writer, rep statusReport) {
 	} else {
 		fmt.Fprintf(tw, "leader lock\tnot held: no relay with leader_election runs for this slot\n")
 	}
+	if rep.Exists {
+		fmt.Fprintf(tw, "failover slot\t%s\n", rep.Failover.Describe())
+	}
+	for _, sb := range rep.Standbys {
+		state := "copy ready for a promotion"
+		if !sb.Ready() {
+			state = "NOT ready for a promotion"
+		}
+		if sb.ConfirmedFlushLSN != "" {
+			state += ", confirmed LSN " + sb.ConfirmedFlushLSN
+		}
+		fmt.Fprintf(tw, "standby %s\t%s\n", sb.Address, state)
+	}
 	tw.Flush()
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "PROBLEM: %s\n", p)
 	}
+	for _, p := range rep.Warnings {
+		fmt.Fprintf(w, "WARNING: %s\n", p)
+	}
+}
+
+// checkFailover adds what a failover would cost: warnings from the primary's view, and a problem
+// for each standby given with --standby-dsn whose promotion now would lose the slot.
+func checkFailover(ctx context.Context, rep *statusReport, cfg *config.Config, standbyDSNs []string) error {
+	fo := rep.Failover
+	switch {
+	case !rep.Exists:
+	case cfg.Failover && !fo.Supported:
+		rep.Warnings = append(rep.Warnings, "failover is true, but this PostgreSQL has no failover slots (17+): the relay refuses to start with it")
+	case cfg.Failover && !fo.Failover:
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("failover is true but slot %q is not a failover slot yet: the relay makes it one at its next connection", rep.Slot))
+	case fo.Failover && len(fo.StandbySlots) == 0:
+		rep.Warnings = append(rep.Warnings, "synchronized_standby_slots is empty: the relay may publish transactions no standby has received, which after a failover to such a standby are in Kafka but not in the database; set it to the physical slots of the standbys that may be promoted")
+	case fo.Failover && !fo.Protected():
+		rep.Warnings = append(rep.Warnings, "a slot of synchronized_standby_slots is missing or not streamed: PostgreSQL sends the relay nothing beyond what that standby has received, so the relay waits until it is back (or leaves synchronized_standby_slots)")
+	}
+	for _, dsn := range standbyDSNs {
+		sb, err := readStandby(ctx, dsn, cfg.Slot)
+		if err != nil {
+			return err
+		}
+		rep.Standbys = append(rep.Standbys, sb)
+		if p := sb.Problem(cfg.Slot); p != "" {
+			rep.OK = false
+			rep.Problems = append(rep.Problems, p)
+		}
+	}
+	return nil
+}
+
+func readStandby(ctx context.Context, dsn, slot string) (slotmon.Standby, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return slotmon.Standby{}, fmt.Errorf("connect to the standby (--standby-dsn %s): %w", config.RedactDSN(dsn), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	addr := conn.PgConn().Conn().RemoteAddr().String()
+	return slotmon.ReadStandby(ctx, conn, addr, slot)
 }
 
 func describe(app, addr string) string {

@@ -138,6 +138,7 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			StatusInterval:    c.StatusInterval,
 			SlotBusyWait:      c.SlotBusyWait,
 			Messages:          c.HeartbeatInterval > 0,
+			Failover:          c.Failover,
 		},
 		Decoder: decoder.Config{Schema: c.Schema, Table: c.Table, Columns: cols, Extra: extraCols},
 		Sink: sink.Config{

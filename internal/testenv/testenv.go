@@ -68,8 +68,8 @@ func Postgres(t testing.TB, opts ...devenv.PostgresOptions) *devenv.Postgres {
 	})
 }
 
-// Standby starts a physical standby of primary for t (pg_basebackup), closed at t's cleanup. opts
-// (at most one) may set Port and Settings.
+// Standby starts a physical standby of primary for t (devenv.StartStandby: primary restarts once
+// for the copy), closed at t's cleanup. opts (at most one) may set Port and Settings.
 func Standby(t testing.TB, primary *devenv.Postgres, opts ...devenv.PostgresOptions) *devenv.Postgres {
 	t.Helper()
 	return dedicated(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
