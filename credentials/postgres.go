@@ -2,6 +2,7 @@ package credentials
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -32,4 +33,17 @@ var PostgresTLSKeys = TLSKeys{
 	Cert:    "sslcert and sslkey in pg_dsn",
 	Address: "the host in pg_dsn",
 	Enabled: "sslmode in pg_dsn",
+}
+
+// PostgresRefusalFix says what to change in the relay's settings when PostgreSQL refused the login
+// (SQLSTATE class 28) with message msg: pg_hba.conf asking for TLS or a client certificate is
+// fixed in pg_dsn's ssl parameters, anything else in the user or the password.
+func PostgresRefusalFix(msg string) string {
+	switch {
+	case strings.Contains(msg, "no encryption"):
+		return "the server accepts this login only over TLS: set sslmode=verify-full and sslrootcert in pg_dsn"
+	case strings.Contains(msg, "certificate"):
+		return "the server wants a client certificate it trusts, for this user: set sslcert and sslkey in pg_dsn (the certificate's CN is the user name)"
+	}
+	return "fix the user or the password (pg_dsn, pg_password_file)"
 }

@@ -224,6 +224,11 @@ func (s *Sink) retrying(topic string, partition, records int, err error, delay t
 	}
 	fields := []zap.Field{zap.String("topic", topic), zap.Int("partition", partition), zap.Int("events", records),
 		zap.Duration("retry_in", delay), zap.Error(err)}
+	if line, ok := tlsProblem(err); ok {
+		s.log.Error("TLS with the broker fails; retrying in place until the certificates are fixed",
+			append(fields, zap.String("problem", line))...)
+		return
+	}
 	switch {
 	case authError(err):
 		// Loud, but retried: during a credential or ACL rotation this heals by itself, and

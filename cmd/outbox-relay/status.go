@@ -10,8 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/slotmon"
@@ -59,9 +57,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
-	rep, err := slotStatus(ctx, cfg.PGDSN, cfg.Slot)
+	rep, err := slotStatus(ctx, cfg, cfg.Slot)
 	if err != nil {
-		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), cfg.Secrets()...))
+		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), secrets(cfg)...))
 		return 1
 	}
 	if *asJSON {
@@ -77,10 +75,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return 0
 }
 
-func slotStatus(ctx context.Context, dsn, slot string) (statusReport, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+func slotStatus(ctx context.Context, cfg *config.Config, slot string) (statusReport, error) {
+	conn, err := connectPostgres(ctx, cfg)
 	if err != nil {
-		return statusReport{}, fmt.Errorf("connect to PostgreSQL: %w", err)
+		return statusReport{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	st, err := slotmon.Read(ctx, conn, slot)

@@ -78,6 +78,11 @@ type KafkaTLSListener struct {
 	// Settings are further settings of this listener, without the listener.name.<name>. prefix,
 	// e.g. "scram-sha-512.connections.max.reauth.ms".
 	Settings map[string]string
+	// Port is the listener's port on 127.0.0.1; a free one.
+	Port int
+	// Advertised, when set, is the address the broker gives clients for this listener (a proxy in
+	// front of it, so that a test can cut clients' connections); ListenerAddr stays the real one.
+	Advertised string
 }
 
 // Kafka is a single-node KRaft broker+controller: server.properties, data/ and kafka.log in its
@@ -150,7 +155,7 @@ func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) e
 		if k.st.TLSPorts == nil {
 			k.st.TLSPorts = make(map[string]int)
 		}
-		k.st.TLSPorts[l.Name] = ports[3+i]
+		k.st.TLSPorts[l.Name] = cmp.Or(l.Port, ports[3+i])
 	}
 	if err := writeState(k.dir, k.st); err != nil {
 		return fmt.Errorf("kafka state: %w", err)
@@ -208,7 +213,10 @@ func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) e
 // SASL_PLAINTEXT with SCRAM users, the TLS listeners, and the controller's.
 func (k *Kafka) listenerSettings(tlsListeners []KafkaTLSListener) (map[string]string, error) {
 	controller := "127.0.0.1:" + strconv.Itoa(k.st.ControllerPort)
+	// What the broker listens on, and the addresses it gives clients: the same but where a TLS
+	// listener names another.
 	listeners := []string{"PLAINTEXT://" + k.Brokers()}
+	advertised := []string{"PLAINTEXT://" + k.Brokers()}
 	protocols := []string{"CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"}
 	out := map[string]string{}
 	scram := func(name string) {
@@ -221,6 +229,7 @@ func (k *Kafka) listenerSettings(tlsListeners []KafkaTLSListener) (map[string]st
 	}
 	if k.st.SASLPort != 0 {
 		listeners = append(listeners, "SASL_PLAINTEXT://"+k.SASLBrokers())
+		advertised = append(advertised, "SASL_PLAINTEXT://"+k.SASLBrokers())
 		protocols = append(protocols, "SASL_PLAINTEXT:SASL_PLAINTEXT")
 		scram("sasl_plaintext")
 	}
@@ -241,8 +250,12 @@ func (k *Kafka) listenerSettings(tlsListeners []KafkaTLSListener) (map[string]st
 		out[prefix+"ssl.keystore.type"] = "PEM"
 		out[prefix+"ssl.keystore.location"] = store
 		if l.ClientCAFile != "" {
+			trust := filepath.Join(k.dir, "trust-"+name+".pem")
+			if err := concatFiles(trust, l.ClientCAFile); err != nil {
+				return nil, fmt.Errorf("TLS listener %s: %w", l.Name, err)
+			}
 			out[prefix+"ssl.truststore.type"] = "PEM"
-			out[prefix+"ssl.truststore.location"] = l.ClientCAFile
+			out[prefix+"ssl.truststore.location"] = trust
 			out[prefix+"ssl.client.auth"] = "required"
 		}
 		protocol := "SSL"
@@ -254,11 +267,13 @@ func (k *Kafka) listenerSettings(tlsListeners []KafkaTLSListener) (map[string]st
 			out[prefix+key] = v
 		}
 		listeners = append(listeners, l.Name+"://"+k.ListenerAddr(l.Name))
+		advertised = append(advertised, l.Name+"://"+cmp.Or(l.Advertised, k.ListenerAddr(l.Name)))
 		protocols = append(protocols, l.Name+":"+protocol)
 	}
 	listeners = append(listeners, "CONTROLLER://"+controller)
+	advertised = append(advertised, "CONTROLLER://"+controller)
 	out["listeners"] = strings.Join(listeners, ",")
-	out["advertised.listeners"] = out["listeners"]
+	out["advertised.listeners"] = strings.Join(advertised, ",")
 	out["listener.security.protocol.map"] = strings.Join(protocols, ",")
 	return out, nil
 }
