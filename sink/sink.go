@@ -114,6 +114,7 @@ type Sink struct {
 	transport *kafka.Transport
 	router    *router
 	limit     *limiter
+	labels    *topicLabels
 
 	main, dead *producer
 	ctx        context.Context // ends when Close gives up waiting
@@ -169,15 +170,17 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		return nil, fmt.Errorf("sink: dead-letter topic: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	labels := newTopicLabels()
 	s := &Sink{
 		cfg:    cfg,
 		log:    log,
 		m:      m,
 		router: rt,
 		limit:  newLimiter(int64(cfg.MaxInFlight), cfg.MaxInFlightSize),
+		labels: labels,
 		ctx:    ctx,
 		stop:   stop,
-		topics: &topicWaits{log: log, gauge: m.TopicUnavailable, waiting: make(map[string]*topicWait)},
+		topics: &topicWaits{log: log, gauge: m.TopicUnavailable, labels: labels, waiting: make(map[string]*topicWait)},
 	}
 	s.transport = &kafka.Transport{
 		ClientID:    cfg.ClientID,
@@ -347,7 +350,7 @@ func (s *Sink) completed(batch []*record, err error) {
 			newest = rec.ev.Tx.CommitTime
 		}
 	}
-	s.m.EventsPublished.WithLabelValues(batch[0].msg.Topic).Add(float64(len(batch)))
+	s.m.EventsPublished.WithLabelValues(s.labels.of(batch[0].msg.Topic)).Add(float64(len(batch)))
 	s.settle(batch, bytes)
 	s.m.BytesPublished.Add(float64(bytes))
 	s.m.LastAckTimestamp.Set(float64(now.UnixNano()) / 1e9)
