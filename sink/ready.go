@@ -20,7 +20,7 @@ func (s *Sink) WaitReady(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		// A fresh transport per attempt: a pooled one would answer from state cached while the
 		// brokers were down.
-		probe := &kafka.Transport{ClientID: s.cfg.ClientID, TLS: s.cfg.TLS, SASL: s.cfg.SASL, DialTimeout: 5 * time.Second}
+		probe := s.newTransport()
 		client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: probe, Timeout: 10 * time.Second}
 		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
 		if err == nil && len(md.Brokers) > 0 {

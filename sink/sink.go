@@ -51,11 +51,11 @@ type Config struct {
 	MaxInFlight     int           // events not yet acknowledged; default 10000
 	MaxInFlightSize int64         // bytes not yet acknowledged; default 64 MiB
 	Compression     kafka.Compression
-	Policy          Policy // default DeadLetter
-	DeadLetterTopic string // default "outbox.dead-letter"
-	TLS             *tls.Config
-	SASL            sasl.Mechanism
-	ClientID        string // default "outbox-relay"
+	Policy          Policy         // default DeadLetter
+	DeadLetterTopic string         // default "outbox.dead-letter"
+	TLS             *tls.Config    // credentials.KafkaTLS.Config: client certificate read per connection
+	SASL            sasl.Mechanism // credentials.KafkaMechanism: password file read per connection
+	ClientID        string         // default "outbox-relay"
 }
 
 func (c *Config) setDefaults() {
@@ -182,19 +182,22 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		stop:   stop,
 		topics: &topicWaits{log: log, gauge: m.TopicUnavailable, labels: labels, waiting: make(map[string]*topicWait)},
 	}
-	s.transport = &kafka.Transport{
-		ClientID:    cfg.ClientID,
-		TLS:         cfg.TLS,
-		SASL:        cfg.SASL,
-		DialTimeout: 5 * time.Second,
-		IdleTimeout: 30 * time.Second,
-		// A short TTL also bounds how long an error cached during an outage outlives the outage.
-		MetadataTTL: 5 * time.Second,
-	}
+	s.transport = s.newTransport()
+	s.transport.IdleTimeout = 30 * time.Second
+	// A short TTL also bounds how long an error cached during an outage outlives the outage.
+	s.transport.MetadataTTL = 5 * time.Second
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport, Timeout: cfg.WriteTimeout}
 	s.main = s.newProducer(client, s.completed)
 	s.dead = s.newProducer(client, s.deadLettered)
 	return s, nil
+}
+
+// newTransport is how the sink reaches the brokers. Every connection it makes, the producers' and
+// the readiness probes', is encrypted and authenticated the same way: Config.TLS and Config.SASL,
+// built once by the credentials package (which reads the client certificate and the password file
+// again for every connection).
+func (s *Sink) newTransport() *kafka.Transport {
+	return &kafka.Transport{ClientID: s.cfg.ClientID, TLS: s.cfg.TLS, SASL: s.cfg.SASL, DialTimeout: 5 * time.Second}
 }
 
 func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *producer {
