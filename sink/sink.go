@@ -51,11 +51,11 @@ type Config struct {
 	MaxInFlight     int           // events not yet acknowledged; default 10000
 	MaxInFlightSize int64         // bytes not yet acknowledged; default 64 MiB
 	Compression     kafka.Compression
-	Policy          Policy         // default DeadLetter
-	DeadLetterTopic string         // default "outbox.dead-letter"
-	TLS             *tls.Config    // credentials.KafkaTLS.Config: client certificate read per connection
-	SASL            sasl.Mechanism // credentials.KafkaMechanism: password file read per connection
-	ClientID        string         // default "outbox-relay"
+	Policy          Policy // default DeadLetter
+	DeadLetterTopic string // default "outbox.dead-letter"
+	TLS             *tls.Config
+	SASL            sasl.Mechanism
+	ClientID        string // default "outbox-relay"
 }
 
 func (c *Config) setDefaults() {
