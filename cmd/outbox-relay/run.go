@@ -62,7 +62,10 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("starting",
 		zap.String("version", version),
 		zap.String("pg_dsn", config.RedactDSN(cfg.PGDSN)),
+		zap.String("pg_password_file", cfg.PGPasswordFile), // the path; never the content
 		zap.Strings("kafka_brokers", cfg.KafkaBrokers),
+		zap.Bool("kafka_tls", cfg.Kafka.TLS.Enabled),
+		zap.String("kafka_sasl_mechanism", cfg.Kafka.SASL.Mechanism),
 		zap.String("slot", cfg.Slot),
 		zap.String("publication", cfg.Publication),
 		zap.String("table", cfg.Schema+"."+cfg.Table),
