@@ -57,7 +57,7 @@ func classifyConnect(err error, what string) error {
 	case pgErr.Code == "42501" || pgErr.Code == "28000" && strings.Contains(pgErr.Message, "replication"):
 		return fatalf("the PostgreSQL role may not open a replication connection (%s): grant it with ALTER ROLE <role> REPLICATION, or use a role that has it", pgErr.Message)
 	case pgErr.Code[:2] == "28":
-		return fatalf("PostgreSQL refused the relay's login (%s): %s", pgErr.Message, credentials.PostgresRefusalFix(pgErr.Message))
+		return fatalf("PostgreSQL refused the relay's credentials (%s): %s", pgErr.Message, credentials.PostgresRefusalFix(pgErr.Message))
 	case pgErr.Code == "3D000":
 		return fatalf("PostgreSQL has no such database (%s): fix the database in pg_dsn", pgErr.Message)
 	case pgErr.Code == "53300":
