@@ -216,13 +216,15 @@ func startPruning(ctx context.Context, cfg *config.Config, log *zap.Logger, m *m
 	if err != nil {
 		return nil, fmt.Errorf("prune: config key pg_dsn: %w", err)
 	}
-	if cfg.PGPasswordFile != "" {
-		// The pool opens connections as it needs them: each reads the password as it is then.
-		pcfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
-			pw, err := credentials.ReadSecret("pg_password_file", cfg.PGPasswordFile)
-			cc.Password = pw
+	// The pool opens connections as it needs them: each reads the password file and the TLS files
+	// as they are then, like every other connection of the relay.
+	pcfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		fresh, err := credentials.PostgresConfig(cfg.PGDSN, cfg.PGPasswordFile)
+		if err != nil {
 			return err
 		}
+		cc.Password, cc.TLSConfig, cc.Fallbacks = fresh.Password, fresh.TLSConfig, fresh.Fallbacks
+		return nil
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
