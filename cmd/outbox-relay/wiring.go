@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -138,13 +140,11 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			return relay.Config{}, err
 		}
 	}
-	tlsCfg, err := credentials.KafkaTLS{Enabled: c.Kafka.TLS.Enabled, CAFile: c.Kafka.TLS.CAFile, CertFile: c.Kafka.TLS.CertFile,
-		KeyFile: c.Kafka.TLS.KeyFile, InsecureSkipVerify: c.Kafka.TLS.InsecureSkipVerify}.Config()
+	tlsCfg, err := tlsConfig(c.Kafka.TLS)
 	if err != nil {
 		return relay.Config{}, err
 	}
-	mech, err := credentials.KafkaMechanism(credentials.KafkaSASL{Mechanism: c.Kafka.SASL.Mechanism, Username: c.Kafka.SASL.Username,
-		Password: c.Kafka.SASL.Password, PasswordFile: c.Kafka.SASL.PasswordFile})
+	mech, err := saslMechanism(c.Kafka.SASL)
 	if err != nil {
 		return relay.Config{}, err
 	}
@@ -215,4 +215,17 @@ func compression(name string) kafka.Compression {
 		return kafka.Zstd
 	}
 	return 0
+}
+
+// tlsConfig and saslMechanism are how every subcommand that talks to Kafka encrypts and
+// authenticates: one construction (package credentials), which reads the client certificate and
+// the password file again for every connection.
+func tlsConfig(c config.TLS) (*tls.Config, error) {
+	return credentials.KafkaTLS{Enabled: c.Enabled, CAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile,
+		InsecureSkipVerify: c.InsecureSkipVerify}.Config()
+}
+
+func saslMechanism(c config.SASL) (sasl.Mechanism, error) {
+	return credentials.KafkaMechanism(credentials.KafkaSASL{Mechanism: c.Mechanism, Username: c.Username,
+		Password: c.Password, PasswordFile: c.PasswordFile})
 }
