@@ -2,7 +2,7 @@ package main
 
 // Binary-level tests of the single-leader deployment: two relays on one slot, one streams, the
 // other stands by and takes over when the leader is killed or loses its lock connection. The
-// helpers here are shared by metrics_test.go, status_test.go, privilege_test.go and sasl_test.go.
+// helpers here are shared by metrics_test.go, status_test.go, privilege_test.go and security_test.go.
 // TestMain (testenv.Main) is in e2e_test.go.
 
 import (

@@ -1,9 +1,9 @@
 package main
 
 // The secure paths against real servers: a Kafka broker with TLS listeners (server authentication,
-// mutual TLS, SASL_SSL with SCRAM) and a PostgreSQL that accepts TLS only (hostnossl ... reject),
-// both with certificates this test makes, both started once and shared by the subtests, which run
-// in parallel on databases, slots, topics and users of their own.
+// mutual TLS, SASL_SSL with SCRAM) and SASL_PLAINTEXT, and a PostgreSQL that accepts TLS only
+// (hostnossl ... reject), both with certificates this test makes, both started once and shared by
+// the subtests, which run in parallel on databases, slots, topics and users of their own.
 
 import (
 	"context"
@@ -33,11 +33,14 @@ import (
 
 // Secrets of the secure tests; none may appear in any output.
 const (
-	rotorUser        = "rotor"
-	rotorPassword    = "scram-before-rotation-51c0"
-	rotorNewPassword = "scram-after-rotation-83ad"
-	pgPassword       = "pg-before-rotation-2b77"
-	pgNewPassword    = "pg-after-rotation-e4d1"
+	scramUser          = "relay"
+	scramPassword      = "scram-relay-secret-4f2a"
+	scramWrongPassword = "scram-wrong-secret-9d3b"
+	rotorUser          = "rotor"
+	rotorPassword      = "scram-before-rotation-51c0"
+	rotorNewPassword   = "scram-after-rotation-83ad"
+	pgPassword         = "pg-before-rotation-2b77"
+	pgNewPassword      = "pg-after-rotation-e4d1"
 	// certRole logs in to PostgreSQL with a client certificate (its CN) and no password.
 	certRole = "cert_relay"
 	// fatalBound is how long a relay may take to give up on a certificate it does not trust: it
@@ -63,7 +66,7 @@ func newSecureEnv(t *testing.T) *secureEnv {
 	dir := t.TempDir()
 	ca, other := testpki.NewCA(t, "outbox-relay test CA"), testpki.NewCA(t, "someone else's CA")
 	e := &secureEnv{dir: dir, caFile: ca.WriteCA(t, dir, "ca"), otherCAFile: other.WriteCA(t, dir, "other-ca"),
-		secrets: []string{rotorPassword, rotorNewPassword, pgPassword, pgNewPassword}}
+		secrets: []string{scramPassword, scramWrongPassword, rotorPassword, rotorNewPassword, pgPassword, pgNewPassword}}
 	server := ca.Localhost(t).Write(t, dir, "server")
 	expired := ca.Issue(t, testpki.Leaf{CommonName: "127.0.0.1", IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
 		NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-24 * time.Hour)}).Write(t, dir, "expired")
@@ -76,7 +79,7 @@ func newSecureEnv(t *testing.T) *secureEnv {
 	e.scramProxy = netproxy.New(t, "127.0.0.1:"+strconv.Itoa(scramPort))
 	start := time.Now()
 	e.k = testenv.Kafka(t, devenv.KafkaOptions{
-		SCRAMUsers: map[string]string{rotorUser: rotorPassword},
+		SCRAMUsers: map[string]string{scramUser: scramPassword, rotorUser: rotorPassword},
 		TLSListeners: []devenv.KafkaTLSListener{
 			{Name: "TLS", CertFile: server.Cert, KeyFile: server.Key},
 			{Name: "MTLS", CertFile: server.Cert, KeyFile: server.Key, ClientCAFile: e.caFile},
@@ -141,6 +144,15 @@ func writeEvents(t *testing.T, f *haFixture, n int, tag string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// logOnFailure shows r's output when t fails.
+func logOnFailure(t *testing.T, r *instance) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s output:\n%s", r.name, r.Output())
+		}
+	})
 }
 
 // noSecrets fails when out shows any of the secure tests' secrets.
@@ -246,6 +258,7 @@ func TestTLSMutualTLSSASLSSLAndSecretFilesAgainstRealServers(t *testing.T) {
 			"OUTBOX_KAFKA_TLS_CA_FILE": e.caFile,
 		}
 		r := f.start(app, env)
+		logOnFailure(t, r)
 		f.waitStreamer(t, r, haStartTimeout)
 		writeEvents(t, f, 20, "before")
 		t.Logf("over TLS both ways: %s", f.verify(t, e.k.Brokers()))
@@ -304,6 +317,7 @@ func TestTLSMutualTLSSASLSSLAndSecretFilesAgainstRealServers(t *testing.T) {
 			"OUTBOX_KAFKA_TLS_CERT_FILE": e.kafkaClient.Cert,
 			"OUTBOX_KAFKA_TLS_KEY_FILE":  e.kafkaClient.Key,
 		})
+		logOnFailure(t, r)
 		f.waitStreamer(t, r, haStartTimeout)
 		writeEvents(t, f, 20, "mtls")
 		t.Logf("with client certificates both ways: %s", f.verify(t, e.k.Brokers()))
@@ -332,6 +346,7 @@ func TestTLSMutualTLSSASLSSLAndSecretFilesAgainstRealServers(t *testing.T) {
 			"OUTBOX_KAFKA_SASL_USERNAME":      rotorUser,
 			"OUTBOX_KAFKA_SASL_PASSWORD_FILE": pwFile,
 		})
+		logOnFailure(t, r)
 		f.waitStreamer(t, r, haStartTimeout)
 		writeEvents(t, f, 20, "before")
 		t.Logf("through SASL_SSL: %s", f.verify(t, e.k.Brokers()))
@@ -351,6 +366,44 @@ func TestTLSMutualTLSSASLSSLAndSecretFilesAgainstRealServers(t *testing.T) {
 		}
 		r.stop(t)
 		e.noSecrets(t, "relay output", r.Output())
+	})
+
+	sasl := func(password string) map[string]string {
+		return map[string]string{
+			"OUTBOX_KAFKA_BROKERS":        e.k.SASLBrokers(),
+			"OUTBOX_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+			"OUTBOX_KAFKA_SASL_USERNAME":  scramUser,
+			"OUTBOX_KAFKA_SASL_PASSWORD":  password,
+		}
+	}
+
+	t.Run("SCRAM-SHA-512 over SASL_PLAINTEXT with the password in the environment streams end to end", func(t *testing.T) {
+		t.Parallel()
+		f := newHAFixture(t, e.pg, e.k.Brokers(), 2)
+		r := f.start("relay-scram", sasl(scramPassword))
+		logOnFailure(t, r)
+		f.waitStreamer(t, r, haStartTimeout)
+		writeEvents(t, f, 20, "scram")
+		t.Logf("through SCRAM-SHA-512: %s", f.verify(t, e.k.Brokers()))
+		r.stop(t)
+		e.noSecrets(t, "relay output", r.Output())
+	})
+
+	t.Run("a wrong SCRAM password ends the start with one line naming kafka.sasl", func(t *testing.T) {
+		t.Parallel()
+		f := newHAFixture(t, e.pg, e.k.Brokers(), 1)
+		code, out := relayproc.Run(t, relayproc.Options{Env: f.env("relay-wrong", sasl(scramWrongPassword))}, fatalBound)
+		if code != 1 {
+			t.Fatalf("exit status %d, want 1:\n%s", code, out)
+		}
+		last := out[strings.LastIndex(strings.TrimRight(out, "\n"), "\n")+1:]
+		for _, want := range []string{"refused the relay's credentials", "kafka.sasl"} {
+			if !strings.Contains(last, want) {
+				t.Errorf("last line lacks %q: %s", want, last)
+			}
+		}
+		e.noSecrets(t, "relay output", out)
+		t.Logf("fatal line: %s", strings.TrimSpace(last))
 	})
 
 	// Each bad certificate ends the start with one line naming the problem and the key to fix,
