@@ -19,6 +19,7 @@ import (
 // Config is every setting of `outbox-relay run`.
 type Config struct {
 	PGDSN             string
+	PGPasswordFile    string // read for every connection; pg_dsn then holds no password
 	KafkaBrokers      []string
 	Slot              string
 	Publication       string
@@ -92,9 +93,10 @@ type TLS struct {
 
 // SASL configures authentication to the brokers.
 type SASL struct {
-	Mechanism string // "", PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
-	Username  string
-	Password  string
+	Mechanism    string // "", PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+	Username     string
+	Password     string
+	PasswordFile string // read for every connection; instead of Password
 }
 
 // setting is one configuration key: its default, its help, and how to apply a value.
@@ -203,6 +205,8 @@ var settings = []setting{
 		}},
 	{key: "pg_dsn", help: "PostgreSQL connection string (URL or key=value); the role needs REPLICATION", secret: true,
 		apply: str(func(c *Config) *string { return &c.PGDSN })},
+	{key: "pg_password_file", help: "file holding the PostgreSQL password (a mounted Secret), read for every connection, so a rotated password is used at the next reconnect; pg_dsn then holds none",
+		apply: str(func(c *Config) *string { return &c.PGPasswordFile })},
 	{key: "kafka_brokers", help: "Kafka bootstrap brokers, comma-separated host:port",
 		apply: list(func(c *Config) *[]string { return &c.KafkaBrokers })},
 	{key: "slot", def: "outbox_relay", help: "logical replication slot name",
@@ -372,6 +376,8 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.Username })},
 	{key: "kafka.sasl.password", help: "SASL password", secret: true,
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.Password })},
+	{key: "kafka.sasl.password_file", help: "file holding the SASL password (a mounted Secret), read for every connection, so a rotated password is used at the next reconnect; instead of kafka.sasl.password",
+		apply: str(func(c *Config) *string { return &c.Kafka.SASL.PasswordFile })},
 }
 
 // profiles preset defaults; keys set explicitly still win.
@@ -596,8 +602,16 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 	if c.StatusInterval < 100*time.Millisecond {
 		bad("status_interval", "%s is too short (at least 100ms)", c.StatusInterval)
 	}
-	if c.Kafka.SASL.Mechanism != "" && (c.Kafka.SASL.Username == "" || c.Kafka.SASL.Password == "") {
-		errs = append(errs, errors.New("config key kafka.sasl.mechanism is set, so kafka.sasl.username and kafka.sasl.password are required"))
+	if c.Kafka.SASL.Mechanism != "" && (c.Kafka.SASL.Username == "" || c.Kafka.SASL.Password == "" && c.Kafka.SASL.PasswordFile == "") {
+		errs = append(errs, errors.New("config key kafka.sasl.mechanism is set, so kafka.sasl.username and kafka.sasl.password (or kafka.sasl.password_file) are required"))
+	}
+	if c.Kafka.SASL.Password != "" && c.Kafka.SASL.PasswordFile != "" {
+		errs = append(errs, fmt.Errorf("config keys kafka.sasl.password (from %s) and kafka.sasl.password_file (from %s) are both set: keep the password in one place",
+			from("kafka.sasl.password"), from("kafka.sasl.password_file")))
+	}
+	if c.PGPasswordFile != "" && dsnPassword(c.PGDSN) != "" {
+		errs = append(errs, fmt.Errorf("config key pg_password_file (from %s) is set, and pg_dsn (from %s) holds a password too: keep the password in one place",
+			from("pg_password_file"), from("pg_dsn")))
 	}
 	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
 		errs = append(errs, errors.New("config keys kafka.tls.cert_file and kafka.tls.key_file go together: set both or neither"))

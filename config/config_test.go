@@ -436,6 +436,13 @@ func TestCrossKeyChecks(t *testing.T) {
 	}{
 		{"a SASL mechanism needs a user name and password",
 			with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "PLAIN", "OUTBOX_KAFKA_SASL_USERNAME", "u"), "kafka.sasl.password"},
+		{"a SASL mechanism without a password names both places it may come from",
+			with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "PLAIN", "OUTBOX_KAFKA_SASL_USERNAME", "u"), "kafka.sasl.password_file"},
+		{"a SASL password in two places is refused",
+			with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "PLAIN", "OUTBOX_KAFKA_SASL_USERNAME", "u",
+				"OUTBOX_KAFKA_SASL_PASSWORD", "p", "OUTBOX_KAFKA_SASL_PASSWORD_FILE", "/run/secrets/kafka"), "kafka.sasl.password_file"},
+		{"a PostgreSQL password in pg_dsn and in a file is refused",
+			with(required(), "OUTBOX_PG_DSN", "postgres://relay:in-dsn@db/app", "OUTBOX_PG_PASSWORD_FILE", "/run/secrets/pg"), "pg_password_file"},
 		{"a client certificate needs its key",
 			with(required(), "OUTBOX_KAFKA_TLS_CERT_FILE", "/tls/cert.pem"), "kafka.tls.key_file"},
 		{"a client key needs its certificate",
@@ -448,6 +455,17 @@ func TestCrossKeyChecks(t *testing.T) {
 				t.Fatalf("Load = %v, want an error naming %s", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestPasswordsMayComeFromFiles(t *testing.T) {
+	c, _, err := load(t, "", with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512", "OUTBOX_KAFKA_SASL_USERNAME", "relay",
+		"OUTBOX_KAFKA_SASL_PASSWORD_FILE", "/run/secrets/kafka-password", "OUTBOX_PG_PASSWORD_FILE", "/run/secrets/pg-password"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Kafka.SASL.PasswordFile != "/run/secrets/kafka-password" || c.PGPasswordFile != "/run/secrets/pg-password" {
+		t.Fatalf("password files %q and %q", c.Kafka.SASL.PasswordFile, c.PGPasswordFile)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -586,10 +587,15 @@ func TestTheKubernetesManifestsAreConsistent(t *testing.T) {
 					Labels map[string]string `yaml:"labels"`
 				} `yaml:"metadata"`
 				Spec struct {
-					TerminationGracePeriodSeconds int `yaml:"terminationGracePeriodSeconds"`
+					TerminationGracePeriodSeconds int   `yaml:"terminationGracePeriodSeconds"`
+					AutomountServiceAccountToken  *bool `yaml:"automountServiceAccountToken"`
 					SecurityContext               struct {
-						RunAsNonRoot *bool `yaml:"runAsNonRoot"`
-						RunAsUser    int   `yaml:"runAsUser"`
+						RunAsNonRoot   *bool `yaml:"runAsNonRoot"`
+						RunAsUser      int   `yaml:"runAsUser"`
+						FSGroup        int   `yaml:"fsGroup"`
+						SeccompProfile struct {
+							Type string `yaml:"type"`
+						} `yaml:"seccompProfile"`
 					} `yaml:"securityContext"`
 					Containers []k8sContainer `yaml:"containers"`
 					Volumes    []struct {
@@ -597,6 +603,10 @@ func TestTheKubernetesManifestsAreConsistent(t *testing.T) {
 						ConfigMap struct {
 							Name string `yaml:"name"`
 						} `yaml:"configMap"`
+						Secret struct {
+							SecretName  string `yaml:"secretName"`
+							DefaultMode *int   `yaml:"defaultMode"`
+						} `yaml:"secret"`
 					} `yaml:"volumes"`
 				} `yaml:"spec"`
 			} `yaml:"template"`
@@ -609,11 +619,11 @@ func TestTheKubernetesManifestsAreConsistent(t *testing.T) {
 	}
 	ctr := pod.Containers[0]
 
-	// The configuration the pod runs with: the ConfigMap's file named by --config, plus the Secret's
-	// variables (placeholder values here).
+	// The configuration the pod runs with: the ConfigMap's file named by --config, and the
+	// environment, which holds no secret.
 	configPath := flagValue(ctr.Args, "--config")
 	var cfg *config.Config
-	t.Run("the ConfigMap's relay.yaml loads, with the Secret's variables", func(t *testing.T) {
+	t.Run("the ConfigMap's relay.yaml loads", func(t *testing.T) {
 		var mountPath string
 		for _, vm := range ctr.VolumeMounts {
 			for _, v := range pod.Volumes {
@@ -632,14 +642,7 @@ func TestTheKubernetesManifestsAreConsistent(t *testing.T) {
 		}
 		env := map[string]string{}
 		for _, e := range ctr.Env {
-			switch {
-			case e.ValueFrom.SecretKeyRef.Key == "OUTBOX_PG_DSN":
-				env[e.Name] = "postgres://outbox_relay:placeholder@db.example.com:5432/app?sslmode=verify-full"
-			case e.ValueFrom.SecretKeyRef.Key != "":
-				env[e.Name] = "placeholder"
-			default:
-				env[e.Name] = e.Value
-			}
+			env[e.Name] = e.Value
 		}
 		cfg = loadConfig(t, []string{"--config", file}, env)
 		if cfg.CreatePublication {
@@ -650,7 +653,7 @@ func TestTheKubernetesManifestsAreConsistent(t *testing.T) {
 		t.FailNow()
 	}
 
-	t.Run("the Secret's documented keys are the ones the Deployment reads", func(t *testing.T) {
+	t.Run("the secrets reach the pod as files of the Secret, read-only, never in the environment", func(t *testing.T) {
 		var sec struct {
 			Metadata struct {
 				Name string `yaml:"name"`
@@ -659,23 +662,62 @@ func TestTheKubernetesManifestsAreConsistent(t *testing.T) {
 		}
 		remarshal(t, objects["Secret"], &sec)
 		for _, e := range ctr.Env {
-			ref := e.ValueFrom.SecretKeyRef
-			if ref.Key == "" {
-				continue
-			}
-			if ref.Name != sec.Metadata.Name {
-				t.Errorf("env %s reads Secret %q, the example is %q", e.Name, ref.Name, sec.Metadata.Name)
-			}
-			if _, ok := sec.StringData[ref.Key]; !ok {
-				t.Errorf("env %s reads key %s, which secret.example.yaml does not document", e.Name, ref.Key)
-			}
-			if e.Name != ref.Key || !strings.HasPrefix(e.Name, "OUTBOX_") {
-				t.Errorf("env %s from key %s: name both after the OUTBOX_ variable", e.Name, ref.Key)
+			if e.ValueFrom.SecretKeyRef.Key != "" || strings.Contains(e.Name, "PASSWORD") || strings.Contains(e.Name, "DSN") {
+				t.Errorf("env %s: secrets go in files (the environment shows in `kubectl describe` and /proc)", e.Name)
 			}
 		}
-		for _, k := range []string{"OUTBOX_PG_DSN", "OUTBOX_KAFKA_SASL_PASSWORD"} {
-			if _, ok := sec.StringData[k]; !ok {
-				t.Errorf("secret.example.yaml does not document %s", k)
+		if u, err := url.Parse(cfg.PGDSN); err != nil || u.Query().Has("password") {
+			t.Errorf("pg_dsn %q: want a URL without a password", cfg.PGDSN)
+		} else if _, has := u.User.Password(); has {
+			t.Errorf("pg_dsn %q holds a password: it belongs in pg_password_file", cfg.PGDSN)
+		}
+		var mountPath string
+		for _, v := range pod.Volumes {
+			if v.Secret.SecretName == "" {
+				continue
+			}
+			if v.Secret.SecretName != sec.Metadata.Name {
+				t.Errorf("volume %s mounts Secret %q, the example is %q", v.Name, v.Secret.SecretName, sec.Metadata.Name)
+			}
+			if v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o007 != 0 {
+				t.Errorf("volume %s: defaultMode must give others no access to the secret files", v.Name)
+			}
+			for _, vm := range ctr.VolumeMounts {
+				if vm.Name != v.Name {
+					continue
+				}
+				if !vm.ReadOnly || vm.SubPath != "" {
+					t.Errorf("mount of %s: want readOnly and no subPath (a subPath mount never sees a rotated Secret)", v.Name)
+				}
+				mountPath = vm.MountPath
+			}
+		}
+		if mountPath == "" {
+			t.Fatalf("no Secret volume mounted in the container")
+		}
+		if pod.SecurityContext.FSGroup != pod.SecurityContext.RunAsUser {
+			t.Errorf("fsGroup %d: the secret files belong to root and this group, so the relay's user %d must be in it",
+				pod.SecurityContext.FSGroup, pod.SecurityContext.RunAsUser)
+		}
+		if cfg.PGPasswordFile == "" {
+			t.Errorf("pg_password_file is not set: the PostgreSQL password must come from the Secret's file")
+		}
+		for key, path := range map[string]string{"pg_password_file": cfg.PGPasswordFile, "kafka.sasl.password_file": cfg.Kafka.SASL.PasswordFile} {
+			if path == "" {
+				continue
+			}
+			dir, name := filepath.Split(path)
+			if filepath.Clean(dir) != filepath.Clean(mountPath) {
+				t.Errorf("%s %s is not in the Secret's mount %s", key, path, mountPath)
+			}
+			if _, ok := sec.StringData[name]; !ok {
+				t.Errorf("%s names %s, which secret.example.yaml does not document", key, name)
+			}
+		}
+		// Every documented key is used, by a key set in relay.yaml or one shown commented out.
+		for name := range sec.StringData {
+			if !strings.Contains(cm.Data[strings.TrimPrefix(configPath, filepath.Dir(configPath)+"/")], mountPath+"/"+name) {
+				t.Errorf("secret.example.yaml documents %s, which relay.yaml never names (%s/%s)", name, mountPath, name)
 			}
 		}
 	})
@@ -689,10 +731,16 @@ func TestTheKubernetesManifestsAreConsistent(t *testing.T) {
 		}
 	})
 
-	t.Run("the pod runs as the image's non-root user with a read-only root filesystem", func(t *testing.T) {
+	t.Run("the pod runs as the image's non-root user with a read-only root filesystem, no privilege escalation and no capabilities", func(t *testing.T) {
 		sc := pod.SecurityContext
 		if sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == 0 {
 			t.Errorf("pod securityContext %+v: want runAsNonRoot and a non-zero runAsUser", sc)
+		}
+		if sc.SeccompProfile.Type != "RuntimeDefault" {
+			t.Errorf("seccompProfile %q, want RuntimeDefault", sc.SeccompProfile.Type)
+		}
+		if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+			t.Errorf("automountServiceAccountToken must be false: the relay never calls the Kubernetes API")
 		}
 		user, _, _ := strings.Cut(parseDockerfile(t, "Dockerfile").stages[1].user, ":")
 		if strconv.Itoa(sc.RunAsUser) != user {
@@ -925,6 +973,8 @@ type k8sContainer struct {
 	VolumeMounts []struct {
 		Name      string `yaml:"name"`
 		MountPath string `yaml:"mountPath"`
+		ReadOnly  bool   `yaml:"readOnly"`
+		SubPath   string `yaml:"subPath"`
 	} `yaml:"volumeMounts"`
 }
 

@@ -34,6 +34,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/credentials"
 )
 
 // Key is the advisory lock key for slot: an FNV-1a hash of "outbox-relay/<slot>". Relays of
@@ -47,8 +49,9 @@ func Key(slot string) int64 {
 
 // Config configures an Elector. Zero durations get the defaults noted.
 type Config struct {
-	DSN  string
-	Slot string
+	DSN          string
+	PasswordFile string // pg_password_file: read for every connection, so a rotated password is used at the next reconnect
+	Slot         string
 	// RetryInterval is how often a standby tries to take the lock. Default 2s.
 	RetryInterval time.Duration
 	// CheckInterval is how often the leader checks its lock connection. Default 1s: it bounds how
@@ -118,8 +121,9 @@ func New(cfg Config, log *zap.Logger) *Elector {
 	return &Elector{cfg: cfg, key: Key(cfg.Slot), log: log}
 }
 
-// ErrCredentials means PostgreSQL refused the connection for a reason retrying cannot fix.
-var ErrCredentials = errors.New("PostgreSQL refused the leader-lock connection")
+// ErrCredentials means the leader-lock connection failed for a reason retrying cannot fix:
+// PostgreSQL refused the credentials, or the relay does not trust its certificate.
+var ErrCredentials = errors.New("cannot connect to PostgreSQL for the leader lock")
 
 // Campaign stands by until this instance holds the lock, and returns the leadership term. It
 // returns an error only when ctx ends or PostgreSQL refuses the credentials (retrying cannot fix
@@ -208,9 +212,9 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 }
 
 func (e *Elector) connect(ctx context.Context) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(e.cfg.DSN)
+	cfg, err := credentials.PostgresConfig(e.cfg.DSN, e.cfg.PasswordFile)
 	if err != nil {
-		return nil, fmt.Errorf("%w: pg_dsn: %w", ErrCredentials, err)
+		return nil, fmt.Errorf("%w: %w", ErrCredentials, err)
 	}
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "outbox-relay"
@@ -223,9 +227,15 @@ func (e *Elector) connect(ctx context.Context) (*pgx.Conn, error) {
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
+		if line, ok := credentials.ExplainTLS(err, credentials.PostgresTLSKeys); ok {
+			return nil, fmt.Errorf("%w: %s", ErrCredentials, line)
+		}
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code[:2] == "28" || pgErr.Code == "3D000") {
-			return nil, fmt.Errorf("%w (%s): fix the user, password or database in pg_dsn", ErrCredentials, pgErr.Message)
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code[:2] == "28":
+			return nil, fmt.Errorf("%w (%s): %s", ErrCredentials, pgErr.Message, credentials.PostgresRefusalFix(pgErr.Message))
+		case errors.As(err, &pgErr) && pgErr.Code == "3D000":
+			return nil, fmt.Errorf("%w (%s): fix the database in pg_dsn", ErrCredentials, pgErr.Message)
 		}
 		return nil, fmt.Errorf("connect to PostgreSQL for the leader lock: %w", err)
 	}

@@ -40,7 +40,7 @@ type Backfill struct {
 func (r *Relay) backfill(ctx context.Context, snapshot string) error {
 	b := r.cfg.Backfill
 	rc := r.cfg.Replication
-	conn, err := pgx.Connect(ctx, rc.DSN)
+	conn, err := rc.Connect(ctx)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}

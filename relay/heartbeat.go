@@ -37,7 +37,7 @@ func (r *Relay) heartbeat(ctx context.Context, interval time.Duration) {
 		case <-ticker.C:
 		}
 		if conn == nil {
-			c, err := pgx.Connect(ctx, r.cfg.Replication.DSN)
+			c, err := r.cfg.Replication.Connect(ctx)
 			if err != nil {
 				r.log.Warn("heartbeat: cannot connect", zap.Error(err))
 				continue

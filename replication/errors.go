@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/credentials"
 )
 
 // ErrSlotActive means another process is streaming the slot: another relay instance (the leader),
@@ -38,18 +40,24 @@ func IsFatal(err error) bool {
 }
 
 // classifyConnect maps a connection failure to an actionable error: bad credentials, a missing
-// database or a role without REPLICATION are fatal; anything else (server down, restarting,
-// network) is worth retrying.
+// database, a role without REPLICATION or a certificate the relay does not trust are fatal;
+// anything else (server down, restarting, network) is worth retrying.
 func classifyConnect(err error, what string) error {
+	if line, ok := credentials.ExplainTLS(err, credentials.PostgresTLSKeys); ok {
+		return fatalf("connect to PostgreSQL for %s: %s", what, line)
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return fmt.Errorf("connect to PostgreSQL for %s: %w", what, err)
 	}
+	tlsRule := pgErr.Code[:2] == "28" && (strings.Contains(pgErr.Message, "no encryption") || strings.Contains(pgErr.Message, "certificate"))
 	switch {
+	case tlsRule:
+		return fatalf("PostgreSQL refused the relay's login (%s): %s", pgErr.Message, credentials.PostgresRefusalFix(pgErr.Message))
 	case pgErr.Code == "42501" || pgErr.Code == "28000" && strings.Contains(pgErr.Message, "replication"):
 		return fatalf("the PostgreSQL role may not open a replication connection (%s): grant it with ALTER ROLE <role> REPLICATION, or use a role that has it", pgErr.Message)
 	case pgErr.Code[:2] == "28":
-		return fatalf("PostgreSQL refused the credentials in pg_dsn (%s): fix the user or password", pgErr.Message)
+		return fatalf("PostgreSQL refused the relay's credentials (%s): %s", pgErr.Message, credentials.PostgresRefusalFix(pgErr.Message))
 	case pgErr.Code == "3D000":
 		return fatalf("PostgreSQL has no such database (%s): fix the database in pg_dsn", pgErr.Message)
 	case pgErr.Code == "53300":

@@ -62,8 +62,8 @@ import (
 // without an answer from PostgreSQL (down, unreachable) do not count: the stream has the same
 // problem and reports it.
 type horizon struct {
-	dsn         string
-	table       string // qualified, sanitized
+	conf        func() (*pgx.ConnConfig, error) // pg_dsn and the password as they are now
+	table       string                          // qualified, sanitized
 	schema      string
 	name        string
 	publication string
@@ -108,7 +108,7 @@ const checkIdleTimeout = 2 * time.Second
 
 func newHorizon(cfg *Config, log *zap.Logger) *horizon {
 	h := &horizon{
-		dsn: cfg.DSN, table: cfg.qualifiedTable(), schema: cfg.Schema, name: cfg.Table, publication: cfg.Publication,
+		conf: cfg.ConnConfig, table: cfg.qualifiedTable(), schema: cfg.Schema, name: cfg.Table, publication: cfg.Publication,
 		staleLimit: staleLimit, log: log, changed: make(chan struct{}, 1),
 	}
 	h.setStatusInterval(cfg.StatusInterval)
@@ -251,10 +251,11 @@ func (h *horizon) run(ctx context.Context) {
 // connect opens the check connection: a session that ends itself when it idles inside a
 // transaction, and TCP keepalives both ways, so that a lost peer never keeps the lock.
 func (h *horizon) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	cfg, err := pgconn.ParseConfig(h.dsn)
+	conf, err := h.conf()
 	if err != nil {
-		return nil, fatalf("pg_dsn: %w", err)
+		return nil, Fatal(err)
 	}
+	cfg := &conf.Config
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "outbox-relay publication check"
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 )
 
@@ -95,7 +94,7 @@ func (s *Stream) supersededError(id, prev, recorded Identity) error {
 // recordIdentity notes the server in the ledger, so that a restart still recognises another
 // cluster or a failover. Like the rest of the ledger it is optional: failing is worth a warning.
 func (s *Stream) recordIdentity(ctx context.Context) {
-	conn, err := pgx.Connect(ctx, s.cfg.DSN)
+	conn, err := s.cfg.Connect(ctx)
 	if err == nil {
 		defer conn.Close(context.WithoutCancel(ctx))
 		var exists bool

@@ -81,7 +81,7 @@ func (c *classifier) belongs(ctx context.Context, s *Stream, rel RelationRef) (b
 		c.conn = nil
 	}
 	if c.conn == nil || c.conn.IsClosed() {
-		conn, err := pgx.Connect(actx, s.cfg.DSN)
+		conn, err := s.cfg.Connect(actx)
 		if err != nil {
 			return false, classifyConnect(err, "classifying a relation")
 		}

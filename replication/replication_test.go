@@ -1,7 +1,10 @@
 package replication
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +52,14 @@ func TestConnectErrorsSayWhetherRetryingHelps(t *testing.T) {
 		{"a missing database is fatal", &pgconn.PgError{Code: "3D000", Message: `database "x" does not exist`}, true, "database"},
 		{"too many connections is retried", &pgconn.PgError{Code: "53300", Message: "too many clients"}, false, "too many"},
 		{"a refused connection is retried", errors.New("dial tcp 127.0.0.1:5432: connect: connection refused"), false, "connection refused"},
+		{"a server certificate of an unknown CA is fatal and names sslrootcert",
+			fmt.Errorf("tls error: %w", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}), true, "sslrootcert in pg_dsn"},
+		{"a server certificate for another name is fatal and names the host",
+			fmt.Errorf("tls error: %w", &tls.CertificateVerificationError{Err: x509.HostnameError{Certificate: &x509.Certificate{}, Host: "db"}}), true, "the host in pg_dsn"},
+		{"pg_hba.conf refusing a connection without TLS is fatal and names sslmode",
+			&pgconn.PgError{Code: "28000", Message: `pg_hba.conf rejects replication connection for host "10.0.0.1", user "relay", no encryption`}, true, "sslmode=verify-full"},
+		{"a missing client certificate is fatal and names sslcert",
+			&pgconn.PgError{Code: "28000", Message: "connection requires a valid client certificate"}, true, "sslcert and sslkey"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

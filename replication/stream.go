@@ -24,12 +24,14 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/credentials"
 	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
 // Config configures a Stream.
 type Config struct {
 	DSN               string
+	PasswordFile      string // pg_password_file: read for every connection, so a rotated password is used at the next reconnect
 	Slot              string
 	Publication       string
 	Schema            string   // of the outbox table; default "public"
@@ -69,6 +71,21 @@ type Config struct {
 	// Failover makes the slot a failover slot (PostgreSQL 17+; a fatal error on older servers):
 	// created with FAILOVER, or altered when it exists without it.
 	Failover bool
+}
+
+// ConnConfig parses DSN for a new connection, with the password read from PasswordFile now.
+func (c *Config) ConnConfig() (*pgx.ConnConfig, error) {
+	return credentials.PostgresConfig(c.DSN, c.PasswordFile)
+}
+
+// Connect opens an ordinary connection with the stream's settings: what the checks, the ledger and
+// the relay's helpers (backfill, heartbeat) use.
+func (c *Config) Connect(ctx context.Context) (*pgx.Conn, error) {
+	conf, err := c.ConnConfig()
+	if err != nil {
+		return nil, err
+	}
+	return pgx.ConnectConfig(ctx, conf)
 }
 
 func (c *Config) setDefaults() {
@@ -337,10 +354,11 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		return err
 	}
 	slot := checked.slot
-	rcfg, err := pgconn.ParseConfig(s.cfg.DSN)
+	conf, err := s.cfg.ConnConfig()
 	if err != nil {
-		return fatalf("pg_dsn: %w", err)
+		return Fatal(err)
 	}
+	rcfg := &conf.Config
 	rcfg.RuntimeParams["replication"] = "database"
 	// pgoutput sends values in their text form, which for bytea follows the session's bytea_output,
 	// and ALTER DATABASE/ROLE ... SET bytea_output = 'escape' reaches the walsender too: the
@@ -440,7 +458,7 @@ type checked struct {
 // database cluster it reached is compared first: a table OID or a slot of another cluster means
 // nothing, and comparing those first would blame the wrong thing (a "recreated" outbox table).
 func (s *Stream) prepare(ctx context.Context) (checked, error) {
-	conn, err := pgx.Connect(ctx, s.cfg.DSN)
+	conn, err := s.cfg.Connect(ctx)
 	if err != nil {
 		return checked{}, classifyConnect(err, "checks")
 	}
@@ -604,7 +622,7 @@ func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string
 // recordSlot notes the new slot in the ledger, so that its loss is recognised after a restart.
 // Not being able to is worth a warning, not a failure: the slot works without it.
 func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) {
-	conn, err := pgx.Connect(ctx, s.cfg.DSN)
+	conn, err := s.cfg.Connect(ctx)
 	if err == nil {
 		defer conn.Close(context.WithoutCancel(ctx))
 		var exists bool

@@ -2,8 +2,12 @@ package sink
 
 import (
 	"errors"
+	"io"
+	"strings"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/credentials"
 )
 
 // permanentErrors is the allow-list of broker error codes that are the broker's final word about
@@ -75,6 +79,20 @@ func authError(err error) bool {
 		return true
 	}
 	return false
+}
+
+// tlsProblem explains a TLS failure that retrying cannot fix: a broker certificate the relay does
+// not trust, a client certificate the broker refused (credentials.ExplainTLS), or TLS off towards a
+// TLS listener, which kafka-go recognises by the broker's reply. Before streaming it ends the start;
+// afterwards it is retried in place, loudly, like refused credentials: renewed certificates heal it.
+func tlsProblem(err error) (string, bool) {
+	if line, ok := credentials.ExplainTLS(err, credentials.KafkaTLSKeys); ok {
+		return line, true
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) && strings.Contains(err.Error(), "expecting TLS") {
+		return "the broker expects TLS at that address (" + err.Error() + "): set kafka.tls.enabled to true", true
+	}
+	return "", false
 }
 
 // reason names a permanent error for the failed-events metric.

@@ -3,11 +3,13 @@ package sink
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -88,5 +90,35 @@ func TestBackoff(t *testing.T) {
 	}
 	if prev != 2e9 {
 		t.Fatalf("backoff tops out at %v, want 2s", prev)
+	}
+}
+
+// A certificate problem ends the start (WaitReady) with a line naming the key; while streaming it
+// is retried in place like refused credentials, never sent to the failure policy.
+func TestTLSProblemsAreExplainedAndNeverPermanent(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want string // in the explanation; "" when it is not a TLS problem
+	}{
+		{"an unknown authority names the CA bundle",
+			fmt.Errorf("kafka.(*Client).Metadata: %w", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}), "kafka.tls.ca_file"},
+		{"a refused client certificate names the certificate keys",
+			fmt.Errorf("kafka.(*Client).Metadata: %w", &net.OpError{Op: "remote error", Err: errors.New("tls: bad certificate")}), "kafka.tls.cert_file"},
+		{"a plain connection to a TLS listener names kafka.tls.enabled",
+			fmt.Errorf("%w: broker appears to be expecting TLS", io.ErrUnexpectedEOF), "kafka.tls.enabled"},
+		{"an unexpected EOF alone is no TLS problem", io.ErrUnexpectedEOF, ""},
+		{"a refused connection is no TLS problem", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			line, ok := tlsProblem(tt.err)
+			if ok != (tt.want != "") || !strings.Contains(line, tt.want) {
+				t.Fatalf("tlsProblem(%v) = %q, %v; want one naming %q", tt.err, line, ok, tt.want)
+			}
+			if permanent(tt.err) {
+				t.Fatalf("%v is permanent: it would go to the failure policy", tt.err)
+			}
+		})
 	}
 }

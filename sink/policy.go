@@ -114,7 +114,7 @@ func (s *Sink) deadLettered(batch []*record, err error) {
 	var bytes int64
 	for _, rec := range batch {
 		bytes += rec.size
-		s.m.EventsDeadLettered.WithLabelValues(rec.topic).Inc()
+		s.m.EventsDeadLettered.WithLabelValues(s.labels.of(rec.topic)).Inc()
 	}
 	s.settle(batch, bytes)
 }

@@ -13,13 +13,14 @@ import (
 
 // WaitReady blocks until the Kafka cluster answers a metadata request, logging each failed attempt
 // with the next retry delay: a broker that is down at start is waited for, not a reason to exit. It
-// returns an error only for a problem retrying cannot fix (failed authentication) or when ctx ends.
+// returns an error only for a problem retrying cannot fix (failed authentication, a certificate the
+// relay does not trust or the broker refused) or when ctx ends.
 // It also lowers the record size limit to the broker's message.max.bytes when that is smaller.
 func (s *Sink) WaitReady(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		// A fresh transport per attempt: a pooled one would answer from state cached while the
 		// brokers were down.
-		probe := &kafka.Transport{ClientID: s.cfg.ClientID, TLS: s.cfg.TLS, SASL: s.cfg.SASL, DialTimeout: 5 * time.Second}
+		probe := s.newTransport()
 		client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: probe, Timeout: 10 * time.Second}
 		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
 		if err == nil && len(md.Brokers) > 0 {
@@ -41,6 +42,9 @@ func (s *Sink) WaitReady(ctx context.Context) error {
 		if errors.As(err, &kerr) && (kerr == kafka.SASLAuthenticationFailed || kerr == kafka.UnsupportedSASLMechanism ||
 			kerr == kafka.IllegalSASLState || kerr == kafka.ClusterAuthorizationFailed) {
 			return fmt.Errorf("kafka at %v refused the relay's credentials: %w (check kafka.sasl.* settings)", s.cfg.Brokers, err)
+		}
+		if line, ok := tlsProblem(err); ok {
+			return fmt.Errorf("kafka at %v: %s", s.cfg.Brokers, line)
 		}
 		delay := backoff(attempt)
 		s.log.Warn("kafka unreachable; the relay waits for it before streaming",

@@ -114,6 +114,7 @@ type Sink struct {
 	transport *kafka.Transport
 	router    *router
 	limit     *limiter
+	labels    *topicLabels
 
 	main, dead *producer
 	ctx        context.Context // ends when Close gives up waiting
@@ -169,29 +170,34 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		return nil, fmt.Errorf("sink: dead-letter topic: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	labels := newTopicLabels()
 	s := &Sink{
 		cfg:    cfg,
 		log:    log,
 		m:      m,
 		router: rt,
 		limit:  newLimiter(int64(cfg.MaxInFlight), cfg.MaxInFlightSize),
+		labels: labels,
 		ctx:    ctx,
 		stop:   stop,
-		topics: &topicWaits{log: log, gauge: m.TopicUnavailable, waiting: make(map[string]*topicWait)},
+		topics: &topicWaits{log: log, gauge: m.TopicUnavailable, labels: labels, waiting: make(map[string]*topicWait)},
 	}
-	s.transport = &kafka.Transport{
-		ClientID:    cfg.ClientID,
-		TLS:         cfg.TLS,
-		SASL:        cfg.SASL,
-		DialTimeout: 5 * time.Second,
-		IdleTimeout: 30 * time.Second,
-		// A short TTL also bounds how long an error cached during an outage outlives the outage.
-		MetadataTTL: 5 * time.Second,
-	}
+	s.transport = s.newTransport()
+	s.transport.IdleTimeout = 30 * time.Second
+	// A short TTL also bounds how long an error cached during an outage outlives the outage.
+	s.transport.MetadataTTL = 5 * time.Second
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport, Timeout: cfg.WriteTimeout}
 	s.main = s.newProducer(client, s.completed)
 	s.dead = s.newProducer(client, s.deadLettered)
 	return s, nil
+}
+
+// newTransport is how the sink reaches the brokers. Every connection it makes, the producers' and
+// the readiness probes', is encrypted and authenticated the same way: Config.TLS and Config.SASL,
+// built once by the credentials package (which reads the client certificate and the password file
+// again for every connection).
+func (s *Sink) newTransport() *kafka.Transport {
+	return &kafka.Transport{ClientID: s.cfg.ClientID, TLS: s.cfg.TLS, SASL: s.cfg.SASL, DialTimeout: 5 * time.Second}
 }
 
 func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *producer {
@@ -224,6 +230,11 @@ func (s *Sink) retrying(topic string, partition, records int, err error, delay t
 	}
 	fields := []zap.Field{zap.String("topic", topic), zap.Int("partition", partition), zap.Int("events", records),
 		zap.Duration("retry_in", delay), zap.Error(err)}
+	if line, ok := tlsProblem(err); ok {
+		s.log.Error("TLS with the broker fails; retrying in place until the certificates are fixed",
+			append(fields, zap.String("problem", line))...)
+		return
+	}
 	switch {
 	case authError(err):
 		// Loud, but retried: during a credential or ACL rotation this heals by itself, and
@@ -342,7 +353,7 @@ func (s *Sink) completed(batch []*record, err error) {
 			newest = rec.ev.Tx.CommitTime
 		}
 	}
-	s.m.EventsPublished.WithLabelValues(batch[0].msg.Topic).Add(float64(len(batch)))
+	s.m.EventsPublished.WithLabelValues(s.labels.of(batch[0].msg.Topic)).Add(float64(len(batch)))
 	s.settle(batch, bytes)
 	s.m.BytesPublished.Add(float64(bytes))
 	s.m.LastAckTimestamp.Set(float64(now.UnixNano()) / 1e9)

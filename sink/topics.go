@@ -29,8 +29,12 @@ const topicReportEvery = 30 * time.Second
 
 // topicWaits tracks the topics the relay waits for.
 type topicWaits struct {
-	log   *zap.Logger
-	gauge *prometheus.GaugeVec
+	log    *zap.Logger
+	gauge  *prometheus.GaugeVec
+	labels *topicLabels
+	// others counts the reported topics beyond the label cap: their series, otherTopics, holds
+	// how many there are rather than 1.
+	others int
 
 	n  atomic.Int32 // len(waiting), for the hot path
 	mu sync.Mutex
@@ -42,6 +46,7 @@ type topicWait struct {
 	since    time.Time
 	err      error
 	reported time.Time
+	label    string // its topic_unavailable series, set once reported
 }
 
 // topicLevel reports whether err says the topic itself is unusable for now (rather than the
@@ -64,7 +69,18 @@ func (w *topicWaits) unavailable(topic string, err error) {
 	report := now.Sub(tw.since) >= topicGrace && now.Sub(tw.reported) >= topicReportEvery
 	if report {
 		tw.reported = now
-		w.gauge.WithLabelValues(topic).Set(1) // under mu: available deletes it under mu too
+		// Under mu: available deletes the series under mu too.
+		if tw.label == "" {
+			tw.label = w.labels.of(topic)
+			if tw.label == otherTopics {
+				w.others++
+			}
+		}
+		if tw.label == otherTopics {
+			w.gauge.WithLabelValues(otherTopics).Set(float64(w.others))
+		} else {
+			w.gauge.WithLabelValues(tw.label).Set(1)
+		}
 	}
 	since := tw.since
 	w.mu.Unlock()
@@ -91,7 +107,16 @@ func (w *topicWaits) available(topic string) {
 	if tw != nil {
 		delete(w.waiting, topic)
 		w.n.Add(-1)
-		w.gauge.DeleteLabelValues(topic)
+		switch {
+		case tw.label == otherTopics && w.others > 1:
+			w.others--
+			w.gauge.WithLabelValues(otherTopics).Set(float64(w.others))
+		case tw.label == otherTopics:
+			w.others = 0
+			w.gauge.DeleteLabelValues(otherTopics)
+		case tw.label != "":
+			w.gauge.DeleteLabelValues(tw.label)
+		}
 	}
 	w.mu.Unlock()
 	if tw == nil {

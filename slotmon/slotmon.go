@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/credentials"
 	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
@@ -117,9 +118,10 @@ func Read(ctx context.Context, q interface {
 
 // Config configures a Monitor.
 type Config struct {
-	DSN      string
-	Slot     string
-	Interval time.Duration // default 10s
+	DSN          string
+	PasswordFile string // pg_password_file: read for every connection
+	Slot         string
+	Interval     time.Duration // default 10s
 	// OnPoll, when set, is told the outcome of every poll (nil: PostgreSQL answered).
 	OnPoll func(error)
 }
@@ -184,9 +186,9 @@ func (mon *Monitor) poll(ctx context.Context, conn **pgx.Conn) error {
 	ctx, cancel := context.WithTimeout(ctx, pollTimeout)
 	defer cancel()
 	if *conn == nil {
-		cfg, err := pgx.ParseConfig(mon.cfg.DSN)
+		cfg, err := credentials.PostgresConfig(mon.cfg.DSN, mon.cfg.PasswordFile)
 		if err != nil {
-			return fmt.Errorf("pg_dsn: %w", err)
+			return err
 		}
 		if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 			cfg.RuntimeParams["application_name"] = "outbox-relay"

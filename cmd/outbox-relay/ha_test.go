@@ -2,7 +2,7 @@ package main
 
 // Binary-level tests of the single-leader deployment: two relays on one slot, one streams, the
 // other stands by and takes over when the leader is killed or loses its lock connection. The
-// helpers here are shared by metrics_test.go, status_test.go, privilege_test.go and sasl_test.go.
+// helpers here are shared by metrics_test.go, status_test.go, privilege_test.go and security_test.go.
 // TestMain (testenv.Main) is in e2e_test.go.
 
 import (
@@ -355,7 +355,13 @@ func (f *haFixture) verify(t *testing.T, brokers string) harness.Report {
 	})
 	rep := harness.Verify(written, c.Records(), nil)
 	if err != nil || !rep.OK() {
-		t.Fatalf("delivery check failed (read error: %v): %s", err, rep)
+		// A consumer glitch on a loaded machine is told apart from a lost event.
+		again, why := harness.Recheck(written, brokers, rep)
+		if !again.OK() {
+			t.Fatalf("delivery check failed (read error: %v): %s; %s", err, rep, why)
+		}
+		t.Log(why)
+		rep = again
 	}
 	return rep
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -16,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/credentials"
 	"github.com/outbox-relay/outbox-relay/health"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -60,7 +62,10 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("starting",
 		zap.String("version", version),
 		zap.String("pg_dsn", config.RedactDSN(cfg.PGDSN)),
+		zap.String("pg_password_file", cfg.PGPasswordFile), // the path; never the content
 		zap.Strings("kafka_brokers", cfg.KafkaBrokers),
+		zap.Bool("kafka_tls", cfg.Kafka.TLS.Enabled),
+		zap.String("kafka_sasl_mechanism", cfg.Kafka.SASL.Mechanism),
 		zap.String("slot", cfg.Slot),
 		zap.String("publication", cfg.Publication),
 		zap.String("table", cfg.Schema+"."+cfg.Table),
@@ -71,7 +76,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	// graceful drain; they stop when the relay has.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
-	mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
+	mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, PasswordFile: cfg.PGPasswordFile, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
 		OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
 	go mon.Run(bg)
 	go publishReadiness(bg, state, m)
@@ -103,6 +108,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
 	el := leader.New(leader.Config{
 		DSN:           cfg.PGDSN,
+		PasswordFile:  cfg.PGPasswordFile,
 		Slot:          cfg.Slot,
 		RetryInterval: cfg.LeaderRetryInterval,
 		CheckTimeout:  cfg.LeaderCheckTimeout,
@@ -147,7 +153,7 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 				msg = "a process outside the leader election has streamed the slot for longer than slot_busy_wait (another relay with leader_election off, or Debezium?); standing by until it stops"
 			}
 			log.Check(level, msg).Write(
-				zap.String("slot", cfg.Slot), zap.String("detail", config.Scrub(err.Error(), cfg.Secrets()...)),
+				zap.String("slot", cfg.Slot), zap.String("detail", config.Scrub(err.Error(), secrets(cfg)...)),
 				zap.Duration("retry_in", cfg.LeaderRetryInterval))
 			state.Standby(true)
 			select {
@@ -206,7 +212,21 @@ func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap
 // WAL already holds every committed event, so deleting rows never affects delivery, and batches skip
 // rows another pruner has locked.
 func startPruning(ctx context.Context, cfg *config.Config, log *zap.Logger, m *metrics.Metrics) (stop func(), err error) {
-	pool, err := pgxpool.New(ctx, cfg.PGDSN)
+	pcfg, err := pgxpool.ParseConfig(cfg.PGDSN)
+	if err != nil {
+		return nil, fmt.Errorf("prune: config key pg_dsn: %w", err)
+	}
+	// The pool opens connections as it needs them: each reads the password file and the TLS files
+	// as they are then, like every other connection of the relay.
+	pcfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		fresh, err := credentials.PostgresConfig(cfg.PGDSN, cfg.PGPasswordFile)
+		if err != nil {
+			return err
+		}
+		cc.Password, cc.TLSConfig, cc.Fallbacks = fresh.Password, fresh.TLSConfig, fresh.Fallbacks
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("prune: connect to PostgreSQL: %w", err)
 	}

@@ -10,8 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/slotmon"
@@ -69,11 +67,11 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
-	secrets := cfg.Secrets()
+	secrets := secrets(cfg)
 	for _, dsn := range standbyDSNs {
 		secrets = append(secrets, (&config.Config{PGDSN: dsn}).Secrets()...)
 	}
-	rep, err := slotStatus(ctx, cfg.PGDSN, cfg.Slot)
+	rep, err := slotStatus(ctx, cfg, cfg.Slot)
 	if err == nil {
 		err = checkFailover(ctx, &rep, cfg, standbyDSNs)
 	}
@@ -94,10 +92,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return 0
 }
 
-func slotStatus(ctx context.Context, dsn, slot string) (statusReport, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+func slotStatus(ctx context.Context, cfg *config.Config, slot string) (statusReport, error) {
+	conn, err := connectPostgres(ctx, cfg)
 	if err != nil {
-		return statusReport{}, fmt.Errorf("connect to PostgreSQL: %w", err)
+		return statusReport{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	st, err := slotmon.Read(ctx, conn, slot)
@@ -199,7 +197,7 @@ func checkFailover(ctx context.Context, rep *statusReport, cfg *config.Config, s
 		rep.Warnings = append(rep.Warnings, "a slot of synchronized_standby_slots is missing or not streamed: PostgreSQL sends the relay nothing beyond what that standby has received, so the relay waits until it is back (or leaves synchronized_standby_slots)")
 	}
 	for _, dsn := range standbyDSNs {
-		sb, err := readStandby(ctx, dsn, cfg.Slot)
+		sb, err := readStandby(ctx, cfg, dsn, cfg.Slot)
 		if err != nil {
 			return err
 		}
@@ -212,8 +210,10 @@ func checkFailover(ctx context.Context, rep *statusReport, cfg *config.Config, s
 	return nil
 }
 
-func readStandby(ctx context.Context, dsn, slot string) (slotmon.Standby, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+// readStandby reads a standby's copy of the slot, with the relay's own credentials (pg_password_file
+// and TLS settings apply to the standby too).
+func readStandby(ctx context.Context, cfg *config.Config, dsn, slot string) (slotmon.Standby, error) {
+	conn, err := connectPostgres(ctx, &config.Config{PGDSN: dsn, PGPasswordFile: cfg.PGPasswordFile})
 	if err != nil {
 		return slotmon.Standby{}, fmt.Errorf("connect to the standby (--standby-dsn %s): %w", config.RedactDSN(dsn), err)
 	}

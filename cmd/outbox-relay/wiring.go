@@ -3,24 +3,21 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
-	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/segmentio/kafka-go/sasl/scram"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/credentials"
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -71,9 +68,24 @@ func newLogger(cfg *config.Config, stderr io.Writer) (*zap.Logger, error) {
 
 // connect opens an ordinary connection for a one-shot subcommand.
 func connect(ctx context.Context, cfg *config.Config) (*pgx.Conn, error) {
-	conn, err := pgx.Connect(ctx, cfg.PGDSN)
+	conn, err := connectPostgres(ctx, cfg)
 	if err != nil {
-		return nil, scrubbed(cfg, fmt.Errorf("connect to PostgreSQL: %w", err))
+		return nil, scrubbed(cfg, err)
+	}
+	return conn, nil
+}
+
+func connectPostgres(ctx context.Context, cfg *config.Config) (*pgx.Conn, error) {
+	conf, err := credentials.PostgresConfig(cfg.PGDSN, cfg.PGPasswordFile)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.ConnectConfig(ctx, conf)
+	if err != nil {
+		if line, ok := credentials.ExplainTLS(err, credentials.PostgresTLSKeys); ok {
+			return nil, fmt.Errorf("connect to PostgreSQL: %s", line)
+		}
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	return conn, nil
 }
@@ -83,7 +95,21 @@ func scrubbed(cfg *config.Config, err error) error {
 	if err == nil {
 		return nil
 	}
-	return errors.New(config.Scrub(err.Error(), cfg.Secrets()...))
+	return errors.New(config.Scrub(err.Error(), secrets(cfg)...))
+}
+
+// secrets are cfg's secret values, the passwords in the password files as they are now included.
+func secrets(cfg *config.Config) []string {
+	out := cfg.Secrets()
+	for key, path := range map[string]string{"pg_password_file": cfg.PGPasswordFile, "kafka.sasl.password_file": cfg.Kafka.SASL.PasswordFile} {
+		if path == "" {
+			continue
+		}
+		if pw, err := credentials.ReadSecret(key, path); err == nil {
+			out = append(out, pw)
+		}
+	}
+	return out
 }
 
 // relayConfig maps the loaded settings onto the pipeline's packages.
@@ -111,6 +137,13 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 	}
 	required = append(required, extraCols...)
 
+	// The password and certificate files are read once now, so a missing one ends the start naming
+	// its key, and again for every connection.
+	if c.PGPasswordFile != "" {
+		if _, err := credentials.ReadSecret("pg_password_file", c.PGPasswordFile); err != nil {
+			return relay.Config{}, err
+		}
+	}
 	tlsCfg, err := tlsConfig(c.Kafka.TLS)
 	if err != nil {
 		return relay.Config{}, err
@@ -128,6 +161,7 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 		Backfill: backfill,
 		Replication: replication.Config{
 			DSN:               c.PGDSN,
+			PasswordFile:      c.PGPasswordFile,
 			Slot:              c.Slot,
 			Publication:       c.Publication,
 			Schema:            c.Schema,
@@ -188,48 +222,15 @@ func compression(name string) kafka.Compression {
 	return 0
 }
 
+// tlsConfig and saslMechanism are how every subcommand that talks to Kafka encrypts and
+// authenticates: one construction (package credentials), which reads the client certificate and
+// the password file again for every connection.
 func tlsConfig(c config.TLS) (*tls.Config, error) {
-	if !c.Enabled {
-		return nil, nil
-	}
-	out := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureSkipVerify}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("config key kafka.tls.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("config key kafka.tls.ca_file: %s holds no PEM certificate", c.CAFile)
-		}
-		out.RootCAs = pool
-	}
-	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("config keys kafka.tls.cert_file/key_file: %w", err)
-		}
-		out.Certificates = []tls.Certificate{cert}
-	}
-	return out, nil
+	return credentials.KafkaTLS{Enabled: c.Enabled, CAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile,
+		InsecureSkipVerify: c.InsecureSkipVerify}.Config()
 }
 
 func saslMechanism(c config.SASL) (sasl.Mechanism, error) {
-	switch c.Mechanism {
-	case "":
-		return nil, nil
-	case "PLAIN":
-		return plain.Mechanism{Username: c.Username, Password: c.Password}, nil
-	case "SCRAM-SHA-256", "SCRAM-SHA-512":
-		algo := scram.SHA256
-		if c.Mechanism == "SCRAM-SHA-512" {
-			algo = scram.SHA512
-		}
-		m, err := scram.Mechanism(algo, c.Username, c.Password)
-		if err != nil {
-			return nil, fmt.Errorf("config key kafka.sasl.mechanism: %w", err)
-		}
-		return m, nil
-	}
-	return nil, fmt.Errorf("config key kafka.sasl.mechanism: unsupported %q", c.Mechanism)
+	return credentials.KafkaMechanism(credentials.KafkaSASL{Mechanism: c.Mechanism, Username: c.Username,
+		Password: c.Password, PasswordFile: c.PasswordFile})
 }

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -56,6 +58,31 @@ type KafkaOptions struct {
 	// formatted (kafka-storage format --add-scram). The PLAINTEXT listener stays for tools and the
 	// broker's own traffic. Passwords must not contain ',', ']' or '"'.
 	SCRAMUsers map[string]string
+	// TLSListeners adds listeners with TLS, each on a free port: ListenerAddr(name).
+	TLSListeners []KafkaTLSListener
+}
+
+// KafkaTLSListener is a broker listener with TLS, its certificate read from PEM files (Kafka's
+// PEM key and trust stores: no keytool, no JKS).
+type KafkaTLSListener struct {
+	// Name is the listener's name: upper-case letters, digits and underscores, e.g. "MTLS"; not
+	// PLAINTEXT, SASL_PLAINTEXT or CONTROLLER.
+	Name string
+	// CertFile and KeyFile are the broker's certificate (chain) and its PKCS#8 key.
+	CertFile, KeyFile string
+	// ClientCAFile, when set, makes the listener require a client certificate signed by this CA
+	// (ssl.client.auth=required); the principal is then the certificate's subject.
+	ClientCAFile string
+	// SASL makes it a SASL_SSL listener authenticating the SCRAMUsers (SCRAM-SHA-256 and -512).
+	SASL bool
+	// Settings are further settings of this listener, without the listener.name.<name>. prefix,
+	// e.g. "scram-sha-512.connections.max.reauth.ms".
+	Settings map[string]string
+	// Port is the listener's port on 127.0.0.1; a free one.
+	Port int
+	// Advertised, when set, is the address the broker gives clients for this listener (a proxy in
+	// front of it, so that a test can cut clients' connections); ListenerAddr stays the real one.
+	Advertised string
 }
 
 // Kafka is a single-node KRaft broker+controller: server.properties, data/ and kafka.log in its
@@ -67,11 +94,12 @@ type Kafka struct {
 
 // kafkaState is persisted in <dir>/devenv.json for AttachKafka.
 type kafkaState struct {
-	Port           int    `json:"port"`
-	ControllerPort int    `json:"controller_port"`
-	HeapMB         int    `json:"heap_mb"`
-	Lib            string `json:"lib"`
-	SASLPort       int    `json:"sasl_port,omitempty"`
+	Port           int            `json:"port"`
+	ControllerPort int            `json:"controller_port"`
+	HeapMB         int            `json:"heap_mb"`
+	Lib            string         `json:"lib"`
+	SASLPort       int            `json:"sasl_port,omitempty"`
+	TLSPorts       map[string]int `json:"tls_ports,omitempty"`
 }
 
 // StartKafka formats a new broker directory and starts the broker.
@@ -87,7 +115,7 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 	}
 	k := newKafka(dir, st)
 	k.detached, k.keep = opts.Detached, opts.Keep
-	if err := k.create(ctx, cmp.Or(opts.Partitions, 3), opts.Settings, opts.SCRAMUsers); err != nil {
+	if err := k.create(ctx, cmp.Or(opts.Partitions, 3), opts); err != nil {
 		if !opts.Keep {
 			_ = k.Close(context.Background())
 		}
@@ -114,28 +142,37 @@ func newKafka(dir string, st kafkaState) *Kafka {
 		pidFile: filepath.Join(dir, "kafka.pid"), writePid: true, needle: filepath.Join(dir, "server.properties")}}
 }
 
-func (k *Kafka) create(ctx context.Context, partitions int, extra, scramUsers map[string]string) error {
-	ports, err := freePorts(3)
+func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) error {
+	ports, err := freePorts(3 + len(opts.TLSListeners))
 	if err != nil {
 		return err
 	}
 	k.st.Port, k.st.ControllerPort = cmp.Or(k.st.Port, ports[0]), cmp.Or(k.st.ControllerPort, ports[1])
-	if len(scramUsers) > 0 {
+	if len(opts.SCRAMUsers) > 0 {
 		k.st.SASLPort = ports[2]
+	}
+	for i, l := range opts.TLSListeners {
+		if k.st.TLSPorts == nil {
+			k.st.TLSPorts = make(map[string]int)
+		}
+		k.st.TLSPorts[l.Name] = cmp.Or(l.Port, ports[3+i])
 	}
 	if err := writeState(k.dir, k.st); err != nil {
 		return fmt.Errorf("kafka state: %w", err)
 	}
-	broker, controller := k.Brokers(), "127.0.0.1:"+strconv.Itoa(k.st.ControllerPort)
+	listeners, err := k.listenerSettings(opts.TLSListeners)
+	if err != nil {
+		return fmt.Errorf("kafka config: %w", err)
+	}
+	for key, v := range opts.Settings {
+		listeners[key] = v
+	}
 	props, err := renderSettings(map[string]string{
 		"process.roles":                       "broker,controller",
 		"node.id":                             "1",
-		"controller.quorum.bootstrap.servers": controller,
-		"listeners":                           "PLAINTEXT://" + broker + ",CONTROLLER://" + controller,
-		"advertised.listeners":                "PLAINTEXT://" + broker + ",CONTROLLER://" + controller,
+		"controller.quorum.bootstrap.servers": "127.0.0.1:" + strconv.Itoa(k.st.ControllerPort),
 		"controller.listener.names":           "CONTROLLER",
 		"inter.broker.listener.name":          "PLAINTEXT",
-		"listener.security.protocol.map":      "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
 		"log.dirs":                            filepath.Join(k.dir, "data"),
 		"num.partitions":                      strconv.Itoa(partitions),
 		"auto.create.topics.enable":           "true",
@@ -150,7 +187,7 @@ func (k *Kafka) create(ctx context.Context, partitions int, extra, scramUsers ma
 		"share.coordinator.state.topic.replication.factor": "1",
 		"share.coordinator.state.topic.min.isr":            "1",
 		"share.coordinator.state.topic.num.partitions":     "1",
-	}, k.saslSettings(extra), func(k, v string) string { return k + "=" + v })
+	}, listeners, func(k, v string) string { return k + "=" + v })
 	if err == nil {
 		err = os.WriteFile(k.needle, []byte(props), 0o644)
 	}
@@ -160,7 +197,7 @@ func (k *Kafka) create(ctx context.Context, partitions int, extra, scramUsers ma
 	// Dynamic quorum (bootstrap servers + format --standalone), the 4.x default. The cluster id is
 	// made here: a `StorageTool random-uuid` run would cost another JVM start.
 	format := []string{"format", "--standalone", "-t", kafkaClusterID(), "-c", k.needle}
-	for name, password := range scramUsers {
+	for name, password := range opts.SCRAMUsers {
 		for _, mech := range []string{"SCRAM-SHA-256", "SCRAM-SHA-512"} {
 			format = append(format, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", mech, name, password))
 		}
@@ -172,27 +209,99 @@ func (k *Kafka) create(ctx context.Context, partitions int, extra, scramUsers ma
 	return k.Start(ctx)
 }
 
-// saslSettings adds the SASL_PLAINTEXT listener when the broker has one; extra still wins.
-func (k *Kafka) saslSettings(extra map[string]string) map[string]string {
-	if k.st.SASLPort == 0 {
-		return extra
-	}
-	broker, sasl := k.Brokers(), k.SASLBrokers()
+// listenerSettings lists the broker's listeners: PLAINTEXT (tools and the broker's own traffic),
+// SASL_PLAINTEXT with SCRAM users, the TLS listeners, and the controller's.
+func (k *Kafka) listenerSettings(tlsListeners []KafkaTLSListener) (map[string]string, error) {
 	controller := "127.0.0.1:" + strconv.Itoa(k.st.ControllerPort)
-	out := map[string]string{
-		"listeners":                      "PLAINTEXT://" + broker + ",SASL_PLAINTEXT://" + sasl + ",CONTROLLER://" + controller,
-		"advertised.listeners":           "PLAINTEXT://" + broker + ",SASL_PLAINTEXT://" + sasl + ",CONTROLLER://" + controller,
-		"listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-		"sasl.enabled.mechanisms":        "SCRAM-SHA-256,SCRAM-SHA-512",
+	// What the broker listens on, and the addresses it gives clients: the same but where a TLS
+	// listener names another.
+	listeners := []string{"PLAINTEXT://" + k.Brokers()}
+	advertised := []string{"PLAINTEXT://" + k.Brokers()}
+	protocols := []string{"CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"}
+	out := map[string]string{}
+	scram := func(name string) {
 		// The server side of SCRAM checks clients against the credentials in the metadata log; its
 		// login module needs no options.
-		"listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
-		"listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+		for _, mech := range []string{"scram-sha-256", "scram-sha-512"} {
+			out["listener.name."+name+"."+mech+".sasl.jaas.config"] = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+		}
+		out["sasl.enabled.mechanisms"] = "SCRAM-SHA-256,SCRAM-SHA-512"
 	}
-	for key, v := range extra {
-		out[key] = v
+	if k.st.SASLPort != 0 {
+		listeners = append(listeners, "SASL_PLAINTEXT://"+k.SASLBrokers())
+		advertised = append(advertised, "SASL_PLAINTEXT://"+k.SASLBrokers())
+		protocols = append(protocols, "SASL_PLAINTEXT:SASL_PLAINTEXT")
+		scram("sasl_plaintext")
 	}
-	return out
+	for _, l := range tlsListeners {
+		if !listenerName.MatchString(l.Name) || l.Name == "PLAINTEXT" || l.Name == "SASL_PLAINTEXT" || l.Name == "CONTROLLER" {
+			return nil, fmt.Errorf("TLS listener name %q: want upper-case letters, digits and underscores, not a built-in listener", l.Name)
+		}
+		if l.SASL && k.st.SASLPort == 0 {
+			return nil, fmt.Errorf("TLS listener %s: SASL needs SCRAMUsers", l.Name)
+		}
+		name := strings.ToLower(l.Name)
+		prefix := "listener.name." + name + "."
+		// Kafka's PEM key store is one file: the private key, then the certificate chain.
+		store := filepath.Join(k.dir, "tls-"+name+".pem")
+		if err := concatFiles(store, l.KeyFile, l.CertFile); err != nil {
+			return nil, fmt.Errorf("TLS listener %s: %w", l.Name, err)
+		}
+		out[prefix+"ssl.keystore.type"] = "PEM"
+		out[prefix+"ssl.keystore.location"] = store
+		if l.ClientCAFile != "" {
+			trust := filepath.Join(k.dir, "trust-"+name+".pem")
+			if err := concatFiles(trust, l.ClientCAFile); err != nil {
+				return nil, fmt.Errorf("TLS listener %s: %w", l.Name, err)
+			}
+			out[prefix+"ssl.truststore.type"] = "PEM"
+			out[prefix+"ssl.truststore.location"] = trust
+			out[prefix+"ssl.client.auth"] = "required"
+		}
+		protocol := "SSL"
+		if l.SASL {
+			protocol = "SASL_SSL"
+			scram(name)
+		}
+		for key, v := range l.Settings {
+			out[prefix+key] = v
+		}
+		listeners = append(listeners, l.Name+"://"+k.ListenerAddr(l.Name))
+		advertised = append(advertised, l.Name+"://"+cmp.Or(l.Advertised, k.ListenerAddr(l.Name)))
+		protocols = append(protocols, l.Name+":"+protocol)
+	}
+	listeners = append(listeners, "CONTROLLER://"+controller)
+	advertised = append(advertised, "CONTROLLER://"+controller)
+	out["listeners"] = strings.Join(listeners, ",")
+	out["advertised.listeners"] = strings.Join(advertised, ",")
+	out["listener.security.protocol.map"] = strings.Join(protocols, ",")
+	return out, nil
+}
+
+var listenerName = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+
+// concatFiles writes the files' contents, one after the other, to path (mode 0600: it may hold a
+// key).
+func concatFiles(path string, files ...string) error {
+	var b []byte
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		b = append(append(b, data...), '\n')
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+// ListenerAddr returns the address of the TLS listener name, "127.0.0.1:<port>", or "" when the
+// broker has no such listener.
+func (k *Kafka) ListenerAddr(name string) string {
+	port, ok := k.st.TLSPorts[name]
+	if !ok {
+		return ""
+	}
+	return "127.0.0.1:" + strconv.Itoa(port)
 }
 
 // SASLBrokers returns the SASL_PLAINTEXT bootstrap address, "127.0.0.1:<port>", or "" when the

@@ -31,6 +31,20 @@ type PostgresOptions struct {
 	Version  string            // major version ("14" to "18") when BinDir is empty: see PGBinDir
 	Keep     bool              // Close stops but keeps the directory
 	Detached bool              // the server outlives this process (make up)
+	// TLS turns ssl on with these files; DSN then asks for TLS (sslmode=require).
+	TLS *PostgresTLS
+	// HBA, when set, replaces the TCP lines of pg_hba.conf (by default password logins from
+	// 127.0.0.1, with or without TLS); the Unix socket stays trusted for the superuser's tools.
+	HBA []string
+}
+
+// PostgresTLS is the server side of TLS: PEM files, copied into the data directory (server.crt,
+// server.key with mode 0600, root.crt) and handed to the server's OS user, as PostgreSQL insists.
+type PostgresTLS struct {
+	CertFile, KeyFile string
+	// CAFile, when set, is ssl_ca_file: the CAs client certificates must chain to (needed by
+	// pg_hba's cert method and clientcert=verify-full).
+	CAFile string
 }
 
 // Postgres is a throwaway cluster: data in <dir>/data, log in <dir>/postgres.log.
@@ -47,6 +61,7 @@ type pgState struct {
 	Database  string `json:"database"`
 	SocketDir string `json:"socket_dir"`
 	BinDir    string `json:"bin_dir"`
+	TLS       bool   `json:"tls,omitempty"`
 }
 
 // StartPostgres creates a new cluster and starts it.
@@ -72,9 +87,9 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	p := newPostgres(dir, pgState{Port: opts.Port, BinDir: bin, SocketDir: dir,
-		Password: cmp.Or(opts.Password, "outbox-test-secret"), Database: cmp.Or(opts.Database, "outbox")}, cred)
+		Password: cmp.Or(opts.Password, "outbox-test-secret"), Database: cmp.Or(opts.Database, "outbox"), TLS: opts.TLS != nil}, cred)
 	p.detached, p.keep = opts.Detached, opts.Keep
-	if err := p.create(ctx, cmp.Or(opts.WALLevel, "logical"), opts.Settings); err != nil {
+	if err := p.create(ctx, cmp.Or(opts.WALLevel, "logical"), opts); err != nil {
 		if !opts.Keep {
 			_ = p.Close(context.Background())
 		}
@@ -129,7 +144,7 @@ func (p *Postgres) claimAddress() error {
 	return nil
 }
 
-func (p *Postgres) create(ctx context.Context, walLevel string, extra map[string]string) error {
+func (p *Postgres) create(ctx context.Context, walLevel string, opts PostgresOptions) error {
 	if err := p.claimAddress(); err != nil {
 		return err
 	}
@@ -158,7 +173,7 @@ func (p *Postgres) create(ctx context.Context, walLevel string, extra map[string
 		"fsync":                   "off", // throwaway data: speed over crash safety of the files...
 		"full_page_writes":        "off",
 		"synchronous_commit":      "on", // ...but the commit semantics the relay relies on stay
-	}, extra, func(k, v string) string { return fmt.Sprintf("%s = '%s'", k, strings.ReplaceAll(v, "'", "''")) })
+	}, withTLS(opts), func(k, v string) string { return fmt.Sprintf("%s = '%s'", k, strings.ReplaceAll(v, "'", "''")) })
 	if err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
@@ -168,10 +183,16 @@ func (p *Postgres) create(ctx context.Context, walLevel string, extra map[string
 		_, err = f.WriteString("\n# outbox-relay devenv\n" + conf)
 		err = errors.Join(err, f.Close())
 	}
+	hba := opts.HBA
+	if hba == nil {
+		hba = []string{"host all all 127.0.0.1/32 scram-sha-256", "host replication all 127.0.0.1/32 scram-sha-256"}
+	}
 	if err == nil {
 		err = os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte("local all all trust\n"+
-			"local replication all trust\nhost all all 127.0.0.1/32 scram-sha-256\n"+
-			"host replication all 127.0.0.1/32 scram-sha-256\n"), 0o600)
+			"local replication all trust\n"+strings.Join(hba, "\n")+"\n"), 0o600)
+	}
+	if err == nil && opts.TLS != nil {
+		err = p.installTLS(data, *opts.TLS)
 	}
 	if err != nil {
 		return fmt.Errorf("postgres config: %w", err)
@@ -185,16 +206,62 @@ func (p *Postgres) create(ctx context.Context, walLevel string, extra map[string
 	return err
 }
 
+// withTLS adds ssl = on to the settings when the cluster has TLS; explicit settings still win.
+func withTLS(opts PostgresOptions) map[string]string {
+	if opts.TLS == nil {
+		return opts.Settings
+	}
+	out := map[string]string{"ssl": "on"}
+	if opts.TLS.CAFile != "" {
+		out["ssl_ca_file"] = "root.crt"
+	}
+	for k, v := range opts.Settings {
+		out[k] = v
+	}
+	return out
+}
+
+// installTLS copies the server's certificate, key and client CA into the data directory, where
+// ssl_cert_file, ssl_key_file and ssl_ca_file find them by their relative names. The server refuses
+// a key that others can read, and runs as its own OS user.
+func (p *Postgres) installTLS(data string, t PostgresTLS) error {
+	files := map[string]string{"server.crt": t.CertFile, "server.key": t.KeyFile}
+	if t.CAFile != "" {
+		files["root.crt"] = t.CAFile
+	}
+	for name, src := range files {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return fmt.Errorf("tls: %w", err)
+		}
+		dst := filepath.Join(data, name)
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			return fmt.Errorf("tls: %w", err)
+		}
+		if p.cred != nil {
+			if err := os.Chown(dst, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+				return fmt.Errorf("tls: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
 // Port returns the TCP port on 127.0.0.1.
 func (p *Postgres) Port() int { return p.st.Port }
 
 // Database returns the name of the database created at start.
 func (p *Postgres) Database() string { return p.st.Database }
 
-// DSN returns a URL for superuser postgres on database.
+// DSN returns a URL for superuser postgres on database: without TLS, or with TLS that verifies
+// nothing (sslmode=require) when the cluster has TLS.
 func (p *Postgres) DSN(database string) string {
+	mode := "disable"
+	if p.st.TLS {
+		mode = "require"
+	}
 	u := url.URL{Scheme: "postgres", User: url.UserPassword("postgres", p.st.Password),
-		Host: "127.0.0.1:" + strconv.Itoa(p.st.Port), Path: "/" + database, RawQuery: "sslmode=disable"}
+		Host: "127.0.0.1:" + strconv.Itoa(p.st.Port), Path: "/" + database, RawQuery: "sslmode=" + mode}
 	return u.String()
 }
 

@@ -15,12 +15,13 @@ import (
 type Proxy struct {
 	Addr string
 
-	mu     sync.Mutex
-	delay  time.Duration
-	frozen chan struct{} // closed by Freeze
-	done   chan struct{} // closed at the end of the test
-	conns  []net.Conn
-	once   sync.Once
+	mu       sync.Mutex
+	delay    time.Duration
+	frozen   chan struct{} // closed by Freeze
+	done     chan struct{} // closed at the end of the test
+	conns    []net.Conn
+	accepted int
+	once     sync.Once
 }
 
 // New listens on a free local port and forwards to target until the test ends.
@@ -53,6 +54,7 @@ func New(t testing.TB, target string) *Proxy {
 			}
 			p.mu.Lock()
 			p.conns = append(p.conns, client, server)
+			p.accepted++
 			p.mu.Unlock()
 			go p.pipe(client, server, true)
 			go p.pipe(server, client, false)
@@ -64,6 +66,24 @@ func New(t testing.TB, target string) *Proxy {
 // Freeze stops forwarding on every connection, current and new, for the rest of the test, and
 // closes none: the peers see a silent network.
 func (p *Proxy) Freeze() { p.once.Do(func() { close(p.frozen) }) }
+
+// Cut closes every connection open now, both ways, like a server or a load balancer dropping
+// them; new connections are forwarded as before.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// Accepted counts the connections accepted so far.
+func (p *Proxy) Accepted() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted
+}
 
 // DelayResponses holds every chunk the server sends for d before passing it on; 0 ends the delay.
 func (p *Proxy) DelayResponses(d time.Duration) {
