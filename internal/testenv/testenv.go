@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,13 +58,37 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
+// PGVersionEnv chooses the PostgreSQL major version of the clusters tests get when they do not
+// ask for one (OUTBOX_PG_VERSION=15 go test ./...); the newest supported version when unset.
+const PGVersionEnv = "OUTBOX_PG_VERSION"
+
+// PGVersion returns the major version that Postgres and SharedPostgres start unless told
+// otherwise: $OUTBOX_PG_VERSION, else devenv.NewestPGVersion.
+func PGVersion() (string, error) {
+	v := os.Getenv(PGVersionEnv)
+	if v == "" {
+		return devenv.NewestPGVersion, nil
+	}
+	if !slices.Contains(devenv.PGVersions(), v) {
+		return "", fmt.Errorf("%s=%q: want one of %s", PGVersionEnv, v, strings.Join(devenv.PGVersions(), ", "))
+	}
+	return v, nil
+}
+
 // Postgres starts a dedicated cluster for t, closed at t's cleanup. opts (at most one) may set
-// anything but Dir.
+// anything but Dir; without Version or BinDir the cluster runs PGVersion.
 func Postgres(t testing.TB, opts ...devenv.PostgresOptions) *devenv.Postgres {
 	t.Helper()
 	return dedicated(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
 		o := first(opts)
 		o.Dir = dir
+		if o.Version == "" && o.BinDir == "" {
+			v, err := PGVersion()
+			if err != nil {
+				return nil, err
+			}
+			o.Version = v
+		}
 		return devenv.StartPostgres(ctx, o)
 	})
 }
@@ -91,12 +116,16 @@ func Kafka(t testing.TB, opts ...devenv.KafkaOptions) *devenv.Kafka {
 	})
 }
 
-// SharedPostgres returns the test binary's cluster, started on first use. Tests must not stop
-// it; UniqueName keeps their databases and slots apart.
+// SharedPostgres returns the test binary's cluster (of PGVersion), started on first use. Tests
+// must not stop it; UniqueName keeps their databases and slots apart.
 func SharedPostgres(t testing.TB) *devenv.Postgres {
 	t.Helper()
 	return sharedPG.get(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
-		return devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: dir})
+		v, err := PGVersion()
+		if err != nil {
+			return nil, err
+		}
+		return devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: dir, Version: v})
 	})
 }
 
