@@ -185,6 +185,15 @@ func (p *Postgres) create(ctx context.Context, walLevel string, extra map[string
 	return err
 }
 
+// Version returns the cluster's major version, from its data directory (PG_VERSION).
+func (p *Postgres) Version() (string, error) {
+	b, err := os.ReadFile(filepath.Join(p.dir, "data", "PG_VERSION"))
+	if err != nil {
+		return "", fmt.Errorf("postgres version: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
 // Port returns the TCP port on 127.0.0.1.
 func (p *Postgres) Port() int { return p.st.Port }
 
