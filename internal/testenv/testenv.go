@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -33,9 +34,38 @@ const dirPrefix = "outbox-testenv-"
 
 var (
 	mainCalled  atomic.Bool
-	sharedPG    shared[*devenv.Postgres]
+	sharedPG    sharedByVersion
 	sharedKafka shared[*devenv.Kafka]
 )
+
+// sharedByVersion is the test binary's shared cluster of each major version asked for.
+type sharedByVersion struct {
+	mu       sync.Mutex
+	clusters map[string]*shared[*devenv.Postgres]
+}
+
+func (s *sharedByVersion) of(version string) *shared[*devenv.Postgres] {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.clusters == nil {
+		s.clusters = map[string]*shared[*devenv.Postgres]{}
+	}
+	if s.clusters[version] == nil {
+		s.clusters[version] = &shared[*devenv.Postgres]{}
+	}
+	return s.clusters[version]
+}
+
+func (s *sharedByVersion) close() {
+	s.mu.Lock()
+	all := slices.Collect(maps.Values(s.clusters))
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range all {
+		wg.Go(c.close)
+	}
+	wg.Wait()
+}
 
 // Main runs the tests and then stops the shared instances, also on SIGINT/SIGTERM. Use it as
 // func TestMain(m *testing.M) { testenv.Main(m) }.
@@ -73,6 +103,17 @@ func PGVersion() (string, error) {
 		return "", fmt.Errorf("%s=%q: want one of %s", PGVersionEnv, v, strings.Join(devenv.PGVersions(), ", "))
 	}
 	return v, nil
+}
+
+// MatrixVersions returns the supported major versions other than PGVersion, oldest first: the
+// version matrix runs its scenarios on these, the rest of the suite covers PGVersion.
+func MatrixVersions(t testing.TB) []string {
+	t.Helper()
+	v, err := PGVersion()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return slices.DeleteFunc(devenv.PGVersions(), func(m string) bool { return m == v })
 }
 
 // Postgres starts a dedicated cluster for t, closed at t's cleanup. opts (at most one) may set
@@ -116,16 +157,24 @@ func Kafka(t testing.TB, opts ...devenv.KafkaOptions) *devenv.Kafka {
 	})
 }
 
-// SharedPostgres returns the test binary's cluster (of PGVersion), started on first use. Tests
+// SharedPostgres returns the test binary's cluster of PGVersion, started on first use. Tests
 // must not stop it; UniqueName keeps their databases and slots apart.
 func SharedPostgres(t testing.TB) *devenv.Postgres {
 	t.Helper()
-	return sharedPG.get(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
-		v, err := PGVersion()
-		if err != nil {
-			return nil, err
-		}
-		return devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: dir, Version: v})
+	v, err := PGVersion()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return SharedPostgresVersion(t, v)
+}
+
+// SharedPostgresVersion returns the test binary's cluster of major version version ("14"),
+// started on first use; the version matrix's tests in one binary share it. Tests must not stop
+// it.
+func SharedPostgresVersion(t testing.TB, version string) *devenv.Postgres {
+	t.Helper()
+	return sharedPG.of(version).get(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
+		return devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: dir, Version: version})
 	})
 }
 
@@ -178,6 +227,44 @@ func dedicated[T instance](t testing.TB, kind string, start startFunc[T]) T {
 	if err != nil {
 		t.Fatalf("testenv: start %s: %v", kind, err)
 	}
+	closeAtCleanup(t, kind, v)
+	return v
+}
+
+// PostgresVersions starts a dedicated cluster of each major version for t, all at once, closed at
+// t's cleanup: the version matrix's clusters.
+func PostgresVersions(t testing.TB, versions ...string) map[string]*devenv.Postgres {
+	t.Helper()
+	type started struct {
+		pg  *devenv.Postgres
+		err error
+	}
+	results := make([]started, len(versions))
+	var wg sync.WaitGroup
+	for i, v := range versions {
+		wg.Go(func() {
+			results[i].pg, results[i].err = startIn("pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
+				return devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: dir, Version: v})
+			})
+		})
+	}
+	wg.Wait()
+	out := make(map[string]*devenv.Postgres, len(versions))
+	for i, r := range results {
+		if r.err == nil {
+			closeAtCleanup(t, "pg", r.pg)
+			out[versions[i]] = r.pg
+		}
+	}
+	for i, r := range results {
+		if r.err != nil {
+			t.Fatalf("testenv: start PostgreSQL %s: %v", versions[i], r.err)
+		}
+	}
+	return out
+}
+
+func closeAtCleanup[T instance](t testing.TB, kind string, v T) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("testenv: tail of %s:\n%s", v.Logs(), devenv.LogTail(v.Logs(), 40))
@@ -186,7 +273,6 @@ func dedicated[T instance](t testing.TB, kind string, start startFunc[T]) T {
 			t.Errorf("testenv: close %s: %v", kind, err)
 		}
 	})
-	return v
 }
 
 // shared is one lazily started instance per test binary; a failed start is remembered so every
