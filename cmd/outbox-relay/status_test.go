@@ -136,7 +136,25 @@ func TestStatusOfAMissingSlotSaysSoAndExits3(t *testing.T) {
 }
 
 func TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder(t *testing.T) {
-	f := newHAFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	statusOfAStreamedSlot(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers())
+}
+
+// Status shows the slot columns and settings of every supported version (the matrix's versions
+// here; TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder the suite's).
+func TestStatusOnEveryPostgresVersion(t *testing.T) {
+	for _, v := range testenv.MatrixVersions(t) {
+		t.Run(v, func(t *testing.T) {
+			t.Parallel()
+			statusOfAStreamedSlot(t, testenv.SharedPostgresVersion(t, v), testenv.SharedKafka(t).Brokers())
+		})
+	}
+}
+
+// statusOfAStreamedSlot checks status and status --json of a slot a relay streams on a database of
+// its own on pg, then of the slot once the relay stopped: the slot columns and settings shown are
+// exactly those the server's version has.
+func statusOfAStreamedSlot(t *testing.T, pg *devenv.Postgres, brokers string) {
+	f := newHAFixture(t, pg, brokers, 1)
 	r := f.start("relay-s", nil)
 	walsender := f.waitStreamer(t, r, haStartTimeout)
 	lockPID := f.lockHolder(t)
@@ -181,8 +199,15 @@ func TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder(t *testing.
 	case s.OK == nil || !*s.OK || len(s.Problems) != 0:
 		t.Errorf("status --json of a healthy slot: ok=%v problems=%v", s.OK, s.Problems)
 	}
-	checkVersionedColumns(t, f.serverMajor(t), out, true)
+	major := f.serverMajor(t)
+	checkVersionedColumns(t, major, out, true)
 	r.stop(t)
+
+	code, out = f.status(t, "--json")
+	if code != 0 {
+		t.Fatalf("status --json of a slot nothing streams: exit code %d, want 0:\n%s", code, out)
+	}
+	checkVersionedColumns(t, major, out, false)
 }
 
 // A slot whose WAL was removed is a problem on every version: 16 says so only through wal_status
