@@ -70,7 +70,7 @@ func TestBrokerFaults(t *testing.T) {
 		name string
 		run  func(*testing.T, *faultBroker)
 	}{
-		{"broker stopped for 20s during load: a running relay keeps the slot behind the first unacknowledged transaction and recovers by itself, a relay restarted meanwhile waits and delivers", testBrokerOutage},
+		{"broker stopped for 20s during load, relays on every supported PostgreSQL version: a running relay keeps the slot behind the first unacknowledged transaction and recovers by itself, a relay restarted meanwhile waits and delivers", testBrokerOutage},
 		{"broker connection stalls without a reset: the relay notices within its write timeout and recovers", testStalledBrokerConnection},
 		{"a huge transaction (OUTBOX_FAULTS_BIG_TX_ROWS) while the broker is paused, then slow: memory stays bounded and the walsender never times out", testHugeTransactionWithPausedBroker},
 		{"rows of 10 MB while the broker is paused, max_in_flight_bytes 8 MiB: the rows read ahead of Kafka are bounded by bytes, RSS stays under its bound", testHugeRowsWithPausedBroker},
@@ -82,9 +82,14 @@ func TestBrokerFaults(t *testing.T) {
 }
 
 // testBrokerOutage covers scenarios 2 and 4 with one broker outage (a broker restart costs more
-// than the rest of both), on the shared cluster.
+// than the rest of both), on the shared cluster and, for the version matrix, on the shared
+// cluster of every other supported version at the same time.
 func testBrokerOutage(t *testing.T, fb *faultBroker) {
-	brokerOutage(t, fb, testenv.SharedPostgres(t))
+	pgs := []*devenv.Postgres{testenv.SharedPostgres(t)}
+	for _, v := range testenv.MatrixVersions(t) {
+		pgs = append(pgs, testenv.SharedPostgresVersion(t, v))
+	}
+	brokerOutage(t, fb, pgs...)
 }
 
 // outageSide is one cluster's part of a broker outage: relays A and B on databases of their own.
@@ -107,11 +112,15 @@ func brokerOutage(t *testing.T, fb *faultBroker, pgs ...*devenv.Postgres) {
 	const outage = 20 * time.Second
 	ctx := context.Background()
 	var sides []*outageSide
-	for i, pg := range pgs {
+	for _, pg := range pgs {
 		a, b := newDB(t, pg, 2), newDB(t, pg, 2)
 		sd := &outageSide{name: fmt.Sprintf("PostgreSQL %d", a.major), a: a, b: b}
 		sd.ra = a.startRelay(fb.brokers, false, "--kafka.write-timeout=3s", "--status-interval=200ms")
 		sd.rb = b.startRelay(fb.brokers, false, "--shutdown-timeout=2s")
+		sides = append(sides, sd)
+	}
+	for i, sd := range sides {
+		a, b := sd.a, sd.b
 		sd.ra.waitSessions(1, 90*time.Second)
 		sd.rb.waitSessions(1, 90*time.Second)
 		seed := uint64(21 + 2*i)
@@ -120,7 +129,6 @@ func brokerOutage(t *testing.T, fb *faultBroker, pgs ...*devenv.Postgres) {
 			LargeEvery: 200, LargeBytes: 200 << 10, BigTxEvents: 800, BigTxAfter: 5 * time.Second, Seed: seed,
 		})
 		sd.loadB = harness.StartLoad(b.outbox, harness.LoadConfig{Types: b.types, Writers: 2, MaxPerTx: 4, TxPerSecond: 20, Seed: seed + 1})
-		sides = append(sides, sd)
 	}
 	time.Sleep(2 * time.Second)
 
@@ -184,6 +192,14 @@ func brokerOutage(t *testing.T, fb *faultBroker, pgs ...*devenv.Postgres) {
 	}
 	time.Sleep(2 * time.Second) // all keep going
 
+	// Every load stops before any delivery check, so no side keeps writing while others are read.
+	type check struct {
+		side  *outageSide
+		name  string
+		d     *db
+		stats harness.LoadStats
+	}
+	var checks []check
 	for _, sd := range sides {
 		for _, c := range []struct {
 			name string
@@ -199,13 +215,18 @@ func brokerOutage(t *testing.T, fb *faultBroker, pgs ...*devenv.Postgres) {
 			if c.name == "A" && !stats.BigTxWritten {
 				t.Fatalf("%s: the large transaction was not written", sd.name)
 			}
-			rep := deliver(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, sd.ra, sd.rb2)
-			t.Logf("%s: relay %s: load %s; delivery %s", sd.name, c.name, stats, rep)
-			end := currentLSN(t, c.d.outbox.Pool())
-			eventually(t, 30*time.Second, sd.name+": relay "+c.name+"'s slot to be confirmed past the load", func() bool {
-				return confirmedLSN(t, c.d.outbox.Pool(), c.d.slot) >= end
-			})
+			checks = append(checks, check{sd, c.name, c.d, stats})
 		}
+	}
+	for _, c := range checks {
+		rep := deliver(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, c.side.ra, c.side.rb2)
+		t.Logf("%s: relay %s: load %s; delivery %s", c.side.name, c.name, c.stats, rep)
+		end := currentLSN(t, c.d.outbox.Pool())
+		eventually(t, 30*time.Second, c.side.name+": relay "+c.name+"'s slot to be confirmed past the load", func() bool {
+			return confirmedLSN(t, c.d.outbox.Pool(), c.d.slot) >= end
+		})
+	}
+	for _, sd := range sides {
 		if sd.ra.Exited() || sd.ra.sessions() != 1 {
 			t.Fatalf("%s: relay A restarted (exited: %v, streaming sessions: %d); it must recover on its own", sd.name, sd.ra.Exited(), sd.ra.sessions())
 		}

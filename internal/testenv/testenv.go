@@ -231,39 +231,6 @@ func dedicated[T instance](t testing.TB, kind string, start startFunc[T]) T {
 	return v
 }
 
-// PostgresVersions starts a dedicated cluster of each major version for t, all at once, closed at
-// t's cleanup: the version matrix's clusters.
-func PostgresVersions(t testing.TB, versions ...string) map[string]*devenv.Postgres {
-	t.Helper()
-	type started struct {
-		pg  *devenv.Postgres
-		err error
-	}
-	results := make([]started, len(versions))
-	var wg sync.WaitGroup
-	for i, v := range versions {
-		wg.Go(func() {
-			results[i].pg, results[i].err = startIn("pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
-				return devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: dir, Version: v})
-			})
-		})
-	}
-	wg.Wait()
-	out := make(map[string]*devenv.Postgres, len(versions))
-	for i, r := range results {
-		if r.err == nil {
-			closeAtCleanup(t, "pg", r.pg)
-			out[versions[i]] = r.pg
-		}
-	}
-	for i, r := range results {
-		if r.err != nil {
-			t.Fatalf("testenv: start PostgreSQL %s: %v", versions[i], r.err)
-		}
-	}
-	return out
-}
-
 func closeAtCleanup[T instance](t testing.TB, kind string, v T) {
 	t.Cleanup(func() {
 		if t.Failed() {
