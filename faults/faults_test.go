@@ -88,19 +88,7 @@ func kill9(t *testing.T, pg *devenv.Postgres, brokers string, kills int) {
 			r = d.startRelay(brokers, false, args...)
 		}
 		started := time.Now()
-		type point struct {
-			at        time.Time
-			published float64
-		}
-		var mu sync.Mutex
-		var points []point
-		s := sample(samplePeriod, func(now time.Time) {
-			if v, err := r.metric("events_published_total", ""); err == nil {
-				mu.Lock()
-				points = append(points, point{now, v})
-				mu.Unlock()
-			}
-		})
+		acks := logAcks(r, samplePeriod)
 		if i%4 == 3 {
 			// Some kills land during start-up: checks, slot busy with the last walsender, catching up.
 			time.Sleep(time.Duration(100+rng.IntN(900)) * time.Millisecond)
@@ -108,23 +96,11 @@ func kill9(t *testing.T, pg *devenv.Postgres, brokers string, kills int) {
 			r.waitSessions(1, 90*time.Second)
 			time.Sleep(time.Duration(rng.IntN(2000)) * time.Millisecond)
 		}
-		s.Stop()
-		if v, err := r.metric("events_published_total", ""); err == nil {
-			points = append(points, point{time.Now(), v})
-		}
+		acks.Stop()
 		r.Kill()
 		killed := time.Now()
 
-		rec := killRecord{at: killed.Sub(started), streaming: r.sessions() > 0}
-		if len(points) > 0 {
-			last, before := points[len(points)-1].published, 0.0
-			for _, p := range points {
-				if p.at.Before(killed.Add(-ackWindow)) {
-					before = p.published
-				}
-			}
-			rec.acked = int(last - before)
-		}
+		rec := killRecord{at: killed.Sub(started), streaming: r.sessions() > 0, acked: acks.Since(killed.Add(-ackWindow))}
 		bigMu.Lock()
 		if big.CommitEnd != 0 && confirmedLSN(t, d.outbox.Pool(), d.slot) < big.CommitEnd {
 			rec.bigTx = bigTxEvents
@@ -207,20 +183,8 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string) {
 	load := harness.StartLoad(d.outbox, harness.LoadConfig{
 		Types: d.types, Writers: 3, Aggregates: 10, MaxPerTx: maxPerTx, TxPerSecond: 40, Seed: 3,
 	})
-	type point struct {
-		at        time.Time
-		published float64
-	}
-	var mu sync.Mutex
-	var points []point
-	s := sample(samplePeriod, func(now time.Time) {
-		if v, err := r.metric("events_published_total", ""); err == nil {
-			mu.Lock()
-			points = append(points, point{now, v})
-			mu.Unlock()
-		}
-	})
-	defer s.Stop()
+	acks := logAcks(r, samplePeriod)
+	defer acks.Stop()
 	time.Sleep(time.Second)
 	specs := make([]harness.Spec, bigTxEvents)
 	for i := range specs {
@@ -239,17 +203,8 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string) {
 	// The stop ended the relay's term (its leader lock connection is gone): from here it only
 	// completes what it had handed to Kafka (max_in_flight_events), and replays begin only once
 	// PostgreSQL is back.
-	s.Stop()
-	stopped, err := r.metric("events_published_total", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	acked := stopped
-	for _, p := range points {
-		if p.at.Before(stopping.Add(-ackWindow)) {
-			acked = stopped - p.published
-		}
-	}
+	acks.Stop()
+	acked := acks.Since(stopping.Add(-ackWindow))
 	if err := pg.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +225,7 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string) {
 		t.Fatalf("no write failed during the restart (%s): the restart did not happen under load", stats)
 	}
 	rep := deliver(t, brokers, d.outbox.Written(), 2*time.Minute, r)
-	window := maxInFlight + maxPerTx + int(acked)
+	window := maxInFlight + maxPerTx + acked
 	if bigPending {
 		window += bigTxEvents
 	}

@@ -379,4 +379,56 @@ func (s *sampler) Stop() {
 	s.wg.Wait()
 }
 
+// ackLog samples a relay's events_published_total, to tell how many acknowledgements came in a
+// window before a fault.
+type ackLog struct {
+	r      *relay
+	s      *sampler
+	mu     sync.Mutex
+	points []ackPoint
+}
+
+type ackPoint struct {
+	at        time.Time
+	published float64
+}
+
+// logAcks samples r every period until Stop.
+func logAcks(r *relay, period time.Duration) *ackLog {
+	l := &ackLog{r: r}
+	l.s = sample(period, l.take)
+	return l
+}
+
+func (l *ackLog) take(now time.Time) {
+	if v, err := l.r.metric("events_published_total", ""); err == nil {
+		l.mu.Lock()
+		l.points = append(l.points, ackPoint{now, v})
+		l.mu.Unlock()
+	}
+}
+
+// Stop ends the sampling with one more sample; it may be called more than once.
+func (l *ackLog) Stop() {
+	l.s.Stop()
+	l.take(time.Now())
+}
+
+// Since returns the acknowledgements between the last sample taken before from and the last
+// sample (all of them when no sample is that old).
+func (l *ackLog) Since(from time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.points) == 0 {
+		return 0
+	}
+	before := 0.0
+	for _, p := range l.points {
+		if p.at.Before(from) {
+			before = p.published
+		}
+	}
+	return int(l.points[len(l.points)-1].published - before)
+}
+
 func lsnString(v uint64) string { return fmt.Sprintf("%X/%X", v>>32, uint32(v)) }
