@@ -5,8 +5,10 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 TEST_TIMEOUT ?= 20m
 
 # Local services (see internal/devenv): PostgreSQL with wal_level=logical and a KRaft Kafka broker.
-# `make up` writes their addresses to $(LOCAL)/services.env.
+# `make up` writes their addresses to $(LOCAL)/services.env. PG_VERSION (14 to 18) picks the
+# PostgreSQL major version of a new cluster; the newest (18) when empty.
 LOCAL ?= .local
+PG_VERSION ?=
 DEVENV := go run ./internal/cmd/devenv
 
 .PHONY: tools kafka-lib pg-lib up down services-status build test lint
@@ -21,8 +23,8 @@ kafka-lib: tools
 pg-lib: tools
 	@bash scripts/pg-lib.sh >/dev/null
 
-up: tools kafka-lib
-	@$(DEVENV) up --dir $(LOCAL)
+up: tools kafka-lib pg-lib
+	@$(DEVENV) up --dir $(LOCAL) $(if $(PG_VERSION),--pg-version $(PG_VERSION))
 
 down:
 	@$(DEVENV) down --dir $(LOCAL)
@@ -46,10 +48,11 @@ test: tools kafka-lib pg-lib lint
 # stalled connections, failure policies, bounded memory, lost slots (docs/guarantees.md).
 # OUTBOX_FAULTS_BIG_TX_ROWS=1000000 runs the memory scenario at the issue's full size.
 .PHONY: test-faults
-test-faults: tools kafka-lib
+test-faults: tools kafka-lib pg-lib
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -v ./faults/
 
 # The outbox end to end on local services: make up, migrate, relay, orders in, events out, make down.
+# PG_VERSION=15 make demo runs it on another PostgreSQL major version (make up's knob).
 .PHONY: demo
 demo:
 	@LOCAL=$(LOCAL) bash scripts/demo.sh

@@ -70,7 +70,7 @@ func TestBrokerFaults(t *testing.T) {
 		name string
 		run  func(*testing.T, *faultBroker)
 	}{
-		{"broker stopped for 20s during load: a running relay keeps the slot behind the first unacknowledged transaction and recovers by itself, a relay restarted meanwhile waits and delivers", testBrokerOutage},
+		{"broker stopped for 20s during load, relays on every supported PostgreSQL version: a running relay keeps the slot behind the first unacknowledged transaction and recovers by itself, a relay restarted meanwhile waits and delivers", testBrokerOutage},
 		{"broker connection stalls without a reset: the relay notices within its write timeout and recovers", testStalledBrokerConnection},
 		{"a huge transaction (OUTBOX_FAULTS_BIG_TX_ROWS) while the broker is paused, then slow: memory stays bounded and the walsender never times out", testHugeTransactionWithPausedBroker},
 		{"rows of 10 MB while the broker is paused, max_in_flight_bytes 8 MiB: the rows read ahead of Kafka are bounded by bytes, RSS stays under its bound", testHugeRowsWithPausedBroker},
@@ -82,99 +82,154 @@ func TestBrokerFaults(t *testing.T) {
 }
 
 // testBrokerOutage covers scenarios 2 and 4 with one broker outage (a broker restart costs more
-// than the rest of both). Relay A rides the outage out: the slot must stay behind the first
+// than the rest of both), on the shared cluster and, for the version matrix, on the shared
+// cluster of every other supported version at the same time.
+func testBrokerOutage(t *testing.T, fb *faultBroker) {
+	pgs := []*devenv.Postgres{testenv.SharedPostgres(t)}
+	for _, v := range testenv.MatrixVersions(t) {
+		pgs = append(pgs, testenv.SharedPostgresVersion(t, v))
+	}
+	brokerOutage(t, fb, pgs...)
+}
+
+// outageSide is one cluster's part of a broker outage: relays A and B on databases of their own.
+type outageSide struct {
+	name         string // "PostgreSQL <major>"
+	a, b         *db
+	ra, rb, rb2  *relay
+	loadA, loadB *harness.Load
+	m            marked // A's first transaction during the outage
+	mark         int    // length of A's output when the broker stopped
+	first, last  uint64 // A's confirmed position when the outage began and last seen during it
+}
+
+// brokerOutage stops the broker once for relays on every cluster of pgs (the version matrix
+// passes one per version). Relay A rides the outage out: the slot must stay behind the first
 // transaction committed during the outage, and A must recover without a restart. Relay B, on
 // another database, is stopped during the outage and started again while the broker is still
 // down: it must start, say it waits for Kafka, and deliver once the broker is back.
-func testBrokerOutage(t *testing.T, fb *faultBroker) {
+func brokerOutage(t *testing.T, fb *faultBroker, pgs ...*devenv.Postgres) {
 	const outage = 20 * time.Second
 	ctx := context.Background()
-	pg := testenv.SharedPostgres(t)
-	a, b := newDB(t, pg, 2), newDB(t, pg, 2)
-	ra := a.startRelay(fb.brokers, false, "--kafka.write-timeout=3s", "--status-interval=200ms")
-	rb := b.startRelay(fb.brokers, false, "--shutdown-timeout=2s")
-	ra.waitSessions(1, 90*time.Second)
-	rb.waitSessions(1, 90*time.Second)
-	loadA := harness.StartLoad(a.outbox, harness.LoadConfig{
-		Types: a.types, Writers: 2, Aggregates: 10, MaxPerTx: 4, TxPerSecond: 20,
-		LargeEvery: 200, LargeBytes: 200 << 10, BigTxEvents: 800, BigTxAfter: 5 * time.Second, Seed: 21,
-	})
-	loadB := harness.StartLoad(b.outbox, harness.LoadConfig{Types: b.types, Writers: 2, MaxPerTx: 4, TxPerSecond: 20, Seed: 22})
+	var sides []*outageSide
+	for _, pg := range pgs {
+		a, b := newDB(t, pg, 2), newDB(t, pg, 2)
+		sd := &outageSide{name: fmt.Sprintf("PostgreSQL %d", a.major), a: a, b: b}
+		sd.ra = a.startRelay(fb.brokers, false, "--kafka.write-timeout=3s", "--status-interval=200ms")
+		sd.rb = b.startRelay(fb.brokers, false, "--shutdown-timeout=2s")
+		sides = append(sides, sd)
+	}
+	for i, sd := range sides {
+		a, b := sd.a, sd.b
+		sd.ra.waitSessions(1, 90*time.Second)
+		sd.rb.waitSessions(1, 90*time.Second)
+		seed := uint64(21 + 2*i)
+		sd.loadA = harness.StartLoad(a.outbox, harness.LoadConfig{
+			Types: a.types, Writers: 2, Aggregates: 10, MaxPerTx: 4, TxPerSecond: 20,
+			LargeEvery: 200, LargeBytes: 200 << 10, BigTxEvents: 800, BigTxAfter: 5 * time.Second, Seed: seed,
+		})
+		sd.loadB = harness.StartLoad(b.outbox, harness.LoadConfig{Types: b.types, Writers: 2, MaxPerTx: 4, TxPerSecond: 20, Seed: seed + 1})
+	}
 	time.Sleep(2 * time.Second)
 
 	if err := fb.k.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
-	mark := len(ra.Output())
-	// The first transaction written during the outage cannot be acknowledged, so A's slot must not
-	// be confirmed past the start of its commit record until the broker is back.
-	m := a.writeMarked(harness.Spec{AggregateType: a.types[0], AggregateID: "marker-ü", EventType: "Marker"})
-
-	rb.Terminate()
-	if code, ok := rb.Wait(30 * time.Second); !ok {
-		t.Fatal("relay B did not stop within 30s of SIGTERM while the broker was down (shutdown_timeout 2s)")
-	} else {
-		t.Logf("relay B stopped during the outage with exit status %d", code)
+	for _, sd := range sides {
+		sd.mark = len(sd.ra.Output())
+		// The first transaction written during the outage cannot be acknowledged, so A's slot must
+		// not be confirmed past the start of its commit record until the broker is back.
+		sd.m = sd.a.writeMarked(harness.Spec{AggregateType: sd.a.types[0], AggregateID: "marker-ü", EventType: "Marker"})
+		sd.rb.Terminate()
 	}
-	rb2 := b.startRelay(fb.brokers, false)
-	if _, ok := rb2.waitLog(0, "kafka unreachable", 30*time.Second); !ok {
-		t.Fatal("relay B, restarted while the broker is down, did not log that it waits for Kafka")
-	}
-
-	first := confirmedLSN(t, a.outbox.Pool(), a.slot)
-	last := first
-	for time.Since(stopped) < outage {
-		last = confirmedLSN(t, a.outbox.Pool(), a.slot)
-		if last > m.CommitStart {
-			t.Fatalf("relay A: confirmed_flush_lsn %s passed the unacknowledged transaction committed at %s while the broker was down",
-				lsnString(last), lsnString(m.CommitStart))
+	for _, sd := range sides {
+		if code, ok := sd.rb.Wait(30 * time.Second); !ok {
+			t.Fatalf("%s: relay B did not stop within 30s of SIGTERM while the broker was down (shutdown_timeout 2s)", sd.name)
+		} else {
+			t.Logf("%s: relay B stopped during the outage with exit status %d", sd.name, code)
 		}
-		if ra.Exited() || rb2.Exited() {
-			t.Fatalf("a relay exited during the broker outage (A: %v, B: %v)", ra.Exited(), rb2.Exited())
+		sd.rb2 = sd.b.startRelay(fb.brokers, false)
+	}
+	for _, sd := range sides {
+		if _, ok := sd.rb2.waitLog(0, "kafka unreachable", 30*time.Second); !ok {
+			t.Fatalf("%s: relay B, restarted while the broker is down, did not log that it waits for Kafka", sd.name)
+		}
+		sd.first = confirmedLSN(t, sd.a.outbox.Pool(), sd.a.slot)
+		sd.last = sd.first
+	}
+	for time.Since(stopped) < outage {
+		for _, sd := range sides {
+			sd.last = confirmedLSN(t, sd.a.outbox.Pool(), sd.a.slot)
+			if sd.last > sd.m.CommitStart {
+				t.Fatalf("%s: relay A: confirmed_flush_lsn %s passed the unacknowledged transaction committed at %s while the broker was down",
+					sd.name, lsnString(sd.last), lsnString(sd.m.CommitStart))
+			}
+			if sd.ra.Exited() || sd.rb2.Exited() {
+				t.Fatalf("%s: a relay exited during the broker outage (A: %v, B: %v)", sd.name, sd.ra.Exited(), sd.rb2.Exited())
+			}
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	t.Logf("relay A: during the outage confirmed_flush_lsn went from %s to %s; the first unacknowledged commit is at %s",
-		lsnString(first), lsnString(last), lsnString(m.CommitStart))
-	if !strings.Contains(ra.Output()[mark:], "retrying") {
-		t.Error("relay A logged no retry while the broker was down")
+	for _, sd := range sides {
+		t.Logf("%s: relay A: during the outage confirmed_flush_lsn went from %s to %s; the first unacknowledged commit is at %s",
+			sd.name, lsnString(sd.first), lsnString(sd.last), lsnString(sd.m.CommitStart))
+		if !strings.Contains(sd.ra.Output()[sd.mark:], "retrying") {
+			t.Errorf("%s: relay A logged no retry while the broker was down", sd.name)
+		}
 	}
 
 	if err := fb.k.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
-	eventually(t, 2*time.Minute, "relay A to publish the outage's backlog", func() bool {
-		return confirmedLSN(t, a.outbox.Pool(), a.slot) >= m.CommitEnd
-	})
-	t.Logf("relay A: backlog confirmed %s after the broker came back", time.Since(restarted).Round(time.Millisecond))
-	rb2.waitSessions(1, 2*time.Minute)
-	time.Sleep(2 * time.Second) // both keep going
+	for _, sd := range sides {
+		eventually(t, 2*time.Minute, sd.name+": relay A to publish the outage's backlog", func() bool {
+			return confirmedLSN(t, sd.a.outbox.Pool(), sd.a.slot) >= sd.m.CommitEnd
+		})
+		t.Logf("%s: relay A: backlog confirmed %s after the broker came back", sd.name, time.Since(restarted).Round(time.Millisecond))
+		sd.rb2.waitSessions(1, 2*time.Minute)
+	}
+	time.Sleep(2 * time.Second) // all keep going
 
-	for _, c := range []struct {
-		name string
-		d    *db
-		load *harness.Load
-	}{{"A", a, loadA}, {"B", b, loadB}} {
-		sctx, cancel := context.WithTimeout(ctx, time.Minute)
-		stats, err := c.load.Stop(sctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
+	// Every load stops before any delivery check, so no side keeps writing while others are read.
+	type check struct {
+		side  *outageSide
+		name  string
+		d     *db
+		stats harness.LoadStats
+	}
+	var checks []check
+	for _, sd := range sides {
+		for _, c := range []struct {
+			name string
+			d    *db
+			load *harness.Load
+		}{{"A", sd.a, sd.loadA}, {"B", sd.b, sd.loadB}} {
+			sctx, cancel := context.WithTimeout(ctx, time.Minute)
+			stats, err := c.load.Stop(sctx)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.name == "A" && !stats.BigTxWritten {
+				t.Fatalf("%s: the large transaction was not written", sd.name)
+			}
+			checks = append(checks, check{sd, c.name, c.d, stats})
 		}
-		if c.name == "A" && !stats.BigTxWritten {
-			t.Fatal("the large transaction was not written")
-		}
-		rep := deliver(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, ra, rb2)
-		t.Logf("relay %s: load %s; delivery %s", c.name, stats, rep)
+	}
+	for _, c := range checks {
+		rep := deliver(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, c.side.ra, c.side.rb2)
+		t.Logf("%s: relay %s: load %s; delivery %s", c.side.name, c.name, c.stats, rep)
 		end := currentLSN(t, c.d.outbox.Pool())
-		eventually(t, 30*time.Second, "relay "+c.name+"'s slot to be confirmed past the load", func() bool {
+		eventually(t, 30*time.Second, c.side.name+": relay "+c.name+"'s slot to be confirmed past the load", func() bool {
 			return confirmedLSN(t, c.d.outbox.Pool(), c.d.slot) >= end
 		})
 	}
-	if ra.Exited() || ra.sessions() != 1 {
-		t.Fatalf("relay A restarted (exited: %v, streaming sessions: %d); it must recover on its own", ra.Exited(), ra.sessions())
+	for _, sd := range sides {
+		if sd.ra.Exited() || sd.ra.sessions() != 1 {
+			t.Fatalf("%s: relay A restarted (exited: %v, streaming sessions: %d); it must recover on its own", sd.name, sd.ra.Exited(), sd.ra.sessions())
+		}
 	}
 }
 

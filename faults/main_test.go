@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
@@ -35,11 +36,16 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 type db struct {
 	t      *testing.T
 	pg     *devenv.Postgres
+	major  int // the server's major version
 	dsn    string
 	slot   string
 	types  []string
 	outbox *harness.Outbox
 }
+
+// markerSuffix names the slot and publication through which, on PostgreSQL 14 (no
+// pg_walinspect), writeMarked finds a transaction's commit record.
+const markerSuffix = "_marker"
 
 func newDB(t *testing.T, pg *devenv.Postgres, nTypes int) *db {
 	t.Helper()
@@ -49,13 +55,23 @@ func newDB(t *testing.T, pg *devenv.Postgres, nTypes int) *db {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// pg_walinspect finds the exact LSN of a transaction's commit record (see commitOf).
-	if _, err := ob.Pool().Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect"); err != nil {
-		ob.Close()
-		t.Fatal(err)
-	}
 	t.Cleanup(ob.Close)
 	d := &db{t: t, pg: pg, dsn: dsn, slot: testenv.UniqueName(t, "slot"), outbox: ob}
+	if err := ob.Pool().QueryRow(ctx, "SELECT current_setting('server_version_num')::int / 10000").Scan(&d.major); err != nil {
+		t.Fatal(err)
+	}
+	// writeMarked finds the exact LSNs of a transaction's commit record: with pg_walinspect from
+	// PostgreSQL 15 on; on 14 from the Commit message of a pgoutput slot of the test's own.
+	setup := []string{"CREATE EXTENSION IF NOT EXISTS pg_walinspect"}
+	if d.major < 15 {
+		setup = []string{"CREATE PUBLICATION " + d.slot + markerSuffix + " FOR TABLE outbox_events",
+			"SELECT pg_create_logical_replication_slot('" + d.slot + markerSuffix + "', 'pgoutput')"}
+	}
+	for _, sql := range setup {
+		if _, err := ob.Pool().Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i := range nTypes {
 		d.types = append(d.types, testenv.UniqueName(t, fmt.Sprintf("agg%d", i)))
 	}
@@ -230,8 +246,8 @@ type marked struct {
 	CommitEnd   uint64 // its end: confirming this or beyond means the transaction is done
 }
 
-// writeMarked writes specs in one transaction and finds its commit record in the WAL with
-// pg_walinspect, so a test can say exactly whether the slot was confirmed past it.
+// writeMarked writes specs in one transaction and finds its commit record in the WAL, so a test
+// can say exactly whether the slot was confirmed past it.
 func (d *db) writeMarked(specs ...harness.Spec) marked {
 	d.t.Helper()
 	ctx := context.Background()
@@ -258,6 +274,10 @@ func (d *db) writeMarked(specs ...harness.Spec) marked {
 		d.t.Fatal(err)
 	}
 	record()
+	if d.major < 15 {
+		m.CommitStart, m.CommitEnd = d.commitFromSlot(xid)
+		return m
+	}
 	err = pool.QueryRow(ctx, `SELECT (start_lsn - '0/0')::bigint, (end_lsn - '0/0')::bigint
 		FROM pg_get_wal_records_info('0/0'::pg_lsn + $1::numeric, pg_current_wal_flush_lsn())
 		WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT' AND xid::text = $2`,
@@ -266,6 +286,44 @@ func (d *db) writeMarked(specs ...harness.Spec) marked {
 		d.t.Fatalf("locate the commit record of xid %d: %v", xid, err)
 	}
 	return m
+}
+
+// commitFromSlot returns where the commit record of transaction xid starts and ends, as the
+// Begin and Commit messages of the marker slot's pgoutput stream say (PostgreSQL 14, which has no
+// pg_walinspect): the same two positions, from PostgreSQL's decoding rather than its WAL reader.
+// Reading consumes the marker slot up to the current WAL position.
+func (d *db) commitFromSlot(xid uint64) (start, end uint64) {
+	d.t.Helper()
+	rows, err := d.outbox.Pool().Query(context.Background(), `SELECT data FROM pg_logical_slot_get_binary_changes($1, pg_current_wal_flush_lsn(), NULL,
+		'proto_version', '1', 'publication_names', $2)`, d.slot+markerSuffix, d.slot+markerSuffix)
+	if err != nil {
+		d.t.Fatalf("read the marker slot: %v", err)
+	}
+	defer rows.Close()
+	inTx := false
+	for rows.Next() {
+		var data []byte
+		if err := rows.Scan(&data); err != nil {
+			d.t.Fatal(err)
+		}
+		msg, err := pglogrepl.Parse(data)
+		if err != nil {
+			d.t.Fatalf("marker slot: %v", err)
+		}
+		switch msg := msg.(type) {
+		case *pglogrepl.BeginMessage:
+			inTx = uint64(msg.Xid) == xid
+		case *pglogrepl.CommitMessage:
+			if inTx {
+				return uint64(msg.CommitLSN), uint64(msg.TransactionEndLSN)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		d.t.Fatalf("read the marker slot: %v", err)
+	}
+	d.t.Fatalf("the marker slot has no commit of xid %d", xid)
+	return 0, 0
 }
 
 // eventually polls cond every 100ms until it holds or timeout passes.
@@ -319,6 +377,58 @@ func sample(period time.Duration, f func(time.Time)) *sampler {
 func (s *sampler) Stop() {
 	s.once.Do(func() { close(s.stop) })
 	s.wg.Wait()
+}
+
+// ackLog samples a relay's events_published_total, to tell how many acknowledgements came in a
+// window before a fault.
+type ackLog struct {
+	r      *relay
+	s      *sampler
+	mu     sync.Mutex
+	points []ackPoint
+}
+
+type ackPoint struct {
+	at        time.Time
+	published float64
+}
+
+// logAcks samples r every period until Stop.
+func logAcks(r *relay, period time.Duration) *ackLog {
+	l := &ackLog{r: r}
+	l.s = sample(period, l.take)
+	return l
+}
+
+func (l *ackLog) take(now time.Time) {
+	if v, err := l.r.metric("events_published_total", ""); err == nil {
+		l.mu.Lock()
+		l.points = append(l.points, ackPoint{now, v})
+		l.mu.Unlock()
+	}
+}
+
+// Stop ends the sampling with one more sample; it may be called more than once.
+func (l *ackLog) Stop() {
+	l.s.Stop()
+	l.take(time.Now())
+}
+
+// Since returns the acknowledgements between the last sample taken before from and the last
+// sample (all of them when no sample is that old).
+func (l *ackLog) Since(from time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.points) == 0 {
+		return 0
+	}
+	before := 0.0
+	for _, p := range l.points {
+		if p.at.Before(from) {
+			before = p.published
+		}
+	}
+	return int(l.points[len(l.points)-1].published - before)
 }
 
 func lsnString(v uint64) string { return fmt.Sprintf("%X/%X", v>>32, uint32(v)) }

@@ -37,6 +37,10 @@ type Metrics struct {
 	SlotSafeWALSize   prometheus.Gauge
 	SlotWALStatus     *prometheus.GaugeVec // 1 for the current wal_status
 	SlotActive        prometheus.Gauge
+	// Series only where the server reports the column or setting (see slotmon.Column).
+	SlotInvalidated   *prometheus.GaugeVec // by reason: 1 for the slot's invalidation_reason (17+)
+	SlotInactiveSince *prometheus.GaugeVec // no labels: inactive_since (17+) while nothing streams the slot
+	IdleSlotTimeout   *prometheus.GaugeVec // no labels: idle_replication_slot_timeout (18+)
 	Leader            prometheus.Gauge
 	Ready             prometheus.Gauge
 
@@ -106,8 +110,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		SlotWALStatus: f.gaugeVec("slot_wal_status",
 			"1 for the slot's current wal_status (reserved, extended, unreserved, lost).", "status"),
 		SlotActive: f.gauge("slot_active", "1 when the replication slot is being streamed by some process."),
-		Leader:     f.gauge("leader", "1 when this instance holds leadership and streams the slot."),
-		Ready:      f.gauge("ready", "1 when this instance is ready (streaming, or a healthy standby)."),
+		SlotInvalidated: f.gaugeVec("slot_invalidated",
+			"1 for the reason PostgreSQL invalidated the slot (invalidation_reason: wal_removed, rows_removed, wal_level_insufficient, idle_timeout, other), 0 for the others; no series before PostgreSQL 17, which does not report it (see slot_wal_status lost).", "reason"),
+		SlotInactiveSince: f.gaugeVec("slot_inactive_since_timestamp_seconds",
+			"Unix time since when nothing streams the slot (inactive_since); no series while it is streamed or before PostgreSQL 17."),
+		IdleSlotTimeout: f.gaugeVec("idle_replication_slot_timeout_seconds",
+			"The server's idle_replication_slot_timeout: a slot inactive for longer is invalidated at the next checkpoint; 0 disables it; no series before PostgreSQL 18."),
+		Leader: f.gauge("leader", "1 when this instance holds leadership and streams the slot."),
+		Ready:  f.gauge("ready", "1 when this instance is ready (streaming, or a healthy standby)."),
 
 		SlotExists: f.gauge("slot_exists", "1 when the replication slot exists (read from pg_replication_slots)."),
 		SlotFailover: f.gauge("slot_failover",

@@ -12,16 +12,23 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/netproxy"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 const outboxColumns = "(id int, aggregate_type text, aggregate_id text, event_type text, payload jsonb)"
 
-// horizonDB returns a fresh database and an admin connection to it.
+// horizonDB returns a fresh database on the shared cluster and an admin connection to it.
 func horizonDB(t *testing.T) (string, *pgx.Conn) {
 	t.Helper()
-	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	return horizonDBOn(t, testenv.SharedPostgres(t))
+}
+
+// horizonDBOn is horizonDB on pg.
+func horizonDBOn(t *testing.T, pg *devenv.Postgres) (string, *pgx.Conn) {
+	t.Helper()
+	dsn := testenv.OutboxDatabase(t, pg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, dsn)
@@ -151,41 +158,68 @@ func TestHorizonFrozenCheckDoesNotBlockWriters(t *testing.T) {
 // Preflight and the check apply the same rules to a publication: one the relay starts with is one
 // the check accepts, and one that would lose rows (a row filter, a column list, only the
 // partitions listed) is refused by both, with the fix.
-func TestPublicationShapes(t *testing.T) {
-	dsn, admin := horizonDB(t)
+func TestPublicationShapes(t *testing.T) { publicationShapes(t, testenv.SharedPostgres(t)) }
+
+// PostgreSQL 14 has no schema publications, row filters or column lists: the membership query
+// has a branch without them (membershipSQL), and it must judge the shapes 14 has as 15+ does.
+func TestPublicationMembershipOnPostgres14(t *testing.T) {
+	pg := testenv.SharedPostgresVersion(t, "14")
+	t.Run("shapes", func(t *testing.T) { publicationShapes(t, pg) })
+	t.Run("interruptions", func(t *testing.T) { membershipInterrupted(t, pg) })
+}
+
+// serverMajorOf returns the major version of the server admin is connected to.
+func serverMajorOf(t *testing.T, admin *pgx.Conn) int {
+	t.Helper()
+	var major int
+	if err := admin.QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int / 10000").Scan(&major); err != nil {
+		t.Fatal(err)
+	}
+	return major
+}
+
+// publicationShapes runs the shapes that pg's version can create (schema publications, row
+// filters and column lists from 15 on).
+func publicationShapes(t *testing.T, pg *devenv.Postgres) {
+	dsn, admin := horizonDBOn(t, pg)
+	major := serverMajorOf(t, admin)
 	tests := []struct {
 		name   string
 		setup  string // in schema %[1]s, outbox table %[1]s.outbox, publication %[1]s_pub
 		refuse string // "" when accepted
+		since  int    // the major version that has the shape; 0: all
 	}{
-		{"listed", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WITH (publish = 'insert')`, ""},
-		{"schema", `CREATE PUBLICATION %[1]s_pub FOR TABLES IN SCHEMA %[1]s WITH (publish = 'insert', publish_via_partition_root = true)`, ""},
-		{"all tables", `CREATE PUBLICATION %[1]s_pub FOR ALL TABLES WITH (publish = 'insert')`, ""},
+		{"listed", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WITH (publish = 'insert')`, "", 0},
+		{"schema", `CREATE PUBLICATION %[1]s_pub FOR TABLES IN SCHEMA %[1]s WITH (publish = 'insert', publish_via_partition_root = true)`, "", 15},
+		{"all tables", `CREATE PUBLICATION %[1]s_pub FOR ALL TABLES WITH (publish = 'insert')`, "", 0},
 		{"partitioned and listed", `DROP TABLE %[1]s.outbox; CREATE TABLE %[1]s.outbox ` + outboxColumns + ` PARTITION BY HASH (id);
 			CREATE TABLE %[1]s.outbox_0 PARTITION OF %[1]s.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0);
-			CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WITH (publish = 'insert', publish_via_partition_root = true)`, ""},
+			CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WITH (publish = 'insert', publish_via_partition_root = true)`, "", 0},
 		{"partitioned, schema published", `DROP TABLE %[1]s.outbox; CREATE TABLE %[1]s.outbox ` + outboxColumns + ` PARTITION BY HASH (id);
 			CREATE TABLE %[1]s.outbox_0 PARTITION OF %[1]s.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0);
-			CREATE PUBLICATION %[1]s_pub FOR TABLES IN SCHEMA %[1]s WITH (publish = 'insert', publish_via_partition_root = true)`, ""},
-		{"row filter", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WHERE (aggregate_type <> 'order') WITH (publish = 'insert')`, "row filter"},
-		{"column list", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox (id, aggregate_type, aggregate_id, event_type) WITH (publish = 'insert')`, "column list"},
+			CREATE PUBLICATION %[1]s_pub FOR TABLES IN SCHEMA %[1]s WITH (publish = 'insert', publish_via_partition_root = true)`, "", 15},
+		{"row filter", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WHERE (aggregate_type <> 'order') WITH (publish = 'insert')`, "row filter", 15},
+		{"column list", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox (id, aggregate_type, aggregate_id, event_type) WITH (publish = 'insert')`, "column list", 15},
 		{"row filter on a partition", `DROP TABLE %[1]s.outbox; CREATE TABLE %[1]s.outbox ` + outboxColumns + ` PARTITION BY HASH (id);
 			CREATE TABLE %[1]s.outbox_0 PARTITION OF %[1]s.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0);
-			CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox, %[1]s.outbox_0 WHERE (id > 5) WITH (publish = 'insert', publish_via_partition_root = false)`, "row filter"},
+			CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox, %[1]s.outbox_0 WHERE (id > 5) WITH (publish = 'insert', publish_via_partition_root = false)`, "row filter", 15},
 		{"only partitions listed", `DROP TABLE %[1]s.outbox; CREATE TABLE %[1]s.outbox ` + outboxColumns + ` PARTITION BY HASH (id);
 			CREATE TABLE %[1]s.outbox_0 PARTITION OF %[1]s.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0);
 			CREATE TABLE %[1]s.outbox_1 PARTITION OF %[1]s.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1);
-			CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox_0, %[1]s.outbox_1 WITH (publish = 'insert', publish_via_partition_root = true)`, `ADD TABLE "%[1]s"."outbox"`},
-		{"another table", `CREATE TABLE %[1]s.other (id int); CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.other WITH (publish = 'insert')`, `ADD TABLE "%[1]s"."outbox"`},
-		{"no inserts", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WITH (publish = 'update')`, "publish = 'insert'"},
+			CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox_0, %[1]s.outbox_1 WITH (publish = 'insert', publish_via_partition_root = true)`, `ADD TABLE "%[1]s"."outbox"`, 0},
+		{"another table", `CREATE TABLE %[1]s.other (id int); CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.other WITH (publish = 'insert')`, `ADD TABLE "%[1]s"."outbox"`, 0},
+		{"no inserts", `CREATE PUBLICATION %[1]s_pub FOR TABLE %[1]s.outbox WITH (publish = 'update')`, "publish = 'insert'", 0},
 	}
 	for i, tt := range tests {
+		if major < tt.since {
+			continue // the shape cannot be made on this version
+		}
 		t.Run(tt.name, func(t *testing.T) {
 			schema := fmt.Sprintf("shape%d", i)
 			dsn, admin := dsn, admin
 			if tt.name == "all tables" {
 				// FOR ALL TABLES includes every other case's tables too; it has its own database.
-				dsn, admin = horizonDB(t)
+				dsn, admin = horizonDBOn(t, pg)
 			}
 			mustExec(t, admin, fmt.Sprintf(`CREATE SCHEMA %[1]s; CREATE TABLE %[1]s.outbox `+outboxColumns, schema))
 			mustExec(t, admin, fmt.Sprintf(tt.setup, schema))
@@ -221,20 +255,34 @@ func TestPublicationShapes(t *testing.T) {
 // again) between two checks is a member at both, but the rows written in between were never
 // streamed: the check must notice.
 func TestHorizonMembershipInterrupted(t *testing.T) {
-	tests := []struct{ name, change string }{
+	membershipInterrupted(t, testenv.SharedPostgres(t))
+}
+
+// membershipInterrupted runs the interruptions pg's version can make (schema publications from
+// 15 on).
+func membershipInterrupted(t *testing.T, pg *devenv.Postgres) {
+	_, probe := horizonDBOn(t, pg)
+	major := serverMajorOf(t, probe)
+	tests := []struct {
+		name, change string
+		since        int
+	}{
 		{"drop and add the table", `ALTER PUBLICATION gap_pub DROP TABLE gap_outbox;
 			INSERT INTO gap_outbox VALUES (2, 'a', 'a', 'x', '{}');
-			ALTER PUBLICATION gap_pub ADD TABLE gap_outbox`},
+			ALTER PUBLICATION gap_pub ADD TABLE gap_outbox`, 0},
 		{"drop and create the publication", `DROP PUBLICATION gap_pub;
 			INSERT INTO gap_outbox VALUES (2, 'a', 'a', 'x', '{}');
-			CREATE PUBLICATION gap_pub FOR TABLE gap_outbox WITH (publish = 'insert')`},
+			CREATE PUBLICATION gap_pub FOR TABLE gap_outbox WITH (publish = 'insert')`, 0},
 		{"from the table to its schema", `ALTER PUBLICATION gap_pub DROP TABLE gap_outbox;
 			INSERT INTO gap_outbox VALUES (2, 'a', 'a', 'x', '{}');
-			ALTER PUBLICATION gap_pub ADD TABLES IN SCHEMA public`},
+			ALTER PUBLICATION gap_pub ADD TABLES IN SCHEMA public`, 15},
 	}
 	for _, tt := range tests {
+		if major < tt.since {
+			continue // cannot happen on this version
+		}
 		t.Run(tt.name, func(t *testing.T) {
-			dsn, admin := horizonDB(t)
+			dsn, admin := horizonDBOn(t, pg)
 			mustExec(t, admin, `CREATE TABLE gap_outbox `+outboxColumns+`;
 				CREATE PUBLICATION gap_pub FOR TABLE gap_outbox WITH (publish = 'insert')`)
 			h, c := startedHorizon(t, dsn, admin, "public", "gap_outbox", "gap_pub", 50*time.Millisecond)
@@ -248,8 +296,11 @@ func TestHorizonMembershipInterrupted(t *testing.T) {
 			}
 		})
 	}
+	if major < 15 {
+		return
+	}
 	t.Run("adding a schema while listed is no interruption", func(t *testing.T) {
-		dsn, admin := horizonDB(t)
+		dsn, admin := horizonDBOn(t, pg)
 		mustExec(t, admin, `CREATE TABLE gap_outbox `+outboxColumns+`;
 			CREATE PUBLICATION gap_pub FOR TABLE gap_outbox WITH (publish = 'insert')`)
 		h, c := startedHorizon(t, dsn, admin, "public", "gap_outbox", "gap_pub", 50*time.Millisecond)

@@ -22,6 +22,10 @@ type SlotInfo struct {
 	ConfirmedFlush pglogrepl.LSN
 	RestartLSN     pglogrepl.LSN
 	WALStatus      string
+	// InvalidationReason says why the server will not stream the slot any more (PostgreSQL 17+:
+	// wal_removed, rows_removed, wal_level_insufficient, and idle_timeout from 18); "" while
+	// usable or on older servers, where wal_status "lost" is all there is.
+	InvalidationReason string
 }
 
 // querier is the part of pgx.Conn the checks need.
@@ -151,13 +155,14 @@ func ReadSlot(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, slot string) (SlotInfo, error) {
 	var s SlotInfo
-	var database, walStatus *string
+	var database, walStatus, reason *string
 	var pid *int32
 	var confirmed, restart *string
+	// invalidation_reason through to_jsonb: NULL, not an error, on a server without the column.
 	err := q.QueryRow(ctx, `SELECT plugin, slot_type, database, active, active_pid,
-			confirmed_flush_lsn::text, restart_lsn::text, wal_status
-		FROM pg_replication_slots WHERE slot_name = $1`, slot).
-		Scan(&s.Plugin, &s.SlotType, &database, &s.Active, &pid, &confirmed, &restart, &walStatus)
+			confirmed_flush_lsn::text, restart_lsn::text, wal_status, to_jsonb(s) ->> 'invalidation_reason'
+		FROM pg_replication_slots s WHERE slot_name = $1`, slot).
+		Scan(&s.Plugin, &s.SlotType, &database, &s.Active, &pid, &confirmed, &restart, &walStatus, &reason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SlotInfo{}, nil
 	}
@@ -170,6 +175,9 @@ func ReadSlot(ctx context.Context, q interface {
 	}
 	if walStatus != nil {
 		s.WALStatus = *walStatus
+	}
+	if reason != nil {
+		s.InvalidationReason = *reason
 	}
 	if pid != nil {
 		s.ActivePID = *pid
@@ -196,7 +204,11 @@ func checkSlot(s SlotInfo, cfg *Config, database string) error {
 		return fatalf("replication slot %q uses output plugin %q; the relay needs pgoutput: choose another slot name, or drop the slot with SELECT pg_drop_replication_slot('%s') if nothing else uses it", cfg.Slot, s.Plugin, cfg.Slot)
 	case s.Database != database:
 		return fatalf("replication slot %q belongs to database %q, not %q: choose another slot name or point pg_dsn at %q", cfg.Slot, s.Database, database, s.Database)
-	case s.WALStatus == "lost":
+	case s.InvalidationReason == "idle_timeout":
+		return fmt.Errorf("%w: slot %q was invalidated (idle_timeout): nothing streamed it for longer than idle_replication_slot_timeout, so events committed meanwhile may never be published; drop and recreate the slot, then reconcile the outbox rows written since the slot's confirmed position %s, and raise idle_replication_slot_timeout above the longest time the relay may be down", ErrSlotLost, cfg.Slot, s.ConfirmedFlush)
+	case s.InvalidationReason != "" && s.InvalidationReason != "wal_removed":
+		return fmt.Errorf("%w: slot %q was invalidated (%s), so PostgreSQL can no longer decode changes for it and events committed meanwhile may never be published; drop and recreate the slot, then reconcile the outbox rows written since the slot's confirmed position %s", ErrSlotLost, cfg.Slot, s.InvalidationReason, s.ConfirmedFlush)
+	case s.WALStatus == "lost" || s.InvalidationReason == "wal_removed":
 		return fmt.Errorf("%w: slot %q has wal_status \"lost\": PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so events committed meanwhile may never be published; drop and recreate the slot, then reconcile the outbox rows written since the slot's confirmed position %s", ErrSlotLost, cfg.Slot, s.ConfirmedFlush)
 	}
 	return nil

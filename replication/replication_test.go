@@ -88,6 +88,10 @@ func TestCheckSlotRefusesSlotsTheRelayCannotUse(t *testing.T) {
 		{"another plugin is refused", func(s *SlotInfo) { s.Plugin = "wal2json" }, "pgoutput", false},
 		{"another database is refused", func(s *SlotInfo) { s.Database = "other" }, `belongs to database "other"`, false},
 		{"a lost slot is refused as lost", func(s *SlotInfo) { s.WALStatus = "lost" }, "lost", true},
+		{"a slot invalidated for idleness (18) is refused with the setting to raise", func(s *SlotInfo) {
+			s.WALStatus, s.InvalidationReason = "lost", "idle_timeout"
+		}, "raise idle_replication_slot_timeout", true},
+		{"a slot invalidated for rows removed is refused with the reason", func(s *SlotInfo) { s.InvalidationReason = "rows_removed" }, "invalidated (rows_removed)", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -7,8 +7,10 @@ package slotmon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -21,6 +23,31 @@ import (
 
 // WALStatuses are the values of pg_replication_slots.wal_status (PostgreSQL 13+).
 var WALStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// InvalidationReasons are the values of pg_replication_slots.invalidation_reason (PostgreSQL
+// 17+; idle_timeout from 18). Another value is published as "other" so the metric's series stay
+// a fixed set; status shows the server's word.
+var InvalidationReasons = []string{"wal_removed", "rows_removed", "wal_level_insufficient", "idle_timeout"}
+
+// Column is a value the server reports only from some major version on: Known says whether the
+// server has it (the column or setting exists), Value is nil when it is NULL. In JSON (with
+// omitzero) an unknown column is left out, a known NULL is null: never a made-up default.
+type Column[T any] struct {
+	Known bool
+	Value *T
+}
+
+// IsZero reports an unknown column, for omitzero.
+func (c Column[T]) IsZero() bool { return !c.Known }
+
+// MarshalJSON writes the value or null.
+func (c Column[T]) MarshalJSON() ([]byte, error) { return json.Marshal(c.Value) }
+
+// UnmarshalJSON reads a present key (the value or null) as a known column.
+func (c *Column[T]) UnmarshalJSON(b []byte) error {
+	c.Known = true
+	return json.Unmarshal(b, &c.Value)
+}
 
 // State is the slot as the server sees it.
 type State struct {
@@ -45,6 +72,45 @@ type State struct {
 	LagBytes int64 `json:"lag_bytes"`
 	// RetainedBytes is CurrentLSN - RestartLSN: WAL the server keeps on disk for the slot.
 	RetainedBytes int64 `json:"retained_wal_bytes"`
+
+	// Columns of pg_replication_slots that only newer servers have. Conflicting (16+): a logical
+	// slot on a standby lost rows or wal_level it needs (NULL for physical slots).
+	// InactiveSince (17+): when the slot stopped being streamed; NULL while active.
+	// InvalidationReason (17+): why the slot cannot be used any more (wal_removed,
+	// rows_removed, wal_level_insufficient, idle_timeout from 18); NULL while usable.
+	Conflicting        Column[bool]      `json:"conflicting,omitzero"`
+	InactiveSince      Column[time.Time] `json:"inactive_since,omitzero"`
+	InvalidationReason Column[string]    `json:"invalidation_reason,omitzero"`
+	// IdleTimeout is the server's idle_replication_slot_timeout (18+) in seconds: a slot inactive
+	// for longer is invalidated at the next checkpoint; 0 disables it.
+	IdleTimeout Column[int64] `json:"idle_replication_slot_timeout_seconds,omitzero"`
+}
+
+// versioned are the columns of State that only some servers have, read from the slot's row as
+// JSON (to_jsonb), so one query works on every version and a missing key is a missing column.
+type versioned struct {
+	Conflicting        Column[bool]      `json:"conflicting"`
+	InactiveSince      Column[time.Time] `json:"inactive_since"`
+	InvalidationReason Column[string]    `json:"invalidation_reason"`
+}
+
+// Invalidated returns why the server will not stream the slot any more, or "": the
+// invalidation_reason where the server reports one (17+), else a wal_status of lost (WAL
+// removed) or conflicting (16, a logical slot on a standby).
+func (st State) Invalidated() string {
+	switch {
+	case !st.Exists:
+		return ""
+	case st.InvalidationReason.Value != nil:
+		return *st.InvalidationReason.Value
+	case st.InvalidationReason.Known:
+		return "" // the server says it is usable
+	case st.WALStatus == "lost":
+		return "wal_removed"
+	case st.Conflicting.Value != nil && *st.Conflicting.Value:
+		return "conflicting"
+	}
+	return ""
 }
 
 // Read returns the slot's state. A missing slot is not an error: Exists is false.
@@ -55,8 +121,8 @@ func Read(ctx context.Context, q interface {
 	var plugin, walStatus, app, addr, confirmed, restart *string
 	var pid *int32
 	var active *bool
-	var safe, lag, retained *int64
-	var current *string
+	var safe, lag, retained, idleTimeout *int64
+	var current, row *string
 	// On a hot standby (PostgreSQL 16+ can decode there) pg_current_wal_lsn() fails; the replay
 	// position is the standby's end of WAL.
 	err := q.QueryRow(ctx, `WITH cur AS (
@@ -66,11 +132,14 @@ func Read(ctx context.Context, q interface {
 			pg_wal_lsn_diff(cur.lsn, s.confirmed_flush_lsn)::bigint, pg_wal_lsn_diff(cur.lsn, s.restart_lsn)::bigint,
 			a.application_name,
 			CASE WHEN a.pid IS NULL THEN NULL
-				WHEN a.client_addr IS NULL AND a.backend_start IS NOT NULL THEN 'local' ELSE host(a.client_addr) END
+				WHEN a.client_addr IS NULL AND a.backend_start IS NOT NULL THEN 'local' ELSE host(a.client_addr) END,
+			to_jsonb(s)::text,
+			(SELECT setting::bigint * CASE unit WHEN 'min' THEN 60 WHEN 'ms' THEN 0.001 ELSE 1 END
+				FROM pg_settings WHERE name = 'idle_replication_slot_timeout')::bigint
 		FROM cur
 		LEFT JOIN pg_replication_slots s ON s.slot_name = $1
 		LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid`, slot).
-		Scan(&st.Database, &current, &plugin, &active, &pid, &walStatus, &safe, &confirmed, &restart, &lag, &retained, &app, &addr)
+		Scan(&st.Database, &current, &plugin, &active, &pid, &walStatus, &safe, &confirmed, &restart, &lag, &retained, &app, &addr, &row, &idleTimeout)
 	if err != nil {
 		return State{}, fmt.Errorf("read replication slot %q from pg_replication_slots: %w", slot, err)
 	}
@@ -79,10 +148,18 @@ func Read(ctx context.Context, q interface {
 			return State{}, fmt.Errorf("current WAL position %q: %w", *current, err)
 		}
 	}
+	st.IdleTimeout = Column[int64]{Known: idleTimeout != nil, Value: idleTimeout}
 	if plugin == nil {
 		return st, nil
 	}
 	st.Exists, st.Plugin = true, *plugin
+	if row != nil {
+		var v versioned
+		if err := json.Unmarshal([]byte(*row), &v); err != nil {
+			return State{}, fmt.Errorf("slot %q: read pg_replication_slots row %s: %w", slot, *row, err)
+		}
+		st.Conflicting, st.InactiveSince, st.InvalidationReason = v.Conflicting, v.InactiveSince, v.InvalidationReason
+	}
 	st.Active = active != nil && *active
 	st.SafeWALSize = safe
 	for _, v := range []struct {
@@ -230,6 +307,7 @@ func Publish(m *metrics.Metrics, st State) {
 	for _, s := range WALStatuses {
 		m.SlotWALStatus.WithLabelValues(s).Set(boolGauge(st.Exists && st.WALStatus == s))
 	}
+	publishVersioned(m, st)
 	if !st.Exists {
 		m.SlotLagBytes.Set(0)
 		m.SlotRetainedBytes.Set(0)
@@ -245,6 +323,37 @@ func Publish(m *metrics.Metrics, st State) {
 		m.SlotSafeWALSize.Set(0) // nothing is safe any more
 	default:
 		m.SlotSafeWALSize.Set(-1) // max_slot_wal_keep_size = -1: the slot may retain WAL without limit
+	}
+}
+
+// publishVersioned sets the metrics of columns that only newer servers have; on an older server
+// they have no series at all rather than a value the server never reported.
+func publishVersioned(m *metrics.Metrics, st State) {
+	// Series are set in place or deleted, never reset and set again: a scrape in between would
+	// see them vanish.
+	if st.InvalidationReason.Known && st.Exists {
+		reason := ""
+		if st.InvalidationReason.Value != nil {
+			reason = *st.InvalidationReason.Value
+			if !slices.Contains(InvalidationReasons, reason) {
+				reason = "other"
+			}
+		}
+		for _, r := range append(InvalidationReasons, "other") {
+			m.SlotInvalidated.WithLabelValues(r).Set(boolGauge(r == reason))
+		}
+	} else {
+		m.SlotInvalidated.Reset()
+	}
+	if st.Exists && st.InactiveSince.Value != nil {
+		m.SlotInactiveSince.WithLabelValues().Set(float64(st.InactiveSince.Value.UnixNano()) / 1e9)
+	} else {
+		m.SlotInactiveSince.Reset()
+	}
+	if st.IdleTimeout.Value != nil {
+		m.IdleSlotTimeout.WithLabelValues().Set(float64(*st.IdleTimeout.Value))
+	} else {
+		m.IdleSlotTimeout.Reset()
 	}
 }
 

@@ -3,6 +3,9 @@ package slotmon_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -96,6 +99,71 @@ func TestReadReportsAMissingSlotAndThenTheCreatedOne(t *testing.T) {
 		if got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
+	}
+}
+
+// The metrics of columns that only newer servers have get series only from a server that
+// reports them: PostgreSQL 14 to 16 show no invalidation reason and no inactive_since, 17 both,
+// 18 also the idle timeout. An unknown reason is "other", so the series stay a fixed set.
+func TestVersionedMetricsHaveSeriesOnlyWhereTheServerReportsThem(t *testing.T) {
+	reason := func(s string) slotmon.Column[string] { return slotmon.Column[string]{Known: true, Value: &s} }
+	since := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	zero := int64(0)
+	tests := []struct {
+		name string
+		st   slotmon.State
+		want map[string]float64 // series name (with labels) -> value; no other series of the three
+	}{
+		{"PostgreSQL 16, lost slot: no invalidation series (wal_status says lost)", slotmon.State{Exists: true, WALStatus: "lost",
+			Conflicting: slotmon.Column[bool]{Known: true, Value: new(bool)}}, map[string]float64{}},
+		{"PostgreSQL 17, usable inactive slot", slotmon.State{Exists: true, WALStatus: "reserved",
+			InvalidationReason: slotmon.Column[string]{Known: true}, InactiveSince: slotmon.Column[time.Time]{Known: true, Value: &since}},
+			map[string]float64{`slot_invalidated{reason="wal_removed"}`: 0, `slot_invalidated{reason="rows_removed"}`: 0,
+				`slot_invalidated{reason="wal_level_insufficient"}`: 0, `slot_invalidated{reason="idle_timeout"}`: 0,
+				`slot_invalidated{reason="other"}`: 0, "slot_inactive_since_timestamp_seconds": float64(since.Unix())}},
+		{"PostgreSQL 18, slot invalidated for idleness", slotmon.State{Exists: true, WALStatus: "lost",
+			InvalidationReason: reason("idle_timeout"), InactiveSince: slotmon.Column[time.Time]{Known: true, Value: &since},
+			IdleTimeout: slotmon.Column[int64]{Known: true, Value: &zero}},
+			map[string]float64{`slot_invalidated{reason="wal_removed"}`: 0, `slot_invalidated{reason="rows_removed"}`: 0,
+				`slot_invalidated{reason="wal_level_insufficient"}`: 0, `slot_invalidated{reason="idle_timeout"}`: 1,
+				`slot_invalidated{reason="other"}`: 0, "slot_inactive_since_timestamp_seconds": float64(since.Unix()),
+				"idle_replication_slot_timeout_seconds": 0}},
+		{"a reason this version does not know is other", slotmon.State{Exists: true, InvalidationReason: reason("cosmic_ray")},
+			map[string]float64{`slot_invalidated{reason="wal_removed"}`: 0, `slot_invalidated{reason="rows_removed"}`: 0,
+				`slot_invalidated{reason="wal_level_insufficient"}`: 0, `slot_invalidated{reason="idle_timeout"}`: 0,
+				`slot_invalidated{reason="other"}`: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			m := metrics.New(reg)
+			// A 17+ slot first, so the test also sees series removed when the state changes.
+			full := reason("wal_removed")
+			slotmon.Publish(m, slotmon.State{Exists: true, InvalidationReason: full, InactiveSince: slotmon.Column[time.Time]{Known: true, Value: &since},
+				IdleTimeout: slotmon.Column[int64]{Known: true, Value: &zero}})
+			slotmon.Publish(m, tt.st)
+			got := map[string]float64{}
+			families, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range families {
+				name := strings.TrimPrefix(f.GetName(), "outbox_relay_")
+				if name != "slot_invalidated" && name != "slot_inactive_since_timestamp_seconds" && name != "idle_replication_slot_timeout_seconds" {
+					continue
+				}
+				for _, s := range f.GetMetric() {
+					key := name
+					for _, l := range s.GetLabel() {
+						key += fmt.Sprintf(`{%s=%q}`, l.GetName(), l.GetValue())
+					}
+					got[key] = s.GetGauge().GetValue()
+				}
+			}
+			if !maps.Equal(got, tt.want) {
+				t.Errorf("series %v, want %v", got, tt.want)
+			}
+		})
 	}
 }
 

@@ -486,8 +486,14 @@ func TestMigrateIsIdempotentAndCreatesTheDocumentedTableAndPublication(t *testin
 
 func TestRunWithOnlyTheTwoEnvironmentVariablesStreamsCommittedInserts(t *testing.T) {
 	t.Parallel()
+	runWithOnlyTheTwoVariables(t, testenv.SharedPostgres(t), testenv.SharedKafka(t))
+}
+
+// runWithOnlyTheTwoVariables is the end-to-end scenario on a database of its own on pg: migrate,
+// run with nothing but OUTBOX_PG_DSN and OUTBOX_KAFKA_BROKERS, events out byte for byte, SIGTERM.
+// It uses the default slot name, so no other test may run it on the same cluster.
+func runWithOnlyTheTwoVariables(t *testing.T, pg *devenv.Postgres, k *devenv.Kafka) {
 	ctx := context.Background()
-	pg, k := testenv.SharedPostgres(t), testenv.SharedKafka(t)
 	e := newE2E(t, pgPassword)
 	db := newDatabase(t, pg)
 	env := relayEnv("OUTBOX_PG_DSN="+db.dsn, "OUTBOX_KAFKA_BROKERS="+k.Brokers())
@@ -605,8 +611,13 @@ func ptrTo[T any](v T) *T { return &v }
 
 func TestSIGTERMMidStreamThenRestartLosesNothing(t *testing.T) {
 	t.Parallel()
+	sigtermRestarts(t, testenv.SharedPostgres(t), testenv.SharedKafka(t))
+}
+
+// sigtermRestarts is the relay restart scenario on a database of its own on pg: three SIGTERMs
+// and restarts while a writer keeps committing; nothing lost, the slot confirmed past the end.
+func sigtermRestarts(t *testing.T, pg *devenv.Postgres, k *devenv.Kafka) {
 	ctx := context.Background()
-	pg, k := testenv.SharedPostgres(t), testenv.SharedKafka(t)
 	e := newE2E(t, pgPassword)
 	db := newDatabase(t, pg)
 	slot := testenv.UniqueName(t, "slot")

@@ -116,15 +116,33 @@ func slotStatus(ctx context.Context, cfg *config.Config, slot string) (statusRep
 	if held {
 		rep.Leader = &holder
 	}
-	switch {
+	switch reason := st.Invalidated(); {
 	case !st.Exists:
 		rep.OK = false
 		rep.Problems = append(rep.Problems, fmt.Sprintf("replication slot %q does not exist in database %q: outbox-relay run creates it (create_slot), or check the slot and pg_dsn settings", slot, st.Database))
-	case st.WALStatus == "lost":
+	case reason != "":
 		rep.OK = false
-		rep.Problems = append(rep.Problems, fmt.Sprintf("replication slot %q has wal_status \"lost\": PostgreSQL removed WAL it still needed, so events committed since %s may never be published: drop and recreate the slot, then reconcile the outbox rows written since then", slot, st.ConfirmedFlush))
+		rep.Problems = append(rep.Problems, fmt.Sprintf("replication slot %q is invalidated (%s): %s, so events committed since %s may never be published: drop and recreate the slot, then reconcile the outbox rows written since then",
+			slot, reason, invalidationCause(reason), st.ConfirmedFlush))
 	}
 	return rep, nil
+}
+
+// invalidationCause explains an invalidation reason (slotmon.State.Invalidated) to an operator.
+func invalidationCause(reason string) string {
+	switch reason {
+	case "wal_removed":
+		return "PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)"
+	case "idle_timeout":
+		return "nothing streamed it for longer than idle_replication_slot_timeout"
+	case "rows_removed":
+		return "catalog rows it needed were removed (on a standby: set hot_standby_feedback with a physical slot)"
+	case "wal_level_insufficient":
+		return "wal_level on the primary is below logical"
+	case "conflicting":
+		return "it conflicts with recovery on this standby (catalog rows removed or wal_level below logical on the primary)"
+	}
+	return "PostgreSQL can no longer decode changes for it"
 }
 
 func printStatus(w io.Writer, rep statusReport) {
@@ -140,6 +158,7 @@ func printStatus(w io.Writer, rep statusReport) {
 			fmt.Fprintf(tw, "active\tno: nothing streams the slot\n")
 		}
 		fmt.Fprintf(tw, "wal_status\t%s\n", rep.WALStatus)
+		printVersioned(tw, rep.State)
 		if rep.SafeWALSize != nil {
 			fmt.Fprintf(tw, "safe_wal_size\t%s\n", bytesText(*rep.SafeWALSize))
 		} else {
@@ -220,6 +239,35 @@ func readStandby(ctx context.Context, cfg *config.Config, dsn, slot string) (slo
 	defer conn.Close(context.WithoutCancel(ctx))
 	addr := conn.PgConn().Conn().RemoteAddr().String()
 	return slotmon.ReadStandby(ctx, conn, addr, slot)
+}
+
+// printVersioned prints the slot's columns that only newer servers have, and nothing for the
+// ones this server lacks.
+func printVersioned(w io.Writer, st slotmon.State) {
+	if c := st.InvalidationReason; c.Known {
+		if c.Value == nil {
+			fmt.Fprintf(w, "invalidation_reason\tnone\n")
+		} else {
+			fmt.Fprintf(w, "invalidation_reason\t%s\n", *c.Value)
+		}
+	}
+	if c := st.Conflicting; c.Known && c.Value != nil {
+		fmt.Fprintf(w, "conflicting\t%s\n", map[bool]string{true: "yes", false: "no"}[*c.Value])
+	}
+	if c := st.InactiveSince; c.Known {
+		if c.Value == nil {
+			fmt.Fprintf(w, "inactive_since\t- (streamed now)\n")
+		} else {
+			fmt.Fprintf(w, "inactive_since\t%s (%s ago)\n", c.Value.UTC().Format(time.RFC3339), time.Since(*c.Value).Round(time.Second))
+		}
+	}
+	if c := st.IdleTimeout; c.Value != nil {
+		if *c.Value == 0 {
+			fmt.Fprintf(w, "idle_replication_slot_timeout\toff\n")
+		} else {
+			fmt.Fprintf(w, "idle_replication_slot_timeout\t%s: a slot inactive for longer is invalidated\n", time.Duration(*c.Value)*time.Second)
+		}
+	}
 }
 
 func describe(app, addr string) string {

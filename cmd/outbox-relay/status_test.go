@@ -27,6 +27,55 @@ func (f *haFixture) status(t *testing.T, args ...string) (int, string) {
 	return code, out
 }
 
+// serverMajor returns the major version of the fixture's server.
+func (f *haFixture) serverMajor(t *testing.T) int {
+	t.Helper()
+	var major int
+	if err := f.pool.QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int / 10000").Scan(&major); err != nil {
+		t.Fatal(err)
+	}
+	return major
+}
+
+// checkVersionedColumns checks that status --json (out) has exactly the slot columns and settings
+// that PostgreSQL major has, with the values of a healthy slot that is streamed (active) or not:
+// what the server lacks is left out, never filled in.
+func checkVersionedColumns(t *testing.T, major int, out string, active bool) {
+	t.Helper()
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(out), &raw); err != nil {
+		t.Fatalf("status --json output is not JSON (%v):\n%s", err, out)
+	}
+	for _, c := range []struct {
+		key   string
+		since int
+		ok    func(v any) bool
+		want  string
+	}{
+		{"conflicting", 16, func(v any) bool { return v == false }, "false"},
+		{"invalidation_reason", 17, func(v any) bool { return v == nil }, "null"},
+		{"inactive_since", 17, func(v any) bool {
+			if active {
+				return v == nil
+			}
+			ts, _ := v.(string)
+			at, err := time.Parse(time.RFC3339Nano, ts)
+			return err == nil && time.Since(at) < time.Hour
+		}, map[bool]string{true: "null while streamed", false: "a recent time"}[active]},
+		{"idle_replication_slot_timeout_seconds", 18, func(v any) bool { return v == float64(0) }, "0 (the default: off)"},
+	} {
+		v, present := raw[c.key]
+		switch {
+		case major < c.since && present:
+			t.Errorf("PostgreSQL %d has no %s (from %d), but status --json shows %v", major, c.key, c.since, v)
+		case major >= c.since && !present:
+			t.Errorf("PostgreSQL %d has %s, but status --json leaves it out", major, c.key)
+		case present && !c.ok(v):
+			t.Errorf("PostgreSQL %d: status --json %s = %v, want %s", major, c.key, v, c.want)
+		}
+	}
+}
+
 // statusJSON is the part of `status --json` the tests read.
 type statusJSON struct {
 	Slot              string  `json:"slot"`
@@ -87,7 +136,25 @@ func TestStatusOfAMissingSlotSaysSoAndExits3(t *testing.T) {
 }
 
 func TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder(t *testing.T) {
-	f := newHAFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	statusOfAStreamedSlot(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers())
+}
+
+// Status shows the slot columns and settings of every supported version (the matrix's versions
+// here; TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder the suite's).
+func TestStatusOnEveryPostgresVersion(t *testing.T) {
+	for _, v := range testenv.MatrixVersions(t) {
+		t.Run(v, func(t *testing.T) {
+			t.Parallel()
+			statusOfAStreamedSlot(t, testenv.SharedPostgresVersion(t, v), testenv.SharedKafka(t).Brokers())
+		})
+	}
+}
+
+// statusOfAStreamedSlot checks status and status --json of a slot a relay streams on a database of
+// its own on pg, then of the slot once the relay stopped: the slot columns and settings shown are
+// exactly those the server's version has.
+func statusOfAStreamedSlot(t *testing.T, pg *devenv.Postgres, brokers string) {
+	f := newHAFixture(t, pg, brokers, 1)
 	r := f.start("relay-s", nil)
 	walsender := f.waitStreamer(t, r, haStartTimeout)
 	lockPID := f.lockHolder(t)
@@ -132,44 +199,107 @@ func TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder(t *testing.
 	case s.OK == nil || !*s.OK || len(s.Problems) != 0:
 		t.Errorf("status --json of a healthy slot: ok=%v problems=%v", s.OK, s.Problems)
 	}
+	major := f.serverMajor(t)
+	checkVersionedColumns(t, major, out, true)
 	r.stop(t)
+
+	code, out = f.status(t, "--json")
+	if code != 0 {
+		t.Fatalf("status --json of a slot nothing streams: exit code %d, want 0:\n%s", code, out)
+	}
+	checkVersionedColumns(t, major, out, false)
 }
 
+// A slot whose WAL was removed is a problem on every version: 16 says so only through wal_status
+// lost, 17+ also through invalidation_reason wal_removed.
 func TestStatusOfASlotThatLostItsWALExits3(t *testing.T) {
-	// A cluster of its own that keeps at most 1MB of WAL for slots, so a slot nobody reads is
-	// invalidated after a few segment switches and a checkpoint.
-	pg := testenv.Postgres(t, devenv.PostgresOptions{Settings: map[string]string{"max_slot_wal_keep_size": "1MB"}})
+	for _, version := range []string{"16", "18"} {
+		t.Run(version, func(t *testing.T) {
+			t.Parallel()
+			// A cluster of its own that keeps at most 1MB of WAL for slots, so a slot nobody reads
+			// is invalidated after a few segment switches and a checkpoint.
+			pg := testenv.Postgres(t, devenv.PostgresOptions{Version: version, Settings: map[string]string{"max_slot_wal_keep_size": "1MB"}})
+			f := newHAFixture(t, pg, "unused:9092", 1)
+			ctx := context.Background()
+			if _, err := f.pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", f.slot); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 30*time.Second, "the slot's wal_status becomes lost", func() bool {
+				for i := range 3 {
+					if _, err := f.pool.Exec(ctx, fmt.Sprintf("CREATE TABLE IF NOT EXISTS filler%d AS SELECT 1 AS n; INSERT INTO filler%d VALUES (1); SELECT pg_switch_wal()", i, i)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := f.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+					t.Fatal(err)
+				}
+				var status *string
+				if err := f.pool.QueryRow(ctx, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&status); err != nil {
+					t.Fatal(err)
+				}
+				return status != nil && *status == "lost"
+			})
+			checkInvalidatedStatus(t, f, "lost", "wal_removed", "PostgreSQL removed WAL it still needed")
+		})
+	}
+}
+
+// On PostgreSQL 18 a slot that nothing streamed for longer than idle_replication_slot_timeout is
+// invalidated at the next checkpoint; status names the reason and the setting (its wal_status is
+// "lost" too, though no WAL was removed).
+func TestStatusOfASlotInvalidatedForIdlenessExits3(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t, devenv.PostgresOptions{Version: "18", Settings: map[string]string{"idle_replication_slot_timeout": "1s"}})
 	f := newHAFixture(t, pg, "unused:9092", 1)
 	ctx := context.Background()
 	if _, err := f.pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", f.slot); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the slot's wal_status becomes lost", func() bool {
-		for i := range 3 {
-			if _, err := f.pool.Exec(ctx, fmt.Sprintf("CREATE TABLE IF NOT EXISTS filler%d AS SELECT 1 AS n; INSERT INTO filler%d VALUES (1); SELECT pg_switch_wal()", i, i)); err != nil {
-				t.Fatal(err)
-			}
-		}
+	code, out := f.status(t)
+	if code != 0 || !regexp.MustCompile(`(?m)^idle_replication_slot_timeout\s+1s: a slot inactive for longer is invalidated$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^inactive_since\s+\d{4}-`).MatchString(out) {
+		t.Errorf("status of an idle slot before the checkpoint: exit %d, want 0 with the timeout and inactive_since:\n%s", code, out)
+	}
+	waitFor(t, 30*time.Second, "the idle slot to be invalidated", func() bool {
+		time.Sleep(1100 * time.Millisecond) // idle for longer than the timeout, whole seconds
 		if _, err := f.pool.Exec(ctx, "CHECKPOINT"); err != nil {
 			t.Fatal(err)
 		}
-		var status *string
-		if err := f.pool.QueryRow(ctx, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&status); err != nil {
+		var reason *string
+		if err := f.pool.QueryRow(ctx, "SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&reason); err != nil {
 			t.Fatal(err)
 		}
-		return status != nil && *status == "lost"
+		return reason != nil
 	})
+	checkInvalidatedStatus(t, f, "lost", "idle_timeout", "nothing streamed it for longer than idle_replication_slot_timeout")
+}
 
+// checkInvalidatedStatus checks status and status --json of an invalidated slot: exit 3, the
+// wal_status, the reason where the server reports one (17+) and the cause in the problem.
+func checkInvalidatedStatus(t *testing.T, f *haFixture, walStatus, reason, cause string) {
+	t.Helper()
+	major := f.serverMajor(t)
 	code, out := f.status(t)
 	if code != exitSlotProblem {
-		t.Errorf("status exit code %d for a lost slot, want %d:\n%s", code, exitSlotProblem, out)
+		t.Errorf("status exit code %d for an invalidated slot, want %d:\n%s", code, exitSlotProblem, out)
 	}
-	if !regexp.MustCompile(`(?m)^wal_status\s+lost$`).MatchString(out) || !strings.Contains(out, `PROBLEM: replication slot "`+f.slot+`" has wal_status "lost"`) {
-		t.Errorf("status output of a lost slot:\n%s", out)
+	problem := fmt.Sprintf(`PROBLEM: replication slot "%s" is invalidated (%s): %s`, f.slot, reason, cause)
+	if !regexp.MustCompile(`(?m)^wal_status\s+`+walStatus+`$`).MatchString(out) || !strings.Contains(out, problem) {
+		t.Errorf("status output of an invalidated slot lacks wal_status %s or %q:\n%s", walStatus, problem, out)
+	}
+	if got := regexp.MustCompile(`(?m)^invalidation_reason\s+` + reason + `$`).MatchString(out); got != (major >= 17) {
+		t.Errorf("PostgreSQL %d: status shows invalidation_reason %s: %v, want %v:\n%s", major, reason, got, major >= 17, out)
 	}
 	code, out = f.status(t, "--json")
 	s := parseStatus(t, out)
-	if code != exitSlotProblem || s.WALStatus != "lost" || s.OK == nil || *s.OK {
-		t.Errorf("status --json of a lost slot: exit %d, %+v", code, s)
+	if code != exitSlotProblem || s.WALStatus != walStatus || s.OK == nil || *s.OK || len(s.Problems) != 1 || !strings.Contains(s.Problems[0], cause) {
+		t.Errorf("status --json of an invalidated slot: exit %d, %+v", code, s)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(out), &raw); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := raw["invalidation_reason"]; ok != (major >= 17) || (ok && got != reason) {
+		t.Errorf("PostgreSQL %d: status --json invalidation_reason = %v (present: %v), want %q only on 17+", major, got, ok, reason)
 	}
 }

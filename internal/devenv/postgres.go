@@ -247,6 +247,15 @@ func (p *Postgres) installTLS(data string, t PostgresTLS) error {
 	return nil
 }
 
+// Version returns the cluster's major version, from its data directory (PG_VERSION).
+func (p *Postgres) Version() (string, error) {
+	b, err := os.ReadFile(filepath.Join(p.dir, "data", "PG_VERSION"))
+	if err != nil {
+		return "", fmt.Errorf("postgres version: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
 // Port returns the TCP port on 127.0.0.1.
 func (p *Postgres) Port() int { return p.st.Port }
 
@@ -324,8 +333,13 @@ func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, err
 	return p.DSN(name), err
 }
 
-// findPGBin locates a directory holding initdb and postgres: Debian puts only client wrappers
-// (and maybe symlinks) on PATH.
+// NewestPGVersion is the newest supported major version: `make up` and the test suite use it
+// unless told otherwise.
+const NewestPGVersion = "18"
+
+// PGVersions returns the major versions the project supports and tests, oldest first.
+func PGVersions() []string { return []string{"14", "15", "16", "17", NewestPGVersion} }
+
 // PGLibDir is where scripts/pg-lib.sh unpacks the server binaries of the version matrix:
 // $OUTBOX_PG_LIB, else /var/cache/outbox-relay/postgres for root (whose home the postgres OS user
 // cannot read), else ~/.cache/outbox-relay/postgres.
@@ -355,6 +369,8 @@ func PGBinDir(major string) (string, error) {
 	return "", fmt.Errorf("postgres %s: no server binaries in /usr/lib/postgresql/%s/bin or %s: run scripts/pg-lib.sh", major, major, PGLibDir())
 }
 
+// findPGBin locates a directory holding initdb and postgres: Debian puts only client wrappers
+// (and maybe symlinks) on PATH.
 func findPGBin(dir string) (string, error) {
 	candidates := []string{dir}
 	if dir == "" {

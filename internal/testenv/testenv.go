@@ -10,10 +10,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,9 +34,38 @@ const dirPrefix = "outbox-testenv-"
 
 var (
 	mainCalled  atomic.Bool
-	sharedPG    shared[*devenv.Postgres]
+	sharedPG    sharedByVersion
 	sharedKafka shared[*devenv.Kafka]
 )
+
+// sharedByVersion is the test binary's shared cluster of each major version asked for.
+type sharedByVersion struct {
+	mu       sync.Mutex
+	clusters map[string]*shared[*devenv.Postgres]
+}
+
+func (s *sharedByVersion) of(version string) *shared[*devenv.Postgres] {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.clusters == nil {
+		s.clusters = map[string]*shared[*devenv.Postgres]{}
+	}
+	if s.clusters[version] == nil {
+		s.clusters[version] = &shared[*devenv.Postgres]{}
+	}
+	return s.clusters[version]
+}
+
+func (s *sharedByVersion) close() {
+	s.mu.Lock()
+	all := slices.Collect(maps.Values(s.clusters))
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range all {
+		wg.Go(c.close)
+	}
+	wg.Wait()
+}
 
 // Main runs the tests and then stops the shared instances, also on SIGINT/SIGTERM. Use it as
 // func TestMain(m *testing.M) { testenv.Main(m) }.
@@ -57,13 +88,48 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
+// PGVersionEnv chooses the PostgreSQL major version of the clusters tests get when they do not
+// ask for one (OUTBOX_PG_VERSION=15 go test ./...); the newest supported version when unset.
+const PGVersionEnv = "OUTBOX_PG_VERSION"
+
+// PGVersion returns the major version that Postgres and SharedPostgres start unless told
+// otherwise: $OUTBOX_PG_VERSION, else devenv.NewestPGVersion.
+func PGVersion() (string, error) {
+	v := os.Getenv(PGVersionEnv)
+	if v == "" {
+		return devenv.NewestPGVersion, nil
+	}
+	if !slices.Contains(devenv.PGVersions(), v) {
+		return "", fmt.Errorf("%s=%q: want one of %s", PGVersionEnv, v, strings.Join(devenv.PGVersions(), ", "))
+	}
+	return v, nil
+}
+
+// MatrixVersions returns the supported major versions other than PGVersion, oldest first: the
+// version matrix runs its scenarios on these, the rest of the suite covers PGVersion.
+func MatrixVersions(t testing.TB) []string {
+	t.Helper()
+	v, err := PGVersion()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return slices.DeleteFunc(devenv.PGVersions(), func(m string) bool { return m == v })
+}
+
 // Postgres starts a dedicated cluster for t, closed at t's cleanup. opts (at most one) may set
-// anything but Dir.
+// anything but Dir; without Version or BinDir the cluster runs PGVersion.
 func Postgres(t testing.TB, opts ...devenv.PostgresOptions) *devenv.Postgres {
 	t.Helper()
 	return dedicated(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
 		o := first(opts)
 		o.Dir = dir
+		if o.Version == "" && o.BinDir == "" {
+			v, err := PGVersion()
+			if err != nil {
+				return nil, err
+			}
+			o.Version = v
+		}
 		return devenv.StartPostgres(ctx, o)
 	})
 }
@@ -91,12 +157,24 @@ func Kafka(t testing.TB, opts ...devenv.KafkaOptions) *devenv.Kafka {
 	})
 }
 
-// SharedPostgres returns the test binary's cluster, started on first use. Tests must not stop
-// it; UniqueName keeps their databases and slots apart.
+// SharedPostgres returns the test binary's cluster of PGVersion, started on first use. Tests
+// must not stop it; UniqueName keeps their databases and slots apart.
 func SharedPostgres(t testing.TB) *devenv.Postgres {
 	t.Helper()
-	return sharedPG.get(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
-		return devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: dir})
+	v, err := PGVersion()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return SharedPostgresVersion(t, v)
+}
+
+// SharedPostgresVersion returns the test binary's cluster of major version version ("14"),
+// started on first use; the version matrix's tests in one binary share it. Tests must not stop
+// it.
+func SharedPostgresVersion(t testing.TB, version string) *devenv.Postgres {
+	t.Helper()
+	return sharedPG.of(version).get(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
+		return devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: dir, Version: version})
 	})
 }
 
@@ -149,6 +227,11 @@ func dedicated[T instance](t testing.TB, kind string, start startFunc[T]) T {
 	if err != nil {
 		t.Fatalf("testenv: start %s: %v", kind, err)
 	}
+	closeAtCleanup(t, kind, v)
+	return v
+}
+
+func closeAtCleanup[T instance](t testing.TB, kind string, v T) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("testenv: tail of %s:\n%s", v.Logs(), devenv.LogTail(v.Logs(), 40))
@@ -157,7 +240,6 @@ func dedicated[T instance](t testing.TB, kind string, start startFunc[T]) T {
 			t.Errorf("testenv: close %s: %v", kind, err)
 		}
 	})
-	return v
 }
 
 // shared is one lazily started instance per test binary; a failed start is remembered so every

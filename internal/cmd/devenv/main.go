@@ -1,6 +1,6 @@
 // Command devenv runs the local PostgreSQL and Kafka for development (make up / make down):
 //
-//	devenv up     [--dir .local] [--pg-port N] [--kafka-port N]
+//	devenv up     [--dir .local] [--pg-version 18] [--pg-port N] [--kafka-port N]
 //	devenv down   [--dir .local] [--purge]
 //	devenv status [--dir .local]   (exit status 1 unless both run)
 //
@@ -8,6 +8,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -16,6 +17,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
@@ -23,12 +26,13 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: devenv up|down|status [--dir .local] [--purge] [--pg-port N] [--kafka-port N]")
+		fmt.Fprintln(os.Stderr, "usage: devenv up|down|status [--dir .local] [--purge] [--pg-version N] [--pg-port N] [--kafka-port N]")
 		os.Exit(2)
 	}
 	flags := flag.NewFlagSet("devenv "+os.Args[1], flag.ExitOnError)
 	dir := flags.String("dir", ".local", "state directory")
 	purge := flags.Bool("purge", false, "down: also delete the data")
+	pgVersion := flags.String("pg-version", "", "up: PostgreSQL major version ("+strings.Join(devenv.PGVersions(), ", ")+"); empty: the existing cluster's, or "+devenv.NewestPGVersion+" for a new one")
 	pgPort := flags.Int("pg-port", 0, "up: port of a new PostgreSQL cluster (0: a free one)")
 	kafkaPort := flags.Int("kafka-port", 0, "up: port of a new Kafka broker (0: a free one)")
 	_ = flags.Parse(os.Args[2:])
@@ -43,10 +47,21 @@ func main() {
 	switch os.Args[1] {
 	case "up":
 		// Attach to what exists (Start is a no-op when running), create what does not.
+		if *pgVersion != "" && !slices.Contains(devenv.PGVersions(), *pgVersion) {
+			fail(fmt.Errorf("--pg-version (PG_VERSION) %q: want one of %s", *pgVersion, strings.Join(devenv.PGVersions(), ", ")))
+		}
 		if errors.Is(pgErr, fs.ErrNotExist) {
-			pg, pgErr = devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: pgDir, Port: *pgPort, Detached: true})
+			pg, pgErr = devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: pgDir, Port: *pgPort, Version: cmp.Or(*pgVersion, devenv.NewestPGVersion), Detached: true})
 		} else if pgErr == nil {
-			pgErr = pg.Start(ctx)
+			// A cluster's data directory belongs to one major version: another needs a new cluster.
+			if have, err := pg.Version(); err != nil {
+				pgErr = err
+			} else if *pgVersion != "" && have != *pgVersion {
+				pgErr = fmt.Errorf("%s holds a PostgreSQL %s cluster, PostgreSQL %s was asked for (--pg-version, PG_VERSION): run `make up PG_VERSION=%s` to keep it, or `go run ./internal/cmd/devenv down --dir %s --purge` to delete it and its data first",
+					pgDir, have, *pgVersion, have, *dir)
+			} else {
+				pgErr = pg.Start(ctx)
+			}
 		}
 		if pgErr != nil {
 			fail(pgErr)
