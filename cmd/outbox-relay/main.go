@@ -19,10 +19,11 @@ const usage = `outbox-relay moves transactional outbox events from PostgreSQL to
 
 Usage:
   outbox-relay run      [flags]   stream outbox events to Kafka until SIGTERM/SIGINT
-  outbox-relay migrate  [flags]   create the outbox table and publication (idempotent)
+  outbox-relay migrate  [flags]   create the outbox table and publication (idempotent); --source=poll: the polling mode's columns instead of a publication
   outbox-relay status   [--json]  the replication slot at a glance (exit 3: slot missing or lost)
   outbox-relay forget-slot         after recovering from a lost slot, let the next run create a new one
   outbox-relay prune    [flags]   delete outbox rows older than --older-than (default 24h), in batches
+  outbox-relay retry    [flags]   source poll: publish rows again (--ids, --dead-letters, --since/--until)
   outbox-relay version            print the version
 
 Every flag has an OUTBOX_* environment variable and a YAML key (--config file.yaml);
@@ -56,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runForgetSlot(ctx, rest, stdout, stderr)
 	case "prune":
 		err = runPrune(ctx, rest, stdout, stderr)
+	case "retry":
+		err = runRetry(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "outbox-relay", version)
 	case "help", "-h", "--help":

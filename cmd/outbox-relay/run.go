@@ -61,6 +61,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		zap.String("version", version),
 		zap.String("pg_dsn", config.RedactDSN(cfg.PGDSN)),
 		zap.Strings("kafka_brokers", cfg.KafkaBrokers),
+		zap.String("source", cfg.Source),
 		zap.String("slot", cfg.Slot),
 		zap.String("publication", cfg.Publication),
 		zap.String("table", cfg.Schema+"."+cfg.Table),
@@ -71,9 +72,12 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	// graceful drain; they stop when the relay has.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
-	mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
-		OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
-	go mon.Run(bg)
+	if cfg.Source == "wal" {
+		// The polling source reads its own gauges (package poll); there is no slot to watch.
+		mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
+			OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
+		go mon.Run(bg)
+	}
 	go publishReadiness(bg, state, m)
 	stopReporting := context.AfterFunc(ctx, state.Stopping)
 	defer stopReporting()
@@ -217,6 +221,8 @@ func startPruning(ctx context.Context, cfg *config.Config, log *zap.Logger, m *m
 		Column:    cfg.Columns.CreatedAt,
 		OlderThan: cfg.PruneOlderThan,
 		BatchSize: cfg.PruneBatchSize,
+		// Polling reads the table: only rows it has processed may go.
+		OnlyProcessed: cfg.Source == "poll",
 	}
 	go func() {
 		defer close(done)
