@@ -48,7 +48,7 @@ func newQueries(cfg Config) queries {
 	}
 	// The advisory lock's key: a class for this table (so two outbox tables do not share aggregate
 	// locks) and a hash of the aggregate. Two aggregates with one hash only take turns.
-	aggKey := fmt.Sprintf("hashtext(coalesce(c.%s, '') || '/' || coalesce(c.%s, ''))", q.aggType, q.aggID)
+	aggKey := "hashtext(coalesce(c.agg_type, '') || '/' || coalesce(c.agg_id, ''))"
 	due := "(retry_after IS NULL OR retry_after <= now() OR retry_after = 'infinity')"
 	// cand: the head of the queue, materialised so the locks below are tried on these rows only.
 	// mine: the first $2 of them whose aggregate this transaction can lock; an aggregate another
