@@ -94,13 +94,17 @@ func (v vars) Qualified(name string) string { return pgx.Identifier{v.t.Schema, 
 func (v vars) Name(suffix string) string { return pgx.Identifier{v.t.Table + "_" + suffix}.Sanitize() }
 
 // DeadLetterView is the polling mode's view of dead letters, schema-qualified and quoted.
-func (v vars) DeadLetterView() string { return pgx.Identifier{v.t.Schema, DeadLetterView(v.t.Table)}.Sanitize() }
+func (v vars) DeadLetterView() string {
+	return pgx.Identifier{v.t.Schema, DeadLetterView(v.t.Table)}.Sanitize()
+}
 
 // NotifyFunction names the trigger function that wakes polling relays.
 func (v vars) NotifyFunction() string { return v.t.Table + "_notify" }
 
 // ChannelLiteral is the NOTIFY channel as an SQL string literal.
-func (v vars) ChannelLiteral() string { return "'" + strings.ReplaceAll(Channel(v.t.Table), "'", "''") + "'" }
+func (v vars) ChannelLiteral() string {
+	return "'" + strings.ReplaceAll(Channel(v.t.Table), "'", "''") + "'"
+}
 
 // DeadLetterView is the name of the polling mode's dead-letter view for an outbox table:
 // outbox_dead_letters for the default outbox_events, <table>_dead_letters for any other, so two
