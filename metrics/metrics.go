@@ -59,7 +59,9 @@ type Metrics struct {
 	PollBatchDuration    prometheus.Histogram
 	PollRefused          *prometheus.CounterVec // by reason
 	PollDeadLettered     prometheus.Counter
-	PollUp               prometheus.Gauge
+	// Source is 1 for the source this process reads (wal or poll), so alerts about the slot or a
+	// single leader can leave polling deployments out.
+	Source *prometheus.GaugeVec
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -117,7 +119,7 @@ func New(reg prometheus.Registerer) *Metrics {
 
 		SlotExists: f.gauge("slot_exists", "1 when the replication slot exists (read from pg_replication_slots)."),
 		PostgresUp: f.gauge("postgres_up",
-			"1 when the last poll of pg_replication_slots succeeded; 0 means the slot metrics are stale."),
+			"1 when the last poll of pg_replication_slots (with source poll: of the outbox table's statistics) succeeded; 0 means the slot (poll_*) metrics are stale."),
 		Fenced: f.counter("fenced_total",
 			"Leadership terms ended because the leader-lock connection failed; streaming stopped at once."),
 		LeaderSlowChecks: f.counter("leader_slow_checks_total",
@@ -141,7 +143,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			"Polling mode: publish attempts Kafka refused for good, by reason; each counts against poll_max_attempts and is retried after a backoff.", "reason"),
 		PollDeadLettered: f.counter("poll_dead_lettered_total",
 			"Polling mode: rows that reached poll_max_attempts and went to the failure policy."),
-		PollUp: f.gauge("poll_up", "Polling mode: 1 when the last read of the outbox statistics succeeded; 0 means the poll_* gauges are stale."),
+		Source: f.gaugeVec("source", "1 for where this process reads events from: wal (a replication slot) or poll (the outbox table).", "source"),
 
 		PublicationCheckAge: f.gauge("publication_check_age_seconds",
 			"Seconds since the last successful check that the outbox table is still in the publication; the slot is not confirmed past what that check covered, and the relay stops after 5 minutes of checks PostgreSQL refuses."),

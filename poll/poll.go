@@ -355,17 +355,17 @@ func (p *Poller) stats(ctx context.Context) {
 					return
 				}
 				p.log.Debug("poll: cannot read the outbox statistics", zap.Error(err))
-				p.m.PollUp.Set(0)
+				p.m.PostgresUp.Set(0)
 				conn.Close(context.WithoutCancel(ctx))
 				conn = nil
 			} else {
-				p.m.PollUp.Set(1)
+				p.m.PostgresUp.Set(1)
 				p.m.PollPendingRows.Set(float64(st.pending))
 				p.m.PollOldestPendingAge.Set(st.oldestAge.Seconds())
 				p.m.PollDeadLetters.Set(float64(st.dead))
 			}
 		} else {
-			p.m.PollUp.Set(0)
+			p.m.PostgresUp.Set(0)
 		}
 		if !sleep(ctx, p.cfg.StatsInterval) {
 			return

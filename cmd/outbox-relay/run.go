@@ -49,6 +49,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
+	m.Source.WithLabelValues(cfg.Source).Set(1)
 	state := &health.State{}
 	if cfg.MetricsAddr != "" {
 		stopHTTP, err := serveHTTP(cfg.MetricsAddr, reg, state, log)
