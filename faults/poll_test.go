@@ -100,6 +100,10 @@ func TestKill9OfThreePollersLosesNothingKeepsOrderAndBoundsDuplicates(t *testing
 	}); err != nil {
 		t.Fatalf("the retried event was not published again: %v", err)
 	}
+	eventually(t, 30*time.Second, "status to show an empty queue", func() bool {
+		code, out = relayproc.Run(t, relayproc.Options{Subcommand: "status", Env: env}, time.Minute)
+		return code == 0 && strings.Contains(out, "pending rows:        0") && strings.Contains(out, "dead letters:        0")
+	})
 	for _, r := range relays {
 		r.Terminate()
 		if code, ok := r.Wait(30 * time.Second); !ok || code != 0 {

@@ -70,3 +70,43 @@ func Retry(ctx context.Context, conn *pgx.Conn, cfg Config, sel Selection) (int6
 	}
 	return tag.RowsAffected(), nil
 }
+
+// Status is the table's queue at a glance (`outbox-relay status` with source poll).
+type Status struct {
+	Table                string   `json:"table"`
+	Pending              int64    `json:"pending_rows"`
+	OldestPendingSeconds float64  `json:"oldest_pending_seconds"` // dead letters aside
+	InBackoff            int64    `json:"in_backoff"`
+	DeadLetters          int64    `json:"dead_letters"`
+	DeadPending          int64    `json:"dead_letters_pending"` // under the halt policy: they stop the relays
+	OK                   bool     `json:"ok"`
+	Problems             []string `json:"problems"`
+}
+
+// ReadStatus reads the queue's state; a table not migrated for polling is a problem, not an error.
+func ReadStatus(ctx context.Context, conn *pgx.Conn, cfg Config) (Status, error) {
+	cfg.setDefaults()
+	q := newQueries(cfg)
+	st := Status{Table: cfg.Schema + "." + cfg.Table, Problems: []string{}}
+	if err := q.check(ctx, conn); err != nil {
+		if errors.Is(err, ErrNotMigrated) || errors.Is(err, errMissingColumn) {
+			st.Problems = append(st.Problems, err.Error())
+			return st, nil
+		}
+		return st, err
+	}
+	ts, err := q.stats(ctx, conn)
+	if err != nil {
+		return st, fmt.Errorf("read the queue of %s: %w", q.table, err)
+	}
+	st.Pending, st.DeadLetters, st.OldestPendingSeconds = ts.pending, ts.dead, ts.oldestAge.Seconds()
+	if err := conn.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE retry_after > now() AND retry_after <> 'infinity'),
+		count(*) FILTER (WHERE retry_after = 'infinity') FROM %s WHERE processed_at IS NULL`, q.table)).Scan(&st.InBackoff, &st.DeadPending); err != nil {
+		return st, fmt.Errorf("read the queue of %s: %w", q.table, err)
+	}
+	if st.DeadPending > 0 {
+		st.Problems = append(st.Problems, fmt.Sprintf("%d dead letters are pending (on_failure: halt stops the relays on them): fix the cause, then outbox-relay retry --dead-letters", st.DeadPending))
+	}
+	st.OK = len(st.Problems) == 0
+	return st, nil
+}

@@ -59,6 +59,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
+	if cfg.Source == "poll" {
+		return pollStatus(ctx, cfg, *asJSON, stdout, stderr)
+	}
 	rep, err := slotStatus(ctx, cfg.PGDSN, cfg.Slot)
 	if err != nil {
 		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), cfg.Secrets()...))
