@@ -209,7 +209,7 @@ var settings = []setting{
 			}
 			return oneOf(func(c *Config) *string { return &c.Profile }, "debezium")(c, v)
 		}},
-	{key: "pg_dsn", help: "PostgreSQL connection string (URL or key=value); the role needs REPLICATION", secret: true,
+	{key: "pg_dsn", help: "PostgreSQL connection string (URL or key=value); the role needs REPLICATION (source wal) or SELECT and UPDATE on the table (source poll)", secret: true,
 		apply: str(func(c *Config) *string { return &c.PGDSN })},
 	{key: "kafka_brokers", help: "Kafka bootstrap brokers, comma-separated host:port",
 		apply: list(func(c *Config) *[]string { return &c.KafkaBrokers })},
