@@ -581,3 +581,37 @@ func TestAPostgresRestartDuringLoadLosesNothing(t *testing.T) {
 		t.Error("no reconnect counted: did the restart happen while the pollers were connected?")
 	}
 }
+
+// TestUnderTheHaltPolicyADeadLetterHaltsEveryPollerAndStaysPending: on_failure halt applies to a
+// row refused poll_max_attempts times exactly as in the WAL mode: the relay that claims it halts
+// without acknowledging it, and the row stays pending at the head of its aggregate, so a second
+// relay halts on it too; the dead-letter view shows it.
+func TestUnderTheHaltPolicyADeadLetterHaltsEveryPollerAndStaysPending(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, ob := pollDB(t)
+	brokers := testenv.SharedKafka(t).Brokers()
+	pc := poll.Config{MaxAttempts: 2, RetryBackoff: 50 * time.Millisecond}
+	sc := sink.Config{Policy: sink.Halt}
+	first := startPoller(t, dsn, brokers, pc, sc)
+	if err := ob.WriteTx(ctx, harness.Spec{AggregateType: "not a topic " + testenv.UniqueName(t, "x"), AggregateID: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	halted := func(p *poller) func() (bool, string) {
+		return func() (bool, string) {
+			_, reason, _, h := p.r.Sink().Halted()
+			return h && reason == poll.ReasonMaxAttempts, fmt.Sprintf("halted %v, reason %q", h, reason)
+		}
+	}
+	eventually(t, settleTimeout, "the first poller to halt on the dead letter", halted(first))
+	second := startPoller(t, dsn, brokers, pc, sc)
+	eventually(t, settleTimeout, "the second poller to halt on it too", halted(second))
+	var attempts int
+	var pending bool
+	if err := ob.Pool().QueryRow(ctx, "SELECT attempts, processed_at IS NULL FROM outbox_dead_letters").Scan(&attempts, &pending); err != nil {
+		t.Fatalf("the dead-letter view: %v", err)
+	}
+	if attempts != 2 || !pending {
+		t.Fatalf("dead letter with %d attempts, pending %v; want 2 attempts and still pending", attempts, pending)
+	}
+}
