@@ -41,9 +41,18 @@ func TestKill9OfThreePollersLosesNothingKeepsOrderAndBoundsDuplicates(t *testing
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 2))
 
+	// Started one after the other: each takes a free port for its metrics, and two started at once
+	// could be handed the same one.
+	start := func() *relay {
+		r := d.startRelay(brokers, false, args...)
+		if _, ok := r.waitLog(0, `"msg":"serving metrics"`, 60*time.Second); !ok {
+			t.Fatalf("relay pid %d did not serve its metrics:\n%s", r.PID(), r.Output())
+		}
+		return r
+	}
 	var relays [3]*relay
 	for i := range relays {
-		relays[i] = d.startRelay(brokers, false, args...)
+		relays[i] = start()
 	}
 	for _, r := range relays {
 		if _, ok := r.waitLog(0, `"msg":"polling"`, 90*time.Second); !ok {
@@ -57,7 +66,7 @@ func TestKill9OfThreePollersLosesNothingKeepsOrderAndBoundsDuplicates(t *testing
 		time.Sleep(time.Duration(300+rng.IntN(1200)) * time.Millisecond)
 		i := rng.IntN(len(relays))
 		relays[i].Kill()
-		relays[i] = d.startRelay(brokers, false, args...)
+		relays[i] = start()
 	}
 	time.Sleep(time.Second)
 	stats, err := load.Stop(ctx)
