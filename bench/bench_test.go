@@ -36,7 +36,7 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	profiles := t.TempDir()
 	cfg := Config{
 		Events: 2000, Partitions: 2, Rate: 400, SteadyFor: 3 * time.Second, BigTx: 3000,
-		Sides: []string{sideCeiling, sideRelay}, Steady: []string{sideRelay},
+		Sides: []string{sideCeiling, sideRelay, sidePoll}, Steady: []string{sideRelay, sidePoll},
 		RelayBin: relayproc.PlainBinary(t), ProfileDir: profiles, WorkDir: t.TempDir(),
 		Log: t.Output(), DrainTimeout: time.Minute,
 	}
@@ -50,7 +50,7 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	table, summary := rep.Table(), rep.Summary()
 	t.Logf("\n%s\n%s", table, summary)
 
-	for _, want := range []string{"| ceiling (pg_recvlogical) |", "| outbox-relay |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events"} {
+	for _, want := range []string{"| ceiling (pg_recvlogical) |", "| outbox-relay |", "| outbox-relay, source poll |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q", want)
 		}
@@ -89,9 +89,11 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	if relay == nil || relay.First <= 0 || relay.OnKafka < relay.First || relay.Wall < relay.OnKafka {
 		t.Errorf("relay timings out of order: %+v", relay)
 	}
-	s := rep.steady(sideRelay)
-	if s == nil || s.Received != s.Written || s.Written < 400 || s.P50 <= 0 || s.P50 > s.P99 || s.P99 > s.Max {
-		t.Errorf("implausible steady state: %+v", s)
+	for _, side := range []string{sideRelay, sidePoll} {
+		s := rep.steady(side)
+		if s == nil || s.Received != s.Written || s.Written < 400 || s.P50 <= 0 || s.P50 > s.P99 || s.P99 > s.Max {
+			t.Errorf("implausible steady state of %s: %+v", side, s)
+		}
 	}
 	if p := rep.Profile; p == nil || p.Drain.AllocsPerEvent <= 0 || p.Steady == nil || p.Steady.AllocsPerEvent <= 0 || p.Drain.PeakHeap == 0 {
 		t.Errorf("no profile stats: %+v", rep.Profile)

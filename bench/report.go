@@ -25,6 +25,7 @@ var sideLabels = map[string]string{
 	sideRelay:      "outbox-relay",
 	sideDbzDefault: "Debezium 3.6.1, defaults",
 	sideDbzTuned:   "Debezium 3.6.1, tuned",
+	sidePoll:       "outbox-relay, source poll",
 }
 
 func label(side string) string {

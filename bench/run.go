@@ -23,10 +23,12 @@ const (
 	sideRelay      = "relay"
 	sideDbzDefault = "debezium-default"
 	sideDbzTuned   = "debezium-tuned"
+	// sidePoll is the relay with source poll: it reads the table, not a slot (bench/poll.go).
+	sidePoll = "poll"
 )
 
-var allDrainSides = []string{sideCeiling, sideRelay, sideDbzDefault, sideDbzTuned}
-var allSteadySides = []string{sideRelay, sideDbzTuned}
+var allDrainSides = []string{sideCeiling, sideRelay, sideDbzDefault, sideDbzTuned, sidePoll}
+var allSteadySides = []string{sideRelay, sideDbzTuned, sidePoll}
 
 // Config says what one benchmark run measures.
 type Config struct {
@@ -68,7 +70,8 @@ func (c *Config) validate() error {
 	if len(c.Steady) > 0 && (c.Rate < 1 || c.SteadyFor <= 0) {
 		errs = append(errs, fmt.Errorf("steady state needs a positive rate and duration, got %d/s for %s", c.Rate, c.SteadyFor))
 	}
-	if c.RelayBin == "" && (slices.Contains(c.Sides, sideRelay) || slices.Contains(c.Steady, sideRelay) || c.BigTx > 0) {
+	if c.RelayBin == "" && (slices.Contains(c.Sides, sideRelay) || slices.Contains(c.Steady, sideRelay) ||
+		slices.Contains(c.Sides, sidePoll) || slices.Contains(c.Steady, sidePoll) || c.BigTx > 0) {
 		errs = append(errs, errors.New("no relay binary given"))
 	}
 	if c.usesDebezium() {
@@ -171,8 +174,10 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 		sides = append(sides, "profile")
 	}
 	for _, s := range sides {
-		if err := createSlot(ctx, b.pool, b.slot(s)); err != nil {
-			return nil, err
+		if s != sidePoll {
+			if err := createSlot(ctx, b.pool, b.slot(s)); err != nil {
+				return nil, err
+			}
 		}
 		if s != sideCeiling {
 			if err := b.createTopics(ctx, s); err != nil {

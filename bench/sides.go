@@ -86,6 +86,16 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 		r = b.drainProc(ctx, side, func() (*child, error) {
 			return b.startRelay(side, b.slot(side), b.topicPrefix(side))
 		}, b.endLSN)
+	case sidePoll:
+		r = b.drainProc(ctx, side, func() (*child, error) {
+			if err := b.pollReady(ctx, false); err != nil {
+				return nil, err
+			}
+			return b.startRelay(side, "", b.topicPrefix(side), "--source=poll")
+		}, 0)
+		if err := b.pollTrigger(ctx, false); err != nil && r.Err == nil {
+			r.Err = err
+		}
 	default:
 		r = b.drainProc(ctx, side, func() (*child, error) {
 			return b.startDebezium(side, side == sideDbzTuned, b.slot(side), b.topicPrefix(side))
@@ -268,11 +278,14 @@ func (b *bench) sampleSender(ctx context.Context, s senderCPU, side string) (con
 	return confirmed, nil
 }
 
-// startRelay runs the relay binary with its defaults, on slot and the topics under prefix.
-func (b *bench) startRelay(name, slot, prefix string) (*child, error) {
-	args := append([]string{"run",
-		"--slot", slot, "--publication", b.pub, "--create-slot=false", "--create-publication=false",
-		"--topic-template", prefix + ".{aggregate_type}", "--log-level", "warn"}, b.cfg.RelayArgs...)
+// startRelay runs the relay binary with its defaults, on slot (none for source poll) and the topics
+// under prefix; extra flags go before the configured ones.
+func (b *bench) startRelay(name, slot, prefix string, extra ...string) (*child, error) {
+	args := []string{"run", "--topic-template", prefix + ".{aggregate_type}", "--log-level", "warn"}
+	if slot != "" {
+		args = append(args, "--slot", slot, "--publication", b.pub, "--create-slot=false", "--create-publication=false")
+	}
+	args = append(append(args, extra...), b.cfg.RelayArgs...)
 	return startChild("outbox-relay", b.logPath(name), []string{
 		"OUTBOX_PG_DSN=" + b.svc.DSN,
 		"OUTBOX_KAFKA_BROKERS=" + b.svc.Kafka.Brokers(),
@@ -345,6 +358,15 @@ func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f'
 // steady measures a side under a constant write rate.
 func (b *bench) steady(ctx context.Context, side string) SteadyResult {
 	name := "steady-" + side
+	if side == sidePoll {
+		if err := b.pollReady(ctx, true); err != nil {
+			return SteadyResult{Side: side, Err: err}
+		}
+		defer b.pollTrigger(ctx, false)
+		return b.steadyWith(ctx, side, name, func(string) (runner, error) {
+			return b.startRelay(name, "", b.topicPrefix(name), "--source=poll")
+		})
+	}
 	return b.steadyWith(ctx, side, name, func(slot string) (runner, error) {
 		if side == sideRelay {
 			return b.startRelay(name, slot, b.topicPrefix(name))
@@ -358,15 +380,17 @@ func (b *bench) steady(ctx context.Context, side string) SteadyResult {
 func (b *bench) steadyWith(ctx context.Context, side, name string, start func(slot string) (runner, error)) SteadyResult {
 	res := SteadyResult{Side: side}
 	slot := b.slot(name)
-	if err := createSlot(ctx, b.pool, slot); err != nil {
-		res.Err = err
-		return res
-	}
-	defer func() {
-		if err := dropSlot(ctx, b.pool, slot); err != nil && res.Err == nil {
+	if side != sidePoll {
+		if err := createSlot(ctx, b.pool, slot); err != nil {
 			res.Err = err
+			return res
 		}
-	}()
+		defer func() {
+			if err := dropSlot(ctx, b.pool, slot); err != nil && res.Err == nil {
+				res.Err = err
+			}
+		}()
+	}
 	if err := b.createTopics(ctx, name); err != nil {
 		res.Err = err
 		return res
@@ -378,9 +402,11 @@ func (b *bench) steadyWith(ctx context.Context, side, name string, start func(sl
 		return res
 	}
 	defer c.stop(30 * time.Second)
-	if err := waitSlotActive(ctx, b.pool, slot, c, 2*time.Minute); err != nil {
-		res.Err = err
-		return res
+	if side != sidePoll { // a poller is ready when the warm-up below arrives
+		if err := waitSlotActive(ctx, b.pool, slot, c, 2*time.Minute); err != nil {
+			res.Err = err
+			return res
+		}
 	}
 	lat := newLatencyReader(b.svc.Kafka.Brokers(), b.topics(name), b.cfg.Partitions)
 	defer lat.close()

@@ -58,6 +58,15 @@ type Config struct {
 	PruneOlderThan time.Duration
 	PruneBatchSize int
 
+	// Source is where events come from: "wal" (the replication slot) or "poll" (the table; package
+	// poll). The Poll* settings apply to poll only.
+	Source           string
+	PollBatchSize    int
+	PollInterval     time.Duration
+	PollMaxAttempts  int
+	PollRetryBackoff time.Duration
+	PollWorkers      int
+
 	// Single leader and the slot monitor.
 	LeaderElection      bool
 	LeaderRetryInterval time.Duration
@@ -203,7 +212,7 @@ var settings = []setting{
 			}
 			return oneOf(func(c *Config) *string { return &c.Profile }, "debezium")(c, v)
 		}},
-	{key: "pg_dsn", help: "PostgreSQL connection string (URL or key=value); the role needs REPLICATION", secret: true,
+	{key: "pg_dsn", help: "PostgreSQL connection string (URL or key=value); the role needs REPLICATION (source wal) or SELECT and UPDATE on the table (source poll)", secret: true,
 		apply: str(func(c *Config) *string { return &c.PGDSN })},
 	{key: "pg_password_file", help: "file holding the PostgreSQL password (a mounted Secret), read for every connection, so a rotated password is used at the next reconnect; pg_dsn then holds none",
 		apply: str(func(c *Config) *string { return &c.PGPasswordFile })},
@@ -330,9 +339,21 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.BackfillWhere })},
 	{key: "backfill_order_column", def: "seq", help: "insertion sequence column the backfill publishes in (migrate adds seq); a table without seq is backfilled in created_at order, with a warning; any other column the table lacks is an error",
 		apply: str(func(c *Config) *string { return &c.BackfillOrder })},
+	{key: "source", def: "wal", help: "where events come from: wal (a logical replication slot) or poll (the outbox table, for databases without logical replication; needs migrate --source poll)",
+		apply: oneOf(func(c *Config) *string { return &c.Source }, "wal", "poll")},
+	{key: "poll_batch_size", def: "200", help: "source poll: rows one worker claims per transaction, at most",
+		apply: integer(func(c *Config) *int { return &c.PollBatchSize })},
+	{key: "poll_interval", def: "1s", help: "source poll: how often an idle worker looks for rows when no notification woke it (at least 10ms)",
+		apply: minDuration(10*time.Millisecond, func(c *Config) *time.Duration { return &c.PollInterval })},
+	{key: "poll_max_attempts", def: "5", help: "source poll: permanent Kafka refusals of a row before it is a dead letter and goes to on_failure (broker outages never count)",
+		apply: integer(func(c *Config) *int { return &c.PollMaxAttempts })},
+	{key: "poll_retry_backoff", def: "1s", help: "source poll: delay before a refused row is published again; doubles per attempt (with jitter) up to 5m (at least 10ms)",
+		apply: minDuration(10*time.Millisecond, func(c *Config) *time.Duration { return &c.PollRetryBackoff })},
+	{key: "poll_workers", def: "2", help: "source poll: batches one relay has in flight at once, each its own connection and transaction",
+		apply: integer(func(c *Config) *int { return &c.PollWorkers })},
 	{key: "metrics_addr", help: "listen address for /metrics, /healthz and /readyz (e.g. :9187); empty disables",
 		apply: str(func(c *Config) *string { return &c.MetricsAddr })},
-	{key: "leader_election", def: "true", help: "hold a PostgreSQL advisory lock (keyed by the slot) so that one instance streams and the others stand by; false streams without it",
+	{key: "leader_election", def: "true", help: "hold a PostgreSQL advisory lock (keyed by the slot) so that one instance streams and the others stand by; false streams without it (with source poll the default is false: pollers share the table)",
 		apply: boolean(func(c *Config) *bool { return &c.LeaderElection })},
 	{key: "leader_retry_interval", def: "2s", help: "how often a standby tries to take the leader lock (at least 100ms)",
 		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.LeaderRetryInterval })},
@@ -615,6 +636,11 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 	}
 	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
 		errs = append(errs, errors.New("config keys kafka.tls.cert_file and kafka.tls.key_file go together: set both or neither"))
+	}
+	if c.Source == "poll" && from("leader_election") == "default" {
+		// Pollers share the table (each aggregate is claimed by one at a time), so several run at
+		// once unless the operator asks for a single active one.
+		c.LeaderElection = false
 	}
 	if c.PGDSN != "" {
 		if err := checkDSN(c.PGDSN); err != nil {

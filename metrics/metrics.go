@@ -58,6 +58,19 @@ type Metrics struct {
 	TopicUnavailable *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 
 	PublicationCheckAge prometheus.Gauge
+
+	// The polling mode (source: poll; package poll).
+	PollPendingRows      prometheus.Gauge
+	PollOldestPendingAge prometheus.Gauge
+	PollDeadLetters      prometheus.Gauge
+	PollClaims           prometheus.Counter
+	PollClaimedRows      prometheus.Counter
+	PollBatchDuration    prometheus.Histogram
+	PollRefused          *prometheus.CounterVec // by reason
+	PollDeadLettered     prometheus.Counter
+	// Source is 1 for the source this process reads (wal or poll), so alerts about the slot or a
+	// single leader can leave polling deployments out.
+	Source *prometheus.GaugeVec
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -127,7 +140,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		StandbySlotsActive: f.gauge("synchronized_standby_slots_active",
 			"Slots of synchronized_standby_slots that exist and are streamed; below outbox_relay_synchronized_standby_slots, PostgreSQL holds the failover slot's changes back."),
 		PostgresUp: f.gauge("postgres_up",
-			"1 when the last poll of pg_replication_slots succeeded; 0 means the slot metrics are stale."),
+			"1 when the last poll of pg_replication_slots (with source poll: of the outbox table's statistics) succeeded; 0 means the slot (poll_*) metrics are stale."),
 		Fenced: f.counter("fenced_total",
 			"Leadership terms ended because the leader-lock connection failed; streaming stopped at once."),
 		LeaderSlowChecks: f.counter("leader_slow_checks_total",
@@ -135,6 +148,23 @@ func New(reg prometheus.Registerer) *Metrics {
 
 		TopicUnavailable: f.gaugeVec("topic_unavailable",
 			"1 for a topic the relay has waited for more than 3s because it does not exist (auto-creation off) or is not authorized; every event waits behind it.", "topic"),
+
+		PollPendingRows: f.gauge("poll_pending_rows",
+			"Polling mode: outbox rows not yet processed (dead letters waiting under the halt policy included)."),
+		PollOldestPendingAge: f.gauge("poll_oldest_pending_age_seconds",
+			"Polling mode: age (by created_at) of the oldest pending row that is not a dead letter; 0 when none."),
+		PollDeadLetters: f.gauge("poll_dead_letters",
+			"Polling mode: rows in the dead-letter view (refused poll_max_attempts times) still in the table."),
+		PollClaims: f.counter("poll_claims_total", "Polling mode: batches claimed (each one short transaction)."),
+		PollClaimedRows: f.counter("poll_claimed_rows_total",
+			"Polling mode: rows claimed; above events published, the difference is rows published again after a refusal or a lost transaction."),
+		PollBatchDuration: f.histogram("poll_batch_duration_seconds",
+			"Polling mode: one batch from its claim to the commit that marks it, Kafka's acknowledgements included."),
+		PollRefused: f.counterVec("poll_refused_total",
+			"Polling mode: publish attempts Kafka refused for good, by reason; each counts against poll_max_attempts and is retried after a backoff.", "reason"),
+		PollDeadLettered: f.counter("poll_dead_lettered_total",
+			"Polling mode: rows that reached poll_max_attempts and went to the failure policy."),
+		Source: f.gaugeVec("source", "1 for where this process reads events from: wal (a replication slot) or poll (the outbox table).", "source"),
 
 		PublicationCheckAge: f.gauge("publication_check_age_seconds",
 			"Seconds since the last successful check that the outbox table is still in the publication; the slot is not confirmed past what that check covered, and the relay stops after 5 minutes of checks PostgreSQL refuses."),

@@ -1,5 +1,7 @@
 // Package migrations creates the outbox table. The SQL files are embedded in the binary, applied in
-// order, once each, and recorded in outbox_relay_migrations next to the table.
+// order, once each, and recorded in outbox_relay_migrations next to the table. The files in poll/
+// add what the polling mode (source: poll) keeps on each row; only ApplyPoll applies them, so a
+// table relayed from the WAL never gets them.
 package migrations
 
 import (
@@ -20,6 +22,12 @@ import (
 //go:embed *.sql
 var files embed.FS
 
+// pollFiles are the polling mode's migrations, numbered from 1001 so they never share a version
+// with the common ones in the ledger.
+//
+//go:embed poll/*.sql
+var pollFiles embed.FS
+
 // Target names the outbox table the migrations create.
 type Target struct {
 	Schema string
@@ -33,8 +41,8 @@ type migration struct {
 	sql     string
 }
 
-func load() ([]migration, error) {
-	entries, err := fs.ReadDir(files, ".")
+func load(fsys fs.FS) ([]migration, error) {
+	entries, err := fs.ReadDir(fsys, ".")
 	if err != nil {
 		return nil, err
 	}
@@ -45,7 +53,7 @@ func load() ([]migration, error) {
 		if !ok || err != nil {
 			return nil, fmt.Errorf("migration file %s: name must start with a number and an underscore", e.Name())
 		}
-		body, err := files.ReadFile(e.Name())
+		body, err := fs.ReadFile(fsys, e.Name())
 		if err != nil {
 			return nil, err
 		}
@@ -85,15 +93,64 @@ func (v vars) Qualified(name string) string { return pgx.Identifier{v.t.Schema, 
 // Name is an object name derived from the table's, e.g. an index.
 func (v vars) Name(suffix string) string { return pgx.Identifier{v.t.Table + "_" + suffix}.Sanitize() }
 
+// DeadLetterView is the polling mode's view of dead letters, schema-qualified and quoted.
+func (v vars) DeadLetterView() string {
+	return pgx.Identifier{v.t.Schema, DeadLetterView(v.t.Table)}.Sanitize()
+}
+
+// NotifyFunction names the trigger function that wakes polling relays.
+func (v vars) NotifyFunction() string { return v.t.Table + "_notify" }
+
+// ChannelLiteral is the NOTIFY channel as an SQL string literal.
+func (v vars) ChannelLiteral() string {
+	return "'" + strings.ReplaceAll(Channel(v.t.Table), "'", "''") + "'"
+}
+
+// DeadLetterView is the name of the polling mode's dead-letter view for an outbox table:
+// outbox_dead_letters for the default outbox_events, <table>_dead_letters for any other, so two
+// outbox tables in one schema get a view each.
+func DeadLetterView(table string) string {
+	if table == "outbox_events" {
+		return "outbox_dead_letters"
+	}
+	return table + "_dead_letters"
+}
+
+// Channel is the channel the polling mode's trigger notifies after each INSERT statement into the
+// outbox table: the table's name (at most 63 bytes, like a channel name).
+func Channel(table string) string { return table }
+
 // Apply runs the migrations not yet recorded, each in its own transaction, and returns the names of
 // those it applied. Concurrent callers serialise on an advisory lock.
 func Apply(ctx context.Context, conn *pgx.Conn, t Target) ([]string, error) {
-	ms, err := load()
+	ms, err := load(files)
 	if err != nil {
 		return nil, err
 	}
+	return apply(ctx, conn, t, ms)
+}
+
+// ApplyPoll is Apply plus the polling mode's migrations (poll/): the columns, indexes, view and
+// trigger a relay with source: poll needs.
+func ApplyPoll(ctx context.Context, conn *pgx.Conn, t Target) ([]string, error) {
+	ms, err := load(files)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := fs.Sub(pollFiles, "poll")
+	if err != nil {
+		return nil, err
+	}
+	poll, err := load(sub)
+	if err != nil {
+		return nil, err
+	}
+	return apply(ctx, conn, t, append(ms, poll...))
+}
+
+func apply(ctx context.Context, conn *pgx.Conn, t Target, ms []migration) ([]string, error) {
 	ledger := pgx.Identifier{t.Schema, "outbox_relay_migrations"}.Sanitize()
-	_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %s;
+	_, err := conn.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %s;
 		CREATE TABLE IF NOT EXISTS %s (
 			target     text        NOT NULL,
 			version    integer     NOT NULL,

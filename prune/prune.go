@@ -39,6 +39,9 @@ type Options struct {
 	// OlderThan: rows whose Column is more than this far before the database's now() are deleted.
 	// Zero deletes every committed row.
 	OlderThan time.Duration
+	// OnlyProcessed deletes only rows whose processed_at is set: the polling mode (source: poll)
+	// reads the table, so a row it has not published yet must stay whatever its age.
+	OnlyProcessed bool
 	// BatchSize is the most rows one statement deletes. Default 1000.
 	BatchSize int
 	// Progress, when set, is called after each batch with the rows it deleted.
@@ -101,8 +104,12 @@ func (o *Options) statement() (string, error) {
 		return "", fmt.Errorf("prune: table %q: want table or schema.table", o.Table)
 	}
 	table, col := pgx.Identifier(parts).Sanitize(), pgx.Identifier{o.Column}.Sanitize()
+	processed := ""
+	if o.OnlyProcessed {
+		processed = " AND processed_at IS NOT NULL"
+	}
 	return fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
-		SELECT ctid FROM %[1]s WHERE %[2]s < $1 ORDER BY %[2]s LIMIT $2 FOR UPDATE SKIP LOCKED))`, table, col), nil
+		SELECT ctid FROM %[1]s WHERE %[2]s < $1%[3]s ORDER BY %[2]s LIMIT $2 FOR UPDATE SKIP LOCKED))`, table, col, processed), nil
 }
 
 // Loop runs Prune every interval until ctx ends, reporting each run's result to report (which may

@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -35,6 +36,9 @@ type Config struct {
 	// ShutdownTimeout bounds a graceful stop: finishing the open transaction and waiting for Kafka
 	// to acknowledge in-flight events. Default 30s.
 	ShutdownTimeout time.Duration
+	// Poll, when set, chooses the polling source (source: poll): the outbox table is read by
+	// package poll instead of the WAL, and Replication, Backfill and HeartbeatInterval are unused.
+	Poll *poll.Config
 }
 
 // Relay moves outbox events from one replication slot to Kafka.
@@ -46,6 +50,7 @@ type Relay struct {
 	dec     *decoder.Decoder
 	sink    *sink.Sink
 	stream  *replication.Stream
+	poller  *poll.Poller // the polling source instead of stream
 
 	// fenced ends when Fence is called; streaming is set once a replication session has started.
 	fenced    context.Context
@@ -66,6 +71,12 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	sk, err := sink.New(cfg.Sink, log.Named("sink"), m)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Poll != nil {
+		r := &Relay{cfg: cfg, log: log, m: m, sink: sk}
+		r.fenced, r.fence = context.WithCancel(context.Background())
+		r.poller = poll.New(*cfg.Poll, sk, log.Named("poll"), m)
+		return r, nil
 	}
 	tracker := checkpoint.New(0)
 	r := &Relay{
@@ -92,7 +103,12 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 func (r *Relay) Sink() *sink.Sink { return r.sink }
 
 // Streaming reports whether a replication session has started (it stays set across reconnects).
-func (r *Relay) Streaming() bool { return r.streaming.Load() }
+func (r *Relay) Streaming() bool {
+	if r.poller != nil {
+		return r.poller.Polling()
+	}
+	return r.streaming.Load()
+}
 
 // ErrFenced is what Run returns after Fence.
 var ErrFenced = errors.New("relay fenced: stopped streaming without draining")
@@ -133,6 +149,9 @@ var errHalted = errors.New("sink halted")
 //   - Fence: the same at once, without finishing the transaction or waiting for Kafka; nothing
 //     more is handed to Kafka, not even messages already received.
 func (r *Relay) Run(ctx context.Context) error {
+	if r.poller != nil {
+		return r.runPoll(ctx)
+	}
 	// hard ends everything: at once on a fence, ShutdownTimeout after ctx ended at the latest.
 	hard, stopAll := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopAll(nil)

@@ -36,6 +36,9 @@ func eventFields(rec *record) []zap.Field {
 // sink's own, which Close ends); fail returns ctx's error when ctx ended before the record was
 // handed over: it is then neither settled nor failed, and is published again after a restart.
 func (s *Sink) fail(ctx context.Context, rec *record, reason string, err error) error {
+	if s.takeBack(rec, reason, err) {
+		return nil // the polling mode retries it later, or hands it to Reject once out of attempts
+	}
 	s.m.EventsFailed.WithLabelValues(reason).Inc()
 	if s.cfg.Policy == Halt {
 		s.halt(rec, reason, err)

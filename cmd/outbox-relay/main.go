@@ -19,12 +19,13 @@ const usage = `outbox-relay moves transactional outbox events from PostgreSQL to
 
 Usage:
   outbox-relay run      [flags]   stream outbox events to Kafka until SIGTERM/SIGINT
-  outbox-relay migrate  [flags]   create the outbox table and publication (idempotent)
+  outbox-relay migrate  [flags]   create the outbox table and publication (idempotent); --source=poll: the polling mode's columns instead of a publication
   outbox-relay status   [--json]  the replication slot at a glance (exit 3: slot missing or lost)
   outbox-relay forget-slot         after recovering from a lost slot, let the next run create a new one
   outbox-relay prune    [flags]   delete outbox rows older than --older-than (default 24h), in batches
   outbox-relay replay   [flags]   publish rows still in the outbox table again (by --event-id, aggregate, or --since)
   outbox-relay redrive  [flags]   publish dead-lettered records to their original topics again, once each
+  outbox-relay retry    [flags]   source poll: publish rows again (--ids, --dead-letters, --since/--until)
   outbox-relay version            print the version
 
 Every flag has an OUTBOX_* environment variable and a YAML key (--config file.yaml);
@@ -62,6 +63,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runReplay(ctx, rest, stdout, stderr)
 	case "redrive":
 		err = runRedrive(ctx, rest, stdout, stderr)
+	case "retry":
+		err = runRetry(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "outbox-relay", version)
 	case "help", "-h", "--help":

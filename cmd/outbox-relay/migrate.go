@@ -19,12 +19,23 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	applied, err := migrations.Apply(ctx, conn, migrations.Target{Schema: cfg.Schema, Table: cfg.Table})
+	target := migrations.Target{Schema: cfg.Schema, Table: cfg.Table}
+	apply := migrations.Apply
+	if cfg.Source == "poll" {
+		apply = migrations.ApplyPoll
+	}
+	applied, err := apply(ctx, conn, target)
 	for _, name := range applied {
 		fmt.Fprintf(stdout, "applied %s\n", name)
 	}
 	if err != nil {
 		return scrubbed(cfg, err)
+	}
+	if cfg.Source == "poll" {
+		// No publication: the polling mode needs no logical replication.
+		fmt.Fprintf(stdout, "outbox table %s.%s is ready for source: poll (dead letters: %s.%s)\n",
+			cfg.Schema, cfg.Table, cfg.Schema, migrations.DeadLetterView(cfg.Table))
+		return nil
 	}
 	if err := replication.EnsurePublication(ctx, conn, cfg.Publication, cfg.Schema, cfg.Table, true); err != nil {
 		return scrubbed(cfg, err)

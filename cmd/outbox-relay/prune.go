@@ -42,6 +42,8 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Column:    cfg.Columns.CreatedAt,
 		OlderThan: cfg.PruneOlderThan,
 		BatchSize: cfg.PruneBatchSize,
+		// source: poll reads the table, so it prunes processed rows only, never pending ones.
+		OnlyProcessed: cfg.Source == "poll",
 	}
 	if set["older-than"] {
 		if *olderThan < 0 {

@@ -51,6 +51,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
+	m.Source.WithLabelValues(cfg.Source).Set(1)
 	state := &health.State{}
 	if cfg.MetricsAddr != "" {
 		stopHTTP, err := serveHTTP(cfg.MetricsAddr, reg, state, log)
@@ -66,6 +67,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		zap.Strings("kafka_brokers", cfg.KafkaBrokers),
 		zap.Bool("kafka_tls", cfg.Kafka.TLS.Enabled),
 		zap.String("kafka_sasl_mechanism", cfg.Kafka.SASL.Mechanism),
+		zap.String("source", cfg.Source),
 		zap.String("slot", cfg.Slot),
 		zap.String("publication", cfg.Publication),
 		zap.String("table", cfg.Schema+"."+cfg.Table),
@@ -76,9 +78,12 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	// graceful drain; they stop when the relay has.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
-	mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, PasswordFile: cfg.PGPasswordFile, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
-		OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
-	go mon.Run(bg)
+	if cfg.Source == "wal" {
+		// The polling source reads its own gauges (package poll); there is no slot to watch.
+		mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, PasswordFile: cfg.PGPasswordFile, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
+			OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
+		go mon.Run(bg)
+	}
 	go publishReadiness(bg, state, m)
 	stopReporting := context.AfterFunc(ctx, state.Stopping)
 	defer stopReporting()
@@ -237,6 +242,8 @@ func startPruning(ctx context.Context, cfg *config.Config, log *zap.Logger, m *m
 		Column:    cfg.Columns.CreatedAt,
 		OlderThan: cfg.PruneOlderThan,
 		BatchSize: cfg.PruneBatchSize,
+		// Polling reads the table: only rows it has processed may go.
+		OnlyProcessed: cfg.Source == "poll",
 	}
 	go func() {
 		defer close(done)

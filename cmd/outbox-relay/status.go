@@ -67,6 +67,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
+	if cfg.Source == "poll" {
+		return pollStatus(ctx, cfg, *asJSON, stdout, stderr)
+	}
 	secrets := secrets(cfg)
 	for _, dsn := range standbyDSNs {
 		secrets = append(secrets, (&config.Config{PGDSN: dsn}).Secrets()...)

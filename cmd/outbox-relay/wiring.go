@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/credentials"
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -112,13 +113,18 @@ func secrets(cfg *config.Config) []string {
 	return out
 }
 
-// relayConfig maps the loaded settings onto the pipeline's packages.
-func relayConfig(c *config.Config) (relay.Config, error) {
-	cols := decoder.Columns{
+// pollColumns is the decoder's view of the mapped columns.
+func pollColumns(c *config.Config) decoder.Columns {
+	return decoder.Columns{
 		ID: c.Columns.ID, AggregateType: c.Columns.AggregateType, AggregateID: c.Columns.AggregateID,
 		EventType: c.Columns.EventType, Payload: c.Columns.Payload, Headers: c.Columns.Headers,
 		AggregateVersion: c.Columns.AggregateVersion,
 	}
+}
+
+// relayConfig maps the loaded settings onto the pipeline's packages.
+func relayConfig(c *config.Config) (relay.Config, error) {
+	cols := pollColumns(c)
 	var extraCols, extraHeaders []string
 	for _, e := range c.ExtraHeaders {
 		col, header, ok := strings.Cut(e, ":")
@@ -157,7 +163,16 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 		backfill = &relay.Backfill{Since: c.BackfillFrom(time.Now()), CreatedColumn: c.Columns.CreatedAt, Where: c.BackfillWhere,
 			OrderColumn: c.BackfillOrder}
 	}
+	var pollCfg *poll.Config
+	if c.Source == "poll" {
+		pollCfg = &poll.Config{
+			DSN: c.PGDSN, PasswordFile: c.PGPasswordFile, Schema: c.Schema, Table: c.Table, Columns: cols, Extra: extraCols, CreatedColumn: c.Columns.CreatedAt,
+			BatchSize: c.PollBatchSize, Interval: c.PollInterval, MaxAttempts: c.PollMaxAttempts, RetryBackoff: c.PollRetryBackoff,
+			Workers: c.PollWorkers, StatsInterval: c.SlotPollInterval,
+		}
+	}
 	return relay.Config{
+		Poll:     pollCfg,
 		Backfill: backfill,
 		Replication: replication.Config{
 			DSN:               c.PGDSN,

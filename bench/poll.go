@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// pollReady prepares the table for the polling side: its migration (once; every row then pending,
+// which for the drain is exactly the backlog), the NOTIFY trigger on, and, for a steady state,
+// every row marked processed so the poller starts with nothing to do. The trigger is dropped again
+// after each poll side (pollTrigger), so the WAL sides' writers never pay for its NOTIFY.
+func (b *bench) pollReady(ctx context.Context, processed bool) error {
+	conn, err := pgx.Connect(ctx, b.svc.DSN)
+	if err != nil {
+		return fmt.Errorf("poll side: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := migrations.ApplyPoll(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
+		return fmt.Errorf("poll side: migrate: %w", err)
+	}
+	if processed {
+		if _, err := conn.Exec(ctx, "UPDATE public.outbox_events SET processed_at = now() WHERE processed_at IS NULL"); err != nil {
+			return fmt.Errorf("poll side: mark the table processed: %w", err)
+		}
+	}
+	return b.pollTrigger(ctx, true)
+}
+
+// pollTrigger creates or drops the polling migration's NOTIFY trigger.
+func (b *bench) pollTrigger(ctx context.Context, on bool) error {
+	sql := "DROP TRIGGER IF EXISTS outbox_relay_notify ON public.outbox_events"
+	if on {
+		sql += "; CREATE TRIGGER outbox_relay_notify AFTER INSERT ON public.outbox_events FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_events_notify()"
+	}
+	if _, err := b.pool.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("poll side: trigger: %w", err)
+	}
+	return nil
+}
