@@ -256,6 +256,7 @@ func syncedSlot(t *testing.T, primary, standby *devenv.Postgres, database, slot 
 // refusal is no lost slot. The relay waits, without creating or touching a slot there, and streams
 // the same synchronised slot once the standby is promoted.
 func TestAStandbyInRecoveryIsWaitedForNotTakenForALostSlot(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	primary := testenv.Postgres(t, devenv.PostgresOptions{Version: "17"})
 	dsn := testenv.OutboxDatabase(t, primary)
