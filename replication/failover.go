@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 )
 
@@ -128,4 +129,21 @@ func (s *Stream) warnStandbySlots(ctx context.Context) {
 		s.log.Info("failover slot protected by synchronized_standby_slots: the relay receives a transaction only once those standbys have it",
 			zap.String("slot", s.cfg.Slot), zap.String("synchronized_standby_slots", names))
 	}
+}
+
+// refuseStandby returns a retryable error when conn's server is in recovery (a standby): the relay
+// streams only from a primary. A standby reached through pg_dsn is most often one being promoted
+// (a single host whose address the failover moved early): waiting for the promotion is the
+// remedy. Left to the slot code, PostgreSQL 17+ refuses decoding from its synchronised copy of the
+// slot with an error that reads as a lost slot, and 16+ would create a new slot on it.
+func refuseStandby(ctx context.Context, conn *pgconn.PgConn, what string) error {
+	results, err := conn.Exec(ctx, "SELECT pg_catalog.pg_is_in_recovery()").ReadAll()
+	if err != nil {
+		return fmt.Errorf("ask the server of the %s whether it is a standby: %w", what, err)
+	}
+	if len(results) == 1 && len(results[0].Rows) == 1 && string(results[0].Rows[0][0]) == "t" {
+		return fmt.Errorf("pg_dsn leads the %s to a standby (the server at %s is in recovery): the relay streams only from the primary and waits until this server is promoted or pg_dsn leads to the primary (a pg_dsn listing several hosts needs target_session_attrs=read-write)",
+			what, conn.Conn().RemoteAddr())
+	}
+	return nil
 }

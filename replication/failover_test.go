@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -212,4 +213,110 @@ func TestMultiHostDSNFindsThePrimary(t *testing.T) {
 			walsenderPID(t, primary.DSN(cfg.Database), slot)
 		})
 	}
+}
+
+// syncedSlot makes standby (sync_replication_slots off) copy primary's failover slots by hand
+// (pg_sync_replication_slots) until its copy of slot is synced and persistent: a promotion keeps it.
+func syncedSlot(t *testing.T, primary, standby *devenv.Postgres, database, slot string) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		// The copy becomes persistent once the primary's slot passes where the standby reserved WAL
+		// for it, which moves at running-transactions records: log one rather than wait for one, and
+		// move the slot past it (nothing streams it yet).
+		if err := primary.Exec(ctx, database, fmt.Sprintf(`SELECT pg_log_standby_snapshot();
+			SELECT pg_replication_slot_advance('%s', pg_current_wal_lsn())`, slot)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		conn, err := pgx.Connect(ctx, standby.DSN(database))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ready bool
+		_, syncErr := conn.Exec(ctx, "SELECT pg_sync_replication_slots()")
+		err = conn.QueryRow(ctx, "SELECT coalesce(bool_and(synced AND NOT temporary), false) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&ready)
+		conn.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ready {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the standby's copy of slot %s never became ready (last pg_sync_replication_slots: %v)", slot, syncErr)
+		}
+	}
+}
+
+// A pg_dsn that leads to a standby still in recovery (a single host whose address the failover
+// moves before the promotion has finished, or a mistake) must not end the relay: on PostgreSQL 17 the
+// standby's synchronised copy of the failover slot refuses decoding until the promotion, and that
+// refusal is no lost slot. The relay waits, without creating or touching a slot there, and streams
+// the same synchronised slot once the standby is promoted.
+func TestAStandbyInRecoveryIsWaitedForNotTakenForALostSlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary := testenv.Postgres(t, devenv.PostgresOptions{Version: "17"})
+	dsn := testenv.OutboxDatabase(t, primary)
+	database := strings.TrimPrefix(must(url.Parse(dsn)).Path, "/")
+	slot := testenv.UniqueName(t, "slot")
+	if err := primary.Exec(ctx, "postgres", "SELECT pg_create_physical_replication_slot('standby1', true)"); err != nil {
+		t.Fatal(err)
+	}
+	standby := testenv.Standby(t, primary, devenv.PostgresOptions{Settings: map[string]string{
+		"primary_slot_name": "standby1", "hot_standby_feedback": "on"}})
+	for _, sql := range []string{
+		fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE outbox_events WITH (publish = 'insert', publish_via_partition_root = true)", slot),
+		fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput', false, false, true)", slot),
+	} {
+		if err := primary.Exec(ctx, database, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syncedSlot(t, primary, standby, database, slot)
+
+	log, logs := observed(t)
+	_, stop, ended := runStreamConfig(t, replication.Config{DSN: standby.DSN(database), Slot: slot, Publication: slot,
+		Table: "outbox_events", CreateSlot: true, CreatePublication: true, Failover: true}, log)
+	deadline := time.After(time.Minute)
+	for logs.FilterMessage("replication interrupted; reconnecting").Len() < 2 {
+		select {
+		case <-ended:
+			t.Fatalf("the relay stopped on a standby in recovery: %v", stop())
+		case <-deadline:
+			t.Fatal("the relay did not retry on a standby in recovery")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if got := logs.FilterMessage("replication interrupted; reconnecting").All()[0].ContextMap()["error"]; !strings.Contains(fmt.Sprint(got), "in recovery") {
+		t.Errorf("the retried error does not say the server is in recovery: %v", got)
+	}
+
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	walsenderPID(t, standby.DSN(database), slot)
+	select {
+	case <-ended:
+		t.Fatalf("the relay stopped after the promotion: %v", stop())
+	default:
+	}
+	conn, err := pgx.Connect(ctx, standby.DSN(database))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var synced bool
+	if err := conn.QueryRow(ctx, "SELECT synced FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&synced); err != nil || !synced {
+		t.Fatalf("the promoted standby streams slot %s synced=%v (%v): the relay must stream the synchronised copy, not a slot of its own", slot, synced, err)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

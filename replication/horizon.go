@@ -276,6 +276,12 @@ func (h *horizon) connect(ctx context.Context) (*pgconn.PgConn, error) {
 		c.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
+	// A standby answers the check with "recovery is in progress", which would count toward
+	// staleLimit as a refusal; it is a server to wait for, as the stream does.
+	if err := refuseStandby(ctx, c, "publication check"); err != nil {
+		c.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
 	return c, nil
 }
 

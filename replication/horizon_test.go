@@ -503,3 +503,58 @@ func TestHorizonResetDuringACheck(t *testing.T) {
 		t.Fatal("the check after a reset reused the connection opened before it")
 	}
 }
+
+// A check connection that reaches a standby in recovery (a single-host pg_dsn whose address the
+// failover moved before the promotion finished) is no check PostgreSQL refused: the stream waits
+// for the promotion as well, and however long it takes, the checks must not stop the relay. Once
+// the standby is promoted they verify positions of its WAL.
+func TestHorizonWaitsForAStandbyToBePromoted(t *testing.T) {
+	t.Parallel()
+	primary := testenv.Postgres(t, devenv.PostgresOptions{Version: "17"})
+	dsn := testenv.OutboxDatabase(t, primary)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, admin, `CREATE TABLE standby_outbox `+outboxColumns+`;
+		CREATE PUBLICATION standby_pub FOR TABLE standby_outbox WITH (publish = 'insert')`)
+	admin.Close(ctx)
+	standby := testenv.Standby(t, primary)
+	admin, err = pgx.Connect(ctx, dsn) // the copy restarted the primary
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := startedHorizon(t, standby.DSN(strings.TrimPrefix(u.Path, "/")), admin, "public", "standby_outbox", "standby_pub", 50*time.Millisecond)
+	h.staleLimit = time.Second
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { h.run(runCtx); close(done) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-done:
+		t.Fatalf("the checks stopped on a standby in recovery: %v", h.Err())
+	case <-time.After(3 * h.staleLimit):
+	}
+	if v := h.Verified(); v != 0 {
+		t.Fatalf("a check on a standby verified %s", v)
+	}
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(time.Minute)
+	for h.Verified() == 0 {
+		select {
+		case <-done:
+			t.Fatalf("the checks stopped after the promotion: %v", h.Err())
+		case <-deadline:
+			t.Fatal("no check verified a position of the promoted standby")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -386,6 +386,9 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		return fatalf("pg_dsn reached two database clusters at once: the checks' connection one with system identifier %s, the replication connection one with %s (a multi-host pg_dsn listing servers of different clusters, or a host name that moved between the two connections). Make pg_dsn lead to the one cluster to stream from, and restart",
 			checked.systemID, s.identity.SystemID)
 	}
+	if err := refuseStandby(ctx, s.conn, "replication connection"); err != nil {
+		return err
+	}
 	if s.cfg.Failover {
 		if err := checkFailoverSupported(serverMajor(s.conn.ParameterStatus("server_version"))); err != nil {
 			return err
@@ -484,6 +487,9 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 		if err := s.checkCluster(c.systemID, c.recorded); err != nil {
 			return checked{}, err
 		}
+	}
+	if err := refuseStandby(ctx, conn.PgConn(), "checks' connection"); err != nil {
+		return checked{}, err
 	}
 	if c.slot, err = s.prepareSlot(ctx, conn); err != nil {
 		return checked{}, err
