@@ -192,8 +192,10 @@ func TestKafka(t *testing.T) {
 
 func produce(ctx context.Context, t *testing.T, k *devenv.Kafka, topic, value string) {
 	t.Helper()
+	// Right after a restart the partition may have no leader yet (longer on a loaded machine):
+	// the Writer retries that, for as many attempts as a minute of backoff allows.
 	w := &kafka.Writer{Addr: kafka.TCP(k.Brokers()), Topic: topic, RequiredAcks: kafka.RequireAll,
-		BatchTimeout: time.Millisecond}
+		BatchTimeout: time.Millisecond, MaxAttempts: 60, WriteBackoffMin: 100 * time.Millisecond, WriteBackoffMax: time.Second}
 	defer w.Close()
 	if err := w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte(value)}); err != nil {
 		t.Fatalf("produce %s: %v", value, err)
