@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -41,7 +42,7 @@ func scanPartition(ctx context.Context, addr, topic string, partition int, fn fu
 	if err != nil {
 		return 0, fmt.Errorf("scan %s/%d: %w", topic, partition, err)
 	}
-	defer conn.Close()
+	defer func() { conn.Close() }()
 	first, last, err := conn.ReadOffsets()
 	if err != nil {
 		return 0, fmt.Errorf("scan %s/%d: offsets: %w", topic, partition, err)
@@ -49,7 +50,7 @@ func scanPartition(ctx context.Context, addr, topic string, partition int, fn fu
 	if _, err := conn.Seek(first, kafka.SeekAbsolute); err != nil {
 		return 0, fmt.Errorf("scan %s/%d: seek: %w", topic, partition, err)
 	}
-	n := 0
+	n, timeouts := 0, 0
 	for next := first; next < last; {
 		if err := ctx.Err(); err != nil {
 			return n, err
@@ -68,7 +69,23 @@ func scanPartition(ctx context.Context, addr, topic string, partition int, fn fu
 			n++
 			next = m.Offset + 1
 		}
-		if err := batch.Close(); err != nil && !errors.Is(err, kafka.OffsetOutOfRange) {
+		err := batch.Close()
+		var nerr net.Error
+		switch {
+		case err == nil || errors.Is(err, kafka.OffsetOutOfRange):
+			timeouts = 0
+		case errors.As(err, &nerr) && nerr.Timeout() && timeouts < 5:
+			// A broker slowed by a loaded machine: read on from where we are on a new connection,
+			// so a slow fetch is not reported as a missing event.
+			timeouts++
+			conn.Close()
+			if conn, err = kafka.DialLeader(ctx, "tcp", addr, topic, partition); err != nil {
+				return n, fmt.Errorf("scan %s/%d: %w", topic, partition, err)
+			}
+			if _, err := conn.Seek(next, kafka.SeekAbsolute); err != nil {
+				return n, fmt.Errorf("scan %s/%d: seek: %w", topic, partition, err)
+			}
+		default:
 			return n, fmt.Errorf("scan %s/%d at offset %d: %w", topic, partition, next, err)
 		}
 	}
