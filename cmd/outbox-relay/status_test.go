@@ -135,26 +135,10 @@ func TestStatusOfAMissingSlotSaysSoAndExits3(t *testing.T) {
 	}
 }
 
+// A streamed slot's status names the walsender and the lock holder, and shows exactly the slot
+// columns and settings the suite's version has, while streamed and after.
 func TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder(t *testing.T) {
-	statusOfAStreamedSlot(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers())
-}
-
-// Status shows the slot columns and settings of every supported version (the matrix's versions
-// here; TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder the suite's).
-func TestStatusOnEveryPostgresVersion(t *testing.T) {
-	for _, v := range testenv.MatrixVersions(t) {
-		t.Run(v, func(t *testing.T) {
-			t.Parallel()
-			statusOfAStreamedSlot(t, testenv.SharedPostgresVersion(t, v), testenv.SharedKafka(t).Brokers())
-		})
-	}
-}
-
-// statusOfAStreamedSlot checks status and status --json of a slot a relay streams on a database of
-// its own on pg, then of the slot once the relay stopped: the slot columns and settings shown are
-// exactly those the server's version has.
-func statusOfAStreamedSlot(t *testing.T, pg *devenv.Postgres, brokers string) {
-	f := newHAFixture(t, pg, brokers, 1)
+	f := newHAFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
 	r := f.start("relay-s", nil)
 	walsender := f.waitStreamer(t, r, haStartTimeout)
 	lockPID := f.lockHolder(t)
@@ -208,6 +192,26 @@ func statusOfAStreamedSlot(t *testing.T, pg *devenv.Postgres, brokers string) {
 		t.Fatalf("status --json of a slot nothing streams: exit code %d, want 0:\n%s", code, out)
 	}
 	checkVersionedColumns(t, major, out, false)
+}
+
+// Status shows exactly the slot columns and settings each supported version has: here those of
+// the matrix's versions, for a slot nothing streams (TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder
+// checks the suite's version with a streamed slot and after).
+func TestStatusOnEveryPostgresVersion(t *testing.T) {
+	for _, v := range testenv.MatrixVersions(t) {
+		t.Run(v, func(t *testing.T) {
+			t.Parallel()
+			f := newHAFixture(t, testenv.SharedPostgresVersion(t, v), "unused:9092", 1)
+			if _, err := f.pool.Exec(context.Background(), "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", f.slot); err != nil {
+				t.Fatal(err)
+			}
+			code, out := f.status(t, "--json")
+			if code != 0 {
+				t.Fatalf("status --json of a healthy slot: exit code %d, want 0:\n%s", code, out)
+			}
+			checkVersionedColumns(t, f.serverMajor(t), out, false)
+		})
+	}
 }
 
 // A slot whose WAL was removed is a problem on every version: 16 says so only through wal_status
