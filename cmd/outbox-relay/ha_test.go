@@ -256,12 +256,15 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	return time.Since(start)
 }
 
-// streamer says which application streams the slot: "" when nothing does.
+// streamer says which application streams the slot: "" when nothing does. A slot being created is
+// active too, without a confirmed position yet, and transactions that commit before its consistent
+// point are not in its stream: such a slot does not count.
 func (f *haFixture) streamer() (app string, pid int32) {
 	var a *string
 	var p *int32
 	err := f.pool.QueryRow(context.Background(), `SELECT a.application_name, s.active_pid FROM pg_replication_slots s
-		LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1 AND s.active`, f.slot).Scan(&a, &p)
+		LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+		WHERE s.slot_name = $1 AND s.active AND s.confirmed_flush_lsn IS NOT NULL`, f.slot).Scan(&a, &p)
 	if err != nil || p == nil {
 		return "", 0
 	}

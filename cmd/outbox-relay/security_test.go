@@ -146,12 +146,32 @@ func writeEvents(t *testing.T, f *haFixture, n int, tag string) {
 	}
 }
 
-// logOnFailure shows r's output when t fails.
-func logOnFailure(t *testing.T, r *instance) {
+// logOnFailure shows, when t fails, r's output, what its metrics say it received and published,
+// and where its walsender is: enough to tell a relay that never got the events from one that did
+// not publish them, or a consumer that did not read them.
+func logOnFailure(t *testing.T, f *haFixture, r *instance) {
 	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("%s output:\n%s", r.name, r.Output())
+		if !t.Failed() {
+			return
 		}
+		t.Logf("%s output:\n%s", r.name, r.Output())
+		if l := r.findLog("info", "serving metrics"); l != nil && !r.Exited() {
+			addr, _ := l["addr"].(string)
+			var lines []string
+			for name, v := range scrape(t, addr) {
+				for _, m := range []string{"received_lsn", "confirmed_lsn", "transactions_total", "events_published_total",
+					"in_flight_events", "kafka_retries_total", "reconnects_total"} {
+					if strings.HasPrefix(name, "outbox_relay_"+m) {
+						lines = append(lines, fmt.Sprintf("%s %v", name, v))
+					}
+				}
+			}
+			t.Logf("%s metrics: %v", r.name, lines)
+		}
+		var state string
+		err := f.pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(format('%s sent %s write %s flush %s', state, sent_lsn, write_lsn, flush_lsn), '; '), 'no walsender')
+			|| ', current ' || pg_current_wal_lsn()::text FROM pg_stat_replication WHERE application_name LIKE $1 || '%'`, r.name).Scan(&state)
+		t.Logf("%s walsender: %s (%v)", r.name, state, err)
 	})
 }
 
@@ -258,7 +278,7 @@ func TestTLSMutualTLSSASLSSLAndSecretFilesAgainstRealServers(t *testing.T) {
 			"OUTBOX_KAFKA_TLS_CA_FILE": e.caFile,
 		}
 		r := f.start(app, env)
-		logOnFailure(t, r)
+		logOnFailure(t, f, r)
 		f.waitStreamer(t, r, haStartTimeout)
 		writeEvents(t, f, 20, "before")
 		t.Logf("over TLS both ways: %s", f.verify(t, e.k.Brokers()))
@@ -317,7 +337,7 @@ func TestTLSMutualTLSSASLSSLAndSecretFilesAgainstRealServers(t *testing.T) {
 			"OUTBOX_KAFKA_TLS_CERT_FILE": e.kafkaClient.Cert,
 			"OUTBOX_KAFKA_TLS_KEY_FILE":  e.kafkaClient.Key,
 		})
-		logOnFailure(t, r)
+		logOnFailure(t, f, r)
 		f.waitStreamer(t, r, haStartTimeout)
 		writeEvents(t, f, 20, "mtls")
 		t.Logf("with client certificates both ways: %s", f.verify(t, e.k.Brokers()))
@@ -346,7 +366,7 @@ func TestTLSMutualTLSSASLSSLAndSecretFilesAgainstRealServers(t *testing.T) {
 			"OUTBOX_KAFKA_SASL_USERNAME":      rotorUser,
 			"OUTBOX_KAFKA_SASL_PASSWORD_FILE": pwFile,
 		})
-		logOnFailure(t, r)
+		logOnFailure(t, f, r)
 		f.waitStreamer(t, r, haStartTimeout)
 		writeEvents(t, f, 20, "before")
 		t.Logf("through SASL_SSL: %s", f.verify(t, e.k.Brokers()))
@@ -381,7 +401,7 @@ func TestTLSMutualTLSSASLSSLAndSecretFilesAgainstRealServers(t *testing.T) {
 		t.Parallel()
 		f := newHAFixture(t, e.pg, e.k.Brokers(), 2)
 		r := f.start("relay-scram", sasl(scramPassword))
-		logOnFailure(t, r)
+		logOnFailure(t, f, r)
 		f.waitStreamer(t, r, haStartTimeout)
 		writeEvents(t, f, 20, "scram")
 		t.Logf("through SCRAM-SHA-512: %s", f.verify(t, e.k.Brokers()))
