@@ -56,7 +56,7 @@ type Config struct {
 	DeadLetterTopic string // default "outbox.dead-letter"
 	TLS             *tls.Config
 	SASL            sasl.Mechanism
-	ClientID        string // default "outbox-relay"
+	ClientID        string        // default "outbox-relay"
 	Idempotence     Idempotence   // default IdempotenceAuto
 	Transactions    *Transactions // exactly-once; nil for at-least-once
 }
