@@ -363,4 +363,38 @@ func TestAHaltAbortsTheTransactionThatHoldsTheHaltedEvent(t *testing.T) {
 	if pos, ok, err := sink.ReadPosition(ctx, cfg); err != nil || !ok || pos != before {
 		t.Errorf("ReadPosition = %v %v %v, want %v", pos, ok, err, before)
 	}
+	cctx, ccancel := context.WithTimeout(context.Background(), time.Second)
+	defer ccancel()
+	_ = s.close(cctx) // halted: the halted event is never acknowledged, so Close gives up
+}
+
+// TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced: a transaction left open
+// past its timeout is aborted by the coordinator, which bumps the epoch; the sink's next request
+// is refused like a fenced one, and asking the coordinator tells the two apart: ErrAborted, so
+// the relay may start again, and nothing of the transaction is visible or acknowledged.
+func TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	cfg := txnConfig(t, k, time.Hour, 100000)
+	cfg.Transactions.Timeout = time.Second // the broker checks for timed-out transactions every 10s
+	s := readySink(t, k.Brokers(), cfg)
+	a := &acker{}
+	stream := newPGStream(5)
+	for i := range 10 {
+		s.publish(t, stream.next(fmt.Sprintf("k%d", i%3)), a)
+	}
+	readBack(t, k.Brokers(), 30*time.Second, atLeast(10), cfg.TopicTemplate) // written, not committed
+	time.Sleep(15 * time.Second)                                            // the coordinator aborts it meanwhile
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := s.close(ctx) // tries to commit
+	if err == nil || !errors.Is(s.Err(), sink.ErrAborted) || errors.Is(s.Err(), sink.ErrFenced) {
+		t.Errorf("Close = %v, Err = %v; want the sink ended with ErrAborted, not ErrFenced", err, s.Err())
+	}
+	if a.n.Load() != 0 {
+		t.Errorf("%d events acknowledged", a.n.Load())
+	}
+	if got := committedFor(t, k.Brokers(), 2*time.Second, cfg.TopicTemplate); len(got) != 0 {
+		t.Errorf("a read_committed reader sees %d records", len(got))
+	}
 }
