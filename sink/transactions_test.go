@@ -384,7 +384,7 @@ func TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced(t *test
 		s.publish(t, stream.next(fmt.Sprintf("k%d", i%3)), a)
 	}
 	readBack(t, k.Brokers(), 30*time.Second, atLeast(10), cfg.TopicTemplate) // written, not committed
-	time.Sleep(15 * time.Second)                                            // the coordinator aborts it meanwhile
+	time.Sleep(15 * time.Second)                                             // the coordinator aborts it meanwhile
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	err := s.close(ctx) // tries to commit
