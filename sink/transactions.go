@@ -235,7 +235,7 @@ func (tm *txnManager) cut(ctx context.Context) (*kafkaTxn, bool) {
 		tm.mu.Lock()
 		t := tm.txns[0]
 		wait := time.Hour
-		if t.records > 0 {
+		if t.records > 0 || len(tm.txns) > 1 {
 			wait = tm.cfg.Interval - time.Since(t.started)
 			if wait <= 0 || t.sealed || t.records >= tm.maxEvents || len(tm.txns) > 1 || tm.closing || tm.s.halted.Load() != nil {
 				t.sealed = true
@@ -341,7 +341,9 @@ func (tm *txnManager) open(t *kafkaTxn, pos Position, committed bool) {
 	if committed {
 		tm.last, tm.lastOK = pos, true
 	}
+	t.held, t.last = nil, nil // acknowledged: let the records go
 	if len(tm.txns) > 1 {
+		tm.txns[0] = nil
 		tm.txns = tm.txns[1:]
 	} else {
 		tm.txns = []*kafkaTxn{{gen: t.gen + 1}}
