@@ -211,10 +211,21 @@ func (i *identity) fresh(ctx context.Context) (producerState, error) {
 	return producerState{id: id, epoch: epoch}, nil
 }
 
+// concurrentTransactionsBackoff is how long a request answered CONCURRENT_TRANSACTIONS waits:
+// the previous transaction's markers are being written, which takes milliseconds, and the next
+// transaction's first AddPartitionsToTxn meets it after nearly every commit.
+const concurrentTransactionsBackoff = 5 * time.Millisecond
+
 // wait logs a failed attempt and sleeps the backoff; it returns ctx's error when ctx ends first.
 func wait(ctx context.Context, attempt int, log *zap.Logger, msg string, err error) error {
 	delay := backoff(attempt)
-	if attempt > 0 {
+	switch {
+	case errors.Is(err, kafka.ConcurrentTransactions):
+		delay = concurrentTransactionsBackoff
+		if attempt >= 100 {
+			log.Warn(msg, zap.Int("attempt", attempt+1), zap.Duration("retry_in", delay), zap.Error(err))
+		}
+	case attempt > 0:
 		log.Warn(msg, zap.Int("attempt", attempt+1), zap.Duration("retry_in", delay), zap.Error(err))
 	}
 	select {

@@ -233,9 +233,16 @@ func (q *partitionQueue) next() []*record {
 			return batch
 		}
 		closed := q.closed
+		waited := q.p.txn != nil && n > 0 && time.Since(q.pending[0].enqueued) >= q.p.linger
 		q.mu.Unlock()
 		if closed {
 			return nil
+		}
+		if waited {
+			// Exactly-once: these records waited for the previous Kafka transaction to commit,
+			// which batched them already.
+			lingered = true
+			continue
 		}
 		if n > 0 {
 			lingered = true
