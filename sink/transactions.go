@@ -42,7 +42,7 @@ type txnManager struct {
 	id        string
 	cfg       Transactions
 	maxEvents int
-	linger    time.Duration // how old a transaction's first record gets before the committer takes it
+	linger    time.Duration // how old a transaction's first record gets before the committer takes it; guarded by mu
 	ident     *identity
 	coord     *coordinator
 	log       *zap.Logger

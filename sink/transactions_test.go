@@ -144,6 +144,7 @@ func TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo(t *testing.T) {
 	k := testenv.SharedKafka(t)
 	cfg := txnConfig(t, k, time.Hour, 100000)
 	s := readySink(t, k.Brokers(), cfg)
+	sink.HoldTransactions(s.Sink)
 	a := &acker{}
 	stream := newPGStream(10)
 	for i := range 50 {
@@ -197,6 +198,7 @@ func TestASecondProducerWithTheSameTransactionalIDFencesTheFirst(t *testing.T) {
 	k := testenv.SharedKafka(t)
 	cfg := txnConfig(t, k, 3*time.Second, 100000)
 	a := readySink(t, k.Brokers(), cfg)
+	sink.HoldTransactions(a.Sink)
 	acksA := &acker{}
 	stream := newPGStream(5)
 	for i := range 30 {
@@ -378,6 +380,7 @@ func TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced(t *test
 	cfg := txnConfig(t, k, time.Hour, 100000)
 	cfg.Transactions.Timeout = time.Second // the broker checks for timed-out transactions every 10s
 	s := readySink(t, k.Brokers(), cfg)
+	sink.HoldTransactions(s.Sink)
 	a := &acker{}
 	stream := newPGStream(5)
 	for i := range 10 {
