@@ -5,6 +5,11 @@
 // failed request is retried in place (producer.go), so a later record of a partition never
 // overtakes an earlier one. Keys are partitioned with murmur2 exactly like the Java client, so a
 // topic written by Debezium keeps its key-to-partition mapping.
+//
+// The producer is idempotent where the broker allows it (idempotence.go): a retried request the
+// broker already wrote is not written twice. With Config.Transactions it is transactional
+// (transactions.go): records are acknowledged only once the Kafka transaction holding them, and
+// the Position it reaches (positions.go), committed.
 package sink
 
 import (
