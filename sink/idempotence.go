@@ -177,7 +177,14 @@ func (i *identity) initProducerID(ctx context.Context, id int64, epoch int16) (i
 		if !retriableCoordinatorError(err) {
 			return 0, 0, err
 		}
-		if err := wait(ctx, attempt, i.log, "retrying the producer id request", err); err != nil {
+		msg := "retrying the producer id request"
+		if attempt >= 15 && errors.Is(err, kafka.GroupCoordinatorNotAvailable) {
+			// Half a minute of it is not a coordinator moving: the transaction state topic cannot
+			// be created or has no leader.
+			msg = "the transaction coordinator stays unavailable; retrying. If the cluster has fewer brokers than " +
+				"transaction.state.log.replication.factor (default 3), lower it and transaction.state.log.min.isr in the brokers' settings"
+		}
+		if err := wait(ctx, attempt, i.log, msg, err); err != nil {
 			return 0, 0, err
 		}
 	}
