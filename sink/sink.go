@@ -400,6 +400,10 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	return nil
 }
 
+// abortGrace is how long Close waits, after giving up, for the abort of the Kafka transaction
+// that did not commit.
+const abortGrace = 2 * time.Second
+
 // backoff grows from 200ms to 2s.
 // A retry against a broker that is down costs one failed dial, so the ceiling is low: the relay
 // notices a broker coming back within seconds.
@@ -511,7 +515,13 @@ func (s *Sink) Close(ctx context.Context) error {
 	}
 	s.stop()
 	if s.txn != nil {
-		<-s.txn.done // aborts what did not commit
+		// The committer aborts what did not commit (EndTxn), so read_committed consumers are not
+		// held at it until the transaction timeout. Best effort, and bounded: the next producer
+		// with the transactional id aborts it too.
+		select {
+		case <-s.txn.done:
+		case <-time.After(abortGrace):
+		}
 		if err == nil && txnErr != nil {
 			err = fmt.Errorf("sink: committing the last kafka transaction: %w", txnErr)
 		}

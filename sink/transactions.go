@@ -469,7 +469,7 @@ func (tm *txnManager) abort() {
 	if !added {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), abortGrace)
 	defer cancel()
 	if err := tm.endTxn(ctx, false); err != nil {
 		tm.log.Warn("could not abort the kafka transaction; the coordinator aborts it after its timeout, or the next relay with this transactional id at once",
