@@ -25,9 +25,15 @@ const (
 // write the Position they reach to a compacted topic, and are acknowledged only once their
 // transaction has committed.
 type Transactions struct {
-	ID             string        // transactional.id; required
-	Interval       time.Duration // end a Kafka transaction at least this often; default 100ms
-	MaxEvents      int           // or once it holds this many events; default 10000
+	ID string // transactional.id; required
+	// Interval is how long a Kafka transaction stays open at most while the broker keeps up;
+	// default 100ms. It usually ends sooner: the committer takes the open transaction as soon as
+	// it is free and the transaction's first record is Config.Linger old, so under load commits
+	// go back to back.
+	Interval time.Duration
+	// MaxEvents closes a transaction once it holds this many events; default 10000, at most
+	// half of Config.MaxInFlight (one transaction fills while the one before commits).
+	MaxEvents      int
 	PositionsTopic string        // default "__outbox_relay_positions", created compacted if missing
 	Timeout        time.Duration // transaction.timeout.ms asked for in InitProducerID; default 60s
 }

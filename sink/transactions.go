@@ -14,9 +14,11 @@ import (
 
 // Exactly-once delivery: the published stream is cut into Kafka transactions, each a prefix of
 // what is left, in publish (WAL) order. A record joins the transaction that is open when it is
-// published (its generation, record.txn); a transaction is sealed after Interval, or once it holds
-// MaxEvents records (the next record then opens the next one, which waits behind it), and the
-// committer, one transaction after the other,
+// published (its generation, record.txn). The committer seals the open transaction as soon as it
+// is free and the transaction's first record is kafka.linger old (so under load commits go back to
+// back, each taking what arrived while the one before committed), and at the latest after
+// Interval; a transaction also closes once it holds MaxEvents records (the next record then opens
+// the next one, which waits behind it). The committer, one transaction after the other,
 //
 //  1. waits until every record of it is written (or dead-lettered, inside the same transaction),
 //     while the records published meanwhile wait in their partitions' queues for the next one;
