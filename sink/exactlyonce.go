@@ -27,10 +27,13 @@ const (
 type Transactions struct {
 	ID string // transactional.id; required
 	// Interval is how long a Kafka transaction stays open at most while the broker keeps up;
-	// default 100ms. It usually ends sooner: the committer takes the open transaction as soon as
-	// it is free and the transaction's first record is Config.Linger old, so under load commits
-	// go back to back.
+	// default 100ms. It usually ends sooner, see Linger.
 	Interval time.Duration
+	// Linger is how old a transaction's first event gets before the committer, once it is free,
+	// takes the transaction: under load commits go back to back, each taking what arrived while
+	// the one before committed. Default Config.Linger; at most Interval. (Linger = Interval makes
+	// every transaction last Interval, for tests that look at an open one.)
+	Linger time.Duration
 	// MaxEvents closes a transaction once it holds this many events; default 10000, at most
 	// half of Config.MaxInFlight (one transaction fills while the one before commits).
 	MaxEvents      int

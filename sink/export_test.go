@@ -13,12 +13,3 @@ func SetDialer(s *Sink, dial func(ctx context.Context, network, addr string) (ne
 
 // DecodePosition reads a position record's value.
 var DecodePosition = decodePosition
-
-// HoldTransactions makes Kafka transactions stay open until their Interval is over (or until
-// Close), instead of committing as soon as the committer is free: tests use it to look at an
-// open transaction. Call it before the first publish.
-func HoldTransactions(s *Sink) {
-	s.txn.mu.Lock()
-	defer s.txn.mu.Unlock()
-	s.txn.linger = s.txn.cfg.Interval
-}

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,7 +45,7 @@ type txnManager struct {
 	id        string
 	cfg       Transactions
 	maxEvents int
-	linger    time.Duration // how old a transaction's first record gets before the committer takes it; guarded by mu
+	linger    time.Duration // how old a transaction's first record gets before the committer takes it
 	ident     *identity
 	coord     *coordinator
 	log       *zap.Logger
@@ -97,7 +98,7 @@ func newTxnManager(s *Sink, client *kafka.Client, ident *identity) *txnManager {
 		coord: &coordinator{client: client, id: cfg.ID},
 		// Two transactions must fit in the in-flight window: one committing, one filling.
 		maxEvents: max(1, min(cfg.MaxEvents, s.cfg.MaxInFlight/2)),
-		linger:    max(0, s.cfg.Linger),
+		linger:    min(cmp.Or(cfg.Linger, max(0, s.cfg.Linger)), cfg.Interval),
 		txns:      []*kafkaTxn{{gen: 1}},
 		added:     make(map[topicPartition]bool),
 		adding:    make(map[topicPartition]bool),
@@ -246,7 +247,7 @@ func (tm *txnManager) cut(ctx context.Context) (*kafkaTxn, bool) {
 			// (under load, commits go back to back, each taking what arrived during the one
 			// before), and at the latest after Interval.
 			age := time.Since(t.started)
-			wait = min(tm.linger, tm.cfg.Interval) - age
+			wait = tm.linger - age
 			if wait <= 0 || t.sealed || t.records >= tm.maxEvents || len(tm.txns) > 1 || tm.closing || tm.s.halted.Load() != nil {
 				t.sealed = true
 				tm.mu.Unlock()

@@ -143,8 +143,8 @@ func TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo(t *testing.T) {
 	t.Parallel()
 	k := testenv.SharedKafka(t)
 	cfg := txnConfig(t, k, time.Hour, 100000)
+	cfg.Transactions.Linger = time.Hour // the transaction stays open
 	s := readySink(t, k.Brokers(), cfg)
-	sink.HoldTransactions(s.Sink)
 	a := &acker{}
 	stream := newPGStream(10)
 	for i := range 50 {
@@ -183,9 +183,11 @@ func TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo(t *testing.T) {
 func TestASecondProducerWithTheSameTransactionalIDFencesTheFirst(t *testing.T) {
 	t.Parallel()
 	k := testenv.SharedKafka(t)
-	cfg := txnConfig(t, k, 3*time.Second, 100000)
+	// A's transaction stays open 20s: B surely takes over while it is open, even on a loaded
+	// machine, and A notices when it tries to commit.
+	cfg := txnConfig(t, k, 20*time.Second, 100000)
+	cfg.Transactions.Linger = 20 * time.Second
 	a := readySink(t, k.Brokers(), cfg)
-	sink.HoldTransactions(a.Sink)
 	acksA := &acker{}
 	stream := newPGStream(5)
 	for i := range 30 {
@@ -196,7 +198,7 @@ func TestASecondProducerWithTheSameTransactionalIDFencesTheFirst(t *testing.T) {
 	b := readySink(t, k.Brokers(), cfg) // InitProducerID: fences A and aborts its transaction
 	select {
 	case <-a.Failed():
-	case <-time.After(60 * time.Second):
+	case <-time.After(90 * time.Second):
 		t.Fatal("A never learned it was fenced")
 	}
 	if !errors.Is(a.Err(), sink.ErrFenced) {
@@ -372,9 +374,9 @@ func TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced(t *test
 	t.Parallel()
 	k := testenv.SharedKafka(t)
 	cfg := txnConfig(t, k, time.Hour, 100000)
+	cfg.Transactions.Linger = time.Hour    // the transaction stays open
 	cfg.Transactions.Timeout = time.Second // the broker checks for timed-out transactions every 10s
 	s := readySink(t, k.Brokers(), cfg)
-	sink.HoldTransactions(s.Sink)
 	a := &acker{}
 	stream := newPGStream(5)
 	for i := range 10 {
