@@ -128,7 +128,7 @@ func (s *Sink) halt(rec *record, reason string, err error) {
 	// The halt holds at the earliest refused record: refusals of several partitions may arrive in
 	// any order (a record retried after a transient error is refused last), and a partition may
 	// send only what comes before the halt.
-	next := &haltState{seq: rec.seq, EventID: string(rec.ev.ID), Reason: reason, Err: err}
+	next := &haltState{seq: rec.seq, txn: rec.txn, EventID: string(rec.ev.ID), Reason: reason, Err: err}
 	earliest := false
 	for {
 		cur := s.halted.Load()
@@ -141,6 +141,9 @@ func (s *Sink) halt(rec *record, reason string, err error) {
 		}
 	}
 	s.m.Halted.Set(1)
+	if s.txn != nil {
+		s.txn.signal() // the committer aborts the transaction holding rec
+	}
 	msg := "halted: event cannot be published; the slot will not advance past it until the cause is fixed and the relay restarted"
 	if !earliest {
 		msg = "another event cannot be published while halted"

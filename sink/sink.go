@@ -5,6 +5,11 @@
 // failed request is retried in place (producer.go), so a later record of a partition never
 // overtakes an earlier one. Keys are partitioned with murmur2 exactly like the Java client, so a
 // topic written by Debezium keeps its key-to-partition mapping.
+//
+// The producer is idempotent where the broker allows it (idempotence.go): a retried request the
+// broker already wrote is not written twice. With Config.Transactions it is transactional
+// (transactions.go): records are acknowledged only once the Kafka transaction holding them, and
+// the Position it reaches (positions.go), committed.
 package sink
 
 import (
@@ -13,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -55,7 +61,9 @@ type Config struct {
 	DeadLetterTopic string // default "outbox.dead-letter"
 	TLS             *tls.Config
 	SASL            sasl.Mechanism
-	ClientID        string // default "outbox-relay"
+	ClientID        string        // default "outbox-relay"
+	Idempotence     Idempotence   // default IdempotenceAuto
+	Transactions    *Transactions // exactly-once; nil for at-least-once
 }
 
 func (c *Config) setDefaults() {
@@ -98,6 +106,14 @@ func (c *Config) setDefaults() {
 	if c.ClientID == "" {
 		c.ClientID = "outbox-relay"
 	}
+	if c.Idempotence == "" {
+		c.Idempotence = IdempotenceAuto
+	}
+	if c.Transactions != nil {
+		t := *c.Transactions // the caller's value stays as it was
+		t.setDefaults()
+		c.Transactions = &t
+	}
 }
 
 // Acker is told when events of one transaction are done. *checkpoint.Txn implements it.
@@ -117,12 +133,18 @@ type Sink struct {
 	labels    *topicLabels
 
 	main, dead *producer
-	ctx        context.Context // ends when Close gives up waiting
+	ident      *identity       // producer id and epoch
+	txn        *txnManager     // nil unless exactly-once
+	ctx        context.Context // ends when Close gives up waiting, or the sink fails for good
 	stop       context.CancelFunc
 
 	halted atomic.Pointer[haltState]
 	topics *topicWaits
 	seq    uint64 // the last record's position; Publish runs on one goroutine
+
+	failed   chan struct{} // closed by fatal
+	failOnce sync.Once
+	failErr  error
 }
 
 // record is one event on its way to Kafka.
@@ -134,10 +156,12 @@ type record struct {
 	enqueued time.Time
 	topic    string // the event's own topic, kept when it is dead-lettered
 	seq      uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
+	txn      uint64 // exactly-once: the generation of the Kafka transaction it belongs to
 }
 
 type haltState struct {
 	seq     uint64 // the halted record's position
+	txn     uint64 // and its Kafka transaction's generation
 	EventID string
 	Reason  string
 	Err     error
@@ -162,6 +186,23 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	if cfg.Policy != DeadLetter && cfg.Policy != Halt {
 		return nil, fmt.Errorf("sink: unknown failure policy %q (want %q or %q)", cfg.Policy, DeadLetter, Halt)
 	}
+	switch cfg.Idempotence {
+	case IdempotenceAuto, IdempotenceOn, IdempotenceOff:
+	default:
+		return nil, fmt.Errorf("sink: unknown idempotence %q (want %q, %q or %q; config key kafka.idempotence)",
+			cfg.Idempotence, IdempotenceAuto, IdempotenceOn, IdempotenceOff)
+	}
+	if t := cfg.Transactions; t != nil {
+		if t.ID == "" {
+			return nil, errors.New("sink: exactly-once delivery needs a transactional id")
+		}
+		if cfg.Idempotence == IdempotenceOff {
+			return nil, errors.New("sink: exactly-once delivery needs the idempotent producer; kafka.idempotence is off")
+		}
+		if err := validTopic(t.PositionsTopic); err != nil {
+			return nil, fmt.Errorf("sink: positions topic: %w", err)
+		}
+	}
 	rt, err := newRouter(cfg.TopicTemplate)
 	if err != nil {
 		return nil, fmt.Errorf("sink: topic template: %w", err)
@@ -181,14 +222,38 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		ctx:    ctx,
 		stop:   stop,
 		topics: &topicWaits{log: log, gauge: m.TopicUnavailable, labels: labels, waiting: make(map[string]*topicWait)},
+		failed: make(chan struct{}),
 	}
 	s.transport = s.newTransport()
 	s.transport.IdleTimeout = 30 * time.Second
 	// A short TTL also bounds how long an error cached during an outage outlives the outage.
 	s.transport.MetadataTTL = 5 * time.Second
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport, Timeout: cfg.WriteTimeout}
+	s.ident = &identity{client: client, log: log, mode: cfg.Idempotence}
+	if t := cfg.Transactions; t != nil {
+		s.ident.txnID, s.ident.txnTimeout = t.ID, t.Timeout
+		s.txn = newTxnManager(s, client, s.ident)
+	}
 	s.main = s.newProducer(client, s.completed)
 	s.dead = s.newProducer(client, s.deadLettered)
+	if s.txn != nil {
+		// Written records are held until their Kafka transaction commits (transactions.go).
+		s.main.done = func(batch []*record, err error) {
+			if err != nil {
+				s.completed(batch, err)
+				return
+			}
+			s.txn.written(batch, false)
+		}
+		s.dead.done = func(batch []*record, err error) {
+			if err != nil {
+				s.deadLettered(batch, err)
+				return
+			}
+			s.txn.written(batch, true)
+		}
+		go s.txn.run()
+	}
 	return s, nil
 }
 
@@ -216,6 +281,10 @@ func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *p
 			s.m.RequestRecords.Observe(float64(records))
 		},
 		stopAt: s.stopAt,
+		failed: s.fatal,
+		ident:  s.ident,
+		txn:    s.txn,
+		log:    s.log,
 		parts:  make(map[topicPartition]*partitionQueue),
 		topics: make(map[string]topicInfo),
 	}
@@ -264,6 +333,9 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	if err := ctx.Err(); err != nil {
 		return err // a stopped or fenced relay hands Kafka nothing more, even while the window has room
 	}
+	if err := s.Err(); err != nil {
+		return err
+	}
 	if s.halted.Load() != nil {
 		<-ctx.Done()
 		return ctx.Err()
@@ -277,13 +349,23 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		Value: encodeValue(ev.Payload, s.cfg.ValueEncoding),
 	}
 	topic, routeErr := s.router.topic(ev)
+	if routeErr == nil && topic == s.cfg.DeadLetterTopic {
+		// One partition, one producer: the dead-letter producer's sequence numbers would collide.
+		routeErr = fmt.Errorf("event %s routes to the dead-letter topic %s", ev.ID, topic)
+	}
 	rec.msg.Topic, rec.topic = topic, topic
 	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.cfg.ExtraHeaders)
 	rec.msg.Headers = hs
 	size := int64(recordSize(&rec.msg))
 	rec.size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
-	if err := s.limit.acquire(ctx, rec.size); err != nil {
+	if err := s.limit.acquire(ctx, s.failed, rec.size); err != nil {
+		if ctx.Err() == nil && s.Err() != nil {
+			return s.Err()
+		}
 		return err
+	}
+	if s.txn != nil {
+		s.txn.join(rec)
 	}
 	s.m.InFlightEvents.Inc()
 	s.m.InFlightBytes.Add(float64(rec.size))
@@ -315,13 +397,23 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		}
 	}
 	if err != nil {
+		if s.txn != nil {
+			s.txn.leave(rec)
+		}
 		s.limit.release(1, rec.size)
 		s.m.InFlightEvents.Dec()
 		s.m.InFlightBytes.Sub(float64(rec.size))
+		if ctx.Err() == nil && s.Err() != nil {
+			return s.Err()
+		}
 		return ctx.Err()
 	}
 	return nil
 }
+
+// abortGrace is how long Close waits, after giving up, for the abort of the Kafka transaction
+// that did not commit.
+const abortGrace = 2 * time.Second
 
 // backoff grows from 200ms to 2s.
 // A retry against a broker that is down costs one failed dial, so the ceiling is low: the relay
@@ -412,6 +504,11 @@ func (s *Sink) InFlight() (events, bytes int64) { return s.limit.inFlight() }
 // Whatever is still unacknowledged then is abandoned: it was never confirmed to PostgreSQL, so it
 // is published again after a restart. Publish must not be called concurrently with or after Close.
 func (s *Sink) Close(ctx context.Context) error {
+	var txnErr error
+	if s.txn != nil {
+		// Commit what was published; the producers then hold nothing and close at once.
+		txnErr = s.txn.flush(ctx)
+	}
 	done := make(chan struct{})
 	go func() {
 		// The main producer may still dead-letter records, so the dead-letter producer closes
@@ -428,6 +525,18 @@ func (s *Sink) Close(ctx context.Context) error {
 		err = fmt.Errorf("sink: %d events still unacknowledged at shutdown: %w", events, ctx.Err())
 	}
 	s.stop()
+	if s.txn != nil {
+		// The committer aborts what did not commit (EndTxn), so read_committed consumers are not
+		// held at it until the transaction timeout. Best effort, and bounded: the next producer
+		// with the transactional id aborts it too.
+		select {
+		case <-s.txn.done:
+		case <-time.After(abortGrace):
+		}
+		if err == nil && txnErr != nil {
+			err = fmt.Errorf("sink: committing the last kafka transaction: %w", txnErr)
+		}
+	}
 	s.transport.CloseIdleConnections()
 	return err
 }
