@@ -216,7 +216,9 @@ func startIn[T instance](kind string, start startFunc[T]) (T, error) {
 		var zero T
 		return zero, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// A broker starts in ~10 s on a quiet machine; on a loaded one (go test runs packages in
+	// parallel, each with its own servers) it was seen to take over 2 minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	return start(ctx, dir)
 }
