@@ -192,13 +192,21 @@ func TestKafka(t *testing.T) {
 
 func produce(ctx context.Context, t *testing.T, k *devenv.Kafka, topic, value string) {
 	t.Helper()
-	// Right after a restart the partition may have no leader yet (longer on a loaded machine):
-	// the Writer retries that, for as many attempts as a minute of backoff allows.
-	w := &kafka.Writer{Addr: kafka.TCP(k.Brokers()), Topic: topic, RequiredAcks: kafka.RequireAll,
-		BatchTimeout: time.Millisecond, MaxAttempts: 60, WriteBackoffMin: 100 * time.Millisecond, WriteBackoffMax: time.Second}
-	defer w.Close()
-	if err := w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte(value)}); err != nil {
-		t.Fatalf("produce %s: %v", value, err)
+	// Right after a restart the partition may have no leader yet; kafka-go hands that back
+	// without retrying, so try again for a minute.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		w := &kafka.Writer{Addr: kafka.TCP(k.Brokers()), Topic: topic, RequiredAcks: kafka.RequireAll,
+			BatchTimeout: time.Millisecond}
+		err := w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte(value)})
+		w.Close()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("produce %s: %v", value, err)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
 
