@@ -82,6 +82,7 @@ type Kafka struct {
 	Linger       time.Duration
 	WriteTimeout time.Duration
 	Compression  string
+	Idempotence  string // auto, on or off
 	ClientID     string
 	TLS          TLS
 	SASL         SASL
@@ -360,6 +361,8 @@ var settings = []setting{
 		apply: duration(func(c *Config) *time.Duration { return &c.Kafka.WriteTimeout })},
 	{key: "kafka.compression", def: "none", help: "none, gzip, snappy, lz4 or zstd",
 		apply: oneOf(func(c *Config) *string { return &c.Kafka.Compression }, "none", "gzip", "snappy", "lz4", "zstd")},
+	{key: "kafka.idempotence", def: "auto", help: "idempotent producer (the broker drops a retried batch it already wrote): auto (on, or off with a warning when the broker denies IDEMPOTENT_WRITE), on (a denial stops the start) or off",
+		apply: oneOf(func(c *Config) *string { return &c.Kafka.Idempotence }, "auto", "on", "off")},
 	{key: "kafka.client_id", def: "outbox-relay", help: "Kafka client id",
 		apply: str(func(c *Config) *string { return &c.Kafka.ClientID })},
 	{key: "kafka.tls.enabled", def: "false", help: "connect to the brokers with TLS",

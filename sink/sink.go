@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -55,7 +56,9 @@ type Config struct {
 	DeadLetterTopic string // default "outbox.dead-letter"
 	TLS             *tls.Config
 	SASL            sasl.Mechanism
-	ClientID        string // default "outbox-relay"
+	ClientID        string        // default "outbox-relay"
+	Idempotence     Idempotence   // default IdempotenceAuto
+	Transactions    *Transactions // exactly-once; nil for at-least-once
 }
 
 func (c *Config) setDefaults() {
@@ -98,6 +101,14 @@ func (c *Config) setDefaults() {
 	if c.ClientID == "" {
 		c.ClientID = "outbox-relay"
 	}
+	if c.Idempotence == "" {
+		c.Idempotence = IdempotenceAuto
+	}
+	if c.Transactions != nil {
+		t := *c.Transactions // the caller's value stays as it was
+		t.setDefaults()
+		c.Transactions = &t
+	}
 }
 
 // Acker is told when events of one transaction are done. *checkpoint.Txn implements it.
@@ -122,6 +133,10 @@ type Sink struct {
 	halted atomic.Pointer[haltState]
 	topics *topicWaits
 	seq    uint64 // the last record's position; Publish runs on one goroutine
+
+	failed   chan struct{} // closed by fatal
+	failOnce sync.Once
+	failErr  error
 }
 
 // record is one event on its way to Kafka.
@@ -161,6 +176,23 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	if cfg.Policy != DeadLetter && cfg.Policy != Halt {
 		return nil, fmt.Errorf("sink: unknown failure policy %q (want %q or %q)", cfg.Policy, DeadLetter, Halt)
 	}
+	switch cfg.Idempotence {
+	case IdempotenceAuto, IdempotenceOn, IdempotenceOff:
+	default:
+		return nil, fmt.Errorf("sink: unknown idempotence %q (want %q, %q or %q; config key kafka.idempotence)",
+			cfg.Idempotence, IdempotenceAuto, IdempotenceOn, IdempotenceOff)
+	}
+	if t := cfg.Transactions; t != nil {
+		if t.ID == "" {
+			return nil, errors.New("sink: exactly-once delivery needs a transactional id")
+		}
+		if cfg.Idempotence == IdempotenceOff {
+			return nil, errors.New("sink: exactly-once delivery needs the idempotent producer; kafka.idempotence is off")
+		}
+		if err := validTopic(t.PositionsTopic); err != nil {
+			return nil, fmt.Errorf("sink: positions topic: %w", err)
+		}
+	}
 	rt, err := newRouter(cfg.TopicTemplate)
 	if err != nil {
 		return nil, fmt.Errorf("sink: topic template: %w", err)
@@ -178,6 +210,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		ctx:    ctx,
 		stop:   stop,
 		topics: &topicWaits{log: log, gauge: m.TopicUnavailable, waiting: make(map[string]*topicWait)},
+		failed: make(chan struct{}),
 	}
 	s.transport = &kafka.Transport{
 		ClientID:    cfg.ClientID,

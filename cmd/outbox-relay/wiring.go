@@ -155,6 +155,7 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			TLS:             tlsCfg,
 			SASL:            mech,
 			ClientID:        c.Kafka.ClientID,
+			Idempotence:     sink.Idempotence(c.Kafka.Idempotence),
 		},
 		ShutdownTimeout:   c.ShutdownTimeout,
 		HeartbeatInterval: c.HeartbeatInterval,

@@ -1,0 +1,104 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Idempotence says whether the producer asks Kafka for a producer id and numbers its batches, so
+// the broker drops a batch it already wrote when a retry brings it again.
+type Idempotence string
+
+const (
+	// IdempotenceAuto is on where the broker allows it: a broker that denies IDEMPOTENT_WRITE
+	// gets the plain producer, with a warning.
+	IdempotenceAuto Idempotence = "auto"
+	// IdempotenceOn refuses to start when the broker denies it.
+	IdempotenceOn Idempotence = "on"
+	// IdempotenceOff never asks: every retry of a request the broker already wrote is a duplicate.
+	IdempotenceOff Idempotence = "off"
+)
+
+// Transactions turns on exactly-once delivery: records go to Kafka in transactions that also
+// write the Position they reach to a compacted topic, and are acknowledged only once their
+// transaction has committed.
+type Transactions struct {
+	ID             string        // transactional.id; required
+	Interval       time.Duration // end a Kafka transaction at least this often; default 100ms
+	MaxEvents      int           // or once it holds this many events; default 10000
+	PositionsTopic string        // default "__outbox_relay_positions", created compacted if missing
+	Timeout        time.Duration // transaction.timeout.ms asked for in InitProducerID; default 60s
+}
+
+// DefaultPositionsTopic is where positions go unless Transactions.PositionsTopic says otherwise.
+const DefaultPositionsTopic = "__outbox_relay_positions"
+
+func (t *Transactions) setDefaults() {
+	if t.Interval <= 0 {
+		t.Interval = 100 * time.Millisecond
+	}
+	if t.MaxEvents <= 0 {
+		t.MaxEvents = 10000
+	}
+	if t.PositionsTopic == "" {
+		t.PositionsTopic = DefaultPositionsTopic
+	}
+	if t.Timeout <= 0 {
+		t.Timeout = time.Minute
+	}
+}
+
+// Position is how far the events committed in Kafka reach, in WAL stream order.
+type Position struct {
+	// CommitLSN is the commit LSN (decoder.TxInfo.CommitLSN) of the PostgreSQL transaction of the
+	// last committed event.
+	CommitLSN pglogrepl.LSN
+	// Events is how many events of that transaction (by decoder.Event.Index) are committed.
+	Events int
+}
+
+// Covers reports whether the event with index of the transaction committed at commitLSN is
+// already committed in Kafka at p: a replay skips it.
+func (p Position) Covers(commitLSN pglogrepl.LSN, index int) bool {
+	return commitLSN < p.CommitLSN || (commitLSN == p.CommitLSN && index < p.Events)
+}
+
+// ErrFenced says another producer with the same transactional id (a newer epoch) took over: this
+// sink stops for good and writes nothing more that a read_committed consumer could see.
+var ErrFenced = errors.New("fenced: another producer with the same transactional id took over")
+
+// ErrAborted says a Kafka transaction was aborted (the broker timed it out, or it could not
+// commit): the sink stops for good without acknowledging anything of it, and the relay replays
+// from the last committed position.
+var ErrAborted = errors.New("kafka transaction aborted")
+
+// ReadPosition returns the last committed position for cfg.Transactions.ID (read_committed);
+// ok is false when none was ever committed.
+func ReadPosition(ctx context.Context, cfg Config) (pos Position, ok bool, err error) {
+	return Position{}, false, errors.New("sink: ReadPosition: not implemented yet")
+}
+
+// Failed is closed once the sink has stopped for good: fenced (Err wraps ErrFenced) or a Kafka
+// transaction aborted (Err wraps ErrAborted). It never closes in at-least-once mode.
+func (s *Sink) Failed() <-chan struct{} { return s.failed }
+
+// Err says why Failed closed; nil before.
+func (s *Sink) Err() error {
+	select {
+	case <-s.failed:
+		return s.failErr
+	default:
+		return nil
+	}
+}
+
+// fatal stops the sink for good with err; the first call wins.
+func (s *Sink) fatal(err error) {
+	s.failOnce.Do(func() {
+		s.failErr = err
+		close(s.failed)
+	})
+}
