@@ -49,6 +49,9 @@ type Metrics struct {
 	TopicUnavailable *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 
 	PublicationCheckAge prometheus.Gauge
+
+	// EventsSkipped counts events of a replay that were not published again (exactly-once).
+	EventsSkipped prometheus.Counter
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -117,6 +120,9 @@ func New(reg prometheus.Registerer) *Metrics {
 
 		PublicationCheckAge: f.gauge("publication_check_age_seconds",
 			"Seconds since the last successful check that the outbox table is still in the publication; the slot is not confirmed past what that check covered, and the relay stops after 5 minutes of checks PostgreSQL refuses."),
+
+		EventsSkipped: f.counter("events_replay_skipped_total",
+			"Events PostgreSQL streamed again that were not published again: the position committed in Kafka covers them (delivery: exactly-once), or this process handed them over before a reconnect."),
 	}
 }
 
