@@ -19,9 +19,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pglogrepl"
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 

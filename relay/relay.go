@@ -56,10 +56,10 @@ type Relay struct {
 
 	// Exactly-once (exactlyonce.go), all used by the pipeline's goroutine only. positions reads the
 	// position committed in Kafka (sink.ReadPosition; a fake in tests).
-	positions           func(ctx context.Context) (sink.Position, bool, error)
-	positionChecked     bool // compared with the slot ledger
-	positionLogged      bool // the first position read was logged at info level
-	positionsIgnored    bool // the server moved to a new timeline while streaming: see takeUpPosition
+	positions        func(ctx context.Context) (sink.Position, bool, error)
+	positionChecked  bool // compared with the slot ledger
+	positionLogged   bool // the first position read was logged at info level
+	positionsIgnored bool // the server moved to a new timeline while streaming: see takeUpPosition
 	// recordFirstPosition is set on a first exactly-once start: recordPositions notes the first
 	// commit in the slot ledger.
 	recordFirstPosition atomic.Bool
