@@ -614,6 +614,10 @@ func (c *Config) validate(from func(key string) string, needKafka bool) error {
 			errs = append(errs, fmt.Errorf("config key backfill (from %s) cannot be used with delivery: exactly-once (from %s): the backfill publishes outside Kafka transactions, so a crash during it publishes rows twice. Start once with delivery: at-least-once and backfill: true (the slot ledger records that it completed), then restart with delivery: exactly-once and backfill: false",
 				from("backfill"), from("delivery")))
 		}
+		if c.Kafka.Idempotence == "off" {
+			errs = append(errs, fmt.Errorf("config key kafka.idempotence (from %s) is off, but delivery: exactly-once (from %s) needs the idempotent producer (Kafka transactions are built on it): set kafka.idempotence to auto or on",
+				from("kafka.idempotence"), from("delivery")))
+		}
 		if c.TransactionMaxEvents > c.MaxInFlight {
 			errs = append(errs, fmt.Errorf("config key transaction_max_events (from %s) is %d, more than max_in_flight_events (from %s), %d: events are acknowledged only once their Kafka transaction commits, so a transaction never holds more than max_in_flight_events; lower transaction_max_events or raise max_in_flight_events",
 				from("transaction_max_events"), c.TransactionMaxEvents, from("max_in_flight_events"), c.MaxInFlight))

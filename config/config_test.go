@@ -500,6 +500,8 @@ func TestExactlyOnceSettings(t *testing.T) {
 			[]string{"--delivery=exactly-once", "--transaction-max-events=20000"},
 			[]string{"transaction_max_events", "max_in_flight_events", "--transaction-max-events"}},
 		{"the window check applies only to exactly-once", required(), []string{"--transaction-max-events=20000"}, nil},
+		{"the idempotent producer cannot be turned off", with(required(), "OUTBOX_KAFKA_IDEMPOTENCE", "off"), []string{"--delivery=exactly-once"},
+			[]string{"kafka.idempotence", "OUTBOX_KAFKA_IDEMPOTENCE", "delivery", "--delivery"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

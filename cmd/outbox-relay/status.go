@@ -11,9 +11,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/leader"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/slotmon"
 )
 
@@ -32,8 +36,24 @@ type statusReport struct {
 	CurrentWALLSN     string         `json:"current_wal_lsn"`
 	LeaderLockKey     int64          `json:"leader_lock_key"`
 	Leader            *leader.Holder `json:"leader"` // null when nobody holds the lock
+	Delivery          deliveryReport `json:"delivery"`
 	OK                bool           `json:"ok"`
 	Problems          []string       `json:"problems"`
+}
+
+// deliveryReport is the delivery mode and, with exactly-once, the position committed in Kafka.
+type deliveryReport struct {
+	Mode            string `json:"mode"`
+	TransactionalID string `json:"transactional_id,omitempty"`
+	PositionsTopic  string `json:"positions_topic,omitempty"`
+	// Position is null when none was committed yet, or when it could not be read (PositionError).
+	Position      *positionReport `json:"committed_position"`
+	PositionError string          `json:"position_error,omitempty"`
+}
+
+type positionReport struct {
+	CommitLSN string `json:"commit_lsn"` // of the PostgreSQL transaction of the last committed event
+	Events    int    `json:"events"`     // of that transaction committed in Kafka
 }
 
 // runStatus prints the slot at a glance and returns the exit code.
@@ -61,6 +81,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer cancel()
 	rep, err := slotStatus(ctx, cfg.PGDSN, cfg.Slot)
 	if err != nil {
+		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), cfg.Secrets()...))
+		return 1
+	}
+	if err := deliveryStatus(ctx, cfg, &rep); err != nil {
 		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), cfg.Secrets()...))
 		return 1
 	}
@@ -109,6 +133,67 @@ func slotStatus(ctx context.Context, dsn, slot string) (statusReport, error) {
 	return rep, nil
 }
 
+// positionReadTimeout bounds status's read of the committed position, within statusTimeout.
+const positionReadTimeout = 8 * time.Second
+
+// deliveryStatus adds the delivery mode and, with exactly-once, the position committed in Kafka
+// (read with read_committed, fencing nobody) to rep. Kafka being unreachable is reported in the
+// report, not as a failure of the command; a position the slot ledger says was committed and that
+// Kafka no longer holds is a problem.
+func deliveryStatus(ctx context.Context, cfg *config.Config, rep *statusReport) error {
+	rep.Delivery.Mode = cfg.Delivery
+	if !cfg.ExactlyOnce() {
+		return nil
+	}
+	if cfg.TransactionalID == "" {
+		id, err := relay.TransactionalID(ctx, cfg.PGDSN, cfg.Slot, zap.NewNop())
+		if err != nil {
+			return err
+		}
+		cfg.TransactionalID = id
+	}
+	rep.Delivery.TransactionalID, rep.Delivery.PositionsTopic = cfg.TransactionalID, cfg.PositionsTopic
+	if len(cfg.KafkaBrokers) == 0 {
+		rep.Delivery.PositionError = "kafka_brokers is not set, so the position committed in Kafka cannot be read"
+		return nil
+	}
+	rcfg, err := relayConfig(cfg)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, positionReadTimeout)
+	defer cancel()
+	pos, found, err := sink.ReadPosition(rctx, rcfg.Sink)
+	switch {
+	case err != nil:
+		rep.Delivery.PositionError = err.Error()
+		return nil
+	case found:
+		rep.Delivery.Position = &positionReport{CommitLSN: pos.CommitLSN.String(), Events: pos.Events}
+		return nil
+	}
+	conn, err := pgx.Connect(ctx, cfg.PGDSN)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	ledger := replication.NewLedger(cfg.Schema)
+	if exists, err := ledger.Exists(ctx, conn); err != nil || !exists {
+		return err
+	}
+	rec, marked, err := ledger.Positions(ctx, conn, cfg.Slot)
+	if err != nil {
+		rep.Delivery.PositionError = err.Error()
+		return nil
+	}
+	if marked {
+		rep.OK = false
+		rep.Problems = append(rep.Problems, fmt.Sprintf("exactly-once: positions_topic %q holds no position for transactional id %q, but one was committed for slot %q (under transactional id %q in %q, recorded in %s): the relay refuses to start until this is resolved (see its error, or docs/operations.md)",
+			cfg.PositionsTopic, cfg.TransactionalID, cfg.Slot, rec.TransactionalID, rec.PositionsTopic, ledger.Table()))
+	}
+	return nil
+}
+
 func printStatus(w io.Writer, rep statusReport) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "slot\t%s (database %s)\n", rep.Slot, rep.Database)
@@ -140,6 +225,19 @@ func printStatus(w io.Writer, rep statusReport) {
 		fmt.Fprintf(tw, "leader lock\theld by backend PID %d%s%s\n", rep.Leader.PID, describe(rep.Leader.ApplicationName, rep.Leader.ClientAddr), since)
 	} else {
 		fmt.Fprintf(tw, "leader lock\tnot held: no relay with leader_election runs for this slot\n")
+	}
+	d := rep.Delivery
+	fmt.Fprintf(tw, "delivery\t%s\n", d.Mode)
+	if d.Mode == config.DeliveryExactlyOnce {
+		fmt.Fprintf(tw, "transactional id\t%s\n", d.TransactionalID)
+		switch {
+		case d.Position != nil:
+			fmt.Fprintf(tw, "committed position\t%d events of the transaction committed at %s (in %s)\n", d.Position.Events, d.Position.CommitLSN, d.PositionsTopic)
+		case d.PositionError != "":
+			fmt.Fprintf(tw, "committed position\tunknown: %s\n", d.PositionError)
+		default:
+			fmt.Fprintf(tw, "committed position\tnone yet (in %s)\n", d.PositionsTopic)
+		}
 	}
 	tw.Flush()
 	for _, p := range rep.Problems {

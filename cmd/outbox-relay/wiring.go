@@ -155,11 +155,26 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			TLS:             tlsCfg,
 			SASL:            mech,
 			ClientID:        c.Kafka.ClientID,
+			Transactions:    transactions(c),
 			Idempotence:     sink.Idempotence(c.Kafka.Idempotence),
 		},
 		ShutdownTimeout:   c.ShutdownTimeout,
 		HeartbeatInterval: c.HeartbeatInterval,
 	}, nil
+}
+
+// transactions is the sink's exactly-once setting: nil for at-least-once. An empty ID is resolved
+// by resolveTransactionalID before the relay is built.
+func transactions(c *config.Config) *sink.Transactions {
+	if !c.ExactlyOnce() {
+		return nil
+	}
+	return &sink.Transactions{
+		ID:             c.TransactionalID,
+		Interval:       c.TransactionInterval,
+		MaxEvents:      c.TransactionMaxEvents,
+		PositionsTopic: c.PositionsTopic,
+	}
 }
 
 // linger maps the setting to the sink's convention, where zero means its default.
