@@ -25,6 +25,7 @@ type Metrics struct {
 	PrunedRows         prometheus.Counter
 	ProduceRequests    prometheus.Counter
 	RequestRecords     prometheus.Histogram
+	KafkaTransactions  *prometheus.CounterVec // by outcome: committed, aborted, fenced
 
 	ReceivedLSN       prometheus.Gauge
 	ConfirmedLSN      prometheus.Gauge
@@ -87,6 +88,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			"Produce requests sent to Kafka brokers (each carries every ready partition the broker leads)."),
 		RequestRecords: f.histogramWith("kafka_request_records", "Records per produce request.",
 			prometheus.ExponentialBuckets(1, 4, 8)),
+		KafkaTransactions: f.counterVec("kafka_transactions_total",
+			"Kafka transactions ended (delivery exactly-once), by outcome: committed, aborted, fenced.", "outcome"),
 
 		ReceivedLSN:       f.gauge("received_lsn", "Highest WAL position received from PostgreSQL."),
 		ConfirmedLSN:      f.gauge("confirmed_lsn", "WAL position last confirmed to PostgreSQL as flushed."),

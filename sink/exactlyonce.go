@@ -1,7 +1,6 @@
 package sink
 
 import (
-	"context"
 	"errors"
 	"time"
 
@@ -75,14 +74,10 @@ var ErrFenced = errors.New("fenced: another producer with the same transactional
 // from the last committed position.
 var ErrAborted = errors.New("kafka transaction aborted")
 
-// ReadPosition returns the last committed position for cfg.Transactions.ID (read_committed);
-// ok is false when none was ever committed.
-func ReadPosition(ctx context.Context, cfg Config) (pos Position, ok bool, err error) {
-	return Position{}, false, errors.New("sink: ReadPosition: not implemented yet")
-}
-
-// Failed is closed once the sink has stopped for good: fenced (Err wraps ErrFenced) or a Kafka
-// transaction aborted (Err wraps ErrAborted). It never closes in at-least-once mode.
+// Failed is closed once the sink has stopped for good: fenced (Err wraps ErrFenced), a Kafka
+// transaction aborted (Err wraps ErrAborted), or the producer could not start (kafka.idempotence
+// on and the broker denies it, the transactional id is not authorized, ...). Publish then returns
+// Err. It closes on its own, whether Publish is being called or not.
 func (s *Sink) Failed() <-chan struct{} { return s.failed }
 
 // Err says why Failed closed; nil before.
@@ -95,10 +90,12 @@ func (s *Sink) Err() error {
 	}
 }
 
-// fatal stops the sink for good with err; the first call wins.
+// fatal stops the sink for good with err; the first call wins. Nothing more is sent: what was
+// not acknowledged stays so, and is replayed after a restart.
 func (s *Sink) fatal(err error) {
 	s.failOnce.Do(func() {
 		s.failErr = err
 		close(s.failed)
+		s.stop()
 	})
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/apiversions"
+	"github.com/segmentio/kafka-go/protocol/findcoordinator"
+	"github.com/segmentio/kafka-go/protocol/initproducerid"
 	"github.com/segmentio/kafka-go/protocol/metadata"
 	"github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/protocol/saslauthenticate"
@@ -38,6 +40,32 @@ type fakeBroker struct {
 	stored                              []string // ids of the records it acknowledged, in order
 	produced                            int      // produce requests answered
 	plan                                func(ids []string) int16
+	// idempotent makes the broker offer InitProducerId (producer ids from 1000 on, epoch 0);
+	// batches lists the header of every batch produced to it, answered with an error or not.
+	idempotent bool
+	initCode   int16 // the answer to InitProducerId
+	producers  int
+	batches    []fakeBatch
+}
+
+// fakeBatch is what a produce request's batch said about its producer.
+type fakeBatch struct {
+	topic      string
+	producerID int64
+	epoch      int16
+	seq        int32
+	ids        []string
+	code       int16 // the answer
+}
+
+func (b fakeBatch) String() string {
+	return fmt.Sprintf("%v pid %d epoch %d seq %d -> %d", b.ids, b.producerID, b.epoch, b.seq, b.code)
+}
+
+func (fb *fakeBroker) produceLog() []fakeBatch {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	return append([]fakeBatch(nil), fb.batches...)
 }
 
 func newFakeBroker(t *testing.T) *fakeBroker {
@@ -108,10 +136,23 @@ func (fb *fakeBroker) serve(c net.Conn) {
 		switch req := msg.(type) {
 		case *apiversions.Request:
 			var keys []apiversions.ApiKeyResponse
-			for _, k := range []protocol.ApiKey{protocol.ApiVersions, protocol.Metadata, protocol.Produce, protocol.SaslHandshake, protocol.SaslAuthenticate} {
+			offered := []protocol.ApiKey{protocol.ApiVersions, protocol.Metadata, protocol.Produce, protocol.SaslHandshake, protocol.SaslAuthenticate}
+			fb.mu.Lock()
+			if fb.idempotent {
+				offered = append(offered, protocol.InitProducerId, protocol.FindCoordinator)
+			}
+			fb.mu.Unlock()
+			for _, k := range offered {
 				keys = append(keys, apiversions.ApiKeyResponse{ApiKey: int16(k), MinVersion: k.MinVersion(), MaxVersion: min(k.MaxVersion(), maxVersion(k))})
 			}
 			res = &apiversions.Response{ApiKeys: keys}
+		case *findcoordinator.Request: // kafka-go asks before InitProducerId, transactional id or not
+			res = &findcoordinator.Response{NodeID: 1, Host: host, Port: port}
+		case *initproducerid.Request:
+			fb.mu.Lock()
+			res = &initproducerid.Response{ProducerID: int64(1000 + fb.producers), ErrorCode: fb.initCode}
+			fb.producers++
+			fb.mu.Unlock()
 		case *saslhandshake.Request:
 			res = &saslhandshake.Response{Mechanisms: []string{"PLAIN"}}
 		case *saslauthenticate.Request:
@@ -137,10 +178,17 @@ func (fb *fakeBroker) serve(c net.Conn) {
 			code := fb.take(&fb.failProduce)
 			r := &produce.Response{}
 			var ids []string
+			var batches []fakeBatch
 			for _, t := range req.Topics {
 				rt := produce.ResponseTopic{Topic: t.Topic}
 				for _, p := range t.Partitions {
 					rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: code})
+					b := fakeBatch{topic: t.Topic}
+					if stream, ok := p.RecordSet.Records.(*protocol.RecordStream); ok && len(stream.Records) > 0 {
+						if rb, ok := stream.Records[0].(*protocol.RecordBatch); ok {
+							b.producerID, b.epoch, b.seq = rb.ProducerID, rb.ProducerEpoch, rb.BaseSequence
+						}
+					}
 					for {
 						rec, err := p.RecordSet.Records.ReadRecord()
 						if err != nil {
@@ -149,9 +197,11 @@ func (fb *fakeBroker) serve(c net.Conn) {
 						for _, h := range rec.Headers {
 							if h.Key == sink.HeaderID {
 								ids = append(ids, t.Topic+"/"+string(h.Value))
+								b.ids = append(b.ids, string(h.Value))
 							}
 						}
 					}
+					batches = append(batches, b)
 				}
 				r.Topics = append(r.Topics, rt)
 			}
@@ -177,6 +227,10 @@ func (fb *fakeBroker) serve(c net.Conn) {
 			}
 			if code == 0 {
 				fb.stored = append(fb.stored, ids...)
+			}
+			for _, b := range batches {
+				b.code = code
+				fb.batches = append(fb.batches, b)
 			}
 			fb.mu.Unlock()
 			res = r

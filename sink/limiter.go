@@ -2,8 +2,11 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"sync"
 )
+
+var errStopped = errors.New("sink: stopped")
 
 // limiter caps the events and bytes handed to Kafka and not yet settled. It admits one waiter at a
 // time (the pipeline goroutine), which is why a single-slot wake channel is enough.
@@ -21,8 +24,8 @@ func newLimiter(maxEvents, maxBytes int64) *limiter {
 }
 
 // acquire blocks until one event of size bytes fits. An event larger than the byte cap is admitted
-// alone, so a single big event cannot wedge the relay.
-func (l *limiter) acquire(ctx context.Context, size int64) error {
+// alone, so a single big event cannot wedge the relay. It gives up when ctx ends or stop closes.
+func (l *limiter) acquire(ctx context.Context, stop <-chan struct{}, size int64) error {
 	for {
 		l.mu.Lock()
 		if l.events == 0 || (l.events < l.maxEvents && l.bytes+size <= l.maxBytes) {
@@ -36,6 +39,8 @@ func (l *limiter) acquire(ctx context.Context, size int64) error {
 		case <-l.wake:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-stop:
+			return errStopped
 		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 // acquireAsync runs acquire on its own goroutine; its result arrives on the channel.
 func acquireAsync(ctx context.Context, l *limiter, size int64) <-chan error {
 	done := make(chan error, 1)
-	go func() { done <- l.acquire(ctx, size) }()
+	go func() { done <- l.acquire(ctx, nil, size) }()
 	return done
 }
 
@@ -59,7 +59,7 @@ func TestLimiter(t *testing.T) {
 			ctx := context.Background()
 			var total int64
 			for _, n := range tt.held {
-				if err := l.acquire(ctx, n); err != nil {
+				if err := l.acquire(ctx, nil, n); err != nil {
 					t.Fatal(err)
 				}
 				total += n
@@ -81,7 +81,7 @@ func TestLimiter(t *testing.T) {
 
 func TestLimiterCancelUnblocksTheWaiter(t *testing.T) {
 	l := newLimiter(1, 100)
-	if err := l.acquire(context.Background(), 10); err != nil {
+	if err := l.acquire(context.Background(), nil, 10); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -101,7 +101,7 @@ func TestLimiterReleaseWakesTheWaiterEveryTime(t *testing.T) {
 	l := newLimiter(1, 1<<20)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := l.acquire(ctx, 1); err != nil {
+	if err := l.acquire(ctx, nil, 1); err != nil {
 		t.Fatal(err)
 	}
 	released := make(chan struct{})
@@ -119,7 +119,7 @@ func TestLimiterReleaseWakesTheWaiterEveryTime(t *testing.T) {
 		}
 	}()
 	for i := 0; i < 2000; i++ {
-		if err := l.acquire(ctx, 1); err != nil {
+		if err := l.acquire(ctx, nil, 1); err != nil {
 			t.Fatalf("round %d: %v (a wake-up was lost)", i, err)
 		}
 	}

@@ -125,7 +125,7 @@ func (s *Sink) halt(rec *record, reason string, err error) {
 	// The halt holds at the earliest refused record: refusals of several partitions may arrive in
 	// any order (a record retried after a transient error is refused last), and a partition may
 	// send only what comes before the halt.
-	next := &haltState{seq: rec.seq, EventID: string(rec.ev.ID), Reason: reason, Err: err}
+	next := &haltState{seq: rec.seq, txn: rec.txn, EventID: string(rec.ev.ID), Reason: reason, Err: err}
 	earliest := false
 	for {
 		cur := s.halted.Load()

@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
+	"go.uber.org/zap"
 )
 
 // producer sends records to Kafka with one goroutine per partition and at most one produce request
@@ -38,6 +39,10 @@ type producer struct {
 	sent        func(records int) // one produce request went out
 	stopAt      func() uint64     // the halted record's position once the sink has halted; nothing at or after it is sent
 	roundRobin  atomic.Uint32
+	failed      func(error) // stops the sink for good (a start error of the idempotent producer)
+	ident       *identity   // producer id and epoch (idempotence)
+	txn         *txnManager // nil unless exactly-once
+	log         *zap.Logger
 
 	mu     sync.Mutex
 	parts  map[topicPartition]*partitionQueue
@@ -142,6 +147,9 @@ func (p *producer) queue(tp topicPartition) *partitionQueue {
 	q := p.parts[tp]
 	if q == nil {
 		q = &partitionQueue{p: p, tp: tp, wake: make(chan struct{}, 1)}
+		if p.txn != nil {
+			p.txn.register(q)
+		}
 		p.parts[tp] = q
 		p.wg.Add(1)
 		go q.run()
@@ -170,6 +178,11 @@ type partitionQueue struct {
 	mu      sync.Mutex
 	pending []*record
 	closed  bool
+
+	// Idempotence: the producer id and epoch this partition's batches carry and, in seq, the next
+	// batch's base sequence. Only the partition's goroutine uses them.
+	ps      producerState
+	psReady bool
 }
 
 func (q *partitionQueue) push(rec *record) {
@@ -213,7 +226,7 @@ func (q *partitionQueue) next() []*record {
 	lingered := q.p.linger <= 0
 	for {
 		q.mu.Lock()
-		n := len(q.pending)
+		n := q.readyLocked()
 		if n > 0 && (lingered || n >= q.p.maxRecords || q.closed) {
 			batch := q.takeLocked()
 			q.mu.Unlock()
@@ -241,9 +254,25 @@ func (q *partitionQueue) next() []*record {
 	}
 }
 
+// readyLocked counts the pending records that may be sent now (up to one more than a request
+// carries): with exactly-once, those of the Kafka transaction in progress; records published while
+// it commits wait for the next one.
+func (q *partitionQueue) readyLocked() int {
+	if q.p.txn == nil {
+		return len(q.pending)
+	}
+	active := q.p.txn.active.Load()
+	n := 0
+	for n < len(q.pending) && n <= q.p.maxRecords && q.pending[n].txn <= active {
+		n++
+	}
+	return n
+}
+
 func (q *partitionQueue) takeLocked() []*record {
 	size, n := 0, 0
-	for n < len(q.pending) && n < q.p.maxRecords {
+	ready := q.readyLocked()
+	for n < ready && n < q.p.maxRecords {
 		size += int(q.pending[n].size)
 		if n > 0 && size > q.p.maxBytes {
 			break
@@ -264,34 +293,73 @@ func (q *partitionQueue) takeLocked() []*record {
 // returns false when it withheld records because the sink halted on an earlier one: those and
 // everything queued behind them stay unsent and unacknowledged (they are replayed after the
 // restart), so a key's later event never reaches Kafka without the halted one. Records before the
-// halted one still go: acknowledging them lets the slot move up to it.
+// halted one still go: acknowledging them lets the slot move up to it. It also returns false when
+// the sink stopped for good (fenced, or its Kafka transaction aborted).
+//
+// With idempotence, a batch keeps its records, producer id, epoch and base sequence from its first
+// attempt on: the broker may have written that attempt, and only an identical retry is recognised
+// as the same batch. (Without idempotence a retry is cut at a halt that happened meanwhile.)
 func (q *partitionQueue) send(batch []*record) bool {
+	var ps producerState
+	sent, cut := false, false
 	for attempt := 0; ; attempt++ {
-		allowed := q.p.beforeHalt(batch)
-		if len(allowed) == 0 {
-			return false
+		if !sent {
+			allowed := q.p.beforeHalt(batch)
+			if len(allowed) == 0 {
+				return false
+			}
+			cut = cut || len(allowed) < len(batch)
+			batch = allowed
+			var err error
+			if ps, err = q.sequence(len(batch)); err != nil {
+				return false
+			}
 		}
-		cut := len(allowed) < len(batch)
-		batch = allowed
-		err := q.p.produce(q.tp, batch)
+		if q.p.txn != nil {
+			if err := q.p.txn.add(q.p.ctx, q.tp); err != nil {
+				return false // the sink stopped; these records are never acknowledged
+			}
+		}
+		sent = ps.id != noProducerID
+		err := q.p.produce(q.tp, batch, ps)
 		switch {
-		case err == nil:
+		case err == nil || errors.Is(err, kafka.DuplicateSequenceNumber):
+			// DUPLICATE_SEQUENCE_NUMBER: the broker wrote this batch before (an attempt whose answer
+			// was lost) and keeps it once.
 			q.p.done(batch, nil)
 			return !cut
-		case permanent(err) && len(batch) > 1:
-			// The broker refuses the whole batch for one record (an invalid record) or for its total
-			// size (a topic may set a smaller max.message.bytes than ours): send the records one at a
-			// time, in order, so only a record refused on its own goes to the failure policy. Once
-			// one of them halts the sink, the rest are withheld.
-			for _, rec := range batch {
-				if !q.send([]*record{rec}) {
-					return false
-				}
-			}
-			return !cut
 		case permanent(err):
+			// Refused for good, so not written: the sequence goes back for what comes next.
+			q.rewind(ps)
+			if len(batch) > 1 {
+				// The broker refuses the whole batch for one record (an invalid record) or for its total
+				// size (a topic may set a smaller max.message.bytes than ours): send the records one at a
+				// time, in order, so only a record refused on its own goes to the failure policy. Once
+				// one of them halts the sink, the rest are withheld.
+				for _, rec := range batch {
+					if !q.send([]*record{rec}) {
+						return false
+					}
+				}
+				return !cut
+			}
 			q.p.done(batch, err)
 			return !cut
+		case sequenceLost(err) || producerRefused(err):
+			if q.p.txn != nil {
+				q.p.txn.fail(err)
+				return false
+			}
+			var ok bool
+			if ps, ok = q.restart(len(batch), err); !ok {
+				return false
+			}
+			continue // at once: the broker answered, it is not away
+		case transactionFailed(err):
+			if q.p.txn != nil {
+				q.p.txn.fail(err)
+				return false
+			}
 		}
 		delay := backoff(attempt)
 		q.p.retrying(q.tp.topic, q.tp.partition, len(batch), err, delay)
@@ -301,6 +369,83 @@ func (q *partitionQueue) send(batch []*record) bool {
 			return false // the sink gave up; these records stay unacknowledged, so they are replayed
 		}
 	}
+}
+
+// sequence returns the producer state for a new batch of n records and advances the partition's
+// sequence past it.
+func (q *partitionQueue) sequence(n int) (producerState, error) {
+	if !q.psReady {
+		ps, err := q.p.ident.get(q.p.ctx)
+		if err != nil {
+			if q.p.ctx.Err() == nil {
+				q.p.failed(err)
+			}
+			return producerState{}, err
+		}
+		q.ps, q.psReady = ps, true
+	}
+	ps := q.ps
+	if ps.id != noProducerID {
+		q.ps.seq = nextSequence(ps.seq, n)
+	}
+	return ps, nil
+}
+
+// rewind gives the sequence of a batch the broker did not write back to the next batch. One
+// request is in flight per partition, so no later batch has taken a sequence yet.
+func (q *partitionQueue) rewind(ps producerState) {
+	if ps.id != noProducerID {
+		q.ps.seq = ps.seq
+	}
+}
+
+// restart moves the partition of the plain idempotent producer to a new epoch (or, when the broker
+// refused the producer id or the epoch is exhausted, a new producer id) at sequence 0, for a batch
+// of n records the broker did not write because it lost or refused the producer's state.
+func (q *partitionQueue) restart(n int, cause error) (producerState, bool) {
+	old := q.ps
+	if producerRefused(cause) || old.epoch == 0x7fff {
+		for attempt := 0; ; attempt++ {
+			ps, err := q.p.ident.fresh(q.p.ctx)
+			if err == nil {
+				q.ps = ps
+				break
+			}
+			if q.p.ctx.Err() != nil {
+				return producerState{}, false
+			}
+			if werr := wait(q.p.ctx, attempt, q.p.log, "retrying the producer id request", err); werr != nil {
+				return producerState{}, false
+			}
+		}
+	} else {
+		q.ps.epoch++
+		q.ps.seq = 0
+	}
+	q.p.log.Warn("the broker lost or refused this producer's state for the partition; continuing at sequence 0 of a new epoch",
+		zap.String("topic", q.tp.topic), zap.Int("partition", q.tp.partition), zap.Int64("producer_id", q.ps.id),
+		zap.Int16("epoch", q.ps.epoch), zap.Int("events", n), zap.Error(cause))
+	ps := q.ps
+	q.ps.seq = nextSequence(0, n)
+	return ps, true
+}
+
+// sequenceLost reports the errors that say the broker has no usable sequence state for the
+// producer on the partition; the batch was not written.
+func sequenceLost(err error) bool {
+	return errors.Is(err, kafka.OutOfOrderSequenceNumber) || errors.Is(err, kafka.UnknownProducerId)
+}
+
+// producerRefused reports the errors that say the producer's epoch is not (or no longer) the
+// current one: for a transactional producer, someone took over its transactional id.
+func producerRefused(err error) bool {
+	return errors.Is(err, kafka.InvalidProducerEpoch) || errors.Is(err, kafka.ProducerFenced)
+}
+
+// transactionFailed reports the errors after which a Kafka transaction cannot commit.
+func transactionFailed(err error) bool {
+	return errors.Is(err, kafka.InvalidTransactionState) || errors.Is(err, errTransactionAbortable) ||
+		errors.Is(err, kafka.InvalidProducerIDMapping) || errors.Is(err, kafka.TransactionalIDAuthorizationFailed)
 }
 
 // beforeHalt returns the records of batch that may still be sent: all of them while the sink runs;
@@ -315,52 +460,29 @@ func (p *producer) beforeHalt(batch []*record) []*record {
 	return batch
 }
 
-func (p *producer) produce(tp topicPartition, batch []*record) error {
+func (p *producer) produce(tp topicPartition, batch []*record, ps producerState) error {
 	p.sent(len(batch))
+	set, err := encodeRecordSet(batch, ps, p.compression)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
 	defer cancel()
-	res, err := p.client.Produce(ctx, &kafka.ProduceRequest{
+	req := &kafka.RawProduceRequest{
 		Topic:        tp.topic,
 		Partition:    tp.partition,
 		RequiredAcks: kafka.RequireAll,
-		Compression:  p.compression,
-		Records:      &recordReader{batch: batch},
-	})
+		RawRecords:   protocol.RawRecordSet{Reader: bytes.NewReader(set)},
+	}
+	if p.txn != nil {
+		req.TransactionalID = p.txn.id
+	}
+	res, err := p.client.RawProduce(ctx, req)
 	if err != nil {
 		return err
 	}
 	return res.Error
 }
-
-// recordReader hands a batch to kafka-go's encoder without a copy per record.
-type recordReader struct {
-	batch      []*record
-	i          int
-	rec        kafka.Record
-	key, value bytesReader
-}
-
-func (r *recordReader) ReadRecord() (*kafka.Record, error) {
-	if r.i >= len(r.batch) {
-		return nil, io.EOF
-	}
-	m := &r.batch[r.i].msg
-	r.i++
-	r.rec = kafka.Record{Time: m.Time, Headers: m.Headers}
-	if m.Key != nil {
-		r.key.Reset(m.Key)
-		r.rec.Key = &r.key
-	}
-	if m.Value != nil {
-		r.value.Reset(m.Value)
-		r.rec.Value = &r.value
-	}
-	return &r.rec, nil
-}
-
-type bytesReader struct{ bytes.Reader }
-
-func (*bytesReader) Close() error { return nil }
 
 // murmur2 is the Java client's hash for keys (org.apache.kafka.common.utils.Utils.murmur2).
 func murmur2(data []byte) uint32 {

@@ -28,7 +28,7 @@ func (s *Sink) WaitReady(ctx context.Context) error {
 			if attempt > 0 {
 				s.log.Info("kafka reachable", zap.Strings("brokers", s.cfg.Brokers))
 			}
-			return nil
+			return s.startProducer(ctx)
 		}
 		probe.CloseIdleConnections()
 		if err == nil {
@@ -82,4 +82,22 @@ func (s *Sink) adoptBrokerLimit(ctx context.Context, client *kafka.Client, broke
 			s.dead.maxBytes = limit
 		}
 	}
+}
+
+// startProducer asks for the producer id (idempotence; with exactly-once, InitProducerID with the
+// transactional id, which fences every earlier producer with it) and makes sure the positions
+// topic exists, so that what cannot work fails the start with an error naming the setting.
+func (s *Sink) startProducer(ctx context.Context) error {
+	if _, err := s.ident.get(ctx); err != nil {
+		if ctx.Err() == nil {
+			s.fatal(err)
+		}
+		return err
+	}
+	if t := s.cfg.Transactions; t != nil {
+		if _, _, err := positionsPartition(ctx, s.txn.client, t.PositionsTopic, t.ID, s.log); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -127,7 +127,9 @@ type Sink struct {
 	limit     *limiter
 
 	main, dead *producer
-	ctx        context.Context // ends when Close gives up waiting
+	ident      *identity       // producer id and epoch
+	txn        *txnManager     // nil unless exactly-once
+	ctx        context.Context // ends when Close gives up waiting, or the sink fails for good
 	stop       context.CancelFunc
 
 	halted atomic.Pointer[haltState]
@@ -148,10 +150,12 @@ type record struct {
 	enqueued time.Time
 	topic    string // the event's own topic, kept when it is dead-lettered
 	seq      uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
+	txn      uint64 // exactly-once: the generation of the Kafka transaction it belongs to
 }
 
 type haltState struct {
 	seq     uint64 // the halted record's position
+	txn     uint64 // and its Kafka transaction's generation
 	EventID string
 	Reason  string
 	Err     error
@@ -222,8 +226,31 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		MetadataTTL: 5 * time.Second,
 	}
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport, Timeout: cfg.WriteTimeout}
+	s.ident = &identity{client: client, log: log, mode: cfg.Idempotence}
+	if t := cfg.Transactions; t != nil {
+		s.ident.txnID, s.ident.txnTimeout = t.ID, t.Timeout
+		s.txn = newTxnManager(s, client, s.ident)
+	}
 	s.main = s.newProducer(client, s.completed)
 	s.dead = s.newProducer(client, s.deadLettered)
+	if s.txn != nil {
+		// Written records are held until their Kafka transaction commits (transactions.go).
+		s.main.done = func(batch []*record, err error) {
+			if err != nil {
+				s.completed(batch, err)
+				return
+			}
+			s.txn.written(batch, false)
+		}
+		s.dead.done = func(batch []*record, err error) {
+			if err != nil {
+				s.deadLettered(batch, err)
+				return
+			}
+			s.txn.written(batch, true)
+		}
+		go s.txn.run()
+	}
 	return s, nil
 }
 
@@ -243,6 +270,10 @@ func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *p
 			s.m.RequestRecords.Observe(float64(records))
 		},
 		stopAt: s.stopAt,
+		failed: s.fatal,
+		ident:  s.ident,
+		txn:    s.txn,
+		log:    s.log,
 		parts:  make(map[topicPartition]*partitionQueue),
 		topics: make(map[string]topicInfo),
 	}
@@ -286,6 +317,9 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	if err := ctx.Err(); err != nil {
 		return err // a stopped or fenced relay hands Kafka nothing more, even while the window has room
 	}
+	if err := s.Err(); err != nil {
+		return err
+	}
 	if s.halted.Load() != nil {
 		<-ctx.Done()
 		return ctx.Err()
@@ -299,13 +333,23 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		Value: encodeValue(ev.Payload, s.cfg.ValueEncoding),
 	}
 	topic, routeErr := s.router.topic(ev)
+	if routeErr == nil && topic == s.cfg.DeadLetterTopic {
+		// One partition, one producer: the dead-letter producer's sequence numbers would collide.
+		routeErr = fmt.Errorf("event %s routes to the dead-letter topic %s", ev.ID, topic)
+	}
 	rec.msg.Topic, rec.topic = topic, topic
 	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.cfg.ExtraHeaders)
 	rec.msg.Headers = hs
 	size := int64(recordSize(&rec.msg))
 	rec.size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
-	if err := s.limit.acquire(ctx, rec.size); err != nil {
+	if err := s.limit.acquire(ctx, s.failed, rec.size); err != nil {
+		if ctx.Err() == nil && s.Err() != nil {
+			return s.Err()
+		}
 		return err
+	}
+	if s.txn != nil {
+		s.txn.join(rec)
 	}
 	s.m.InFlightEvents.Inc()
 	s.m.InFlightBytes.Add(float64(rec.size))
@@ -337,9 +381,15 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		}
 	}
 	if err != nil {
+		if s.txn != nil {
+			s.txn.leave(rec)
+		}
 		s.limit.release(1, rec.size)
 		s.m.InFlightEvents.Dec()
 		s.m.InFlightBytes.Sub(float64(rec.size))
+		if ctx.Err() == nil && s.Err() != nil {
+			return s.Err()
+		}
 		return ctx.Err()
 	}
 	return nil
@@ -434,6 +484,11 @@ func (s *Sink) InFlight() (events, bytes int64) { return s.limit.inFlight() }
 // Whatever is still unacknowledged then is abandoned: it was never confirmed to PostgreSQL, so it
 // is published again after a restart. Publish must not be called concurrently with or after Close.
 func (s *Sink) Close(ctx context.Context) error {
+	var txnErr error
+	if s.txn != nil {
+		// Commit what was published; the producers then hold nothing and close at once.
+		txnErr = s.txn.flush(ctx)
+	}
 	done := make(chan struct{})
 	go func() {
 		// The main producer may still dead-letter records, so the dead-letter producer closes
@@ -450,6 +505,12 @@ func (s *Sink) Close(ctx context.Context) error {
 		err = fmt.Errorf("sink: %d events still unacknowledged at shutdown: %w", events, ctx.Err())
 	}
 	s.stop()
+	if s.txn != nil {
+		<-s.txn.done // aborts what did not commit
+		if err == nil && txnErr != nil {
+			err = fmt.Errorf("sink: committing the last kafka transaction: %w", txnErr)
+		}
+	}
 	s.transport.CloseIdleConnections()
 	return err
 }

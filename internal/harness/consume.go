@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
 )
 
 // Record is one Kafka record read back.
@@ -27,6 +29,11 @@ func (r Record) Header(name string) string { return r.Headers[name] }
 
 // Consumer reads topics from their beginning, partition by partition, without a consumer group.
 type Consumer struct {
+	// ReadCommitted reads like a read_committed consumer: up to the last stable offset, without
+	// the records of aborted transactions. (Otherwise it reads like kafka-go's Reader, which sees
+	// records of open and aborted transactions too.) Set it before the first read.
+	ReadCommitted bool
+
 	brokers []string
 	topics  []string
 	readers map[string]*kafka.Reader // by topic/partition
@@ -50,6 +57,13 @@ func NewCommittedConsumer(brokers string, topics ...string) *Consumer {
 // NewConsumer reads the given topics; topics that do not exist yet are picked up when they appear.
 func NewConsumer(brokers string, topics ...string) *Consumer {
 	return &Consumer{brokers: strings.Split(brokers, ","), topics: topics, readers: make(map[string]*kafka.Reader), next: make(map[string]int64), transport: &kafka.Transport{}}
+}
+
+// NewCommittedConsumer is NewConsumer reading like a read_committed consumer.
+func NewCommittedConsumer(brokers string, topics ...string) *Consumer {
+	c := NewConsumer(brokers, topics...)
+	c.ReadCommitted = true
+	return c
 }
 
 // Close stops the readers.
@@ -159,6 +173,9 @@ func (c *Consumer) resetTransport() {
 }
 
 func (c *Consumer) drain(ctx context.Context, topic string, partition int) error {
+	if c.ReadCommitted {
+		return c.drainCommitted(ctx, topic, partition)
+	}
 	first, end, err := c.offsets(ctx, topic, partition)
 	if err != nil {
 		return fmt.Errorf("offsets of %s/%d: %w", topic, partition, err)
@@ -195,4 +212,37 @@ func (c *Consumer) drain(ctx context.Context, topic string, partition int) error
 		c.next[key] = m.Offset + 1
 	}
 	return nil
+}
+
+// drainCommitted reads the partition up to its last stable offset, dropping what aborted
+// transactions wrote.
+func (c *Consumer) drainCommitted(ctx context.Context, topic string, partition int) error {
+	key := fmt.Sprintf("%s/%d", topic, partition)
+	client := &kafka.Client{Addr: kafka.TCP(c.brokers...), Timeout: 10 * time.Second, Transport: c.transport}
+	if _, ok := c.next[key]; !ok {
+		first, _, err := c.offsets(ctx, topic, partition)
+		if err != nil {
+			return fmt.Errorf("offsets of %s: %w", key, err)
+		}
+		c.next[key] = first
+	}
+	for {
+		res, err := readcommitted.Fetch(ctx, client, topic, partition, c.next[key], 16<<20, 100*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		for _, r := range res.Records {
+			rec := Record{Topic: topic, Partition: partition, Offset: r.Offset, Key: r.Key, Value: r.Value,
+				Headers: make(map[string]string, len(r.Headers)), Time: r.Time}
+			for _, h := range r.Headers {
+				rec.Headers[h.Key] = string(h.Value)
+			}
+			c.records = append(c.records, rec)
+		}
+		if res.Next <= c.next[key] || res.Next >= res.LastStableOffset {
+			c.next[key] = max(c.next[key], res.Next)
+			return nil
+		}
+		c.next[key] = res.Next
+	}
 }

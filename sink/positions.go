@@ -1,0 +1,279 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
+)
+
+// The positions topic holds, per transactional id (the record key), the Position each committed
+// Kafka transaction reached, written inside that transaction: a read_committed reader of the
+// latest record of the key learns exactly how far the committed events go. The value is JSON with
+// a version, so it can grow:
+//
+//	{"v":1,"commit_lsn":"0/1A2B3C8","events":12}
+//
+// commit_lsn is the commit LSN of the PostgreSQL transaction of the last committed event, events
+// how many events of that transaction (by decoder.Event.Index) are committed. The topic is
+// compacted: only the latest record per key matters.
+
+// positionValue is the JSON form of a Position.
+type positionValue struct {
+	V         int    `json:"v"`
+	CommitLSN string `json:"commit_lsn"`
+	Events    int    `json:"events"`
+}
+
+func encodePosition(p Position) []byte {
+	b, _ := json.Marshal(positionValue{V: 1, CommitLSN: p.CommitLSN.String(), Events: p.Events})
+	return b
+}
+
+func decodePosition(b []byte) (Position, error) {
+	var v positionValue
+	if err := json.Unmarshal(b, &v); err != nil {
+		return Position{}, fmt.Errorf("position record %.80q: %w", b, err)
+	}
+	if v.V != 1 {
+		return Position{}, fmt.Errorf("position record of version %d; this relay reads version 1 (a newer relay wrote it?)", v.V)
+	}
+	lsn, err := pglogrepl.ParseLSN(v.CommitLSN)
+	if err != nil || v.Events < 0 {
+		return Position{}, fmt.Errorf("position record %.80q: bad commit_lsn or events", b)
+	}
+	return Position{CommitLSN: lsn, Events: v.Events}, nil
+}
+
+// positionsTopicConfig is what the relay creates a missing positions topic with. Compaction keeps
+// the latest position per key; it can only clean closed segments, so segments roll hourly (and
+// small): that keeps the topic, and the backward read of ReadPosition, short.
+var positionsTopicConfig = []kafka.ConfigEntry{
+	{ConfigName: "cleanup.policy", ConfigValue: "compact"},
+	{ConfigName: "segment.ms", ConfigValue: "3600000"},
+	{ConfigName: "segment.bytes", ConfigValue: "16777216"},
+}
+
+// positionsPartition returns the partition of the positions topic that holds key (murmur2, as a
+// Java producer would place it), creating the topic, compacted, when it is missing. created is
+// true when this call created it (so it holds no position yet).
+func positionsPartition(ctx context.Context, client *kafka.Client, topic, key string, log *zap.Logger) (partition int, created bool, err error) {
+	for attempt := 0; ; attempt++ {
+		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(md.Topics) == 1 {
+			t := md.Topics[0]
+			switch {
+			case t.Error == nil && len(t.Partitions) > 0:
+				return int((murmur2([]byte(key)) & 0x7fffffff) % uint32(len(t.Partitions))), created, nil
+			case t.Error == nil || errors.Is(t.Error, kafka.LeaderNotAvailable):
+				err = kafka.LeaderNotAvailable // just created: no partitions yet
+			case errors.Is(t.Error, kafka.UnknownTopicOrPartition):
+				if created {
+					err = t.Error // created, not yet known to the broker answering
+					break
+				}
+				if cerr := createPositionsTopic(ctx, client, topic); cerr != nil {
+					return 0, false, cerr
+				}
+				log.Info("created the positions topic (compacted)", zap.String("topic", topic))
+				created = true
+				continue
+			case errors.Is(t.Error, kafka.TopicAuthorizationFailed):
+				return 0, false, fmt.Errorf("sink: the relay may not use positions topic %s: %w (grant its principal READ, WRITE and DESCRIBE on it, or set positions_topic)", topic, t.Error)
+			default:
+				err = t.Error
+			}
+		}
+		if err == nil {
+			err = errors.New("metadata does not list the topic")
+		}
+		if werr := wait(ctx, attempt, log, "positions topic not available yet; retrying", err); werr != nil {
+			return 0, false, fmt.Errorf("sink: positions topic %s: %w", topic, werr)
+		}
+	}
+}
+
+func createPositionsTopic(ctx context.Context, client *kafka.Client, topic string) error {
+	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: 1, ReplicationFactor: -1, ConfigEntries: positionsTopicConfig,
+	}}})
+	if err == nil {
+		err = res.Errors[topic]
+	}
+	switch {
+	case err == nil, errors.Is(err, kafka.TopicAlreadyExists):
+		return nil
+	case errors.Is(err, kafka.TopicAuthorizationFailed), errors.Is(err, kafka.ClusterAuthorizationFailed):
+		return fmt.Errorf("sink: positions topic %s does not exist and the relay may not create it: %w "+
+			"(create it with cleanup.policy=compact, or set positions_topic to one that exists)", topic, err)
+	}
+	return fmt.Errorf("sink: positions topic %s does not exist and creating it failed: %w "+
+		"(create it with cleanup.policy=compact, or set positions_topic to one that exists)", topic, err)
+}
+
+// positionChunk is how many offsets ReadPosition reads at a time, from the end backwards.
+const positionChunk = 512
+
+// ReadPosition returns the last committed position for cfg.Transactions.ID (read_committed);
+// ok is false when none was ever committed. It creates the positions topic (compacted) when it is
+// missing. It reads backwards from the partition's last stable offset in chunks, so a long-lived
+// partition is not scanned from its start.
+//
+// A relay must read its position only after its sink has fenced earlier producers (WaitReady, or
+// Sink.ReadPosition): a paused old producer could otherwise still commit after the read.
+func ReadPosition(ctx context.Context, cfg Config) (pos Position, ok bool, err error) {
+	cfg.setDefaults()
+	if cfg.Transactions == nil {
+		return Position{}, false, errors.New("sink: ReadPosition needs exactly-once delivery (Config.Transactions)")
+	}
+	transport := &kafka.Transport{ClientID: cfg.ClientID, TLS: cfg.TLS, SASL: cfg.SASL, DialTimeout: 5 * time.Second}
+	defer transport.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport, Timeout: cfg.WriteTimeout}
+	return readPosition(ctx, client, cfg.Transactions.PositionsTopic, cfg.Transactions.ID, zap.NewNop())
+}
+
+func readPosition(ctx context.Context, client *kafka.Client, topic, key string, log *zap.Logger) (Position, bool, error) {
+	partition, created, err := positionsPartition(ctx, client, topic, key, log)
+	if err != nil || created {
+		return Position{}, false, err
+	}
+	var first, stable int64
+	for attempt := 0; ; attempt++ {
+		first, stable, err = offsets(ctx, client, topic, partition)
+		if err == nil {
+			break
+		}
+		if werr := wait(ctx, attempt, log, "retrying reading the positions topic", err); werr != nil {
+			return Position{}, false, fmt.Errorf("sink: positions topic %s: %w", topic, werr)
+		}
+	}
+	for end := stable; end > first; {
+		from := max(first, end-positionChunk)
+		var found *readcommitted.Record
+		for at := from; at < end; {
+			res, err := readcommitted.Fetch(ctx, client, topic, partition, at, 1<<20, 100*time.Millisecond)
+			if err != nil {
+				return Position{}, false, fmt.Errorf("sink: reading positions topic %s: %w", topic, err)
+			}
+			for i := range res.Records {
+				if r := &res.Records[i]; r.Offset < end && string(r.Key) == key {
+					found = r
+				}
+			}
+			if res.Next <= at {
+				break // nothing more below the last stable offset
+			}
+			at = res.Next
+		}
+		if found != nil {
+			if found.Value == nil {
+				return Position{}, false, nil // a tombstone: the position was deleted on purpose
+			}
+			pos, err := decodePosition(found.Value)
+			if err != nil {
+				return Position{}, false, fmt.Errorf("sink: positions topic %s, offset %d: %w", topic, found.Offset, err)
+			}
+			return pos, true, nil
+		}
+		end = from
+	}
+	return Position{}, false, nil
+}
+
+// offsets returns the partition's first offset and its last stable offset (read_committed end).
+func offsets(ctx context.Context, client *kafka.Client, topic string, partition int) (first, stable int64, err error) {
+	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics: map[string][]kafka.OffsetRequest{topic: {
+			kafka.FirstOffsetOf(partition), kafka.LastOffsetOf(partition),
+		}},
+		IsolationLevel: kafka.ReadCommitted,
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Partition != partition {
+			continue
+		}
+		if p.Error != nil {
+			return 0, 0, p.Error
+		}
+		return p.FirstOffset, p.LastOffset, nil
+	}
+	return 0, 0, errors.New("list offsets: the response does not hold the partition")
+}
+
+// positionsWriter writes the position record of each Kafka transaction.
+type positionsWriter struct {
+	tm    *txnManager
+	tp    topicPartition
+	ready bool
+	ps    producerState
+}
+
+// write produces pos, inside the current transaction, retrying in place what heals.
+func (w *positionsWriter) write(ctx context.Context, pos Position) error {
+	tm := w.tm
+	if !w.ready {
+		partition, _, err := positionsPartition(ctx, tm.client, tm.cfg.PositionsTopic, tm.id, tm.log)
+		if err != nil {
+			return err
+		}
+		if w.ps, err = tm.ident.get(ctx); err != nil {
+			return err
+		}
+		w.tp, w.ready = topicPartition{tm.cfg.PositionsTopic, partition}, true
+	}
+	if err := tm.add(ctx, w.tp); err != nil {
+		return err
+	}
+	now := time.Now()
+	rec := &record{msg: kafka.Message{Topic: w.tp.topic, Partition: w.tp.partition, Key: []byte(tm.id), Value: encodePosition(pos), Time: now}}
+	rec.size = int64(recordSize(&rec.msg))
+	ps := w.ps
+	for attempt := 0; ; attempt++ {
+		err := tm.s.main.produce(w.tp, []*record{rec}, ps)
+		if err == nil || errors.Is(err, kafka.DuplicateSequenceNumber) {
+			w.ps.seq = nextSequence(ps.seq, 1)
+			return nil
+		}
+		if permanent(err) || sequenceLost(err) || producerRefused(err) || transactionFailed(err) {
+			return fmt.Errorf("write the position to %s: %w", w.tp.topic, err)
+		}
+		delay := backoff(attempt)
+		tm.s.retrying(w.tp.topic, w.tp.partition, 1, err, delay)
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// ReadPosition is the package's ReadPosition for this sink's transactional id, after fencing
+// every earlier producer with it (InitProducerID): nothing can commit past the position returned.
+func (s *Sink) ReadPosition(ctx context.Context) (Position, bool, error) {
+	if s.txn == nil {
+		return Position{}, false, errors.New("sink: ReadPosition needs exactly-once delivery (Config.Transactions)")
+	}
+	if _, err := s.ident.get(ctx); err != nil {
+		return Position{}, false, err
+	}
+	return readPosition(ctx, s.txn.client, s.cfg.Transactions.PositionsTopic, s.cfg.Transactions.ID, s.log)
+}
+
+// Committed returns the position of the last Kafka transaction this sink committed; ok is false
+// before the first one (and in at-least-once mode).
+func (s *Sink) Committed() (pos Position, ok bool) {
+	if s.txn == nil {
+		return Position{}, false
+	}
+	return s.txn.committed()
+}

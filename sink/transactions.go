@@ -1,0 +1,576 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+)
+
+// Exactly-once delivery: the published stream is cut into Kafka transactions, each a prefix of
+// what is left, in publish (WAL) order. A record joins the transaction that is open when it is
+// published (its generation, record.txn); a transaction is sealed after Interval, or once it holds
+// MaxEvents records, and the committer then
+//
+//  1. waits until every record of it is written (or dead-lettered, inside the same transaction),
+//     while the records published meanwhile wait in their partitions' queues for the next one;
+//  2. writes the position of its last record to the positions topic, inside the transaction;
+//  3. commits it (EndTxn), and only then acknowledges its records: the slot is confirmed only past
+//     what a read_committed consumer can see.
+//
+// Partitions join a transaction with AddPartitionsToTxn before their first batch of it: kafka-go
+// speaks Produce up to v8, so the broker's implicit adding (KIP-890 transactions v2, Produce v12)
+// is not available.
+//
+// Anything that ends a transaction other than its commit stops the sink for good, without
+// acknowledging any record of it: the relay restarts from the last committed position (the records
+// are replayed from PostgreSQL). That is simpler than resending an aborted transaction's records
+// from memory, and a failed transaction is rare (the coordinator timed it out, the broker lost the
+// producer's state, another producer took over). A halt aborts the transaction holding the halted
+// record and commits none after it: what is committed is every transaction before it.
+
+// txnManager runs the Kafka transactions of one sink.
+type txnManager struct {
+	s         *Sink
+	client    *kafka.Client
+	id        string
+	cfg       Transactions
+	maxEvents int
+	ident     *identity
+	log       *zap.Logger
+
+	// active is the generation partitions may send; records of a later one wait.
+	active atomic.Uint64
+
+	mu      sync.Mutex
+	cur     *kafkaTxn // generation active: open, or sealed and committing
+	next    *kafkaTxn // while cur is sealed: where new records go
+	queues  []*partitionQueue
+	added   map[topicPartition]bool // partitions added to cur
+	adding  map[topicPartition]bool // partitions waiting for the AddPartitionsToTxn in flight or the next one
+	addBusy bool
+	addDone chan struct{} // closed when the AddPartitionsToTxn in flight ends
+	closing bool
+	failErr error // why the transaction failed; the committer acts on it
+	last    Position
+	lastOK  bool
+
+	wake chan struct{}
+	done chan struct{} // closed when the committer has stopped
+
+	positions *positionsWriter
+}
+
+// kafkaTxn is one Kafka transaction's records.
+type kafkaTxn struct {
+	gen         uint64
+	started     time.Time // its first record's arrival
+	records     int       // records that joined it
+	outstanding int       // of those, not yet written or dead-lettered
+	held        []heldBatch
+	last        *record // the written record latest in publish order
+	sealed      bool
+}
+
+type heldBatch struct {
+	batch []*record
+	dead  bool // written to the dead-letter topic
+}
+
+func newTxnManager(s *Sink, client *kafka.Client, ident *identity) *txnManager {
+	cfg := *s.cfg.Transactions
+	tm := &txnManager{
+		s: s, client: client, id: cfg.ID, cfg: cfg, ident: ident, log: s.log,
+		// Two transactions must fit in the in-flight window: one committing, one filling.
+		maxEvents: max(1, min(cfg.MaxEvents, s.cfg.MaxInFlight/2)),
+		cur:       &kafkaTxn{gen: 1},
+		added:     make(map[topicPartition]bool),
+		adding:    make(map[topicPartition]bool),
+		wake:      make(chan struct{}, 1),
+		done:      make(chan struct{}),
+	}
+	tm.active.Store(1)
+	tm.positions = &positionsWriter{tm: tm}
+	return tm
+}
+
+func (tm *txnManager) signal() {
+	select {
+	case tm.wake <- struct{}{}:
+	default:
+	}
+}
+
+// register lets a partition queue be woken when the next transaction opens.
+func (tm *txnManager) register(q *partitionQueue) {
+	tm.mu.Lock()
+	tm.queues = append(tm.queues, q)
+	tm.mu.Unlock()
+}
+
+// join puts a record being published into the open transaction (the next one while the current
+// commits). Publish calls it, on one goroutine, before handing the record over.
+func (tm *txnManager) join(rec *record) {
+	tm.mu.Lock()
+	t := tm.cur
+	if t.sealed {
+		if tm.next == nil {
+			tm.next = &kafkaTxn{gen: t.gen + 1}
+		}
+		t = tm.next
+	}
+	rec.txn = t.gen
+	if t.records == 0 {
+		t.started = time.Now()
+	}
+	t.records++
+	t.outstanding++
+	due := t.records == 1 || t.records >= tm.maxEvents
+	tm.mu.Unlock()
+	if due {
+		tm.signal()
+	}
+}
+
+// leave takes back a record that joined but was never handed over (its Publish ended).
+func (tm *txnManager) leave(rec *record) {
+	tm.mu.Lock()
+	if t := tm.txn(rec.txn); t != nil {
+		t.records--
+		t.outstanding--
+	}
+	tm.mu.Unlock()
+	tm.signal()
+}
+
+func (tm *txnManager) txn(gen uint64) *kafkaTxn {
+	switch {
+	case tm.cur.gen == gen:
+		return tm.cur
+	case tm.next != nil && tm.next.gen == gen:
+		return tm.next
+	}
+	return nil
+}
+
+// written holds a batch the broker took (inside the transaction) until the transaction commits.
+func (tm *txnManager) written(batch []*record, dead bool) {
+	tm.mu.Lock()
+	t := tm.txn(batch[0].txn)
+	if t == nil {
+		tm.mu.Unlock()
+		return // cannot happen: a transaction commits only once all its records are written
+	}
+	t.held = append(t.held, heldBatch{batch: batch, dead: dead})
+	t.outstanding -= len(batch)
+	for _, rec := range batch {
+		if t.last == nil || rec.seq > t.last.seq {
+			t.last = rec
+		}
+	}
+	finished := t.outstanding == 0 && t.sealed
+	tm.mu.Unlock()
+	if finished {
+		tm.signal()
+	}
+}
+
+// fail ends the transaction in progress for err (from a produce or AddPartitionsToTxn): the
+// committer aborts it and stops the sink.
+func (tm *txnManager) fail(err error) {
+	tm.mu.Lock()
+	if tm.failErr == nil {
+		tm.failErr = err
+	}
+	tm.mu.Unlock()
+	tm.signal()
+}
+
+func (tm *txnManager) failure() error {
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	return tm.failErr
+}
+
+// Committed returns the position of the last Kafka transaction this sink committed.
+func (tm *txnManager) committed() (Position, bool) {
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	return tm.last, tm.lastOK
+}
+
+// run is the committer; it returns when the sink stops (Close, a failure, a halt).
+func (tm *txnManager) run() {
+	defer close(tm.done)
+	ctx := tm.s.ctx
+	for {
+		t, ok := tm.cut(ctx)
+		if !ok {
+			return
+		}
+		if !tm.drain(ctx, t) {
+			return
+		}
+		if err := tm.commit(ctx, t); err != nil {
+			tm.stop(ctx, err)
+			return
+		}
+	}
+}
+
+// cut waits until the open transaction is due and seals it. It returns false when the sink
+// stops first (and then stops it).
+func (tm *txnManager) cut(ctx context.Context) (*kafkaTxn, bool) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if tm.stopping(ctx) {
+			return nil, false
+		}
+		tm.mu.Lock()
+		t := tm.cur
+		wait := time.Hour
+		if t.records > 0 {
+			wait = tm.cfg.Interval - time.Since(t.started)
+			if wait <= 0 || t.records >= tm.maxEvents || tm.closing || tm.s.halted.Load() != nil {
+				t.sealed = true
+				tm.mu.Unlock()
+				return t, true
+			}
+		}
+		tm.mu.Unlock()
+		timer.Reset(wait)
+		select {
+		case <-tm.wake:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// drain waits until every record of t is written. It returns false when the sink stops first.
+func (tm *txnManager) drain(ctx context.Context, t *kafkaTxn) bool {
+	for {
+		if tm.stopping(ctx) {
+			return false
+		}
+		tm.mu.Lock()
+		n := t.outstanding
+		tm.mu.Unlock()
+		if n == 0 {
+			return true
+		}
+		select {
+		case <-tm.wake:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// stopping reports whether the committer must stop, and stops the sink if so: a failure (the
+// transaction is aborted), a halt on a record of the current transaction (aborted too: it cannot
+// commit without the halted record, and what follows it must not be visible), or the end of the
+// sink's context.
+func (tm *txnManager) stopping(ctx context.Context) bool {
+	if err := tm.failure(); err != nil {
+		tm.stop(ctx, err)
+		return true
+	}
+	if h := tm.s.halted.Load(); h != nil {
+		tm.mu.Lock()
+		gen := tm.cur.gen
+		tm.mu.Unlock()
+		if h.txn <= gen {
+			tm.log.Error("halted: aborting the Kafka transaction that holds the halted event; every transaction before it is committed",
+				zap.String("event_id", h.EventID))
+			tm.abort()
+			return true
+		}
+	}
+	if ctx.Err() != nil {
+		tm.abort()
+		return true
+	}
+	return false
+}
+
+// commit writes t's position and commits t, then acknowledges its records and opens the next
+// transaction.
+func (tm *txnManager) commit(ctx context.Context, t *kafkaTxn) error {
+	tm.mu.Lock()
+	last := t.last
+	tm.mu.Unlock()
+	if last == nil {
+		// Every record left (their Publish ended before they were handed over): nothing to commit.
+		tm.open(t, Position{}, false)
+		return nil
+	}
+	pos := Position{CommitLSN: last.ev.Tx.CommitLSN, Events: last.ev.Index + 1}
+	if err := tm.positions.write(ctx, pos); err != nil {
+		return err
+	}
+	if err := tm.endTxn(ctx, true); err != nil {
+		return err
+	}
+	tm.s.m.KafkaTransactions.WithLabelValues("committed").Inc()
+	for _, h := range t.held {
+		if h.dead {
+			tm.s.deadLettered(h.batch, nil)
+		} else {
+			tm.s.completed(h.batch, nil)
+		}
+	}
+	tm.open(t, pos, true)
+	return nil
+}
+
+// open makes the transaction after t the active one and wakes the partitions waiting for it.
+func (tm *txnManager) open(t *kafkaTxn, pos Position, committed bool) {
+	tm.mu.Lock()
+	if committed {
+		tm.last, tm.lastOK = pos, true
+	}
+	if tm.next != nil {
+		tm.cur, tm.next = tm.next, nil
+	} else {
+		tm.cur = &kafkaTxn{gen: t.gen + 1}
+	}
+	clear(tm.added)
+	queues := tm.queues
+	tm.active.Store(tm.cur.gen)
+	tm.mu.Unlock()
+	for _, q := range queues {
+		q.signal()
+	}
+	tm.signal()
+}
+
+// flush seals and commits everything published so far; Close calls it. It returns when nothing
+// is left uncommitted, the sink stopped, or ctx ends.
+func (tm *txnManager) flush(ctx context.Context) error {
+	tm.mu.Lock()
+	tm.closing = true
+	tm.mu.Unlock()
+	tm.signal()
+	for {
+		tm.mu.Lock()
+		empty := tm.cur.records == 0 && tm.next == nil
+		tm.mu.Unlock()
+		if empty {
+			return nil
+		}
+		select {
+		case <-tm.done:
+			return tm.s.Err()
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// stop ends the sink for good after the transaction failed with err.
+func (tm *txnManager) stop(ctx context.Context, err error) {
+	if producerRefused(err) {
+		fenced, cerr := tm.fenced(ctx)
+		if fenced {
+			tm.s.m.KafkaTransactions.WithLabelValues("fenced").Inc()
+			tm.s.fatal(fmt.Errorf("sink: transactional id %q: %w (%v)", tm.id, ErrFenced, err))
+			tm.log.Error("fenced: another relay with the same transactional id took over; this one stops and writes nothing more",
+				zap.String("transactional_id", tm.id), zap.Error(err))
+			tm.s.stop()
+			return
+		}
+		if cerr != nil {
+			err = fmt.Errorf("%w (checking for a newer producer: %v)", err, cerr)
+		}
+	} else {
+		tm.abort()
+	}
+	tm.s.m.KafkaTransactions.WithLabelValues("aborted").Inc()
+	tm.s.fatal(fmt.Errorf("sink: transactional id %q: %w: %v; nothing of it was acknowledged, so it is replayed from the last committed position", tm.id, ErrAborted, err))
+	tm.log.Error("kafka transaction aborted; stopping the sink so the relay replays from the last committed position",
+		zap.String("transactional_id", tm.id), zap.Error(err))
+	tm.s.stop()
+}
+
+// fenced asks the coordinator whether another producer took the transactional id: InitProducerID
+// with the current producer id and epoch is refused then (KIP-360), and otherwise bumps the epoch,
+// which aborts what the coordinator may still hold open of ours.
+func (tm *txnManager) fenced(ctx context.Context) (bool, error) {
+	ps, err := tm.ident.get(ctx)
+	if err != nil {
+		return false, err
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_, _, err = tm.ident.initProducerID(cctx, ps.id, ps.epoch)
+	if producerRefused(err) {
+		return true, nil
+	}
+	return false, err
+}
+
+// abort ends the transaction in progress with EndTxn(abort), at once, so that read_committed
+// consumers are not held up by it until the transaction timeout. Best effort: a producer that
+// takes over the transactional id aborts it too.
+func (tm *txnManager) abort() {
+	tm.mu.Lock()
+	any := len(tm.added) > 0
+	tm.mu.Unlock()
+	if !any {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tm.endTxn(ctx, false); err != nil {
+		tm.log.Warn("could not abort the kafka transaction; the coordinator aborts it after its timeout, or the next relay with this transactional id at once",
+			zap.String("transactional_id", tm.id), zap.Error(err))
+		return
+	}
+	tm.s.m.KafkaTransactions.WithLabelValues("aborted").Inc()
+	tm.mu.Lock()
+	clear(tm.added)
+	tm.mu.Unlock()
+}
+
+// endTxn commits or aborts the transaction, retrying what heals. A commit retried after its
+// answer was lost is answered with success by the coordinator.
+func (tm *txnManager) endTxn(ctx context.Context, commit bool) error {
+	ps, err := tm.ident.get(ctx)
+	if err != nil {
+		return err
+	}
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
+		res, err := tm.client.EndTxn(rctx, &kafka.EndTxnRequest{
+			TransactionalID: tm.id, ProducerID: int(ps.id), ProducerEpoch: int(ps.epoch), Committed: commit,
+		})
+		cancel()
+		if err == nil {
+			err = res.Error
+		}
+		if err == nil {
+			return nil
+		}
+		if !retriableCoordinatorError(err) {
+			return fmt.Errorf("end transaction: %w", err)
+		}
+		if err := wait(ctx, attempt, tm.log, "retrying the end of the kafka transaction", err); err != nil {
+			return err
+		}
+	}
+}
+
+// add makes sure tp is part of the current transaction before a batch goes to it. Partitions that
+// ask while an AddPartitionsToTxn is in flight go together in the next one.
+func (tm *txnManager) add(ctx context.Context, tp topicPartition) error {
+	tm.mu.Lock()
+	for !tm.added[tp] {
+		if tm.failErr != nil {
+			tm.mu.Unlock()
+			return tm.failErr
+		}
+		tm.adding[tp] = true
+		if tm.addBusy {
+			done := tm.addDone
+			tm.mu.Unlock()
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			tm.mu.Lock()
+			continue
+		}
+		tm.addBusy, tm.addDone = true, make(chan struct{})
+		tps := tm.adding
+		tm.adding = make(map[topicPartition]bool)
+		tm.mu.Unlock()
+		err := tm.addPartitions(ctx, tps)
+		tm.mu.Lock()
+		if err == nil {
+			for tp := range tps {
+				tm.added[tp] = true
+			}
+		}
+		tm.addBusy = false
+		close(tm.addDone)
+		if err != nil {
+			tm.mu.Unlock()
+			if ctx.Err() == nil {
+				tm.fail(err)
+			}
+			return err
+		}
+	}
+	tm.mu.Unlock()
+	return nil
+}
+
+// addPartitions sends AddPartitionsToTxn for tps, retrying what heals.
+func (tm *txnManager) addPartitions(ctx context.Context, tps map[topicPartition]bool) error {
+	ps, err := tm.ident.get(ctx)
+	if err != nil {
+		return err
+	}
+	topics := make(map[string][]kafka.AddPartitionToTxn)
+	for tp := range tps {
+		topics[tp.topic] = append(topics[tp.topic], kafka.AddPartitionToTxn{Partition: tp.partition})
+	}
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
+		res, err := tm.client.AddPartitionsToTxn(rctx, &kafka.AddPartitionsToTxnRequest{
+			TransactionalID: tm.id, ProducerID: int(ps.id), ProducerEpoch: int(ps.epoch), Topics: topics,
+		})
+		cancel()
+		if err == nil {
+			err = addResult(res)
+		}
+		if err == nil {
+			return nil
+		}
+		var kerr kafka.Error
+		if errors.As(err, &kerr) && kerr == kafka.TopicAuthorizationFailed {
+			// Like a produce refused for it: loud, retried until the ACL is fixed.
+			for tp := range tps {
+				tm.s.retrying(tp.topic, tp.partition, 0, err, backoff(attempt))
+			}
+		} else if !retriableCoordinatorError(err) {
+			return fmt.Errorf("add partitions to the kafka transaction: %w", err)
+		}
+		if err := wait(ctx, attempt, tm.log, "retrying adding partitions to the kafka transaction", err); err != nil {
+			return err
+		}
+	}
+}
+
+// addResult is the first error of an AddPartitionsToTxn answer, OPERATION_NOT_ATTEMPTED (the
+// others were not tried because of it) last.
+func addResult(res *kafka.AddPartitionsToTxnResponse) error {
+	var notAttempted error
+	for _, parts := range res.Topics {
+		for _, p := range parts {
+			if p.Error == nil {
+				continue
+			}
+			if errors.Is(p.Error, errOperationNotAttempted) {
+				notAttempted = p.Error
+				continue
+			}
+			return p.Error
+		}
+	}
+	return notAttempted
+}
