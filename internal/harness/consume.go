@@ -41,17 +41,6 @@ type Consumer struct {
 	// own transport, so connections left broken by a broker restart are not shared with others
 	transport *kafka.Transport
 	records   []Record
-	// committed, when not nil, makes this a read_committed consumer (committed.go): its state by
-	// topic/partition.
-	committed map[string]*committedReader
-}
-
-// NewCommittedConsumer is NewConsumer reading with isolation.level=read_committed: only records of
-// committed transactions (and non-transactional ones), up to each partition's last stable offset.
-func NewCommittedConsumer(brokers string, topics ...string) *Consumer {
-	c := NewConsumer(brokers, topics...)
-	c.committed = make(map[string]*committedReader)
-	return c
 }
 
 // NewConsumer reads the given topics; topics that do not exist yet are picked up when they appear.
@@ -138,11 +127,7 @@ func (c *Consumer) poll(ctx context.Context) error {
 			continue // not created yet
 		}
 		for _, p := range t.Partitions {
-			drain := c.drain
-			if c.committed != nil {
-				drain = c.drainCommitted
-			}
-			if err := drain(ctx, t.Name, p.ID); err != nil {
+			if err := c.drain(ctx, t.Name, p.ID); err != nil {
 				errs = append(errs, err)
 			}
 		}
