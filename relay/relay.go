@@ -55,7 +55,7 @@ type Relay struct {
 	kafkaReady bool
 
 	// Exactly-once (exactlyonce.go), all used by the pipeline's goroutine only. positions reads the
-	// position committed in Kafka (sink.ReadPosition; a fake in tests).
+	// position committed in Kafka (Sink.ReadPosition; a fake in tests).
 	positions        func(ctx context.Context) (sink.Position, bool, error)
 	positionChecked  bool // compared with the slot ledger
 	positionLogged   bool // the first position read was logged at info level
@@ -87,7 +87,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		sink:    sk,
 	}
 	r.fenced, r.fence = context.WithCancel(context.Background())
-	r.positions = func(ctx context.Context) (sink.Position, bool, error) { return sink.ReadPosition(ctx, r.cfg.Sink) }
+	r.positions = sk.ReadPosition // after the sink has fenced earlier producers
 	if cfg.Sink.MaxInFlightSize > 0 && r.cfg.Replication.BufferBytes <= 0 {
 		// Rows read ahead of the sink are a quarter of what the sink may hold (16 MiB with the
 		// defaults), so memory stays a small multiple of max_in_flight_bytes (docs/guarantees.md).
