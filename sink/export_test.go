@@ -10,3 +10,6 @@ import (
 func SetDialer(s *Sink, dial func(ctx context.Context, network, addr string) (net.Conn, error)) {
 	s.transport.Dial = dial
 }
+
+// DecodePosition reads a position record's value.
+var DecodePosition = decodePosition

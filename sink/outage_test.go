@@ -15,10 +15,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// TestSinkWithABrokerThatGoesAway stops a dedicated broker for about 5s while a sink publishes
+// TestSinkWithABrokerThatGoesAway stops a dedicated broker for 20s while a sink publishes
 // continuously, and meanwhile calls WaitReady on fresh sinks: one with a context that ends while
 // the broker is down, one that must outlast the outage. One outage serves all of them because
-// starting a broker is the slow part.
+// starting a broker is the slow part. The idempotent producer (on by default) keeps the requests
+// the broker wrote just before it stopped, and answered no more, from being written twice.
 func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 	t.Parallel()
 	k := testenv.Kafka(t)
@@ -32,15 +33,25 @@ func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 		MaxInFlight:     2000,
 		WriteTimeout:    3 * time.Second,
 	})
-	log := newSent()
-	var acked, published atomic.Int64
+	// A second sink with exactly-once delivery rides out the same outage: its Kafka transaction
+	// outlives the 20s (timeout 60s), the broker keeps it across the restart, and it commits.
+	txTopic := testenv.UniqueName(t, "restart_tx")
+	if err := k.CreateTopic(context.Background(), txTopic, 3); err != nil {
+		t.Fatal(err)
+	}
+	tx := readySink(t, k.Brokers(), sink.Config{
+		TopicTemplate: txTopic, DeadLetterTopic: testenv.UniqueName(t, "dlq"), MaxInFlight: 2000, WriteTimeout: 3 * time.Second,
+		Transactions: &sink.Transactions{ID: testenv.UniqueName(t, "txn"), PositionsTopic: testenv.UniqueName(t, "pos")},
+	})
+	log, txLog := newSent(), newSent()
+	var acked, published, txAcked, txPublished atomic.Int64
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() {
+	publish := func(s *testSink, log *sent, acked, published *atomic.Int64) {
 		for i := 0; ctx.Err() == nil; i++ {
 			key := fmt.Sprintf("order-%02d", i%20)
 			ev := newEvent(fmt.Sprintf("r-%06d", i), []byte("Order"), key, "Changed", fmt.Appendf(nil, `{"seq":%d}`, i))
-			a := &acker{total: &acked}
+			a := &acker{total: acked}
 			log.add(ev, a, nil)
 			if err := s.Publish(ctx, ev, a); err != nil {
 				log.remove(ev) // never handed over: the limiter was full when the context ended
@@ -49,9 +60,11 @@ func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 			published.Add(1)
 			time.Sleep(time.Millisecond)
 		}
-	})
+	}
+	wg.Go(func() { publish(s, log, &acked, &published) })
+	wg.Go(func() { publish(tx, txLog, &txAcked, &txPublished) })
 	defer func() { cancel(); wg.Wait() }()
-	eventually(t, 60*time.Second, "acks flowing before the outage", func() bool { return acked.Load() > 500 })
+	eventually(t, 60*time.Second, "acks flowing before the outage", func() bool { return acked.Load() > 500 && txAcked.Load() > 500 })
 
 	// The outage.
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -100,7 +113,7 @@ func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 		c.mustClose(t)
 	}
 
-	time.Sleep(time.Until(stoppedAt.Add(5 * time.Second)))
+	time.Sleep(time.Until(stoppedAt.Add(20 * time.Second)))
 	ackedWhileDown := acked.Load() - ackedAtStop
 	select {
 	case err := <-lateDone:
@@ -117,9 +130,11 @@ func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 	}
 	t.Logf("broker up again after %v", time.Since(stoppedAt).Round(time.Millisecond))
 	eventually(t, 60*time.Second, "acks flowing after the restart", func() bool { return acked.Load() > ackedAtStop+500 })
+	eventually(t, 60*time.Second, "the exactly-once sink committing after the restart", func() bool { return txAcked.Load() > ackedAtStop+500 })
 	cancel()
 	wg.Wait()
 	s.mustClose(t)
+	tx.mustClose(t)
 	lateErr := <-lateDone
 	t.Logf("the late WaitReady returned after %v", time.Since(lateStart).Round(time.Millisecond))
 	late.mustClose(t)
@@ -165,10 +180,28 @@ func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 			t.Error("the sink halted")
 		}
 	})
-	t.Run("Kafka holds every event in key order", func(t *testing.T) {
+	t.Run("Kafka holds every event once, in key order", func(t *testing.T) {
 		total := int(published.Load())
 		records := readBack(t, k.Brokers(), 60*time.Second, atLeast(total), topic)
 		dups := log.verify(t, topic, records)
 		t.Logf("%d events, %d duplicate deliveries, %v retries", total, dups, s.metric(t, "outbox_relay_kafka_retries_total"))
+		if dups != 0 {
+			t.Errorf("%d duplicates with the idempotent producer", dups)
+		}
+	})
+	t.Run("exactly-once: a read_committed reader sees every event once, in key order", func(t *testing.T) {
+		if err := tx.Err(); err != nil {
+			t.Fatalf("the exactly-once sink failed: %v", err)
+		}
+		total := int(txPublished.Load())
+		if txAcked.Load() != int64(total) {
+			t.Fatalf("%d acks for %d published events", txAcked.Load(), total)
+		}
+		txLog.checkAcked(t)
+		records := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(total), txTopic)
+		if dups := txLog.verify(t, txTopic, records); dups != 0 {
+			t.Errorf("%d duplicates", dups)
+		}
+		t.Logf("%d events in %v Kafka transactions", total, tx.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "committed"))
 	})
 }

@@ -138,6 +138,9 @@ func (s *Sink) halt(rec *record, reason string, err error) {
 		}
 	}
 	s.m.Halted.Set(1)
+	if s.txn != nil {
+		s.txn.signal() // the committer aborts the transaction holding rec
+	}
 	msg := "halted: event cannot be published; the slot will not advance past it until the cause is fixed and the relay restarted"
 	if !earliest {
 		msg = "another event cannot be published while halted"

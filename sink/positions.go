@@ -133,6 +133,9 @@ func ReadPosition(ctx context.Context, cfg Config) (pos Position, ok bool, err e
 	if cfg.Transactions == nil {
 		return Position{}, false, errors.New("sink: ReadPosition needs exactly-once delivery (Config.Transactions)")
 	}
+	if len(cfg.Brokers) == 0 {
+		return Position{}, false, errors.New("sink: no Kafka brokers configured")
+	}
 	transport := &kafka.Transport{ClientID: cfg.ClientID, TLS: cfg.TLS, SASL: cfg.SASL, DialTimeout: 5 * time.Second}
 	defer transport.CloseIdleConnections()
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport, Timeout: cfg.WriteTimeout}

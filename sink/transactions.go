@@ -15,7 +15,8 @@ import (
 // Exactly-once delivery: the published stream is cut into Kafka transactions, each a prefix of
 // what is left, in publish (WAL) order. A record joins the transaction that is open when it is
 // published (its generation, record.txn); a transaction is sealed after Interval, or once it holds
-// MaxEvents records, and the committer then
+// MaxEvents records (the next record then opens the next one, which waits behind it), and the
+// committer, one transaction after the other,
 //
 //  1. waits until every record of it is written (or dead-lettered, inside the same transaction),
 //     while the records published meanwhile wait in their partitions' queues for the next one;
@@ -47,15 +48,18 @@ type txnManager struct {
 	// active is the generation partitions may send; records of a later one wait.
 	active atomic.Uint64
 
-	mu      sync.Mutex
-	cur     *kafkaTxn // generation active: open, or sealed and committing
-	next    *kafkaTxn // while cur is sealed: where new records go
+	mu sync.Mutex
+	// txns are the transactions not yet committed, oldest first: txns[0] is the active one (open,
+	// or sealed and committing), the last one is where new records go; generations are
+	// consecutive.
+	txns    []*kafkaTxn
 	queues  []*partitionQueue
-	added   map[topicPartition]bool // partitions added to cur
+	added   map[topicPartition]bool // partitions added to txns[0]
 	adding  map[topicPartition]bool // partitions waiting for the AddPartitionsToTxn in flight or the next one
 	addBusy bool
 	addDone chan struct{} // closed when the AddPartitionsToTxn in flight ends
 	closing bool
+	ended   bool  // no transaction is begun any more: the sink stopped, failed or halted
 	failErr error // why the transaction failed; the committer acts on it
 	last    Position
 	lastOK  bool
@@ -88,7 +92,7 @@ func newTxnManager(s *Sink, client *kafka.Client, ident *identity) *txnManager {
 		s: s, client: client, id: cfg.ID, cfg: cfg, ident: ident, log: s.log,
 		// Two transactions must fit in the in-flight window: one committing, one filling.
 		maxEvents: max(1, min(cfg.MaxEvents, s.cfg.MaxInFlight/2)),
-		cur:       &kafkaTxn{gen: 1},
+		txns:      []*kafkaTxn{{gen: 1}},
 		added:     make(map[topicPartition]bool),
 		adding:    make(map[topicPartition]bool),
 		wake:      make(chan struct{}, 1),
@@ -113,16 +117,15 @@ func (tm *txnManager) register(q *partitionQueue) {
 	tm.mu.Unlock()
 }
 
-// join puts a record being published into the open transaction (the next one while the current
-// commits). Publish calls it, on one goroutine, before handing the record over.
+// join puts a record being published into the open transaction: the last one, unless it is sealed
+// or full. Publish calls it, on one goroutine, before handing the record over.
 func (tm *txnManager) join(rec *record) {
 	tm.mu.Lock()
-	t := tm.cur
-	if t.sealed {
-		if tm.next == nil {
-			tm.next = &kafkaTxn{gen: t.gen + 1}
-		}
-		t = tm.next
+	t := tm.txns[len(tm.txns)-1]
+	if t.sealed || t.records >= tm.maxEvents {
+		t.sealed = len(tm.txns) > 1 || t.sealed // a full waiting one is sealed; the active one is sealed by the committer
+		t = &kafkaTxn{gen: t.gen + 1}
+		tm.txns = append(tm.txns, t)
 	}
 	rec.txn = t.gen
 	if t.records == 0 {
@@ -149,11 +152,8 @@ func (tm *txnManager) leave(rec *record) {
 }
 
 func (tm *txnManager) txn(gen uint64) *kafkaTxn {
-	switch {
-	case tm.cur.gen == gen:
-		return tm.cur
-	case tm.next != nil && tm.next.gen == gen:
-		return tm.next
+	if i := gen - tm.txns[0].gen; gen >= tm.txns[0].gen && i < uint64(len(tm.txns)) {
+		return tm.txns[i]
 	}
 	return nil
 }
@@ -233,11 +233,11 @@ func (tm *txnManager) cut(ctx context.Context) (*kafkaTxn, bool) {
 			return nil, false
 		}
 		tm.mu.Lock()
-		t := tm.cur
+		t := tm.txns[0]
 		wait := time.Hour
-		if t.records > 0 {
+		if t.records > 0 || len(tm.txns) > 1 {
 			wait = tm.cfg.Interval - time.Since(t.started)
-			if wait <= 0 || t.records >= tm.maxEvents || tm.closing || tm.s.halted.Load() != nil {
+			if wait <= 0 || t.sealed || t.records >= tm.maxEvents || len(tm.txns) > 1 || tm.closing || tm.s.halted.Load() != nil {
 				t.sealed = true
 				tm.mu.Unlock()
 				return t, true
@@ -289,7 +289,7 @@ func (tm *txnManager) stopping(ctx context.Context) bool {
 	}
 	if h := tm.s.halted.Load(); h != nil {
 		tm.mu.Lock()
-		gen := tm.cur.gen
+		gen := tm.txns[0].gen
 		tm.mu.Unlock()
 		if h.txn <= gen {
 			tm.log.Error("halted: aborting the Kafka transaction that holds the halted event; every transaction before it is committed",
@@ -341,14 +341,16 @@ func (tm *txnManager) open(t *kafkaTxn, pos Position, committed bool) {
 	if committed {
 		tm.last, tm.lastOK = pos, true
 	}
-	if tm.next != nil {
-		tm.cur, tm.next = tm.next, nil
+	t.held, t.last = nil, nil // acknowledged: let the records go
+	if len(tm.txns) > 1 {
+		tm.txns[0] = nil
+		tm.txns = tm.txns[1:]
 	} else {
-		tm.cur = &kafkaTxn{gen: t.gen + 1}
+		tm.txns = []*kafkaTxn{{gen: t.gen + 1}}
 	}
 	clear(tm.added)
 	queues := tm.queues
-	tm.active.Store(tm.cur.gen)
+	tm.active.Store(tm.txns[0].gen)
 	tm.mu.Unlock()
 	for _, q := range queues {
 		q.signal()
@@ -365,7 +367,7 @@ func (tm *txnManager) flush(ctx context.Context) error {
 	tm.signal()
 	for {
 		tm.mu.Lock()
-		empty := tm.cur.records == 0 && tm.next == nil
+		empty := tm.txns[0].records == 0 && len(tm.txns) == 1
 		tm.mu.Unlock()
 		if empty {
 			return nil
@@ -385,6 +387,7 @@ func (tm *txnManager) stop(ctx context.Context, err error) {
 	if producerRefused(err) {
 		fenced, cerr := tm.fenced(ctx)
 		if fenced {
+			tm.end()
 			tm.s.m.KafkaTransactions.WithLabelValues("fenced").Inc()
 			tm.s.fatal(fmt.Errorf("sink: transactional id %q: %w (%v)", tm.id, ErrFenced, err))
 			tm.log.Error("fenced: another relay with the same transactional id took over; this one stops and writes nothing more",
@@ -395,10 +398,13 @@ func (tm *txnManager) stop(ctx context.Context, err error) {
 		if cerr != nil {
 			err = fmt.Errorf("%w (checking for a newer producer: %v)", err, cerr)
 		}
+		// The coordinator aborted the transaction itself (it timed out).
+		if tm.end() {
+			tm.s.m.KafkaTransactions.WithLabelValues("aborted").Inc()
+		}
 	} else {
 		tm.abort()
 	}
-	tm.s.m.KafkaTransactions.WithLabelValues("aborted").Inc()
 	tm.s.fatal(fmt.Errorf("sink: transactional id %q: %w: %v; nothing of it was acknowledged, so it is replayed from the last committed position", tm.id, ErrAborted, err))
 	tm.log.Error("kafka transaction aborted; stopping the sink so the relay replays from the last committed position",
 		zap.String("transactional_id", tm.id), zap.Error(err))
@@ -422,14 +428,37 @@ func (tm *txnManager) fenced(ctx context.Context) (bool, error) {
 	return false, err
 }
 
-// abort ends the transaction in progress with EndTxn(abort), at once, so that read_committed
-// consumers are not held up by it until the transaction timeout. Best effort: a producer that
-// takes over the transactional id aborts it too.
-func (tm *txnManager) abort() {
+// end stops adding partitions, so nothing more is written in a transaction, and waits for an
+// AddPartitionsToTxn in flight. It reports whether the transaction in progress holds partitions
+// and had not ended before.
+func (tm *txnManager) end() (began bool) {
 	tm.mu.Lock()
-	any := len(tm.added) > 0
+	defer tm.mu.Unlock()
+	for tm.addBusy {
+		done := tm.addDone
+		tm.mu.Unlock()
+		<-done // bounded by the request's timeout
+		tm.mu.Lock()
+	}
+	if tm.ended {
+		return false
+	}
+	tm.ended = true
+	return len(tm.added) > 0 || tm.txns[0].records > 0
+}
+
+// abort ends the transaction in progress for good: no partition is added to it any more, and
+// EndTxn(abort) ends it at once, so that read_committed consumers are not held up by it until the
+// transaction timeout. Best effort: a producer that takes over the transactional id aborts it too.
+func (tm *txnManager) abort() {
+	if !tm.end() {
+		return
+	}
+	tm.s.m.KafkaTransactions.WithLabelValues("aborted").Inc()
+	tm.mu.Lock()
+	added := len(tm.added) > 0
 	tm.mu.Unlock()
-	if !any {
+	if !added {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -437,12 +466,7 @@ func (tm *txnManager) abort() {
 	if err := tm.endTxn(ctx, false); err != nil {
 		tm.log.Warn("could not abort the kafka transaction; the coordinator aborts it after its timeout, or the next relay with this transactional id at once",
 			zap.String("transactional_id", tm.id), zap.Error(err))
-		return
 	}
-	tm.s.m.KafkaTransactions.WithLabelValues("aborted").Inc()
-	tm.mu.Lock()
-	clear(tm.added)
-	tm.mu.Unlock()
 }
 
 // endTxn commits or aborts the transaction, retrying what heals. A commit retried after its
@@ -477,10 +501,18 @@ func (tm *txnManager) endTxn(ctx context.Context, commit bool) error {
 // ask while an AddPartitionsToTxn is in flight go together in the next one.
 func (tm *txnManager) add(ctx context.Context, tp topicPartition) error {
 	tm.mu.Lock()
+	if tm.ended {
+		tm.mu.Unlock()
+		return errStopped
+	}
 	for !tm.added[tp] {
 		if tm.failErr != nil {
 			tm.mu.Unlock()
 			return tm.failErr
+		}
+		if tm.ended {
+			tm.mu.Unlock()
+			return errStopped
 		}
 		tm.adding[tp] = true
 		if tm.addBusy {

@@ -1,0 +1,400 @@
+package sink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// pgStream makes events the way the decoder does: runs of `size` events share a PostgreSQL
+// transaction (commit LSN) and are numbered by Index within it.
+type pgStream struct {
+	size  int
+	lsn   pglogrepl.LSN
+	index int
+	n     int
+}
+
+func newPGStream(size int) *pgStream { return &pgStream{size: size, lsn: 0x5000000} }
+
+func (p *pgStream) next(key string) *decoder.Event {
+	if p.index == p.size || p.n == 0 {
+		p.lsn += 0x10000
+		p.index = 0
+	}
+	ev := &decoder.Event{
+		ID: fmt.Appendf(nil, "ev-%05d", p.n), AggregateType: []byte("Order"), AggregateID: []byte(key), EventType: []byte("Changed"),
+		Payload: fmt.Appendf(nil, `{"n":%d}`, p.n), LSN: p.lsn - 0x100 + pglogrepl.LSN(p.index),
+		Tx: decoder.TxInfo{Xid: uint32(p.lsn >> 16), CommitLSN: p.lsn, CommitTime: time.Now()}, Index: p.index,
+	}
+	p.index++
+	p.n++
+	return ev
+}
+
+// position is where the stream's last event puts the committed position.
+func (p *pgStream) position() sink.Position { return sink.Position{CommitLSN: p.lsn, Events: p.index} }
+
+// txnConfig is a sink configuration for exactly-once delivery on fresh topics.
+func txnConfig(t *testing.T, k *devenv.Kafka, interval time.Duration, maxEvents int) sink.Config {
+	t.Helper()
+	topic := testenv.UniqueName(t, "eo")
+	if err := k.CreateTopic(context.Background(), topic, 3); err != nil {
+		t.Fatal(err)
+	}
+	return sink.Config{
+		Brokers:       []string{k.Brokers()},
+		TopicTemplate: topic, DeadLetterTopic: testenv.UniqueName(t, "dlq"), WriteTimeout: 5 * time.Second,
+		Transactions: &sink.Transactions{
+			ID: testenv.UniqueName(t, "txn"), Interval: interval, MaxEvents: maxEvents,
+			PositionsTopic: testenv.UniqueName(t, "pos"),
+		},
+	}
+}
+
+// committedFor reads topics like a read_committed consumer for d and returns what it saw.
+func committedFor(t *testing.T, brokers string, d time.Duration, topics ...string) []harness.Record {
+	t.Helper()
+	c := harness.NewCommittedConsumer(brokers, topics...)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	_ = c.ReadUntil(ctx, 0, func([]harness.Record) bool { return false }) // reads until d is over
+	return c.Records()
+}
+
+// TestTransactionsCommitPrefixesOfTheStreamAndTheirPositions publishes PostgreSQL transactions of
+// 37 events into Kafka transactions of at most 100: a read_committed reader sees every event once,
+// in key order; the positions topic holds one position per Kafka transaction, each a prefix of the
+// stream, some in the middle of a PostgreSQL transaction; ReadPosition returns the last.
+func TestTransactionsCommitPrefixesOfTheStreamAndTheirPositions(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	cfg := txnConfig(t, k, 50*time.Millisecond, 100)
+	s := readySink(t, k.Brokers(), cfg)
+	log, stream := newSent(), newPGStream(37)
+	const n = 1500
+	for i := range n {
+		ev := stream.next(fmt.Sprintf("order-%02d", i%17))
+		a := &acker{}
+		log.add(ev, a, nil)
+		s.publish(t, ev, a)
+	}
+	eventually(t, 60*time.Second, "every event acknowledged", func() bool { events, _ := s.InFlight(); return events == 0 })
+	committed, ok := s.Committed()
+	s.mustClose(t)
+	log.checkAcked(t)
+	if !ok || committed != stream.position() {
+		t.Errorf("Committed() = %v %v, want %v", committed, ok, stream.position())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pos, ok, err := sink.ReadPosition(ctx, cfg)
+	if err != nil || !ok || pos != stream.position() {
+		t.Errorf("ReadPosition = %v %v %v, want %v", pos, ok, err, stream.position())
+	}
+	records := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(n), cfg.TopicTemplate)
+	if dups := log.verify(t, cfg.TopicTemplate, records); dups != 0 {
+		t.Errorf("%d duplicates", dups)
+	}
+	txns := s.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "committed")
+	positions := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(int(txns)), cfg.Transactions.PositionsTopic)
+	if len(positions) != int(txns) || txns < n/100 {
+		t.Fatalf("%d positions for %v committed transactions of at most 100 events (%d events)", len(positions), txns, n)
+	}
+	var last sink.Position
+	mid := 0
+	for _, r := range positions {
+		pos, err := sink.DecodePosition(r.Value)
+		if err != nil || string(r.Key) != cfg.Transactions.ID {
+			t.Fatalf("position record %q=%q: %v", r.Key, r.Value, err)
+		}
+		if pos.CommitLSN < last.CommitLSN || (pos.CommitLSN == last.CommitLSN && pos.Events <= last.Events) {
+			t.Errorf("position %v after %v: not further", pos, last)
+		}
+		if pos.Events != 37 {
+			mid++
+		}
+		last = pos
+	}
+	if mid == 0 {
+		t.Error("no Kafka transaction ended inside a PostgreSQL transaction: the test did not test that")
+	}
+	t.Logf("%d events in %v Kafka transactions, %d ending inside a PostgreSQL transaction", n, txns, mid)
+}
+
+// TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo: records written in a Kafka transaction
+// that has not committed are not acknowledged and a read_committed reader does not see them
+// (kafka-go's own Reader does); a Close that gives up aborts the transaction, and a later sink
+// with the same transactional id commits only its own records.
+func TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	cfg := txnConfig(t, k, time.Hour, 100000)
+	s := readySink(t, k.Brokers(), cfg)
+	a := &acker{}
+	stream := newPGStream(10)
+	for i := range 50 {
+		s.publish(t, stream.next(fmt.Sprintf("order-%d", i%5)), a)
+	}
+	uncommitted := readBack(t, k.Brokers(), 60*time.Second, atLeast(50), cfg.TopicTemplate)
+	if seen := committedFor(t, k.Brokers(), 2*time.Second, cfg.TopicTemplate); len(seen) != 0 {
+		t.Errorf("a read_committed reader sees %d records of the open transaction", len(seen))
+	}
+	if a.n.Load() != 0 {
+		t.Errorf("%d events acknowledged before their transaction committed", a.n.Load())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.close(ctx); err == nil {
+		t.Error("Close with an ended context reported success")
+	}
+	if a.n.Load() != 0 {
+		t.Errorf("%d events of the aborted transaction acknowledged", a.n.Load())
+	}
+	if got := s.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "aborted"); got != 1 {
+		t.Errorf("kafka_transactions_total{aborted} = %v, want 1", got)
+	}
+
+	next := readySink(t, k.Brokers(), cfg)
+	if _, ok, err := next.ReadPosition(context.Background()); ok || err != nil {
+		t.Errorf("ReadPosition after the abort = ok %v, %v; want nothing committed", ok, err)
+	}
+	log, b := newSent(), &acker{}
+	stream2 := newPGStream(10)
+	for i := range 20 {
+		ev := stream2.next(fmt.Sprintf("order-%d", i%5))
+		ev.ID = fmt.Appendf(nil, "second-%d", i)
+		log.add(ev, b, nil)
+		next.publish(t, ev, b)
+	}
+	next.mustClose(t)
+	log.checkAcked(t)
+	records := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(20), cfg.TopicTemplate)
+	if dups := log.verify(t, cfg.TopicTemplate, records); dups != 0 {
+		t.Errorf("%d duplicates", dups)
+	}
+	t.Logf("the log holds %d records of the aborted transaction; a read_committed reader saw none of them", len(uncommitted))
+}
+
+// TestASecondProducerWithTheSameTransactionalIDFencesTheFirst: B takes over A's transactional id
+// while A has a transaction open. A learns it is fenced on its own, without being called
+// (Failed closes, Err wraps ErrFenced), its Publish fails, and nothing A wrote becomes visible.
+func TestASecondProducerWithTheSameTransactionalIDFencesTheFirst(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	cfg := txnConfig(t, k, 3*time.Second, 100000)
+	a := readySink(t, k.Brokers(), cfg)
+	acksA := &acker{}
+	stream := newPGStream(5)
+	for i := range 30 {
+		a.publish(t, stream.next(fmt.Sprintf("order-%d", i%3)), acksA)
+	}
+	readBack(t, k.Brokers(), 30*time.Second, atLeast(30), cfg.TopicTemplate) // written, not committed
+
+	b := readySink(t, k.Brokers(), cfg) // InitProducerID: fences A and aborts its transaction
+	select {
+	case <-a.Failed():
+	case <-time.After(60 * time.Second):
+		t.Fatal("A never learned it was fenced")
+	}
+	if !errors.Is(a.Err(), sink.ErrFenced) {
+		t.Errorf("A's Err = %v, want ErrFenced", a.Err())
+	}
+	if err := a.Publish(context.Background(), stream.next("order-0"), acksA); !errors.Is(err, sink.ErrFenced) {
+		t.Errorf("A's Publish = %v, want ErrFenced", err)
+	}
+	if acksA.n.Load() != 0 {
+		t.Errorf("A acknowledged %d events", acksA.n.Load())
+	}
+	if a.logs.FilterMessageSnippet("fenced").Len() == 0 {
+		t.Error("no log line says A was fenced")
+	}
+	_ = a.close(context.Background())
+
+	log, acksB := newSent(), &acker{}
+	streamB := newPGStream(5)
+	for i := range 30 {
+		ev := streamB.next(fmt.Sprintf("order-%d", i%3))
+		ev.ID = fmt.Appendf(nil, "b-%d", i)
+		log.add(ev, acksB, nil)
+		b.publish(t, ev, acksB)
+	}
+	b.mustClose(t)
+	log.checkAcked(t)
+	records := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(30), cfg.TopicTemplate)
+	if dups := log.verify(t, cfg.TopicTemplate, records); dups != 0 { // verify also fails on A's ids
+		t.Errorf("%d duplicates", dups)
+	}
+}
+
+// TestReadPositionFindsTheLatestPositionBehindOtherRelays: the positions topic is created
+// compacted; a fresh transactional id has no position; the latest position of a key is found by
+// reading backwards from the end, past more records of other keys than one chunk holds.
+func TestReadPositionFindsTheLatestPositionBehindOtherRelays(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	cfg := txnConfig(t, k, 20*time.Millisecond, 1000)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, ok, err := sink.ReadPosition(ctx, cfg); ok || err != nil {
+		t.Fatalf("ReadPosition of a new id = ok %v, %v", ok, err)
+	}
+	client := &kafka.Client{Addr: kafka.TCP(k.Brokers())}
+	desc, err := client.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: cfg.Transactions.PositionsTopic, ConfigNames: []string{"cleanup.policy"},
+	}}})
+	if err != nil || len(desc.Resources) != 1 || len(desc.Resources[0].ConfigEntries) != 1 || desc.Resources[0].ConfigEntries[0].ConfigValue != "compact" {
+		t.Errorf("positions topic config: %+v %v; want cleanup.policy=compact", desc, err)
+	}
+
+	s := readySink(t, k.Brokers(), cfg)
+	stream := newPGStream(4)
+	for i := range 10 {
+		s.publish(t, stream.next(fmt.Sprintf("k%d", i)), &acker{})
+	}
+	s.mustClose(t)
+	// Another relay's positions after ours: more than one backward chunk of them.
+	other := &kafka.Writer{Addr: kafka.TCP(k.Brokers()), Topic: cfg.Transactions.PositionsTopic, BatchSize: 500, RequiredAcks: kafka.RequireAll}
+	msgs := make([]kafka.Message, 1500)
+	for i := range msgs {
+		msgs[i] = kafka.Message{Key: []byte("another-relay"), Value: fmt.Appendf(nil, `{"v":1,"commit_lsn":"0/%X","events":1}`, i+1)}
+	}
+	for attempt := 0; ; attempt++ { // the topic was created moments ago
+		err := other.WriteMessages(ctx, msgs...)
+		if err == nil {
+			break
+		}
+		if attempt == 20 {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	other.Close()
+	pos, ok, err := sink.ReadPosition(ctx, cfg)
+	if err != nil || !ok || pos != stream.position() {
+		t.Errorf("ReadPosition = %v %v %v, want %v", pos, ok, err, stream.position())
+	}
+	cfg.Transactions.ID = "another-relay"
+	if pos, ok, err := sink.ReadPosition(ctx, cfg); err != nil || !ok || pos.Events != 1 || pos.CommitLSN != 1500 {
+		t.Errorf("the other relay's ReadPosition = %v %v %v, want 0/5DC and 1 event", pos, ok, err)
+	}
+}
+
+// TestDeadLetteredEventsAreCommittedInTheSameTransaction: an event too large for its topic goes
+// to the dead-letter topic inside the Kafka transaction of its neighbours, and is acknowledged
+// with them at the commit.
+func TestDeadLetteredEventsAreCommittedInTheSameTransaction(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	cfg := txnConfig(t, k, 50*time.Millisecond, 1000)
+	cfg.MaxMessageBytes = 2000
+	s := readySink(t, k.Brokers(), cfg)
+	a := &acker{}
+	stream := newPGStream(5)
+	for i := range 20 {
+		ev := stream.next(fmt.Sprintf("k%d", i%4))
+		if i == 7 {
+			ev.Payload = []byte(`"` + strings.Repeat("x", 3000) + `"`)
+		}
+		s.publish(t, ev, a)
+	}
+	eventually(t, 60*time.Second, "every event acknowledged", func() bool { return a.n.Load() == 20 })
+	s.mustClose(t)
+	dead := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(1), cfg.DeadLetterTopic)
+	if len(dead) != 1 || dead[0].Header("id") != "ev-00007" {
+		t.Errorf("dead-letter topic holds %d records, want ev-00007", len(dead))
+	}
+	if got := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(19), cfg.TopicTemplate); len(got) != 19 {
+		t.Errorf("%d records on the topic, want 19", len(got))
+	}
+}
+
+// TestAHaltAbortsTheTransactionThatHoldsTheHaltedEvent: under the halt policy the Kafka
+// transactions before the halted event's commit; the one holding it is aborted, so none of its
+// events (those before the halted one included) is acknowledged or visible, and the position stays at
+// the end of the last committed transaction.
+func TestAHaltAbortsTheTransactionThatHoldsTheHaltedEvent(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	cfg := txnConfig(t, k, 200*time.Millisecond, 1000)
+	cfg.Policy = sink.Halt
+	cfg.MaxMessageBytes = 2000
+	s := readySink(t, k.Brokers(), cfg)
+	a := &acker{}
+	stream := newPGStream(4)
+	for i := range 10 {
+		s.publish(t, stream.next(fmt.Sprintf("k%d", i%3)), a)
+	}
+	eventually(t, 60*time.Second, "the first transaction committed", func() bool { return a.n.Load() == 10 })
+	before := stream.position()
+	for i := range 5 {
+		ev := stream.next(fmt.Sprintf("k%d", i%3))
+		if i == 4 {
+			ev.Payload = []byte(`"` + strings.Repeat("x", 3000) + `"`) // too large: halts (and Publish blocks from then on)
+		}
+		s.publish(t, ev, a)
+	}
+	eventually(t, 30*time.Second, "the sink halted", func() bool { _, _, _, h := s.Halted(); return h })
+	eventually(t, 30*time.Second, "the transaction aborted", func() bool {
+		return s.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "aborted") == 1
+	})
+	time.Sleep(500 * time.Millisecond) // anything wrongly acknowledged would be by now
+	if a.n.Load() != 10 {
+		t.Errorf("%d events acknowledged, want the first transaction's 10", a.n.Load())
+	}
+	if got := committedFor(t, k.Brokers(), 3*time.Second, cfg.TopicTemplate); len(got) != 10 {
+		t.Errorf("a read_committed reader sees %d records, want 10", len(got))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if pos, ok, err := sink.ReadPosition(ctx, cfg); err != nil || !ok || pos != before {
+		t.Errorf("ReadPosition = %v %v %v, want %v", pos, ok, err, before)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), time.Second)
+	defer ccancel()
+	_ = s.close(cctx) // halted: the halted event is never acknowledged, so Close gives up
+}
+
+// TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced: a transaction left open
+// past its timeout is aborted by the coordinator, which bumps the epoch; the sink's next request
+// is refused like a fenced one, and asking the coordinator tells the two apart: ErrAborted, so
+// the relay may start again, and nothing of the transaction is visible or acknowledged.
+func TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	cfg := txnConfig(t, k, time.Hour, 100000)
+	cfg.Transactions.Timeout = time.Second // the broker checks for timed-out transactions every 10s
+	s := readySink(t, k.Brokers(), cfg)
+	a := &acker{}
+	stream := newPGStream(5)
+	for i := range 10 {
+		s.publish(t, stream.next(fmt.Sprintf("k%d", i%3)), a)
+	}
+	readBack(t, k.Brokers(), 30*time.Second, atLeast(10), cfg.TopicTemplate) // written, not committed
+	time.Sleep(15 * time.Second)                                             // the coordinator aborts it meanwhile
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := s.close(ctx) // tries to commit
+	if err == nil || !errors.Is(s.Err(), sink.ErrAborted) || errors.Is(s.Err(), sink.ErrFenced) {
+		t.Errorf("Close = %v, Err = %v; want the sink ended with ErrAborted, not ErrFenced", err, s.Err())
+	}
+	if a.n.Load() != 0 {
+		t.Errorf("%d events acknowledged", a.n.Load())
+	}
+	if got := committedFor(t, k.Brokers(), 2*time.Second, cfg.TopicTemplate); len(got) != 0 {
+		t.Errorf("a read_committed reader sees %d records", len(got))
+	}
+}
