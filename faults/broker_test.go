@@ -90,16 +90,20 @@ func testBrokerOutage(t *testing.T, fb *faultBroker) {
 	const outage = 20 * time.Second
 	ctx := context.Background()
 	pg := testenv.SharedPostgres(t)
-	a, b := newDB(t, pg, 2), newDB(t, pg, 2)
+	a, b, c := newDB(t, pg, 2), newDB(t, pg, 2), newDB(t, pg, 2)
 	ra := a.startRelay(fb.brokers, false, "--kafka.write-timeout=3s", "--status-interval=200ms")
 	rb := b.startRelay(fb.brokers, false, "--shutdown-timeout=2s")
+	// Relay C rides the outage out like A, with exactly-once delivery.
+	rc := c.startRelay(fb.brokers, false, "--kafka.write-timeout=3s", "--status-interval=200ms", "--delivery=exactly-once")
 	ra.waitSessions(1, 90*time.Second)
 	rb.waitSessions(1, 90*time.Second)
+	rc.waitSessions(1, 90*time.Second)
 	loadA := harness.StartLoad(a.outbox, harness.LoadConfig{
 		Types: a.types, Writers: 2, Aggregates: 10, MaxPerTx: 4, TxPerSecond: 20,
 		LargeEvery: 200, LargeBytes: 200 << 10, BigTxEvents: 800, BigTxAfter: 5 * time.Second, Seed: 21,
 	})
 	loadB := harness.StartLoad(b.outbox, harness.LoadConfig{Types: b.types, Writers: 2, MaxPerTx: 4, TxPerSecond: 20, Seed: 22})
+	loadC := harness.StartLoad(c.outbox, harness.LoadConfig{Types: c.types, Writers: 2, MaxPerTx: 4, TxPerSecond: 20, Seed: 23})
 	time.Sleep(2 * time.Second)
 
 	if err := fb.k.Stop(ctx); err != nil {
@@ -130,8 +134,8 @@ func testBrokerOutage(t *testing.T, fb *faultBroker) {
 			t.Fatalf("relay A: confirmed_flush_lsn %s passed the unacknowledged transaction committed at %s while the broker was down",
 				lsnString(last), lsnString(m.CommitStart))
 		}
-		if ra.Exited() || rb2.Exited() {
-			t.Fatalf("a relay exited during the broker outage (A: %v, B: %v)", ra.Exited(), rb2.Exited())
+		if ra.Exited() || rb2.Exited() || rc.Exited() {
+			t.Fatalf("a relay exited during the broker outage (A: %v, B: %v, C: %v)", ra.Exited(), rb2.Exited(), rc.Exited())
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
@@ -156,7 +160,7 @@ func testBrokerOutage(t *testing.T, fb *faultBroker) {
 		name string
 		d    *db
 		load *harness.Load
-	}{{"A", a, loadA}, {"B", b, loadB}} {
+	}{{"A", a, loadA}, {"B", b, loadB}, {"C (exactly-once)", c, loadC}} {
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
 		stats, err := c.load.Stop(sctx)
 		cancel()
@@ -166,7 +170,18 @@ func testBrokerOutage(t *testing.T, fb *faultBroker) {
 		if c.name == "A" && !stats.BigTxWritten {
 			t.Fatal("the large transaction was not written")
 		}
-		rep := deliver(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, ra, rb2)
+		var rep harness.Report
+		if c.d == b {
+			rep = deliver(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, ra, rb2)
+		} else {
+			// A and C ride the outage out: the idempotent producer keeps a request the broker
+			// wrote just before it stopped from being written twice, and C's Kafka transaction
+			// outlives the outage. A read_committed consumer sees each event once.
+			rep = deliverCommitted(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, ra, rc)
+			if rep.Duplicates != 0 {
+				t.Errorf("relay %s: %d duplicates after riding out the broker outage, want 0", c.name, rep.Duplicates)
+			}
+		}
 		t.Logf("relay %s: load %s; delivery %s", c.name, stats, rep)
 		end := currentLSN(t, c.d.outbox.Pool())
 		eventually(t, 30*time.Second, "relay "+c.name+"'s slot to be confirmed past the load", func() bool {
