@@ -57,7 +57,12 @@ func TestAZombieLeaderIsFencedByKafkaAndWritesNothingAReadCommittedConsumerSees(
 	b := f.start("relay-b", eosEnv(nil))
 	b.waitLog(t, haStartTimeout, "", "another instance holds the leader lock")
 	w := f.startWriter(context.Background(), 7)
-	defer w.stop(t)
+	writing := true
+	defer func() {
+		if writing {
+			w.stop(t)
+		}
+	}()
 	waitFor(t, haDeliverTimeout, "relay-a to commit Kafka transactions", func() bool {
 		return a.findLog("info", "the first Kafka transaction committed") != nil
 	})
@@ -114,6 +119,7 @@ func TestAZombieLeaderIsFencedByKafkaAndWritesNothingAReadCommittedConsumerSees(
 	}
 
 	w.stop(t)
+	writing = false
 	rep := f.verifyCommitted(t)
 	t.Logf("read_committed: %s", rep)
 	b.stop(t)
