@@ -42,6 +42,20 @@ var ErrRestart = errors.New("a Kafka transaction was aborted; the relay must sta
 
 func (r *Relay) exactlyOnce() bool { return r.cfg.Sink.Transactions != nil }
 
+// transactionsHintAfter is how long a start waits for Kafka's transaction coordinator before it
+// says, at ERROR, what usually keeps it away.
+const transactionsHintAfter = 30 * time.Second
+
+// transactionsHint is logged when the sink has not become ready within transactionsHintAfter. The
+// sink logs each retry with Kafka's error; what it cannot say is the usual cause: a coordinator
+// that never becomes available because the transaction state topic cannot be created or led.
+func (r *Relay) transactionsHint() {
+	r.log.Error("exactly-once: Kafka has not given the relay a transactional producer for "+transactionsHintAfter.String()+"; nothing is published until it does, and the relay never falls back to at-least-once. "+
+		"If the retries logged above say COORDINATOR_NOT_AVAILABLE (or NOT_COORDINATOR), the brokers' transaction coordinator is not available: its topic __transaction_state needs transaction.state.log.replication.factor and transaction.state.log.min.isr no higher than the number of brokers running (both 1 on a single broker), see docs/operations.md; "+
+		"if they say the brokers are unreachable, see kafka_brokers",
+		zap.String("transactional_id", r.cfg.Sink.Transactions.ID), zap.Strings("kafka_brokers", r.cfg.Sink.Brokers))
+}
+
 // sinkFailed turns the sink's terminal error into what Run returns.
 func sinkFailed(err error) error {
 	switch {

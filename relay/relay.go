@@ -277,6 +277,9 @@ const haltPoll = 50 * time.Millisecond
 // created its slot, so events committed while it waits are not missed.
 func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
 	if !r.kafkaReady {
+		if r.exactlyOnce() {
+			defer time.AfterFunc(transactionsHintAfter, r.transactionsHint).Stop()
+		}
 		if err := r.sink.WaitReady(ctx); err != nil {
 			if ctx.Err() != nil {
 				return err

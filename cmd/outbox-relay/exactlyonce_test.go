@@ -6,12 +6,19 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
+	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -157,4 +164,154 @@ func TestARelayFencedByKafkaWhileItHoldsItsLockExitsNamingTransactionalID(t *tes
 		t.Fatalf("relay-2 exited:\n%s", r2.Output())
 	}
 	r2.stop(t)
+}
+
+// eosRunEnv is the environment of a relay started with relayproc.Run for an error it must end with.
+func (f *haFixture) eosRunEnv(name string, extra map[string]string) map[string]string {
+	env := f.env(name, eosEnv(nil))
+	for k, v := range extra {
+		env[k] = v
+	}
+	return env
+}
+
+// lastLine is the last line of a process's output.
+func lastLine(out string) string {
+	out = strings.TrimRight(out, "\n")
+	return out[strings.LastIndex(out, "\n")+1:]
+}
+
+func TestAPositionsTopicDeletedStopsTheRelayWithTheFix(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	f := newHAFixture(t, testenv.SharedPostgres(t), k.Brokers(), 1)
+	topic := testenv.UniqueName(t, "positions")
+	extra := map[string]string{"OUTBOX_POSITIONS_TOPIC": topic}
+	r := f.start("relay-p", eosEnv(extra))
+	f.waitStreamer(t, r, haStartTimeout)
+	for i := range 10 {
+		if err := f.outbox.WriteTx(context.Background(), harness.Spec{AggregateType: f.types[0], AggregateID: fmt.Sprint(i % 3)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.waitLog(t, haDeliverTimeout, "info", "the first Kafka transaction committed")
+	f.verifyCommitted(t)
+	r.stop(t)
+
+	// status shows the mode and the committed position.
+	statusEnv := f.eosRunEnv("status", extra)
+	code, out := relayproc.Run(t, relayproc.Options{Subcommand: "status", Args: []string{"--json"}, Env: statusEnv}, 30*time.Second)
+	var st struct {
+		Delivery struct {
+			Mode            string `json:"mode"`
+			TransactionalID string `json:"transactional_id"`
+			Position        *struct {
+				CommitLSN string `json:"commit_lsn"`
+				Events    int    `json:"events"`
+			} `json:"committed_position"`
+		} `json:"delivery"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil || code != 0 {
+		t.Fatalf("status --json: exit %d, %v:\n%s", code, err, out)
+	}
+	if st.Delivery.Mode != "exactly-once" || st.Delivery.Position == nil || st.Delivery.Position.Events == 0 ||
+		!strings.HasPrefix(st.Delivery.TransactionalID, "outbox-relay-") || !strings.HasSuffix(st.Delivery.TransactionalID, "-"+f.slot) {
+		t.Fatalf("status --json delivery = %+v, want exactly-once with a committed position and the default transactional id:\n%s", st.Delivery, out)
+	}
+	t.Logf("status: delivery %+v, position %+v", st.Delivery, *st.Delivery.Position)
+
+	client := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 30 * time.Second}
+	res, err := client.DeleteTopics(context.Background(), &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+	if err == nil {
+		err = res.Errors[topic]
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out = relayproc.Run(t, relayproc.Options{Env: f.eosRunEnv("relay-p2", extra)}, 2*time.Minute)
+	if code != 1 {
+		t.Fatalf("exit status %d, want 1:\n%s", code, out)
+	}
+	last := lastLine(out)
+	for _, want := range []string{topic, "holds no position", "cleanup.policy=compact", "kafka_transactional_id = NULL", f.slot} {
+		if !strings.Contains(last, want) {
+			t.Errorf("last line lacks %q: %s", want, last)
+		}
+	}
+	t.Logf("fatal line: %s", last)
+	code, out = relayproc.Run(t, relayproc.Options{Subcommand: "status", Env: statusEnv}, 30*time.Second)
+	if code != exitSlotProblem || !strings.Contains(out, "PROBLEM: exactly-once") {
+		t.Errorf("status after the loss: exit %d, want %d and a PROBLEM line:\n%s", code, exitSlotProblem, out)
+	}
+}
+
+func TestExactlyOnceAgainstABrokerThatRefusesItIsAClearErrorNeverAFallback(t *testing.T) {
+	t.Parallel()
+	// A broker of its own with SCRAM users and an authorizer: the relay's principal may do
+	// everything no ACL mentions; the test denies it one transactional id and one topic.
+	k := testenv.Kafka(t, devenv.KafkaOptions{SCRAMUsers: map[string]string{scramUser: scramPassword}, Settings: map[string]string{
+		"authorizer.class.name":          "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+		"super.users":                    "User:ANONYMOUS",
+		"allow.everyone.if.no.acl.found": "true",
+	}})
+	f := newHAFixture(t, testenv.SharedPostgres(t), k.Brokers(), 1)
+	deniedID, unreadable := testenv.UniqueName(t, "denied"), testenv.UniqueName(t, "unreadable")
+	if err := k.CreateTopic(context.Background(), unreadable, 1); err != nil {
+		t.Fatal(err)
+	}
+	admin := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 30 * time.Second}
+	deny := func(typ kafka.ResourceType, name string, op kafka.ACLOperationType) kafka.ACLEntry {
+		return kafka.ACLEntry{ResourceType: typ, ResourceName: name, ResourcePatternType: kafka.PatternTypeLiteral,
+			Principal: "User:" + scramUser, Host: "*", Operation: op, PermissionType: kafka.ACLPermissionTypeDeny}
+	}
+	res, err := admin.CreateACLs(context.Background(), &kafka.CreateACLsRequest{ACLs: []kafka.ACLEntry{
+		deny(kafka.ResourceTypeTransactionalID, deniedID, kafka.ACLOperationTypeWrite),
+		deny(kafka.ResourceTypeTopic, unreadable, kafka.ACLOperationTypeRead),
+	}})
+	if err == nil {
+		err = errors.Join(res.Errors...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	sasl := map[string]string{
+		"OUTBOX_KAFKA_BROKERS": k.SASLBrokers(), "OUTBOX_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+		"OUTBOX_KAFKA_SASL_USERNAME": scramUser, "OUTBOX_KAFKA_SASL_PASSWORD": scramPassword,
+	}
+	tests := []struct {
+		name  string
+		extra map[string]string
+		want  []string
+	}{
+		{"a transactional id the relay may not use", map[string]string{"OUTBOX_TRANSACTIONAL_ID": deniedID},
+			[]string{deniedID, "TransactionalId"}},
+		{"a positions topic the relay may not read", map[string]string{"OUTBOX_POSITIONS_TOPIC": unreadable},
+			[]string{unreadable, "positions_topic", "Read"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+" ends the relay with the fix", func(t *testing.T) {
+			f.slot = testenv.UniqueName(t, "slot")
+			env := f.eosRunEnv("relay-denied", sasl)
+			for k, v := range tt.extra {
+				env[k] = v
+			}
+			code, out := relayproc.Run(t, relayproc.Options{Env: env}, 2*time.Minute)
+			if code != 1 {
+				t.Fatalf("exit status %d, want 1:\n%s", code, out)
+			}
+			last := lastLine(out)
+			for _, want := range tt.want {
+				if !strings.Contains(last, want) {
+					t.Errorf("last line lacks %q: %s", want, last)
+				}
+			}
+			if strings.Contains(out, `"msg":"streaming"`) {
+				t.Errorf("the relay streamed before refusing:\n%s", out)
+			}
+			if strings.Contains(out, scramPassword) {
+				t.Error("output reveals the SASL password")
+			}
+			t.Logf("fatal line: %s", last)
+		})
+	}
 }
