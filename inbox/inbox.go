@@ -4,9 +4,16 @@
 // id in a processed_events table inside the consumer's transaction and runs the business change
 // only when the id is new.
 //
+// Read with isolation.level=read_committed (kafka-go: ReaderConfig.IsolationLevel =
+// kafka.ReadCommitted). With the relay's delivery: exactly-once, a read_committed consumer that
+// filters aborted transactions (Java, librdkafka, franz-go) sees each event once from the relay;
+// kafka-go's Reader stops at what is committed but still returns the records of aborted
+// transactions, and a consumer's own redeliveries remain, so the inbox is what makes the database
+// change exactly once in every case.
+//
 //	store, _ := inbox.New(inbox.Config{Consumer: "billing"})
 //	for {
-//		m, err := reader.FetchMessage(ctx) // kafka-go, with a GroupID
+//		m, err := reader.FetchMessage(ctx) // kafka-go, with a GroupID and IsolationLevel: kafka.ReadCommitted
 //		...
 //		id, err := inbox.EventID(m)
 //		...
