@@ -21,12 +21,15 @@ import (
 const (
 	sideCeiling    = "ceiling"
 	sideRelay      = "relay"
+	sideRelayEOS   = "relay-exactly-once" // delivery: exactly-once
 	sideDbzDefault = "debezium-default"
 	sideDbzTuned   = "debezium-tuned"
 )
 
-var allDrainSides = []string{sideCeiling, sideRelay, sideDbzDefault, sideDbzTuned}
-var allSteadySides = []string{sideRelay, sideDbzTuned}
+var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned}
+var allSteadySides = []string{sideRelay, sideRelayEOS, sideDbzTuned}
+
+func isRelay(side string) bool { return side == sideRelay || side == sideRelayEOS }
 
 // Config says what one benchmark run measures.
 type Config struct {
@@ -68,7 +71,7 @@ func (c *Config) validate() error {
 	if len(c.Steady) > 0 && (c.Rate < 1 || c.SteadyFor <= 0) {
 		errs = append(errs, fmt.Errorf("steady state needs a positive rate and duration, got %d/s for %s", c.Rate, c.SteadyFor))
 	}
-	if c.RelayBin == "" && (slices.Contains(c.Sides, sideRelay) || slices.Contains(c.Steady, sideRelay) || c.BigTx > 0) {
+	if c.RelayBin == "" && (slices.ContainsFunc(c.Sides, isRelay) || slices.ContainsFunc(c.Steady, isRelay) || c.BigTx > 0) {
 		errs = append(errs, errors.New("no relay binary given"))
 	}
 	if c.usesDebezium() {

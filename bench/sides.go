@@ -82,9 +82,9 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 	switch side {
 	case sideCeiling:
 		r = b.drainCeiling(ctx)
-	case sideRelay:
+	case sideRelay, sideRelayEOS:
 		r = b.drainProc(ctx, side, func() (*child, error) {
-			return b.startRelay(side, b.slot(side), b.topicPrefix(side))
+			return b.startRelay(side, b.slot(side), b.topicPrefix(side), side == sideRelayEOS)
 		}, b.endLSN)
 	default:
 		r = b.drainProc(ctx, side, func() (*child, error) {
@@ -268,11 +268,16 @@ func (b *bench) sampleSender(ctx context.Context, s senderCPU, side string) (con
 	return confirmed, nil
 }
 
-// startRelay runs the relay binary with its defaults, on slot and the topics under prefix.
-func (b *bench) startRelay(name, slot, prefix string) (*child, error) {
-	args := append([]string{"run",
+// startRelay runs the relay binary with its defaults, on slot and the topics under prefix; with
+// exactlyOnce, with delivery: exactly-once (its own transactional id and positions topic).
+func (b *bench) startRelay(name, slot, prefix string, exactlyOnce bool) (*child, error) {
+	args := []string{"run",
 		"--slot", slot, "--publication", b.pub, "--create-slot=false", "--create-publication=false",
-		"--topic-template", prefix + ".{aggregate_type}", "--log-level", "warn"}, b.cfg.RelayArgs...)
+		"--topic-template", prefix + ".{aggregate_type}", "--log-level", "warn"}
+	if exactlyOnce {
+		args = append(args, "--delivery=exactly-once", "--transactional-id="+slot, "--positions-topic="+b.run+".positions")
+	}
+	args = append(args, b.cfg.RelayArgs...)
 	return startChild("outbox-relay", b.logPath(name), []string{
 		"OUTBOX_PG_DSN=" + b.svc.DSN,
 		"OUTBOX_KAFKA_BROKERS=" + b.svc.Kafka.Brokers(),
@@ -346,8 +351,8 @@ func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f'
 func (b *bench) steady(ctx context.Context, side string) SteadyResult {
 	name := "steady-" + side
 	return b.steadyWith(ctx, side, name, func(slot string) (runner, error) {
-		if side == sideRelay {
-			return b.startRelay(name, slot, b.topicPrefix(name))
+		if isRelay(side) {
+			return b.startRelay(name, slot, b.topicPrefix(name), side == sideRelayEOS)
 		}
 		return b.startDebezium(name, true, slot, b.topicPrefix(name))
 	})
@@ -457,7 +462,7 @@ func (b *bench) bigTx(ctx context.Context) Result {
 	// Same payload generator as the backlog: its average size holds (only used for MB/s).
 	res.Bytes = int64(float64(b.payload) / float64(b.cfg.Events) * float64(b.cfg.BigTx))
 	b.logf("draining it with the relay")
-	c, err := b.startRelay(name, slot, b.topicPrefix(name))
+	c, err := b.startRelay(name, slot, b.topicPrefix(name), false)
 	if err != nil {
 		res.Err = err
 		return res

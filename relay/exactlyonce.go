@@ -52,11 +52,14 @@ const transactionsHintAfter = 30 * time.Second
 func (r *Relay) transactionsHint() {
 	r.log.Error("exactly-once: Kafka has not given the relay a transactional producer for "+transactionsHintAfter.String()+"; nothing is published until it does, and the relay never falls back to at-least-once. "+
 		"If the retries logged above say COORDINATOR_NOT_AVAILABLE (or NOT_COORDINATOR), the brokers' transaction coordinator is not available: its topic __transaction_state needs transaction.state.log.replication.factor and transaction.state.log.min.isr no higher than the number of brokers running (both 1 on a single broker), see docs/operations.md; "+
+		"if they say the positions topic is not available, the relay's principal needs Describe, Read and Write on positions_topic (and Create, to create it); "+
 		"if they say the brokers are unreachable, see kafka_brokers",
 		zap.String("transactional_id", r.cfg.Sink.Transactions.ID), zap.Strings("kafka_brokers", r.cfg.Sink.Brokers))
 }
 
-// sinkFailed turns the sink's terminal error into what Run returns.
+// sinkFailed turns the sink's terminal error into what Run returns: fenced, aborted (a fresh start
+// fixes it), or anything else (an unauthorized transactional id, brokers without transactions),
+// which only an operator fixes.
 func sinkFailed(err error) error {
 	switch {
 	case errors.Is(err, sink.ErrFenced):
@@ -64,7 +67,7 @@ func sinkFailed(err error) error {
 	case errors.Is(err, sink.ErrAborted):
 		return fmt.Errorf("%w: %w", ErrRestart, err)
 	}
-	return fmt.Errorf("%w: %w", ErrRestart, err)
+	return replication.Fatal(err)
 }
 
 // takeUpPosition runs at the start of every replication session with exactly-once delivery, before

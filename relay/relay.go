@@ -176,7 +176,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-r.sink.Failed():
 			sinkErr = sinkFailed(r.sink.Err())
 			r.log.Error("exactly-once: the Kafka producer stopped for good; stopping at once: nothing more is published, what its open transaction held is invisible to read_committed consumers and never confirmed to PostgreSQL",
-				zap.Error(sinkErr))
+				zap.Error(r.sink.Err()))
 			stopAll(sinkErr)
 		case <-hard.Done():
 		}

@@ -260,13 +260,17 @@ func TestExactlyOnceAgainstABrokerThatRefusesItIsAClearErrorNeverAFallback(t *te
 		t.Fatal(err)
 	}
 	admin := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 30 * time.Second}
-	deny := func(typ kafka.ResourceType, name string, op kafka.ACLOperationType) kafka.ACLEntry {
+	acl := func(perm kafka.ACLPermissionType, typ kafka.ResourceType, name string, op kafka.ACLOperationType) kafka.ACLEntry {
 		return kafka.ACLEntry{ResourceType: typ, ResourceName: name, ResourcePatternType: kafka.PatternTypeLiteral,
-			Principal: "User:" + scramUser, Host: "*", Operation: op, PermissionType: kafka.ACLPermissionTypeDeny}
+			Principal: "User:" + scramUser, Host: "*", Operation: op, PermissionType: perm}
 	}
+	// The positions topic may be described and written, not read: once a resource has an ACL,
+	// allow.everyone.if.no.acl.found no longer applies to it.
 	res, err := admin.CreateACLs(context.Background(), &kafka.CreateACLsRequest{ACLs: []kafka.ACLEntry{
-		deny(kafka.ResourceTypeTransactionalID, deniedID, kafka.ACLOperationTypeWrite),
-		deny(kafka.ResourceTypeTopic, unreadable, kafka.ACLOperationTypeRead),
+		acl(kafka.ACLPermissionTypeDeny, kafka.ResourceTypeTransactionalID, deniedID, kafka.ACLOperationTypeWrite),
+		acl(kafka.ACLPermissionTypeAllow, kafka.ResourceTypeTopic, unreadable, kafka.ACLOperationTypeDescribe),
+		acl(kafka.ACLPermissionTypeAllow, kafka.ResourceTypeTopic, unreadable, kafka.ACLOperationTypeWrite),
+		acl(kafka.ACLPermissionTypeDeny, kafka.ResourceTypeTopic, unreadable, kafka.ACLOperationTypeRead),
 	}})
 	if err == nil {
 		err = errors.Join(res.Errors...)

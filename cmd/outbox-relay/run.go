@@ -188,14 +188,21 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 // something outside the election (two slots configured with one transactional_id, or a relay with
 // leader_election off), and ends with an error rather than fence that one in turn.
 func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
+	restarts := 0
 	for {
+		started := time.Now()
 		err := runRelayOnce(ctx, term, rcfg, log, m, state)
 		switch {
 		case errors.Is(err, relay.ErrRestart) && ctx.Err() == nil:
+			if time.Since(started) > time.Minute {
+				restarts = 0 // it ran a while: a new failure, not the same one again
+			}
+			delay := min(restartDelay<<min(restarts, 5), 30*time.Second)
+			restarts++
 			log.Warn("exactly-once: a Kafka transaction was aborted; starting afresh from the position committed in Kafka (what the aborted transaction held is published again, in a new transaction)",
-				zap.Error(err))
+				zap.Error(err), zap.Duration("retry_in", delay))
 			select {
-			case <-time.After(restartDelay):
+			case <-time.After(delay):
 			case <-ctx.Done():
 				return nil
 			}
@@ -209,7 +216,8 @@ func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap
 	}
 }
 
-// restartDelay spaces relays started afresh after an aborted Kafka transaction, so a broker that
+// restartDelay is the first pause before a relay starts afresh after an aborted Kafka transaction;
+// it doubles, up to 30s, while the fresh relays keep failing within a minute, so a broker that
 // keeps aborting them is not hammered.
 const restartDelay = time.Second
 
