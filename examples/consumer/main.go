@@ -88,8 +88,8 @@ func run(topic, group string) error {
 		//
 		// read_committed: with the relay's delivery: exactly-once, read no further than what Kafka
 		// transactions committed. kafka-go stops there but still returns the records of aborted
-		// transactions, so the inbox below stays necessary with kafka-go (a Java, librdkafka or
-		// franz-go consumer with read_committed drops them).
+		// transactions and the transactions' markers (skipped below), so the inbox stays necessary
+		// with kafka-go (a Java, librdkafka or franz-go consumer with read_committed drops both).
 		IsolationLevel: kafka.ReadCommitted,
 	})
 	defer reader.Close()
@@ -99,6 +99,14 @@ func run(topic, group string) error {
 		m, err := reader.FetchMessage(ctx) // FetchMessage, not ReadMessage: no automatic commit
 		if err != nil {
 			return err
+		}
+		if inbox.TransactionMarker(m) {
+			// kafka-go returns the commit markers of Kafka transactions (delivery: exactly-once)
+			// as messages: no event, only an offset to commit.
+			if err := reader.CommitMessages(ctx, m); err != nil {
+				return err
+			}
+			continue
 		}
 		id, err := inbox.EventID(m)
 		if err != nil {
