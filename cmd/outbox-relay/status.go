@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/config"
@@ -163,7 +164,13 @@ func deliveryStatus(ctx context.Context, cfg *config.Config, rep *statusReport) 
 	}
 	rctx, cancel := context.WithTimeout(ctx, positionReadTimeout)
 	defer cancel()
-	pos, found, err := sink.ReadPosition(rctx, rcfg.Sink)
+	// ReadPosition creates a missing positions topic; status only looks.
+	exists, err := topicExists(rctx, rcfg.Sink, cfg.PositionsTopic)
+	var pos sink.Position
+	found := false
+	if err == nil && exists {
+		pos, found, err = sink.ReadPosition(rctx, rcfg.Sink)
+	}
 	switch {
 	case err != nil:
 		rep.Delivery.PositionError = err.Error()
@@ -192,6 +199,25 @@ func deliveryStatus(ctx context.Context, cfg *config.Config, rep *statusReport) 
 			cfg.PositionsTopic, cfg.TransactionalID, cfg.Slot, rec.TransactionalID, rec.PositionsTopic, ledger.Table()))
 	}
 	return nil
+}
+
+// topicExists asks the brokers whether topic exists.
+func topicExists(ctx context.Context, c sink.Config, topic string) (bool, error) {
+	transport := &kafka.Transport{ClientID: c.ClientID, TLS: c.TLS, SASL: c.SASL, DialTimeout: 5 * time.Second}
+	defer transport.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: transport}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("metadata of positions topic %s: %w", topic, err)
+	case len(md.Topics) != 1:
+		return false, fmt.Errorf("metadata of positions topic %s: %d topics in the answer", topic, len(md.Topics))
+	case errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition):
+		return false, nil
+	case md.Topics[0].Error != nil:
+		return false, fmt.Errorf("positions topic %s: %w", topic, md.Topics[0].Error)
+	}
+	return true, nil
 }
 
 func printStatus(w io.Writer, rep statusReport) {
