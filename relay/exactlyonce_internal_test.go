@@ -76,6 +76,7 @@ func (c *countingReads) read(context.Context) (sink.Position, bool, error) {
 }
 
 func TestAReplayPublishesOnlyWhatTheCommittedPositionDoesNotCover(t *testing.T) {
+	t.Parallel()
 	aggType := testenv.UniqueName(t, "eos")
 	r, reg, reads := exactlyOnceRelay(t, sink.Position{CommitLSN: 200, Events: 2}, true)
 	ctx := context.Background()
@@ -103,6 +104,7 @@ func TestAReplayPublishesOnlyWhatTheCommittedPositionDoesNotCover(t *testing.T) 
 }
 
 func TestAResumedTransactionIsNotPublishedTwiceAfterAReconnect(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name        string
 		exactlyOnce bool
@@ -139,6 +141,7 @@ func TestAResumedTransactionIsNotPublishedTwiceAfterAReconnect(t *testing.T) {
 }
 
 func TestAPositionLostFromKafkaStopsTheRelayWithTheFix(t *testing.T) {
+	t.Parallel()
 	r, _, _ := exactlyOnceRelay(t, sink.Position{}, false)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, r.cfg.Replication.DSN)
@@ -162,6 +165,7 @@ func TestAPositionLostFromKafkaStopsTheRelayWithTheFix(t *testing.T) {
 }
 
 func TestAFirstCommitIsRecordedInTheLedgerSoALaterLossIsNoticed(t *testing.T) {
+	t.Parallel()
 	aggType := testenv.UniqueName(t, "first")
 	r, _, _ := exactlyOnceRelay(t, sink.Position{}, false)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -189,6 +193,7 @@ func TestAFirstCommitIsRecordedInTheLedgerSoALaterLossIsNoticed(t *testing.T) {
 }
 
 func TestAPositionThatCannotBeReadForGoodStopsTheRelay(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name  string
 		err   error
@@ -228,6 +233,7 @@ func TestAPositionThatCannotBeReadForGoodStopsTheRelay(t *testing.T) {
 }
 
 func TestANewTimelineWhileStreamingStopsSkippingByTheOldPosition(t *testing.T) {
+	t.Parallel()
 	aggType := testenv.UniqueName(t, "timeline")
 	r, reg, _ := exactlyOnceRelay(t, sink.Position{CommitLSN: 200, Events: 1}, true)
 	ctx := context.Background()

@@ -18,6 +18,7 @@ import (
 // (keepalives report a WAL end far ahead) and heartbeats arrive: neither may move the slot past
 // the open Kafka transaction.
 func TestExactlyOnceConfirmsNothingOfAKafkaTransactionBeforeItCommits(t *testing.T) {
+	t.Parallel()
 	k := testenv.SharedKafka(t)
 	f := newFixture(t, testenv.SharedPostgres(t), k.Brokers(), 1)
 	ctx := context.Background()
