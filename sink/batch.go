@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -35,18 +36,21 @@ type producerState struct {
 	transactional bool
 }
 
-// encodeRecordSet returns the record set of a produce request for kafka-go's RawRecordSet: the
-// batch's size as an int32, then the batch.
-func encodeRecordSet(batch []*record, ps producerState, compression kafka.Compression) ([]byte, error) {
+// encodeRecordSet appends to dst the record set of a produce request for kafka-go's
+// RawRecordSet: the batch's size as an int32, then the batch.
+func encodeRecordSet(dst []byte, batch []*record, ps producerState, compression kafka.Compression) ([]byte, error) {
 	size := 4 + batchHeaderSize
 	for _, rec := range batch {
-		size += int(rec.size) // an upper bound of the encoded record, so one allocation suffices
+		size += recordSize(&rec.msg) // an upper bound of the encoded record, so one allocation suffices
 	}
-	buf, err := encodeBatch(make([]byte, 4, size), batch, ps, compression)
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0)
+	dst = slices.Grow(dst, size)
+	buf, err := encodeBatch(dst, batch, ps, compression)
 	if err != nil {
 		return nil, err
 	}
-	binary.BigEndian.PutUint32(buf, uint32(len(buf)-4))
+	binary.BigEndian.PutUint32(buf[start:], uint32(len(buf)-start-4))
 	return buf, nil
 }
 

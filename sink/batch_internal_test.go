@@ -27,7 +27,7 @@ func TestEncodedBatchesDecodeWithKafkaGosReader(t *testing.T) {
 	}
 	for _, c := range []kafka.Compression{0, kafka.Gzip, kafka.Snappy, kafka.Lz4, kafka.Zstd} {
 		t.Run(fmt.Sprintf("codec %d", c), func(t *testing.T) {
-			buf, err := encodeRecordSet(batch, producerState{id: 4711, epoch: 3, seq: 42, transactional: true}, c)
+			buf, err := encodeRecordSet(nil, batch, producerState{id: 4711, epoch: 3, seq: 42, transactional: true}, c)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -25,9 +25,18 @@ const (
 // write the Position they reach to a compacted topic, and are acknowledged only once their
 // transaction has committed.
 type Transactions struct {
-	ID             string        // transactional.id; required
-	Interval       time.Duration // end a Kafka transaction at least this often; default 100ms
-	MaxEvents      int           // or once it holds this many events; default 10000
+	ID string // transactional.id; required
+	// Interval is how long a Kafka transaction stays open at most while the broker keeps up;
+	// default 100ms. It usually ends sooner, see Linger.
+	Interval time.Duration
+	// Linger is how old a transaction's first event gets before the committer, once it is free,
+	// takes the transaction: under load commits go back to back, each taking what arrived while
+	// the one before committed. Default Config.Linger; at most Interval. (Linger = Interval makes
+	// every transaction last Interval, for tests that look at an open one.)
+	Linger time.Duration
+	// MaxEvents closes a transaction once it holds this many events; default 10000, at most
+	// half of Config.MaxInFlight (one transaction fills while the one before commits).
+	MaxEvents      int
 	PositionsTopic string        // default "__outbox_relay_positions", created compacted if missing
 	Timeout        time.Duration // transaction.timeout.ms asked for in InitProducerID; default 60s
 }

@@ -167,7 +167,11 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 // readBack reads topics until want(records) holds, then a little longer for late duplicates.
 func readBack(t *testing.T, brokers string, timeout time.Duration, want func([]harness.Record) bool, topics ...string) []harness.Record {
 	t.Helper()
-	c := harness.NewConsumer(brokers, topics...)
+	return readWith(t, harness.NewConsumer(brokers, topics...), timeout, want, topics)
+}
+
+func readWith(t *testing.T, c *harness.Consumer, timeout time.Duration, want func([]harness.Record) bool, topics []string) []harness.Record {
+	t.Helper()
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()

@@ -177,7 +177,14 @@ func (i *identity) initProducerID(ctx context.Context, id int64, epoch int16) (i
 		if !retriableCoordinatorError(err) {
 			return 0, 0, err
 		}
-		if err := wait(ctx, attempt, i.log, "retrying the producer id request", err); err != nil {
+		msg := "retrying the producer id request"
+		if attempt >= 15 && errors.Is(err, kafka.GroupCoordinatorNotAvailable) {
+			// Half a minute of it is not a coordinator moving: the transaction state topic cannot
+			// be created or has no leader.
+			msg = "the transaction coordinator stays unavailable; retrying. If the cluster has fewer brokers than " +
+				"transaction.state.log.replication.factor (default 3), lower it and transaction.state.log.min.isr in the brokers' settings"
+		}
+		if err := wait(ctx, attempt, i.log, msg, err); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -211,10 +218,21 @@ func (i *identity) fresh(ctx context.Context) (producerState, error) {
 	return producerState{id: id, epoch: epoch}, nil
 }
 
+// concurrentTransactionsBackoff is how long a request answered CONCURRENT_TRANSACTIONS waits:
+// the previous transaction's markers are being written, which takes milliseconds, and the next
+// transaction's first AddPartitionsToTxn meets it after nearly every commit.
+const concurrentTransactionsBackoff = 5 * time.Millisecond
+
 // wait logs a failed attempt and sleeps the backoff; it returns ctx's error when ctx ends first.
 func wait(ctx context.Context, attempt int, log *zap.Logger, msg string, err error) error {
 	delay := backoff(attempt)
-	if attempt > 0 {
+	switch {
+	case errors.Is(err, kafka.ConcurrentTransactions):
+		delay = concurrentTransactionsBackoff
+		if attempt >= 100 {
+			log.Warn(msg, zap.Int("attempt", attempt+1), zap.Duration("retry_in", delay), zap.Error(err))
+		}
+	case attempt > 0:
 		log.Warn(msg, zap.Int("attempt", attempt+1), zap.Duration("retry_in", delay), zap.Error(err))
 	}
 	select {

@@ -148,14 +148,7 @@ func TestIdempotenceKeepsOneCopyOfARequestTheBrokerWroteButNeverAnswered(t *test
 // longer for late duplicates.
 func readCommitted(t *testing.T, brokers string, timeout time.Duration, want func([]harness.Record) bool, topics ...string) []harness.Record {
 	t.Helper()
-	c := harness.NewCommittedConsumer(brokers, topics...)
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if err := c.ReadUntil(ctx, 300*time.Millisecond, want); err != nil {
-		t.Fatalf("reading %v back (read_committed): %v", topics, err)
-	}
-	return c.Records()
+	return readWith(t, harness.NewCommittedConsumer(brokers, topics...), timeout, want, topics)
 }
 
 // TestIdempotentProducerAnswersEachSequenceErrorLikeTheJavaProducer scripts, with the fake broker,

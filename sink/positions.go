@@ -221,18 +221,38 @@ type positionsWriter struct {
 	ps    producerState
 }
 
-// write produces pos, inside the current transaction, retrying in place what heals.
+// resolve learns the positions partition (creating the topic if it is missing) and the producer
+// state it starts from.
+func (w *positionsWriter) resolve(ctx context.Context) error {
+	tm := w.tm
+	tm.mu.Lock()
+	ready := w.ready
+	tm.mu.Unlock()
+	if ready {
+		return nil
+	}
+	partition, _, err := positionsPartition(ctx, tm.client, tm.cfg.PositionsTopic, tm.id, tm.log)
+	if err != nil {
+		return err
+	}
+	ps, err := tm.ident.get(ctx)
+	if err != nil {
+		return err
+	}
+	tm.mu.Lock()
+	if !w.ready {
+		w.tp, w.ps, w.ready = topicPartition{tm.cfg.PositionsTopic, partition}, ps, true
+	}
+	tm.mu.Unlock()
+	return nil
+}
+
+// write produces pos, inside the current transaction, retrying in place what heals. Only the
+// committer calls it.
 func (w *positionsWriter) write(ctx context.Context, pos Position) error {
 	tm := w.tm
-	if !w.ready {
-		partition, _, err := positionsPartition(ctx, tm.client, tm.cfg.PositionsTopic, tm.id, tm.log)
-		if err != nil {
-			return err
-		}
-		if w.ps, err = tm.ident.get(ctx); err != nil {
-			return err
-		}
-		w.tp, w.ready = topicPartition{tm.cfg.PositionsTopic, partition}, true
+	if err := w.resolve(ctx); err != nil {
+		return err
 	}
 	if err := tm.add(ctx, w.tp); err != nil {
 		return err

@@ -41,6 +41,7 @@ type producer struct {
 	roundRobin  atomic.Uint32
 	failed      func(error) // stops the sink for good (a start error of the idempotent producer)
 	ident       *identity   // producer id and epoch (idempotence)
+	buffers     sync.Pool   // *[]byte: encoded record sets
 	txn         *txnManager // nil unless exactly-once
 	log         *zap.Logger
 
@@ -233,9 +234,16 @@ func (q *partitionQueue) next() []*record {
 			return batch
 		}
 		closed := q.closed
+		waited := q.p.txn != nil && n > 0 && time.Since(q.pending[0].enqueued) >= q.p.linger
 		q.mu.Unlock()
 		if closed {
 			return nil
+		}
+		if waited {
+			// Exactly-once: these records waited for the previous Kafka transaction to commit,
+			// which batched them already.
+			lingered = true
+			continue
 		}
 		if n > 0 {
 			lingered = true
@@ -462,10 +470,20 @@ func (p *producer) beforeHalt(batch []*record) []*record {
 
 func (p *producer) produce(tp topicPartition, batch []*record, ps producerState) error {
 	p.sent(len(batch))
-	set, err := encodeRecordSet(batch, ps, p.compression)
+	buf, _ := p.buffers.Get().(*[]byte)
+	if buf == nil {
+		buf = new([]byte)
+	}
+	defer func() {
+		if cap(*buf) <= 4<<20 { // a huge batch's buffer is not worth keeping
+			p.buffers.Put(buf)
+		}
+	}()
+	set, err := encodeRecordSet((*buf)[:0], batch, ps, p.compression)
 	if err != nil {
 		return err
 	}
+	*buf = set // kafka-go has copied it into the request once RawProduce returns
 	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
 	defer cancel()
 	req := &kafka.RawProduceRequest{

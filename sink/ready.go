@@ -94,8 +94,8 @@ func (s *Sink) startProducer(ctx context.Context) error {
 		}
 		return err
 	}
-	if t := s.cfg.Transactions; t != nil {
-		if _, _, err := positionsPartition(ctx, s.txn.client, t.PositionsTopic, t.ID, s.log); err != nil {
+	if s.txn != nil {
+		if err := s.txn.positions.resolve(ctx); err != nil {
 			return err
 		}
 	}

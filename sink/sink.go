@@ -5,6 +5,11 @@
 // failed request is retried in place (producer.go), so a later record of a partition never
 // overtakes an earlier one. Keys are partitioned with murmur2 exactly like the Java client, so a
 // topic written by Debezium keeps its key-to-partition mapping.
+//
+// The producer is idempotent where the broker allows it (idempotence.go): a retried request the
+// broker already wrote is not written twice. With Config.Transactions it is transactional
+// (transactions.go): records are acknowledged only once the Kafka transaction holding them, and
+// the Position it reaches (positions.go), committed.
 package sink
 
 import (
@@ -395,6 +400,10 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	return nil
 }
 
+// abortGrace is how long Close waits, after giving up, for the abort of the Kafka transaction
+// that did not commit.
+const abortGrace = 2 * time.Second
+
 // backoff grows from 200ms to 2s.
 // A retry against a broker that is down costs one failed dial, so the ceiling is low: the relay
 // notices a broker coming back within seconds.
@@ -506,7 +515,13 @@ func (s *Sink) Close(ctx context.Context) error {
 	}
 	s.stop()
 	if s.txn != nil {
-		<-s.txn.done // aborts what did not commit
+		// The committer aborts what did not commit (EndTxn), so read_committed consumers are not
+		// held at it until the transaction timeout. Best effort, and bounded: the next producer
+		// with the transactional id aborts it too.
+		select {
+		case <-s.txn.done:
+		case <-time.After(abortGrace):
+		}
 		if err == nil && txnErr != nil {
 			err = fmt.Errorf("sink: committing the last kafka transaction: %w", txnErr)
 		}

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,9 +15,11 @@ import (
 
 // Exactly-once delivery: the published stream is cut into Kafka transactions, each a prefix of
 // what is left, in publish (WAL) order. A record joins the transaction that is open when it is
-// published (its generation, record.txn); a transaction is sealed after Interval, or once it holds
-// MaxEvents records (the next record then opens the next one, which waits behind it), and the
-// committer, one transaction after the other,
+// published (its generation, record.txn). The committer seals the open transaction as soon as it
+// is free and the transaction's first record is kafka.linger old (so under load commits go back to
+// back, each taking what arrived while the one before committed), and at the latest after
+// Interval; a transaction also closes once it holds MaxEvents records (the next record then opens
+// the next one, which waits behind it). The committer, one transaction after the other,
 //
 //  1. waits until every record of it is written (or dead-lettered, inside the same transaction),
 //     while the records published meanwhile wait in their partitions' queues for the next one;
@@ -42,7 +45,9 @@ type txnManager struct {
 	id        string
 	cfg       Transactions
 	maxEvents int
+	linger    time.Duration // how old a transaction's first record gets before the committer takes it
 	ident     *identity
+	coord     *coordinator
 	log       *zap.Logger
 
 	// active is the generation partitions may send; records of a later one wait.
@@ -90,8 +95,10 @@ func newTxnManager(s *Sink, client *kafka.Client, ident *identity) *txnManager {
 	cfg := *s.cfg.Transactions
 	tm := &txnManager{
 		s: s, client: client, id: cfg.ID, cfg: cfg, ident: ident, log: s.log,
+		coord: &coordinator{client: client, id: cfg.ID},
 		// Two transactions must fit in the in-flight window: one committing, one filling.
 		maxEvents: max(1, min(cfg.MaxEvents, s.cfg.MaxInFlight/2)),
+		linger:    min(cmp.Or(cfg.Linger, max(0, s.cfg.Linger)), cfg.Interval),
 		txns:      []*kafkaTxn{{gen: 1}},
 		added:     make(map[topicPartition]bool),
 		adding:    make(map[topicPartition]bool),
@@ -236,7 +243,11 @@ func (tm *txnManager) cut(ctx context.Context) (*kafkaTxn, bool) {
 		t := tm.txns[0]
 		wait := time.Hour
 		if t.records > 0 || len(tm.txns) > 1 {
-			wait = tm.cfg.Interval - time.Since(t.started)
+			// The committer is free: the transaction ends once its first record is linger old
+			// (under load, commits go back to back, each taking what arrived during the one
+			// before), and at the latest after Interval.
+			age := time.Since(t.started)
+			wait = tm.linger - age
 			if wait <= 0 || t.sealed || t.records >= tm.maxEvents || len(tm.txns) > 1 || tm.closing || tm.s.halted.Load() != nil {
 				t.sealed = true
 				tm.mu.Unlock()
@@ -461,7 +472,7 @@ func (tm *txnManager) abort() {
 	if !added {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), abortGrace)
 	defer cancel()
 	if err := tm.endTxn(ctx, false); err != nil {
 		tm.log.Warn("could not abort the kafka transaction; the coordinator aborts it after its timeout, or the next relay with this transactional id at once",
@@ -478,13 +489,8 @@ func (tm *txnManager) endTxn(ctx context.Context, commit bool) error {
 	}
 	for attempt := 0; ; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
-		res, err := tm.client.EndTxn(rctx, &kafka.EndTxnRequest{
-			TransactionalID: tm.id, ProducerID: int(ps.id), ProducerEpoch: int(ps.epoch), Committed: commit,
-		})
+		err := tm.coord.endTxn(rctx, ps, commit)
 		cancel()
-		if err == nil {
-			err = res.Error
-		}
 		if err == nil {
 			return nil
 		}
@@ -526,6 +532,11 @@ func (tm *txnManager) add(ctx context.Context, tp topicPartition) error {
 			tm.mu.Lock()
 			continue
 		}
+		if len(tm.added) == 0 && tm.positions.ready {
+			// The positions partition joins with the transaction's first partitions: one
+			// AddPartitionsToTxn fewer at the commit.
+			tm.adding[tm.positions.tp] = true
+		}
 		tm.addBusy, tm.addDone = true, make(chan struct{})
 		tps := tm.adding
 		tm.adding = make(map[topicPartition]bool)
@@ -557,19 +568,20 @@ func (tm *txnManager) addPartitions(ctx context.Context, tps map[topicPartition]
 	if err != nil {
 		return err
 	}
-	topics := make(map[string][]kafka.AddPartitionToTxn)
-	for tp := range tps {
-		topics[tp.topic] = append(topics[tp.topic], kafka.AddPartitionToTxn{Partition: tp.partition})
-	}
 	for attempt := 0; ; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
-		res, err := tm.client.AddPartitionsToTxn(rctx, &kafka.AddPartitionsToTxnRequest{
-			TransactionalID: tm.id, ProducerID: int(ps.id), ProducerEpoch: int(ps.epoch), Topics: topics,
-		})
-		cancel()
-		if err == nil {
-			err = addResult(res)
+		if attempt > 0 {
+			// Partitions that asked meanwhile go along (after a commit, the first attempts meet
+			// CONCURRENT_TRANSACTIONS while every partition of the new transaction asks).
+			tm.mu.Lock()
+			for tp := range tm.adding {
+				tps[tp] = true
+			}
+			clear(tm.adding)
+			tm.mu.Unlock()
 		}
+		err := tm.coord.addPartitions(rctx, ps, tps)
+		cancel()
 		if err == nil {
 			return nil
 		}
@@ -586,23 +598,4 @@ func (tm *txnManager) addPartitions(ctx context.Context, tps map[topicPartition]
 			return err
 		}
 	}
-}
-
-// addResult is the first error of an AddPartitionsToTxn answer, OPERATION_NOT_ATTEMPTED (the
-// others were not tried because of it) last.
-func addResult(res *kafka.AddPartitionsToTxnResponse) error {
-	var notAttempted error
-	for _, parts := range res.Topics {
-		for _, p := range parts {
-			if p.Error == nil {
-				continue
-			}
-			if errors.Is(p.Error, errOperationNotAttempted) {
-				notAttempted = p.Error
-				continue
-			}
-			return p.Error
-		}
-	}
-	return notAttempted
 }

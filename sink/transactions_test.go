@@ -143,6 +143,7 @@ func TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo(t *testing.T) {
 	t.Parallel()
 	k := testenv.SharedKafka(t)
 	cfg := txnConfig(t, k, time.Hour, 100000)
+	cfg.Transactions.Linger = time.Hour // the transaction stays open
 	s := readySink(t, k.Brokers(), cfg)
 	a := &acker{}
 	stream := newPGStream(10)
@@ -172,20 +173,7 @@ func TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo(t *testing.T) {
 	if _, ok, err := next.ReadPosition(context.Background()); ok || err != nil {
 		t.Errorf("ReadPosition after the abort = ok %v, %v; want nothing committed", ok, err)
 	}
-	log, b := newSent(), &acker{}
-	stream2 := newPGStream(10)
-	for i := range 20 {
-		ev := stream2.next(fmt.Sprintf("order-%d", i%5))
-		ev.ID = fmt.Appendf(nil, "second-%d", i)
-		log.add(ev, b, nil)
-		next.publish(t, ev, b)
-	}
-	next.mustClose(t)
-	log.checkAcked(t)
-	records := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(20), cfg.TopicTemplate)
-	if dups := log.verify(t, cfg.TopicTemplate, records); dups != 0 {
-		t.Errorf("%d duplicates", dups)
-	}
+	publishAndVerify(t, next, k.Brokers(), cfg.TopicTemplate, "second", 20)
 	t.Logf("the log holds %d records of the aborted transaction; a read_committed reader saw none of them", len(uncommitted))
 }
 
@@ -195,7 +183,10 @@ func TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo(t *testing.T) {
 func TestASecondProducerWithTheSameTransactionalIDFencesTheFirst(t *testing.T) {
 	t.Parallel()
 	k := testenv.SharedKafka(t)
-	cfg := txnConfig(t, k, 3*time.Second, 100000)
+	// A's transaction stays open 20s: B surely takes over while it is open, even on a loaded
+	// machine, and A notices when it tries to commit.
+	cfg := txnConfig(t, k, 20*time.Second, 100000)
+	cfg.Transactions.Linger = 20 * time.Second
 	a := readySink(t, k.Brokers(), cfg)
 	acksA := &acker{}
 	stream := newPGStream(5)
@@ -207,7 +198,7 @@ func TestASecondProducerWithTheSameTransactionalIDFencesTheFirst(t *testing.T) {
 	b := readySink(t, k.Brokers(), cfg) // InitProducerID: fences A and aborts its transaction
 	select {
 	case <-a.Failed():
-	case <-time.After(60 * time.Second):
+	case <-time.After(90 * time.Second):
 		t.Fatal("A never learned it was fenced")
 	}
 	if !errors.Is(a.Err(), sink.ErrFenced) {
@@ -224,18 +215,25 @@ func TestASecondProducerWithTheSameTransactionalIDFencesTheFirst(t *testing.T) {
 	}
 	_ = a.close(context.Background())
 
-	log, acksB := newSent(), &acker{}
-	streamB := newPGStream(5)
-	for i := range 30 {
-		ev := streamB.next(fmt.Sprintf("order-%d", i%3))
-		ev.ID = fmt.Appendf(nil, "b-%d", i)
-		log.add(ev, acksB, nil)
-		b.publish(t, ev, acksB)
+	publishAndVerify(t, b, k.Brokers(), cfg.TopicTemplate, "b", 30) // verify also fails on A's ids
+}
+
+// publishAndVerify publishes n events (ids prefix-0...) through s, closes it, and checks that a
+// read_committed reader of topic sees exactly those events, each once, in key order.
+func publishAndVerify(t *testing.T, s *testSink, brokers, topic, prefix string, n int) {
+	t.Helper()
+	log, a := newSent(), &acker{}
+	stream := newPGStream(5)
+	for i := range n {
+		ev := stream.next(fmt.Sprintf("order-%d", i%3))
+		ev.ID = fmt.Appendf(nil, "%s-%d", prefix, i)
+		log.add(ev, a, nil)
+		s.publish(t, ev, a)
 	}
-	b.mustClose(t)
+	s.mustClose(t)
 	log.checkAcked(t)
-	records := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(30), cfg.TopicTemplate)
-	if dups := log.verify(t, cfg.TopicTemplate, records); dups != 0 { // verify also fails on A's ids
+	records := readCommitted(t, brokers, 60*time.Second, atLeast(n), topic)
+	if dups := log.verify(t, topic, records); dups != 0 {
 		t.Errorf("%d duplicates", dups)
 	}
 }
@@ -376,6 +374,7 @@ func TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced(t *test
 	t.Parallel()
 	k := testenv.SharedKafka(t)
 	cfg := txnConfig(t, k, time.Hour, 100000)
+	cfg.Transactions.Linger = time.Hour    // the transaction stays open
 	cfg.Transactions.Timeout = time.Second // the broker checks for timed-out transactions every 10s
 	s := readySink(t, k.Brokers(), cfg)
 	a := &acker{}

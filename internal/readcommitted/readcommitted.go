@@ -125,59 +125,45 @@ func (out *Result) committed(p fetch.ResponsePartition, from int64) error {
 				open[aborted[0].ProducerID] = true
 				aborted = aborted[1:]
 			}
-			skip := b.Attributes.Transactional() && open[b.ProducerID]
-			for {
-				r, err := b.ReadRecord()
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					return err
-				}
-				out.Next = max(out.Next, r.Offset+1)
-				if skip || r.Offset < from {
-					closeBytes(r)
-					continue
-				}
-				rec := Record{Offset: r.Offset, Time: r.Time, Headers: make([]kafka.Header, len(r.Headers))}
-				if rec.Key, err = readBytes(r.Key); err == nil {
-					rec.Value, err = readBytes(r.Value)
-				}
-				if err != nil {
-					return err
-				}
-				for i, h := range r.Headers {
-					rec.Headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
-				}
-				out.Records = append(out.Records, rec)
+			if err := out.add(b, b.Attributes.Transactional() && open[b.ProducerID], from); err != nil {
+				return err
 			}
-		default:
-			// A v0/v1 message set: no transactions there, but nothing this project writes.
-			for {
-				r, err := batch.ReadRecord()
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					return err
-				}
-				out.Next = max(out.Next, r.Offset+1)
-				if r.Offset < from {
-					closeBytes(r)
-					continue
-				}
-				rec := Record{Offset: r.Offset, Time: r.Time}
-				if rec.Key, err = readBytes(r.Key); err == nil {
-					rec.Value, err = readBytes(r.Value)
-				}
-				if err != nil {
-					return err
-				}
-				out.Records = append(out.Records, rec)
+		default: // a v0/v1 message set: no transactions there, but nothing this project writes
+			if err := out.add(batch, false, from); err != nil {
+				return err
 			}
 		}
 	}
 	return nil
+}
+
+// add appends the records of batch from offset from on, unless skip (it only advances Next).
+func (out *Result) add(batch protocol.RecordReader, skip bool, from int64) error {
+	for {
+		r, err := batch.ReadRecord()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out.Next = max(out.Next, r.Offset+1)
+		if skip || r.Offset < from {
+			closeBytes(r)
+			continue
+		}
+		rec := Record{Offset: r.Offset, Time: r.Time}
+		if rec.Key, err = readBytes(r.Key); err == nil {
+			rec.Value, err = readBytes(r.Value)
+		}
+		if err != nil {
+			return err
+		}
+		for _, h := range r.Headers {
+			rec.Headers = append(rec.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+		}
+		out.Records = append(out.Records, rec)
+	}
 }
 
 func readBytes(b protocol.Bytes) ([]byte, error) {
