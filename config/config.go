@@ -333,7 +333,7 @@ var settings = []setting{
 		apply: oneOf(func(c *Config) *string { return &c.Delivery }, DeliveryAtLeastOnce, DeliveryExactlyOnce)},
 	{key: "transactional_id", help: "exactly-once: the Kafka transactional.id; a relay starting with it fences every earlier producer with it (default outbox-relay-<database system identifier>-<slot>)",
 		apply: str(func(c *Config) *string { return &c.TransactionalID })},
-	{key: "transaction_interval", def: "100ms", help: "exactly-once: how often the open Kafka transaction is committed (consumers see events at most about this much later)",
+	{key: "transaction_interval", def: "100ms", help: "exactly-once: how long a Kafka transaction stays open at most; it is committed sooner when the one before has committed and its first event waited kafka.linger (read_committed consumers see events at most about this much later)",
 		apply: minDuration(10*time.Millisecond, func(c *Config) *time.Duration { return &c.TransactionInterval })},
 	{key: "transaction_max_events", def: "10000", help: "exactly-once: a Kafka transaction is committed once it holds this many events, sooner than transaction_interval",
 		apply: integer(func(c *Config) *int { return &c.TransactionMaxEvents })},

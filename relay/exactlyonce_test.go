@@ -26,7 +26,7 @@ func TestExactlyOnceConfirmsNothingOfAKafkaTransactionBeforeItCommits(t *testing
 		t.Fatal(err)
 	}
 	cfg := f.config()
-	cfg.Sink.Transactions = &sink.Transactions{ID: f.slot, Interval: 4 * time.Second, PositionsTopic: testenv.UniqueName(t, "positions")}
+	cfg.Sink.Transactions = &sink.Transactions{ID: f.slot, Interval: 4 * time.Second, Linger: 4 * time.Second, PositionsTopic: testenv.UniqueName(t, "positions")}
 	cfg.HeartbeatInterval = 100 * time.Millisecond
 	stop := f.start(cfg)
 	position := func() pglogrepl.LSN {
