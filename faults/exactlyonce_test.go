@@ -43,9 +43,8 @@ func killScenario(t *testing.T, exactlyOnce bool) {
 	positions := sink.Config{Brokers: strings.Split(brokers, ","),
 		Transactions: &sink.Transactions{ID: d.slot, PositionsTopic: testenv.UniqueName(t, "positions")}}
 	if exactlyOnce {
-		// Small Kafka transactions, so the large PostgreSQL transaction spans many of them.
 		args = append(args, "--delivery=exactly-once", "--transactional-id="+positions.Transactions.ID,
-			"--positions-topic="+positions.Transactions.PositionsTopic, "--transaction-max-events=2000")
+			"--positions-topic="+positions.Transactions.PositionsTopic)
 	}
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -77,6 +76,19 @@ func killScenario(t *testing.T, exactlyOnce bool) {
 		t.Logf("load: %s", stats)
 	}
 	defer stopLoad()
+	// The writers stop once they have written their share; the kills go on meanwhile.
+	watching := make(chan struct{})
+	defer close(watching)
+	go func() {
+		for load.Stats().Events < events-bigTxEvents {
+			select {
+			case <-watching:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		load.Pause()
+	}()
 	// The large transaction is written by the test while no relay runs, after the fifth kill, so
 	// its commit position is known and the next instance is killed while it publishes it: part of
 	// it committed in Kafka, the rest not.
@@ -173,7 +185,7 @@ func killScenario(t *testing.T, exactlyOnce bool) {
 // confirmed past it.
 func waitInsideBigTx(t *testing.T, r *relay, d *db, positions sink.Config, big marked, bigTxEvents int, exactlyOnce bool) bool {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	base := r.mustMetric("events_published_total", "")
 	for time.Now().Before(deadline) && !r.Exited() {
 		if exactlyOnce {
