@@ -102,9 +102,9 @@ func killScenario(t *testing.T, exactlyOnce bool) {
 		switch {
 		case i == 5:
 			// The instance that publishes the large transaction is killed while the position in
-			// Kafka lies inside it. Small Kafka transactions (500 events, so 40 or more for it)
+			// Kafka lies inside it. Small Kafka transactions (1,000 events, so 20 or more for it)
 			// keep that window open long enough to be found on a loaded machine.
-			r = start("--max-in-flight-events=1000", "--transaction-max-events=500")
+			r = start("--transaction-max-events=1000")
 		case i > 0:
 			r = start()
 		}
@@ -112,6 +112,15 @@ func killScenario(t *testing.T, exactlyOnce bool) {
 		case i == 5:
 			r.waitSessions(1, 90*time.Second)
 			bigKilled = waitInsideBigTx(t, r, d, positions, big, bigTxEvents, exactlyOnce)
+		case i == 4:
+			// Before the large transaction is written, the writers pause and this instance
+			// catches up, so the next one has the large transaction and little else to publish.
+			r.waitSessions(1, 90*time.Second)
+			load.Pause()
+			caughtUp := currentLSN(t, d.outbox.Pool())
+			eventually(t, 3*time.Minute, "an instance to catch up before the large transaction", func() bool {
+				return r.Exited() || confirmedLSN(t, d.outbox.Pool(), d.slot) >= caughtUp
+			})
 		case i%5 == 4:
 			// Some kills land during start-up: reading the position, the slot busy with the last walsender.
 			time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond)
@@ -132,6 +141,7 @@ func killScenario(t *testing.T, exactlyOnce bool) {
 				specs[i] = harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("groß-%d", i%40), EventType: "Bulk"}
 			}
 			big = d.writeMarked(specs...)
+			load.Resume()
 		}
 		if load.Stats().Events >= events-bigTxEvents {
 			stopLoad()
@@ -187,11 +197,16 @@ func waitInsideBigTx(t *testing.T, r *relay, d *db, positions sink.Config, big m
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	base := r.mustMetric("events_published_total", "")
+	var last sink.Position
 	for time.Now().Before(deadline) && !r.Exited() {
 		if exactlyOnce {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			pos, ok, err := sink.ReadPosition(ctx, positions)
 			cancel()
+			if testing.Verbose() && (err != nil || pos != last) {
+				t.Logf("position %+v (found %v, error %v); the large transaction commits at %s", pos, ok, err, lsnString(big.CommitStart))
+				last = pos
+			}
 			if err == nil && ok && uint64(pos.CommitLSN) == big.CommitStart && pos.Events > 0 && pos.Events < bigTxEvents {
 				return true
 			}
