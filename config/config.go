@@ -331,7 +331,7 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.BackfillOrder })},
 	{key: "delivery", def: DeliveryAtLeastOnce, help: "at-least-once, or exactly-once: Kafka transactions that also record the position reached, so consumers reading with isolation.level=read_committed see every event once (see docs/guarantees.md)",
 		apply: oneOf(func(c *Config) *string { return &c.Delivery }, DeliveryAtLeastOnce, DeliveryExactlyOnce)},
-	{key: "transactional_id", help: "exactly-once: the Kafka transactional.id; a relay starting with it fences every earlier producer with it (default outbox-relay-<database system identifier>-<slot>)",
+	{key: "transactional_id", help: "exactly-once: the Kafka transactional.id; a relay starting with it fences every earlier producer with it; empty derives outbox-relay-<database system identifier>-<slot>",
 		apply: str(func(c *Config) *string { return &c.TransactionalID })},
 	{key: "transaction_interval", def: "100ms", help: "exactly-once: how long a Kafka transaction stays open at most; it is committed sooner when the one before has committed and its first event waited kafka.linger (read_committed consumers see events at most about this much later)",
 		apply: minDuration(10*time.Millisecond, func(c *Config) *time.Duration { return &c.TransactionInterval })},
