@@ -86,15 +86,22 @@ func (r *Relay) takeUpPosition(ctx context.Context, session replication.Message,
 	if r.positionsIgnored {
 		return nil
 	}
-	pos, found, err := r.readPosition(ctx)
-	if err != nil {
-		return err
-	}
-	if !r.positionChecked {
-		if err := r.checkPositionLedger(ctx, found); err != nil {
+	var pos sink.Position
+	var found bool
+	if start := r.startPosition; start != nil {
+		// Read before this session started streaming (startingPosition).
+		pos, found, r.startPosition = start.pos, start.found, nil
+	} else {
+		var err error
+		if pos, found, err = r.readPosition(ctx); err != nil {
 			return err
 		}
-		r.positionChecked = true
+		if !r.positionChecked {
+			if err := r.checkPositionLedger(ctx, found); err != nil {
+				return err
+			}
+			r.positionChecked = true
+		}
 	}
 	if !found {
 		if !r.positionLogged {
@@ -112,6 +119,29 @@ func (r *Relay) takeUpPosition(ctx context.Context, session replication.Message,
 	r.log.Check(level, "exactly-once: resuming after the position committed in Kafka; PostgreSQL replays from the slot's confirmed position and what the position covers is not published again").Write(
 		zap.String("transactional_id", r.cfg.Sink.Transactions.ID), zap.Stringer("commit_lsn", pos.CommitLSN),
 		zap.Int("events_of_that_transaction", pos.Events), zap.Stringer("slot_confirmed", session.WALEnd))
+	return nil
+}
+
+// positionRead is a position read before streaming started, for the session's start.
+type positionRead struct {
+	pos   sink.Position
+	found bool
+}
+
+// startingPosition reads the committed position and checks it against the slot ledger before the
+// first session starts streaming (BeforeStream, after the sink fenced earlier producers), so a
+// position that cannot be read, or was lost, stops the relay before PostgreSQL sends anything.
+// The session's start then takes it up (takeUpPosition); later sessions read it again.
+func (r *Relay) startingPosition(ctx context.Context) error {
+	pos, found, err := r.readPosition(ctx)
+	if err != nil {
+		return err
+	}
+	if err := r.checkPositionLedger(ctx, found); err != nil {
+		return err
+	}
+	r.positionChecked = true
+	r.startPosition = &positionRead{pos: pos, found: found}
 	return nil
 }
 

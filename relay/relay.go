@@ -57,9 +57,10 @@ type Relay struct {
 	// Exactly-once (exactlyonce.go), all used by the pipeline's goroutine only. positions reads the
 	// position committed in Kafka (Sink.ReadPosition; a fake in tests).
 	positions        func(ctx context.Context) (sink.Position, bool, error)
-	positionChecked  bool // compared with the slot ledger
-	positionLogged   bool // the first position read was logged at info level
-	positionsIgnored bool // the server moved to a new timeline while streaming: see takeUpPosition
+	positionChecked  bool          // compared with the slot ledger
+	startPosition    *positionRead // read before the first session streamed (BeforeStream's goroutine; handed over by the Session message)
+	positionLogged   bool          // the first position read was logged at info level
+	positionsIgnored bool          // the server moved to a new timeline while streaming: see takeUpPosition
 	// recordFirstPosition is set on a first exactly-once start: recordPositions notes the first
 	// commit in the slot ledger.
 	recordFirstPosition atomic.Bool
@@ -287,6 +288,11 @@ func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
 			return replication.Fatal(err)
 		}
 		r.kafkaReady = true
+	}
+	if r.exactlyOnce() {
+		if err := r.startingPosition(ctx); err != nil {
+			return err
+		}
 	}
 	if r.cfg.Backfill == nil {
 		return nil

@@ -259,6 +259,13 @@ func TestExactlyOnceAgainstABrokerThatRefusesItIsAClearErrorNeverAFallback(t *te
 	if err := k.CreateTopic(context.Background(), unreadable, 1); err != nil {
 		t.Fatal(err)
 	}
+	// Another relay's position in it, so reading the topic means fetching from it (an empty
+	// partition is known to hold no position without a fetch, and a fetch is what READ guards).
+	w := &kafka.Writer{Addr: kafka.TCP(k.Brokers()), Topic: unreadable, RequiredAcks: kafka.RequireAll}
+	if err := w.WriteMessages(context.Background(), kafka.Message{Key: []byte("another-relay"), Value: []byte(`{"v":1,"commit_lsn":"0/1","events":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
 	admin := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 30 * time.Second}
 	acl := func(perm kafka.ACLPermissionType, typ kafka.ResourceType, name string, op kafka.ACLOperationType) kafka.ACLEntry {
 		return kafka.ACLEntry{ResourceType: typ, ResourceName: name, ResourcePatternType: kafka.PatternTypeLiteral,
