@@ -239,6 +239,9 @@ func TestAPositionsTopicDeletedStopsTheRelayWithTheFix(t *testing.T) {
 		}
 	}
 	t.Logf("fatal line: %s", last)
+	if strings.Contains(out, `"msg":"streaming"`) {
+		t.Errorf("the relay streamed before refusing:\n%s", out)
+	}
 	code, out = relayproc.Run(t, relayproc.Options{Subcommand: "status", Env: statusEnv}, 30*time.Second)
 	if code != exitSlotProblem || !strings.Contains(out, "PROBLEM: exactly-once") {
 		t.Errorf("status after the loss: exit %d, want %d and a PROBLEM line:\n%s", code, exitSlotProblem, out)
