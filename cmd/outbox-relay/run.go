@@ -206,6 +206,10 @@ func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap
 			case <-ctx.Done():
 				return nil
 			}
+			if term != nil && term.Err() != nil {
+				// Lost meanwhile: a fresh relay's producer would fence the new leader's.
+				return relay.ErrFenced
+			}
 			continue
 		case errors.Is(err, relay.ErrSuperseded) && term != nil:
 			return supersededTerm(ctx, term, err, log)
