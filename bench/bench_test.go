@@ -18,7 +18,7 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay_vs_debezium=(n/a|\d+\.\d) p99_ms=(\d+) rss_mb=(\d+) big_tx_rss_mb=(\d+)$`)
+var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay_vs_debezium=(n/a|\d+\.\d) p99_ms=(\d+) rss_mb=(\d+) big_tx_rss_mb=(\d+) exactly_once_vs_relay=(\d+\.\d\d) exactly_once_p99_ms=(\d+)$`)
 
 // The smoke run goes through the same code as `make bench` with a tiny backlog: the ceiling and the
 // relay drain it, the relay runs a short steady state and a large transaction, and an in-process
@@ -36,7 +36,7 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	profiles := t.TempDir()
 	cfg := Config{
 		Events: 2000, Partitions: 2, Rate: 400, SteadyFor: 3 * time.Second, BigTx: 3000,
-		Sides: []string{sideCeiling, sideRelay, sidePoll}, Steady: []string{sideRelay, sidePoll},
+		Sides: []string{sideCeiling, sideRelay, sideRelayEOS, sidePoll}, Steady: []string{sideRelay, sideRelayEOS, sidePoll},
 		RelayBin: relayproc.PlainBinary(t), ProfileDir: profiles, WorkDir: t.TempDir(),
 		Log: t.Output(), DrainTimeout: time.Minute,
 	}
@@ -50,7 +50,7 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	table, summary := rep.Table(), rep.Summary()
 	t.Logf("\n%s\n%s", table, summary)
 
-	for _, want := range []string{"| ceiling (pg_recvlogical) |", "| outbox-relay |", "| outbox-relay, source poll |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events"} {
+	for _, want := range []string{"| ceiling (pg_recvlogical) |", "| outbox-relay |", "| outbox-relay, exactly-once |", "| outbox-relay, source poll |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q", want)
 		}
@@ -72,6 +72,8 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 		{fmt.Sprintf("p99 %d ms is below 10 s", p99), p99 < 10_000},
 		{fmt.Sprintf("steady RSS %d MB is between 5 MB and 1 GB", rss), rss >= 5 && rss < 1024},
 		{fmt.Sprintf("large-transaction RSS %d MB is between 5 MB and 1 GB", bigRSS), bigRSS >= 5 && bigRSS < 1024},
+		{fmt.Sprintf("exactly_once_vs_relay %s is above 0", m[6]), m[6] != "0.00"},
+		{fmt.Sprintf("exactly-once p99 %s ms is below 10 s", m[7]), len(m[7]) < 5},
 	}
 	for _, c := range checks {
 		if !c.ok {
@@ -237,7 +239,7 @@ func TestSummaryMarksWhatWasNotMeasured(t *testing.T) {
 		},
 		Steady: []SteadyResult{{Side: sideRelay, P99: 12400 * time.Microsecond, PeakRSS: 30 << 20}},
 	}
-	want := "bench: relay_vs_ceiling=0.80 relay_vs_debezium=n/a p99_ms=12 rss_mb=30 big_tx_rss_mb=n/a"
+	want := "bench: relay_vs_ceiling=0.80 relay_vs_debezium=n/a p99_ms=12 rss_mb=30 big_tx_rss_mb=n/a exactly_once_vs_relay=n/a exactly_once_p99_ms=n/a"
 	if got := rep.Summary(); got != want {
 		t.Errorf("summary\n got %s\nwant %s", got, want)
 	}

@@ -13,8 +13,8 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// latencyReader reads every partition of the given topics from the beginning as records arrive and
-// computes, for each, receive time minus the sent_ns in its payload. Writer and reader run in this
+// latencyReader reads every partition of the given topics from the beginning, with
+// isolation.level=read_committed, as records arrive and computes, for each, receive time minus the sent_ns in its payload. Writer and reader run in this
 // process, so both times come from the same clock.
 type latencyReader struct {
 	readers []*kafka.Reader
@@ -37,6 +37,10 @@ func newLatencyReader(brokers string, topics []string, partitions int) *latencyR
 				// Fetches return as soon as one record is there; MaxWait only bounds an idle fetch.
 				MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 100 * time.Millisecond,
 				ReadLagInterval: -1,
+				// A record is received once its Kafka transaction has committed (exactly-once);
+				// the same as read_uncommitted for the other sides. (kafka-go would also return
+				// aborted records, but no side aborts a transaction here.)
+				IsolationLevel: kafka.ReadCommitted,
 			})
 			l.readers = append(l.readers, r)
 			l.wg.Go(func() { l.read(ctx, r) })

@@ -23,6 +23,7 @@ type Report struct {
 var sideLabels = map[string]string{
 	sideCeiling:    "ceiling (pg_recvlogical)",
 	sideRelay:      "outbox-relay",
+	sideRelayEOS:   "outbox-relay, exactly-once",
 	sideDbzDefault: "Debezium 3.6.1, defaults",
 	sideDbzTuned:   "Debezium 3.6.1, tuned",
 	sidePoll:       "outbox-relay, source poll",
@@ -66,39 +67,41 @@ func (r *Report) Table() string {
 		r.Config.Events, r.AvgPayload, float64(r.PayloadBytes)/1e6, 1000, len(aggregateTypes), maxTxEvents, r.Config.Partitions,
 		r.BacklogWrite.Round(100*time.Millisecond))
 	ceiling, relay := r.drain(sideCeiling), r.drain(sideRelay)
-	b.WriteString("| side | events/s | MB/s | vs ceiling | vs outbox-relay | wall s | first record s | all on Kafka s | events/s after first record | CPU s | CPU µs/event | CPU µs/event after first record | peak RSS MB | walsender CPU s | broker CPU s |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| side | events/s | MB/s | vs ceiling | vs outbox-relay | wall s | first record s | all on Kafka s | events/s after first record | CPU s | CPU µs/event | CPU µs/event after first record | peak RSS MB | walsender CPU s | broker CPU s | broker CPU µs/event |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, d := range r.Drains {
 		if d.Err != nil {
-			fmt.Fprintf(&b, "| %s | failed: %s ||||||||||||||\n", label(d.Side), oneLine(d.Err))
+			fmt.Fprintf(&b, "| %s | failed: %s |||||||||||||||\n", label(d.Side), oneLine(d.Err))
 			continue
 		}
 		name := label(d.Side)
 		if d.Partial {
 			name += fmt.Sprintf(" (stopped after %.0f s with %d of %d events)", d.Wall.Seconds(), d.Events, d.Target)
 		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.1f | %s | %s | %.2f | %s | %s | %s | %.2f | %.1f | %s | %.0f | %.2f | %.2f |\n",
+		fmt.Fprintf(&b, "| %s | %.0f | %.1f | %s | %s | %.2f | %s | %s | %s | %.2f | %.1f | %s | %.0f | %.2f | %.2f | %.1f |\n",
 			name, d.rate(), float64(d.Bytes)/1e6/d.Wall.Seconds(), ratio(d, ceiling, "%.2f"), ratio(d, relay, "%.2f"),
 			d.Wall.Seconds(), secondsOrDash(d.First), secondsOrDash(d.OnKafka), rateOrDash(d.streamRate()), d.CPU.Seconds(),
-			float64(d.CPU.Microseconds())/float64(d.Events), microsOrDash(d.cpuPerEventAfterFirst()), mb(d.PeakRSS), d.SenderCPU.Seconds(), d.BrokerCPU.Seconds())
+			float64(d.CPU.Microseconds())/float64(d.Events), microsOrDash(d.cpuPerEventAfterFirst()), mb(d.PeakRSS), d.SenderCPU.Seconds(), d.BrokerCPU.Seconds(),
+			float64(d.BrokerCPU.Microseconds())/float64(max(d.Events, 1)))
 	}
 	if len(r.Steady) > 0 {
 		fmt.Fprintf(&b, "\nSteady state: %d events/s for %s, latency from just before the writer sends the commit to the consumer receiving the record.\n\n",
 			r.Config.Rate, r.Config.SteadyFor)
-		b.WriteString("| side | events | achieved events/s | p50 ms | p95 ms | p99 ms | max ms | CPU s | CPU µs/event | CPU % of a core | peak RSS MB | broker CPU s |\n")
-		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| side | events | achieved events/s | p50 ms | p95 ms | p99 ms | max ms | CPU s | CPU µs/event | CPU % of a core | peak RSS MB | broker CPU s | broker CPU µs/event |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, s := range r.Steady {
 			if s.Err != nil {
-				fmt.Fprintf(&b, "| %s | failed: %s |||||||||||\n", label(s.Side), oneLine(s.Err))
+				fmt.Fprintf(&b, "| %s | failed: %s ||||||||||||\n", label(s.Side), oneLine(s.Err))
 				continue
 			}
 			name := label(s.Side)
 			if s.Rate < 0.95*float64(r.Config.Rate) {
 				name += " (the writer fell behind: lower offered load)"
 			}
-			fmt.Fprintf(&b, "| %s | %d | %.0f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.0f | %.0f | %.2f |\n",
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.0f | %.0f | %.2f | %.1f |\n",
 				name, s.Written, s.Rate, msf(s.P50), msf(s.P95), msf(s.P99), msf(s.Max), s.CPU.Seconds(),
-				float64(s.CPU.Microseconds())/float64(max(s.Written, 1)), 100*s.CPU.Seconds()/s.Window.Seconds(), mb(s.PeakRSS), s.BrokerCPU.Seconds())
+				float64(s.CPU.Microseconds())/float64(max(s.Written, 1)), 100*s.CPU.Seconds()/s.Window.Seconds(), mb(s.PeakRSS), s.BrokerCPU.Seconds(),
+				float64(s.BrokerCPU.Microseconds())/float64(max(s.Written, 1)))
 		}
 	}
 	if t := r.BigTx; t != nil {
@@ -141,8 +144,15 @@ func (r *Report) Summary() string {
 	if r.BigTx != nil && r.BigTx.Err == nil {
 		big = fmt.Sprintf("%.0f", mb(r.BigTx.PeakRSS))
 	}
-	return fmt.Sprintf("bench: relay_vs_ceiling=%s relay_vs_debezium=%s p99_ms=%s rss_mb=%s big_tx_rss_mb=%s",
-		vsCeiling, vsDbz, p99, rss, big)
+	eosVsRelay, eosP99 := "n/a", "n/a"
+	if e := r.drain(sideRelayEOS); relay != nil && e != nil {
+		eosVsRelay = fmt.Sprintf("%.2f", e.rate()/relay.rate())
+	}
+	if s := r.steady(sideRelayEOS); s != nil {
+		eosP99 = fmt.Sprintf("%.0f", msf(s.P99))
+	}
+	return fmt.Sprintf("bench: relay_vs_ceiling=%s relay_vs_debezium=%s p99_ms=%s rss_mb=%s big_tx_rss_mb=%s exactly_once_vs_relay=%s exactly_once_p99_ms=%s",
+		vsCeiling, vsDbz, p99, rss, big, eosVsRelay, eosP99)
 }
 
 // Failed lists the measurements that failed.

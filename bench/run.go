@@ -21,14 +21,18 @@ import (
 const (
 	sideCeiling    = "ceiling"
 	sideRelay      = "relay"
+	sideRelayEOS   = "relay-exactly-once" // delivery: exactly-once
 	sideDbzDefault = "debezium-default"
 	sideDbzTuned   = "debezium-tuned"
 	// sidePoll is the relay with source poll: it reads the table, not a slot (bench/poll.go).
 	sidePoll = "poll"
 )
 
-var allDrainSides = []string{sideCeiling, sideRelay, sideDbzDefault, sideDbzTuned, sidePoll}
-var allSteadySides = []string{sideRelay, sideDbzTuned, sidePoll}
+var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sidePoll}
+var allSteadySides = []string{sideRelay, sideRelayEOS, sideDbzTuned, sidePoll}
+
+// isRelay says whether side runs the relay binary.
+func isRelay(side string) bool { return side == sideRelay || side == sideRelayEOS || side == sidePoll }
 
 // Config says what one benchmark run measures.
 type Config struct {
@@ -70,8 +74,7 @@ func (c *Config) validate() error {
 	if len(c.Steady) > 0 && (c.Rate < 1 || c.SteadyFor <= 0) {
 		errs = append(errs, fmt.Errorf("steady state needs a positive rate and duration, got %d/s for %s", c.Rate, c.SteadyFor))
 	}
-	if c.RelayBin == "" && (slices.Contains(c.Sides, sideRelay) || slices.Contains(c.Steady, sideRelay) ||
-		slices.Contains(c.Sides, sidePoll) || slices.Contains(c.Steady, sidePoll) || c.BigTx > 0) {
+	if c.RelayBin == "" && (slices.ContainsFunc(c.Sides, isRelay) || slices.ContainsFunc(c.Steady, isRelay) || c.BigTx > 0) {
 		errs = append(errs, errors.New("no relay binary given"))
 	}
 	if c.usesDebezium() {

@@ -82,9 +82,9 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 	switch side {
 	case sideCeiling:
 		r = b.drainCeiling(ctx)
-	case sideRelay:
+	case sideRelay, sideRelayEOS:
 		r = b.drainProc(ctx, side, func() (*child, error) {
-			return b.startRelay(side, b.slot(side), b.topicPrefix(side))
+			return b.startRelay(side, b.slot(side), b.topicPrefix(side), b.deliveryArgs(side, b.slot(side))...)
 		}, b.endLSN)
 	case sidePoll:
 		r = b.drainProc(ctx, side, func() (*child, error) {
@@ -278,6 +278,15 @@ func (b *bench) sampleSender(ctx context.Context, s senderCPU, side string) (con
 	return confirmed, nil
 }
 
+// deliveryArgs are the relay's flags for side's delivery mode: exactly-once gets a transactional
+// id and a positions topic of its own, so no run fences or reads another's.
+func (b *bench) deliveryArgs(side, slot string) []string {
+	if side != sideRelayEOS {
+		return nil
+	}
+	return []string{"--delivery=exactly-once", "--transactional-id=" + slot, "--positions-topic=" + b.run + ".positions"}
+}
+
 // startRelay runs the relay binary with its defaults, on slot (none for source poll) and the topics
 // under prefix; extra flags go before the configured ones.
 func (b *bench) startRelay(name, slot, prefix string, extra ...string) (*child, error) {
@@ -368,8 +377,8 @@ func (b *bench) steady(ctx context.Context, side string) SteadyResult {
 		})
 	}
 	return b.steadyWith(ctx, side, name, func(slot string) (runner, error) {
-		if side == sideRelay {
-			return b.startRelay(name, slot, b.topicPrefix(name))
+		if isRelay(side) {
+			return b.startRelay(name, slot, b.topicPrefix(name), b.deliveryArgs(side, slot)...)
 		}
 		return b.startDebezium(name, true, slot, b.topicPrefix(name))
 	})

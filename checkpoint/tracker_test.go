@@ -53,6 +53,33 @@ func beginSkipped(commitLSN pglogrepl.LSN) step {
 	}}
 }
 
+// beginSame expects Begin to resume the transaction name, still open.
+func beginSame(name string, commitLSN pglogrepl.LSN) step {
+	return step{fmt.Sprintf("Begin(%s) resumes %s", commitLSN, name), func(s *script) error {
+		if tx := s.tr.Begin(commitLSN); tx != s.txs[name] {
+			return fmt.Errorf("Begin returned %p, want the open transaction %p", tx, s.txs[name])
+		}
+		return nil
+	}}
+}
+
+// take calls Take(index) on name and expects publish.
+func take(name string, index int, publish bool) step {
+	return step{fmt.Sprintf("Take(%d) on %s == %t", index, name, publish), func(s *script) error {
+		if got := s.txs[name].Take(index); got != publish {
+			return fmt.Errorf("Take(%d) = %t, want %t", index, got, publish)
+		}
+		return nil
+	}}
+}
+
+func cover(commitLSN pglogrepl.LSN, events int) step {
+	return step{fmt.Sprintf("Cover(%s, %d)", commitLSN, events), func(s *script) error {
+		s.tr.Cover(commitLSN, events)
+		return nil
+	}}
+}
+
 func add(name string, n int) step {
 	return step{fmt.Sprintf("%d×Add on %s", n, name), func(s *script) error {
 		for range n {
@@ -350,15 +377,36 @@ func TestTrackerWatermark(t *testing.T) {
 			},
 		},
 		{
-			name:  "a Begin while a transaction is open drops the open one as Abort would",
+			name:  "a Begin of another transaction while one is open drops the open one as Abort would",
 			start: 0x10,
 			steps: []step{
 				begin("tx1", 0x100), add("tx1", 1), commit("tx1", 0x130),
 				begin("tx2", 0x200), add("tx2", 1),
-				begin("tx2 replayed", 0x200), wantPending(2),
+				begin("tx3", 0x300), wantPending(2),
 				ack("tx2", 1), ack("tx1", 1), wantSafe(0x130), wantPending(1),
-				add("tx2 replayed", 1), commit("tx2 replayed", 0x230), wantSafe(0x130),
-				ack("tx2 replayed", 1), wantSafe(0x230), wantPending(0),
+				add("tx3", 1), commit("tx3", 0x330), wantSafe(0x130),
+				ack("tx3", 1), wantSafe(0x330), wantPending(0),
+			},
+		},
+		{
+			name:  "a Begin of the open transaction again resumes it: its events handed over before are not taken twice",
+			start: 0x10,
+			steps: []step{
+				begin("tx1", 0x100), take("tx1", 0, true), take("tx1", 1, true), take("tx1", 2, true),
+				// a reconnect: the next session replays tx1 from its Begin
+				beginSame("tx1", 0x100), wantPending(1),
+				take("tx1", 0, false), take("tx1", 1, false), take("tx1", 2, false), take("tx1", 3, true),
+				commit("tx1", 0x130), ack("tx1", 3), wantSafe(0x10),
+				ack("tx1", 1), wantSafe(0x130), wantPending(0),
+			},
+		},
+		{
+			name:  "Idle does not pass a transaction a lost session left open",
+			start: 0x10,
+			steps: []step{
+				begin("tx1", 0x100), take("tx1", 0, true), ack("tx1", 1),
+				idle(0x500), wantSafe(0x10),
+				beginSame("tx1", 0x100), take("tx1", 0, false), commit("tx1", 0x130), wantSafe(0x130),
 			},
 		},
 		{
@@ -434,16 +482,24 @@ func TestTrackerDrained(t *testing.T) {
 			name: "a Begin replacing the only open transaction closes the old channel and opens a new one",
 			steps: []step{
 				begin("tx1", 0x100), keepDrained("old"),
-				begin("tx1 replayed", 0x100), wantKept("old", true), keepDrained("new"), wantKept("new", false),
-				commit("tx1 replayed", 0x130), wantKept("new", true),
+				begin("tx2", 0x200), wantKept("old", true), keepDrained("new"), wantKept("new", false),
+				commit("tx2", 0x230), wantKept("new", true),
 			},
 		},
 		{
 			name: "a Begin replacing an open transaction behind pending work keeps the channel open",
 			steps: []step{
 				begin("tx1", 0x100), add("tx1", 1), commit("tx1", 0x130),
-				begin("tx2", 0x200), keepDrained("c"), begin("tx2 replayed", 0x200), wantKept("c", false),
-				commit("tx2 replayed", 0x230), ack("tx1", 1), wantKept("c", true),
+				begin("tx2", 0x200), keepDrained("c"), begin("tx3", 0x300), wantKept("c", false),
+				commit("tx3", 0x330), ack("tx1", 1), wantKept("c", true),
+			},
+		},
+		{
+			name: "a resumed transaction keeps its channel open until it is done",
+			steps: []step{
+				begin("tx1", 0x100), take("tx1", 0, true), keepDrained("c"),
+				beginSame("tx1", 0x100), wantKept("c", false), commit("tx1", 0x130), wantKept("c", false),
+				ack("tx1", 1), wantKept("c", true),
 			},
 		},
 		{
@@ -742,4 +798,71 @@ func BenchmarkTrackerAddAck(b *testing.B) {
 		})
 		tr.Commit(tx, 0x130)
 	})
+}
+
+// With exactly-once delivery the position committed in Kafka is the floor: a replay acknowledges
+// what it covers without publishing it, so the slot moves past those transactions.
+func TestTrackerFloor(t *testing.T) {
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{
+			name: "a transaction before the floor publishes nothing and the slot moves past it",
+			steps: []step{
+				cover(0x200, 3),
+				begin("tx1", 0x100), take("tx1", 0, false), take("tx1", 1, false), take("tx1", 99, false),
+				commit("tx1", 0x130), wantSafe(0x130), wantPending(0),
+			},
+		},
+		{
+			name: "the transaction at the floor publishes only its events after the covered ones",
+			steps: []step{
+				cover(0x200, 3),
+				begin("tx2", 0x200), take("tx2", 0, false), take("tx2", 2, false), take("tx2", 3, true), take("tx2", 4, true),
+				commit("tx2", 0x230), wantSafe(0x10), ack("tx2", 2), wantSafe(0x230),
+			},
+		},
+		{
+			name: "a transaction after the floor publishes every event",
+			steps: []step{
+				cover(0x200, 3),
+				begin("tx3", 0x300), take("tx3", 0, true), commit("tx3", 0x330), wantSafe(0x10), ack("tx3", 1), wantSafe(0x330),
+			},
+		},
+		{
+			name: "a covered transaction does not pass an earlier one still awaiting acks",
+			steps: []step{
+				begin("tx1", 0x100), take("tx1", 0, true), commit("tx1", 0x130),
+				cover(0x200, 1),
+				begin("tx2", 0x200), take("tx2", 0, false), commit("tx2", 0x230), wantSafe(0x10), wantPending(2),
+				ack("tx1", 1), wantSafe(0x230), wantPending(0),
+			},
+		},
+		{
+			name: "a lower floor is ignored: a position read after a reconnect may trail what was handed over",
+			steps: []step{
+				cover(0x200, 3), cover(0x100, 9), cover(0x200, 1),
+				begin("tx2", 0x200), take("tx2", 2, false), take("tx2", 3, true),
+			},
+		},
+		{
+			name: "a floor read while a transaction is open covers its remaining events too",
+			steps: []step{
+				begin("tx1", 0x100), take("tx1", 0, true),
+				cover(0x100, 4),
+				beginSame("tx1", 0x100), take("tx1", 0, false), take("tx1", 3, false), take("tx1", 4, true),
+			},
+		},
+		{
+			name: "a reset to another timeline drops the floor: its positions mean other transactions there",
+			steps: []step{
+				cover(0x200, 3), reset(0x50, 2),
+				begin("tx1", 0x100), take("tx1", 0, true),
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { runScript(t, 0x10, tt.steps) })
+	}
 }

@@ -53,6 +53,13 @@ type Config struct {
 	LogFormat         string
 	Kafka             Kafka
 
+	// Delivery is at-least-once or exactly-once (Kafka transactions; see docs/guarantees.md).
+	Delivery             string
+	TransactionalID      string // "" derives outbox-relay-<system identifier>-<slot> at start
+	TransactionInterval  time.Duration
+	TransactionMaxEvents int
+	PositionsTopic       string
+
 	// Retention (package prune): delete outbox rows older than PruneOlderThan every PruneInterval.
 	PruneInterval  time.Duration
 	PruneOlderThan time.Duration
@@ -352,6 +359,16 @@ var settings = []setting{
 		apply: minDuration(10*time.Millisecond, func(c *Config) *time.Duration { return &c.PollRetryBackoff })},
 	{key: "poll_workers", def: "2", help: "source poll: batches one relay has in flight at once, each its own connection and transaction",
 		apply: integer(func(c *Config) *int { return &c.PollWorkers })},
+	{key: "delivery", def: DeliveryAtLeastOnce, help: "at-least-once, or exactly-once: Kafka transactions that also record the position reached, so consumers reading with isolation.level=read_committed see every event once (see docs/guarantees.md)",
+		apply: oneOf(func(c *Config) *string { return &c.Delivery }, DeliveryAtLeastOnce, DeliveryExactlyOnce)},
+	{key: "transactional_id", help: "exactly-once: the Kafka transactional.id; a relay starting with it fences every earlier producer with it; empty derives outbox-relay-<database system identifier>-<slot>",
+		apply: str(func(c *Config) *string { return &c.TransactionalID })},
+	{key: "transaction_interval", def: "100ms", help: "exactly-once: how long a Kafka transaction stays open at most; it is committed sooner when the one before has committed and its first event waited kafka.linger (read_committed consumers see events at most about this much later)",
+		apply: minDuration(10*time.Millisecond, func(c *Config) *time.Duration { return &c.TransactionInterval })},
+	{key: "transaction_max_events", def: "10000", help: "exactly-once: a Kafka transaction is committed once it holds this many events, sooner than transaction_interval",
+		apply: integer(func(c *Config) *int { return &c.TransactionMaxEvents })},
+	{key: "positions_topic", def: "__outbox_relay_positions", help: "exactly-once: compacted topic where each Kafka transaction records the position it reached, keyed by transactional_id (created if missing)",
+		apply: str(func(c *Config) *string { return &c.PositionsTopic })},
 	{key: "metrics_addr", help: "listen address for /metrics, /healthz and /readyz (e.g. :9187); empty disables",
 		apply: str(func(c *Config) *string { return &c.MetricsAddr })},
 	{key: "leader_election", def: "true", help: "hold a PostgreSQL advisory lock (keyed by the slot) so that one instance streams and the others stand by; false streams without it (with source poll the default is false: pollers share the table)",
@@ -645,6 +662,30 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 		// once unless the operator asks for a single active one.
 		c.LeaderElection = false
 	}
+	if c.Delivery == DeliveryExactlyOnce {
+		if c.Source == "poll" {
+			errs = append(errs, fmt.Errorf("config key delivery (from %s) is exactly-once, but source (from %s) is poll: exactly-once records the replication slot's position in each Kafka transaction, and the poller has no such position; use source: wal, or delivery: at-least-once (with the idempotent producer a broker retry writes nothing twice; a crash between Kafka's acknowledgement and the row's mark publishes that batch again)",
+				from("delivery"), from("source")))
+		}
+		if c.Backfill {
+			errs = append(errs, fmt.Errorf("config key backfill (from %s) cannot be used with delivery: exactly-once (from %s): the backfill publishes outside Kafka transactions, so a crash during it publishes rows twice. Start once with delivery: at-least-once and backfill: true (the slot ledger records that it completed), then restart with delivery: exactly-once and backfill: false",
+				from("backfill"), from("delivery")))
+		}
+		if c.Kafka.Idempotence == "off" {
+			errs = append(errs, fmt.Errorf("config key kafka.idempotence (from %s) is off, but delivery: exactly-once (from %s) needs the idempotent producer (Kafka transactions are built on it): set kafka.idempotence to auto or on",
+				from("kafka.idempotence"), from("delivery")))
+		}
+		if c.TransactionMaxEvents > c.MaxInFlight {
+			errs = append(errs, fmt.Errorf("config key transaction_max_events (from %s) is %d, more than max_in_flight_events (from %s), %d: events are acknowledged only once their Kafka transaction commits, so a transaction never holds more than max_in_flight_events; lower transaction_max_events or raise max_in_flight_events",
+				from("transaction_max_events"), c.TransactionMaxEvents, from("max_in_flight_events"), c.MaxInFlight))
+		}
+	}
+	if strings.TrimSpace(c.TransactionalID) != c.TransactionalID || len(c.TransactionalID) > 249 {
+		bad("transactional_id", "%q must have no leading or trailing spaces and at most 249 characters", c.TransactionalID)
+	}
+	if err := validTopicName(c.PositionsTopic); err != nil {
+		bad("positions_topic", "%v", err)
+	}
 	if c.PGDSN != "" {
 		if err := checkDSN(c.PGDSN); err != nil {
 			bad("pg_dsn", "%v", err)
@@ -666,6 +707,28 @@ func joinErrors(errs []error) error {
 		msgs[i] = e.Error()
 	}
 	return errors.New(strings.Join(msgs, "; "))
+}
+
+// Delivery modes (config key delivery).
+const (
+	DeliveryAtLeastOnce = "at-least-once"
+	DeliveryExactlyOnce = "exactly-once"
+)
+
+// ExactlyOnce reports whether delivery is exactly-once.
+func (c *Config) ExactlyOnce() bool { return c.Delivery == DeliveryExactlyOnce }
+
+// validTopicName applies Kafka's rules for topic names.
+func validTopicName(name string) error {
+	if name == "" || name == "." || name == ".." || len(name) > 249 {
+		return fmt.Errorf("%q is not a Kafka topic name (1 to 249 characters, not . or ..)", name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return fmt.Errorf("%q is not a Kafka topic name (letters, digits, '.', '_' and '-' only)", name)
+		}
+	}
+	return nil
 }
 
 func validIdent(s string) bool {

@@ -95,6 +95,11 @@ func TestDefaultsLoadWithOnlyTheRequiredKeys(t *testing.T) {
 		{"kafka.client_id", c.Kafka.ClientID, "outbox-relay"},
 		{"kafka.tls", c.Kafka.TLS, config.TLS{}},
 		{"kafka.sasl", c.Kafka.SASL, config.SASL{}},
+		{"delivery", c.Delivery, "at-least-once"},
+		{"transactional_id is derived at start", c.TransactionalID, ""},
+		{"transaction_interval", c.TransactionInterval, 100 * time.Millisecond},
+		{"transaction_max_events", c.TransactionMaxEvents, 10000},
+		{"positions_topic", c.PositionsTopic, "__outbox_relay_positions"},
 	}
 	for _, tt := range checks {
 		t.Run(tt.name+" has its default", func(t *testing.T) {
@@ -224,6 +229,11 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 		{"an empty payload column", "columns.payload", "", file},
 		{"an empty topic template", "topic_template", "", file},
 		{"a malformed URL DSN", "pg_dsn", "postgres://user:secret@db/app%zz", env},
+		{"an unknown delivery mode", "delivery", "at-most-once", file},
+		{"a transaction interval under 10ms", "transaction_interval", "1ms", env},
+		{"a zero transaction size", "transaction_max_events", "0", flagged},
+		{"a positions topic with a slash", "positions_topic", "positions/a", env},
+		{"a transactional id with a trailing space", "transactional_id", "relay-1 ", flagged},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+" is rejected with the key and the source", func(t *testing.T) {
@@ -506,5 +516,58 @@ func TestACommandWithoutPostgresDoesNotNeedPgDSNButStillNeedsKafka(t *testing.T)
 	delete(env, "OUTBOX_KAFKA_BROKERS")
 	if _, err := l.Load(); err == nil || !strings.Contains(err.Error(), "kafka_brokers") || strings.Contains(err.Error(), "pg_dsn") {
 		t.Fatalf("Load without kafka_brokers: %v; want only kafka_brokers named", err)
+	}
+}
+
+func TestExactlyOnceSettings(t *testing.T) {
+	tests := []struct {
+		name      string
+		env       map[string]string
+		args      []string
+		wantError []string // empty: loads
+	}{
+		{"exactly-once loads with its defaults", with(required(), "OUTBOX_DELIVERY", "exactly-once"), nil, nil},
+		{"the mode is matched without regard to case", with(required(), "OUTBOX_DELIVERY", "Exactly-Once"), nil, nil},
+		{"every exactly-once key has a flag", required(),
+			[]string{"--delivery=exactly-once", "--transactional-id=orders-relay", "--transaction-interval=250ms",
+				"--transaction-max-events=500", "--positions-topic=relay.positions"}, nil},
+		{"a backfill is refused, naming both keys and the way to do it", with(required(), "OUTBOX_DELIVERY", "exactly-once", "OUTBOX_BACKFILL", "true"), nil,
+			[]string{"backfill", "delivery", "OUTBOX_BACKFILL", "at-least-once"}},
+		{"a transaction larger than the in-flight window is refused", required(),
+			[]string{"--delivery=exactly-once", "--transaction-max-events=20000"},
+			[]string{"transaction_max_events", "max_in_flight_events", "--transaction-max-events"}},
+		{"the window check applies only to exactly-once", required(), []string{"--transaction-max-events=20000"}, nil},
+		{"the idempotent producer cannot be turned off", with(required(), "OUTBOX_KAFKA_IDEMPOTENCE", "off"), []string{"--delivery=exactly-once"},
+			[]string{"kafka.idempotence", "OUTBOX_KAFKA_IDEMPOTENCE", "delivery", "--delivery"}},
+		{"polling has no slot position to record", required(), []string{"--delivery=exactly-once", "--source=poll"},
+			[]string{"delivery", "source", "poll", "--source", "at-least-once"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _, err := load(t, "", tt.env, tt.args...)
+			if len(tt.wantError) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("loaded %+v", c)
+			}
+			for _, w := range tt.wantError {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+	c, _, err := load(t, "", required(), "--delivery=exactly-once", "--transactional-id=orders-relay",
+		"--transaction-interval=250ms", "--transaction-max-events=500", "--positions-topic=relay.positions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.ExactlyOnce() || c.TransactionalID != "orders-relay" || c.TransactionInterval != 250*time.Millisecond ||
+		c.TransactionMaxEvents != 500 || c.PositionsTopic != "relay.positions" {
+		t.Fatalf("flags not applied: %+v", c)
 	}
 }

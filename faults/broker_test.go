@@ -95,13 +95,13 @@ func testBrokerOutage(t *testing.T, fb *faultBroker) {
 // outageSide is one cluster's part of a broker outage: relay A and maybe relay B (nil without),
 // on databases of their own.
 type outageSide struct {
-	name         string // "PostgreSQL <major>"
-	a, b         *db
-	ra, rb, rb2  *relay
-	loadA, loadB *harness.Load
-	m            marked // A's first transaction during the outage
-	mark         int    // length of A's output when the broker stopped
-	first, last  uint64 // A's confirmed position when the outage began and last seen during it
+	name                string // "PostgreSQL <major>"
+	a, b, c             *db    // c: exactly-once, on pg only
+	ra, rb, rb2, rc     *relay
+	loadA, loadB, loadC *harness.Load
+	m                   marked // A's first transaction during the outage
+	mark                int    // length of A's output when the broker stopped
+	first, last         uint64 // A's confirmed position when the outage began and last seen during it
 }
 
 // brokerOutage stops the broker once for relays on pg and on every cluster of others (the
@@ -121,11 +121,14 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 		if i == 0 {
 			sd.b = newDB(t, pg, 2)
 			sd.rb = sd.b.startRelay(fb.brokers, false, "--shutdown-timeout=2s")
+			// Relay C rides the outage out like A, with exactly-once delivery.
+			sd.c = newDB(t, pg, 2)
+			sd.rc = sd.c.startRelay(fb.brokers, false, "--kafka.write-timeout=3s", "--status-interval=200ms", "--delivery=exactly-once")
 		}
 		sides = append(sides, sd)
 	}
 	for i, sd := range sides {
-		seed := uint64(21 + 2*i)
+		seed := uint64(21 + 3*i)
 		rate := 20.0
 		if i > 0 {
 			rate = 10 // the other versions' sides: what they show needs no more, and reading it back is the cost
@@ -138,6 +141,8 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 		if sd.b != nil {
 			sd.rb.waitSessions(1, 90*time.Second)
 			sd.loadB = harness.StartLoad(sd.b.outbox, harness.LoadConfig{Types: sd.b.types, Writers: 2, MaxPerTx: 4, TxPerSecond: 20, Seed: seed + 1})
+			sd.rc.waitSessions(1, 90*time.Second)
+			sd.loadC = harness.StartLoad(sd.c.outbox, harness.LoadConfig{Types: sd.c.types, Writers: 2, MaxPerTx: 4, TxPerSecond: 20, Seed: seed + 2})
 		}
 	}
 	time.Sleep(2 * time.Second)
@@ -182,7 +187,7 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 				t.Fatalf("%s: relay A: confirmed_flush_lsn %s passed the unacknowledged transaction committed at %s while the broker was down",
 					sd.name, lsnString(sd.last), lsnString(sd.m.CommitStart))
 			}
-			if sd.ra.Exited() || (sd.b != nil && sd.rb2.Exited()) {
+			if sd.ra.Exited() || (sd.b != nil && (sd.rb2.Exited() || sd.rc.Exited())) {
 				t.Fatalf("%s: a relay exited during the broker outage (relay A exited: %v)", sd.name, sd.ra.Exited())
 			}
 		}
@@ -224,7 +229,7 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 			name string
 			d    *db
 			load *harness.Load
-		}{{"A", sd.a, sd.loadA}, {"B", sd.b, sd.loadB}} {
+		}{{"A", sd.a, sd.loadA}, {"B", sd.b, sd.loadB}, {"C (exactly-once)", sd.c, sd.loadC}} {
 			if c.d == nil {
 				continue
 			}
@@ -245,7 +250,21 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 		if c.side.rb2 != nil {
 			relays = append(relays, c.side.rb2)
 		}
-		rep := deliver(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, relays...)
+		var rep harness.Report
+		if c.d == c.side.b {
+			rep = deliver(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, relays...)
+		} else {
+			// A and C ride the outage out: the idempotent producer keeps a request the broker
+			// wrote just before it stopped from being written twice, and C's Kafka transaction
+			// outlives the outage. A read_committed consumer sees each event once.
+			if c.d == c.side.c {
+				relays = []*relay{c.side.rc}
+			}
+			rep = deliverCommitted(t, fb.brokers, c.d.outbox.Written(), 2*time.Minute, relays...)
+			if rep.Duplicates != 0 {
+				t.Errorf("%s: relay %s: %d duplicates after riding out the broker outage, want 0", c.side.name, c.name, rep.Duplicates)
+			}
+		}
 		t.Logf("%s: relay %s: load %s; delivery %s", c.side.name, c.name, c.stats, rep)
 		end := currentLSN(t, c.d.outbox.Pool())
 		eventually(t, 30*time.Second, c.side.name+": relay "+c.name+"'s slot to be confirmed past the load", func() bool {

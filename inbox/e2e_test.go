@@ -27,7 +27,7 @@ import (
 
 // startRelay runs the relay in this process on the database's outbox table until the test ends,
 // and waits until it streams.
-func startRelay(t *testing.T, dsn, brokers string, pool *pgxpool.Pool) (slot string) {
+func startRelay(t *testing.T, dsn, brokers string, pool *pgxpool.Pool, configure ...func(*relay.Config)) (slot string) {
 	t.Helper()
 	slot = testenv.UniqueName(t, "slot")
 	cols := decoder.DefaultColumns()
@@ -40,6 +40,9 @@ func startRelay(t *testing.T, dsn, brokers string, pool *pgxpool.Pool) (slot str
 		Decoder:         decoder.Config{Table: "outbox_events", Columns: cols},
 		Sink:            sink.Config{Brokers: []string{brokers}},
 		ShutdownTimeout: 10 * time.Second,
+	}
+	for _, c := range configure {
+		c(&cfg)
 	}
 	r, err := relay.New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
 	if err != nil {
@@ -207,4 +210,90 @@ func TestProducerRelayAndInboxConsumerApplyEveryEventExactlyOnceDespiteRedeliver
 	if skipped < 30 {
 		t.Errorf("%d redelivered events were skipped, want at least the 30 whose offsets were not committed", skipped)
 	}
+}
+
+// With the relay's delivery: exactly-once, a kafka-go consumer reads with read_committed, yet
+// kafka-go hands it each Kafka transaction's commit marker as a message (and would hand it the
+// records of aborted transactions). TransactionMarker tells the markers; the inbox does the rest.
+func TestAKafkaGoConsumerOfAnExactlyOnceRelaySkipsTransactionMarkersAndAppliesEveryEventOnce(t *testing.T) {
+	dsn, pool := newDB(t)
+	kafkaSvc := testenv.SharedKafka(t)
+	brokers := kafkaSvc.Brokers()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	aggType := testenv.UniqueName(t, "account")
+	if err := kafkaSvc.CreateTopic(ctx, harness.TopicFor(aggType), 2); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	startRelay(t, dsn, brokers, pool, func(c *relay.Config) {
+		c.Sink.Transactions = &sink.Transactions{ID: testenv.UniqueName(t, "txn"), PositionsTopic: testenv.UniqueName(t, "positions")}
+	})
+
+	const events = 30
+	want := map[string]int{}
+	for i := range events {
+		d := depositEvent{Account: fmt.Sprintf("acc-%d", i%3), Amount: i + 1}
+		want[d.Account] += d.Amount
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.Write(ctx, tx, outbox.Event{AggregateType: aggType, AggregateID: d.Account, EventType: "Deposited", Payload: d})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // several Kafka transactions, so several markers
+	}
+
+	store, err := inbox.New(inbox.Config{Consumer: "balances"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: []string{brokers}, GroupID: testenv.UniqueName(t, "group"), Topic: harness.TopicFor(aggType),
+		StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 200 * time.Millisecond,
+		HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second, RebalanceTimeout: 10 * time.Second,
+		IsolationLevel: kafka.ReadCommitted,
+	})
+	defer r.Close()
+	markers := 0
+	for count(t, pool, "SELECT count(*) FROM processed_events WHERE consumer = 'balances'") < events {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatalf("fetch: %v", err)
+		}
+		if inbox.TransactionMarker(m) {
+			markers++
+		} else {
+			id, err := inbox.EventID(m)
+			if err != nil {
+				t.Fatalf("a message that is neither an event nor a marker: %v (key %q, value %q)", err, m.Key, m.Value)
+			}
+			var d depositEvent
+			if err := json.Unmarshal(m.Value, &d); err != nil {
+				t.Fatalf("payload %q: %v", m.Value, err)
+			}
+			if _, err := store.Process(ctx, pool, id, depositor(d.Account, d.Amount)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.CommitMessages(ctx, m); err != nil {
+			t.Fatalf("commit: %v", err)
+		}
+	}
+	if markers == 0 {
+		t.Error("kafka-go returned no transaction marker: the test did not see what it is about")
+	}
+	for account, amount := range want {
+		if got := balance(t, pool, account); got != amount {
+			t.Errorf("%s balance = %d, want %d", account, got, amount)
+		}
+	}
+	t.Logf("%d events applied, %d transaction markers skipped", events, markers)
 }

@@ -4,9 +4,17 @@
 // id in a processed_events table inside the consumer's transaction and runs the business change
 // only when the id is new.
 //
+// Read with isolation.level=read_committed (kafka-go: ReaderConfig.IsolationLevel =
+// kafka.ReadCommitted). With the relay's delivery: exactly-once, a read_committed consumer that
+// filters aborted transactions (Java, librdkafka, franz-go) sees each event once from the relay;
+// kafka-go's Reader stops at what is committed but still returns the records of aborted
+// transactions (and the transactions' commit markers: skip those with TransactionMarker), and a
+// consumer's own redeliveries remain, so the inbox is what makes the database change exactly once
+// in every case.
+//
 //	store, _ := inbox.New(inbox.Config{Consumer: "billing"})
 //	for {
-//		m, err := reader.FetchMessage(ctx) // kafka-go, with a GroupID
+//		m, err := reader.FetchMessage(ctx) // kafka-go, with a GroupID and IsolationLevel: kafka.ReadCommitted
 //		...
 //		id, err := inbox.EventID(m)
 //		...
@@ -261,6 +269,21 @@ func Process(ctx context.Context, db Beginner, eventID string, apply func(contex
 
 // HeaderID is the header that carries the event id (the relay's, and Debezium's outbox router's).
 const HeaderID = "id"
+
+// TransactionMarker reports whether m is a transaction's commit or abort marker, which kafka-go's
+// Reader returns as an ordinary message on topics written in Kafka transactions (the relay's
+// delivery: exactly-once), whatever its IsolationLevel. Java, librdkafka and franz-go consumers
+// never show them. A marker is no event: skip it and commit its offset like any other.
+//
+// Kafka writes a marker as the only record of a control batch, with a 4-byte key (version 0, type
+// 0 for abort or 1 for commit), a 6-byte value (version 0, coordinator epoch) and no headers;
+// kafka-go drops the batch's control flag, so those bytes are what tells. The relay's records
+// always carry the id header (unless builtin_headers leaves it out), so none looks like a marker.
+func TransactionMarker(m kafka.Message) bool {
+	k, v := m.Key, m.Value
+	return len(m.Headers) == 0 && len(k) == 4 && k[0] == 0 && k[1] == 0 && k[2] == 0 && k[3] <= 1 &&
+		len(v) == 6 && v[0] == 0 && v[1] == 0
+}
 
 // EventID returns a Kafka message's event id from its id header. If the header occurs more than
 // once the last one wins, as with Java's Headers.lastHeader. A value that is a JSON string (what

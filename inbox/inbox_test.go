@@ -389,3 +389,25 @@ func TestEventIDReadsTheIDHeader(t *testing.T) {
 		})
 	}
 }
+
+func TestTransactionMarkerTellsKafkasMarkersFromEvents(t *testing.T) {
+	cases := []struct {
+		name string
+		msg  kafka.Message
+		want bool
+	}{
+		{"a commit marker as kafka-go returns it", kafka.Message{Key: []byte{0, 0, 0, 1}, Value: []byte{0, 0, 0, 0, 0, 3}}, true},
+		{"an abort marker", kafka.Message{Key: []byte{0, 0, 0, 0}, Value: []byte{0, 0, 0, 0, 0, 0}}, true},
+		{"an event with the id header", kafka.Message{Key: []byte("order-1"), Value: []byte(`{}`), Headers: []kafka.Header{{Key: "id", Value: []byte("e1")}}}, false},
+		{"marker-shaped bytes with a header", kafka.Message{Key: []byte{0, 0, 0, 1}, Value: []byte{0, 0, 0, 0, 0, 0}, Headers: []kafka.Header{{Key: "id", Value: []byte("e1")}}}, false},
+		{"an unknown control type", kafka.Message{Key: []byte{0, 0, 0, 7}, Value: []byte{0, 0, 0, 0, 0, 0}}, false},
+		{"a record without headers and a longer value", kafka.Message{Key: []byte{0, 0, 0, 1}, Value: []byte(`{"a":1}`)}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := inbox.TransactionMarker(c.msg); got != c.want {
+				t.Fatalf("TransactionMarker = %v, want %v", got, c.want)
+			}
+		})
+	}
+}

@@ -72,6 +72,8 @@ type Metrics struct {
 	// Source is 1 for the source this process reads (wal or poll), so alerts about the slot or a
 	// single leader can leave polling deployments out.
 	Source *prometheus.GaugeVec
+	// EventsSkipped counts events of a replay that were not published again (exactly-once).
+	EventsSkipped prometheus.Counter
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -171,6 +173,9 @@ func New(reg prometheus.Registerer) *Metrics {
 
 		PublicationCheckAge: f.gauge("publication_check_age_seconds",
 			"Seconds since the last successful check that the outbox table is still in the publication; the slot is not confirmed past what that check covered, and the relay stops after 5 minutes of checks PostgreSQL refuses."),
+
+		EventsSkipped: f.counter("events_replay_skipped_total",
+			"Events PostgreSQL streamed again that were not published again: the position committed in Kafka covers them (delivery: exactly-once), or this process handed them over before a reconnect."),
 	}
 }
 

@@ -58,6 +58,17 @@ type Relay struct {
 	streaming atomic.Bool
 	// kafkaReady is set by the stream's goroutine once Kafka has answered.
 	kafkaReady bool
+
+	// Exactly-once (exactlyonce.go), all used by the pipeline's goroutine only. positions reads the
+	// position committed in Kafka (Sink.ReadPosition; a fake in tests).
+	positions        func(ctx context.Context) (sink.Position, bool, error)
+	positionChecked  bool          // compared with the slot ledger
+	startPosition    *positionRead // read before the first session streamed (BeforeStream's goroutine; handed over by the Session message)
+	positionLogged   bool          // the first position read was logged at info level
+	positionsIgnored bool          // the server moved to a new timeline while streaming: see takeUpPosition
+	// recordFirstPosition is set on a first exactly-once start: recordPositions notes the first
+	// commit in the slot ledger.
+	recordFirstPosition atomic.Bool
 }
 
 // New builds a relay. Nothing is contacted until Run.
@@ -88,6 +99,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		sink:    sk,
 	}
 	r.fenced, r.fence = context.WithCancel(context.Background())
+	r.positions = sk.ReadPosition // after the sink has fenced earlier producers
 	if cfg.Sink.MaxInFlightSize > 0 && r.cfg.Replication.BufferBytes <= 0 {
 		// Rows read ahead of the sink are a quarter of what the sink may hold (16 MiB with the
 		// defaults), so memory stays a small multiple of max_in_flight_bytes (docs/guarantees.md).
@@ -176,6 +188,22 @@ func (r *Relay) Run(ctx context.Context) error {
 		helpers.Go(func() { r.heartbeat(reading, r.cfg.HeartbeatInterval) })
 	}
 	helpers.Go(func() { r.watchHalt(ctx, abandon, giveUp) })
+	// A sink that failed for good (exactly-once: fenced by a newer producer, or a Kafka transaction
+	// aborted) acknowledges nothing more: stop at once, like a fence, without waiting for anything.
+	var sinkErr error
+	helpers.Go(func() {
+		select {
+		case <-r.sink.Failed():
+			sinkErr = sinkFailed(r.sink.Err())
+			r.log.Error("exactly-once: the Kafka producer stopped for good; stopping at once: nothing more is published, what its open transaction held is invisible to read_committed consumers and never confirmed to PostgreSQL",
+				zap.Error(r.sink.Err()))
+			stopAll(sinkErr)
+		case <-hard.Done():
+		}
+	})
+	if r.exactlyOnce() {
+		helpers.Go(func() { r.recordPositions(reading) })
+	}
 
 	msgs := make(chan replication.Message, r.stream.Buffer())
 	drained := make(chan struct{}) // closed once the pipeline is done and Kafka has acknowledged it all
@@ -221,6 +249,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.closeSink(closeCtx)
 
 	switch {
+	case sinkErr != nil:
+		return sinkErr
 	case streamErr != nil:
 		return streamErr
 	case pipeErr != nil && !errors.Is(pipeErr, context.Canceled):
@@ -267,6 +297,9 @@ const haltPoll = 50 * time.Millisecond
 // created its slot, so events committed while it waits are not missed.
 func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
 	if !r.kafkaReady {
+		if r.exactlyOnce() {
+			defer time.AfterFunc(transactionsHintAfter, r.transactionsHint).Stop()
+		}
 		if err := r.sink.WaitReady(ctx); err != nil {
 			if ctx.Err() != nil {
 				return err
@@ -274,6 +307,11 @@ func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
 			return replication.Fatal(err)
 		}
 		r.kafkaReady = true
+	}
+	if r.exactlyOnce() {
+		if err := r.startingPosition(ctx); err != nil {
+			return err
+		}
 	}
 	if r.cfg.Backfill == nil {
 		return nil
@@ -312,13 +350,13 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 			return nil
 		}
 		if !ok {
-			if tx != nil {
+			if commitLSN, aborted := r.tracker.Abort(); aborted {
 				// The stream ended (a stop while it was reconnecting, or a fatal error) inside a
 				// transaction whose Commit will not come. Forget it: the next start replays it from
-				// its Begin, events already sent included.
+				// its Begin, events already sent included (unless, with exactly-once delivery, a
+				// committed Kafka transaction holds them).
 				r.log.Warn("the replication stream ended inside a transaction; the next start replays it, publishing its events already sent again",
-					zap.Stringer("commit_lsn", tx.CommitLSN()))
-				r.tracker.Abort()
+					zap.Stringer("commit_lsn", commitLSN))
 			}
 			return nil
 		}
@@ -326,12 +364,23 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 		case replication.Session:
 			r.streaming.Store(true)
 			r.dec.Reset()
-			r.tracker.Abort()
+			// A transaction the lost session was in the middle of stays open: the new session
+			// replays it from its Begin (nothing after the slot's confirmed position is skipped), and
+			// the tracker resumes it, so its events already handed over are not published twice.
+			failover := r.tracker.Timeline() != 0 && msg.Timeline != r.tracker.Timeline()
 			if msg.Timeline != r.tracker.Timeline() {
 				// First session, or a failover: positions of another timeline mean nothing here.
 				r.tracker.Reset(msg.WALEnd, msg.Timeline)
 			}
 			tx = nil
+			if r.exactlyOnce() {
+				if err := r.takeUpPosition(hard, msg, failover); err != nil {
+					if hard.Err() != nil {
+						return nil
+					}
+					return err
+				}
+			}
 		case replication.Keepalive:
 			// Inside a transaction (even one being skipped as a replay) the server's WAL end may lie
 			// beyond events not yet received.
@@ -355,7 +404,12 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 				}
 			case decoder.Insert:
 				if tx != nil {
-					tx.Add()
+					if !tx.Take(ch.Event.Index) {
+						// Committed in Kafka already (exactly-once), or handed over before a
+						// reconnect: done, or acknowledged through tx when Kafka has it.
+						r.m.EventsSkipped.Inc()
+						break
+					}
 					publish := r.sink.Publish
 					if ch.Unusable != nil {
 						publish = r.reject(ch.Unusable)

@@ -153,3 +153,53 @@ func (l Ledger) Forget(ctx context.Context, q queryExecer, slot string) (bool, e
 	tag, err := q.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE slot = $1", l.table), slot)
 	return tag.RowsAffected() > 0, err
 }
+
+// PositionRecord is what the ledger says of a slot's exactly-once delivery: that a position was
+// committed in Kafka for it, under which transactional id and in which positions topic, and when
+// that was first recorded (migrations/0005_exactly_once_positions.sql).
+type PositionRecord struct {
+	TransactionalID string
+	PositionsTopic  string
+	Since           time.Time
+}
+
+// ErrLedgerNotMigrated means the ledger table lacks columns a feature needs: run migrate.
+var ErrLedgerNotMigrated = errors.New("the slot ledger lacks columns of a newer migration")
+
+// Positions returns the slot's exactly-once record; ok is false when there is none. An error wraps
+// ErrLedgerNotMigrated when the table predates migration 0005.
+func (l Ledger) Positions(ctx context.Context, q queryExecer, slot string) (rec PositionRecord, ok bool, err error) {
+	var id, topic *string
+	var since *time.Time
+	err = q.QueryRow(ctx, fmt.Sprintf("SELECT kafka_transactional_id, kafka_positions_topic, kafka_position_since FROM %s WHERE slot = $1", l.table), slot).
+		Scan(&id, &topic, &since)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return PositionRecord{}, false, nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42703": // undefined_column
+		return PositionRecord{}, false, fmt.Errorf("%w (%s): run outbox-relay migrate", ErrLedgerNotMigrated, pgErr.Message)
+	case err != nil:
+		return PositionRecord{}, false, fmt.Errorf("read %s: %w", l.table, err)
+	case id == nil:
+		return PositionRecord{}, false, nil
+	}
+	rec.TransactionalID = *id
+	if topic != nil {
+		rec.PositionsTopic = *topic
+	}
+	if since != nil {
+		rec.Since = *since
+	}
+	return rec, true, nil
+}
+
+// RecordPositions notes that a position for slot was committed in Kafka under transactionalID in
+// topic.
+func (l Ledger) RecordPositions(ctx context.Context, q queryExecer, slot, transactionalID, topic string) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, kafka_transactional_id, kafka_positions_topic, kafka_position_since) VALUES ($1, $2, $3, now())
+		ON CONFLICT (slot) DO UPDATE SET kafka_transactional_id = EXCLUDED.kafka_transactional_id,
+			kafka_positions_topic = EXCLUDED.kafka_positions_topic, kafka_position_since = EXCLUDED.kafka_position_since`, l.table),
+		slot, transactionalID, topic)
+	return err
+}

@@ -38,6 +38,16 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer log.Sync()
 
+	if cfg.ExactlyOnce() && cfg.TransactionalID == "" {
+		id, err := defaultTransactionalID(ctx, cfg, log)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return scrubbed(cfg, err)
+		}
+		cfg.TransactionalID = id
+	}
 	rcfg, err := relayConfig(cfg)
 	if err != nil {
 		return err
@@ -72,7 +82,13 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		zap.String("publication", cfg.Publication),
 		zap.String("table", cfg.Schema+"."+cfg.Table),
 		zap.String("topic_template", cfg.TopicTemplate),
-		zap.Bool("leader_election", cfg.LeaderElection))
+		zap.Bool("leader_election", cfg.LeaderElection),
+		zap.String("delivery", cfg.Delivery))
+	if cfg.ExactlyOnce() {
+		log.Info("exactly-once delivery: events are published in Kafka transactions; consumers must read with isolation.level=read_committed",
+			zap.String("transactional_id", cfg.TransactionalID), zap.String("positions_topic", cfg.PositionsTopic),
+			zap.Duration("transaction_interval", cfg.TransactionInterval), zap.Int("transaction_max_events", cfg.TransactionMaxEvents))
+	}
 
 	// The slot monitor and the readiness gauge outlive ctx, so they keep reporting through the
 	// graceful drain; they stop when the relay has.
@@ -172,9 +188,76 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 	}
 }
 
-// runTerm builds a relay (they are single-use) and runs it until ctx ends or, with a term, until
-// the term is lost: then the relay is fenced, stopping at once without the graceful drain.
+// runTerm runs relays until ctx ends or, with a term, until the term is lost: then the relay is
+// fenced, stopping at once without the graceful drain. Relays are single-use: one that asks to
+// start afresh (relay.ErrRestart: an aborted Kafka transaction) is replaced by a new one.
+//
+// A relay that Kafka fenced (relay.ErrSuperseded: another producer took its transactional id) has
+// stopped publishing already. Its term decides what follows: a zombie (a leader paused past its
+// lease, whose lock is gone and whose standby took over) finds its term lost within a check or
+// two, and stands by like any fenced leader; a relay that still holds its lock was fenced by
+// something outside the election (two slots configured with one transactional_id, or a relay with
+// leader_election off), and ends with an error rather than fence that one in turn.
 func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
+	restarts := 0
+	for {
+		started := time.Now()
+		err := runRelayOnce(ctx, term, rcfg, log, m, state)
+		switch {
+		case errors.Is(err, relay.ErrRestart) && ctx.Err() == nil:
+			if time.Since(started) > time.Minute {
+				restarts = 0 // it ran a while: a new failure, not the same one again
+			}
+			delay := min(restartDelay<<min(restarts, 5), 30*time.Second)
+			restarts++
+			log.Warn("exactly-once: a Kafka transaction was aborted; starting afresh from the position committed in Kafka (what the aborted transaction held is published again, in a new transaction)",
+				zap.Error(err), zap.Duration("retry_in", delay))
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+				return nil
+			}
+			if term != nil && term.Err() != nil {
+				// Lost meanwhile: a fresh relay's producer would fence the new leader's.
+				return relay.ErrFenced
+			}
+			continue
+		case errors.Is(err, relay.ErrSuperseded) && term != nil:
+			return supersededTerm(ctx, term, err, log)
+		case errors.Is(err, relay.ErrSuperseded):
+			return fmt.Errorf("%w; with leader_election off, stop the other relay that uses this transactional_id (or give each slot its own)", err)
+		}
+		return err
+	}
+}
+
+// restartDelay is the first pause before a relay starts afresh after an aborted Kafka transaction;
+// it doubles, up to 30s, while the fresh relays keep failing within a minute, so a broker that
+// keeps aborting them is not hammered.
+const restartDelay = time.Second
+
+// supersededGrace is how long a relay fenced by Kafka waits for its term to be found lost: the
+// term checks its lock connection every second, and a check gets leader_check_timeout (5s by
+// default) at most; a resumed zombie fails its first check at once, its lease being long past.
+const supersededGrace = 10 * time.Second
+
+// supersededTerm decides what a relay that Kafka fenced does next (see runTerm): stand by when its
+// term is lost too, end with an error when it still holds the lock.
+func supersededTerm(ctx context.Context, term *leader.Term, err error, log *zap.Logger) error {
+	select {
+	case <-term.Lost():
+		log.Error("fenced by Kafka and lost the leader lock: another instance leads now (this one was paused past its lease); it published nothing more, and nothing of its open Kafka transaction is visible to read_committed consumers. Standing by",
+			zap.Error(err), zap.NamedError("lock", term.Err()))
+		return relay.ErrFenced
+	case <-time.After(supersededGrace):
+	case <-ctx.Done():
+		return nil
+	}
+	return fmt.Errorf("%w, while this instance still holds the leader lock of its slot: a producer outside the leader election uses the same transactional_id (two slots configured with one transactional_id, or a relay with leader_election off). Give each slot its own transactional_id, and stop relays that run without the election", err)
+}
+
+// runRelayOnce builds a relay and runs it until ctx ends or, with a term, until the term is lost.
+func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
 	r, err := relay.New(rcfg, log, m)
 	if err != nil {
 		return err

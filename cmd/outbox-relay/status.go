@@ -10,8 +10,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/leader"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/slotmon"
 )
 
@@ -35,10 +40,26 @@ type statusReport struct {
 	// say of their copies.
 	Failover slotmon.Failover  `json:"failover"`
 	Standbys []slotmon.Standby `json:"standbys,omitempty"`
+	Delivery deliveryReport    `json:"delivery"`
 	OK       bool              `json:"ok"`
 	Problems []string          `json:"problems"`
 	// Warnings do not change the exit code: the slot streams, but a failover would cost something.
 	Warnings []string `json:"warnings"`
+}
+
+// deliveryReport is the delivery mode and, with exactly-once, the position committed in Kafka.
+type deliveryReport struct {
+	Mode            string `json:"mode"`
+	TransactionalID string `json:"transactional_id,omitempty"`
+	PositionsTopic  string `json:"positions_topic,omitempty"`
+	// Position is null when none was committed yet, or when it could not be read (PositionError).
+	Position      *positionReport `json:"committed_position"`
+	PositionError string          `json:"position_error,omitempty"`
+}
+
+type positionReport struct {
+	CommitLSN string `json:"commit_lsn"` // of the PostgreSQL transaction of the last committed event
+	Events    int    `json:"events"`     // of that transaction committed in Kafka
 }
 
 // runStatus prints the slot at a glance and returns the exit code.
@@ -79,6 +100,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		err = checkFailover(ctx, &rep, cfg, standbyDSNs)
 	}
 	if err != nil {
+		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), secrets...))
+		return 1
+	}
+	if err := deliveryStatus(ctx, cfg, &rep); err != nil {
 		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), secrets...))
 		return 1
 	}
@@ -148,6 +173,92 @@ func invalidationCause(reason string) string {
 	return "PostgreSQL can no longer decode changes for it"
 }
 
+// positionReadTimeout bounds status's read of the committed position, within statusTimeout.
+const positionReadTimeout = 8 * time.Second
+
+// deliveryStatus adds the delivery mode and, with exactly-once, the position committed in Kafka
+// (read with read_committed, fencing nobody) to rep. Kafka being unreachable is reported in the
+// report, not as a failure of the command; a position the slot ledger says was committed and that
+// Kafka no longer holds is a problem.
+func deliveryStatus(ctx context.Context, cfg *config.Config, rep *statusReport) error {
+	rep.Delivery.Mode = cfg.Delivery
+	if !cfg.ExactlyOnce() {
+		return nil
+	}
+	if cfg.TransactionalID == "" {
+		id, err := defaultTransactionalID(ctx, cfg, zap.NewNop())
+		if err != nil {
+			return err
+		}
+		cfg.TransactionalID = id
+	}
+	rep.Delivery.TransactionalID, rep.Delivery.PositionsTopic = cfg.TransactionalID, cfg.PositionsTopic
+	if len(cfg.KafkaBrokers) == 0 {
+		rep.Delivery.PositionError = "kafka_brokers is not set, so the position committed in Kafka cannot be read"
+		return nil
+	}
+	rcfg, err := relayConfig(cfg)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, positionReadTimeout)
+	defer cancel()
+	// ReadPosition creates a missing positions topic; status only looks.
+	exists, err := topicExists(rctx, rcfg.Sink, cfg.PositionsTopic)
+	var pos sink.Position
+	found := false
+	if err == nil && exists {
+		pos, found, err = sink.ReadPosition(rctx, rcfg.Sink)
+	}
+	switch {
+	case err != nil:
+		rep.Delivery.PositionError = err.Error()
+		return nil
+	case found:
+		rep.Delivery.Position = &positionReport{CommitLSN: pos.CommitLSN.String(), Events: pos.Events}
+		return nil
+	}
+	conn, err := connectPostgres(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	ledger := replication.NewLedger(cfg.Schema)
+	if exists, err := ledger.Exists(ctx, conn); err != nil || !exists {
+		return err
+	}
+	rec, marked, err := ledger.Positions(ctx, conn, cfg.Slot)
+	if err != nil {
+		rep.Delivery.PositionError = err.Error()
+		return nil
+	}
+	if marked {
+		rep.OK = false
+		rep.Problems = append(rep.Problems, fmt.Sprintf("exactly-once: positions_topic %q holds no position for transactional id %q, but one was committed for slot %q (under transactional id %q in %q, recorded in %s): the relay refuses to start until this is resolved (see its error, or docs/operations.md)",
+			cfg.PositionsTopic, cfg.TransactionalID, cfg.Slot, rec.TransactionalID, rec.PositionsTopic, ledger.Table()))
+	}
+	return nil
+}
+
+// topicExists asks the brokers whether topic exists.
+func topicExists(ctx context.Context, c sink.Config, topic string) (bool, error) {
+	transport := &kafka.Transport{ClientID: c.ClientID, TLS: c.TLS, SASL: c.SASL, DialTimeout: 5 * time.Second}
+	defer transport.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: transport}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("metadata of positions topic %s: %w", topic, err)
+	case len(md.Topics) != 1:
+		return false, fmt.Errorf("metadata of positions topic %s: %d topics in the answer", topic, len(md.Topics))
+	case errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition):
+		return false, nil
+	case md.Topics[0].Error != nil:
+		return false, fmt.Errorf("positions topic %s: %w", topic, md.Topics[0].Error)
+	}
+	return true, nil
+}
+
 func printStatus(w io.Writer, rep statusReport) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "slot\t%s (database %s)\n", rep.Slot, rep.Database)
@@ -193,6 +304,19 @@ func printStatus(w io.Writer, rep statusReport) {
 			state += ", confirmed LSN " + sb.ConfirmedFlushLSN
 		}
 		fmt.Fprintf(tw, "standby %s\t%s\n", sb.Address, state)
+	}
+	d := rep.Delivery
+	fmt.Fprintf(tw, "delivery\t%s\n", d.Mode)
+	if d.Mode == config.DeliveryExactlyOnce {
+		fmt.Fprintf(tw, "transactional id\t%s\n", d.TransactionalID)
+		switch {
+		case d.Position != nil:
+			fmt.Fprintf(tw, "committed position\t%d events of the transaction committed at %s (in %s)\n", d.Position.Events, d.Position.CommitLSN, d.PositionsTopic)
+		case d.PositionError != "":
+			fmt.Fprintf(tw, "committed position\tunknown: %s\n", d.PositionError)
+		default:
+			fmt.Fprintf(tw, "committed position\tnone yet (in %s)\n", d.PositionsTopic)
+		}
 	}
 	tw.Flush()
 	for _, p := range rep.Problems {

@@ -91,6 +91,15 @@ func connectPostgres(ctx context.Context, cfg *config.Config) (*pgx.Conn, error)
 	return conn, nil
 }
 
+// defaultTransactionalID asks PostgreSQL, with cfg's credentials, for the default transactional id.
+func defaultTransactionalID(ctx context.Context, cfg *config.Config, log *zap.Logger) (string, error) {
+	conf, err := credentials.PostgresConfig(cfg.PGDSN, cfg.PGPasswordFile)
+	if err != nil {
+		return "", err
+	}
+	return relay.TransactionalID(ctx, &conf.Config, cfg.Slot, log)
+}
+
 // scrubbed keeps cfg's secrets out of err: driver errors can quote connection parameters.
 func scrubbed(cfg *config.Config, err error) error {
 	if err == nil {
@@ -209,11 +218,26 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			TLS:             tlsCfg,
 			SASL:            mech,
 			ClientID:        c.Kafka.ClientID,
+			Transactions:    transactions(c),
 			Idempotence:     sink.Idempotence(c.Kafka.Idempotence),
 		},
 		ShutdownTimeout:   c.ShutdownTimeout,
 		HeartbeatInterval: c.HeartbeatInterval,
 	}, nil
+}
+
+// transactions is the sink's exactly-once setting: nil for at-least-once. An empty ID is resolved
+// by resolveTransactionalID before the relay is built.
+func transactions(c *config.Config) *sink.Transactions {
+	if !c.ExactlyOnce() {
+		return nil
+	}
+	return &sink.Transactions{
+		ID:             c.TransactionalID,
+		Interval:       c.TransactionInterval,
+		MaxEvents:      c.TransactionMaxEvents,
+		PositionsTopic: c.PositionsTopic,
+	}
 }
 
 // linger maps the setting to the sink's convention, where zero means its default.

@@ -1,6 +1,9 @@
 // Command consumer is the consumer half of the outbox pattern: it reads OrderCreated events with a
 // kafka-go consumer group and keeps per-customer order totals, applying every event exactly once.
 //
+// It reads with isolation.level=read_committed, as consumers of a relay with delivery: exactly-once
+// must (see docs/guarantees.md, "Exactly-once delivery").
+//
 // For each message it runs one database transaction that records the event id (inbox) and updates
 // the totals, and commits the message's Kafka offset only after that transaction committed. A crash
 // in between redelivers the message; the inbox then sees the id and skips it. A message that cannot
@@ -82,6 +85,12 @@ func run(topic, group string) error {
 		Topic:       topic,
 		StartOffset: kafka.FirstOffset, // a new group starts at the beginning
 		// CommitInterval 0: CommitMessages commits synchronously, so "committed" means committed.
+		//
+		// read_committed: with the relay's delivery: exactly-once, read no further than what Kafka
+		// transactions committed. kafka-go stops there but still returns the records of aborted
+		// transactions and the transactions' markers (skipped below), so the inbox stays necessary
+		// with kafka-go (a Java, librdkafka or franz-go consumer with read_committed drops both).
+		IsolationLevel: kafka.ReadCommitted,
 	})
 	defer reader.Close()
 	log.Printf("consuming %s as group %s", topic, group)
@@ -90,6 +99,14 @@ func run(topic, group string) error {
 		m, err := reader.FetchMessage(ctx) // FetchMessage, not ReadMessage: no automatic commit
 		if err != nil {
 			return err
+		}
+		if inbox.TransactionMarker(m) {
+			// kafka-go returns the commit markers of Kafka transactions (delivery: exactly-once)
+			// as messages: no event, only an offset to commit.
+			if err := reader.CommitMessages(ctx, m); err != nil {
+				return err
+			}
+			continue
 		}
 		id, err := inbox.EventID(m)
 		if err != nil {

@@ -213,8 +213,9 @@ func addReaders(ctx context.Context, brokers []string, readers map[int]*kafka.Re
 			if readers[p.ID] != nil {
 				continue
 			}
+			// read_committed, as consumers of a relay with delivery: exactly-once must.
 			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p.ID,
-				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 200 * time.Millisecond})
+				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 200 * time.Millisecond, IsolationLevel: kafka.ReadCommitted})
 			if err := r.SetOffset(kafka.FirstOffset); err != nil {
 				r.Close()
 				return err
