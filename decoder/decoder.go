@@ -4,6 +4,8 @@
 // table do not matter, and a schema change is judged by the columns the stream carries at that
 // point (not by today's catalog). Only INSERTs into the outbox become events; other operations
 // (UPDATE, DELETE, TRUNCATE) are skipped, which also makes the insert-then-delete pattern work.
+// Transactional logical decoding messages with a configured prefix are events too (the table-free
+// outbox, message.go), alongside the table's rows or instead of them.
 //
 // A relation named like the outbox is the outbox. Any other relation in the stream may still be
 // part of it (a leaf partition of a partitioned outbox, named by pgoutput for WAL written while the
@@ -51,6 +53,15 @@ type Config struct {
 	Columns Columns
 	// Extra lists further columns whose values travel with the event (as Kafka headers), in order.
 	Extra []string
+	// MessagePrefix, when set, makes every transactional logical decoding message with this prefix
+	// an outbox event too (the table-free outbox, message.go); its content's members are named like
+	// the columns. Messages need the stream's pgoutput messages option.
+	MessagePrefix string
+	// NoTable: messages are the only outbox; no relation is the outbox table, so rows of every
+	// table are skipped without asking the caller to classify them.
+	NoTable bool
+	// PayloadBase64: a message's payload member is a base64 string of the payload bytes, not JSON.
+	PayloadBase64 bool
 }
 
 // TxInfo identifies the transaction an event belongs to.
@@ -88,11 +99,14 @@ type Event struct {
 type Kind uint8
 
 const (
-	Skip    Kind = iota // nothing to do: another table, another operation, metadata
-	Begin               // a transaction starts; Tx is set
-	Insert              // an outbox row; Event is set
-	Commit              // the transaction ends; Tx and EndLSN are set
-	Message             // a non-transactional logical decoding message at LSN (e.g. a heartbeat)
+	Skip  Kind = iota // nothing to do: another table, another operation, metadata
+	Begin             // a transaction starts; Tx is set
+	// Insert is an outbox event, Event is set: a row inserted into the outbox table, or a
+	// transactional logical decoding message with the outbox prefix (Config.MessagePrefix). Both
+	// are events of their transaction in stream order, numbered by one Event.Index counter.
+	Insert
+	Commit  // the transaction ends; Tx and EndLSN are set
+	Message // a non-transactional logical decoding message at LSN (e.g. a heartbeat)
 	// Relation is a Relation message; Relation is set. When Relation.Named is false, the caller
 	// must call Classify for its OID before the next Decode.
 	Relation
@@ -123,7 +137,8 @@ type Change struct {
 	EndLSN pglogrepl.LSN // Commit: the transaction end LSN, the position to confirm
 	Event  *Event        // Insert
 	// Unusable is set on an Insert into an outbox relation that lacks a mapped column (at that
-	// point of the stream): Event holds what could be read, and the row belongs to the failure
+	// point of the stream), or on an outbox message whose content is not an event (it wraps
+	// ErrInvalidMessage): Event holds what could be read, and the event belongs to the failure
 	// policy, not to its topic.
 	Unusable error
 	LSN      pglogrepl.LSN // Message
@@ -221,7 +236,7 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, data []byte) (Change, error) {
 	case msgInsert:
 		ch, err = d.insert(&r, walStart, len(data))
 	case msgMessage:
-		ch, err = d.message(&r)
+		ch, err = d.message(&r, walStart, len(data))
 	case msgOrigin, msgType, msgUpdate, msgDelete, msgTruncate:
 		// Nothing to publish. Update and delete are skipped on purpose: the outbox is append-only,
 		// and deleting the row in the same transaction is a common way to keep the table empty.
@@ -284,6 +299,11 @@ func (d *Decoder) relation(r *reader) (Change, error) {
 	}
 	// A new definition replaces any earlier one: its column indexes may no longer match.
 	rel := &relation{name: schema + "." + table, names: names, types: types}
+	if d.cfg.NoTable {
+		// No table is the outbox: its rows are provably not events, whatever their relation.
+		d.relations[oid] = rel
+		return Change{}, nil
+	}
 	info := &RelationInfo{OID: oid, Schema: schema, Table: table, Columns: names}
 	if schema == d.cfg.Schema && table == d.cfg.Table {
 		d.mapColumns(rel)
@@ -432,15 +452,4 @@ func unhexBytea(b []byte) ([]byte, error) {
 		return nil, fmt.Errorf("bytea value is not in hex format (set bytea_output = 'hex')")
 	}
 	return Bytea(b)
-}
-
-func (d *Decoder) message(r *reader) (Change, error) {
-	transactional := r.u8() == 1
-	lsn := r.lsn()
-	prefix := r.cstring()
-	r.take(int(r.u32()))
-	if transactional || r.err != nil {
-		return Change{}, nil
-	}
-	return Change{Kind: Message, LSN: lsn, Prefix: prefix}, nil
 }
