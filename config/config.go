@@ -43,7 +43,12 @@ type Config struct {
 	MaxInFlightBytes  int64
 	MaxMessageBytes   int
 	HeartbeatInterval time.Duration
-	Backfill          bool
+	// OutboxSource says where events come from: "table" (rows inserted into Table), "messages"
+	// (transactional logical decoding messages with MessagesPrefix, no table) or "both".
+	OutboxSource    string
+	MessagesPrefix  string
+	PayloadEncoding string // messages' payload member: "json" or "base64"
+	Backfill        bool
 	BackfillSince     string // RFC 3339 time, or a duration before the start
 	BackfillWhere     string
 	BackfillOrder     string // column; the backfill's publishing order
@@ -190,6 +195,23 @@ func oneOf(p func(*Config) *string, allowed ...string) func(*Config, string) err
 	}
 }
 
+// Values of outbox_source.
+const (
+	SourceTable    = "table"
+	SourceMessages = "messages"
+	SourceBoth     = "both"
+)
+
+// HeartbeatPrefix is the prefix of the relay's own heartbeat messages, which messages_prefix must
+// not take.
+const HeartbeatPrefix = "outbox-relay-heartbeat"
+
+// UsesTable reports whether rows of the outbox table are events.
+func (c *Config) UsesTable() bool { return c.OutboxSource != SourceMessages }
+
+// UsesMessages reports whether logical decoding messages are events.
+func (c *Config) UsesMessages() bool { return c.OutboxSource == SourceMessages || c.OutboxSource == SourceBoth }
+
 // settings is the whole configuration surface; README's table follows it.
 var settings = []setting{
 	{key: "profile", help: "preset defaults: debezium (Debezium outbox router column names, id header only); empty for none",
@@ -299,6 +321,12 @@ var settings = []setting{
 		apply: duration(func(c *Config) *time.Duration { return &c.PruneOlderThan })},
 	{key: "prune_batch_size", def: "1000", help: "rows one pruning statement deletes, at most (each batch is its own short transaction)",
 		apply: integer(func(c *Config) *int { return &c.PruneBatchSize })},
+	{key: "outbox_source", def: "table", help: "where events come from: table (rows inserted into the outbox table), messages (transactional pg_logical_emit_message with messages_prefix, no table) or both",
+		apply: oneOf(func(c *Config) *string { return &c.OutboxSource }, SourceTable, SourceMessages, SourceBoth)},
+	{key: "messages_prefix", def: "outbox", help: "prefix of the transactional logical decoding messages that are outbox events (outbox_source messages or both)",
+		apply: str(func(c *Config) *string { return &c.MessagesPrefix })},
+	{key: "payload_encoding", def: "json", help: "a message's payload member: json (any JSON value, sent as its JSON text) or base64 (a base64 string of the payload bytes); messages only",
+		apply: oneOf(func(c *Config) *string { return &c.PayloadEncoding }, "json", "base64")},
 	{key: "backfill", def: "false", help: "on first start, publish the rows already in the outbox table (from the new slot's snapshot: no gap, no duplicates)",
 		apply: boolean(func(c *Config) *bool { return &c.Backfill })},
 	{key: "backfill_since", help: "backfill only rows created at or after this RFC 3339 time, or this long before the start (e.g. 24h)",
@@ -588,6 +616,33 @@ func (c *Config) validate(from func(key string) string, needKafka bool) error {
 	}
 	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
 		errs = append(errs, errors.New("config keys kafka.tls.cert_file and kafka.tls.key_file go together: set both or neither"))
+	}
+	if c.UsesMessages() {
+		switch c.MessagesPrefix {
+		case "":
+			bad("messages_prefix", "must not be empty with outbox_source %s", c.OutboxSource)
+		case HeartbeatPrefix:
+			bad("messages_prefix", "%q is the relay's heartbeat prefix; choose another", c.MessagesPrefix)
+		}
+	} else if c.PayloadEncoding != "json" {
+		bad("payload_encoding", "applies to logical decoding messages only, and outbox_source is %s: remove it or set outbox_source to messages or both", c.OutboxSource)
+	}
+	if !c.UsesTable() {
+		// Nothing is stored: a message exists only in the WAL, so there are no rows to backfill
+		// or prune.
+		nothing := "outbox_source messages stores nothing (an event exists only in the WAL), so there is nothing to %s: remove it, or use outbox_source both with an outbox table"
+		if c.Backfill {
+			bad("backfill", nothing, "backfill")
+		}
+		if c.BackfillSince != "" {
+			bad("backfill_since", nothing, "backfill")
+		}
+		if c.BackfillWhere != "" {
+			bad("backfill_where", nothing, "backfill")
+		}
+		if c.PruneInterval > 0 {
+			bad("prune_interval", nothing, "prune")
+		}
 	}
 	if c.PGDSN != "" {
 		if err := checkDSN(c.PGDSN); err != nil {

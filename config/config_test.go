@@ -84,6 +84,9 @@ func TestDefaultsLoadWithOnlyTheRequiredKeys(t *testing.T) {
 		{"max_in_flight_bytes", c.MaxInFlightBytes, int64(64 << 20)},
 		{"max_message_bytes", c.MaxMessageBytes, 1 << 20},
 		{"heartbeat_interval", c.HeartbeatInterval, time.Duration(0)},
+		{"outbox_source is the table, as before messages existed", c.OutboxSource, "table"},
+		{"messages_prefix", c.MessagesPrefix, "outbox"},
+		{"payload_encoding", c.PayloadEncoding, "json"},
 		{"metrics_addr", c.MetricsAddr, ""},
 		{"log_level", c.LogLevel, "info"},
 		{"log_format", c.LogFormat, "json"},
@@ -222,6 +225,8 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 		{"an empty payload column", "columns.payload", "", file},
 		{"an empty topic template", "topic_template", "", file},
 		{"a malformed URL DSN", "pg_dsn", "postgres://user:secret@db/app%zz", env},
+		{"an unknown outbox source", "outbox_source", "queue", flagged},
+		{"an unknown payload encoding", "payload_encoding", "hex", env},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+" is rejected with the key and the source", func(t *testing.T) {
@@ -440,6 +445,18 @@ func TestCrossKeyChecks(t *testing.T) {
 			with(required(), "OUTBOX_KAFKA_TLS_CERT_FILE", "/tls/cert.pem"), "kafka.tls.key_file"},
 		{"a client key needs its certificate",
 			with(required(), "OUTBOX_KAFKA_TLS_KEY_FILE", "/tls/key.pem"), "kafka.tls.cert_file"},
+		{"the heartbeat's prefix is not an outbox prefix",
+			with(required(), "OUTBOX_OUTBOX_SOURCE", "messages", "OUTBOX_MESSAGES_PREFIX", "outbox-relay-heartbeat"), "messages_prefix"},
+		{"payload_encoding base64 without messages does nothing, so it is refused",
+			with(required(), "OUTBOX_PAYLOAD_ENCODING", "base64"), "payload_encoding (from OUTBOX_PAYLOAD_ENCODING): applies to logical decoding messages only"},
+		{"messages only: there is nothing to backfill",
+			with(required(), "OUTBOX_OUTBOX_SOURCE", "messages", "OUTBOX_BACKFILL", "true"), "backfill (from OUTBOX_BACKFILL): outbox_source messages stores nothing"},
+		{"messages only: backfill_since is refused too",
+			with(required(), "OUTBOX_OUTBOX_SOURCE", "messages", "OUTBOX_BACKFILL_SINCE", "24h"), "backfill_since"},
+		{"messages only: backfill_where is refused too",
+			with(required(), "OUTBOX_OUTBOX_SOURCE", "messages", "OUTBOX_BACKFILL_WHERE", "true"), "backfill_where"},
+		{"messages only: there is nothing to prune",
+			with(required(), "OUTBOX_OUTBOX_SOURCE", "messages", "OUTBOX_PRUNE_INTERVAL", "1h"), "prune_interval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -448,6 +465,40 @@ func TestCrossKeyChecks(t *testing.T) {
 				t.Fatalf("Load = %v, want an error naming %s", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestOutboxSources(t *testing.T) {
+	tests := []struct {
+		name             string
+		env              map[string]string
+		table, messages  bool
+		prefix, encoding string
+	}{
+		{"the default reads the table only", required(), true, false, "outbox", "json"},
+		{"messages only", with(required(), "OUTBOX_OUTBOX_SOURCE", "Messages"), false, true, "outbox", "json"},
+		{"both, with a prefix and base64 payloads", with(required(), "OUTBOX_OUTBOX_SOURCE", "both", "OUTBOX_MESSAGES_PREFIX", "orders.outbox",
+			"OUTBOX_PAYLOAD_ENCODING", "base64"), true, true, "orders.outbox", "base64"},
+		{"both keeps the backfill of the table", with(required(), "OUTBOX_OUTBOX_SOURCE", "both", "OUTBOX_BACKFILL", "true"), true, true, "outbox", "json"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _, err := load(t, "", tt.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.UsesTable() != tt.table || c.UsesMessages() != tt.messages || c.MessagesPrefix != tt.prefix || c.PayloadEncoding != tt.encoding {
+				t.Errorf("table %t messages %t prefix %q encoding %q, want %t %t %q %q",
+					c.UsesTable(), c.UsesMessages(), c.MessagesPrefix, c.PayloadEncoding, tt.table, tt.messages, tt.prefix, tt.encoding)
+			}
+		})
+	}
+}
+
+func TestMessagesNeedAPrefix(t *testing.T) {
+	_, _, err := load(t, "", with(required(), "OUTBOX_OUTBOX_SOURCE", "both"), "--messages-prefix=")
+	if err == nil || !strings.Contains(err.Error(), "messages_prefix (from --messages-prefix): must not be empty") {
+		t.Fatalf("Load = %v, want an error naming messages_prefix", err)
 	}
 }
 

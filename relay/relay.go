@@ -60,8 +60,19 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 30 * time.Second
 	}
-	if cfg.HeartbeatInterval > 0 {
+	if cfg.HeartbeatInterval > 0 || cfg.Decoder.MessagePrefix != "" {
 		cfg.Replication.Messages = true
+	}
+	if cfg.Decoder.NoTable {
+		if cfg.Decoder.MessagePrefix == "" {
+			return nil, errors.New("relay: no outbox table and no message prefix: nothing would be published")
+		}
+		if cfg.Backfill != nil {
+			return nil, errors.New("relay: a backfill reads the outbox table, and messages-only mode has none: logical decoding messages are stored nowhere but the WAL")
+		}
+		// Nothing of the table to check: the replication side checks the publication's existence
+		// only, and caps no position at a publication check (messages do not depend on it).
+		cfg.Replication.NoTable = true
 	}
 	sk, err := sink.New(cfg.Sink, log.Named("sink"), m)
 	if err != nil {
@@ -355,6 +366,12 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 					tx = nil
 				}
 			case decoder.Message:
+				if ch.Prefix != "" && ch.Prefix == r.cfg.Decoder.MessagePrefix {
+					// Written outside any transaction's commit: it is not an outbox event, and
+					// publishing it could not be tied to a commit. Say so, loudly, each time.
+					r.log.Warn("ignored a non-transactional logical decoding message with the outbox prefix: only pg_logical_emit_message(true, ...) inside the producing transaction is an outbox event",
+						zap.String("prefix", ch.Prefix), zap.Stringer("lsn", ch.LSN))
+				}
 				if !r.dec.InTransaction() {
 					r.tracker.Idle(ch.LSN)
 				}

@@ -95,7 +95,7 @@ func (s *Sink) deadLetterMessage(rec *record, reason string, cause error) kafka.
 			PayloadBytes  int    `json:"payload_bytes"`
 			Note          string `json:"note"`
 		}{string(ev.ID), string(ev.AggregateType), string(ev.AggregateID), string(ev.EventType),
-			ev.LSN.String(), len(ev.Payload), "payload too large to dead-letter; read it from the outbox table by event_id"})
+			ev.LSN.String(), len(ev.Payload), "payload too large to dead-letter; read it from the outbox table by event_id; a logical decoding message is kept only in the WAL, at lsn"})
 		m.Value = ref
 		m.Headers = append(m.Headers, kafka.Header{Key: "outbox.dlq.payload_bytes", Value: []byte(strconv.Itoa(len(ev.Payload)))})
 	}

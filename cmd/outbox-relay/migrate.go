@@ -19,12 +19,20 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	applied, err := migrations.Apply(ctx, conn, migrations.Target{Schema: cfg.Schema, Table: cfg.Table})
+	applied, err := migrations.Apply(ctx, conn, migrations.Target{Schema: cfg.Schema, Table: cfg.Table, NoTable: !cfg.UsesTable()})
 	for _, name := range applied {
 		fmt.Fprintf(stdout, "applied %s\n", name)
 	}
 	if err != nil {
 		return scrubbed(cfg, err)
+	}
+	if !cfg.UsesTable() {
+		// Messages only: the slot ledger, and a publication for pgoutput to start with.
+		if err := replication.EnsureMessagePublication(ctx, conn, cfg.Publication, true); err != nil {
+			return scrubbed(cfg, err)
+		}
+		fmt.Fprintf(stdout, "slot ledger and publication %s are ready (outbox_source messages: no outbox table)\n", cfg.Publication)
+		return nil
 	}
 	if err := replication.EnsurePublication(ctx, conn, cfg.Publication, cfg.Schema, cfg.Table, true); err != nil {
 		return scrubbed(cfg, err)

@@ -135,7 +135,7 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			SlotBusyWait:      c.SlotBusyWait,
 			Messages:          c.HeartbeatInterval > 0,
 		},
-		Decoder: decoder.Config{Schema: c.Schema, Table: c.Table, Columns: cols, Extra: extraCols},
+		Decoder: decoderConfig(c, cols, extraCols),
 		Sink: sink.Config{
 			Brokers:         c.KafkaBrokers,
 			TopicTemplate:   c.TopicTemplate,
@@ -159,6 +159,18 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 		ShutdownTimeout:   c.ShutdownTimeout,
 		HeartbeatInterval: c.HeartbeatInterval,
 	}, nil
+}
+
+// decoderConfig says which outbox shapes become events: the table's rows, logical decoding
+// messages with the prefix, or both.
+func decoderConfig(c *config.Config, cols decoder.Columns, extra []string) decoder.Config {
+	d := decoder.Config{Schema: c.Schema, Table: c.Table, Columns: cols, Extra: extra}
+	if c.UsesMessages() {
+		d.MessagePrefix = c.MessagesPrefix
+		d.NoTable = !c.UsesTable()
+		d.PayloadBase64 = c.PayloadEncoding == "base64"
+	}
+	return d
 }
 
 // linger maps the setting to the sink's convention, where zero means its default.
