@@ -29,8 +29,20 @@ type killRecord struct {
 // last status update + the rest of a transaction that was only partly acknowledged.
 func TestKill9AtRandomMomentsLosesNothingAndDuplicatesStayInTheWindow(t *testing.T) {
 	t.Parallel()
+	kill9(t, newDB(t, testenv.SharedPostgres(t), 3), 10)
+}
+
+// TestKill9WithTheTableFreeOutboxLosesNothingAndDuplicatesStayInTheWindow is the same with every
+// event a logical decoding message and no outbox table (outbox_source messages), with fewer kills:
+// the crash path is the table's, only the source of the events differs.
+func TestKill9WithTheTableFreeOutboxLosesNothingAndDuplicatesStayInTheWindow(t *testing.T) {
+	t.Parallel()
+	kill9(t, newMessagesDB(t, testenv.SharedPostgres(t), 3, 1), 6)
+}
+
+// kill9 SIGKILLs d's relay kills times (see TestKill9AtRandomMomentsLosesNothingAndDuplicatesStayInTheWindow).
+func kill9(t *testing.T, d *db, kills int) {
 	const (
-		kills          = 10
 		maxInFlight    = 500
 		statusInterval = 200 * time.Millisecond
 		maxPerTx       = 5
@@ -42,7 +54,6 @@ func TestKill9AtRandomMomentsLosesNothingAndDuplicatesStayInTheWindow(t *testing
 	// sampling period.
 	ackWindow := 2*statusInterval + samplePeriod
 
-	d := newDB(t, testenv.SharedPostgres(t), 3)
 	brokers := testenv.SharedKafka(t).Brokers()
 	args := []string{fmt.Sprintf("--max-in-flight-events=%d", maxInFlight), "--status-interval=" + statusInterval.String()}
 	seed := uint64(time.Now().UnixNano())
