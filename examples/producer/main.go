@@ -5,6 +5,14 @@
 //	make up && set -a && . .local/services.env && set +a
 //	go run ./cmd/outbox-relay migrate
 //	go run ./examples/producer -customer ada -total 42.50 -tenant acme
+//
+// With -messages the event is a transactional logical decoding message instead of an outbox row
+// (the table-free outbox: nothing is stored, nothing to prune); run the relay with
+// outbox_source messages (or both) for it:
+//
+//	OUTBOX_OUTBOX_SOURCE=messages go run ./cmd/outbox-relay migrate
+//	OUTBOX_OUTBOX_SOURCE=messages go run ./cmd/outbox-relay run &
+//	go run ./examples/producer -messages -customer ada -total 42.50
 package main
 
 import (
@@ -33,14 +41,15 @@ func main() {
 	customer := flag.String("customer", "ada", "customer name")
 	total := flag.Float64("total", 42.5, "order total")
 	tenant := flag.String("tenant", "", "tenant header (optional)")
+	messages := flag.Bool("messages", false, "emit the event as a logical decoding message (outbox_source messages) instead of an outbox row")
 	flag.Parse()
-	if err := run(*customer, *total, *tenant); err != nil {
+	if err := run(*customer, *total, *tenant, *messages); err != nil {
 		fmt.Fprintln(os.Stderr, "producer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(customer string, total float64, tenant string) error {
+func run(customer string, total float64, tenant string, messages bool) error {
 	dsn := os.Getenv("OUTBOX_PG_DSN")
 	if dsn == "" {
 		return fmt.Errorf("set OUTBOX_PG_DSN (make up writes it to .local/services.env)")
@@ -78,7 +87,12 @@ func run(customer string, total float64, tenant string) error {
 		if tenant != "" {
 			ev.SetHeader(outbox.HeaderTenant, tenant)
 		}
-		eventIDs, err = outbox.Write(ctx, tx, ev)
+		if messages {
+			// One WAL record, decoded at commit with the order's insert; no outbox row.
+			eventIDs, err = outbox.Emit(ctx, tx, ev)
+		} else {
+			eventIDs, err = outbox.Write(ctx, tx, ev)
+		}
 		return err
 	})
 	if err != nil {
