@@ -106,14 +106,22 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 // drainCeiling runs pg_recvlogical over the slot to the backlog's end, output to /dev/null: how
 // fast PostgreSQL decodes and sends this WAL with nothing else to do.
 func (b *bench) drainCeiling(ctx context.Context) Result {
+	return b.recvlogical(ctx, sideCeiling, b.endLSN)
+}
+
+// recvlogical runs pg_recvlogical on side's slot up to endLSN, with extra pgoutput options.
+func (b *bench) recvlogical(ctx context.Context, side string, endLSN uint64, options ...string) Result {
 	bin, err := pgRecvLogical()
 	if err != nil {
 		return Result{Err: err}
 	}
-	c, err := startChild("pg_recvlogical", b.logPath(sideCeiling), nil, bin,
-		"--dbname", b.svc.DSN, "--slot", b.slot(sideCeiling), "--start", "--no-loop",
-		"-o", "proto_version=1", "-o", "publication_names="+b.pub,
-		"--endpos", pglogrepl.LSN(b.endLSN).String(), "--file", "/dev/null")
+	args := []string{"--dbname", b.svc.DSN, "--slot", b.slot(side), "--start", "--no-loop",
+		"-o", "proto_version=1", "-o", "publication_names=" + b.pub,
+		"--endpos", pglogrepl.LSN(endLSN).String(), "--file", "/dev/null"}
+	for _, o := range options {
+		args = append(args, "-o", o)
+	}
+	c, err := startChild("pg_recvlogical", b.logPath(side), nil, bin, args...)
 	if err != nil {
 		return Result{Err: err}
 	}
@@ -121,12 +129,12 @@ func (b *bench) drainCeiling(ctx context.Context) Result {
 	senders := newSenderCPU()
 	timeout := time.After(b.drainTimeout())
 	for !c.exited() {
-		b.sampleSender(ctx, senders, sideCeiling)
+		b.sampleSender(ctx, senders, side)
 		select {
 		case <-c.done:
 		case <-time.After(50 * time.Millisecond):
 		case <-timeout:
-			return Result{Err: fmt.Errorf("pg_recvlogical did not reach %s within %s", pglogrepl.LSN(b.endLSN), b.drainTimeout())}
+			return Result{Err: fmt.Errorf("pg_recvlogical did not reach %s within %s", pglogrepl.LSN(endLSN), b.drainTimeout())}
 		case <-ctx.Done():
 			return Result{Err: ctx.Err()}
 		}
@@ -268,11 +276,13 @@ func (b *bench) sampleSender(ctx context.Context, s senderCPU, side string) (con
 	return confirmed, nil
 }
 
-// startRelay runs the relay binary with its defaults, on slot and the topics under prefix.
-func (b *bench) startRelay(name, slot, prefix string) (*child, error) {
+// startRelay runs the relay binary with its defaults, on slot and the topics under prefix; extra
+// flags come before the configured ones.
+func (b *bench) startRelay(name, slot, prefix string, extra ...string) (*child, error) {
 	args := append([]string{"run",
 		"--slot", slot, "--publication", b.pub, "--create-slot=false", "--create-publication=false",
-		"--topic-template", prefix + ".{aggregate_type}", "--log-level", "warn"}, b.cfg.RelayArgs...)
+		"--topic-template", prefix + ".{aggregate_type}", "--log-level", "warn"}, extra...)
+	args = append(args, b.cfg.RelayArgs...)
 	return startChild("outbox-relay", b.logPath(name), []string{
 		"OUTBOX_PG_DSN=" + b.svc.DSN,
 		"OUTBOX_KAFKA_BROKERS=" + b.svc.Kafka.Brokers(),
