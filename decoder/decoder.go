@@ -166,6 +166,7 @@ type Decoder struct {
 	inTx      bool
 	events    int      // events of the open transaction so far: the next Event.Index
 	cols      []column // scratch for TupleData
+	names     []string // message member names by slot (memberNames)
 }
 
 // relation is what the decoder remembers of a Relation message.

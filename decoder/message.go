@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unsafe"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -91,16 +92,38 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 			}
 		}
 	}
-	m := make(map[string][]byte, 8)
-	eachMember(content, start, func(name string, value []byte) { m[name] = value })
-	str(c.ID, &ev.ID, m[c.ID], true)
+	// The mapped members' values by slot: id, aggregate type, aggregate id, event type, payload,
+	// headers, then the extra members. A later duplicate member wins, as in jsonb.
+	names := d.memberNames()
+	var fixed [8][]byte
+	values := fixed[:0]
+	if len(names) > len(fixed) {
+		values = make([][]byte, 0, len(names))
+	}
+	values = values[:len(names)]
+	eachMember(content, start, func(name []byte, escaped bool, value []byte) {
+		key := unsafeString(name)
+		if escaped {
+			var s string
+			if json.Unmarshal(append(append([]byte{'"'}, name...), '"'), &s) != nil {
+				return
+			}
+			key = s
+		}
+		for i, n := range names {
+			if n == key && n != "" {
+				values[i] = value
+			}
+		}
+	})
+	str(c.ID, &ev.ID, values[0], true)
 	if ev.ID != nil && len(ev.ID) == 0 {
 		problems = append(problems, fmt.Sprintf("member %q is empty", c.ID))
 	}
-	str(c.AggregateType, &ev.AggregateType, m[c.AggregateType], true)
-	str(c.AggregateID, &ev.AggregateID, m[c.AggregateID], true)
-	str(c.EventType, &ev.EventType, m[c.EventType], false)
-	if p := m[c.Payload]; p != nil && string(p) != "null" {
+	str(c.AggregateType, &ev.AggregateType, values[1], true)
+	str(c.AggregateID, &ev.AggregateID, values[2], true)
+	str(c.EventType, &ev.EventType, values[3], false)
+	if p := values[4]; p != nil && string(p) != "null" {
 		if d.cfg.PayloadBase64 {
 			if err := decodeBase64(ev, p); err != nil {
 				problems = append(problems, fmt.Sprintf("member %q (payload_encoding base64) %v", c.Payload, err))
@@ -109,19 +132,17 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 			ev.Payload = p
 		}
 	}
-	if c.Headers != "" {
-		if h := m[c.Headers]; h != nil && string(h) != "null" {
-			if h[0] != '{' {
-				problems = append(problems, fmt.Sprintf("member %q must be a JSON object, got %.40s", c.Headers, h))
-			} else {
-				ev.Headers = h
-			}
+	if h := values[5]; h != nil && string(h) != "null" {
+		if h[0] != '{' {
+			problems = append(problems, fmt.Sprintf("member %q must be a JSON object, got %.40s", c.Headers, h))
+		} else {
+			ev.Headers = h
 		}
 	}
 	if len(d.cfg.Extra) > 0 {
 		ev.Extra = make([][]byte, len(d.cfg.Extra))
 		for i, name := range d.cfg.Extra {
-			v := m[name]
+			v := values[6+i]
 			if v == nil || string(v) == "null" {
 				continue
 			}
@@ -176,20 +197,32 @@ func jsonText(raw []byte) (text []byte, copied bool, err error) {
 	return []byte(s), true, nil
 }
 
+// memberNames are the member names readContent looks for, by slot: the columns' (Headers "" when
+// there is no headers column), then the extra ones.
+func (d *Decoder) memberNames() []string {
+	if d.names == nil {
+		c := d.cfg.Columns
+		d.names = append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers}, d.cfg.Extra...)
+	}
+	return d.names
+}
+
+// unsafeString views b as a string without copying, for a comparison that does not keep it.
+func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
 // eachMember calls fn for every member of the JSON object that starts at obj[i] (obj is valid JSON:
-// json.Valid said so), with the member's name and its value's bytes. Names with escapes are decoded.
-func eachMember(obj []byte, i int, fn func(name string, value []byte)) {
+// json.Valid said so), with the member's name as written between its quotes (escaped says whether
+// it holds escapes to decode) and its value's bytes.
+func eachMember(obj []byte, i int, fn func(name []byte, escaped bool, value []byte)) {
 	i = skipSpace(obj, i+1) // past '{'
 	for i < len(obj) && obj[i] == '"' {
 		end := skipValue(obj, i)
-		name := string(obj[i+1 : end-1])
-		if strings.IndexByte(name, '\\') >= 0 {
-			_ = json.Unmarshal(obj[i:end], &name) // valid JSON, so this succeeds
-		}
+		name := obj[i+1 : end-1]
+		escaped := bytes.IndexByte(name, '\\') >= 0
 		i = skipSpace(obj, end)
 		i = skipSpace(obj, i+1) // past ':'
 		vend := skipValue(obj, i)
-		fn(name, obj[i:vend:vend])
+		fn(name, escaped, obj[i:vend:vend])
 		i = skipSpace(obj, vend)
 		if i < len(obj) && obj[i] == ',' {
 			i = skipSpace(obj, i+1)

@@ -309,3 +309,23 @@ func FuzzDecodeOutboxMessageContent(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkDecodeOutboxMessage(b *testing.B) {
+	payload := `{"orderId":"6f1c2a8e-3b7d-4c5e-9f0a-1b2c3d4e5f60","customerId":"c-1029384756","currency":"EUR",` +
+		`"items":[{"sku":"SKU-000123","qty":2,"price":19.99},{"sku":"SKU-000456","qty":1,"price":5.49}],` +
+		`"shipping":{"method":"express","city":"Berlin","zip":"10115"},"total":45.47,"placedAt":"2024-05-06T07:08:09Z"}`
+	d := decoder.New(messagesConfig())
+	mustDecode(b, d, txBegin())
+	msg := outboxMsg(`{"id":"0b4e5c8e-1d2f-4a3b-9c8d-7e6f5a4b3c2d","aggregate_type":"order","aggregate_id":"order-42",` +
+		`"event_type":"OrderPlaced","payload":` + payload + `,"headers":{"trace":"abc"}}`)
+	b.SetBytes(int64(len(msg)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		ch, err := d.Decode(insertAt, msg)
+		if err != nil || ch.Kind != decoder.Insert || ch.Unusable != nil {
+			b.Fatalf("Decode = %s, %v, %v", ch.Kind, err, ch.Unusable)
+		}
+	}
+	b.ReportMetric(float64(len(payload)), "payload-bytes")
+}
