@@ -49,13 +49,13 @@ type Config struct {
 	MessagesPrefix  string
 	PayloadEncoding string // messages' payload member: "json" or "base64"
 	Backfill        bool
-	BackfillSince     string // RFC 3339 time, or a duration before the start
-	BackfillWhere     string
-	BackfillOrder     string // column; the backfill's publishing order
-	MetricsAddr       string
-	LogLevel          string
-	LogFormat         string
-	Kafka             Kafka
+	BackfillSince   string // RFC 3339 time, or a duration before the start
+	BackfillWhere   string
+	BackfillOrder   string // column; the backfill's publishing order
+	MetricsAddr     string
+	LogLevel        string
+	LogFormat       string
+	Kafka           Kafka
 
 	// Retention (package prune): delete outbox rows older than PruneOlderThan every PruneInterval.
 	PruneInterval  time.Duration
@@ -210,7 +210,9 @@ const HeartbeatPrefix = "outbox-relay-heartbeat"
 func (c *Config) UsesTable() bool { return c.OutboxSource != SourceMessages }
 
 // UsesMessages reports whether logical decoding messages are events.
-func (c *Config) UsesMessages() bool { return c.OutboxSource == SourceMessages || c.OutboxSource == SourceBoth }
+func (c *Config) UsesMessages() bool {
+	return c.OutboxSource == SourceMessages || c.OutboxSource == SourceBoth
+}
 
 // settings is the whole configuration surface; README's table follows it.
 var settings = []setting{
