@@ -43,19 +43,21 @@ type Config struct {
 	MaxInFlightBytes  int64
 	MaxMessageBytes   int
 	HeartbeatInterval time.Duration
-	// OutboxSource says where events come from: "table" (rows inserted into Table), "messages"
-	// (transactional logical decoding messages with MessagesPrefix, no table) or "both".
+	Backfill          bool
+	BackfillSince     string // RFC 3339 time, or a duration before the start
+	BackfillWhere     string
+	BackfillOrder     string // column; the backfill's publishing order
+	MetricsAddr       string
+	LogLevel          string
+	LogFormat         string
+	Kafka             Kafka
+
+	// The table-free outbox. OutboxSource says where events come from: "table" (rows inserted
+	// into Table), "messages" (transactional logical decoding messages with MessagesPrefix, no
+	// table) or "both".
 	OutboxSource    string
 	MessagesPrefix  string
 	PayloadEncoding string // messages' payload member: "json" or "base64"
-	Backfill        bool
-	BackfillSince   string // RFC 3339 time, or a duration before the start
-	BackfillWhere   string
-	BackfillOrder   string // column; the backfill's publishing order
-	MetricsAddr     string
-	LogLevel        string
-	LogFormat       string
-	Kafka           Kafka
 
 	// Retention (package prune): delete outbox rows older than PruneOlderThan every PruneInterval.
 	PruneInterval  time.Duration
