@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Config is every setting of `outbox-relay run`.
@@ -59,6 +61,13 @@ type Config struct {
 	MessagesPrefix  string
 	PayloadEncoding string // messages' payload member: "json" or "base64"
 
+	// Debezium's outbox event router options.
+	ExtraFields             []string // column:placement[:alias], placement header, envelope or partition
+	TopicRegex              string
+	TopicReplacement        string
+	TombstoneOnEmptyPayload bool
+	OnUpdate                string // warn, error or fatal
+
 	// Retention (package prune): delete outbox rows older than PruneOlderThan every PruneInterval.
 	PruneInterval  time.Duration
 	PruneOlderThan time.Duration
@@ -74,6 +83,8 @@ type Config struct {
 // Columns names the outbox table's columns.
 type Columns struct {
 	ID, AggregateType, AggregateID, EventType, Payload, Headers, CreatedAt string
+	// Optional: the record timestamp, and Debezium's tracing span context.
+	Timestamp, TracingSpanContext string
 }
 
 // Kafka holds producer and connection settings.
@@ -264,8 +275,36 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.Columns.Headers })},
 	{key: "columns.created_at", def: "created_at", help: "creation time column, for backfill_since and pruning",
 		apply: str(func(c *Config) *string { return &c.Columns.CreatedAt })},
+	{key: "columns.timestamp", help: "timestamp or timestamptz column whose value is the record timestamp (else the commit time); empty for none",
+		apply: str(func(c *Config) *string { return &c.Columns.Timestamp })},
+	{key: "columns.tracing_span_context", help: "column holding Debezium's tracing span context (Java Properties text with traceparent and tracestate), sent as W3C traceparent/tracestate headers; empty for none",
+		apply: str(func(c *Config) *string { return &c.Columns.TracingSpanContext })},
 	{key: "extra_headers", help: "further columns sent as headers, comma-separated column[:header]",
 		apply: list(func(c *Config) *[]string { return &c.ExtraHeaders })},
+	{key: "extra_fields", help: "further columns placed as Debezium's table.fields.additional.placement does, comma-separated column:placement[:alias] with placement header, envelope or partition",
+		apply: func(c *Config, v string) error {
+			if err := list(func(c *Config) *[]string { return &c.ExtraFields })(c, v); err != nil {
+				return err
+			}
+			partitions := 0
+			for _, f := range c.ExtraFields {
+				parts := strings.Split(f, ":")
+				if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || (len(parts) == 3 && parts[2] == "") {
+					return fmt.Errorf("want column:placement or column:placement:alias, got %q", f)
+				}
+				switch parts[1] {
+				case "header", "envelope":
+				case "partition":
+					partitions++
+				default:
+					return fmt.Errorf("placement %q of %q: want header, envelope or partition", parts[1], f)
+				}
+			}
+			if partitions > 1 {
+				return errors.New("at most one column may be placed as the partition")
+			}
+			return nil
+		}},
 	{key: "builtin_headers", def: "id,event_type,aggregate_type", help: "which of the headers id, event_type and aggregate_type every record carries",
 		apply: func(c *Config, v string) error {
 			if err := list(func(c *Config) *[]string { return &c.BuiltinHeaders })(c, v); err != nil {
@@ -287,6 +326,14 @@ var settings = []setting{
 		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string")},
 	{key: "topic_template", def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",
 		apply: str(func(c *Config) *string { return &c.TopicTemplate })},
+	{key: "topic_regex", help: "route by regular expression (Debezium's route.topic.regex, Go syntax) matched against the whole aggregate type: the topic is topic_replacement with its groups, or the aggregate type when it does not match; replaces topic_template",
+		apply: str(func(c *Config) *string { return &c.TopicRegex })},
+	{key: "topic_replacement", def: "outbox.event.${routedByValue}", help: "the topic for topic_regex, with ${name} or $1 for its groups (Go's syntax: $$ for a dollar)",
+		apply: str(func(c *Config) *string { return &c.TopicReplacement })},
+	{key: "tombstone_on_empty_payload", def: "false", help: "a NULL, empty or blank payload gives a tombstone (a null value) even with envelope fields (Debezium's route.tombstone.on.empty.payload)",
+		apply: boolean(func(c *Config) *bool { return &c.TombstoneOnEmptyPayload })},
+	{key: "on_update", def: "warn", help: "what an UPDATE of the outbox table does, when the publication publishes UPDATEs: warn, error (logged at that level and skipped) or fatal (the relay stops before it); Debezium's table.op.invalid.behavior",
+		apply: oneOf(func(c *Config) *string { return &c.OnUpdate }, "warn", "error", "fatal")},
 	{key: "on_failure", def: "dead-letter", help: "what to do with an event Kafka cannot take: dead-letter or halt",
 		apply: oneOf(func(c *Config) *string { return &c.OnFailure }, "dead-letter", "halt")},
 	{key: "dead_letter_topic", def: "outbox.dead-letter", help: "topic for events that cannot be published",
@@ -620,6 +667,17 @@ func (c *Config) validate(from func(key string) string, needKafka bool) error {
 	}
 	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
 		errs = append(errs, errors.New("config keys kafka.tls.cert_file and kafka.tls.key_file go together: set both or neither"))
+	}
+	if c.TopicRegex != "" && from("topic_template") != "default" && !strings.HasPrefix(from("topic_template"), "profile") {
+		bad("topic_regex", "and topic_template (from %s) both route: set one", from("topic_template"))
+	}
+	if c.TopicRegex != "" {
+		if _, err := sink.NewTopicRegex(c.TopicRegex, c.TopicReplacement); err != nil {
+			bad("topic_regex", "%v", err)
+		}
+	}
+	if c.TopicRegex == "" && from("topic_replacement") != "default" {
+		bad("topic_replacement", "applies with topic_regex only; for a fixed pattern use topic_template")
 	}
 	if c.UsesMessages() {
 		switch c.MessagesPrefix {

@@ -24,7 +24,7 @@ import (
 )
 
 // Columns names the outbox table's columns. Headers is optional: leave it empty when the table has
-// no headers column.
+// no headers column. Timestamp and TracingSpanContext are optional too, and required once named.
 type Columns struct {
 	ID            string
 	AggregateType string
@@ -32,6 +32,12 @@ type Columns struct {
 	EventType     string
 	Payload       string
 	Headers       string
+	// Timestamp is a timestamp or timestamptz column whose value becomes Event.Time (Debezium's
+	// table.field.event.timestamp).
+	Timestamp string
+	// TracingSpanContext is a column holding the producer's trace context (Debezium's
+	// tracingspancontext: Java Properties text with traceparent and tracestate): Event.SpanContext.
+	TracingSpanContext string
 }
 
 // DefaultColumns matches the table `outbox-relay migrate` creates.
@@ -88,6 +94,16 @@ type Event struct {
 	// the same order, so (Tx.CommitLSN, Index) names one event across restarts: exactly-once
 	// delivery records how far it got inside a transaction with it.
 	Index int
+	// Time is the event's own timestamp, from Columns.Timestamp; zero when none is configured or
+	// the value is NULL (the sink then uses the commit time).
+	Time time.Time
+	// SpanContext is the Columns.TracingSpanContext value as written (Java Properties text, or a
+	// JSON object in a message), or nil.
+	SpanContext []byte
+	// ExtraKinds says, for each Extra value, what JSON value it is when written into a record's
+	// envelope (a number, a boolean, JSON, or else a string); nil means strings. Shared by the
+	// events of one relation: read only.
+	ExtraKinds []ValueKind
 	// RawSize is the memory the event keeps alive for as long as it is held: the whole message
 	// buffer its fields alias (every column of the row, mapped or not), plus any value the decoder
 	// had to copy out of it (a bytea payload decoded from hex). It is what a holder of the event,
@@ -110,6 +126,19 @@ const (
 	// Relation is a Relation message; Relation is set. When Relation.Named is false, the caller
 	// must call Classify for its OID before the next Decode.
 	Relation
+	// Update is an UPDATE of an outbox relation (never an event: the outbox is append-only); Tx
+	// and LSN are set, Prefix names the relation. Only a publication that publishes UPDATEs sends it.
+	Update
+)
+
+// ValueKind is the JSON kind of a column's text value (Event.ExtraKinds).
+type ValueKind uint8
+
+const (
+	KindString ValueKind = iota // a JSON string of the text
+	KindNumber                  // the text is a JSON number (integer and floating-point types)
+	KindBool                    // "t" or "f" (boolean); in a message, true or false
+	KindJSON                    // the text is JSON already (a message member that is not a string)
 )
 
 func (k Kind) String() string {
@@ -126,6 +155,8 @@ func (k Kind) String() string {
 		return "message"
 	case Relation:
 		return "relation"
+	case Update:
+		return "update"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -179,10 +210,13 @@ type relation struct {
 	types        []uint32
 	// unusable says why rows of this outbox relation cannot be read (a mapped column is missing).
 	unusable error
-	// index of each mapped column in the tuple; -1 when not configured (Headers only)
+	// index of each mapped column in the tuple; -1 when not configured (the optional ones)
 	id, aggType, aggID, evType, payload, headers int
+	timestamp, spanContext                       int
 	extra                                        []int
+	extraKinds                                   []ValueKind
 	payloadBytea                                 bool
+	timestampTZ                                  bool // the timestamp column is timestamptz, not timestamp
 }
 
 // New returns a decoder for cfg.
@@ -238,9 +272,11 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, data []byte) (Change, error) {
 		ch, err = d.insert(&r, walStart, len(data))
 	case msgMessage:
 		ch, err = d.message(&r, walStart, len(data))
-	case msgOrigin, msgType, msgUpdate, msgDelete, msgTruncate:
-		// Nothing to publish. Update and delete are skipped on purpose: the outbox is append-only,
-		// and deleting the row in the same transaction is a common way to keep the table empty.
+	case msgUpdate:
+		ch, err = d.update(&r)
+	case msgOrigin, msgType, msgDelete, msgTruncate:
+		// Nothing to publish. Deletes are skipped on purpose: the outbox is append-only, and
+		// deleting the row in the same transaction is a common way to keep the table empty.
 	default:
 		err = fmt.Errorf("unknown message type %q (is the slot using pgoutput protocol version 1?)", data[0])
 	}
@@ -361,18 +397,37 @@ func (d *Decoder) mapColumns(rel *relation) {
 	rel.aggID = need("columns.aggregate_id", c.AggregateID)
 	rel.evType = need("columns.event_type", c.EventType)
 	rel.payload = need("columns.payload", c.Payload)
-	rel.headers = -1
+	rel.headers, rel.timestamp, rel.spanContext = -1, -1, -1
 	if c.Headers != "" {
 		rel.headers = need("columns.headers", c.Headers)
 	}
+	if c.Timestamp != "" {
+		rel.timestamp = need("columns.timestamp", c.Timestamp)
+	}
+	if c.TracingSpanContext != "" {
+		rel.spanContext = need("columns.tracing_span_context", c.TracingSpanContext)
+	}
 	rel.extra = make([]int, len(d.cfg.Extra))
+	rel.extraKinds = make([]ValueKind, len(d.cfg.Extra))
 	for i, name := range d.cfg.Extra {
 		rel.extra[i] = need("extra column", name)
+		if rel.extra[i] >= 0 {
+			rel.extraKinds[i] = KindOf(types[rel.extra[i]])
+		}
 	}
 	rel.unusable = nil
 	if len(missing) > 0 {
 		rel.unusable = fmt.Errorf("outbox table %s had no column %s when this row was written (it had %s): the table's schema changed; restore the column or fix the columns.* settings",
 			rel.name, strings.Join(missing, ", "), strings.Join(names, ", "))
+	} else if rel.timestamp >= 0 {
+		switch types[rel.timestamp] {
+		case timestamptzOID:
+			rel.timestampTZ = true
+		case timestampOID:
+		default:
+			rel.unusable = fmt.Errorf("outbox table %s: the timestamp column %q (columns.timestamp) is of type OID %d; it must be timestamp or timestamptz",
+				rel.name, c.Timestamp, types[rel.timestamp])
+		}
 	}
 	rel.payloadBytea = rel.payload >= 0 && types[rel.payload] == byteaOID
 }
@@ -434,6 +489,18 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN, size int) (Change, e
 				return Change{}, err
 			}
 		}
+		ev.ExtraKinds = rel.extraKinds
+	}
+	if ev.SpanContext, err = value(rel.spanContext); err != nil {
+		return Change{}, err
+	}
+	unusable := rel.unusable
+	if ts, err := value(rel.timestamp); err != nil {
+		return Change{}, err
+	} else if ts != nil && unusable == nil {
+		if ev.Time, err = ParseTimestamp(ts, rel.timestampTZ); err != nil {
+			unusable = fmt.Errorf("outbox table %s, timestamp column %q: %w", rel.name, d.cfg.Columns.Timestamp, err)
+		}
 	}
 	if rel.payloadBytea && ev.Payload != nil {
 		if ev.Payload, err = unhexBytea(ev.Payload); err != nil {
@@ -443,7 +510,60 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN, size int) (Change, e
 	}
 	ev.Index = d.events
 	d.events++
-	return Change{Kind: Insert, Tx: d.tx, Event: ev, Unusable: rel.unusable}, nil
+	return Change{Kind: Insert, Tx: d.tx, Event: ev, Unusable: unusable}, nil
+}
+
+// update reports an UPDATE of an outbox relation; updates of other relations are skipped.
+func (d *Decoder) update(r *reader) (Change, error) {
+	oid := r.u32()
+	if r.err != nil {
+		return Change{}, nil
+	}
+	rel, ok := d.relations[oid]
+	if !ok || !rel.outbox || rel.unclassified || !d.inTx {
+		return Change{}, nil // other tables' updates are not read further
+	}
+	// The old key or row, when the replica identity sends one, then the new row.
+	tag := r.u8()
+	if tag == 'K' || tag == 'O' {
+		d.cols = r.tuple(d.cols)
+		tag = r.u8()
+	}
+	if r.err == nil && tag != 'N' {
+		return Change{}, fmt.Errorf("update of %s with tuple tag %q, want 'N'", rel.name, tag)
+	}
+	d.cols = r.tuple(d.cols)
+	if r.err != nil {
+		return Change{}, nil
+	}
+	return Change{Kind: Update, Tx: d.tx, Prefix: rel.name}, nil
+}
+
+// Type OIDs the decoder reads differently.
+const (
+	boolOID        = 16
+	int8OID        = 20
+	int2OID        = 21
+	int4OID        = 23
+	oidOID         = 26
+	float4OID      = 700
+	float8OID      = 701
+	timestampOID   = 1114
+	timestamptzOID = 1184
+)
+
+// KindOf is the JSON kind of a column type's text form (Event.ExtraKinds). numeric stays a
+// string: its text may be NaN or Infinity, which JSON has no number for.
+func KindOf(oid uint32) ValueKind {
+	switch oid {
+	case int2OID, int4OID, int8OID, oidOID:
+		return KindNumber
+	case float4OID, float8OID:
+		return KindNumber
+	case boolOID:
+		return KindBool
+	}
+	return KindString
 }
 
 // unhexBytea decodes bytea's text output in hex format ("\x0a0b..."), the only one the replication

@@ -93,9 +93,10 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 		}
 	}
 	// The mapped members' values by slot: id, aggregate type, aggregate id, event type, payload,
-	// headers, then the extra members. A later duplicate member wins, as in jsonb.
+	// headers, timestamp, tracing span context, then the extra members. A later duplicate member
+	// wins, as in jsonb.
 	names := d.memberNames()
-	var fixed [8][]byte
+	var fixed [10][]byte
 	values := fixed[:0]
 	if len(names) > len(fixed) {
 		values = make([][]byte, 0, len(names))
@@ -139,15 +140,29 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 			ev.Headers = h
 		}
 	}
+	if t := values[6]; t != nil && string(t) != "null" {
+		var err error
+		if ev.Time, err = parseMessageTimestamp(t); err != nil {
+			problems = append(problems, fmt.Sprintf("member %q (columns.timestamp) %v", c.Timestamp, err))
+		}
+	}
+	if sc := values[7]; sc != nil && string(sc) != "null" {
+		if sc[0] == '{' {
+			ev.SpanContext = sc // the trace context as a JSON object
+		} else {
+			str(c.TracingSpanContext, &ev.SpanContext, sc, false)
+		}
+	}
 	if len(d.cfg.Extra) > 0 {
 		ev.Extra = make([][]byte, len(d.cfg.Extra))
+		ev.ExtraKinds = make([]ValueKind, len(d.cfg.Extra))
 		for i, name := range d.cfg.Extra {
-			v := values[6+i]
+			v := values[8+i]
 			if v == nil || string(v) == "null" {
 				continue
 			}
 			if v[0] != '"' {
-				ev.Extra[i] = v // a number, boolean, object or array: its JSON text
+				ev.Extra[i], ev.ExtraKinds[i] = v, KindJSON // a number, boolean, object or array: its JSON text
 				continue
 			}
 			str(name, &ev.Extra[i], v, false)
@@ -202,7 +217,8 @@ func jsonText(raw []byte) (text []byte, copied bool, err error) {
 func (d *Decoder) memberNames() []string {
 	if d.names == nil {
 		c := d.cfg.Columns
-		d.names = append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers}, d.cfg.Extra...)
+		d.names = append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers,
+			c.Timestamp, c.TracingSpanContext}, d.cfg.Extra...)
 	}
 	return d.names
 }

@@ -100,6 +100,10 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 			return 0, fmt.Errorf("use the slot's snapshot: %w", err)
 		}
 	}
+	// Timestamps in the format the stream reads (its connection sets the same).
+	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = ISO"); err != nil {
+		return 0, fmt.Errorf("set DateStyle for the backfill: %w", err)
+	}
 	table := pgx.Identifier{rc.Schema, rc.Table}.Sanitize()
 	order, err := r.backfillOrder(ctx, tx, table, b.OrderColumn, created, cols.ID)
 	if err != nil {
@@ -109,8 +113,10 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	// Every column comes back in text form, as pgoutput sends it, so events look the same
 	// whichever way they were read.
 	selected := []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload}
-	if cols.Headers != "" {
-		selected = append(selected, cols.Headers)
+	for _, optional := range []string{cols.Headers, cols.Timestamp, cols.TracingSpanContext} {
+		if optional != "" {
+			selected = append(selected, optional)
+		}
 	}
 	selected = append(selected, r.cfg.Decoder.Extra...)
 	quoted := make([]string, len(selected))
@@ -134,7 +140,9 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	}
 	defer rows.Close()
 
-	payloadBytea := rows.FieldDescriptions()[4].DataTypeOID == 17
+	fields := rows.FieldDescriptions()
+	payloadBytea := fields[4].DataTypeOID == 17
+	var extraKinds []decoder.ValueKind
 	var acks ackGroup
 	var n int64
 	for rows.Next() {
@@ -151,8 +159,29 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 			ev.Headers = vals[i]
 			i++
 		}
+		var unusable error
+		if cols.Timestamp != "" {
+			if vals[i] != nil {
+				// As the stream reads it (DateStyle ISO: set for this transaction above).
+				if ev.Time, err = decoder.ParseTimestamp(vals[i], fields[i].DataTypeOID == 1184); err != nil {
+					unusable = fmt.Errorf("timestamp column %q: %w", cols.Timestamp, err)
+				}
+			}
+			i++
+		}
+		if cols.TracingSpanContext != "" {
+			ev.SpanContext = vals[i]
+			i++
+		}
 		if len(r.cfg.Decoder.Extra) > 0 {
 			ev.Extra = vals[i : i+len(r.cfg.Decoder.Extra)]
+			if extraKinds == nil {
+				extraKinds = make([]decoder.ValueKind, len(ev.Extra))
+				for j := range extraKinds {
+					extraKinds[j] = decoder.KindOf(fields[i+j].DataTypeOID)
+				}
+			}
+			ev.ExtraKinds = extraKinds
 			i += len(r.cfg.Decoder.Extra)
 		}
 		if payloadBytea && ev.Payload != nil {
@@ -164,7 +193,11 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 			ev.Tx.CommitTime = t
 		}
 		acks.add()
-		if err := r.sink.Publish(ctx, ev, &acks); err != nil {
+		publish := r.sink.Publish
+		if unusable != nil {
+			publish = r.reject(unusable) // to the failure policy, as from the stream
+		}
+		if err := publish(ctx, ev, &acks); err != nil {
 			return n, err
 		}
 		n++

@@ -47,8 +47,11 @@ func (r *Relay) relation(ctx context.Context, rel *decoder.RelationInfo) error {
 // written while a mapped column was missing, or a message whose content is not an event.
 func (r *Relay) reject(unusable error) func(context.Context, *decoder.Event, sink.Acker) error {
 	reason := sink.ReasonSchemaMismatch
-	if errors.Is(unusable, decoder.ErrInvalidMessage) {
+	switch {
+	case errors.Is(unusable, decoder.ErrInvalidMessage):
 		reason = sink.ReasonInvalidMessage
+	case errors.Is(unusable, decoder.ErrInvalidTimestamp):
+		reason = sink.ReasonInvalidTimestamp
 	}
 	return func(ctx context.Context, ev *decoder.Event, ack sink.Acker) error {
 		return r.sink.Reject(ctx, ev, reason, unusable, ack)

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -35,6 +36,10 @@ type Config struct {
 	// ShutdownTimeout bounds a graceful stop: finishing the open transaction and waiting for Kafka
 	// to acknowledge in-flight events. Default 30s.
 	ShutdownTimeout time.Duration
+	// OnUpdate is what an UPDATE of the outbox table does (Debezium's table.op.invalid.behavior):
+	// "warn" (the default) or "error" logs it at that level, "fatal" stops the relay before it.
+	// The stream carries UPDATEs only when the publication publishes them.
+	OnUpdate string
 }
 
 // Relay moves outbox events from one replication slot to Kafka.
@@ -53,6 +58,8 @@ type Relay struct {
 	streaming atomic.Bool
 	// kafkaReady is set by the stream's goroutine once Kafka has answered.
 	kafkaReady bool
+	// updatesChecked: checkUpdatesPublished ran (once per relay).
+	updatesChecked bool
 }
 
 // New builds a relay. Nothing is contacted until Run.
@@ -251,6 +258,37 @@ func (r *Relay) watchHalt(stop, abandon context.Context, cancel context.CancelCa
 	}
 }
 
+// checkUpdatesPublished warns when on_update asks to act on UPDATEs that the publication does not
+// publish: pgoutput sends an UPDATE only if it does, so the setting would do nothing.
+func (r *Relay) checkUpdatesPublished(ctx context.Context) {
+	conn, err := pgx.Connect(ctx, r.cfg.Replication.DSN)
+	if err != nil {
+		return // the stream reports connection problems itself
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var published bool
+	if err := conn.QueryRow(ctx, "SELECT pubupdate FROM pg_publication WHERE pubname = $1", r.cfg.Replication.Publication).Scan(&published); err == nil && !published {
+		r.log.Warn("on_update has no effect: the publication does not publish UPDATEs, so the stream never carries one; run ALTER PUBLICATION ... SET (publish = 'insert, update') to have UPDATEs of the outbox table reported (the table then needs a replica identity, which its primary key gives)",
+			zap.String("publication", r.cfg.Replication.Publication), zap.String("on_update", r.cfg.OnUpdate))
+	}
+}
+
+// update handles an UPDATE of the outbox table: never an event (the outbox is append-only), but
+// said, at the level OnUpdate chooses, or the end of the relay before the transaction is confirmed.
+func (r *Relay) update(ch decoder.Change) error {
+	fields := []zap.Field{zap.String("table", ch.Prefix), zap.Uint32("xid", ch.Tx.Xid), zap.Stringer("commit_lsn", ch.Tx.CommitLSN)}
+	switch r.cfg.OnUpdate {
+	case "fatal":
+		return replication.Fatal(fmt.Errorf("an UPDATE of outbox table %s in transaction %d (commit %s) and on_update is fatal: outbox rows must only be inserted; fix the producer, then set on_update to warn or error to go past this transaction (the slot stays before it)",
+			ch.Prefix, ch.Tx.Xid, ch.Tx.CommitLSN))
+	case "error":
+		r.log.Error("an UPDATE of the outbox table was ignored: outbox rows must only be inserted", fields...)
+	default:
+		r.log.Warn("an UPDATE of the outbox table was ignored: outbox rows must only be inserted", fields...)
+	}
+	return nil
+}
+
 // haltPoll is how often a stop looks whether the sink has halted.
 const haltPoll = 50 * time.Millisecond
 
@@ -266,6 +304,10 @@ func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
 			return replication.Fatal(err)
 		}
 		r.kafkaReady = true
+	}
+	if !r.updatesChecked && (r.cfg.OnUpdate == "error" || r.cfg.OnUpdate == "fatal") && !r.cfg.Decoder.NoTable {
+		r.updatesChecked = true
+		r.checkUpdatesPublished(ctx)
 	}
 	if r.cfg.Backfill == nil {
 		return nil
@@ -358,6 +400,10 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 						}
 						return err
 					}
+				}
+			case decoder.Update:
+				if err := r.update(ch); err != nil {
+					return err
 				}
 			case decoder.Commit:
 				if tx != nil {

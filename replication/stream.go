@@ -345,6 +345,9 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	// and ALTER DATABASE/ROLE ... SET bytea_output = 'escape' reaches the walsender too: the
 	// decoder reads hex. Startup options win over database and role settings.
 	rcfg.RuntimeParams["bytea_output"] = "hex"
+	// Timestamps (columns.timestamp) are read in the ISO format, whatever DateStyle the database
+	// or role sets.
+	rcfg.RuntimeParams["DateStyle"] = "ISO"
 	// pgproto3 reads the socket 8 KiB at a time; a busy stream is tens of MB/s, so read it in
 	// larger pieces and spare the syscalls.
 	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {

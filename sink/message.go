@@ -38,7 +38,8 @@ const (
 // the hot path does not allocate.
 type router struct {
 	template string
-	byEvent  bool // the template uses {event_type}, so the cache key must include it
+	byEvent  bool         // the template uses {event_type}, so the cache key must include it
+	regex    *regexRouter // routes instead of the template when set (route.topic.regex)
 	cache    map[string]string
 }
 
@@ -57,7 +58,7 @@ func newRouter(template string) (*router, error) {
 
 func (r *router) topic(ev *decoder.Event) (string, error) {
 	// Before the cache: a NULL and an empty aggregate type share the cache key "".
-	if ev.AggregateType == nil && strings.Contains(r.template, placeholderAggregateType) {
+	if ev.AggregateType == nil && (r.regex != nil || strings.Contains(r.template, placeholderAggregateType)) {
 		return "", fmt.Errorf("event %s has a NULL aggregate type, so topic template %q has no value for %s",
 			ev.ID, r.template, placeholderAggregateType)
 	}
@@ -66,9 +67,14 @@ func (r *router) topic(ev *decoder.Event) (string, error) {
 			return t, nil
 		}
 	}
-	// One pass, so a type that spells a placeholder ("{event_type}") is not expanded again.
-	t := strings.NewReplacer(placeholderAggregateType, string(ev.AggregateType),
-		placeholderEventType, string(ev.EventType)).Replace(r.template)
+	var t string
+	if r.regex != nil {
+		t = r.regex.route(string(ev.AggregateType))
+	} else {
+		// One pass, so a type that spells a placeholder ("{event_type}") is not expanded again.
+		t = strings.NewReplacer(placeholderAggregateType, string(ev.AggregateType),
+			placeholderEventType, string(ev.EventType)).Replace(r.template)
+	}
 	if err := validTopic(t); err != nil {
 		// The name still goes back with the error: the dead-letter record and the halt log report
 		// it as the event's original topic.
@@ -123,7 +129,7 @@ func buildHeaders(ev *decoder.Event, builtin, extra []string) ([]kafka.Header, e
 		}
 	}
 	for i, name := range extra {
-		if i < len(ev.Extra) && ev.Extra[i] != nil {
+		if name != "" && i < len(ev.Extra) && ev.Extra[i] != nil {
 			hs = append(hs, kafka.Header{Key: name, Value: ev.Extra[i]})
 		}
 	}

@@ -44,6 +44,7 @@ func (s *Sink) fail(ctx context.Context, rec *record, reason string, err error) 
 	s.log.Error("event cannot be published to its topic; sending it to the dead-letter topic",
 		append(eventFields(rec), zap.String("reason", reason), zap.String("dead_letter_topic", s.cfg.DeadLetterTopic), zap.Error(err))...)
 	rec.msg = s.deadLetterMessage(rec, reason, err)
+	rec.partition = -1 // the dead-letter topic's partition is the key's, whatever the event named
 	rec.enqueued = rec.msg.Time
 	if err := s.dead.enqueue(ctx, rec); err != nil {
 		if ctx.Err() != nil {

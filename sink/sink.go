@@ -56,6 +56,20 @@ type Config struct {
 	TLS             *tls.Config
 	SASL            sasl.Mechanism
 	ClientID        string // default "outbox-relay"
+
+	// Debezium's outbox event router options (router.go).
+	// ExtraPlacement says where each Extra value goes, parallel to ExtraHeaders (which names it);
+	// nil puts every one in a header.
+	ExtraPlacement []Placement
+	// TopicRegex, when set, routes by regular expression (route.topic.regex) instead of
+	// TopicTemplate: TopicReplacement (default DefaultTopicReplacement) expanded with the groups of
+	// TopicRegex matched against the aggregate type. See NewTopicRegex.
+	TopicRegex       string
+	TopicReplacement string
+	// TombstoneOnEmptyPayload sends a null value (a tombstone) for a payload that is NULL, empty or
+	// blank (route.tombstone.on.empty.payload); without it only a NULL payload has a null value,
+	// and with an envelope not even that.
+	TombstoneOnEmptyPayload bool
 }
 
 func (c *Config) setDefaults() {
@@ -119,14 +133,16 @@ type Sink struct {
 	ctx        context.Context // ends when Close gives up waiting
 	stop       context.CancelFunc
 
-	halted atomic.Pointer[haltState]
-	topics *topicWaits
-	seq    uint64 // the last record's position; Publish runs on one goroutine
+	halted  atomic.Pointer[haltState]
+	topics  *topicWaits
+	seq     uint64   // the last record's position; Publish runs on one goroutine
+	headers []string // headerNames, built on first use by Publish's goroutine
 }
 
 // record is one event on its way to Kafka.
 type record struct {
-	msg      kafka.Message
+	msg       kafka.Message
+	partition int // chosen by the event (PlacePartition), or -1 for the key's
 	ev       *decoder.Event
 	ack      Acker
 	size     int64
@@ -164,6 +180,19 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	rt, err := newRouter(cfg.TopicTemplate)
 	if err != nil {
 		return nil, fmt.Errorf("sink: topic template: %w", err)
+	}
+	if cfg.TopicRegex != "" {
+		if cfg.TopicReplacement == "" {
+			cfg.TopicReplacement = DefaultTopicReplacement
+		}
+		re, err := NewTopicRegex(cfg.TopicRegex, cfg.TopicReplacement)
+		if err != nil {
+			return nil, fmt.Errorf("sink: %w", err)
+		}
+		rt.regex = &regexRouter{re: re, replacement: cfg.TopicReplacement}
+	}
+	if len(cfg.ExtraPlacement) > 0 && len(cfg.ExtraPlacement) != len(cfg.ExtraHeaders) {
+		return nil, fmt.Errorf("sink: %d extra placements for %d extra columns", len(cfg.ExtraPlacement), len(cfg.ExtraHeaders))
 	}
 	if err := validTopic(cfg.DeadLetterTopic); err != nil {
 		return nil, fmt.Errorf("sink: dead-letter topic: %w", err)
@@ -263,12 +292,17 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	// with the same converter would.
 	rec.msg = kafka.Message{
 		Key:   encodeValue(ev.AggregateID, s.cfg.KeyEncoding),
-		Value: encodeValue(ev.Payload, s.cfg.ValueEncoding),
+		Value: s.value(ev),
+		// Set for every path: a dead-lettered record keeps it too (a zero time would be written as
+		// 1970, which time-based retention deletes at once).
+		Time: recordTime(ev, time.Now()),
 	}
 	topic, routeErr := s.router.topic(ev)
 	rec.msg.Topic, rec.topic = topic, topic
-	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.cfg.ExtraHeaders)
-	rec.msg.Headers = hs
+	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.headerNames())
+	rec.msg.Headers = traceHeaders(hs, ev.SpanContext)
+	partition, partErr := s.partitionOf(ev)
+	rec.partition = partition
 	size := int64(recordSize(&rec.msg))
 	rec.size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
 	if err := s.limit.acquire(ctx, rec.size); err != nil {
@@ -293,12 +327,13 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		err = s.fail(ctx, rec, ReasonInvalidTopic, routeErr)
 	case hdrErr != nil:
 		err = s.fail(ctx, rec, ReasonBadHeaders, hdrErr)
+	case partErr != nil:
+		err = s.fail(ctx, rec, ReasonInvalidPartition, partErr)
 	case size > int64(s.cfg.MaxMessageBytes):
 		err = s.fail(ctx, rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
 			size, s.cfg.MaxMessageBytes))
 	default:
 		rec.enqueued = time.Now()
-		rec.msg.Time = rec.enqueued
 		if err = s.main.enqueue(ctx, rec); err != nil && ctx.Err() == nil {
 			err = s.fail(ctx, rec, reason(err), fmt.Errorf("topic %s: %w", topic, err))
 		}
@@ -310,6 +345,34 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		return ctx.Err()
 	}
 	return nil
+}
+
+// value is the record value: the payload in the value encoding, in an envelope with the envelope
+// columns, or a tombstone (router.go).
+func (s *Sink) value(ev *decoder.Event) []byte {
+	switch {
+	case s.cfg.TombstoneOnEmptyPayload && blank(ev.Payload):
+		return nil
+	case s.cfg.hasEnvelope():
+		return s.envelope(ev)
+	}
+	return encodeValue(ev.Payload, s.cfg.ValueEncoding)
+}
+
+// headerNames names the extra values that go into headers; the others' names are empty.
+func (s *Sink) headerNames() []string {
+	if s.cfg.ExtraPlacement == nil {
+		return s.cfg.ExtraHeaders
+	}
+	if s.headers == nil {
+		s.headers = make([]string, len(s.cfg.ExtraHeaders))
+		for i, p := range s.cfg.ExtraPlacement {
+			if p == PlaceHeader {
+				s.headers[i] = s.cfg.ExtraHeaders[i]
+			}
+		}
+	}
+	return s.headers
 }
 
 // backoff grows from 200ms to 2s.

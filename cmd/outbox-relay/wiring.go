@@ -91,19 +91,14 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 	cols := decoder.Columns{
 		ID: c.Columns.ID, AggregateType: c.Columns.AggregateType, AggregateID: c.Columns.AggregateID,
 		EventType: c.Columns.EventType, Payload: c.Columns.Payload, Headers: c.Columns.Headers,
+		Timestamp: c.Columns.Timestamp, TracingSpanContext: c.Columns.TracingSpanContext,
 	}
-	var extraCols, extraHeaders []string
-	for _, e := range c.ExtraHeaders {
-		col, header, ok := strings.Cut(e, ":")
-		if !ok {
-			header = col
-		}
-		extraCols = append(extraCols, col)
-		extraHeaders = append(extraHeaders, header)
-	}
+	extraCols, extraHeaders, placements := extraColumns(c)
 	required := []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload}
-	if cols.Headers != "" {
-		required = append(required, cols.Headers)
+	for _, optional := range []string{cols.Headers, cols.Timestamp, cols.TracingSpanContext} {
+		if optional != "" {
+			required = append(required, optional)
+		}
 	}
 	required = append(required, extraCols...)
 
@@ -155,10 +150,45 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			TLS:             tlsCfg,
 			SASL:            mech,
 			ClientID:        c.Kafka.ClientID,
+
+			ExtraPlacement:          placements,
+			TopicRegex:              c.TopicRegex,
+			TopicReplacement:        c.TopicReplacement,
+			TombstoneOnEmptyPayload: c.TombstoneOnEmptyPayload,
 		},
+		OnUpdate:          c.OnUpdate,
 		ShutdownTimeout:   c.ShutdownTimeout,
 		HeartbeatInterval: c.HeartbeatInterval,
 	}, nil
+}
+
+// extraColumns lists the further columns (or message members) that travel with an event: those of
+// extra_headers (column[:header]) as headers, then those of extra_fields (column:placement[:alias]),
+// each with the name it is sent under and its placement.
+func extraColumns(c *config.Config) (cols, names []string, placements []sink.Placement) {
+	for _, e := range c.ExtraHeaders {
+		col, header, ok := strings.Cut(e, ":")
+		if !ok {
+			header = col
+		}
+		cols, names, placements = append(cols, col), append(names, header), append(placements, sink.PlaceHeader)
+	}
+	for _, f := range c.ExtraFields {
+		parts := strings.Split(f, ":") // checked by config
+		alias := parts[0]
+		if len(parts) == 3 {
+			alias = parts[2]
+		}
+		p := sink.PlaceHeader
+		switch parts[1] {
+		case "envelope":
+			p = sink.PlaceEnvelope
+		case "partition":
+			p = sink.PlacePartition
+		}
+		cols, names, placements = append(cols, parts[0]), append(names, alias), append(placements, p)
+	}
+	return cols, names, placements
 }
 
 // decoderConfig says which outbox shapes become events: the table's rows, logical decoding
