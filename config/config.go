@@ -320,10 +320,10 @@ var settings = []setting{
 			}
 			return nil
 		}},
-	{key: "value_encoding", def: "raw", help: "record value: raw (payload bytes as stored) or json-string (a JSON string, like Debezium's JsonConverter)",
-		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string")},
-	{key: "key_encoding", def: "raw", help: "record key: raw (aggregate id as stored) or json-string (a JSON string, like Connect's JsonConverter with schemas disabled)",
-		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string")},
+	{key: "value_encoding", def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter) or json-with-schema (the expanded payload in JsonConverter's {\"schema\",\"payload\"} envelope, like table.expand.json.payload with schemas.enable=true)",
+		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-with-schema")},
+	{key: "key_encoding", def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled) or json-with-schema (JsonConverter's envelope with schemas enabled)",
+		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema")},
 	{key: "topic_template", def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",
 		apply: str(func(c *Config) *string { return &c.TopicTemplate })},
 	{key: "topic_regex", help: "route by regular expression (Debezium's route.topic.regex, Go syntax) matched against the whole aggregate type: the topic is topic_replacement with its groups, or the aggregate type when it does not match; replaces topic_template",
@@ -670,6 +670,14 @@ func (c *Config) validate(from func(key string) string, needKafka bool) error {
 	}
 	if c.TopicRegex != "" && from("topic_template") != "default" && !strings.HasPrefix(from("topic_template"), "profile") {
 		bad("topic_regex", "and topic_template (from %s) both route: set one", from("topic_template"))
+	}
+	if c.ValueEncoding == "json-with-schema" {
+		for _, f := range c.ExtraFields {
+			if strings.Contains(f, ":envelope") {
+				bad("value_encoding", "json-with-schema cannot carry envelope fields (extra_fields %q): use json-string or raw with them", f)
+				break
+			}
+		}
 	}
 	if c.TopicRegex != "" {
 		if _, err := sink.NewTopicRegex(c.TopicRegex, c.TopicReplacement); err != nil {

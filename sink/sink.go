@@ -70,6 +70,9 @@ type Config struct {
 	// blank (route.tombstone.on.empty.payload); without it only a NULL payload has a null value,
 	// and with an envelope not even that.
 	TombstoneOnEmptyPayload bool
+	// PayloadField names the payload column, for ValueJSONWithSchema (Debezium names the expanded
+	// document's schema after it); default "payload".
+	PayloadField string
 }
 
 func (c *Config) setDefaults() {
@@ -111,6 +114,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ClientID == "" {
 		c.ClientID = "outbox-relay"
+	}
+	if c.PayloadField == "" {
+		c.PayloadField = "payload"
 	}
 }
 
@@ -165,9 +171,12 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		return nil, errors.New("sink: no Kafka brokers configured")
 	}
 	for _, enc := range []ValueEncoding{cfg.ValueEncoding, cfg.KeyEncoding} {
-		if enc != ValueRaw && enc != ValueJSONString {
-			return nil, fmt.Errorf("sink: unknown encoding %q (want %q or %q)", enc, ValueRaw, ValueJSONString)
+		if enc != ValueRaw && enc != ValueJSONString && enc != ValueJSONWithSchema {
+			return nil, fmt.Errorf("sink: unknown encoding %q (want %q, %q or %q)", enc, ValueRaw, ValueJSONString, ValueJSONWithSchema)
 		}
+	}
+	if cfg.ValueEncoding == ValueJSONWithSchema && cfg.hasEnvelope() {
+		return nil, fmt.Errorf("sink: value encoding %q with envelope fields is not supported", ValueJSONWithSchema)
 	}
 	for _, h := range cfg.BuiltinHeaders {
 		if h != HeaderID && h != HeaderEventType && h != HeaderAggregateType {
@@ -291,7 +300,7 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	// The key is encoded before partitioning, so murmur2 hashes the same bytes a Java producer
 	// with the same converter would.
 	rec.msg = kafka.Message{
-		Key:   encodeValue(ev.AggregateID, s.cfg.KeyEncoding),
+		Key:   s.key(ev),
 		Value: s.value(ev),
 		// Set for every path: a dead-lettered record keeps it too (a zero time would be written as
 		// 1970, which time-based retention deletes at once).
@@ -355,8 +364,18 @@ func (s *Sink) value(ev *decoder.Event) []byte {
 		return nil
 	case s.cfg.hasEnvelope():
 		return s.envelope(ev)
+	case s.cfg.ValueEncoding == ValueJSONWithSchema:
+		return connectJSONValue(ev.Payload, s.cfg.PayloadField)
 	}
 	return encodeValue(ev.Payload, s.cfg.ValueEncoding)
+}
+
+// key is the record key in the key encoding.
+func (s *Sink) key(ev *decoder.Event) []byte {
+	if s.cfg.KeyEncoding == ValueJSONWithSchema {
+		return connectJSONKey(ev.AggregateID)
+	}
+	return encodeValue(ev.AggregateID, s.cfg.KeyEncoding)
 }
 
 // headerNames names the extra values that go into headers; the others' names are empty.

@@ -155,6 +155,7 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			TopicRegex:              c.TopicRegex,
 			TopicReplacement:        c.TopicReplacement,
 			TombstoneOnEmptyPayload: c.TombstoneOnEmptyPayload,
+			PayloadField:            c.Columns.Payload,
 		},
 		OnUpdate:          c.OnUpdate,
 		ShutdownTimeout:   c.ShutdownTimeout,
