@@ -320,8 +320,8 @@ var settings = []setting{
 			}
 			return nil
 		}},
-	{key: "value_encoding", def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter) or json-with-schema (the expanded payload in JsonConverter's {\"schema\",\"payload\"} envelope, like table.expand.json.payload with schemas.enable=true)",
-		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-with-schema")},
+	{key: "value_encoding", def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it) or json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true)",
+		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema")},
 	{key: "key_encoding", def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled) or json-with-schema (JsonConverter's envelope with schemas enabled)",
 		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema")},
 	{key: "topic_template", def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",

@@ -14,8 +14,8 @@ import (
 // and Kafka Connect's JsonConverter with schemas.enable=true: an envelope {"schema": ..., "payload":
 // ...} whose schema is the Connect schema Debezium infers from the payload document
 // (io.debezium.transforms.outbox.JsonSchemaData) and whose payload is the document as Connect data.
-// A payload that is not a JSON object or array, or that Debezium cannot expand (an array mixing
-// types), stays a string, with the schema of Debezium's jsonb column
+// A payload that is not a JSON object, or that Debezium cannot expand (an array mixing types),
+// stays a string, with the schema of Debezium's jsonb column
 // (io.debezium.data.Json). For a key (key_encoding), the string schema of a NOT NULL text column.
 const ValueJSONWithSchema ValueEncoding = "json-with-schema"
 
@@ -23,27 +23,63 @@ const ValueJSONWithSchema ValueEncoding = "json-with-schema"
 // JsonConverter writes it.
 const jsonSchemaOfJSONColumn = `{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1}`
 
-// connectJSONValue encodes a payload as ValueJSONWithSchema; name is the payload column's name
-// (Debezium names the document's struct after it). A NULL payload is a null payload in the
-// envelope, as JsonConverter writes a null value with a schema.
+// ValueJSONExpanded writes what Debezium's outbox router writes with table.expand.json.payload and
+// JsonConverter with schemas.enable=false: a JSON object payload as the Connect data Debezium makes
+// of it (members in document order, null members and empty arrays left out, numbers as Connect's
+// int32, int64 or double), compactly; any other payload (or one Debezium cannot expand) as a JSON
+// string of its text.
+const ValueJSONExpanded ValueEncoding = "json-expanded"
+
+// expand is Debezium's JSON expansion of a payload: the inferred schema and the document as
+// Connect data, or ok false where Debezium keeps the payload a string. name is the payload column's
+// name (Debezium names the document's struct after it).
+func expand(payload []byte, name string) (s *schema, data []byte, ok bool) {
+	// Debezium expands objects only: it infers an array's schema, then fails to make a struct of
+	// the array, keeps the string, and the record (array schema, string value) fails the task.
+	// The relay keeps the string.
+	t := bytes.TrimLeft(payload, " \t\r\n")
+	if len(t) == 0 || t[0] != '{' {
+		return nil, nil, false
+	}
+	doc, err := parseOrdered(payload)
+	if err != nil {
+		return nil, nil, false
+	}
+	s, err = inferSchema(name, doc)
+	if err != nil || s == nil {
+		return nil, nil, false // Debezium logs "JSON expansion failed" and keeps the string
+	}
+	data, err = appendConnectData(nil, doc, s)
+	if err != nil {
+		return nil, nil, false
+	}
+	return s, data, true
+}
+
+// expandedValue encodes a payload as ValueJSONExpanded; NULL stays NULL.
+func expandedValue(payload []byte, name string) []byte {
+	if payload == nil {
+		return nil
+	}
+	if _, data, ok := expand(payload, name); ok {
+		return data
+	}
+	return appendJSONString(make([]byte, 0, len(payload)+16), validUTF8(payload))
+}
+
+// connectJSONValue encodes a payload as ValueJSONWithSchema. A NULL payload is a null payload in
+// the envelope, as JsonConverter writes a null value with a schema.
 func connectJSONValue(payload []byte, name string) []byte {
 	b := make([]byte, 0, 2*len(payload)+128)
 	b = append(b, `{"schema":`...)
 	if payload == nil {
 		return append(append(b, jsonSchemaOfJSONColumn...), `,"payload":null}`...)
 	}
-	if t := bytes.TrimLeft(payload, " \t\r\n"); len(t) > 0 && (t[0] == '{' || t[0] == '[') {
-		if doc, err := parseOrdered(payload); err == nil {
-			if s, err := inferSchema(name, doc); err == nil && s != nil {
-				if data, err := appendConnectData(nil, doc, s); err == nil {
-					b = s.appendJSON(b)
-					b = append(b, `,"payload":`...)
-					b = append(b, data...)
-					return append(b, '}')
-				}
-			}
-		}
-		// Debezium logs "JSON expansion failed" and keeps the payload a string.
+	if s, data, ok := expand(payload, name); ok {
+		b = s.appendJSON(b)
+		b = append(b, `,"payload":`...)
+		b = append(b, data...)
+		return append(b, '}')
 	}
 	b = append(b, jsonSchemaOfJSONColumn...)
 	b = append(b, `,"payload":`...)
@@ -146,13 +182,15 @@ func numberType(n json.Number) string {
 }
 
 // schema is a Connect schema (org.apache.kafka.connect.data.Schema) as JsonSchemaData builds it:
-// every schema optional, a struct named after the key of its place in the document.
+// optional (but for merged array elements), a struct named after the key of its place in the
+// document.
 type schema struct {
-	typ    string // "struct", "array", "string", "boolean", "int32", "int64", "double"
-	name   string
-	named  bool
-	fields []field
-	items  *schema
+	typ      string // "struct", "array", "string", "boolean", "int32", "int64", "double" (Connect's FLOAT64)
+	name     string
+	named    bool
+	optional bool
+	fields   []field
+	items    *schema
 }
 
 type field struct {
@@ -167,15 +205,11 @@ var errExpansion = errors.New("the document cannot be expanded")
 func inferSchema(key string, n *node) (*schema, error) {
 	switch n.kind {
 	case 's':
-		return &schema{typ: "string"}, nil
+		return &schema{typ: "string", optional: true}, nil
 	case 'b':
-		return &schema{typ: "boolean"}, nil
+		return &schema{typ: "boolean", optional: true}, nil
 	case 'n':
-		t := numberType(n.num)
-		if t == "double" {
-			t = "float64"
-		}
-		return &schema{typ: t}, nil
+		return &schema{typ: numberType(n.num), optional: true}, nil
 	case 'a':
 		if len(n.vals) == 0 {
 			return nil, nil
@@ -184,9 +218,9 @@ func inferSchema(key string, n *node) (*schema, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &schema{typ: "array", items: item}, nil
+		return &schema{typ: "array", items: item, optional: true}, nil
 	case 'o':
-		s := &schema{typ: "struct", name: key, named: key != ""} // a null key: no name
+		s := &schema{typ: "struct", name: key, named: key != "", optional: true} // a null key: no name
 		for i, k := range n.keys {
 			fieldKey := k
 			if strings.TrimSpace(key) != "" {
@@ -253,9 +287,13 @@ func arrayItemSchema(key string, a *node) (*schema, error) {
 		}
 		return s, nil
 	}
-	// Debezium merges the distinct element schemas in a HashSet's order; identical members (the
-	// usual case) give one schema, and differing ones are merged here in document order.
-	var merged *schema
+	// Debezium merges the distinct element schemas (a HashSet of them): one distinct schema (the
+	// usual case: elements with the same members) is used as it is; several are merged into a
+	// copy that keeps the name but not the optional flag (Kafka's SchemaUtil.copySchemaBasics),
+	// fields of the first, then new fields of the others. The HashSet's order depends on the JVM's
+	// identity hash codes, so the relay merges in document order; only the order of fields that
+	// some elements lack can differ from a given Debezium run.
+	var distinct []*schema
 	for _, e := range a.vals {
 		if e.kind != 'o' {
 			continue
@@ -264,17 +302,42 @@ func arrayItemSchema(key string, a *node) (*schema, error) {
 		if err != nil {
 			return nil, err
 		}
-		if merged == nil {
-			merged = s
-			continue
+		seen := false
+		for _, d := range distinct {
+			seen = seen || d.equal(s)
 		}
+		if !seen {
+			distinct = append(distinct, s)
+		}
+	}
+	if len(distinct) == 1 {
+		return distinct[0], nil
+	}
+	merged := &schema{typ: "struct", name: distinct[0].name, named: distinct[0].named}
+	for _, s := range distinct {
 		for _, f := range s.fields {
-			if old := merged.field(f.name); old == nil {
+			if merged.field(f.name) == nil {
 				merged.fields = append(merged.fields, f)
 			}
 		}
 	}
 	return merged, nil
+}
+
+// equal compares two schemas as Connect does (ConnectSchema.equals).
+func (s *schema) equal(o *schema) bool {
+	if s == nil || o == nil {
+		return s == o
+	}
+	if s.typ != o.typ || s.name != o.name || s.named != o.named || s.optional != o.optional || len(s.fields) != len(o.fields) || !s.items.equal(o.items) {
+		return false
+	}
+	for i := range s.fields {
+		if s.fields[i].name != o.fields[i].name || !s.fields[i].s.equal(o.fields[i].s) {
+			return false
+		}
+	}
+	return true
 }
 
 // appendJSON writes the schema as JsonConverter.asJsonSchema does: type, then fields or items,
@@ -301,7 +364,8 @@ func (s *schema) appendJSON(b []byte) []byte {
 		b = append(b, `,"items":`...)
 		b = s.items.appendJSON(b)
 	}
-	b = append(b, `,"optional":true`...)
+	b = append(b, `,"optional":`...)
+	b = strconv.AppendBool(b, s.optional)
 	if s.named {
 		b = append(b, `,"name":`...)
 		b = appendJSONString(b, []byte(s.name))
@@ -370,7 +434,7 @@ func appendConnectData(b []byte, n *node, s *schema) ([]byte, error) {
 			return nil, errExpansion
 		}
 		return append(b, n.num...), nil
-	case "float64":
+	case "double":
 		if n.kind != 'n' || numberType(n.num) != "double" {
 			return nil, errExpansion
 		}

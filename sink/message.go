@@ -110,13 +110,16 @@ var BuiltinHeaders = []string{HeaderID, HeaderEventType, HeaderAggregateType}
 
 // headers builds a record's headers with every built-in header.
 func headers(ev *decoder.Event, extra []string) ([]kafka.Header, error) {
-	return buildHeaders(ev, BuiltinHeaders, extra)
+	return buildHeaders(ev, BuiltinHeaders, extra, nil)
 }
 
 // buildHeaders builds a record's headers: the chosen built-in ones (event id, type, aggregate type),
 // then any configured extra columns, then the entries of the headers column. Values alias the
 // event's buffers.
-func buildHeaders(ev *decoder.Event, builtin, extra []string) ([]kafka.Header, error) {
+//
+// An extra value that is NULL is left out, unless keepNull says otherwise for it: a header with a
+// null value then stands for it, as Debezium's router adds one for a NULL column.
+func buildHeaders(ev *decoder.Event, builtin, extra []string, keepNull []bool) ([]kafka.Header, error) {
 	hs := make([]kafka.Header, 0, len(builtin)+len(extra))
 	for _, name := range builtin {
 		switch name {
@@ -129,8 +132,12 @@ func buildHeaders(ev *decoder.Event, builtin, extra []string) ([]kafka.Header, e
 		}
 	}
 	for i, name := range extra {
-		if name != "" && i < len(ev.Extra) && ev.Extra[i] != nil {
-			hs = append(hs, kafka.Header{Key: name, Value: ev.Extra[i]})
+		var v []byte
+		if i < len(ev.Extra) {
+			v = ev.Extra[i]
+		}
+		if name != "" && (v != nil || (i < len(keepNull) && keepNull[i])) {
+			hs = append(hs, kafka.Header{Key: name, Value: v})
 		}
 	}
 	if ev.Headers == nil {

@@ -28,9 +28,10 @@ import (
 type Placement uint8
 
 const (
-	PlaceHeader    Placement = iota // a header named by Config.ExtraHeaders (the default)
-	PlaceEnvelope                   // a member of the value's envelope object, named by Config.ExtraHeaders
-	PlacePartition                  // the record's partition: an integer column
+	PlaceHeader       Placement = iota // a header named by Config.ExtraHeaders, left out when NULL (the default)
+	PlaceEnvelope                      // a member of the value's envelope object, named by Config.ExtraHeaders
+	PlacePartition                     // the record's partition: an integer column
+	PlaceHeaderOrNull                  // a header, with a null value when NULL (Debezium's header placement)
 )
 
 // ReasonInvalidPartition: the partition column (PlacePartition) is not an integer, or names a
@@ -140,20 +141,20 @@ func (c *Config) hasEnvelope() bool {
 // envelope builds the value Debezium's router builds when a column is placed in the envelope: a
 // JSON object with the payload as "payload" and each envelope column under its alias, in the
 // configured order (JsonConverter with schemas.enable=false writes it compactly, in that order).
-// The payload is its JSON text when it is JSON (the relay's raw value encoding: what Debezium
-// gives with table.expand.json.payload) or a JSON string of its text (json-string, Debezium's
-// default for a jsonb column); a payload that is not JSON text is always a string. A column value
-// is a number, a boolean or a string by its column type (decoder.Event.ExtraKinds).
+// The payload is a JSON string of its text (value_encoding json-string: Debezium's default for a
+// jsonb column), or expanded as Debezium's table.expand.json.payload expands it (raw or
+// json-expanded: a JSON object as Connect data, anything else a string). A column value is a
+// number, a boolean or a string by its column type (decoder.Event.ExtraKinds).
 func (s *Sink) envelope(ev *decoder.Event) []byte {
 	b := make([]byte, 0, len(ev.Payload)+64)
 	b = append(b, `{"payload":`...)
 	switch {
 	case ev.Payload == nil:
 		b = append(b, "null"...)
-	case s.cfg.ValueEncoding == ValueRaw && json.Valid(ev.Payload):
-		b = append(b, ev.Payload...)
-	default:
+	case s.cfg.ValueEncoding == ValueJSONString:
 		b = appendJSONString(b, validUTF8(ev.Payload))
+	default:
+		b = append(b, expandedValue(ev.Payload, s.cfg.PayloadField)...)
 	}
 	for i, p := range s.cfg.ExtraPlacement {
 		if p != PlaceEnvelope {

@@ -142,7 +142,8 @@ type Sink struct {
 	halted  atomic.Pointer[haltState]
 	topics  *topicWaits
 	seq     uint64   // the last record's position; Publish runs on one goroutine
-	headers []string // headerNames, built on first use by Publish's goroutine
+	headers     []string // headerNames, built on first use by Publish's goroutine
+	nullHeaders []bool   // which of them stand as a null header when NULL
 }
 
 // record is one event on its way to Kafka.
@@ -171,8 +172,8 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		return nil, errors.New("sink: no Kafka brokers configured")
 	}
 	for _, enc := range []ValueEncoding{cfg.ValueEncoding, cfg.KeyEncoding} {
-		if enc != ValueRaw && enc != ValueJSONString && enc != ValueJSONWithSchema {
-			return nil, fmt.Errorf("sink: unknown encoding %q (want %q, %q or %q)", enc, ValueRaw, ValueJSONString, ValueJSONWithSchema)
+		if enc != ValueRaw && enc != ValueJSONString && enc != ValueJSONWithSchema && enc != ValueJSONExpanded {
+			return nil, fmt.Errorf("sink: unknown encoding %q (want %q, %q, %q or %q)", enc, ValueRaw, ValueJSONString, ValueJSONExpanded, ValueJSONWithSchema)
 		}
 	}
 	if cfg.ValueEncoding == ValueJSONWithSchema && cfg.hasEnvelope() {
@@ -308,7 +309,7 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	}
 	topic, routeErr := s.router.topic(ev)
 	rec.msg.Topic, rec.topic = topic, topic
-	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.headerNames())
+	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.headerNames(), s.nullHeaders)
 	rec.msg.Headers = traceHeaders(hs, ev.SpanContext)
 	partition, partErr := s.partitionOf(ev)
 	rec.partition = partition
@@ -357,15 +358,21 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 }
 
 // value is the record value: the payload in the value encoding, in an envelope with the envelope
-// columns, or a tombstone (router.go).
+// columns, or a tombstone (router.go). A NULL payload is a null value (a tombstone) with raw, and
+// the JSON null with the JSON encodings, as Kafka Connect's JsonConverter writes a null value that
+// has a schema.
 func (s *Sink) value(ev *decoder.Event) []byte {
 	switch {
 	case s.cfg.TombstoneOnEmptyPayload && blank(ev.Payload):
 		return nil
+	case ev.Payload == nil && (s.cfg.ValueEncoding == ValueJSONString || s.cfg.ValueEncoding == ValueJSONExpanded) && !s.cfg.hasEnvelope():
+		return []byte("null")
 	case s.cfg.hasEnvelope():
 		return s.envelope(ev)
 	case s.cfg.ValueEncoding == ValueJSONWithSchema:
 		return connectJSONValue(ev.Payload, s.cfg.PayloadField)
+	case s.cfg.ValueEncoding == ValueJSONExpanded:
+		return expandedValue(ev.Payload, s.cfg.PayloadField)
 	}
 	return encodeValue(ev.Payload, s.cfg.ValueEncoding)
 }
@@ -385,10 +392,12 @@ func (s *Sink) headerNames() []string {
 	}
 	if s.headers == nil {
 		s.headers = make([]string, len(s.cfg.ExtraHeaders))
+		s.nullHeaders = make([]bool, len(s.cfg.ExtraHeaders))
 		for i, p := range s.cfg.ExtraPlacement {
-			if p == PlaceHeader {
+			if p == PlaceHeader || p == PlaceHeaderOrNull {
 				s.headers[i] = s.cfg.ExtraHeaders[i]
 			}
+			s.nullHeaders[i] = p == PlaceHeaderOrNull
 		}
 	}
 	return s.headers

@@ -35,7 +35,7 @@ import (
 
 // routerTable has a column for every option: a second, text payload for the tombstone case, a
 // timestamp, envelope, header and partition columns.
-const routerTable = `CREATE TABLE outbox (
+const routerTable = `CREATE TABLE %s (
 	id            uuid         NOT NULL PRIMARY KEY,
 	aggregatetype varchar(255) NOT NULL,
 	aggregateid   varchar(255) NOT NULL,
@@ -59,6 +59,10 @@ type routerCase struct {
 	compare string
 	// timestamps: compare record timestamps (for rows whose ts is set).
 	timestamps bool
+	// noTopArray leaves out the row whose payload is a JSON array: with table.expand.json.payload,
+	// Debezium 3.6 fails the task on it (it infers the array's schema, fails to make a struct of
+	// it, and the record's schema and value no longer match).
+	noTopArray bool
 }
 
 func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
@@ -66,8 +70,7 @@ func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
 	if err := dbz.LibReady(lib); err != nil {
 		t.Fatal(err) // make test-debezium assembles the jars first
 	}
-	f := newDbzFixture(t, routerTable)
-	f.exec("CREATE PUBLICATION dbz_router FOR TABLE outbox")
+	f := newDbzFixture(t)
 	ctx := context.Background()
 	k := testenv.SharedKafka(t)
 	cases := []routerCase{
@@ -76,7 +79,7 @@ func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
 			args: []string{"--columns.timestamp=ts"}},
 		{name: "tombstone", compare: "bytes",
 			smt:  map[string]string{"transforms.outbox.route.tombstone.on.empty.payload": "true", "transforms.outbox.table.field.event.payload": "textpayload"},
-			args: []string{"--tombstone-on-empty-payload", "--columns.payload=textpayload"}},
+			args: []string{"--tombstone-on-empty-payload=true", "--columns.payload=textpayload"}},
 		{name: "notombstone", compare: "bytes",
 			smt:  map[string]string{"transforms.outbox.table.field.event.payload": "textpayload"},
 			args: []string{"--columns.payload=textpayload"}},
@@ -86,14 +89,23 @@ func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
 				"value.converter": "org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable": "false",
 			},
 			args: []string{"--value-encoding=json-string", "--extra-fields=type:envelope:eventType,amount:envelope,flag:envelope,tenant:header,partitionno:partition"}},
-		{name: "envelopeexpanded", compare: "json",
+		{name: "jsonstring", compare: "bytes",
+			smt:  map[string]string{"value.converter": "org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable": "false"},
+			args: []string{"--value-encoding=json-string"}},
+		{name: "expanded", compare: "bytes", noTopArray: true,
+			smt: map[string]string{
+				"transforms.outbox.table.expand.json.payload": "true",
+				"value.converter": "org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable": "false",
+			},
+			args: []string{"--value-encoding=json-expanded"}},
+		{name: "envelopeexpanded", compare: "bytes", noTopArray: true,
 			smt: map[string]string{
 				"transforms.outbox.table.fields.additional.placement": "type:envelope:eventType,amount:envelope",
 				"transforms.outbox.table.expand.json.payload":         "true",
 				"value.converter":                                     "org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable": "false",
 			},
 			args: []string{"--extra-fields=type:envelope:eventType,amount:envelope"}},
-		{name: "withschema", compare: "bytes",
+		{name: "withschema", compare: "bytes", noTopArray: true,
 			smt: map[string]string{
 				"transforms.outbox.table.expand.json.payload": "true",
 				"value.converter": "org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable": "true",
@@ -116,21 +128,26 @@ func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
 	regexOther := "NoMatch" + strings.ReplaceAll(run, "_", "")
 	var connectors []map[string]string
 	var relays []*relayproc.Proc
-	topics := map[string][]string{} // case -> dbz topic, relay topic
+	topics := map[string][]string{} // case -> Debezium's topic, the relay's
+	// Each case has a table, a publication and two slots of its own, so that each side of a case
+	// reads only that case's rows.
 	for _, c := range append(slices.Clone(cases), regex) {
+		table, pub := "outbox_"+c.name, "pub_"+c.name+"_"+run
+		f.exec(fmt.Sprintf(routerTable, table))
+		f.exec(fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", pub, table))
 		dslot, rslot := "dbz_"+c.name+"_"+run, "rly_"+c.name+"_"+run
-		dtopic, rtopic := "dbz."+typ(c.name, "x"), "rly."+typ(c.name, "x")
+		aggType := typ(c.name, "x")
+		dtopic, rtopic := "dbz."+aggType, "rly."+aggType
 		replacement := "dbz.${routedByValue}"
-		relayArgs := append([]string{"--profile=debezium", "--table=public.outbox", "--publication=dbz_router", "--create-publication=false",
+		relayArgs := append([]string{"--profile=debezium", "--table=public." + table, "--publication=" + pub, "--create-publication=false",
 			"--topic-template=rly.{aggregate_type}"}, c.args...)
 		if c.name == "regex" {
-			replacement = c.smt["transforms.outbox.route.topic.replacement"]
-			relayArgs = []string{"--profile=debezium", "--table=public.outbox", "--publication=dbz_router", "--create-publication=false",
-				"--topic-regex=" + c.smt["transforms.outbox.route.topic.regex"], "--topic-replacement=rly" + strings.TrimPrefix(replacement, "SIDE")}
-			dtopic, rtopic = "SIDE.x", "rly.x" // placeholders: the regex case reads its topics by name below
-		}
-		for _, tp := range []string{dtopic, rtopic} {
-			if c.name != "regex" {
+			replacement = "dbz" + strings.TrimPrefix(c.smt["transforms.outbox.route.topic.replacement"], "SIDE")
+			relayArgs = []string{"--profile=debezium", "--table=public." + table, "--publication=" + pub, "--create-publication=false",
+				"--topic-regex=" + c.smt["transforms.outbox.route.topic.regex"],
+				"--topic-replacement=rly" + strings.TrimPrefix(c.smt["transforms.outbox.route.topic.replacement"], "SIDE")}
+		} else {
+			for _, tp := range []string{dtopic, rtopic} {
 				if err := k.CreateTopic(ctx, tp, 4); err != nil {
 					t.Fatal(err)
 				}
@@ -139,10 +156,8 @@ func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
 		topics[c.name] = []string{dtopic, rtopic}
 		f.exec("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", dslot)
 		f.exec("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", rslot)
-		conn := connectorProps(t, f.dsn, "c_"+c.name+"_"+run, dslot, replacement, c.smt)
-		if c.name == "regex" {
-			conn["transforms.outbox.route.topic.replacement"] = "dbz" + strings.TrimPrefix(replacement, "SIDE")
-		}
+		conn := connectorProps(t, f.dsn, "c_"+c.name+"_"+run, dslot, pub, "public."+table, replacement, c.smt)
+		conn["transforms.outbox.route.topic.replacement"] = replacement
 		connectors = append(connectors, conn)
 		relays = append(relays, f.relay(rslot, append(relayArgs, "--create-slot=false")...))
 	}
@@ -159,13 +174,13 @@ func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
 
 	// The rows: each case's aggregate type, and the regex case's two.
 	n := 0
-	write := func(aggType string, rows ...string) {
+	write := func(table, aggType string, rows ...string) {
 		for _, r := range rows {
 			n++
 			id := fmt.Sprintf("%08d-0000-4000-8000-000000000000", n)
-			f.exec(`INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, textpayload, ts, tenant, amount, flag, partitionno)
+			f.exec(fmt.Sprintf(`INSERT INTO %[1]s (id, aggregatetype, aggregateid, type, payload, textpayload, ts, tenant, amount, flag, partitionno)
 				SELECT $1, $2, r.aggregateid, r.type, r.payload, r.textpayload, r.ts, r.tenant, r.amount, r.flag, r.partitionno
-				FROM json_populate_record(NULL::outbox, $3::json) r`, id, aggType, r)
+				FROM json_populate_record(NULL::%[1]s, $3::json) r`, table), id, aggType, r)
 		}
 	}
 	rows := []string{
@@ -177,16 +192,22 @@ func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
 		`{"aggregateid": "o-4", "type": "Scalar", "payload": "just a string", "textpayload": null, "amount": -5, "partitionno": 1}`,
 		`{"aggregateid": "o-5", "type": "Nested", "payload": {"a": {"b": {"c": [{"d": 1.5}, {"d": 2.5, "e": "x"}]}}, "empty": {}}, "partitionno": 1}`,
 	}
-	for _, c := range cases {
-		write(typ(c.name, "x"), rows...)
+	caseRows := func(c routerCase) []string {
+		if c.noTopArray {
+			return slices.Concat(rows[:2], rows[3:])
+		}
+		return rows
 	}
-	write(regexMatch, rows[:2]...)
-	write(regexOther, rows[:2]...)
+	for _, c := range cases {
+		write("outbox_"+c.name, typ(c.name, "x"), caseRows(c)...)
+	}
+	write("outbox_regex", regexMatch, rows[:2]...)
+	write("outbox_regex", regexOther, rows[:2]...)
 
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			want := len(rows)
-			dbzRecs := readTopic(t, f.brokers, strings.Replace(topics[c.name][0], "x", "x", 1), want)
+			want := len(caseRows(c))
+			dbzRecs := readTopic(t, f.brokers, topics[c.name][0], want)
 			rlyRecs := readTopic(t, f.brokers, topics[c.name][1], want)
 			compareSides(t, c, dbzRecs, rlyRecs)
 		})
@@ -210,7 +231,7 @@ func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
 
 // connectorProps is a Debezium PostgreSQL connector with the outbox event router on slot,
 // routing to replacement, plus extra (which may override the converters).
-func connectorProps(t *testing.T, dsn, name, slot, replacement string, extra map[string]string) map[string]string {
+func connectorProps(t *testing.T, dsn, name, slot, publication, table, replacement string, extra map[string]string) map[string]string {
 	t.Helper()
 	pc, err := pgconn.ParseConfig(dsn)
 	if err != nil {
@@ -220,8 +241,8 @@ func connectorProps(t *testing.T, dsn, name, slot, replacement string, extra map
 		"name": name, "connector.class": "io.debezium.connector.postgresql.PostgresConnector", "tasks.max": "1",
 		"plugin.name": "pgoutput", "database.hostname": pc.Host, "database.port": fmt.Sprint(pc.Port),
 		"database.user": pc.User, "database.password": pc.Password, "database.dbname": pc.Database,
-		"topic.prefix": name, "slot.name": slot, "publication.name": "dbz_router", "publication.autocreate.mode": "disabled",
-		"table.include.list": "public.outbox", "snapshot.mode": "no_data", "tombstones.on.delete": "false",
+		"topic.prefix": name, "slot.name": slot, "publication.name": publication, "publication.autocreate.mode": "disabled",
+		"table.include.list": table, "snapshot.mode": "no_data", "tombstones.on.delete": "false",
 		"key.converter": "org.apache.kafka.connect.storage.StringConverter", "value.converter": "org.apache.kafka.connect.storage.StringConverter",
 		"transforms": "outbox", "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
 		"transforms.outbox.route.topic.replacement": replacement,
@@ -238,10 +259,21 @@ type connectWorker struct {
 	done chan struct{}
 }
 
+// tail is the log's errors and warnings and its last lines; the whole log is kept in
+// $OUTBOX_DEBEZIUM_LOG when set.
 func (w *connectWorker) tail() string {
 	b, _ := os.ReadFile(w.log)
+	if keep := os.Getenv("OUTBOX_DEBEZIUM_LOG"); keep != "" {
+		_ = os.WriteFile(keep, b, 0o644)
+	}
 	lines := strings.Split(string(b), "\n")
-	return strings.Join(lines[max(0, len(lines)-60):], "\n")
+	var out []string
+	for i, l := range lines {
+		if strings.Contains(l, " ERROR ") || strings.Contains(l, " WARN ") || strings.Contains(l, "Exception") || i >= len(lines)-30 {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 func (w *connectWorker) stop() {
@@ -363,6 +395,12 @@ func compareSides(t *testing.T, c routerCase, dbzRecs, rlyRecs []harness.Record)
 		}
 		if d.Partition != r.Partition {
 			t.Errorf("%s: partition %d, Debezium's %d", r.Header("id"), r.Partition, d.Partition)
+		}
+		// Debezium 3 adds headers about itself (__debezium.context.*); the relay does not.
+		for k := range d.Headers {
+			if strings.HasPrefix(k, "__debezium.") {
+				delete(d.Headers, k)
+			}
 		}
 		if !reflect.DeepEqual(d.Headers, r.Headers) {
 			t.Errorf("%s: headers %v, Debezium's %v", r.Header("id"), r.Headers, d.Headers)

@@ -180,7 +180,7 @@ func extraColumns(c *config.Config) (cols, names []string, placements []sink.Pla
 		if len(parts) == 3 {
 			alias = parts[2]
 		}
-		p := sink.PlaceHeader
+		p := sink.PlaceHeaderOrNull // as Debezium's router: a NULL column is a header with a null value
 		switch parts[1] {
 		case "envelope":
 			p = sink.PlaceEnvelope
