@@ -227,6 +227,13 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 		{"a malformed URL DSN", "pg_dsn", "postgres://user:secret@db/app%zz", env},
 		{"an unknown outbox source", "outbox_source", "queue", flagged},
 		{"an unknown payload encoding", "payload_encoding", "hex", env},
+		{"an extra field without a placement", "extra_fields", "tenant", flagged},
+		{"an extra field with an unknown placement", "extra_fields", "tenant:body", env},
+		{"two partition columns", "extra_fields", "a:partition,b:partition", file},
+		{"a topic regex that does not compile", "topic_regex", "(unclosed", env},
+		{"a topic regex whose replacement names a group it lacks", "topic_regex", "(?<a>.*)", flagged},
+		{"an unknown on_update", "on_update", "ignore", env},
+		{"an unknown value encoding", "value_encoding", "avro", env},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+" is rejected with the key and the source", func(t *testing.T) {
@@ -455,6 +462,12 @@ func TestCrossKeyChecks(t *testing.T) {
 			with(required(), "OUTBOX_OUTBOX_SOURCE", "messages", "OUTBOX_BACKFILL_SINCE", "24h"), "backfill_since"},
 		{"messages only: backfill_where is refused too",
 			with(required(), "OUTBOX_OUTBOX_SOURCE", "messages", "OUTBOX_BACKFILL_WHERE", "true"), "backfill_where"},
+		{"a topic regex and a topic template both route",
+			with(required(), "OUTBOX_TOPIC_REGEX", "(?<routedByValue>.*)", "OUTBOX_TOPIC_TEMPLATE", "x.{aggregate_type}"), "topic_regex (from OUTBOX_TOPIC_REGEX): and topic_template (from OUTBOX_TOPIC_TEMPLATE) both route"},
+		{"a topic replacement without a regex does nothing, so it is refused",
+			with(required(), "OUTBOX_TOPIC_REPLACEMENT", "x.${routedByValue}"), "topic_replacement"},
+		{"json-with-schema cannot carry envelope fields",
+			with(required(), "OUTBOX_VALUE_ENCODING", "json-with-schema", "OUTBOX_EXTRA_FIELDS", "type:envelope"), "value_encoding"},
 		{"messages only: there is nothing to prune",
 			with(required(), "OUTBOX_OUTBOX_SOURCE", "messages", "OUTBOX_PRUNE_INTERVAL", "1h"), "prune_interval"},
 	}
@@ -492,6 +505,24 @@ func TestOutboxSources(t *testing.T) {
 					c.UsesTable(), c.UsesMessages(), c.MessagesPrefix, c.PayloadEncoding, tt.table, tt.messages, tt.prefix, tt.encoding)
 			}
 		})
+	}
+}
+
+func TestRouterOptions(t *testing.T) {
+	c, _, err := load(t, "", with(required(), "OUTBOX_PROFILE", "debezium", "OUTBOX_TOPIC_REGEX", `(?<routedByValue>[a-z]+)_.*`,
+		"OUTBOX_EXTRA_FIELDS", "type:envelope:eventType,partitionno:partition,tenant:header",
+		"OUTBOX_COLUMNS_TIMESTAMP", "ts", "OUTBOX_COLUMNS_TRACING_SPAN_CONTEXT", "tracingspancontext",
+		"OUTBOX_TOMBSTONE_ON_EMPTY_PAYLOAD", "true", "OUTBOX_ON_UPDATE", "fatal", "OUTBOX_VALUE_ENCODING", "json-expanded"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TopicReplacement != "outbox.event.${routedByValue}" || c.TopicTemplate != "outbox.event.{aggregate_type}" || len(c.ExtraFields) != 3 ||
+		c.Columns.Timestamp != "ts" || c.Columns.TracingSpanContext != "tracingspancontext" || !c.TombstoneOnEmptyPayload || c.OnUpdate != "fatal" {
+		t.Errorf("loaded %+v", c)
+	}
+	d, _, err := load(t, "", required())
+	if err != nil || d.OnUpdate != "warn" || d.TombstoneOnEmptyPayload || d.Columns.Timestamp != "" || d.TopicRegex != "" {
+		t.Errorf("defaults %+v (%v): on_update warn, no tombstones, no timestamp column, no regex", d, err)
 	}
 }
 
