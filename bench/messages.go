@@ -96,25 +96,14 @@ func (b *bench) messages(ctx context.Context) *MessagesResult {
 		float64(b.cfg.Events)/res.BacklogWrite.Seconds(), float64(res.BacklogWAL)/float64(b.cfg.Events))
 
 	for _, side := range []string{sideMsgCeiling, sideMsgRelay} {
-		b.logf("draining the message backlog with %s", side)
-		broker0 := b.brokerCPU()
-		var r Result
-		if side == sideMsgCeiling {
-			r = b.recvlogical(ctx, side, end, "messages=true")
-		} else {
-			r = b.drainProc(ctx, side, func() (*child, error) {
+		r := b.drainWith(ctx, side, func() Result {
+			if side == sideMsgCeiling {
+				return b.recvlogical(ctx, side, end, "messages=true")
+			}
+			return b.drainProc(ctx, side, func() (*child, error) {
 				return b.startRelay(side, b.slot(side), b.topicPrefix(side), "--outbox-source=messages", "--messages-prefix="+b.prefix)
 			}, end)
-		}
-		r.BrokerCPU = b.brokerCPU() - broker0
-		r.Side, r.Target = side, int64(b.cfg.Events)
-		if !r.Partial {
-			r.Events = r.Target
-		}
-		r.Bytes = int64(float64(b.payload) * float64(r.Events) / float64(r.Target))
-		if err := dropSlot(ctx, b.pool, b.slot(side)); err != nil && r.Err == nil {
-			r.Err = err
-		}
+		})
 		res.Drains = append(res.Drains, r)
 		b.logf("%s", r.line())
 		if ctx.Err() != nil {

@@ -76,21 +76,27 @@ func mb(b int64) float64 { return float64(b) / (1 << 20) }
 
 // drain runs one side over the backlog and stops it.
 func (b *bench) drain(ctx context.Context, side string) Result {
-	b.logf("draining the backlog with %s", side)
-	broker0 := b.brokerCPU()
-	var r Result
-	switch side {
-	case sideCeiling:
-		r = b.drainCeiling(ctx)
-	case sideRelay:
-		r = b.drainProc(ctx, side, func() (*child, error) {
-			return b.startRelay(side, b.slot(side), b.topicPrefix(side))
-		}, b.endLSN)
-	default:
-		r = b.drainProc(ctx, side, func() (*child, error) {
+	return b.drainWith(ctx, side, func() Result {
+		switch side {
+		case sideCeiling:
+			return b.drainCeiling(ctx)
+		case sideRelay:
+			return b.drainProc(ctx, side, func() (*child, error) {
+				return b.startRelay(side, b.slot(side), b.topicPrefix(side))
+			}, b.endLSN)
+		}
+		return b.drainProc(ctx, side, func() (*child, error) {
 			return b.startDebezium(side, side == sideDbzTuned, b.slot(side), b.topicPrefix(side))
 		}, 0)
-	}
+	})
+}
+
+// drainWith runs one side's drain of a backlog of Events events, fills in what every side's result
+// carries (the broker's CPU meanwhile, the events and bytes) and drops the side's slot.
+func (b *bench) drainWith(ctx context.Context, side string, run func() Result) Result {
+	b.logf("draining the backlog with %s", side)
+	broker0 := b.brokerCPU()
+	r := run()
 	r.BrokerCPU = b.brokerCPU() - broker0
 	r.Side, r.Target = side, int64(b.cfg.Events)
 	if !r.Partial {

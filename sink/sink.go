@@ -139,9 +139,9 @@ type Sink struct {
 	ctx        context.Context // ends when Close gives up waiting
 	stop       context.CancelFunc
 
-	halted  atomic.Pointer[haltState]
-	topics  *topicWaits
-	seq     uint64   // the last record's position; Publish runs on one goroutine
+	halted      atomic.Pointer[haltState]
+	topics      *topicWaits
+	seq         uint64   // the last record's position; Publish runs on one goroutine
 	headers     []string // headerNames, built on first use by Publish's goroutine
 	nullHeaders []bool   // which of them stand as a null header when NULL
 }
@@ -150,12 +150,12 @@ type Sink struct {
 type record struct {
 	msg       kafka.Message
 	partition int // chosen by the event (PlacePartition), or -1 for the key's
-	ev       *decoder.Event
-	ack      Acker
-	size     int64
-	enqueued time.Time
-	topic    string // the event's own topic, kept when it is dead-lettered
-	seq      uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
+	ev        *decoder.Event
+	ack       Acker
+	size      int64
+	enqueued  time.Time
+	topic     string // the event's own topic, kept when it is dead-lettered
+	seq       uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
 }
 
 type haltState struct {

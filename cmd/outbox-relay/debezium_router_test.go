@@ -102,7 +102,7 @@ func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
 			smt: map[string]string{
 				"transforms.outbox.table.fields.additional.placement": "type:envelope:eventType,amount:envelope",
 				"transforms.outbox.table.expand.json.payload":         "true",
-				"value.converter":                                     "org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable": "false",
+				"value.converter": "org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable": "false",
 			},
 			args: []string{"--extra-fields=type:envelope:eventType,amount:envelope"}},
 		{name: "withschema", compare: "bytes", noTopArray: true,
