@@ -51,6 +51,14 @@ test: tools kafka-lib pg-lib lint
 test-faults: tools kafka-lib pg-lib
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -v ./faults/
 
+# The relay's records against Debezium's own (Kafka Connect with the PostgreSQL connector and the
+# outbox event router, jars from bench/debezium-lib.sh) for the router options it supports
+# (cmd/outbox-relay/debezium_router_test.go, build tag debezium): a JVM start and a few minutes.
+.PHONY: test-debezium
+test-debezium: tools kafka-lib
+	@bash bench/debezium-lib.sh >/dev/null
+	$(GO) test -tags debezium -count=1 -timeout $(TEST_TIMEOUT) -v -run 'Debezium' ./cmd/outbox-relay/
+
 # The outbox end to end on local services: make up, migrate, relay, orders in, events out, make down.
 # PG_VERSION=15 make demo runs it on another PostgreSQL major version (make up's knob).
 .PHONY: demo

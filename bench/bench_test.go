@@ -18,11 +18,12 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay_vs_debezium=(n/a|\d+\.\d) p99_ms=(\d+) rss_mb=(\d+) big_tx_rss_mb=(\d+) exactly_once_vs_relay=(\d+\.\d\d) exactly_once_p99_ms=(\d+)$`)
+var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay_vs_debezium=(n/a|\d+\.\d) p99_ms=(\d+) rss_mb=(\d+) big_tx_rss_mb=(\d+) ` +
+	`exactly_once_vs_relay=(\d+\.\d\d) exactly_once_p99_ms=(\d+) msg_write_x=(\d+\.\d) msg_wal_x=(\d+\.\d) msg_relay_vs_ceiling=(\d+\.\d\d)$`)
 
 // The smoke run goes through the same code as `make bench` with a tiny backlog: the ceiling and the
-// relay drain it, the relay runs a short steady state and a large transaction, and an in-process
-// relay writes profiles. Debezium is not run (a Connect JVM costs more than the rest of this test
+// relay drain it, the relay runs a short steady state and a large transaction, an in-process
+// relay writes profiles, and the table-free outbox's backlog and producers are measured. Debezium is not run (a Connect JVM costs more than the rest of this test
 // and its jars are fetched by `make bench`, not `make test`); its configuration is tested below.
 func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	pg := testenv.SharedPostgres(t)
@@ -38,7 +39,7 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 		Events: 2000, Partitions: 2, Rate: 400, SteadyFor: 3 * time.Second, BigTx: 3000,
 		Sides: []string{sideCeiling, sideRelay, sideRelayEOS, sidePoll}, Steady: []string{sideRelay, sideRelayEOS, sidePoll},
 		RelayBin: relayproc.PlainBinary(t), ProfileDir: profiles, WorkDir: t.TempDir(),
-		Log: t.Output(), DrainTimeout: time.Minute,
+		Log: t.Output(), DrainTimeout: time.Minute, Messages: true, ProducerFor: time.Second,
 	}
 	rep, err := Run(ctx, cfg, &Services{PG: pg, Kafka: k, DSN: dsn})
 	if err != nil {
@@ -50,7 +51,9 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	table, summary := rep.Table(), rep.Summary()
 	t.Logf("\n%s\n%s", table, summary)
 
-	for _, want := range []string{"| ceiling (pg_recvlogical) |", "| outbox-relay |", "| outbox-relay, exactly-once |", "| outbox-relay, source poll |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events"} {
+	for _, want := range []string{"| ceiling (pg_recvlogical) |", "| outbox-relay |", "| outbox-relay, exactly-once |", "| outbox-relay, source poll |",
+		"Steady state: 400 events/s", "Large transaction: one transaction of 3000 events",
+		"| messages |", "| ceiling (pg_recvlogical, messages) |", "| outbox-relay, messages |"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q", want)
 		}
@@ -74,6 +77,7 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 		{fmt.Sprintf("large-transaction RSS %d MB is between 5 MB and 1 GB", bigRSS), bigRSS >= 5 && bigRSS < 1024},
 		{fmt.Sprintf("exactly_once_vs_relay %s is above 0", m[6]), m[6] != "0.00"},
 		{fmt.Sprintf("exactly-once p99 %s ms is below 10 s", m[7]), len(m[7]) < 5},
+		{"the message mode's numbers are there", m[8] != "" && m[9] != "" && m[10] != ""},
 	}
 	for _, c := range checks {
 		if !c.ok {
@@ -239,8 +243,23 @@ func TestSummaryMarksWhatWasNotMeasured(t *testing.T) {
 		},
 		Steady: []SteadyResult{{Side: sideRelay, P99: 12400 * time.Microsecond, PeakRSS: 30 << 20}},
 	}
-	want := "bench: relay_vs_ceiling=0.80 relay_vs_debezium=n/a p99_ms=12 rss_mb=30 big_tx_rss_mb=n/a exactly_once_vs_relay=n/a exactly_once_p99_ms=n/a"
+	want := "bench: relay_vs_ceiling=0.80 relay_vs_debezium=n/a p99_ms=12 rss_mb=30 big_tx_rss_mb=n/a exactly_once_vs_relay=n/a exactly_once_p99_ms=n/a msg_write_x=n/a msg_wal_x=n/a msg_relay_vs_ceiling=n/a"
 	if got := rep.Summary(); got != want {
 		t.Errorf("summary\n got %s\nwant %s", got, want)
+	}
+}
+
+func TestSummaryReportsTheMessageMode(t *testing.T) {
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	rep := &Report{
+		BacklogWrite: sec(10), BacklogWAL: 900,
+		Messages: &MessagesResult{BacklogWrite: sec(4), BacklogWAL: 300, Drains: []Result{
+			{Side: sideMsgCeiling, Events: 1000, Wall: sec(1)},
+			{Side: sideMsgRelay, Events: 1000, Wall: sec(1.25)},
+		}},
+	}
+	want := "msg_write_x=2.5 msg_wal_x=3.0 msg_relay_vs_ceiling=0.80"
+	if got := rep.Summary(); !strings.HasSuffix(got, want) {
+		t.Errorf("summary\n got %s\nwant it to end with %s", got, want)
 	}
 }

@@ -3,34 +3,17 @@ package main
 import (
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/dbz"
 )
 
-// DefaultDebeziumLib is where bench/debezium-lib.sh puts Kafka Connect and the Debezium connector:
-// $OUTBOX_DEBEZIUM_LIB or ~/.cache/outbox-relay/debezium-3.6.1/lib.
-func DefaultDebeziumLib() string {
-	if lib := os.Getenv("OUTBOX_DEBEZIUM_LIB"); lib != "" {
-		return lib
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		home = os.TempDir()
-	}
-	return filepath.Join(home, ".cache", "outbox-relay", "debezium-3.6.1", "lib")
-}
+// DefaultDebeziumLib is where bench/debezium-lib.sh puts Kafka Connect and the Debezium connector.
+func DefaultDebeziumLib() string { return dbz.Lib() }
 
-func debeziumLibReady(lib string) error {
-	if _, err := os.Stat(filepath.Join(lib, ".complete")); err != nil {
-		return fmt.Errorf("Kafka Connect + Debezium jars missing in %s: run bash bench/debezium-lib.sh (make bench does)", lib)
-	}
-	return nil
-}
+func debeziumLibReady(lib string) error { return dbz.LibReady(lib) }
 
 // debeziumSetup is one Kafka Connect standalone worker running Debezium's PostgreSQL connector
 // with the outbox event router, reading its own slot and writing its own topics.
@@ -122,20 +105,8 @@ func (d debeziumSetup) properties() (worker, connector map[string]string, err er
 	return worker, connector, nil
 }
 
-// renderProperties writes a Java properties file, keys sorted. Values here hold no characters
-// that need escaping except backslashes, which are doubled.
-func renderProperties(props map[string]string) string {
-	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(props)) {
-		fmt.Fprintf(&b, "%s=%s\n", k, strings.ReplaceAll(props[k], `\`, `\\`))
-	}
-	return b.String()
-}
+// renderProperties writes a Java properties file, keys sorted.
+func renderProperties(props map[string]string) string { return dbz.RenderProperties(props) }
 
-// connectJVM is how Kafka's connect-standalone.sh runs the worker (kafka-run-class.sh's defaults).
-func connectJVM(lib string) []string {
-	return []string{"-Xms256m", "-Xmx2g", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-		"-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
-		"-Dlog4j2.configurationFile=" + filepath.Join(lib, "log4j2.properties"),
-		"-cp", filepath.Join(lib, "*"), "org.apache.kafka.connect.cli.ConnectStandalone"}
-}
+// connectJVM is how Kafka's connect-standalone.sh runs the worker.
+func connectJVM(lib string) []string { return dbz.JVMArgs(lib) }

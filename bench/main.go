@@ -4,7 +4,7 @@
 //
 // It prints Markdown tables and, as its last line, a summary for scripts:
 //
-//	bench: relay_vs_ceiling=<x.xx> relay_vs_debezium=<x.x> p99_ms=<n> rss_mb=<n> big_tx_rss_mb=<n> exactly_once_vs_relay=<x.xx> exactly_once_p99_ms=<n>
+//	bench: relay_vs_ceiling=<x.xx> relay_vs_debezium=<x.x> p99_ms=<n> rss_mb=<n> big_tx_rss_mb=<n> exactly_once_vs_relay=<x.xx> exactly_once_p99_ms=<n> msg_write_x=<x.x> msg_wal_x=<x.x> msg_relay_vs_ceiling=<x.xx>
 //
 // Every knob has a BENCH_* environment variable and a flag (the flag wins).
 package main
@@ -86,7 +86,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 func needsRelay(c Config) bool {
-	return len(c.Sides) > 0 || len(c.Steady) > 0 || c.BigTx > 0
+	return len(c.Sides) > 0 || len(c.Steady) > 0 || c.BigTx > 0 || c.Messages
 }
 
 func parseFlags(args []string, stderr io.Writer) (Config, int, error) {
@@ -105,13 +105,15 @@ func parseFlags(args []string, stderr io.Writer) (Config, int, error) {
 	profile := fs.String("profile", os.Getenv("BENCH_PROFILE"), "directory for pprof profiles of the relay run in-process (a drain and, with steady-state sides, a steady state); empty skips them (BENCH_PROFILE)")
 	work := fs.String("work", os.Getenv("BENCH_WORK"), "keep the sides' logs and configuration here; a temp dir removed at the end when empty (BENCH_WORK)")
 	kafkaHeap := fs.Int("kafka-heap-mb", envInt("BENCH_KAFKA_HEAP_MB", 1024), "Kafka broker heap (BENCH_KAFKA_HEAP_MB)")
+	messages := fs.Bool("messages", envStr("BENCH_MESSAGES", "true") == "true", "measure the table-free outbox too: the backlog as logical decoding messages, drained by pg_recvlogical and the relay (BENCH_MESSAGES)")
+	producerFor := fs.Duration("producer", envDuration("BENCH_PRODUCER", 10*time.Second), "how long each client-side producer (outbox.Write, outbox.Emit) commits one-event transactions, 0 to skip (BENCH_PRODUCER)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, 0, err
 	}
 	cfg := Config{
 		Events: *events, Partitions: *partitions, Rate: *rate, SteadyFor: *steadyFor, BigTx: *bigTx,
 		Sides: splitList(*sides), Steady: splitList(*steady), RelayBin: *relayBin, RelayArgs: strings.Fields(*relayArgs), DebeziumLib: *dbzLib,
-		ProfileDir: *profile, WorkDir: *work, Log: stderr,
+		ProfileDir: *profile, WorkDir: *work, Log: stderr, Messages: *messages, ProducerFor: *producerFor,
 	}
 	if cfg.BigTx < 0 {
 		cfg.BigTx = cfg.Events

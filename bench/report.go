@@ -12,12 +12,14 @@ type Report struct {
 	LoadBefore   string // /proc/loadavg when the run started and ended: other work on the machine
 	LoadAfter    string
 	BacklogWrite time.Duration
+	BacklogWAL   int64 // WAL bytes the table backlog wrote
 	PayloadBytes int64
 	AvgPayload   float64
 	Drains       []Result
 	Steady       []SteadyResult
 	BigTx        *Result
 	Profile      *Profile
+	Messages     *MessagesResult // the table-free outbox, when measured
 }
 
 var sideLabels = map[string]string{
@@ -115,6 +117,7 @@ func (r *Report) Table() string {
 				t.rate(), float64(t.Bytes)/1e6/t.Wall.Seconds(), t.Wall.Seconds(), secondsOrDash(t.First), t.CPU.Seconds(), mb(t.PeakRSS), t.SenderCPU.Seconds(), t.BrokerCPU.Seconds())
 		}
 	}
+	r.messagesTable(&b)
 	if p := r.Profile; p != nil {
 		if p.Err != nil {
 			fmt.Fprintf(&b, "\nProfiled in-process relay: failed: %s\n", oneLine(p.Err))
@@ -151,8 +154,8 @@ func (r *Report) Summary() string {
 	if s := r.steady(sideRelayEOS); s != nil {
 		eosP99 = fmt.Sprintf("%.0f", msf(s.P99))
 	}
-	return fmt.Sprintf("bench: relay_vs_ceiling=%s relay_vs_debezium=%s p99_ms=%s rss_mb=%s big_tx_rss_mb=%s exactly_once_vs_relay=%s exactly_once_p99_ms=%s",
-		vsCeiling, vsDbz, p99, rss, big, eosVsRelay, eosP99)
+	return fmt.Sprintf("bench: relay_vs_ceiling=%s relay_vs_debezium=%s p99_ms=%s rss_mb=%s big_tx_rss_mb=%s exactly_once_vs_relay=%s exactly_once_p99_ms=%s %s",
+		vsCeiling, vsDbz, p99, rss, big, eosVsRelay, eosP99, r.messagesSummary())
 }
 
 // Failed lists the measurements that failed.
@@ -174,7 +177,7 @@ func (r *Report) Failed() []string {
 	if r.Profile != nil && r.Profile.Err != nil {
 		out = append(out, "profile: "+r.Profile.Err.Error())
 	}
-	return out
+	return append(out, r.messagesFailed()...)
 }
 
 func ratio(d Result, base *Result, format string) string {

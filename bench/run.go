@@ -51,6 +51,12 @@ type Config struct {
 	Log         io.Writer     // progress lines
 	// DrainTimeout bounds each side's drain; 0 means scaled to Events (at least 2 minutes).
 	DrainTimeout time.Duration
+	// Messages measures the table-free outbox too: the same backlog written as logical decoding
+	// messages (producer cost, WAL), drained by pg_recvlogical and the relay (messages.go).
+	Messages bool
+	// ProducerFor is how long each client-side producer run (outbox.Write, outbox.Emit) commits
+	// one-event transactions; 0 skips them.
+	ProducerFor time.Duration
 }
 
 func (c *Config) validate() error {
@@ -74,7 +80,7 @@ func (c *Config) validate() error {
 	if len(c.Steady) > 0 && (c.Rate < 1 || c.SteadyFor <= 0) {
 		errs = append(errs, fmt.Errorf("steady state needs a positive rate and duration, got %d/s for %s", c.Rate, c.SteadyFor))
 	}
-	if c.RelayBin == "" && (slices.ContainsFunc(c.Sides, isRelay) || slices.ContainsFunc(c.Steady, isRelay) || c.BigTx > 0) {
+	if c.RelayBin == "" && (slices.ContainsFunc(c.Sides, isRelay) || slices.ContainsFunc(c.Steady, isRelay) || c.BigTx > 0 || c.Messages) {
 		errs = append(errs, errors.New("no relay binary given"))
 	}
 	if c.usesDebezium() {
@@ -102,6 +108,7 @@ type bench struct {
 	work    string
 	payload int64 // payload bytes in the backlog
 	endLSN  uint64
+	prefix  string // messages_prefix of the message backlog
 	logw    io.Writer
 	profile *Profile // the in-process profile runs, when ProfileDir is set
 }
@@ -145,6 +152,7 @@ func Run(ctx context.Context, cfg Config, svc *Services) (*Report, error) {
 	b := &bench{cfg: cfg, svc: svc, run: "b" + hex.EncodeToString(id[:]), logw: cfg.Log,
 		kafka: &kafka.Client{Addr: kafka.TCP(svc.Kafka.Brokers()), Timeout: 10 * time.Second}}
 	b.pub = b.run + "_pub"
+	b.prefix = b.run + ".outbox"
 	b.work = cfg.WorkDir
 	if b.work == "" {
 		dir, err := os.MkdirTemp("", "outbox-bench-")
@@ -190,15 +198,19 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 	}
 
 	b.logf("writing a backlog of %d events in transactions of 1-%d", b.cfg.Events, maxTxEvents)
+	startLSN, err := currentLSN(ctx, b.pool)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
-	if err := writeBacklog(ctx, b.pool, b.cfg.Events); err != nil {
+	if err := writeBacklog(ctx, b.pool, b.cfg.Events, ""); err != nil {
 		return nil, err
 	}
 	rep.BacklogWrite = time.Since(start)
-	var err error
 	if b.endLSN, err = currentLSN(ctx, b.pool); err != nil {
 		return nil, err
 	}
+	rep.BacklogWAL = int64(b.endLSN - startLSN)
 	var avg float64
 	if err := b.pool.QueryRow(ctx, "SELECT coalesce(sum(length(payload::text)), 0), coalesce(avg(length(payload::text)), 0) FROM public.outbox_events").
 		Scan(&b.payload, &avg); err != nil {
@@ -230,6 +242,13 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 		if err != nil {
 			rep.Profile.Err = err
 			b.logf("profiled drain failed: %v", err)
+		}
+	}
+
+	if b.cfg.Messages {
+		rep.Messages = b.messages(ctx)
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
 		}
 	}
 

@@ -89,14 +89,31 @@ LANGUAGE sql AS $$
   FROM (SELECT floor(random() * 1000)::int AS a, n FROM generate_series(first, first + k - 1) AS n) AS s
 $$;
 
-CREATE OR REPLACE PROCEDURE bench_backlog(total bigint, max_tx int) LANGUAGE plpgsql AS $$
+-- bench_emit writes the same k events as bench_insert, as transactional logical decoding messages
+-- with prefix (the table-free outbox): the content names its members like the table's columns,
+-- and the id is generated like the table's default. count() makes the function emit them all.
+CREATE OR REPLACE FUNCTION bench_emit(k int, first bigint, sent bigint, warm bool, prefix text) RETURNS void
+LANGUAGE sql AS $$
+  SELECT count(pg_logical_emit_message(true, prefix, jsonb_build_object('id', gen_random_uuid(),
+           'aggregate_type', bench_type(a), 'aggregate_id', 'agg-' || a, 'event_type', 'Happened',
+           'payload', bench_payload(a, n, sent, warm), 'headers', jsonb_build_object('tenant', 't' || (a % 10)))::text))
+  FROM (SELECT floor(random() * 1000)::int AS a, n FROM generate_series(first, first + k - 1) AS n) AS s
+$$;
+
+-- bench_backlog writes total events in transactions of 1 to max_tx events: table rows, or with a
+-- prefix, logical decoding messages.
+CREATE OR REPLACE PROCEDURE bench_backlog(total bigint, max_tx int, prefix text DEFAULT NULL) LANGUAGE plpgsql AS $$
 DECLARE
   written bigint := 0;
   k int;
 BEGIN
   WHILE written < total LOOP
     k := least(total - written, 1 + floor(random() * max_tx)::int);
-    PERFORM bench_insert(k, written + 1, 0, false);
+    IF prefix IS NULL THEN
+      PERFORM bench_insert(k, written + 1, 0, false);
+    ELSE
+      PERFORM bench_emit(k, written + 1, 0, false, prefix);
+    END IF;
     written := written + k;
     COMMIT;
   END LOOP;

@@ -76,31 +76,38 @@ func mb(b int64) float64 { return float64(b) / (1 << 20) }
 
 // drain runs one side over the backlog and stops it.
 func (b *bench) drain(ctx context.Context, side string) Result {
-	b.logf("draining the backlog with %s", side)
-	broker0 := b.brokerCPU()
-	var r Result
-	switch side {
-	case sideCeiling:
-		r = b.drainCeiling(ctx)
-	case sideRelay, sideRelayEOS:
-		r = b.drainProc(ctx, side, func() (*child, error) {
-			return b.startRelay(side, b.slot(side), b.topicPrefix(side), b.deliveryArgs(side, b.slot(side))...)
-		}, b.endLSN)
-	case sidePoll:
-		r = b.drainProc(ctx, side, func() (*child, error) {
-			if err := b.pollReady(ctx, false); err != nil {
-				return nil, err
+	return b.drainWith(ctx, side, func() Result {
+		switch side {
+		case sideCeiling:
+			return b.drainCeiling(ctx)
+		case sideRelay, sideRelayEOS:
+			return b.drainProc(ctx, side, func() (*child, error) {
+				return b.startRelay(side, b.slot(side), b.topicPrefix(side), b.deliveryArgs(side, b.slot(side))...)
+			}, b.endLSN)
+		case sidePoll:
+			r := b.drainProc(ctx, side, func() (*child, error) {
+				if err := b.pollReady(ctx, false); err != nil {
+					return nil, err
+				}
+				return b.startRelay(side, "", b.topicPrefix(side), "--source=poll")
+			}, 0)
+			if err := b.pollTrigger(ctx, false); err != nil && r.Err == nil {
+				r.Err = err
 			}
-			return b.startRelay(side, "", b.topicPrefix(side), "--source=poll")
-		}, 0)
-		if err := b.pollTrigger(ctx, false); err != nil && r.Err == nil {
-			r.Err = err
+			return r
 		}
-	default:
-		r = b.drainProc(ctx, side, func() (*child, error) {
+		return b.drainProc(ctx, side, func() (*child, error) {
 			return b.startDebezium(side, side == sideDbzTuned, b.slot(side), b.topicPrefix(side))
 		}, 0)
-	}
+	})
+}
+
+// drainWith runs one side's drain of a backlog of Events events, fills in what every side's result
+// carries (the broker's CPU meanwhile, the events and bytes) and drops the side's slot.
+func (b *bench) drainWith(ctx context.Context, side string, run func() Result) Result {
+	b.logf("draining the backlog with %s", side)
+	broker0 := b.brokerCPU()
+	r := run()
 	r.BrokerCPU = b.brokerCPU() - broker0
 	r.Side, r.Target = side, int64(b.cfg.Events)
 	if !r.Partial {
@@ -116,14 +123,22 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 // drainCeiling runs pg_recvlogical over the slot to the backlog's end, output to /dev/null: how
 // fast PostgreSQL decodes and sends this WAL with nothing else to do.
 func (b *bench) drainCeiling(ctx context.Context) Result {
+	return b.recvlogical(ctx, sideCeiling, b.endLSN)
+}
+
+// recvlogical runs pg_recvlogical on side's slot up to endLSN, with extra pgoutput options.
+func (b *bench) recvlogical(ctx context.Context, side string, endLSN uint64, options ...string) Result {
 	bin, err := pgRecvLogical()
 	if err != nil {
 		return Result{Err: err}
 	}
-	c, err := startChild("pg_recvlogical", b.logPath(sideCeiling), nil, bin,
-		"--dbname", b.svc.DSN, "--slot", b.slot(sideCeiling), "--start", "--no-loop",
-		"-o", "proto_version=1", "-o", "publication_names="+b.pub,
-		"--endpos", pglogrepl.LSN(b.endLSN).String(), "--file", "/dev/null")
+	args := []string{"--dbname", b.svc.DSN, "--slot", b.slot(side), "--start", "--no-loop",
+		"-o", "proto_version=1", "-o", "publication_names=" + b.pub,
+		"--endpos", pglogrepl.LSN(endLSN).String(), "--file", "/dev/null"}
+	for _, o := range options {
+		args = append(args, "-o", o)
+	}
+	c, err := startChild("pg_recvlogical", b.logPath(side), nil, bin, args...)
 	if err != nil {
 		return Result{Err: err}
 	}
@@ -131,12 +146,12 @@ func (b *bench) drainCeiling(ctx context.Context) Result {
 	senders := newSenderCPU()
 	timeout := time.After(b.drainTimeout())
 	for !c.exited() {
-		b.sampleSender(ctx, senders, sideCeiling)
+		b.sampleSender(ctx, senders, side)
 		select {
 		case <-c.done:
 		case <-time.After(50 * time.Millisecond):
 		case <-timeout:
-			return Result{Err: fmt.Errorf("pg_recvlogical did not reach %s within %s", pglogrepl.LSN(b.endLSN), b.drainTimeout())}
+			return Result{Err: fmt.Errorf("pg_recvlogical did not reach %s within %s", pglogrepl.LSN(endLSN), b.drainTimeout())}
 		case <-ctx.Done():
 			return Result{Err: ctx.Err()}
 		}

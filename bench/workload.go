@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,10 +14,14 @@ import (
 // maxTxEvents is the largest backlog and steady-state transaction; sizes are uniform in 1..50.
 const maxTxEvents = 50
 
-// writeBacklog writes n events in transactions of 1 to 50 events. The server-side procedure
-// commits each transaction itself, so the backlog costs no client round trips; two sessions write
-// at once to use both cores.
-func writeBacklog(ctx context.Context, pool *pgxpool.Pool, n int) error {
+// writeBacklog writes n events in transactions of 1 to 50 events: table rows, or with a prefix,
+// logical decoding messages. The server-side procedure commits each transaction itself, so the
+// backlog costs no client round trips; two sessions write at once to use both cores.
+func writeBacklog(ctx context.Context, pool *pgxpool.Pool, n int, prefix string) error {
+	arg := "NULL"
+	if prefix != "" {
+		arg = "'" + strings.ReplaceAll(prefix, "'", "''") + "'"
+	}
 	const writers = 2
 	var wg sync.WaitGroup
 	errs := make([]error, writers)
@@ -34,7 +39,7 @@ func writeBacklog(ctx context.Context, pool *pgxpool.Pool, n int) error {
 			defer conn.Release()
 			// The simple protocol: a procedure may COMMIT only when CALL is not inside a transaction
 			// block, which the extended protocol's implicit block would be.
-			_, errs[w] = conn.Conn().PgConn().Exec(ctx, fmt.Sprintf("CALL bench_backlog(%d, %d)", share, maxTxEvents)).ReadAll()
+			_, errs[w] = conn.Conn().PgConn().Exec(ctx, fmt.Sprintf("CALL bench_backlog(%d, %d, %s)", share, maxTxEvents, arg)).ReadAll()
 		})
 	}
 	wg.Wait()

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Config is every setting of `outbox-relay run`.
@@ -59,6 +61,19 @@ type Config struct {
 	TransactionInterval  time.Duration
 	TransactionMaxEvents int
 	PositionsTopic       string
+	// The table-free outbox. OutboxShape says where events come from: "table" (rows inserted
+	// into Table), "messages" (transactional logical decoding messages with MessagesPrefix, no
+	// table) or "both".
+	OutboxShape     string
+	MessagesPrefix  string
+	PayloadEncoding string // messages' payload member: "json" or "base64"
+
+	// Debezium's outbox event router options.
+	ExtraFields             []string // column:placement[:alias], placement header, envelope or partition
+	TopicRegex              string
+	TopicReplacement        string
+	TombstoneOnEmptyPayload bool
+	OnUpdate                string // warn, error or fatal
 
 	// Retention (package prune): delete outbox rows older than PruneOlderThan every PruneInterval.
 	PruneInterval  time.Duration
@@ -85,6 +100,8 @@ type Config struct {
 type Columns struct {
 	ID, AggregateType, AggregateID, EventType, Payload, Headers, CreatedAt string
 	AggregateVersion                                                       string // optional
+	// Optional: the record timestamp, and Debezium's tracing span context.
+	Timestamp, TracingSpanContext string
 }
 
 // Kafka holds producer and connection settings.
@@ -210,6 +227,25 @@ func oneOf(p func(*Config) *string, allowed ...string) func(*Config, string) err
 	}
 }
 
+// Values of outbox_shape.
+const (
+	SourceTable    = "table"
+	SourceMessages = "messages"
+	SourceBoth     = "both"
+)
+
+// HeartbeatPrefix is the prefix of the relay's own heartbeat messages, which messages_prefix must
+// not take.
+const HeartbeatPrefix = "outbox-relay-heartbeat"
+
+// UsesTable reports whether rows of the outbox table are events.
+func (c *Config) UsesTable() bool { return c.OutboxShape != SourceMessages }
+
+// UsesMessages reports whether logical decoding messages are events.
+func (c *Config) UsesMessages() bool {
+	return c.OutboxShape == SourceMessages || c.OutboxShape == SourceBoth
+}
+
 // settings is the whole configuration surface; README's table follows it.
 var settings = []setting{
 	{key: "profile", help: "preset defaults: debezium (Debezium outbox router column names, id header only); empty for none",
@@ -264,8 +300,36 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.Columns.AggregateVersion })},
 	{key: "columns.created_at", def: "created_at", help: "creation time column, for backfill_since and pruning",
 		apply: str(func(c *Config) *string { return &c.Columns.CreatedAt })},
+	{key: "columns.timestamp", help: "timestamp or timestamptz column whose value is the record timestamp (else the commit time); empty for none",
+		apply: str(func(c *Config) *string { return &c.Columns.Timestamp })},
+	{key: "columns.tracing_span_context", help: "column holding Debezium's tracing span context (Java Properties text with traceparent and tracestate), sent as W3C traceparent/tracestate headers; empty for none",
+		apply: str(func(c *Config) *string { return &c.Columns.TracingSpanContext })},
 	{key: "extra_headers", help: "further columns sent as headers, comma-separated column[:header]",
 		apply: list(func(c *Config) *[]string { return &c.ExtraHeaders })},
+	{key: "extra_fields", help: "further columns placed as Debezium's table.fields.additional.placement does, comma-separated column:placement[:alias] with placement header, envelope or partition",
+		apply: func(c *Config, v string) error {
+			if err := list(func(c *Config) *[]string { return &c.ExtraFields })(c, v); err != nil {
+				return err
+			}
+			partitions := 0
+			for _, f := range c.ExtraFields {
+				parts := strings.Split(f, ":")
+				if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || (len(parts) == 3 && parts[2] == "") {
+					return fmt.Errorf("want column:placement or column:placement:alias, got %q", f)
+				}
+				switch parts[1] {
+				case "header", "envelope":
+				case "partition":
+					partitions++
+				default:
+					return fmt.Errorf("placement %q of %q: want header, envelope or partition", parts[1], f)
+				}
+			}
+			if partitions > 1 {
+				return errors.New("at most one column may be placed as the partition")
+			}
+			return nil
+		}},
 	{key: "builtin_headers", def: "id,event_type,aggregate_type", help: "which of the headers id, event_type and aggregate_type every record carries",
 		apply: func(c *Config, v string) error {
 			if err := list(func(c *Config) *[]string { return &c.BuiltinHeaders })(c, v); err != nil {
@@ -281,12 +345,20 @@ var settings = []setting{
 			}
 			return nil
 		}},
-	{key: "value_encoding", def: "raw", help: "record value: raw (payload bytes as stored) or json-string (a JSON string, like Debezium's JsonConverter)",
-		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string")},
-	{key: "key_encoding", def: "raw", help: "record key: raw (aggregate id as stored) or json-string (a JSON string, like Connect's JsonConverter with schemas disabled)",
-		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string")},
+	{key: "value_encoding", def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it) or json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true)",
+		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema")},
+	{key: "key_encoding", def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled) or json-with-schema (JsonConverter's envelope with schemas enabled)",
+		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema")},
 	{key: "topic_template", def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",
 		apply: str(func(c *Config) *string { return &c.TopicTemplate })},
+	{key: "topic_regex", help: "route by regular expression (Debezium's route.topic.regex, Go syntax) matched against the whole aggregate type: the topic is topic_replacement with its groups, or the aggregate type when it does not match; replaces topic_template",
+		apply: str(func(c *Config) *string { return &c.TopicRegex })},
+	{key: "topic_replacement", def: "outbox.event.${routedByValue}", help: "the topic for topic_regex, with ${name} or $1 for its groups (Go's syntax: $$ for a dollar)",
+		apply: str(func(c *Config) *string { return &c.TopicReplacement })},
+	{key: "tombstone_on_empty_payload", def: "false", help: "a NULL, empty or blank payload gives a tombstone (a null value) even with envelope fields (Debezium's route.tombstone.on.empty.payload)",
+		apply: boolean(func(c *Config) *bool { return &c.TombstoneOnEmptyPayload })},
+	{key: "on_update", def: "warn", help: "what an UPDATE of the outbox table does, when the publication publishes UPDATEs: warn, error (logged at that level and skipped) or fatal (the relay stops before it); Debezium's table.op.invalid.behavior",
+		apply: oneOf(func(c *Config) *string { return &c.OnUpdate }, "warn", "error", "fatal")},
 	{key: "on_failure", def: "dead-letter", help: "what to do with an event Kafka cannot take: dead-letter or halt",
 		apply: oneOf(func(c *Config) *string { return &c.OnFailure }, "dead-letter", "halt")},
 	{key: "dead_letter_topic", def: "outbox.dead-letter", help: "topic for events that cannot be published",
@@ -325,6 +397,12 @@ var settings = []setting{
 		apply: duration(func(c *Config) *time.Duration { return &c.PruneOlderThan })},
 	{key: "prune_batch_size", def: "1000", help: "rows one pruning statement deletes, at most (each batch is its own short transaction)",
 		apply: integer(func(c *Config) *int { return &c.PruneBatchSize })},
+	{key: "outbox_shape", def: "table", help: "what the outbox is: table (rows inserted into the outbox table), messages (transactional pg_logical_emit_message with messages_prefix, no table; source wal only) or both",
+		apply: oneOf(func(c *Config) *string { return &c.OutboxShape }, SourceTable, SourceMessages, SourceBoth)},
+	{key: "messages_prefix", def: "outbox", help: "prefix of the transactional logical decoding messages that are outbox events (outbox_shape messages or both)",
+		apply: str(func(c *Config) *string { return &c.MessagesPrefix })},
+	{key: "payload_encoding", def: "json", help: "a message's payload member: json (any JSON value, sent as its JSON text) or base64 (a base64 string of the payload bytes); messages only",
+		apply: oneOf(func(c *Config) *string { return &c.PayloadEncoding }, "json", "base64")},
 	{key: "backfill", def: "false", help: "on first start, publish the rows already in the outbox table (from the new slot's snapshot: no gap, no duplicates)",
 		apply: boolean(func(c *Config) *bool { return &c.Backfill })},
 	{key: "backfill_since", help: "backfill only rows created at or after this RFC 3339 time, or this long before the start (e.g. 24h)",
@@ -685,6 +763,55 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 	}
 	if err := validTopicName(c.PositionsTopic); err != nil {
 		bad("positions_topic", "%v", err)
+	}
+	if c.TopicRegex != "" && from("topic_template") != "default" && !strings.HasPrefix(from("topic_template"), "profile") {
+		bad("topic_regex", "and topic_template (from %s) both route: set one", from("topic_template"))
+	}
+	if c.ValueEncoding == "json-with-schema" {
+		for _, f := range c.ExtraFields {
+			if strings.Contains(f, ":envelope") {
+				bad("value_encoding", "json-with-schema cannot carry envelope fields (extra_fields %q): use json-string or raw with them", f)
+				break
+			}
+		}
+	}
+	if c.TopicRegex != "" {
+		if _, err := sink.NewTopicRegex(c.TopicRegex, c.TopicReplacement); err != nil {
+			bad("topic_regex", "%v", err)
+		}
+	}
+	if c.TopicRegex == "" && from("topic_replacement") != "default" {
+		bad("topic_replacement", "applies with topic_regex only; for a fixed pattern use topic_template")
+	}
+	if c.UsesMessages() {
+		switch c.MessagesPrefix {
+		case "":
+			bad("messages_prefix", "must not be empty with outbox_shape %s", c.OutboxShape)
+		case HeartbeatPrefix:
+			bad("messages_prefix", "%q is the relay's heartbeat prefix; choose another", c.MessagesPrefix)
+		}
+	} else if c.PayloadEncoding != "json" {
+		bad("payload_encoding", "applies to logical decoding messages only, and outbox_shape is %s: remove it or set outbox_shape to messages or both", c.OutboxShape)
+	}
+	if !c.UsesTable() {
+		// Nothing is stored: a message exists only in the WAL, so there are no rows to backfill
+		// or prune.
+		nothing := "outbox_shape messages stores nothing (an event exists only in the WAL), so there is nothing to %s: remove it, or use outbox_shape both with an outbox table"
+		if c.Backfill {
+			bad("backfill", nothing, "backfill")
+		}
+		if c.BackfillSince != "" {
+			bad("backfill_since", nothing, "backfill")
+		}
+		if c.BackfillWhere != "" {
+			bad("backfill_where", nothing, "backfill")
+		}
+		if c.PruneInterval > 0 {
+			bad("prune_interval", nothing, "prune")
+		}
+	}
+	if c.Source == "poll" && c.UsesMessages() {
+		bad("outbox_shape", "is %s, but source (from %s) is poll: logical decoding messages exist only in the WAL, so the poller cannot read them; use source: wal, or outbox_shape: table", c.OutboxShape, from("source"))
 	}
 	if c.PGDSN != "" {
 		if err := checkDSN(c.PGDSN); err != nil {

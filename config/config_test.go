@@ -84,6 +84,9 @@ func TestDefaultsLoadWithOnlyTheRequiredKeys(t *testing.T) {
 		{"max_in_flight_bytes", c.MaxInFlightBytes, int64(64 << 20)},
 		{"max_message_bytes", c.MaxMessageBytes, 1 << 20},
 		{"heartbeat_interval", c.HeartbeatInterval, time.Duration(0)},
+		{"outbox_shape is the table, as before messages existed", c.OutboxShape, "table"},
+		{"messages_prefix", c.MessagesPrefix, "outbox"},
+		{"payload_encoding", c.PayloadEncoding, "json"},
 		{"metrics_addr", c.MetricsAddr, ""},
 		{"log_level", c.LogLevel, "info"},
 		{"log_format", c.LogFormat, "json"},
@@ -234,6 +237,15 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 		{"a zero transaction size", "transaction_max_events", "0", flagged},
 		{"a positions topic with a slash", "positions_topic", "positions/a", env},
 		{"a transactional id with a trailing space", "transactional_id", "relay-1 ", flagged},
+		{"an unknown outbox shape", "outbox_shape", "queue", flagged},
+		{"an unknown payload encoding", "payload_encoding", "hex", env},
+		{"an extra field without a placement", "extra_fields", "tenant", flagged},
+		{"an extra field with an unknown placement", "extra_fields", "tenant:body", env},
+		{"two partition columns", "extra_fields", "a:partition,b:partition", file},
+		{"a topic regex that does not compile", "topic_regex", "(unclosed", env},
+		{"a topic regex whose replacement names a group it lacks", "topic_regex", "(?<a>.*)", flagged},
+		{"an unknown on_update", "on_update", "ignore", env},
+		{"an unknown value encoding", "value_encoding", "avro", env},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+" is rejected with the key and the source", func(t *testing.T) {
@@ -459,6 +471,24 @@ func TestCrossKeyChecks(t *testing.T) {
 			with(required(), "OUTBOX_KAFKA_TLS_CERT_FILE", "/tls/cert.pem"), "kafka.tls.key_file"},
 		{"a client key needs its certificate",
 			with(required(), "OUTBOX_KAFKA_TLS_KEY_FILE", "/tls/key.pem"), "kafka.tls.cert_file"},
+		{"the heartbeat's prefix is not an outbox prefix",
+			with(required(), "OUTBOX_OUTBOX_SHAPE", "messages", "OUTBOX_MESSAGES_PREFIX", "outbox-relay-heartbeat"), "messages_prefix"},
+		{"payload_encoding base64 without messages does nothing, so it is refused",
+			with(required(), "OUTBOX_PAYLOAD_ENCODING", "base64"), "payload_encoding (from OUTBOX_PAYLOAD_ENCODING): applies to logical decoding messages only"},
+		{"messages only: there is nothing to backfill",
+			with(required(), "OUTBOX_OUTBOX_SHAPE", "messages", "OUTBOX_BACKFILL", "true"), "backfill (from OUTBOX_BACKFILL): outbox_shape messages stores nothing"},
+		{"messages only: backfill_since is refused too",
+			with(required(), "OUTBOX_OUTBOX_SHAPE", "messages", "OUTBOX_BACKFILL_SINCE", "24h"), "backfill_since"},
+		{"messages only: backfill_where is refused too",
+			with(required(), "OUTBOX_OUTBOX_SHAPE", "messages", "OUTBOX_BACKFILL_WHERE", "true"), "backfill_where"},
+		{"a topic regex and a topic template both route",
+			with(required(), "OUTBOX_TOPIC_REGEX", "(?<routedByValue>.*)", "OUTBOX_TOPIC_TEMPLATE", "x.{aggregate_type}"), "topic_regex (from OUTBOX_TOPIC_REGEX): and topic_template (from OUTBOX_TOPIC_TEMPLATE) both route"},
+		{"a topic replacement without a regex does nothing, so it is refused",
+			with(required(), "OUTBOX_TOPIC_REPLACEMENT", "x.${routedByValue}"), "topic_replacement"},
+		{"json-with-schema cannot carry envelope fields",
+			with(required(), "OUTBOX_VALUE_ENCODING", "json-with-schema", "OUTBOX_EXTRA_FIELDS", "type:envelope"), "value_encoding"},
+		{"messages only: there is nothing to prune",
+			with(required(), "OUTBOX_OUTBOX_SHAPE", "messages", "OUTBOX_PRUNE_INTERVAL", "1h"), "prune_interval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -478,6 +508,70 @@ func TestPasswordsMayComeFromFiles(t *testing.T) {
 	}
 	if c.Kafka.SASL.PasswordFile != "/run/secrets/kafka-password" || c.PGPasswordFile != "/run/secrets/pg-password" {
 		t.Fatalf("password files %q and %q", c.Kafka.SASL.PasswordFile, c.PGPasswordFile)
+	}
+}
+
+func TestOutboxShapes(t *testing.T) {
+	tests := []struct {
+		name             string
+		env              map[string]string
+		table, messages  bool
+		prefix, encoding string
+	}{
+		{"the default reads the table only", required(), true, false, "outbox", "json"},
+		{"messages only", with(required(), "OUTBOX_OUTBOX_SHAPE", "Messages"), false, true, "outbox", "json"},
+		{"both, with a prefix and base64 payloads", with(required(), "OUTBOX_OUTBOX_SHAPE", "both", "OUTBOX_MESSAGES_PREFIX", "orders.outbox",
+			"OUTBOX_PAYLOAD_ENCODING", "base64"), true, true, "orders.outbox", "base64"},
+		{"both keeps the backfill of the table", with(required(), "OUTBOX_OUTBOX_SHAPE", "both", "OUTBOX_BACKFILL", "true"), true, true, "outbox", "json"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _, err := load(t, "", tt.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.UsesTable() != tt.table || c.UsesMessages() != tt.messages || c.MessagesPrefix != tt.prefix || c.PayloadEncoding != tt.encoding {
+				t.Errorf("table %t messages %t prefix %q encoding %q, want %t %t %q %q",
+					c.UsesTable(), c.UsesMessages(), c.MessagesPrefix, c.PayloadEncoding, tt.table, tt.messages, tt.prefix, tt.encoding)
+			}
+		})
+	}
+}
+
+func TestRouterOptions(t *testing.T) {
+	c, _, err := load(t, "", with(required(), "OUTBOX_PROFILE", "debezium", "OUTBOX_TOPIC_REGEX", `(?<routedByValue>[a-z]+)_.*`,
+		"OUTBOX_EXTRA_FIELDS", "type:envelope:eventType,partitionno:partition,tenant:header",
+		"OUTBOX_COLUMNS_TIMESTAMP", "ts", "OUTBOX_COLUMNS_TRACING_SPAN_CONTEXT", "tracingspancontext",
+		"OUTBOX_TOMBSTONE_ON_EMPTY_PAYLOAD", "true", "OUTBOX_ON_UPDATE", "fatal", "OUTBOX_VALUE_ENCODING", "json-expanded"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TopicReplacement != "outbox.event.${routedByValue}" || c.TopicTemplate != "outbox.event.{aggregate_type}" || len(c.ExtraFields) != 3 ||
+		c.Columns.Timestamp != "ts" || c.Columns.TracingSpanContext != "tracingspancontext" || !c.TombstoneOnEmptyPayload || c.OnUpdate != "fatal" {
+		t.Errorf("loaded %+v", c)
+	}
+	d, _, err := load(t, "", required())
+	if err != nil || d.OnUpdate != "warn" || d.TombstoneOnEmptyPayload || d.Columns.Timestamp != "" || d.TopicRegex != "" {
+		t.Errorf("defaults %+v (%v): on_update warn, no tombstones, no timestamp column, no regex", d, err)
+	}
+}
+
+func TestMessagesAreRefusedWithThePollingSource(t *testing.T) {
+	for _, shape := range []string{"messages", "both"} {
+		_, _, err := load(t, "", with(required(), "OUTBOX_SOURCE", "poll", "OUTBOX_OUTBOX_SHAPE", shape))
+		if err == nil || !strings.Contains(err.Error(), "outbox_shape (from OUTBOX_OUTBOX_SHAPE)") || !strings.Contains(err.Error(), "source (from OUTBOX_SOURCE) is poll") {
+			t.Errorf("outbox_shape %s with source poll: Load = %v, want an error naming both keys", shape, err)
+		}
+	}
+	if _, _, err := load(t, "", with(required(), "OUTBOX_SOURCE", "poll", "OUTBOX_OUTBOX_SHAPE", "table")); err != nil {
+		t.Errorf("outbox_shape table with source poll: %v", err)
+	}
+}
+
+func TestMessagesNeedAPrefix(t *testing.T) {
+	_, _, err := load(t, "", with(required(), "OUTBOX_OUTBOX_SHAPE", "both"), "--messages-prefix=")
+	if err == nil || !strings.Contains(err.Error(), "messages_prefix (from --messages-prefix): must not be empty") {
+		t.Fatalf("Load = %v, want an error naming messages_prefix", err)
 	}
 }
 

@@ -4,6 +4,8 @@
 // table do not matter, and a schema change is judged by the columns the stream carries at that
 // point (not by today's catalog). Only INSERTs into the outbox become events; other operations
 // (UPDATE, DELETE, TRUNCATE) are skipped, which also makes the insert-then-delete pattern work.
+// Transactional logical decoding messages with a configured prefix are events too (the table-free
+// outbox, message.go), alongside the table's rows or instead of them.
 //
 // A relation named like the outbox is the outbox. Any other relation in the stream may still be
 // part of it (a leaf partition of a partitioned outbox, named by pgoutput for WAL written while the
@@ -22,7 +24,8 @@ import (
 )
 
 // Columns names the outbox table's columns. Headers and AggregateVersion are optional: leave them
-// empty when the table has no such column.
+// empty when the table has no such column. Timestamp and TracingSpanContext are optional too, and
+// required once named.
 type Columns struct {
 	ID            string
 	AggregateType string
@@ -33,6 +36,12 @@ type Columns struct {
 	// AggregateVersion is the aggregate's version the event leads to (a bigint), which the sink
 	// sends as the aggregate_version header so consumers can tell a missed or stale event.
 	AggregateVersion string
+	// Timestamp is a timestamp or timestamptz column whose value becomes Event.Time (Debezium's
+	// table.field.event.timestamp).
+	Timestamp string
+	// TracingSpanContext is a column holding the producer's trace context (Debezium's
+	// tracingspancontext: Java Properties text with traceparent and tracestate): Event.SpanContext.
+	TracingSpanContext string
 }
 
 // DefaultColumns matches the table `outbox-relay migrate` creates.
@@ -54,6 +63,15 @@ type Config struct {
 	Columns Columns
 	// Extra lists further columns whose values travel with the event (as Kafka headers), in order.
 	Extra []string
+	// MessagePrefix, when set, makes every transactional logical decoding message with this prefix
+	// an outbox event too (the table-free outbox, message.go); its content's members are named like
+	// the columns. Messages need the stream's pgoutput messages option.
+	MessagePrefix string
+	// NoTable: messages are the only outbox; no relation is the outbox table, so rows of every
+	// table are skipped without asking the caller to classify them.
+	NoTable bool
+	// PayloadBase64: a message's payload member is a base64 string of the payload bytes, not JSON.
+	PayloadBase64 bool
 }
 
 // TxInfo identifies the transaction an event belongs to.
@@ -83,6 +101,16 @@ type Event struct {
 	// the same order, so (Tx.CommitLSN, Index) names one event across restarts: exactly-once
 	// delivery records how far it got inside a transaction with it.
 	Index int
+	// Time is the event's own timestamp, from Columns.Timestamp; zero when none is configured or
+	// the value is NULL (the sink then uses the commit time).
+	Time time.Time
+	// SpanContext is the Columns.TracingSpanContext value as written (Java Properties text, or a
+	// JSON object in a message), or nil.
+	SpanContext []byte
+	// ExtraKinds says, for each Extra value, what JSON value it is when written into a record's
+	// envelope (a number, a boolean, JSON, or else a string); nil means strings. Shared by the
+	// events of one relation: read only.
+	ExtraKinds []ValueKind
 	// RawSize is the memory the event keeps alive for as long as it is held: the whole message
 	// buffer its fields alias (every column of the row, mapped or not), plus any value the decoder
 	// had to copy out of it (a bytea payload decoded from hex). It is what a holder of the event,
@@ -94,14 +122,30 @@ type Event struct {
 type Kind uint8
 
 const (
-	Skip    Kind = iota // nothing to do: another table, another operation, metadata
-	Begin               // a transaction starts; Tx is set
-	Insert              // an outbox row; Event is set
-	Commit              // the transaction ends; Tx and EndLSN are set
-	Message             // a non-transactional logical decoding message at LSN (e.g. a heartbeat)
+	Skip  Kind = iota // nothing to do: another table, another operation, metadata
+	Begin             // a transaction starts; Tx is set
+	// Insert is an outbox event, Event is set: a row inserted into the outbox table, or a
+	// transactional logical decoding message with the outbox prefix (Config.MessagePrefix). Both
+	// are events of their transaction in stream order, numbered by one Event.Index counter.
+	Insert
+	Commit  // the transaction ends; Tx and EndLSN are set
+	Message // a non-transactional logical decoding message at LSN (e.g. a heartbeat)
 	// Relation is a Relation message; Relation is set. When Relation.Named is false, the caller
 	// must call Classify for its OID before the next Decode.
 	Relation
+	// Update is an UPDATE of an outbox relation (never an event: the outbox is append-only); Tx
+	// and LSN are set, Prefix names the relation. Only a publication that publishes UPDATEs sends it.
+	Update
+)
+
+// ValueKind is the JSON kind of a column's text value (Event.ExtraKinds).
+type ValueKind uint8
+
+const (
+	KindString ValueKind = iota // a JSON string of the text
+	KindNumber                  // the text is a JSON number (integer and floating-point types)
+	KindBool                    // "t" or "f" (boolean); in a message, true or false
+	KindJSON                    // the text is JSON already (a message member that is not a string)
 )
 
 func (k Kind) String() string {
@@ -118,6 +162,8 @@ func (k Kind) String() string {
 		return "message"
 	case Relation:
 		return "relation"
+	case Update:
+		return "update"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -129,7 +175,8 @@ type Change struct {
 	EndLSN pglogrepl.LSN // Commit: the transaction end LSN, the position to confirm
 	Event  *Event        // Insert
 	// Unusable is set on an Insert into an outbox relation that lacks a mapped column (at that
-	// point of the stream): Event holds what could be read, and the row belongs to the failure
+	// point of the stream), or on an outbox message whose content is not an event (it wraps
+	// ErrInvalidMessage): Event holds what could be read, and the event belongs to the failure
 	// policy, not to its topic.
 	Unusable error
 	LSN      pglogrepl.LSN // Message
@@ -157,6 +204,7 @@ type Decoder struct {
 	inTx      bool
 	events    int      // events of the open transaction so far: the next Event.Index
 	cols      []column // scratch for TupleData
+	names     []string // message member names by slot (memberNames)
 }
 
 // relation is what the decoder remembers of a Relation message.
@@ -169,10 +217,13 @@ type relation struct {
 	types        []uint32
 	// unusable says why rows of this outbox relation cannot be read (a mapped column is missing).
 	unusable error
-	// index of each mapped column in the tuple; -1 when not configured (Headers only)
+	// index of each mapped column in the tuple; -1 when not configured (the optional ones)
 	id, aggType, aggID, evType, payload, headers, aggVersion int
+	timestamp, spanContext                                   int
 	extra                                                    []int
+	extraKinds                                               []ValueKind
 	payloadBytea                                             bool
+	timestampTZ                                              bool // the timestamp column is timestamptz, not timestamp
 }
 
 // New returns a decoder for cfg.
@@ -227,10 +278,12 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, data []byte) (Change, error) {
 	case msgInsert:
 		ch, err = d.insert(&r, walStart, len(data))
 	case msgMessage:
-		ch, err = d.message(&r)
-	case msgOrigin, msgType, msgUpdate, msgDelete, msgTruncate:
-		// Nothing to publish. Update and delete are skipped on purpose: the outbox is append-only,
-		// and deleting the row in the same transaction is a common way to keep the table empty.
+		ch, err = d.message(&r, walStart, len(data))
+	case msgUpdate:
+		ch, err = d.update(&r)
+	case msgOrigin, msgType, msgDelete, msgTruncate:
+		// Nothing to publish. Deletes are skipped on purpose: the outbox is append-only, and
+		// deleting the row in the same transaction is a common way to keep the table empty.
 	default:
 		err = fmt.Errorf("unknown message type %q (is the slot using pgoutput protocol version 1?)", data[0])
 	}
@@ -290,6 +343,11 @@ func (d *Decoder) relation(r *reader) (Change, error) {
 	}
 	// A new definition replaces any earlier one: its column indexes may no longer match.
 	rel := &relation{name: schema + "." + table, names: names, types: types}
+	if d.cfg.NoTable {
+		// No table is the outbox: its rows are provably not events, whatever their relation.
+		d.relations[oid] = rel
+		return Change{}, nil
+	}
 	info := &RelationInfo{OID: oid, Schema: schema, Table: table, Columns: names}
 	if schema == d.cfg.Schema && table == d.cfg.Table {
 		d.mapColumns(rel)
@@ -346,21 +404,40 @@ func (d *Decoder) mapColumns(rel *relation) {
 	rel.aggID = need("columns.aggregate_id", c.AggregateID)
 	rel.evType = need("columns.event_type", c.EventType)
 	rel.payload = need("columns.payload", c.Payload)
-	rel.headers, rel.aggVersion = -1, -1
+	rel.headers, rel.aggVersion, rel.timestamp, rel.spanContext = -1, -1, -1, -1
 	if c.Headers != "" {
 		rel.headers = need("columns.headers", c.Headers)
 	}
 	if c.AggregateVersion != "" {
 		rel.aggVersion = need("columns.aggregate_version", c.AggregateVersion)
 	}
+	if c.Timestamp != "" {
+		rel.timestamp = need("columns.timestamp", c.Timestamp)
+	}
+	if c.TracingSpanContext != "" {
+		rel.spanContext = need("columns.tracing_span_context", c.TracingSpanContext)
+	}
 	rel.extra = make([]int, len(d.cfg.Extra))
+	rel.extraKinds = make([]ValueKind, len(d.cfg.Extra))
 	for i, name := range d.cfg.Extra {
 		rel.extra[i] = need("extra column", name)
+		if rel.extra[i] >= 0 {
+			rel.extraKinds[i] = KindOf(types[rel.extra[i]])
+		}
 	}
 	rel.unusable = nil
 	if len(missing) > 0 {
 		rel.unusable = fmt.Errorf("outbox table %s had no column %s when this row was written (it had %s): the table's schema changed; restore the column or fix the columns.* settings",
 			rel.name, strings.Join(missing, ", "), strings.Join(names, ", "))
+	} else if rel.timestamp >= 0 {
+		switch types[rel.timestamp] {
+		case timestamptzOID:
+			rel.timestampTZ = true
+		case timestampOID:
+		default:
+			rel.unusable = fmt.Errorf("outbox table %s: the timestamp column %q (columns.timestamp) is of type OID %d; it must be timestamp or timestamptz",
+				rel.name, c.Timestamp, types[rel.timestamp])
+		}
 	}
 	rel.payloadBytea = rel.payload >= 0 && types[rel.payload] == byteaOID
 }
@@ -423,6 +500,18 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN, size int) (Change, e
 				return Change{}, err
 			}
 		}
+		ev.ExtraKinds = rel.extraKinds
+	}
+	if ev.SpanContext, err = value(rel.spanContext); err != nil {
+		return Change{}, err
+	}
+	unusable := rel.unusable
+	if ts, err := value(rel.timestamp); err != nil {
+		return Change{}, err
+	} else if ts != nil && unusable == nil {
+		if ev.Time, err = ParseTimestamp(ts, rel.timestampTZ); err != nil {
+			unusable = fmt.Errorf("outbox table %s, timestamp column %q: %w", rel.name, d.cfg.Columns.Timestamp, err)
+		}
 	}
 	if rel.payloadBytea && ev.Payload != nil {
 		if ev.Payload, err = unhexBytea(ev.Payload); err != nil {
@@ -432,7 +521,60 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN, size int) (Change, e
 	}
 	ev.Index = d.events
 	d.events++
-	return Change{Kind: Insert, Tx: d.tx, Event: ev, Unusable: rel.unusable}, nil
+	return Change{Kind: Insert, Tx: d.tx, Event: ev, Unusable: unusable}, nil
+}
+
+// update reports an UPDATE of an outbox relation; updates of other relations are skipped.
+func (d *Decoder) update(r *reader) (Change, error) {
+	oid := r.u32()
+	if r.err != nil {
+		return Change{}, nil
+	}
+	rel, ok := d.relations[oid]
+	if !ok || !rel.outbox || rel.unclassified || !d.inTx {
+		return Change{}, nil // other tables' updates are not read further
+	}
+	// The old key or row, when the replica identity sends one, then the new row.
+	tag := r.u8()
+	if tag == 'K' || tag == 'O' {
+		d.cols = r.tuple(d.cols)
+		tag = r.u8()
+	}
+	if r.err == nil && tag != 'N' {
+		return Change{}, fmt.Errorf("update of %s with tuple tag %q, want 'N'", rel.name, tag)
+	}
+	d.cols = r.tuple(d.cols)
+	if r.err != nil {
+		return Change{}, nil
+	}
+	return Change{Kind: Update, Tx: d.tx, Prefix: rel.name}, nil
+}
+
+// Type OIDs the decoder reads differently.
+const (
+	boolOID        = 16
+	int8OID        = 20
+	int2OID        = 21
+	int4OID        = 23
+	oidOID         = 26
+	float4OID      = 700
+	float8OID      = 701
+	timestampOID   = 1114
+	timestamptzOID = 1184
+)
+
+// KindOf is the JSON kind of a column type's text form (Event.ExtraKinds). numeric stays a
+// string: its text may be NaN or Infinity, which JSON has no number for.
+func KindOf(oid uint32) ValueKind {
+	switch oid {
+	case int2OID, int4OID, int8OID, oidOID:
+		return KindNumber
+	case float4OID, float8OID:
+		return KindNumber
+	case boolOID:
+		return KindBool
+	}
+	return KindString
 }
 
 // unhexBytea decodes bytea's text output in hex format ("\x0a0b..."), the only one the replication
@@ -442,15 +584,4 @@ func unhexBytea(b []byte) ([]byte, error) {
 		return nil, fmt.Errorf("bytea value is not in hex format (set bytea_output = 'hex')")
 	}
 	return Bytea(b)
-}
-
-func (d *Decoder) message(r *reader) (Change, error) {
-	transactional := r.u8() == 1
-	lsn := r.lsn()
-	prefix := r.cstring()
-	r.take(int(r.u32()))
-	if transactional || r.err != nil {
-		return Change{}, nil
-	}
-	return Change{Kind: Message, LSN: lsn, Prefix: prefix}, nil
 }

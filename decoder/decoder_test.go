@@ -265,6 +265,7 @@ func checkEventFields(t *testing.T, got *decoder.Event, want decoder.Event) {
 		{"EventType", got.EventType, want.EventType},
 		{"Payload", got.Payload, want.Payload},
 		{"Headers", got.Headers, want.Headers},
+		{"AggregateVersion", got.AggregateVersion, want.AggregateVersion},
 	} {
 		if !sameValue(f.got, f.want) {
 			t.Errorf("%s = %s, want %s", f.name, show(f.got), show(f.want))
@@ -752,9 +753,6 @@ func TestDecodeSkipsWhatIsNotAnOutboxInsert(t *testing.T) {
 		{"an insert into another table", defaultConfig(), insertMsg(otherOID, []val{text("1"), text("alice")})},
 		{"an insert into a table of the same name in another schema", defaultConfig(), insertMsg(otherOID+1, row(defaultCols, sampleRow))},
 		{"an insert into the public outbox when another schema is configured", decoder.Config{Schema: "archive", Table: "outbox", Columns: decoder.DefaultColumns()}, sampleInsert()},
-		{"an update of an outbox row", defaultConfig(), updateMsg(outboxOID, 0, nil, full)},
-		{"an update of an outbox row with its old key", defaultConfig(), updateMsg(outboxOID, 'K', key, full)},
-		{"an update of an outbox row with the old row and an unchanged TOAST value", defaultConfig(), updateMsg(outboxOID, 'O', full, []val{full[0], full[1], full[2], full[3], unchanged, full[5]})},
 		{"an update of another table", defaultConfig(), updateMsg(otherOID, 0, nil, []val{text("1"), text("bob")})},
 		{"a delete of an outbox row by key", defaultConfig(), deleteMsg(outboxOID, 'K', key)},
 		{"a delete of an outbox row with the old row", defaultConfig(), deleteMsg(outboxOID, 'O', full)},
@@ -1468,6 +1466,7 @@ func TestDecodeTruncatedMessagesError(t *testing.T) {
 			setup: [][]byte{relationMsg(outboxOID, "public", "outbox", byteaCols), txBegin()},
 			msg:   insertMsg(outboxOID, row(byteaCols, with(sampleRow, "payload", text(`\x7b7d`)))),
 		},
+		{name: "an outbox update", setup: [][]byte{outboxRelation(), txBegin()}, msg: updateMsg(outboxOID, 'O', row(defaultCols, sampleRow), row(defaultCols, sampleRow))},
 		{name: "a non-transactional message", msg: logicalMsg(false, 0x16B3800, "heartbeat", "42")},
 		{name: "a transactional message", setup: [][]byte{txBegin()}, msg: logicalMsg(true, 0x16B3800, "audit", "x")},
 	}
@@ -1503,13 +1502,42 @@ func TestDecodeTruncatedMessagesError(t *testing.T) {
 	}
 }
 
+func TestDecodeReportsUpdatesOfTheOutboxButNeverAsEvents(t *testing.T) {
+	key := []val{text("0b4e5c8e-1d2f-4a3b-9c8d-7e6f5a4b3c2d"), null, null, null, null, null}
+	full := row(defaultCols, sampleRow)
+	for _, tt := range []struct {
+		name string
+		msg  []byte
+	}{
+		{"an update of an outbox row", updateMsg(outboxOID, 0, nil, full)},
+		{"an update of an outbox row with its old key", updateMsg(outboxOID, 'K', key, full)},
+		{"an update of an outbox row with the old row and an unchanged TOAST value", updateMsg(outboxOID, 'O', full, []val{full[0], full[1], full[2], full[3], unchanged, full[5]})},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := decoder.New(defaultConfig())
+			mustDecode(t, d, outboxRelation(), otherRelation(), txBegin(), sampleInsert())
+			ch, err := d.Decode(insertAt, tt.msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ch.Kind != decoder.Update || ch.Event != nil || ch.Prefix != "public.outbox" || ch.Tx.Xid != txXid {
+				t.Fatalf("Decode = kind %s, event %v, relation %q; want an update of public.outbox without an event", ch.Kind, ch.Event, ch.Prefix)
+			}
+			ch, err = d.Decode(insertAt, sampleInsert())
+			if err != nil || ch.Event.Index != 1 {
+				t.Fatalf("the next insert: %v, index %d; an update is not an event and takes no index", err, ch.Event.Index)
+			}
+		})
+	}
+}
+
 func TestDecodeTruncatedSkippedMessagesNeverPanic(t *testing.T) {
 	// Messages the decoder skips are not parsed past what it needs, so a truncated one may decode
 	// as Skip; it must never panic, and an insert cut inside its header must still fail.
 	full := row(defaultCols, sampleRow)
 	msgs := [][]byte{
 		insertMsg(otherOID, []val{text("1"), text("alice")}),
-		updateMsg(outboxOID, 'O', full, full),
+		updateMsg(otherOID, 'O', []val{text("1"), text("alice")}, []val{text("1"), text("bob")}),
 		deleteMsg(outboxOID, 'K', full),
 		truncateMsg(1, outboxOID, otherOID),
 		typeMsg(70000, "public", "mood"),

@@ -31,12 +31,19 @@ type killRecord struct {
 // last status update + the rest of a transaction that was only partly acknowledged.
 func TestKill9AtRandomMomentsLosesNothingAndDuplicatesStayInTheWindow(t *testing.T) {
 	t.Parallel()
-	kill9(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 10)
+	kill9(t, newDB(t, testenv.SharedPostgres(t), 3), testenv.SharedKafka(t).Brokers(), 10)
 }
 
-// kill9 is the kill -9 scenario with the given number of kills on a database of its own on pg
-// (the version matrix runs it with fewer).
-func kill9(t *testing.T, pg *devenv.Postgres, brokers string, kills int) {
+// TestKill9WithTheTableFreeOutboxLosesNothingAndDuplicatesStayInTheWindow is the same with every
+// event a logical decoding message and no outbox table (outbox_shape messages), with fewer kills:
+// the crash path is the table's, only the source of the events differs.
+func TestKill9WithTheTableFreeOutboxLosesNothingAndDuplicatesStayInTheWindow(t *testing.T) {
+	t.Parallel()
+	kill9(t, newMessagesDB(t, testenv.SharedPostgres(t), 3, 1), testenv.SharedKafka(t).Brokers(), 6)
+}
+
+// kill9 SIGKILLs d's relay kills times (see TestKill9AtRandomMomentsLosesNothingAndDuplicatesStayInTheWindow).
+func kill9(t *testing.T, d *db, brokers string, kills int) {
 	const (
 		maxInFlight    = 500
 		statusInterval = 200 * time.Millisecond
@@ -49,7 +56,6 @@ func kill9(t *testing.T, pg *devenv.Postgres, brokers string, kills int) {
 	// sampling period.
 	ackWindow := 2*statusInterval + samplePeriod
 
-	d := newDB(t, pg, 3)
 	args := []string{fmt.Sprintf("--max-in-flight-events=%d", maxInFlight), "--status-interval=" + statusInterval.String()}
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

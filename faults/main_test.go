@@ -41,6 +41,7 @@ type db struct {
 	slot   string
 	types  []string
 	outbox *harness.Outbox
+	args   []string // relay flags the database's outbox shape needs
 }
 
 // markerSuffix names the slot and publication through which, on PostgreSQL 14 (no
@@ -49,8 +50,26 @@ const markerSuffix = "_marker"
 
 func newDB(t *testing.T, pg *devenv.Postgres, nTypes int) *db {
 	t.Helper()
+	return newDBOf(t, pg, nTypes, 0)
+}
+
+// newMessagesDB is newDB for the table-free outbox: every event a transactional logical decoding
+// message (every 1: outbox_shape messages, and the database has no outbox table), or every
+// every-th event one, the others rows in the same transactions (outbox_shape both).
+func newMessagesDB(t *testing.T, pg *devenv.Postgres, nTypes, every int) *db {
+	t.Helper()
+	return newDBOf(t, pg, nTypes, every)
+}
+
+func newDBOf(t *testing.T, pg *devenv.Postgres, nTypes, every int) *db {
+	t.Helper()
 	ctx := context.Background()
-	dsn := testenv.OutboxDatabase(t, pg)
+	var dsn string
+	if every == 1 {
+		dsn = testenv.MessagesDatabase(t, pg)
+	} else {
+		dsn = testenv.OutboxDatabase(t, pg)
+	}
 	ob, err := harness.NewOutbox(ctx, dsn, "public.outbox_events")
 	if err != nil {
 		t.Fatal(err)
@@ -75,6 +94,15 @@ func newDB(t *testing.T, pg *devenv.Postgres, nTypes int) *db {
 	for i := range nTypes {
 		d.types = append(d.types, testenv.UniqueName(t, fmt.Sprintf("agg%d", i)))
 	}
+	if every > 0 {
+		prefix := "outbox." + d.slot // the database's own: nothing else's messages count
+		ob.UseMessages(prefix, every)
+		source := "both"
+		if every == 1 {
+			source = "messages"
+		}
+		d.args = []string{"--outbox-shape=" + source, "--messages-prefix=" + prefix}
+	}
 	return d
 }
 
@@ -89,8 +117,8 @@ type relay struct {
 func (d *db) startRelay(brokers string, plain bool, args ...string) *relay {
 	d.t.Helper()
 	addr := freeAddr(d.t)
-	all := []string{"--slot=" + d.slot, "--publication=" + d.slot, "--metrics-addr=" + addr,
-		"--slot-busy-wait=60s", "--shutdown-timeout=10s"}
+	all := append([]string{"--slot=" + d.slot, "--publication=" + d.slot, "--metrics-addr=" + addr,
+		"--slot-busy-wait=60s", "--shutdown-timeout=10s"}, d.args...)
 	p := relayproc.Start(d.t, relayproc.Options{
 		Args:  append(all, args...),
 		Env:   map[string]string{"OUTBOX_PG_DSN": d.dsn, "OUTBOX_KAFKA_BROKERS": brokers},
@@ -250,6 +278,15 @@ type marked struct {
 // can say exactly whether the slot was confirmed past it.
 func (d *db) writeMarked(specs ...harness.Spec) marked {
 	d.t.Helper()
+	return d.writeMarkedWith(func(ctx context.Context, tx pgx.Tx) (func(), error) {
+		return d.outbox.WriteIn(ctx, tx, specs...)
+	})
+}
+
+// writeMarkedWith is writeMarked for a transaction that write makes (record, when not nil, runs
+// after the commit). IDs are the outbox rows' ids (none for messages).
+func (d *db) writeMarkedWith(write func(ctx context.Context, tx pgx.Tx) (record func(), err error)) marked {
+	d.t.Helper()
 	ctx := context.Background()
 	pool := d.outbox.Pool()
 	tx, err := pool.Begin(ctx)
@@ -257,23 +294,33 @@ func (d *db) writeMarked(specs ...harness.Spec) marked {
 		d.t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	record, err := d.outbox.WriteIn(ctx, tx, specs...)
+	record, err := write(ctx, tx)
 	if err != nil {
 		d.t.Fatal(err)
 	}
 	var xid, from uint64
 	var m marked
-	err = tx.QueryRow(ctx, `SELECT (pg_current_xact_id()::text::bigint % 4294967296),
-		(pg_current_wal_insert_lsn() - '0/0')::bigint,
-		(SELECT array_agg(id::text) FROM outbox_events WHERE xmin::text = (pg_current_xact_id()::text::bigint % 4294967296)::text)`).
-		Scan(&xid, &from, &m.IDs)
+	err = tx.QueryRow(ctx, `SELECT (pg_current_xact_id()::text::bigint % 4294967296), (pg_current_wal_insert_lsn() - '0/0')::bigint`).
+		Scan(&xid, &from)
 	if err != nil {
 		d.t.Fatal(err)
+	}
+	var table bool
+	if err := tx.QueryRow(ctx, "SELECT to_regclass('outbox_events') IS NOT NULL").Scan(&table); err != nil {
+		d.t.Fatal(err)
+	}
+	if table {
+		err = tx.QueryRow(ctx, `SELECT array_agg(id::text) FROM outbox_events WHERE xmin::text = $1`, strconv.FormatUint(xid, 10)).Scan(&m.IDs)
+		if err != nil {
+			d.t.Fatal(err)
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		d.t.Fatal(err)
 	}
-	record()
+	if record != nil {
+		record()
+	}
 	if d.major < 15 {
 		m.CommitStart, m.CommitEnd = d.commitFromSlot(xid)
 		return m

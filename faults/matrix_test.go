@@ -23,7 +23,7 @@ func TestEveryPostgresVersion(t *testing.T) {
 	for _, v := range testenv.MatrixVersions(t) {
 		t.Run(v, func(t *testing.T) {
 			t.Parallel()
-			t.Run("kill -9", func(t *testing.T) { kill9(t, testenv.SharedPostgresVersion(t, v), brokers, matrixKills) })
+			t.Run("kill -9", func(t *testing.T) { kill9(t, newDB(t, testenv.SharedPostgresVersion(t, v), 3), brokers, matrixKills) })
 			t.Run("PostgreSQL restart", func(t *testing.T) {
 				postgresRestart(t, testenv.Postgres(t, devenv.PostgresOptions{Version: v}), brokers)
 			})

@@ -42,11 +42,13 @@ func hugeTxRows(t *testing.T) int {
 	return 250_000
 }
 
-// testHugeTransactionWithPausedBroker: one transaction of hugeTxRows rows is committed while the
-// broker is paused (SIGSTOP: connections are accepted, nothing is answered), then the broker is
-// slow, then healthy. The relay must apply backpressure instead of buffering the transaction, keep
-// the walsender (wal_sender_timeout 5s) fed with status updates the whole time, and deliver
-// everything in order once the broker is back.
+// testHugeTransactionWithPausedBroker: one transaction of hugeTxRows rows, and on another database
+// one transaction of as many logical decoding messages (the table-free outbox, no table), are
+// committed while the broker is paused (SIGSTOP: connections are accepted, nothing is answered),
+// then the broker is slow, then healthy. Each relay must apply backpressure instead of buffering
+// its transaction, keep its walsender (wal_sender_timeout 5s) fed with status updates the whole
+// time, and deliver everything in order once the broker is back. The two run side by side, so the
+// message mode costs the scenario no extra broker phases.
 func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 	const (
 		senderTimeout = 5 * time.Second
@@ -64,40 +66,72 @@ func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 		// relay sees the same stream.
 		"logical_decoding_work_mem": "512MB",
 	}})
-	d := newDB(t, pg, 1)
-	pool := d.outbox.Pool()
-	r := d.startRelay(fb.brokers, true) // no race detector: its shadow memory would be measured too
-	r.waitSessions(1, 90*time.Second)
-	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "warm-up"}); err != nil {
-		t.Fatal(err)
+	type side struct {
+		name      string
+		d         *db
+		r         *relay
+		walsender int32
+		end       uint64
+		peaks     [4]atomic.Int64 // peak RSS per phase: paused, slow (first half), slow (second half), healthy
+		slow      float64
+		write     func() error
 	}
-	eventually(t, time.Minute, "the warm-up event to be published", func() bool {
-		return r.mustMetric("events_published_total", "") >= 1
-	})
-	walsender := slotPID(t, d)
-	if base, err := r.RSS(); err == nil {
-		t.Logf("RSS before the transaction: %.1f MB", float64(base)/(1<<20))
+	sides := []*side{{name: "rows", d: newDB(t, pg, 1)}, {name: "messages", d: newMessagesDB(t, pg, 1, 1)}}
+	sides[0].write = func() error {
+		_, err := sides[0].d.outbox.Pool().Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers)
+			SELECT $1, 'bulk-' || (g % 1000), 'Bulk', jsonb_build_object('n', g, 'note', 'grüße ✓'), jsonb_build_object('seq', g::text)
+			FROM generate_series(1, $2::int) g`, sides[0].d.types[0], rows)
+		return err
+	}
+	sides[1].write = func() error {
+		// The same events as the rows, as messages: jsonb prints the payload member exactly as the
+		// rows' payload column.
+		_, err := sides[1].d.outbox.Pool().Exec(ctx, `SELECT count(pg_logical_emit_message(true, $3, jsonb_build_object(
+				'id', gen_random_uuid()::text, 'aggregate_type', $1::text, 'aggregate_id', 'bulk-' || (g % 1000), 'event_type', 'Bulk',
+				'payload', jsonb_build_object('n', g, 'note', 'grüße ✓'), 'headers', jsonb_build_object('seq', g::text))::text))
+			FROM generate_series(1, $2::int) g`, sides[1].d.types[0], rows, "outbox."+sides[1].d.slot)
+		return err
+	}
+	for _, sd := range sides {
+		sd.r = sd.d.startRelay(fb.brokers, true) // no race detector: its shadow memory would be measured too
+	}
+	for _, sd := range sides {
+		sd.r.waitSessions(1, 90*time.Second)
+		if err := sd.d.outbox.WriteTx(ctx, harness.Spec{AggregateType: sd.d.types[0], AggregateID: "warm-up"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sd := range sides {
+		eventually(t, time.Minute, sd.name+": the warm-up event to be published", func() bool {
+			return sd.r.mustMetric("events_published_total", "") >= 1
+		})
+		sd.walsender = slotPID(t, sd.d)
+		if base, err := sd.r.RSS(); err == nil {
+			t.Logf("%s: RSS before the transaction: %.1f MB", sd.name, float64(base)/(1<<20))
+		}
 	}
 
-	// Peak RSS per phase: paused, slow (first half), slow (second half), healthy.
 	var phase atomic.Int32
-	var peaks [4]atomic.Int64
 	rss := sample(100*time.Millisecond, func(time.Time) {
-		p := &peaks[phase.Load()]
-		if v, err := r.RSS(); err == nil && v > p.Load() {
-			p.Store(v)
+		for _, sd := range sides {
+			p := &sd.peaks[phase.Load()]
+			if v, err := sd.r.RSS(); err == nil && v > p.Load() {
+				p.Store(v)
+			}
 		}
 	})
 	defer rss.Stop()
 	var pidMu sync.Mutex
 	var pidChanges []string
 	pids := sample(500*time.Millisecond, func(now time.Time) {
-		var pid *int32
-		err := pool.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", d.slot).Scan(&pid)
-		if err == nil && (pid == nil || *pid != walsender) {
-			pidMu.Lock()
-			pidChanges = append(pidChanges, fmt.Sprintf("%s: active_pid %v", now.Format(time.TimeOnly), pid))
-			pidMu.Unlock()
+		for _, sd := range sides {
+			var pid *int32
+			err := sd.d.outbox.Pool().QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", sd.d.slot).Scan(&pid)
+			if err == nil && (pid == nil || *pid != sd.walsender) {
+				pidMu.Lock()
+				pidChanges = append(pidChanges, fmt.Sprintf("%s %s: active_pid %v", now.Format(time.TimeOnly), sd.name, pid))
+				pidMu.Unlock()
+			}
 		}
 	})
 	defer pids.Stop()
@@ -106,27 +140,30 @@ func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 		t.Fatal(err)
 	}
 	written := time.Now()
-	_, err := pool.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers)
-		SELECT $1, 'bulk-' || (g % 1000), 'Bulk', jsonb_build_object('n', g, 'note', 'grüße ✓'), jsonb_build_object('seq', g::text)
-		FROM generate_series(1, $2::int) g`, d.types[0], rows)
-	if err != nil {
-		t.Fatal(err)
-	}
-	end := currentLSN(t, pool)
-	t.Logf("%d-row transaction committed in %s", rows, time.Since(written).Round(time.Millisecond))
-
-	eventually(t, 3*time.Minute, "the in-flight window to fill while the broker is paused", func() bool {
-		return r.mustMetric("in_flight_events", "") >= maxInFlight
-	})
-	full := time.Now()
-	t.Logf("in-flight window full %s after the commit", full.Sub(written).Round(time.Millisecond))
-	// Backpressured for well over wal_sender_timeout: only status updates keep the session alive.
-	for time.Since(full) < 3*senderTimeout {
-		if r.Exited() {
-			t.Fatal("the relay exited while backpressured")
+	for _, sd := range sides {
+		if err := sd.write(); err != nil {
+			t.Fatalf("%s: %v", sd.name, err)
 		}
-		if got := r.mustMetric("in_flight_events", ""); got > maxInFlight {
-			t.Fatalf("%v events in flight, above max_in_flight_events %d", got, maxInFlight)
+		sd.end = currentLSN(t, sd.d.outbox.Pool())
+		t.Logf("%s: %d-event transaction committed %s after the pause", sd.name, rows, time.Since(written).Round(time.Millisecond))
+	}
+
+	for _, sd := range sides {
+		eventually(t, 3*time.Minute, sd.name+": the in-flight window to fill while the broker is paused", func() bool {
+			return sd.r.mustMetric("in_flight_events", "") >= maxInFlight
+		})
+	}
+	full := time.Now()
+	t.Logf("in-flight windows full %s after the first commit", full.Sub(written).Round(time.Millisecond))
+	// Backpressured for well over wal_sender_timeout: only status updates keep the sessions alive.
+	for time.Since(full) < 3*senderTimeout {
+		for _, sd := range sides {
+			if sd.r.Exited() {
+				t.Fatalf("%s: the relay exited while backpressured", sd.name)
+			}
+			if got := sd.r.mustMetric("in_flight_events", ""); got > maxInFlight {
+				t.Fatalf("%s: %v events in flight, above max_in_flight_events %d", sd.name, got, maxInFlight)
+			}
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -137,53 +174,63 @@ func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 	if err := fb.k.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	before := r.mustMetric("events_published_total", "")
+	for _, sd := range sides {
+		sd.slow = sd.r.mustMetric("events_published_total", "")
+	}
 	time.Sleep(slowFor / 2)
 	phase.Store(2)
 	time.Sleep(slowFor / 2)
-	slow := r.mustMetric("events_published_total", "") - before
-	t.Logf("slow broker: %.0f events acknowledged in %s", slow, slowFor)
+	for _, sd := range sides {
+		sd.slow = sd.r.mustMetric("events_published_total", "") - sd.slow
+		t.Logf("%s: slow broker: %.0f events acknowledged in %s", sd.name, sd.slow, slowFor)
+	}
 
 	fb.proxy.Throttle(0)
 	phase.Store(3)
 	healed := time.Now()
-	eventually(t, 4*time.Minute, "every row to be acknowledged", func() bool {
-		return r.mustMetric("events_published_total", "") >= float64(rows+1)
-	})
+	for _, sd := range sides {
+		eventually(t, 4*time.Minute, sd.name+": every event to be acknowledged", func() bool {
+			return sd.r.mustMetric("events_published_total", "") >= float64(rows+1)
+		})
+	}
 	t.Logf("the rest acknowledged %s after the broker was healthy again", time.Since(healed).Round(time.Millisecond))
 	rss.Stop()
 	pids.Stop()
 
 	mb := func(v int64) float64 { return float64(v) / (1 << 20) }
-	t.Logf("peak RSS: %.1f MB paused, %.1f then %.1f MB slow, %.1f MB healthy (bound %d MB)",
-		mb(peaks[0].Load()), mb(peaks[1].Load()), mb(peaks[2].Load()), mb(peaks[3].Load()), rssBound>>20)
-	if grew := peaks[2].Load() - peaks[1].Load(); grew > maxGrowth {
-		t.Errorf("the relay's RSS kept growing while the broker stayed slow: +%.1f MB in %s", mb(grew), slowFor/2)
-	}
-	for i, name := range []string{"paused", "slow (first half)", "slow (second half)", "healthy"} {
-		if peaks[i].Load() > rssBound {
-			t.Errorf("with the broker %s the relay's RSS peaked at %.1f MB, above the %d MB bound", name, mb(peaks[i].Load()), rssBound>>20)
+	for _, sd := range sides {
+		t.Logf("%s: peak RSS: %.1f MB paused, %.1f then %.1f MB slow, %.1f MB healthy (bound %d MB)", sd.name,
+			mb(sd.peaks[0].Load()), mb(sd.peaks[1].Load()), mb(sd.peaks[2].Load()), mb(sd.peaks[3].Load()), rssBound>>20)
+		if grew := sd.peaks[2].Load() - sd.peaks[1].Load(); grew > maxGrowth {
+			t.Errorf("%s: the relay's RSS kept growing while the broker stayed slow: +%.1f MB in %s", sd.name, mb(grew), slowFor/2)
 		}
-		if peaks[i].Load() == 0 {
-			t.Errorf("no RSS sample while the broker was %s", name)
+		for i, name := range []string{"paused", "slow (first half)", "slow (second half)", "healthy"} {
+			if sd.peaks[i].Load() > rssBound {
+				t.Errorf("%s: with the broker %s the relay's RSS peaked at %.1f MB, above the %d MB bound", sd.name, name, mb(sd.peaks[i].Load()), rssBound>>20)
+			}
+			if sd.peaks[i].Load() == 0 {
+				t.Errorf("%s: no RSS sample while the broker was %s", sd.name, name)
+			}
+		}
+		if sd.slow <= 0 {
+			t.Errorf("%s: nothing was acknowledged in %s through the slow link", sd.name, slowFor)
 		}
 	}
 	if len(pidChanges) > 0 {
-		t.Errorf("the slot's walsender changed or went away (the session was dropped): %v", pidChanges)
+		t.Errorf("a slot's walsender changed or went away (the session was dropped): %v", pidChanges)
 	}
 	if log, err := os.ReadFile(pg.Logs()); err != nil {
 		t.Error(err)
 	} else if strings.Contains(string(log), "replication timeout") {
-		t.Errorf("PostgreSQL timed the relay out:\n%s", devenv.LogTail(pg.Logs(), 20))
-	}
-	if slow <= 0 {
-		t.Errorf("nothing was acknowledged in %s through the slow link", slowFor)
+		t.Errorf("PostgreSQL timed a relay out:\n%s", devenv.LogTail(pg.Logs(), 20))
 	}
 
-	checkBulk(t, fb.brokers, harness.TopicFor(d.types[0]), rows)
-	eventually(t, time.Minute, "the slot to be confirmed past the transaction", func() bool {
-		return confirmedLSN(t, pool, d.slot) >= end
-	})
+	for _, sd := range sides {
+		checkBulk(t, fb.brokers, harness.TopicFor(sd.d.types[0]), rows)
+		eventually(t, time.Minute, sd.name+": the slot to be confirmed past the transaction", func() bool {
+			return confirmedLSN(t, sd.d.outbox.Pool(), sd.d.slot) >= sd.end
+		})
+	}
 }
 
 // checkBulk reads the bulk topic without keeping it in memory: every row must be there, and each

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -155,20 +156,39 @@ func TestDeadLetterPolicyParksUnpublishableEventsAndKeepsGoing(t *testing.T) {
 func TestHaltPolicyStopsAtTheEventAndKeepsTheProcessUp(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.SharedKafka(t).Brokers()
+	spec := func(f func(d *db) harness.Spec) func(d *db) (marked, string) {
+		return func(d *db) (marked, string) {
+			m := d.writeMarked(f(d))
+			return m, m.IDs[0]
+		}
+	}
 	for _, tc := range []struct {
 		name, reason string
-		bad          func(d *db) harness.Spec
+		messages     bool // the table-free outbox (outbox_shape messages)
+		bad          func(d *db) (m marked, id string)
 	}{
-		{"a 2 MB payload", "message_too_large", func(d *db) harness.Spec {
+		{"a 2 MB payload", "message_too_large", false, spec(func(d *db) harness.Spec {
 			return harness.Spec{AggregateType: d.types[0], AggregateID: "groß", PadBytes: twoMB}
-		}},
-		{"an invalid topic name", "invalid_topic", func(d *db) harness.Spec {
+		})},
+		{"an invalid topic name", "invalid_topic", false, spec(func(d *db) harness.Spec {
 			return harness.Spec{AggregateType: badAggregateType, AggregateID: "b-1"}
+		})},
+		{"a logical decoding message without an aggregate id", "invalid_message", true, func(d *db) (marked, string) {
+			const id = "3f2b8c1e-6a4d-4e5f-8b9a-0c1d2e3f4a5b"
+			return d.writeMarkedWith(func(ctx context.Context, tx pgx.Tx) (func(), error) {
+				_, err := tx.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2)", "outbox."+d.slot,
+					`{"id": "`+id+`", "aggregate_type": "`+d.types[0]+`", "payload": {"a": 1}}`)
+				return nil, err
+			}), id
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			d := newDB(t, testenv.SharedPostgres(t), 1)
+			every := 0
+			if tc.messages {
+				every = 1
+			}
+			d := newDBOf(t, testenv.SharedPostgres(t), 1, every)
 			r := d.startRelay(brokers, false, "--on-failure=halt", "--status-interval=200ms")
 			r.waitSessions(1, 90*time.Second)
 			if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "a-1"}); err != nil {
@@ -176,19 +196,19 @@ func TestHaltPolicyStopsAtTheEventAndKeepsTheProcessUp(t *testing.T) {
 			}
 			deliver(t, brokers, d.outbox.Written(), time.Minute, r)
 
-			bad := d.writeMarked(tc.bad(d))
+			bad, badID := tc.bad(d)
 			if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "a-1"}); err != nil {
 				t.Fatal(err)
 			}
 			written := d.outbox.Written()
 			after := written[len(written)-1]
 
-			if _, ok := r.waitLog(0, `"event_id":"`+bad.IDs[0]+`"`, 30*time.Second); !ok {
-				t.Fatalf("the relay did not log the event id %s", bad.IDs[0])
+			if _, ok := r.waitLog(0, `"event_id":"`+badID+`"`, 30*time.Second); !ok {
+				t.Fatalf("the relay did not log the event id %s", badID)
 			}
 			var line string
 			for _, l := range strings.Split(r.Output(), "\n") {
-				if strings.Contains(l, bad.IDs[0]) {
+				if strings.Contains(l, badID) {
 					line = l
 					break
 				}

@@ -32,7 +32,15 @@ var pollFiles embed.FS
 type Target struct {
 	Schema string
 	Table  string
+	// NoTable applies only what the relay itself needs (the slot ledger, in Schema), not the
+	// outbox table: for an outbox of logical decoding messages only. The table's migrations are
+	// applied by a later run without it.
+	NoTable bool
 }
+
+// tableMigrations are the versions that create or change the outbox table itself; the others
+// belong to the relay (its slot ledger).
+var tableMigrations = map[int]bool{1: true, 3: true}
 
 // migration is one embedded SQL file, named NNNN_description.sql.
 type migration struct {
@@ -164,6 +172,9 @@ func apply(ctx context.Context, conn *pgx.Conn, t Target, ms []migration) ([]str
 	target := t.Schema + "." + t.Table
 	var applied []string
 	for _, m := range ms {
+		if t.NoTable && tableMigrations[m.version] {
+			continue
+		}
 		done, err := applyOne(ctx, conn, ledger, target, m, t)
 		if err != nil {
 			return applied, err

@@ -211,3 +211,51 @@ func TestTheSeqMigrationGivesUpOnABusyTableInsteadOfStallingWriters(t *testing.T
 	}
 	requireSeqIndex(t, conn)
 }
+
+// TestNoTableCreatesTheLedgerOnlyAndATableRunAddsTheRest: an outbox of logical decoding messages
+// needs the relay's slot ledger but no outbox table; switching to the table later applies the
+// table's migrations then.
+func TestNoTableCreatesTheLedgerOnlyAndATableRunAddsTheRest(t *testing.T) {
+	ctx := context.Background()
+	dsn, err := testenv.SharedPostgres(t).CreateDatabase(ctx, testenv.UniqueName(t, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	exists := func(name string) bool {
+		var ok bool
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", name).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	applied, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events", NoTable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !exists("public.outbox_relay_slots") || exists("public.outbox_events") {
+		t.Fatalf("after %v: ledger %t, outbox table %t; want the ledger only", applied, exists("public.outbox_relay_slots"), exists("public.outbox_events"))
+	}
+	var cols int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.outbox_relay_slots'::regclass
+		AND attname IN ('system_identifier', 'timeline')`).Scan(&cols); err != nil || cols != 2 {
+		t.Fatalf("the ledger lacks its identity columns (%d, %v)", cols, err)
+	}
+	if again, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events", NoTable: true}); err != nil || len(again) != 0 {
+		t.Fatalf("a second run applied %v (%v), want nothing", again, err)
+	}
+	rest, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !exists("public.outbox_events") || len(rest) != 2 {
+		t.Fatalf("a table run applied %v; want the table's two migrations", rest)
+	}
+	if _, err := outbox.Write(ctx, conn, outbox.Event{AggregateType: "a", AggregateID: "x", EventType: "E"}); err != nil {
+		t.Fatalf("the table is not usable after the late migrations: %v", err)
+	}
+}

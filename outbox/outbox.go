@@ -1,7 +1,8 @@
 // Package outbox writes transactional-outbox events from Go services: the producer half of the
 // pattern the relay completes. Call Write (pgx) or WriteSQL (database/sql) with the transaction that
 // makes the business change; the events commit or roll back with it, and the relay publishes the
-// committed ones to Kafka.
+// committed ones to Kafka. Emit and EmitSQL write the same events as transactional logical decoding
+// messages instead of table rows (the table-free outbox, emit.go).
 //
 //	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 //		if _, err := tx.Exec(ctx, "INSERT INTO orders (id, total) VALUES ($1, $2)", id, total); err != nil {
@@ -346,13 +347,18 @@ func encodePayload(p any) ([]byte, error) {
 	return raw, nil
 }
 
-// encodeHeaders builds the headers column. A traceparent from the context is added unless the event
-// sets its own; without a headers column it is left out (tracing is best effort), but explicit
-// headers are an error, never dropped.
+// encodeHeaders builds the headers column.
 func (w *Writer) encodeHeaders(h map[string]string, trace string) ([]byte, error) {
-	if !w.hasHeaders {
+	return headersJSON(h, trace, w.hasHeaders)
+}
+
+// headersJSON builds the headers JSON object (a column, or a message's member). A traceparent from
+// the context is added unless the event sets its own; without a headers column (has false) it is
+// left out (tracing is best effort), but explicit headers are an error, never dropped.
+func headersJSON(h map[string]string, trace string, has bool) ([]byte, error) {
+	if !has {
 		if len(h) > 0 {
-			return nil, errors.New("event has headers but the outbox table has no headers column (Columns.Headers)")
+			return nil, errors.New("event has headers but the outbox has no headers column or member (Columns.Headers)")
 		}
 		return nil, nil
 	}

@@ -2,12 +2,16 @@ package poll
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // result is what one batch did.
@@ -95,12 +99,15 @@ func (p *Poller) hand(stop context.Context, b *outcomes) int {
 	p.publish.Lock()
 	defer p.publish.Unlock()
 	for i, r := range b.rows {
-		ack := &rowAck{b: b, i: i, final: r.dead}
+		ack := &rowAck{b: b, i: i, final: r.dead || r.unusable != nil}
 		var err error
-		if r.dead {
+		switch {
+		case r.unusable != nil:
+			err = p.sink.Reject(ctx, r.ev, unusableReason(r.unusable), r.unusable, ack)
+		case r.dead:
 			err = p.sink.Reject(ctx, r.ev, ReasonMaxAttempts,
 				fmt.Errorf("refused by Kafka %d times (poll_max_attempts); the last time: %s", p.cfg.MaxAttempts, r.lastError), ack)
-		} else {
+		default:
 			err = p.sink.Publish(ctx, r.ev, ack)
 		}
 		if err != nil {
@@ -108,6 +115,15 @@ func (p *Poller) hand(stop context.Context, b *outcomes) int {
 		}
 	}
 	return len(b.rows)
+}
+
+// unusableReason is the failure-policy reason of a row the decoder could not make an event of, as
+// the WAL mode names it.
+func unusableReason(err error) string {
+	if errors.Is(err, decoder.ErrInvalidTimestamp) {
+		return sink.ReasonInvalidTimestamp
+	}
+	return sink.ReasonSchemaMismatch
 }
 
 // haltPoll is how often a batch looks whether the sink has halted.

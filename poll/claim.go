@@ -24,6 +24,7 @@ const scanFactor = 4
 // queries holds the SQL of one table, built once.
 type queries struct {
 	cfg                                 Config
+	dec                                 decoder.Config // the row's columns, as the backfill reads them
 	table                               string
 	claimSQL, verifySQL                 string
 	doneSQL, refuseSQL, statsSQL        string
@@ -36,11 +37,8 @@ func newQueries(cfg Config) queries {
 	ident := func(c string) string { return pgx.Identifier{c}.Sanitize() }
 	q.aggType, q.aggID, q.seq, q.created = ident(cfg.Columns.AggregateType), ident(cfg.Columns.AggregateID), ident(seqColumn), ident(cfg.CreatedColumn)
 	q.ident = ident(cfg.Columns.ID)
-	cols := []string{cfg.Columns.ID, cfg.Columns.AggregateType, cfg.Columns.AggregateID, cfg.Columns.EventType, cfg.Columns.Payload}
-	if cfg.Columns.Headers != "" {
-		cols = append(cols, cfg.Columns.Headers)
-	}
-	cols = append(cols, cfg.Extra...)
+	q.dec = decoder.Config{Columns: cfg.Columns, Extra: cfg.Extra}
+	cols := q.dec.RowColumns()
 	q.columns = len(cols)
 	selected := make([]string, len(cols))
 	for i, c := range cols {
@@ -116,7 +114,8 @@ func (q queries) check(ctx context.Context, conn *pgx.Conn) error {
 	}
 	c := q.cfg.Columns
 	mapped := map[string]string{"columns.id": c.ID, "columns.aggregate_type": c.AggregateType, "columns.aggregate_id": c.AggregateID,
-		"columns.event_type": c.EventType, "columns.payload": c.Payload, "columns.headers": c.Headers, "columns.created_at": q.cfg.CreatedColumn}
+		"columns.event_type": c.EventType, "columns.payload": c.Payload, "columns.headers": c.Headers, "columns.created_at": q.cfg.CreatedColumn,
+		"columns.aggregate_version": c.AggregateVersion, "columns.timestamp": c.Timestamp, "columns.tracing_span_context": c.TracingSpanContext}
 	for key, col := range mapped {
 		if col != "" && !set[col] {
 			return fmt.Errorf("%w: the outbox table %s has no column %q (config key %s)", errMissingColumn, q.table, col, key)
@@ -136,6 +135,7 @@ type row struct {
 	ev        *decoder.Event
 	dead      bool   // refused MaxAttempts times: for the failure policy
 	lastError string // why it was refused last
+	unusable  error  // the row cannot be published as it is (decoder.Change.Unusable): for the failure policy
 }
 
 // aggKey is the ordering domain: aggregate type and id, NULL apart from empty.
@@ -152,9 +152,9 @@ func (q queries) claim(ctx context.Context, tx pgx.Tx, batch int) (rows []row, b
 		return nil, false, fmt.Errorf("claim: %w", err)
 	}
 	defer res.Close()
-	payloadBytea := false
-	if fds := res.FieldDescriptions(); len(fds) > 4 {
-		payloadBytea = fds[4].DataTypeOID == 17
+	oids := make([]uint32, 0, q.columns)
+	for _, f := range res.FieldDescriptions()[:q.columns] {
+		oids = append(oids, f.DataTypeOID)
 	}
 	for res.Next() {
 		raw := res.RawValues()
@@ -166,22 +166,15 @@ func (q queries) claim(ctx context.Context, tx pgx.Tx, batch int) (rows []row, b
 				size += int64(len(v))
 			}
 		}
-		ev := &decoder.Event{ID: vals[0], AggregateType: vals[1], AggregateID: vals[2], EventType: vals[3], Payload: vals[4], RawSize: size}
-		i := 5
-		if q.cfg.Columns.Headers != "" {
-			ev.Headers = vals[i]
-			i++
+		// The same event as the WAL mode's and the backfill's of the row.
+		ch, err := q.dec.FromRow(vals[:q.columns], oids)
+		if err != nil {
+			return nil, false, fmt.Errorf("claim: %w", err)
 		}
-		if len(q.cfg.Extra) > 0 {
-			ev.Extra = vals[i : i+len(q.cfg.Extra)]
-			i += len(q.cfg.Extra)
-		}
-		if payloadBytea && ev.Payload != nil {
-			if ev.Payload, err = decoder.Bytea(ev.Payload); err != nil {
-				return nil, false, fmt.Errorf("payload of event %s: %w", ev.ID, err)
-			}
-		}
-		r := row{ev: ev}
+		ev := ch.Event
+		ev.RawSize = size
+		r := row{ev: ev, unusable: ch.Unusable}
+		i := q.columns
 		if r.seq, err = strconv.ParseInt(string(vals[i]), 10, 64); err != nil {
 			return nil, false, fmt.Errorf("claim: seq %q: %w", vals[i], err)
 		}

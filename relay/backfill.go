@@ -99,6 +99,10 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 			return 0, fmt.Errorf("use the slot's snapshot: %w", err)
 		}
 	}
+	// Timestamps in the format the stream reads (its connection sets the same).
+	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = ISO"); err != nil {
+		return 0, fmt.Errorf("set DateStyle for the backfill: %w", err)
+	}
 	table := pgx.Identifier{rc.Schema, rc.Table}.Sanitize()
 	order, err := r.backfillOrder(ctx, tx, table, b.OrderColumn, created, cols.ID)
 	if err != nil {
@@ -129,7 +133,10 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	}
 	defer rows.Close()
 
-	payloadBytea := rows.FieldDescriptions()[4].DataTypeOID == 17
+	oids := make([]uint32, 0, len(selected))
+	for _, f := range rows.FieldDescriptions()[:len(selected)] {
+		oids = append(oids, f.DataTypeOID)
+	}
 	var acks sink.AckGroup
 	var n int64
 	for rows.Next() {
@@ -140,15 +147,20 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
 			}
 		}
-		ev, err := r.cfg.Decoder.FromRow(vals[:len(vals)-1], payloadBytea)
+		ch, err := r.cfg.Decoder.FromRow(vals[:len(vals)-1], oids)
 		if err != nil {
 			return n, err
 		}
+		ev := ch.Event
 		if t, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[len(vals)-1])); err == nil {
 			ev.Tx.CommitTime = t
 		}
 		acks.Add()
-		if err := r.sink.Publish(ctx, ev, &acks); err != nil {
+		publish := r.sink.Publish
+		if ch.Unusable != nil {
+			publish = r.reject(ch.Unusable) // to the failure policy, as from the stream
+		}
+		if err := publish(ctx, ev, &acks); err != nil {
 			return n, err
 		}
 		n++

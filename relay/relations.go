@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"go.uber.org/zap"
@@ -42,9 +43,17 @@ func (r *Relay) relation(ctx context.Context, rel *decoder.RelationInfo) error {
 	return nil
 }
 
-// reject returns a publish function that hands events to the failure policy for unusable.
+// reject returns a publish function that hands events to the failure policy for unusable: a row
+// written while a mapped column was missing, or a message whose content is not an event.
 func (r *Relay) reject(unusable error) func(context.Context, *decoder.Event, sink.Acker) error {
+	reason := sink.ReasonSchemaMismatch
+	switch {
+	case errors.Is(unusable, decoder.ErrInvalidMessage):
+		reason = sink.ReasonInvalidMessage
+	case errors.Is(unusable, decoder.ErrInvalidTimestamp):
+		reason = sink.ReasonInvalidTimestamp
+	}
 	return func(ctx context.Context, ev *decoder.Event, ack sink.Acker) error {
-		return r.sink.Reject(ctx, ev, sink.ReasonSchemaMismatch, unusable, ack)
+		return r.sink.Reject(ctx, ev, reason, unusable, ack)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -39,6 +40,10 @@ type Config struct {
 	// Poll, when set, chooses the polling source (source: poll): the outbox table is read by
 	// package poll instead of the WAL, and Replication, Backfill and HeartbeatInterval are unused.
 	Poll *poll.Config
+	// OnUpdate is what an UPDATE of the outbox table does (Debezium's table.op.invalid.behavior):
+	// "warn" (the default) or "error" logs it at that level, "fatal" stops the relay before it.
+	// The stream carries UPDATEs only when the publication publishes them.
+	OnUpdate string
 }
 
 // Relay moves outbox events from one replication slot to Kafka.
@@ -69,6 +74,8 @@ type Relay struct {
 	// recordFirstPosition is set on a first exactly-once start: recordPositions notes the first
 	// commit in the slot ledger.
 	recordFirstPosition atomic.Bool
+	// updatesChecked: checkUpdatesPublished ran (once per relay).
+	updatesChecked bool
 }
 
 // New builds a relay. Nothing is contacted until Run.
@@ -76,8 +83,19 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 30 * time.Second
 	}
-	if cfg.HeartbeatInterval > 0 {
+	if cfg.HeartbeatInterval > 0 || cfg.Decoder.MessagePrefix != "" {
 		cfg.Replication.Messages = true
+	}
+	if cfg.Decoder.NoTable {
+		if cfg.Decoder.MessagePrefix == "" {
+			return nil, errors.New("relay: no outbox table and no message prefix: nothing would be published")
+		}
+		if cfg.Backfill != nil {
+			return nil, errors.New("relay: a backfill reads the outbox table, and messages-only mode has none: logical decoding messages are stored nowhere but the WAL")
+		}
+		// Nothing of the table to check: the replication side checks the publication's existence
+		// only, and caps no position at a publication check (messages do not depend on it).
+		cfg.Replication.NoTable = true
 	}
 	sk, err := sink.New(cfg.Sink, log.Named("sink"), m)
 	if err != nil {
@@ -289,6 +307,37 @@ func (r *Relay) watchHalt(stop, abandon context.Context, cancel context.CancelCa
 	}
 }
 
+// checkUpdatesPublished warns when on_update asks to act on UPDATEs that the publication does not
+// publish: pgoutput sends an UPDATE only if it does, so the setting would do nothing.
+func (r *Relay) checkUpdatesPublished(ctx context.Context) {
+	conn, err := pgx.Connect(ctx, r.cfg.Replication.DSN)
+	if err != nil {
+		return // the stream reports connection problems itself
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var published bool
+	if err := conn.QueryRow(ctx, "SELECT pubupdate FROM pg_publication WHERE pubname = $1", r.cfg.Replication.Publication).Scan(&published); err == nil && !published {
+		r.log.Warn("on_update has no effect: the publication does not publish UPDATEs, so the stream never carries one; run ALTER PUBLICATION ... SET (publish = 'insert, update') to have UPDATEs of the outbox table reported (the table then needs a replica identity, which its primary key gives)",
+			zap.String("publication", r.cfg.Replication.Publication), zap.String("on_update", r.cfg.OnUpdate))
+	}
+}
+
+// update handles an UPDATE of the outbox table: never an event (the outbox is append-only), but
+// said, at the level OnUpdate chooses, or the end of the relay before the transaction is confirmed.
+func (r *Relay) update(ch decoder.Change) error {
+	fields := []zap.Field{zap.String("table", ch.Prefix), zap.Uint32("xid", ch.Tx.Xid), zap.Stringer("commit_lsn", ch.Tx.CommitLSN)}
+	switch r.cfg.OnUpdate {
+	case "fatal":
+		return replication.Fatal(fmt.Errorf("an UPDATE of outbox table %s in transaction %d (commit %s) and on_update is fatal: outbox rows must only be inserted; fix the producer, then set on_update to warn or error to go past this transaction (the slot stays before it)",
+			ch.Prefix, ch.Tx.Xid, ch.Tx.CommitLSN))
+	case "error":
+		r.log.Error("an UPDATE of the outbox table was ignored: outbox rows must only be inserted", fields...)
+	default:
+		r.log.Warn("an UPDATE of the outbox table was ignored: outbox rows must only be inserted", fields...)
+	}
+	return nil
+}
+
 // haltPoll is how often a stop looks whether the sink has halted.
 const haltPoll = 50 * time.Millisecond
 
@@ -307,6 +356,10 @@ func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
 			return replication.Fatal(err)
 		}
 		r.kafkaReady = true
+	}
+	if !r.updatesChecked && (r.cfg.OnUpdate == "error" || r.cfg.OnUpdate == "fatal") && !r.cfg.Decoder.NoTable {
+		r.updatesChecked = true
+		r.checkUpdatesPublished(ctx)
 	}
 	if r.exactlyOnce() {
 		if err := r.startingPosition(ctx); err != nil {
@@ -421,6 +474,10 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 						return err
 					}
 				}
+			case decoder.Update:
+				if err := r.update(ch); err != nil {
+					return err
+				}
 			case decoder.Commit:
 				if tx != nil {
 					r.tracker.Commit(tx, ch.EndLSN)
@@ -428,6 +485,12 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 					tx = nil
 				}
 			case decoder.Message:
+				if ch.Prefix != "" && ch.Prefix == r.cfg.Decoder.MessagePrefix {
+					// Written outside any transaction's commit: it is not an outbox event, and
+					// publishing it could not be tied to a commit. Say so, loudly, each time.
+					r.log.Warn("ignored a non-transactional logical decoding message with the outbox prefix: only pg_logical_emit_message(true, ...) inside the producing transaction is an outbox event",
+						zap.String("prefix", ch.Prefix), zap.Stringer("lsn", ch.LSN))
+				}
 				if !r.dec.InTransaction() {
 					r.tracker.Idle(ch.LSN)
 				}

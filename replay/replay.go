@@ -127,7 +127,10 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 		return Result{}, fmt.Errorf("replay: read %s: %w", table, err)
 	}
 	defer rows.Close()
-	payloadBytea := rows.FieldDescriptions()[4].DataTypeOID == 17
+	oids := make([]uint32, 0, len(selected)-1)
+	for _, f := range rows.FieldDescriptions()[:len(selected)-1] {
+		oids = append(oids, f.DataTypeOID)
+	}
 	var res Result
 	var acks sink.AckGroup
 	for rows.Next() {
@@ -138,10 +141,14 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
 			}
 		}
-		ev, err := dec.FromRow(vals[:len(vals)-1], payloadBytea)
+		ch, err := dec.FromRow(vals[:len(vals)-1], oids)
 		if err != nil {
 			return res, fmt.Errorf("replay: %w", err)
 		}
+		if ch.Unusable != nil {
+			return res, fmt.Errorf("replay: event %s: %w", ch.Event.ID, ch.Unusable)
+		}
+		ev := ch.Event
 		if created, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[len(vals)-1])); err == nil {
 			ev.Tx.CommitTime = created
 			if res.Oldest.IsZero() || created.Before(res.Oldest) {
@@ -152,6 +159,9 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 			}
 		}
 		ev.Extra = append(ev.Extra[:len(ev.Extra):len(ev.Extra)], []byte("true")) // the replay header, last
+		if ev.ExtraKinds != nil {
+			ev.ExtraKinds = append(ev.ExtraKinds, decoder.KindBool)
+		}
 		res.Selected++
 		if sel.DryRun {
 			continue

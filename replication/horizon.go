@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -95,6 +96,10 @@ type horizon struct {
 	// noLock: the role may not lock the table (LOCK needs SELECT on it); checks then rely on the
 	// margin for a drop too.
 	noLock bool
+	// off: there is no outbox table (logical decoding messages only). pgoutput sends every message
+	// whatever the publication holds, so there is nothing a check could find missing: Verified
+	// caps nothing and no check runs.
+	off bool
 }
 
 // staleLimit is how long the publication checks may fail without a verdict (see horizon) before
@@ -109,7 +114,7 @@ const checkIdleTimeout = 2 * time.Second
 func newHorizon(cfg *Config, log *zap.Logger) *horizon {
 	h := &horizon{
 		conf: cfg.ConnConfig, table: cfg.qualifiedTable(), schema: cfg.Schema, name: cfg.Table, publication: cfg.Publication,
-		staleLimit: staleLimit, log: log, changed: make(chan struct{}, 1),
+		staleLimit: staleLimit, log: log, changed: make(chan struct{}, 1), off: cfg.NoTable,
 	}
 	h.setStatusInterval(cfg.StatusInterval)
 	return h
@@ -125,7 +130,12 @@ func (h *horizon) setStatusInterval(d time.Duration) {
 func (h *horizon) interval() time.Duration { return time.Duration(h.every.Load()) }
 
 // Verified is the highest position the slot may be confirmed to.
-func (h *horizon) Verified() pglogrepl.LSN { return pglogrepl.LSN(h.verified.Load()) }
+func (h *horizon) Verified() pglogrepl.LSN {
+	if h.off {
+		return pglogrepl.LSN(math.MaxUint64)
+	}
+	return pglogrepl.LSN(h.verified.Load())
+}
 
 // Err is the fatal error a check found, if any.
 func (h *horizon) Err() error {
@@ -177,6 +187,9 @@ func (h *horizon) start(oid uint32) error {
 
 // run checks every interval until ctx ends or a check finds the outbox gone from the stream.
 func (h *horizon) run(ctx context.Context) {
+	if h.off {
+		return
+	}
 	var conn *pgconn.PgConn
 	defer func() {
 		if conn != nil {

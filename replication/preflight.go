@@ -59,10 +59,41 @@ func preflight(ctx context.Context, q querier, cfg *Config) error {
 		return fatalf("role %q lacks the REPLICATION attribute: run ALTER ROLE %s REPLICATION (as a superuser)", role, pgx.Identifier{role}.Sanitize())
 	}
 
+	if cfg.NoTable {
+		return EnsureMessagePublication(ctx, q, cfg.Publication, cfg.CreatePublication)
+	}
 	if err := checkTable(ctx, q, cfg); err != nil {
 		return err
 	}
 	return EnsurePublication(ctx, q, cfg.Publication, cfg.Schema, cfg.Table, cfg.CreatePublication)
+}
+
+// EnsureMessagePublication checks that publication exists, for a relay whose outbox is logical
+// decoding messages only: pgoutput needs a publication to start, but sends messages whatever it
+// publishes. A missing one is created empty when create is set (CREATE on the database suffices,
+// no table ownership); an existing one is used as it is, and rows of its tables are ignored.
+func EnsureMessagePublication(ctx context.Context, q querier, publication string, create bool) error {
+	pub := pgx.Identifier{publication}.Sanitize()
+	var exists bool
+	if err := q.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", publication).Scan(&exists); err != nil {
+		return fmt.Errorf("read publication %q: %w", publication, err)
+	}
+	if exists {
+		return nil
+	}
+	if !create {
+		return fatalf("publication %q does not exist; pgoutput needs one even for logical decoding messages: run `outbox-relay migrate`, or CREATE PUBLICATION %s (without tables: messages do not depend on it)",
+			publication, pub)
+	}
+	_, err := q.Exec(ctx, "CREATE PUBLICATION "+pub)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+		return nil // another instance created it a moment ago
+	}
+	if err != nil {
+		return fatalf("create publication %q: %w (the role needs CREATE on the database; or create it once: CREATE PUBLICATION %s)", publication, err, pub)
+	}
+	return nil
 }
 
 func checkTable(ctx context.Context, q querier, cfg *Config) error {

@@ -50,8 +50,13 @@ type Config struct {
 	// SlotBusyWait is how long a first start waits for a slot another process holds (for example
 	// the walsender of a relay that was just killed) before giving up. Default 30s.
 	SlotBusyWait time.Duration
-	// Messages asks pgoutput for logical decoding messages (heartbeats).
+	// Messages asks pgoutput for logical decoding messages (heartbeats, the table-free outbox).
 	Messages bool
+	// NoTable: the outbox is logical decoding messages only (Messages must be set). There is no
+	// table to check, and the publication need only exist (pgoutput requires one; created empty
+	// when missing and CreatePublication is set): pgoutput sends every message whatever the
+	// publication holds, so no position is capped at a publication check either.
+	NoTable bool
 	// Buffer is how many messages may wait for the consumer. Default 32.
 	Buffer int
 	// BufferBytes caps the bytes of the Data messages handed to the consumer and not yet released
@@ -364,6 +369,9 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	// and ALTER DATABASE/ROLE ... SET bytea_output = 'escape' reaches the walsender too: the
 	// decoder reads hex. Startup options win over database and role settings.
 	rcfg.RuntimeParams["bytea_output"] = "hex"
+	// Timestamps (columns.timestamp) are read in the ISO format, whatever DateStyle the database
+	// or role sets.
+	rcfg.RuntimeParams["DateStyle"] = "ISO"
 	// pgproto3 reads the socket 8 KiB at a time; a busy stream is tens of MB/s, so read it in
 	// larger pieces and spare the syscalls.
 	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
@@ -521,12 +529,14 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 	if err := preflight(ctx, conn, &s.cfg); err != nil {
 		return SlotInfo{}, err
 	}
-	var oid uint32
-	if err := conn.QueryRow(ctx, "SELECT to_regclass($1)::oid", s.cfg.qualifiedTable()).Scan(&oid); err != nil {
-		return SlotInfo{}, fmt.Errorf("read the OID of %s: %w", s.cfg.qualifiedTable(), err)
-	}
-	if err := s.guard.start(oid); err != nil {
-		return SlotInfo{}, err
+	if !s.cfg.NoTable {
+		var oid uint32
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1)::oid", s.cfg.qualifiedTable()).Scan(&oid); err != nil {
+			return SlotInfo{}, fmt.Errorf("read the OID of %s: %w", s.cfg.qualifiedTable(), err)
+		}
+		if err := s.guard.start(oid); err != nil {
+			return SlotInfo{}, err
+		}
 	}
 	var database string
 	var senderTimeout time.Duration
@@ -655,6 +665,10 @@ func (s *Stream) streamError(err error) error {
 	case "55006": // object_in_use: "replication slot ... is active for PID n"
 		return fmt.Errorf("%w: %s", ErrSlotActive, pgErr.Message)
 	case "42704": // undefined_object: the slot or the publication
+		if strings.HasPrefix(pgErr.Message, "publication ") && s.cfg.NoTable {
+			return fatalf("%s: publication %q was dropped while the relay was streaming; pgoutput needs it, although messages do not depend on what it publishes: recreate it (CREATE PUBLICATION %s) and restart",
+				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize())
+		}
 		if strings.HasPrefix(pgErr.Message, "publication ") {
 			return fatalf("%s: publication %q was dropped while the relay was streaming, so outbox rows written since are not in the replication stream: recreate it (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)), republish the rows written meanwhile (backfill_since), and restart",
 				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize(), s.cfg.qualifiedTable())

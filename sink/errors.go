@@ -100,6 +100,8 @@ func reason(err error) string {
 	var kerr kafka.Error
 	var tooLarge kafka.MessageTooLargeError
 	switch {
+	case errors.Is(err, errNoSuchPartition):
+		return ReasonInvalidPartition
 	case errors.As(err, &tooLarge):
 		return ReasonTooLarge
 	case errors.As(err, &kerr):

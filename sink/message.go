@@ -41,7 +41,8 @@ const (
 // the hot path does not allocate.
 type router struct {
 	template string
-	byEvent  bool // the template uses {event_type}, so the cache key must include it
+	byEvent  bool         // the template uses {event_type}, so the cache key must include it
+	regex    *regexRouter // routes instead of the template when set (route.topic.regex)
 	cache    map[string]string
 }
 
@@ -60,7 +61,7 @@ func newRouter(template string) (*router, error) {
 
 func (r *router) topic(ev *decoder.Event) (string, error) {
 	// Before the cache: a NULL and an empty aggregate type share the cache key "".
-	if ev.AggregateType == nil && strings.Contains(r.template, placeholderAggregateType) {
+	if ev.AggregateType == nil && (r.regex != nil || strings.Contains(r.template, placeholderAggregateType)) {
 		return "", fmt.Errorf("event %s has a NULL aggregate type, so topic template %q has no value for %s",
 			ev.ID, r.template, placeholderAggregateType)
 	}
@@ -69,9 +70,14 @@ func (r *router) topic(ev *decoder.Event) (string, error) {
 			return t, nil
 		}
 	}
-	// One pass, so a type that spells a placeholder ("{event_type}") is not expanded again.
-	t := strings.NewReplacer(placeholderAggregateType, string(ev.AggregateType),
-		placeholderEventType, string(ev.EventType)).Replace(r.template)
+	var t string
+	if r.regex != nil {
+		t = r.regex.route(string(ev.AggregateType))
+	} else {
+		// One pass, so a type that spells a placeholder ("{event_type}") is not expanded again.
+		t = strings.NewReplacer(placeholderAggregateType, string(ev.AggregateType),
+			placeholderEventType, string(ev.EventType)).Replace(r.template)
+	}
 	if err := validTopic(t); err != nil {
 		// The name still goes back with the error: the dead-letter record and the halt log report
 		// it as the event's original topic.
@@ -107,13 +113,16 @@ var BuiltinHeaders = []string{HeaderID, HeaderEventType, HeaderAggregateType}
 
 // headers builds a record's headers with every built-in header.
 func headers(ev *decoder.Event, extra []string) ([]kafka.Header, error) {
-	return buildHeaders(ev, BuiltinHeaders, extra)
+	return buildHeaders(ev, BuiltinHeaders, extra, nil)
 }
 
 // buildHeaders builds a record's headers: the chosen built-in ones (event id, type, aggregate type),
 // then any configured extra columns, then the entries of the headers column. Values alias the
 // event's buffers.
-func buildHeaders(ev *decoder.Event, builtin, extra []string) ([]kafka.Header, error) {
+//
+// An extra value that is NULL is left out, unless keepNull says otherwise for it: a header with a
+// null value then stands for it, as Debezium's router adds one for a NULL column.
+func buildHeaders(ev *decoder.Event, builtin, extra []string, keepNull []bool) ([]kafka.Header, error) {
 	hs := make([]kafka.Header, 0, len(builtin)+len(extra))
 	for _, name := range builtin {
 		switch name {
@@ -132,8 +141,12 @@ func buildHeaders(ev *decoder.Event, builtin, extra []string) ([]kafka.Header, e
 		hs = append(hs, kafka.Header{Key: HeaderAggregateVersion, Value: v})
 	}
 	for i, name := range extra {
-		if i < len(ev.Extra) && ev.Extra[i] != nil {
-			hs = append(hs, kafka.Header{Key: name, Value: ev.Extra[i]})
+		var v []byte
+		if i < len(ev.Extra) {
+			v = ev.Extra[i]
+		}
+		if name != "" && (v != nil || (i < len(keepNull) && keepNull[i])) {
+			hs = append(hs, kafka.Header{Key: name, Value: v})
 		}
 	}
 	if ev.Headers == nil {

@@ -47,6 +47,7 @@ func (s *Sink) fail(ctx context.Context, rec *record, reason string, err error) 
 	s.log.Error("event cannot be published to its topic; sending it to the dead-letter topic",
 		append(eventFields(rec), zap.String("reason", reason), zap.String("dead_letter_topic", s.cfg.DeadLetterTopic), zap.Error(err))...)
 	rec.msg = s.deadLetterMessage(rec, reason, err)
+	rec.partition = -1 // the dead-letter topic's partition is the key's, whatever the event named
 	rec.enqueued = rec.msg.Time
 	if err := s.dead.enqueue(ctx, rec); err != nil {
 		if ctx.Err() != nil {
@@ -98,7 +99,7 @@ func (s *Sink) deadLetterMessage(rec *record, reason string, cause error) kafka.
 			PayloadBytes  int    `json:"payload_bytes"`
 			Note          string `json:"note"`
 		}{string(ev.ID), string(ev.AggregateType), string(ev.AggregateID), string(ev.EventType),
-			ev.LSN.String(), len(ev.Payload), "payload too large to dead-letter; read it from the outbox table by event_id"})
+			ev.LSN.String(), len(ev.Payload), "payload too large to dead-letter; read it from the outbox table by event_id; a logical decoding message is kept only in the WAL, at lsn"})
 		m.Value = ref
 		m.Headers = append(m.Headers, kafka.Header{Key: "outbox.dlq.payload_bytes", Value: []byte(strconv.Itoa(len(ev.Payload)))})
 	}

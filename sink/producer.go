@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,9 +127,14 @@ func (p *producer) enqueue(ctx context.Context, rec *record) error {
 			return ctx.Err()
 		}
 	}
-	if rec.msg.Key != nil {
+	switch {
+	case rec.partition >= n:
+		return fmt.Errorf("%w: the event names partition %d, and topic %s has %d", errNoSuchPartition, rec.partition, rec.msg.Topic, n)
+	case rec.partition >= 0:
+		rec.msg.Partition = rec.partition // the event's own (PlacePartition)
+	case rec.msg.Key != nil:
 		rec.msg.Partition = int((murmur2(rec.msg.Key) & 0x7fffffff) % uint32(n))
-	} else {
+	default:
 		rec.msg.Partition = int(p.roundRobin.Add(1) % uint32(n)) // no key, no order to keep: spread
 	}
 	q := p.queue(topicPartition{rec.msg.Topic, rec.msg.Partition})

@@ -64,6 +64,23 @@ type Config struct {
 	ClientID        string        // default "outbox-relay"
 	Idempotence     Idempotence   // default IdempotenceAuto
 	Transactions    *Transactions // exactly-once; nil for at-least-once
+
+	// Debezium's outbox event router options (router.go).
+	// ExtraPlacement says where each Extra value goes, parallel to ExtraHeaders (which names it);
+	// nil puts every one in a header.
+	ExtraPlacement []Placement
+	// TopicRegex, when set, routes by regular expression (route.topic.regex) instead of
+	// TopicTemplate: TopicReplacement (default DefaultTopicReplacement) expanded with the groups of
+	// TopicRegex matched against the aggregate type. See NewTopicRegex.
+	TopicRegex       string
+	TopicReplacement string
+	// TombstoneOnEmptyPayload sends a null value (a tombstone) for a payload that is NULL, empty or
+	// blank (route.tombstone.on.empty.payload); without it only a NULL payload has a null value,
+	// and with an envelope not even that.
+	TombstoneOnEmptyPayload bool
+	// PayloadField names the payload column, for ValueJSONWithSchema (Debezium names the expanded
+	// document's schema after it); default "payload".
+	PayloadField string
 }
 
 func (c *Config) setDefaults() {
@@ -114,6 +131,9 @@ func (c *Config) setDefaults() {
 		t.setDefaults()
 		c.Transactions = &t
 	}
+	if c.PayloadField == "" {
+		c.PayloadField = "payload"
+	}
 }
 
 // Acker is told when events of one transaction are done. *checkpoint.Txn implements it.
@@ -138,9 +158,11 @@ type Sink struct {
 	ctx        context.Context // ends when Close gives up waiting, or the sink fails for good
 	stop       context.CancelFunc
 
-	halted atomic.Pointer[haltState]
-	topics *topicWaits
-	seq    uint64 // the last record's position; Publish runs on one goroutine
+	halted      atomic.Pointer[haltState]
+	topics      *topicWaits
+	seq         uint64   // the last record's position; Publish runs on one goroutine
+	headers     []string // headerNames, built on first use by Publish's goroutine
+	nullHeaders []bool   // which of them stand as a null header when NULL
 
 	failed   chan struct{} // closed by fatal
 	failOnce sync.Once
@@ -149,14 +171,15 @@ type Sink struct {
 
 // record is one event on its way to Kafka.
 type record struct {
-	msg      kafka.Message
-	ev       *decoder.Event
-	ack      Acker
-	size     int64
-	enqueued time.Time
-	topic    string // the event's own topic, kept when it is dead-lettered
-	seq      uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
-	txn      uint64 // exactly-once: the generation of the Kafka transaction it belongs to
+	msg       kafka.Message
+	partition int // chosen by the event (PlacePartition), or -1 for the key's
+	ev        *decoder.Event
+	ack       Acker
+	size      int64
+	enqueued  time.Time
+	topic     string // the event's own topic, kept when it is dead-lettered
+	seq       uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
+	txn       uint64 // exactly-once: the generation of the Kafka transaction it belongs to
 }
 
 type haltState struct {
@@ -174,9 +197,12 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		return nil, errors.New("sink: no Kafka brokers configured")
 	}
 	for _, enc := range []ValueEncoding{cfg.ValueEncoding, cfg.KeyEncoding} {
-		if enc != ValueRaw && enc != ValueJSONString {
-			return nil, fmt.Errorf("sink: unknown encoding %q (want %q or %q)", enc, ValueRaw, ValueJSONString)
+		if enc != ValueRaw && enc != ValueJSONString && enc != ValueJSONWithSchema && enc != ValueJSONExpanded {
+			return nil, fmt.Errorf("sink: unknown encoding %q (want %q, %q, %q or %q)", enc, ValueRaw, ValueJSONString, ValueJSONExpanded, ValueJSONWithSchema)
 		}
+	}
+	if cfg.ValueEncoding == ValueJSONWithSchema && cfg.hasEnvelope() {
+		return nil, fmt.Errorf("sink: value encoding %q with envelope fields is not supported", ValueJSONWithSchema)
 	}
 	for _, h := range cfg.BuiltinHeaders {
 		if h != HeaderID && h != HeaderEventType && h != HeaderAggregateType {
@@ -206,6 +232,19 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	rt, err := newRouter(cfg.TopicTemplate)
 	if err != nil {
 		return nil, fmt.Errorf("sink: topic template: %w", err)
+	}
+	if cfg.TopicRegex != "" {
+		if cfg.TopicReplacement == "" {
+			cfg.TopicReplacement = DefaultTopicReplacement
+		}
+		re, err := NewTopicRegex(cfg.TopicRegex, cfg.TopicReplacement)
+		if err != nil {
+			return nil, fmt.Errorf("sink: %w", err)
+		}
+		rt.regex = &regexRouter{re: re, replacement: cfg.TopicReplacement}
+	}
+	if len(cfg.ExtraPlacement) > 0 && len(cfg.ExtraPlacement) != len(cfg.ExtraHeaders) {
+		return nil, fmt.Errorf("sink: %d extra placements for %d extra columns", len(cfg.ExtraPlacement), len(cfg.ExtraHeaders))
 	}
 	if err := validTopic(cfg.DeadLetterTopic); err != nil {
 		return nil, fmt.Errorf("sink: dead-letter topic: %w", err)
@@ -345,8 +384,11 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	// The key is encoded before partitioning, so murmur2 hashes the same bytes a Java producer
 	// with the same converter would.
 	rec.msg = kafka.Message{
-		Key:   encodeValue(ev.AggregateID, s.cfg.KeyEncoding),
-		Value: encodeValue(ev.Payload, s.cfg.ValueEncoding),
+		Key:   s.key(ev),
+		Value: s.value(ev),
+		// Set for every path: a dead-lettered record keeps it too (a zero time would be written as
+		// 1970, which time-based retention deletes at once).
+		Time: recordTime(ev, time.Now()),
 	}
 	topic, routeErr := s.router.topic(ev)
 	if routeErr == nil && topic == s.cfg.DeadLetterTopic {
@@ -354,8 +396,10 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		routeErr = fmt.Errorf("event %s routes to the dead-letter topic %s", ev.ID, topic)
 	}
 	rec.msg.Topic, rec.topic = topic, topic
-	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.cfg.ExtraHeaders)
-	rec.msg.Headers = hs
+	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.headerNames(), s.nullHeaders)
+	rec.msg.Headers = traceHeaders(hs, ev.SpanContext)
+	partition, partErr := s.partitionOf(ev)
+	rec.partition = partition
 	size := int64(recordSize(&rec.msg))
 	rec.size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
 	if err := s.limit.acquire(ctx, s.failed, rec.size); err != nil {
@@ -386,12 +430,13 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		err = s.fail(ctx, rec, ReasonInvalidTopic, routeErr)
 	case hdrErr != nil:
 		err = s.fail(ctx, rec, ReasonBadHeaders, hdrErr)
+	case partErr != nil:
+		err = s.fail(ctx, rec, ReasonInvalidPartition, partErr)
 	case size > int64(s.cfg.MaxMessageBytes):
 		err = s.fail(ctx, rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
 			size, s.cfg.MaxMessageBytes))
 	default:
 		rec.enqueued = time.Now()
-		rec.msg.Time = rec.enqueued
 		if err = s.main.enqueue(ctx, rec); err != nil && ctx.Err() == nil {
 			err = s.fail(ctx, rec, reason(err), fmt.Errorf("topic %s: %w", topic, err))
 		}
@@ -414,6 +459,52 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 // abortGrace is how long Close waits, after giving up, for the abort of the Kafka transaction
 // that did not commit.
 const abortGrace = 2 * time.Second
+
+// value is the record value: the payload in the value encoding, in an envelope with the envelope
+// columns, or a tombstone (router.go). A NULL payload is a null value (a tombstone) with raw, and
+// the JSON null with the JSON encodings, as Kafka Connect's JsonConverter writes a null value that
+// has a schema.
+func (s *Sink) value(ev *decoder.Event) []byte {
+	switch {
+	case s.cfg.TombstoneOnEmptyPayload && blank(ev.Payload):
+		return nil
+	case ev.Payload == nil && (s.cfg.ValueEncoding == ValueJSONString || s.cfg.ValueEncoding == ValueJSONExpanded) && !s.cfg.hasEnvelope():
+		return []byte("null")
+	case s.cfg.hasEnvelope():
+		return s.envelope(ev)
+	case s.cfg.ValueEncoding == ValueJSONWithSchema:
+		return connectJSONValue(ev.Payload, s.cfg.PayloadField)
+	case s.cfg.ValueEncoding == ValueJSONExpanded:
+		return expandedValue(ev.Payload, s.cfg.PayloadField)
+	}
+	return encodeValue(ev.Payload, s.cfg.ValueEncoding)
+}
+
+// key is the record key in the key encoding.
+func (s *Sink) key(ev *decoder.Event) []byte {
+	if s.cfg.KeyEncoding == ValueJSONWithSchema {
+		return connectJSONKey(ev.AggregateID)
+	}
+	return encodeValue(ev.AggregateID, s.cfg.KeyEncoding)
+}
+
+// headerNames names the extra values that go into headers; the others' names are empty.
+func (s *Sink) headerNames() []string {
+	if s.cfg.ExtraPlacement == nil {
+		return s.cfg.ExtraHeaders
+	}
+	if s.headers == nil {
+		s.headers = make([]string, len(s.cfg.ExtraHeaders))
+		s.nullHeaders = make([]bool, len(s.cfg.ExtraHeaders))
+		for i, p := range s.cfg.ExtraPlacement {
+			if p == PlaceHeader || p == PlaceHeaderOrNull {
+				s.headers[i] = s.cfg.ExtraHeaders[i]
+			}
+			s.nullHeaders[i] = p == PlaceHeaderOrNull
+		}
+	}
+	return s.headers
+}
 
 // backoff grows from 200ms to 2s.
 // A retry against a broker that is down costs one failed dial, so the ceiling is low: the relay

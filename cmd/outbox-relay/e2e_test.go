@@ -820,6 +820,14 @@ func TestBadInputEndsWithOneClearLine(t *testing.T) {
 			want: []string{"config key max_in_flight_bytes", `"abc"`, "size"},
 		},
 		{
+			name: "a backfill of the table-free outbox is refused: nothing is stored",
+			setup: func(t *testing.T, e *e2e, db *testDB, slot string) ([]string, []string, []string) {
+				env, args := base(db, slot, "--outbox-shape=messages", "--backfill=true")
+				return env, args, nil
+			},
+			want: []string{"config key backfill", "--backfill", "outbox_shape messages stores nothing"},
+		},
+		{
 			name: "an unknown key in the YAML file is named",
 			setup: func(t *testing.T, e *e2e, db *testDB, slot string) ([]string, []string, []string) {
 				file := filepath.Join(t.TempDir(), "relay.yaml")

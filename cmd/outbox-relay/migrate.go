@@ -19,7 +19,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	target := migrations.Target{Schema: cfg.Schema, Table: cfg.Table}
+	target := migrations.Target{Schema: cfg.Schema, Table: cfg.Table, NoTable: !cfg.UsesTable()}
 	apply := migrations.Apply
 	if cfg.Source == "poll" {
 		apply = migrations.ApplyPoll
@@ -35,6 +35,14 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		// No publication: the polling mode needs no logical replication.
 		fmt.Fprintf(stdout, "outbox table %s.%s is ready for source: poll (dead letters: %s.%s)\n",
 			cfg.Schema, cfg.Table, cfg.Schema, migrations.DeadLetterView(cfg.Table))
+		return nil
+	}
+	if !cfg.UsesTable() {
+		// Messages only: the slot ledger, and a publication for pgoutput to start with.
+		if err := replication.EnsureMessagePublication(ctx, conn, cfg.Publication, true); err != nil {
+			return scrubbed(cfg, err)
+		}
+		fmt.Fprintf(stdout, "slot ledger and publication %s are ready (outbox_shape messages: no outbox table)\n", cfg.Publication)
 		return nil
 	}
 	if err := replication.EnsurePublication(ctx, conn, cfg.Publication, cfg.Schema, cfg.Table, true); err != nil {

@@ -20,7 +20,7 @@ func pollStatus(ctx context.Context, cfg *config.Config, asJSON bool, stdout, st
 		return 1
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	st, err := poll.ReadStatus(ctx, conn, poll.Config{Schema: cfg.Schema, Table: cfg.Table, Columns: pollColumns(cfg), CreatedColumn: cfg.Columns.CreatedAt})
+	st, err := poll.ReadStatus(ctx, conn, poll.Config{Schema: cfg.Schema, Table: cfg.Table, Columns: eventColumns(cfg), CreatedColumn: cfg.Columns.CreatedAt})
 	if err != nil {
 		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), cfg.Secrets()...))
 		return 1

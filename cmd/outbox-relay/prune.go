@@ -37,6 +37,9 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	if !cfg.UsesTable() {
+		return errors.New("config key outbox_shape is messages: a logical decoding message is stored nowhere but the WAL, so there is no outbox row to prune")
+	}
 	opts := prune.Options{
 		Table:     cfg.Schema + "." + cfg.Table,
 		Column:    cfg.Columns.CreatedAt,

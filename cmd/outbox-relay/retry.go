@@ -68,7 +68,7 @@ func runRetry(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	n, err := poll.Retry(ctx, conn, poll.Config{Schema: cfg.Schema, Table: cfg.Table, CreatedColumn: cfg.Columns.CreatedAt,
-		Columns: pollColumns(cfg)}, sel)
+		Columns: eventColumns(cfg)}, sel)
 	if err != nil {
 		return scrubbed(cfg, err)
 	}

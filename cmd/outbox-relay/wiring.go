@@ -122,35 +122,21 @@ func secrets(cfg *config.Config) []string {
 	return out
 }
 
-// pollColumns is the decoder's view of the mapped columns.
-func pollColumns(c *config.Config) decoder.Columns {
+// eventColumns is the decoder's view of the mapped columns.
+func eventColumns(c *config.Config) decoder.Columns {
 	return decoder.Columns{
 		ID: c.Columns.ID, AggregateType: c.Columns.AggregateType, AggregateID: c.Columns.AggregateID,
 		EventType: c.Columns.EventType, Payload: c.Columns.Payload, Headers: c.Columns.Headers,
 		AggregateVersion: c.Columns.AggregateVersion,
+		Timestamp:        c.Columns.Timestamp, TracingSpanContext: c.Columns.TracingSpanContext,
 	}
 }
 
 // relayConfig maps the loaded settings onto the pipeline's packages.
 func relayConfig(c *config.Config) (relay.Config, error) {
-	cols := pollColumns(c)
-	var extraCols, extraHeaders []string
-	for _, e := range c.ExtraHeaders {
-		col, header, ok := strings.Cut(e, ":")
-		if !ok {
-			header = col
-		}
-		extraCols = append(extraCols, col)
-		extraHeaders = append(extraHeaders, header)
-	}
-	required := []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload}
-	if cols.Headers != "" {
-		required = append(required, cols.Headers)
-	}
-	if cols.AggregateVersion != "" {
-		required = append(required, cols.AggregateVersion)
-	}
-	required = append(required, extraCols...)
+	cols := eventColumns(c)
+	extraCols, extraHeaders, placements := extraColumns(c)
+	required := decoder.Config{Columns: cols, Extra: extraCols}.RowColumns()
 
 	// The password and certificate files are read once now, so a missing one ends the start naming
 	// its key, and again for every connection.
@@ -198,7 +184,7 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			Messages:          c.HeartbeatInterval > 0,
 			Failover:          c.Failover,
 		},
-		Decoder: decoder.Config{Schema: c.Schema, Table: c.Table, Columns: cols, Extra: extraCols},
+		Decoder: decoderConfig(c, cols, extraCols),
 		Sink: sink.Config{
 			Brokers:         c.KafkaBrokers,
 			TopicTemplate:   c.TopicTemplate,
@@ -220,7 +206,14 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			ClientID:        c.Kafka.ClientID,
 			Transactions:    transactions(c),
 			Idempotence:     sink.Idempotence(c.Kafka.Idempotence),
+
+			ExtraPlacement:          placements,
+			TopicRegex:              c.TopicRegex,
+			TopicReplacement:        c.TopicReplacement,
+			TombstoneOnEmptyPayload: c.TombstoneOnEmptyPayload,
+			PayloadField:            c.Columns.Payload,
 		},
+		OnUpdate:          c.OnUpdate,
 		ShutdownTimeout:   c.ShutdownTimeout,
 		HeartbeatInterval: c.HeartbeatInterval,
 	}, nil
@@ -238,6 +231,47 @@ func transactions(c *config.Config) *sink.Transactions {
 		MaxEvents:      c.TransactionMaxEvents,
 		PositionsTopic: c.PositionsTopic,
 	}
+}
+
+// extraColumns lists the further columns (or message members) that travel with an event: those of
+// extra_headers (column[:header]) as headers, then those of extra_fields (column:placement[:alias]),
+// each with the name it is sent under and its placement.
+func extraColumns(c *config.Config) (cols, names []string, placements []sink.Placement) {
+	for _, e := range c.ExtraHeaders {
+		col, header, ok := strings.Cut(e, ":")
+		if !ok {
+			header = col
+		}
+		cols, names, placements = append(cols, col), append(names, header), append(placements, sink.PlaceHeader)
+	}
+	for _, f := range c.ExtraFields {
+		parts := strings.Split(f, ":") // checked by config
+		alias := parts[0]
+		if len(parts) == 3 {
+			alias = parts[2]
+		}
+		p := sink.PlaceHeaderOrNull // as Debezium's router: a NULL column is a header with a null value
+		switch parts[1] {
+		case "envelope":
+			p = sink.PlaceEnvelope
+		case "partition":
+			p = sink.PlacePartition
+		}
+		cols, names, placements = append(cols, parts[0]), append(names, alias), append(placements, p)
+	}
+	return cols, names, placements
+}
+
+// decoderConfig says which outbox shapes become events: the table's rows, logical decoding
+// messages with the prefix, or both.
+func decoderConfig(c *config.Config, cols decoder.Columns, extra []string) decoder.Config {
+	d := decoder.Config{Schema: c.Schema, Table: c.Table, Columns: cols, Extra: extra}
+	if c.UsesMessages() {
+		d.MessagePrefix = c.MessagesPrefix
+		d.NoTable = !c.UsesTable()
+		d.PayloadBase64 = c.PayloadEncoding == "base64"
+	}
+	return d
 }
 
 // linger maps the setting to the sink's convention, where zero means its default.

@@ -9,6 +9,14 @@
 // With -versioned, the event also carries the order's aggregate version, taken from a counter table
 // in the same transaction (the outbox table needs an aggregate_version bigint column, and the
 // relay columns.aggregate_version; see examples/receipts).
+//
+// With -messages the event is a transactional logical decoding message instead of an outbox row
+// (the table-free outbox: nothing is stored, nothing to prune); run the relay with
+// outbox_shape messages (or both) for it:
+//
+//	OUTBOX_OUTBOX_SHAPE=messages go run ./cmd/outbox-relay migrate
+//	OUTBOX_OUTBOX_SHAPE=messages go run ./cmd/outbox-relay run &
+//	go run ./examples/producer -messages -customer ada -total 42.50
 package main
 
 import (
@@ -38,14 +46,19 @@ func main() {
 	total := flag.Float64("total", 42.5, "order total")
 	tenant := flag.String("tenant", "", "tenant header (optional)")
 	versioned := flag.Bool("versioned", false, "write the aggregate_version column, numbered by the outbox_aggregate_versions table")
+	messages := flag.Bool("messages", false, "emit the event as a logical decoding message (outbox_shape messages) instead of an outbox row")
 	flag.Parse()
-	if err := run(*customer, *total, *tenant, *versioned); err != nil {
+	if *versioned && *messages {
+		fmt.Fprintln(os.Stderr, "producer: -versioned numbers events through the outbox table's counter table; with -messages set outbox.Event.AggregateVersion yourself (the version your transaction gave the aggregate row)")
+		os.Exit(2)
+	}
+	if err := run(*customer, *total, *tenant, *versioned, *messages); err != nil {
 		fmt.Fprintln(os.Stderr, "producer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(customer string, total float64, tenant string, versioned bool) error {
+func run(customer string, total float64, tenant string, versioned, messages bool) error {
 	dsn := os.Getenv("OUTBOX_PG_DSN")
 	if dsn == "" {
 		return fmt.Errorf("set OUTBOX_PG_DSN (make up writes it to .local/services.env)")
@@ -97,7 +110,12 @@ func run(customer string, total float64, tenant string, versioned bool) error {
 		if tenant != "" {
 			ev.SetHeader(outbox.HeaderTenant, tenant)
 		}
-		eventIDs, err = write(ctx, tx, ev)
+		if messages {
+			// One WAL record, decoded at commit with the order's insert; no outbox row.
+			eventIDs, err = outbox.Emit(ctx, tx, ev)
+		} else {
+			eventIDs, err = write(ctx, tx, ev)
+		}
 		return err
 	})
 	if err != nil {

@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // Spec describes one event to write; Outbox fills in the id, the sequence and the payload.
@@ -36,10 +38,16 @@ type Written struct {
 	Headers       map[string]string
 }
 
-// Outbox writes events into an outbox table and remembers the committed ones.
+// Outbox writes events into an outbox table, or as transactional logical decoding messages
+// (UseMessages), and remembers the committed ones.
 type Outbox struct {
 	pool  *pgxpool.Pool
 	table string
+	// emitter writes messages; every says which events are messages: every one (1), every n-th
+	// (the others rows, in the same transactions), or none (0). written counts events prepared.
+	emitter  *outbox.Emitter
+	every    int
+	prepared int
 
 	mu      sync.Mutex
 	seq     map[string]int // next sequence number per aggregate type/id
@@ -59,6 +67,20 @@ func NewOutbox(ctx context.Context, dsn, table string) (*Outbox, error) {
 	return &Outbox{pool: pool, table: table, seq: make(map[string]int), byID: make(map[string]int)}, nil
 }
 
+// UseMessages makes o write events as transactional logical decoding messages with prefix (with
+// outbox.Emit, the default member names) instead of table rows: every event when every is 1, or
+// every every-th event, the others staying rows in the same transactions, interleaved in the order
+// of the specs (mixed). Call it before writing.
+func (o *Outbox) UseMessages(prefix string, every int) {
+	em, err := outbox.NewEmitter(outbox.EmitterConfig{Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.emitter, o.every = em, every
+}
+
 // Close releases the connections.
 func (o *Outbox) Close() { o.pool.Close() }
 
@@ -70,6 +92,8 @@ type pending struct {
 	payload  []byte
 	headers  []byte
 	sequence string
+	message  bool   // written as a logical decoding message, not a row
+	xid      string // the transaction's id, kept on the first event of a batch without rows
 }
 
 // WriteTx writes specs in one transaction. Events count as written only once the commit is known
@@ -127,6 +151,11 @@ func (o *Outbox) prepare(specs []Spec) []pending {
 			hdr, _ = json.Marshal(s.Headers)
 		}
 		out[i] = pending{w: w, payload: payload, headers: hdr}
+		if o.every > 0 && o.prepared%o.every == 0 {
+			// The relay publishes a message's payload member exactly as written.
+			out[i].message, out[i].w.Payload = true, string(payload)
+		}
+		o.prepared++
 	}
 	return out
 }
@@ -134,8 +163,33 @@ func (o *Outbox) prepare(specs []Spec) []pending {
 func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, batch []pending) error {
 	sql := fmt.Sprintf(`INSERT INTO %s (id, aggregate_type, aggregate_id, event_type, payload, headers)
 		VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb) RETURNING payload::text`, o.table)
-	for i := range batch {
+	rows := false
+	for _, p := range batch {
+		rows = rows || !p.message
+	}
+	if !rows && len(batch) > 0 {
+		// Nothing to look up by id afterwards: an uncertain commit is settled by the transaction's
+		// status instead (reconcile).
+		if err := tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&batch[0].xid); err != nil {
+			return fmt.Errorf("read the transaction id: %w", err)
+		}
+	}
+	for i := 0; i < len(batch); i++ {
 		p := &batch[i]
+		if p.message {
+			// A run of messages goes in one statement, in order.
+			var events []outbox.Event
+			for j := i; j < len(batch) && batch[j].message; j++ {
+				q := &batch[j]
+				events = append(events, outbox.Event{ID: q.w.ID, AggregateType: q.w.AggregateType, AggregateID: q.w.AggregateID,
+					EventType: q.w.EventType, Payload: json.RawMessage(q.payload), Headers: q.w.Headers})
+			}
+			if _, err := o.emitter.Emit(ctx, tx, events...); err != nil {
+				return fmt.Errorf("emit events from %s: %w", p.w.ID, err)
+			}
+			i += len(events) - 1
+			continue
+		}
 		var hdr any
 		if p.headers != nil {
 			hdr = string(p.headers)
@@ -152,8 +206,19 @@ func (o *Outbox) reconcile(ctx context.Context, batch []pending) (bool, error) {
 	if len(batch) == 0 {
 		return false, nil
 	}
+	// A row of the batch, if it has one, tells whether it committed.
+	row := -1
+	for i := range batch {
+		if !batch[i].message {
+			row = i
+			break
+		}
+	}
+	if row < 0 {
+		return o.committed(ctx, batch[0].xid)
+	}
 	var n int
-	err := o.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE id = $1", o.table), batch[0].w.ID).Scan(&n)
+	err := o.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE id = $1", o.table), batch[row].w.ID).Scan(&n)
 	if err != nil {
 		return false, err
 	}
@@ -162,12 +227,36 @@ func (o *Outbox) reconcile(ctx context.Context, batch []pending) (bool, error) {
 	}
 	// The commit happened; the RETURNING values were lost with the connection, so read them back.
 	for i := range batch {
+		if batch[i].message {
+			continue
+		}
 		if err := o.pool.QueryRow(ctx, fmt.Sprintf("SELECT payload::text FROM %s WHERE id = $1", o.table),
 			batch[i].w.ID).Scan(&batch[i].w.Payload); err != nil {
 			return false, err
 		}
 	}
 	return true, nil
+}
+
+// committed reports whether the transaction xid committed (pg_xact_status); a transaction whose id
+// was never read (the failure came first) never wrote anything.
+func (o *Outbox) committed(ctx context.Context, xid string) (bool, error) {
+	if xid == "" {
+		return false, nil
+	}
+	var status *string
+	if err := o.pool.QueryRow(ctx, "SELECT pg_xact_status($1::xid8)", xid).Scan(&status); err != nil {
+		return false, err
+	}
+	switch {
+	case status == nil:
+		return false, fmt.Errorf("transaction %s is too old for pg_xact_status", xid)
+	case *status == "committed":
+		return true, nil
+	case *status == "aborted":
+		return false, nil
+	}
+	return false, fmt.Errorf("transaction %s is still %s", xid, *status)
 }
 
 func (o *Outbox) record(batch []pending) {

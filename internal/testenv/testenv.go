@@ -335,6 +335,18 @@ func first[T any](opts []T) T {
 // (the outbox table public.outbox_events and the slot ledger), and returns its DSN.
 func OutboxDatabase(t testing.TB, pg *devenv.Postgres) string {
 	t.Helper()
+	return outboxDatabase(t, pg, false)
+}
+
+// MessagesDatabase is OutboxDatabase for an outbox of logical decoding messages only: the relay's
+// slot ledger, and no outbox table.
+func MessagesDatabase(t testing.TB, pg *devenv.Postgres) string {
+	t.Helper()
+	return outboxDatabase(t, pg, true)
+}
+
+func outboxDatabase(t testing.TB, pg *devenv.Postgres, noTable bool) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dsn, err := pg.CreateDatabase(ctx, UniqueName(t, "db"))
@@ -346,7 +358,7 @@ func OutboxDatabase(t testing.TB, pg *devenv.Postgres) string {
 		t.Fatalf("testenv: connect: %v", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
+	if _, err := migrations.Apply(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events", NoTable: noTable}); err != nil {
 		t.Fatalf("testenv: migrate: %v", err)
 	}
 	return dsn

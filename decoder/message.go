@@ -1,0 +1,312 @@
+package decoder
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// ErrInvalidMessage marks a transactional logical decoding message with the outbox prefix whose
+// content is not an outbox event: not a JSON object, a required member missing, or a member of the
+// wrong type. Such a message is still an event of its transaction (Change.Unusable wraps this
+// error), so it goes to the failure policy, never silently away.
+var ErrInvalidMessage = errors.New("invalid outbox message")
+
+// The table-free outbox: a producer calls pg_logical_emit_message(true, prefix, content) in the
+// transaction that makes the change, and pgoutput (with its messages option on) sends the message
+// at commit, in the transaction's stream order, between its Begin and Commit. Nothing is stored
+// in a table. The content is a JSON object whose member names are the configured column names, so
+// a deployment's columns.* settings (and the Debezium profile's names) describe both shapes:
+//
+//	{"id": "…", "aggregate_type": "order", "aggregate_id": "o-1", "event_type": "OrderPlaced",
+//	 "payload": {…}, "headers": {"tenant": "acme"}}
+//
+// id, aggregate_type and aggregate_id are required JSON strings (null counts as missing);
+// event_type is an optional string; payload is any JSON value, sent as its JSON text exactly as
+// written (null or absent: a null record value), or with PayloadBase64 a base64 string decoded to
+// bytes; headers is an optional JSON object; the aggregate version (columns.aggregate_version) an
+// optional integer (or a string holding one); each Extra member is a string (sent as its text),
+// another JSON value (its JSON text) or absent.
+
+// message decodes a logical decoding message ('M').
+func (d *Decoder) message(r *reader, walStart pglogrepl.LSN, size int) (Change, error) {
+	transactional := r.u8()&1 == 1
+	lsn := r.lsn()
+	prefix := r.cstring()
+	content := r.take(int(r.u32()))
+	if r.err != nil {
+		return Change{}, nil
+	}
+	if !transactional {
+		return Change{Kind: Message, LSN: lsn, Prefix: prefix}, nil
+	}
+	if d.cfg.MessagePrefix == "" || prefix != d.cfg.MessagePrefix {
+		return Change{}, nil // another application's message, or messages are not an outbox source
+	}
+	if !d.inTx {
+		return Change{}, fmt.Errorf("transactional message with prefix %q outside a transaction", prefix)
+	}
+	ev := &Event{LSN: lsn, Tx: d.tx, RawSize: int64(size), Index: d.events}
+	d.events++
+	if lsn == 0 {
+		ev.LSN = walStart
+	}
+	var unusable error
+	if err := d.readContent(ev, content); err != nil {
+		// What could be read stays (the dead-letter record keeps the id and key it found); the
+		// value is the content as written, so the record shows what the producer sent.
+		ev.Payload = content
+		unusable = fmt.Errorf("%w: message with prefix %q at %s: %w", ErrInvalidMessage, prefix, lsn, err)
+	}
+	return Change{Kind: Insert, Tx: d.tx, Event: ev, Unusable: unusable}, nil
+}
+
+// readContent fills ev from a message's content. Values alias content where they can; copies (a
+// string with escapes, a base64 payload) are added to ev.RawSize.
+func (d *Decoder) readContent(ev *Event, content []byte) error {
+	if !json.Valid(content) {
+		return fmt.Errorf("content is not valid JSON: %.60q", content)
+	}
+	start := skipSpace(content, 0)
+	if content[start] != '{' {
+		return fmt.Errorf("content must be a JSON object, got %.60s", content)
+	}
+	c := d.cfg.Columns
+	var problems []string
+	str := func(member string, dst *[]byte, raw []byte, required bool) {
+		v, copied, err := jsonText(raw)
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("member %q %v", member, err))
+		case v == nil && required:
+			problems = append(problems, fmt.Sprintf("member %q is missing or null", member))
+		default:
+			*dst = v
+			if copied {
+				ev.RawSize += int64(len(v))
+			}
+		}
+	}
+	// The mapped members' values by slot: id, aggregate type, aggregate id, event type, payload,
+	// headers, timestamp, tracing span context, aggregate version, then the extra members. A later duplicate member
+	// wins, as in jsonb.
+	names := d.memberNames()
+	var fixed [12][]byte
+	values := fixed[:0]
+	if len(names) > len(fixed) {
+		values = make([][]byte, 0, len(names))
+	}
+	values = values[:len(names)]
+	eachMember(content, start, func(name []byte, escaped bool, value []byte) {
+		key := unsafeString(name)
+		if escaped {
+			var s string
+			if json.Unmarshal(append(append([]byte{'"'}, name...), '"'), &s) != nil {
+				return
+			}
+			key = s
+		}
+		for i, n := range names {
+			if n == key && n != "" {
+				values[i] = value
+			}
+		}
+	})
+	str(c.ID, &ev.ID, values[0], true)
+	if ev.ID != nil && len(ev.ID) == 0 {
+		problems = append(problems, fmt.Sprintf("member %q is empty", c.ID))
+	}
+	str(c.AggregateType, &ev.AggregateType, values[1], true)
+	str(c.AggregateID, &ev.AggregateID, values[2], true)
+	str(c.EventType, &ev.EventType, values[3], false)
+	if p := values[4]; p != nil && string(p) != "null" {
+		if d.cfg.PayloadBase64 {
+			if err := decodeBase64(ev, p); err != nil {
+				problems = append(problems, fmt.Sprintf("member %q (payload_encoding base64) %v", c.Payload, err))
+			}
+		} else {
+			ev.Payload = p
+		}
+	}
+	if h := values[5]; h != nil && string(h) != "null" {
+		if h[0] != '{' {
+			problems = append(problems, fmt.Sprintf("member %q must be a JSON object, got %.40s", c.Headers, h))
+		} else {
+			ev.Headers = h
+		}
+	}
+	if t := values[6]; t != nil && string(t) != "null" {
+		var err error
+		if ev.Time, err = parseMessageTimestamp(t); err != nil {
+			problems = append(problems, fmt.Sprintf("member %q (columns.timestamp) %v", c.Timestamp, err))
+		}
+	}
+	if sc := values[7]; sc != nil && string(sc) != "null" {
+		if sc[0] == '{' {
+			ev.SpanContext = sc // the trace context as a JSON object
+		} else {
+			str(c.TracingSpanContext, &ev.SpanContext, sc, false)
+		}
+	}
+	if v := values[8]; v != nil && string(v) != "null" {
+		// A JSON integer, or a string holding one: the sink sends its decimal text.
+		text := v
+		if v[0] == '"' {
+			text, _, _ = jsonText(v)
+		}
+		if !isInteger(text) {
+			problems = append(problems, fmt.Sprintf("member %q (columns.aggregate_version) must be an integer, got %.40s", c.AggregateVersion, v))
+		} else {
+			ev.AggregateVersion = text
+		}
+	}
+	if len(d.cfg.Extra) > 0 {
+		ev.Extra = make([][]byte, len(d.cfg.Extra))
+		ev.ExtraKinds = make([]ValueKind, len(d.cfg.Extra))
+		for i, name := range d.cfg.Extra {
+			v := values[9+i]
+			if v == nil || string(v) == "null" {
+				continue
+			}
+			if v[0] != '"' {
+				ev.Extra[i], ev.ExtraKinds[i] = v, KindJSON // a number, boolean, object or array: its JSON text
+				continue
+			}
+			str(name, &ev.Extra[i], v, false)
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// isInteger says whether text is a decimal integer that fits in a bigint, as an aggregate_version
+// column would hold.
+func isInteger(text []byte) bool {
+	_, err := strconv.ParseInt(string(text), 10, 64)
+	return err == nil
+}
+
+// decodeBase64 decodes a payload member written as a base64 string (line breaks, as PostgreSQL's
+// encode(..., 'base64') writes them every 76 characters, are ignored).
+func decodeBase64(ev *Event, raw []byte) error {
+	text, _, err := jsonText(raw)
+	if err != nil {
+		return err
+	}
+	out := make([]byte, base64.StdEncoding.DecodedLen(len(text)))
+	n, err := base64.StdEncoding.Decode(out, text)
+	if err != nil {
+		return fmt.Errorf("is not valid base64: %v", err)
+	}
+	ev.Payload = out[:n:n]
+	ev.RawSize += int64(n)
+	return nil
+}
+
+// jsonText returns the text of a JSON string value: a slice of raw when it has no escapes, else a
+// decoded copy (copied is then true). A missing value (nil) or null gives nil; any other type is an
+// error.
+func jsonText(raw []byte) (text []byte, copied bool, err error) {
+	if raw == nil || string(raw) == "null" {
+		return nil, false, nil
+	}
+	if raw[0] != '"' {
+		return nil, false, fmt.Errorf("must be a JSON string, got %.40s", raw)
+	}
+	inner := raw[1 : len(raw)-1 : len(raw)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		return inner, false, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, false, err
+	}
+	return []byte(s), true, nil
+}
+
+// memberNames are the member names readContent looks for, by slot: the columns' (Headers "" when
+// there is no headers column), then the extra ones.
+func (d *Decoder) memberNames() []string {
+	if d.names == nil {
+		c := d.cfg.Columns
+		d.names = append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers,
+			c.Timestamp, c.TracingSpanContext, c.AggregateVersion}, d.cfg.Extra...)
+	}
+	return d.names
+}
+
+// unsafeString views b as a string without copying, for a comparison that does not keep it.
+func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// eachMember calls fn for every member of the JSON object that starts at obj[i] (obj is valid JSON:
+// json.Valid said so), with the member's name as written between its quotes (escaped says whether
+// it holds escapes to decode) and its value's bytes.
+func eachMember(obj []byte, i int, fn func(name []byte, escaped bool, value []byte)) {
+	i = skipSpace(obj, i+1) // past '{'
+	for i < len(obj) && obj[i] == '"' {
+		end := skipValue(obj, i)
+		name := obj[i+1 : end-1]
+		escaped := bytes.IndexByte(name, '\\') >= 0
+		i = skipSpace(obj, end)
+		i = skipSpace(obj, i+1) // past ':'
+		vend := skipValue(obj, i)
+		fn(name, escaped, obj[i:vend:vend])
+		i = skipSpace(obj, vend)
+		if i < len(obj) && obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the index just past the JSON value that starts at b[i], in valid JSON.
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		for j := i + 1; j < len(b); j++ {
+			switch b[j] {
+			case '\\':
+				j++
+			case '"':
+				return j + 1
+			}
+		}
+		return len(b)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				j = skipValue(b, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(b)
+	}
+	j := i
+	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+		j++
+	}
+	return j
+}
