@@ -780,7 +780,7 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 			bad("topic_regex", "%v", err)
 		}
 	}
-	if c.TopicRegex == "" && from("topic_replacement") != "default" {
+	if c.TopicRegex == "" && from("topic_replacement") != "default" && c.TopicReplacement != sink.DefaultTopicReplacement {
 		bad("topic_replacement", "applies with topic_regex only; for a fixed pattern use topic_template")
 	}
 	if c.UsesMessages() {
