@@ -18,16 +18,28 @@ import (
 // TestTableFreeOutboxFromMigrateToKafka runs the documented messages-only setup on a fresh
 // database: migrate creates the slot ledger and an empty publication and no outbox table; run
 // streams; events emitted by hand in SQL (the README's example transaction), with outbox.Emit
-// (pgx) and with outbox.EmitSQL (database/sql) arrive as the same records the table would give.
+// (pgx) and with outbox.EmitSQL (database/sql) arrive as the same records the table would give,
+// with their aggregate versions, in both delivery modes (exactly-once read with read_committed).
 func TestTableFreeOutboxFromMigrateToKafka(t *testing.T) {
 	t.Parallel()
+	for _, delivery := range []string{"at-least-once", "exactly-once"} {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			tableFreeOutbox(t, delivery)
+		})
+	}
+}
+
+func tableFreeOutbox(t *testing.T, delivery string) {
 	ctx := context.Background()
 	pg, k := testenv.SharedPostgres(t), testenv.SharedKafka(t)
 	e := newE2E(t, pgPassword)
 	db := newDatabase(t, pg)
 	slot := testenv.UniqueName(t, "slot")
 	env := relayEnv("OUTBOX_PG_DSN="+db.dsn, "OUTBOX_KAFKA_BROKERS="+k.Brokers(), "OUTBOX_OUTBOX_SHAPE=messages",
-		"OUTBOX_SLOT="+slot, "OUTBOX_PUBLICATION="+slot)
+		"OUTBOX_SLOT="+slot, "OUTBOX_PUBLICATION="+slot, "OUTBOX_DELIVERY="+delivery,
+		"OUTBOX_TRANSACTIONAL_ID="+slot, "OUTBOX_POSITIONS_TOPIC="+slot+".positions",
+		"OUTBOX_COLUMNS_AGGREGATE_VERSION=aggregate_version")
 	e.mustRun("migrate", env, "migrate")
 	var table, ledger bool
 	var pubTables int
@@ -52,17 +64,23 @@ func TestTableFreeOutboxFromMigrateToKafka(t *testing.T) {
 		_, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outbox', jsonb_build_object(
 			'id', 'a3f1c2d4-0b5e-4c6f-8a7b-9c0d1e2f3a4b', 'aggregate_type', $1::text, 'aggregate_id', 'o-1001',
 			'event_type', 'OrderCreated', 'payload', jsonb_build_object('id', 'o-1001', 'total', 42.00),
-			'headers', jsonb_build_object('tenant', 'acme'))::text)`, typ)
+			'headers', jsonb_build_object('tenant', 'acme'), 'aggregate_version', 1)::text)`, typ)
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ev := outbox.Event{AggregateType: typ, AggregateID: "o-1001", EventType: "OrderPaid", Payload: map[string]any{"paid": true},
-		Headers: map[string]string{"tenant": "acme"}}
+		Headers: map[string]string{"tenant": "acme"}, AggregateVersion: 2}
+	cols := outbox.DefaultColumns
+	cols.AggregateVersion = "aggregate_version"
+	em, err := outbox.NewEmitter(outbox.EmitterConfig{Columns: cols})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var ids []string
 	if err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
-		ids, err = outbox.Emit(ctx, tx, ev)
+		ids, err = em.Emit(ctx, tx, ev)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -76,8 +94,8 @@ func TestTableFreeOutboxFromMigrateToKafka(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev.EventType, ev.Payload = "OrderShipped", nil
-	more, err := outbox.EmitSQL(ctx, tx, ev)
+	ev.EventType, ev.Payload, ev.AggregateVersion = "OrderShipped", nil, 3
+	more, err := em.EmitSQL(ctx, tx, ev)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,13 +104,16 @@ func TestTableFreeOutboxFromMigrateToKafka(t *testing.T) {
 	}
 
 	want := []struct {
-		id, eventType, value string
+		id, eventType, value, version string
 	}{
-		{"a3f1c2d4-0b5e-4c6f-8a7b-9c0d1e2f3a4b", "OrderCreated", `{"id": "o-1001", "total": 42.00}`},
-		{ids[0], "OrderPaid", `{"paid":true}`},
-		{more[0], "OrderShipped", ""},
+		{"a3f1c2d4-0b5e-4c6f-8a7b-9c0d1e2f3a4b", "OrderCreated", `{"id": "o-1001", "total": 42.00}`, "1"},
+		{ids[0], "OrderPaid", `{"paid":true}`, "2"},
+		{more[0], "OrderShipped", "", "3"},
 	}
 	c := harness.NewConsumer(k.Brokers(), "outbox.event."+typ)
+	if delivery == "exactly-once" {
+		c = harness.NewCommittedConsumer(k.Brokers(), "outbox.event."+typ)
+	}
 	defer c.Close()
 	rctx, cancel := context.WithTimeout(ctx, deliverTimeout)
 	defer cancel()
@@ -105,7 +126,7 @@ func TestTableFreeOutboxFromMigrateToKafka(t *testing.T) {
 	}
 	for i, w := range want {
 		got := recs[i] // one aggregate: one partition, in commit order
-		headers := map[string]string{"id": w.id, "event_type": w.eventType, "aggregate_type": typ, "tenant": "acme"}
+		headers := map[string]string{"id": w.id, "event_type": w.eventType, "aggregate_type": typ, "tenant": "acme", "aggregate_version": w.version}
 		if string(got.Key) != "o-1001" || string(got.Value) != w.value || (w.value == "" && got.Value != nil) || !maps.Equal(got.Headers, headers) {
 			t.Errorf("record %d: key %q value %q headers %v; want o-1001, %q, %v", i, got.Key, got.Value, got.Headers, w.value, headers)
 		}
