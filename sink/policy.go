@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
@@ -48,7 +49,7 @@ func (s *Sink) fail(ctx context.Context, rec *record, reason string, err error) 
 		append(eventFields(rec), zap.String("reason", reason), zap.String("dead_letter_topic", s.cfg.DeadLetterTopic), zap.Error(err))...)
 	rec.msg = s.deadLetterMessage(rec, reason, err)
 	rec.partition = -1 // the dead-letter topic's partition is the key's, whatever the event named
-	rec.enqueued = rec.msg.Time
+	rec.enqueued = time.Now() // for the linger and the publish latency; the record keeps the event's timestamp
 	if err := s.dead.enqueue(ctx, rec); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
