@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -614,4 +615,61 @@ func TestUnderTheHaltPolicyADeadLetterHaltsEveryPollerAndStaysPending(t *testing
 	if attempts != 2 || !pending {
 		t.Fatalf("dead letter with %d attempts, pending %v; want 2 attempts and still pending", attempts, pending)
 	}
+}
+
+// TestAPolledRowIsTheRecordTheWALModeGives: the poller reads rows as the backfill and the WAL
+// mode do (decoder.FromRow), so the optional columns travel too: the aggregate version as its
+// header, the record timestamp from columns.timestamp, extra columns by their placement; a row
+// whose timestamp no record can carry goes to the failure policy with reason invalid_timestamp,
+// without holding up the rest.
+func TestAPolledRowIsTheRecordTheWALModeGives(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, ob := pollDB(t)
+	brokers := testenv.SharedKafka(t).Brokers()
+	if _, err := ob.Pool().Exec(ctx, `ALTER TABLE outbox_events ADD COLUMN aggregate_version bigint,
+		ADD COLUMN occurred_at timestamptz, ADD COLUMN tenant text`); err != nil {
+		t.Fatal(err)
+	}
+	typ := testenv.UniqueName(t, "order")
+	dlq := testenv.UniqueName(t, "dlq")
+	cols := decoder.DefaultColumns()
+	cols.AggregateVersion, cols.Timestamp = "aggregate_version", "occurred_at"
+	startPoller(t, dsn, brokers, poll.Config{Columns: cols, Extra: []string{"tenant"}},
+		sink.Config{DeadLetterTopic: dlq, ExtraHeaders: []string{"tenant"}})
+	occurred := time.Date(2026, 11, 30, 12, 0, 0, 250e6, time.UTC)
+	for i, ts := range []string{occurred.Format(time.RFC3339Nano), "infinity", ""} {
+		var at any = ts
+		if ts == "" {
+			at = nil // no timestamp: the commit time, as in the WAL mode
+		}
+		if _, err := ob.Pool().Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, aggregate_version, occurred_at, tenant)
+			VALUES ($1, 'o-1', 'E', '{}', $2, $3::timestamptz, 'acme')`, typ, i+1, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := harness.NewConsumer(brokers, harness.TopicFor(typ), dlq)
+	defer c.Close()
+	rctx, cancel := context.WithTimeout(ctx, deliverTimeout)
+	defer cancel()
+	if err := c.ReadUntil(rctx, 500*time.Millisecond, func(recs []harness.Record) bool { return len(recs) >= 3 }); err != nil {
+		t.Fatal(err)
+	}
+	byVersion := map[string]harness.Record{}
+	for _, r := range c.Records() {
+		byVersion[r.Header("aggregate_version")] = r
+	}
+	if r := byVersion["1"]; r.Topic != harness.TopicFor(typ) || !r.Time.Equal(occurred) || r.Header("tenant") != "acme" {
+		t.Errorf("version 1: topic %s, time %v, tenant %q; want %s, %v, acme", r.Topic, r.Time, r.Header("tenant"), harness.TopicFor(typ), occurred)
+	}
+	if r := byVersion["2"]; r.Topic != dlq || r.Header(sink.HeaderDLQReason) != sink.ReasonInvalidTimestamp {
+		t.Errorf("version 2 (occurred_at infinity): topic %s, reason %q; want %s, %s", r.Topic, r.Header(sink.HeaderDLQReason), dlq, sink.ReasonInvalidTimestamp)
+	}
+	if r := byVersion["3"]; r.Topic != harness.TopicFor(typ) || time.Since(r.Time) > time.Hour {
+		t.Errorf("version 3 (no occurred_at): topic %s, time %v; want %s and about now", r.Topic, r.Time, harness.TopicFor(typ))
+	}
+	eventually(t, settleTimeout, "every row processed", func() (bool, string) {
+		n := pendingRows(t, ob)
+		return n == 0, fmt.Sprintf("%d pending", n)
+	})
 }
