@@ -24,10 +24,19 @@ import (
 // Header marks a replayed record; its value is "true".
 const Header = "outbox.replay"
 
-// SinkConfig returns c with the replay header added: Run hands the sink its value as the last
-// extra column of every event.
+// SinkConfig returns the replay's sink configuration from the relay's, c: the replay header added
+// (Run hands the sink its value as the last extra column of every event; with placements, it is
+// placed as a header), and without Kafka transactions. A replay runs next to a streaming relay:
+// a transactional producer with the relay's transactional id would fence it (InitProducerId bumps
+// the epoch) and commit a position of its own under the relay's key, which the relay's next start
+// would take up. Replayed records are plain idempotent records, visible to read_committed
+// consumers at once, and duplicates by design (same id header).
 func SinkConfig(c sink.Config) sink.Config {
 	c.ExtraHeaders = append(append([]string{}, c.ExtraHeaders...), Header)
+	if c.ExtraPlacement != nil {
+		c.ExtraPlacement = append(append([]sink.Placement{}, c.ExtraPlacement...), sink.PlaceHeader)
+	}
+	c.Transactions = nil
 	return c
 }
 
