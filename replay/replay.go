@@ -110,6 +110,11 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 		return Result{}, fmt.Errorf("replay: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// Timestamps in the format the decoder reads (columns.timestamp), whatever the database's
+	// DateStyle: as the backfill and the stream read them.
+	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = ISO"); err != nil {
+		return Result{}, fmt.Errorf("replay: set DateStyle: %w", err)
+	}
 	table := pgx.Identifier{t.Schema, t.Name}.Sanitize()
 	hasSeq, err := t.hasOrderColumn(ctx, tx, table)
 	if err != nil {
@@ -158,7 +163,7 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 			return res, fmt.Errorf("replay: event %s: %w", ch.Event.ID, ch.Unusable)
 		}
 		ev := ch.Event
-		if created, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[len(vals)-1])); err == nil {
+		if created, err := decoder.ParseTimestamp(vals[len(vals)-1], true); err == nil { // any offset: +05:30 too
 			ev.Tx.CommitTime = created
 			if res.Oldest.IsZero() || created.Before(res.Oldest) {
 				res.Oldest = created

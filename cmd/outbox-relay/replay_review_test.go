@@ -150,3 +150,35 @@ func TestAReplayNextToAnExactlyOnceRelayNeitherFencesItNorMovesItsPosition(t *te
 		t.Fatalf("ReadPosition = %+v, %v, %v; want the relay's own {0/2000 1}", pos, found, err)
 	}
 }
+
+func TestAReplayReadsTimestampsWhateverTheDatabasesDateStyle(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := newReplayFixture(t, ctx, 1)
+	conn, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	occurred := time.Date(2026, 11, 30, 12, 0, 0, 250e6, time.UTC)
+	if _, err := conn.Exec(ctx, "ALTER TABLE outbox_events ADD COLUMN occurred_at timestamptz"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "UPDATE outbox_events SET occurred_at = $1", occurred); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{conn.Config().Database}.Sanitize()+" SET DateStyle = 'SQL, DMY'"); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, err := f.run(t, ctx, "--columns.timestamp=occurred_at"); err != nil {
+		t.Fatalf("replay: %v\n%s%s", err, out, errOut)
+	}
+	recs, err := harness.Reread(ctx, f.brokers, f.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || !recs[0].Time.Equal(occurred) {
+		t.Fatalf("records %+v; want one stamped %v (columns.timestamp)", recs, occurred)
+	}
+}
