@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -180,5 +181,17 @@ func TestAReplayReadsTimestampsWhateverTheDatabasesDateStyle(t *testing.T) {
 	}
 	if len(recs) != 1 || !recs[0].Time.Equal(occurred) {
 		t.Fatalf("records %+v; want one stamped %v (columns.timestamp)", recs, occurred)
+	}
+}
+
+func TestAReplayOfAMessagesOnlyOutboxIsRefusedNamingOutboxShape(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	err := runReplay(ctx, []string{"--pg-dsn=postgres://relay@127.0.0.1:1/db", "--kafka-brokers=127.0.0.1:1",
+		"--outbox-shape=messages", "--event-id=e-1"}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "outbox_shape") || ctx.Err() != nil {
+		t.Fatalf("replay with outbox_shape messages: %v (%s); want at once an error naming outbox_shape", err, errOut.String())
 	}
 }
