@@ -238,6 +238,10 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 		return out, errors.New("the event's headers were malformed and were not kept: fix the row's headers, then replay the event by id")
 	case reason == sink.ReasonSchemaMismatch:
 		return out, errors.New("the row lacked a mapped column when it was written, so the event is incomplete: replay it by id once the row is complete")
+	case reason == sink.ReasonInvalidMessage:
+		// Its value is the message's whole content as written, not a payload: sent back, it would
+		// reach consumers as a malformed event.
+		return out, errors.New("the logical decoding message's content was not an outbox event (its value is the content as written): fix the producer; the event exists only in the WAL and cannot be replayed")
 	}
 	key := m.Key
 	if k := headerValue(m, sink.HeaderDLQKey); k != "" || hasHeader(m, sink.HeaderDLQKey) {
