@@ -161,8 +161,14 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 		if v[0] == '"' {
 			text, _, _ = jsonText(v)
 		}
-		if !isInteger(text) {
+		var buf [20]byte
+		if n, err := strconv.ParseInt(string(text), 10, 64); err != nil {
 			problems = append(problems, fmt.Sprintf("member %q (columns.aggregate_version) must be an integer, got %.40s", c.AggregateVersion, v))
+		} else if canonical := strconv.AppendInt(buf[:0], n, 10); string(canonical) != string(text) {
+			// "+7" or "007" in a string: the decimal a bigint column prints, which is all the sink
+			// sends (it refuses anything else as invalid headers, dropping the event's headers).
+			ev.AggregateVersion = bytes.Clone(canonical)
+			ev.RawSize += int64(len(canonical))
 		} else {
 			ev.AggregateVersion = text
 		}
@@ -186,13 +192,6 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
-}
-
-// isInteger says whether text is a decimal integer that fits in a bigint, as an aggregate_version
-// column would hold.
-func isInteger(text []byte) bool {
-	_, err := strconv.ParseInt(string(text), 10, 64)
-	return err == nil
 }
 
 // decodeBase64 decodes a payload member written as a base64 string (line breaks, as PostgreSQL's

@@ -180,7 +180,7 @@ func (q queries) claim(ctx context.Context, tx pgx.Tx, batch int) (rows []row, b
 		}
 		r.dead = string(vals[i+1]) == "t"
 		r.lastError = string(vals[i+2])
-		if t, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[i+3])); err == nil {
+		if t, err := decoder.ParseTimestamp(vals[i+3], true); err == nil { // any offset: +05:30 too
 			ev.Tx.CommitTime = t // the row's creation: what the end-to-end latency is measured from
 		}
 		rows = append(rows, r)

@@ -282,6 +282,10 @@ func connect(ctx context.Context, dsn, passwordFile string) (*pgx.Conn, error) {
 		return nil, err
 	}
 	cc.RuntimeParams["enable_bitmapscan"] = "off"
+	// Timestamps (columns.timestamp, the creation column) are read in text form, in the ISO format
+	// the decoder reads, whatever DateStyle the database or role sets (as the replication
+	// connection does).
+	cc.RuntimeParams["DateStyle"] = "ISO"
 	return pgx.ConnectConfig(ctx, cc)
 }
 

@@ -673,3 +673,55 @@ func TestAPolledRowIsTheRecordTheWALModeGives(t *testing.T) {
 		return n == 0, fmt.Sprintf("%d pending", n)
 	})
 }
+
+// TestAPolledRowReadsItsTimestampsWhateverTheDatabasesDateStyle: the poller reads timestamps in
+// text form, as the WAL mode does; a database whose DateStyle (or TimeZone) is not the default must
+// change neither the record timestamp (columns.timestamp, or the row's creation) nor where the
+// event goes. The replication connection sets DateStyle ISO itself; the poller's must too.
+func TestAPolledRowReadsItsTimestampsWhateverTheDatabasesDateStyle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, ob := pollDB(t)
+	brokers := testenv.SharedKafka(t).Brokers()
+	if _, err := ob.Pool().Exec(ctx, `ALTER TABLE outbox_events ADD COLUMN occurred_at timestamptz`); err != nil {
+		t.Fatal(err)
+	}
+	var db string
+	if err := ob.Pool().QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	// New sessions (the poller's) get them; a DBA's choice for a database whose clients want it.
+	if _, err := ob.Pool().Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s SET DateStyle = 'SQL, DMY'`, pgx.Identifier{db}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.Pool().Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s SET TimeZone = 'Asia/Kolkata'`, pgx.Identifier{db}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	typ := testenv.UniqueName(t, "order")
+	dlq := testenv.UniqueName(t, "dlq")
+	cols := decoder.DefaultColumns()
+	cols.Timestamp = "occurred_at"
+	occurred := time.Date(2026, 11, 30, 12, 0, 0, 250e6, time.UTC)
+	created := time.Date(2026, 11, 29, 8, 30, 0, 0, time.UTC)
+	for i, at := range []any{occurred, nil} {
+		if _, err := ob.Pool().Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, occurred_at, created_at)
+			VALUES ($1, 'o-1', $2, '{}', $3::timestamptz, $4)`, typ, fmt.Sprint(i+1), at, created); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startPoller(t, dsn, brokers, poll.Config{Columns: cols, CreatedColumn: "created_at"}, sink.Config{DeadLetterTopic: dlq})
+	c := harness.NewConsumer(brokers, harness.TopicFor(typ), dlq)
+	defer c.Close()
+	rctx, cancel := context.WithTimeout(ctx, deliverTimeout)
+	defer cancel()
+	if err := c.ReadUntil(rctx, 500*time.Millisecond, func(recs []harness.Record) bool { return len(recs) >= 2 }); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range c.Records() {
+		want := map[string]time.Time{"1": occurred, "2": created}[r.Header("event_type")]
+		if r.Topic != harness.TopicFor(typ) || !r.Time.Equal(want) {
+			t.Errorf("event %s: topic %s (reason %q), time %v; want %s and %v", r.Header("event_type"), r.Topic,
+				r.Header(sink.HeaderDLQReason), r.Time.UTC(), harness.TopicFor(typ), want)
+		}
+	}
+}

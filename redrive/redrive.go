@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -145,6 +146,18 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		WriteTimeout: cfg.WriteTimeout,
 	}
 	defer w.Close()
+	// Events that named their own partition (extra_fields placement partition) go back there, as
+	// the relay would have sent them, next to their aggregate's other events.
+	named := &kafka.Writer{
+		Addr:         kafka.TCP(cfg.Brokers...),
+		Transport:    cfg.Transport,
+		Balancer:     namedPartition{},
+		RequiredAcks: kafka.RequireAll,
+		MaxAttempts:  3,
+		BatchSize:    1,
+		WriteTimeout: cfg.WriteTimeout,
+	}
+	defer named.Close()
 	wanted := make(map[string]bool, len(cfg.EventIDs))
 	for _, id := range cfg.EventIDs {
 		wanted[id] = true
@@ -178,7 +191,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		if cfg.DryRun {
 			return nil
 		}
-		if err := w.WriteMessages(ctx, orig); err != nil {
+		send := w
+		if p := headerValue(m, sink.HeaderDLQPartition); p != "" {
+			if orig.Partition, err = strconv.Atoi(p); err != nil || orig.Partition < 0 {
+				fail(fmt.Errorf("header %s is %q, not a partition", sink.HeaderDLQPartition, p))
+				return nil
+			}
+			send = named
+		}
+		if err := send.WriteMessages(ctx, orig); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -205,7 +226,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 // original rebuilds the record the relay meant to publish.
 func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 	topic := headerValue(m, sink.HeaderDLQTopic)
-	out := kafka.Message{Topic: topic, Value: m.Value}
+	// The event's own timestamp (its commit time, or columns.timestamp), as the relay stamped it.
+	out := kafka.Message{Topic: topic, Value: m.Value, Time: m.Time}
 	reason := headerValue(m, sink.HeaderDLQReason)
 	switch {
 	case topic == "":
@@ -216,6 +238,10 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 		return out, errors.New("the event's headers were malformed and were not kept: fix the row's headers, then replay the event by id")
 	case reason == sink.ReasonSchemaMismatch:
 		return out, errors.New("the row lacked a mapped column when it was written, so the event is incomplete: replay it by id once the row is complete")
+	case reason == sink.ReasonInvalidMessage:
+		// Its value is the message's whole content as written, not a payload: sent back, it would
+		// reach consumers as a malformed event.
+		return out, errors.New("the logical decoding message's content was not an outbox event (its value is the content as written): fix the producer; the event exists only in the WAL and cannot be replayed")
 	}
 	key := m.Key
 	if k := headerValue(m, sink.HeaderDLQKey); k != "" || hasHeader(m, sink.HeaderDLQKey) {
@@ -357,3 +383,9 @@ func scanPartition(ctx context.Context, d *kafka.Dialer, addr, topic string, par
 	}
 	return nil
 }
+
+// namedPartition is the balancer of records whose event named its partition: the record's own
+// Partition (kafka.Writer leaves partitioning to the balancer).
+type namedPartition struct{}
+
+func (namedPartition) Balance(msg kafka.Message, _ ...int) int { return msg.Partition }

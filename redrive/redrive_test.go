@@ -48,6 +48,7 @@ func TestADeadLetterBecomesTheRecordTheRelayMeantToPublish(t *testing.T) {
 			Config{}, "", "", "replay the event by id"},
 		{"malformed headers cannot go back", dead(sink.ReasonBadHeaders), Config{}, "", "", "fix the row's headers"},
 		{"an incomplete row cannot go back", dead(sink.ReasonSchemaMismatch), Config{}, "", "", "incomplete"},
+		{"an invalid message cannot go back: its value is the message's content, not a payload", dead(sink.ReasonInvalidMessage), Config{}, "", "", "not an outbox event"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

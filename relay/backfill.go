@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -152,7 +153,7 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 			return n, err
 		}
 		ev := ch.Event
-		if t, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[len(vals)-1])); err == nil {
+		if t, err := decoder.ParseTimestamp(vals[len(vals)-1], true); err == nil { // any offset: +05:30 too
 			ev.Tx.CommitTime = t
 		}
 		acks.Add()

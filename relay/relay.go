@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -310,7 +309,7 @@ func (r *Relay) watchHalt(stop, abandon context.Context, cancel context.CancelCa
 // checkUpdatesPublished warns when on_update asks to act on UPDATEs that the publication does not
 // publish: pgoutput sends an UPDATE only if it does, so the setting would do nothing.
 func (r *Relay) checkUpdatesPublished(ctx context.Context) {
-	conn, err := pgx.Connect(ctx, r.cfg.Replication.DSN)
+	conn, err := r.cfg.Replication.Connect(ctx) // the relay's credentials: pg_password_file
 	if err != nil {
 		return // the stream reports connection problems itself
 	}

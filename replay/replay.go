@@ -24,10 +24,19 @@ import (
 // Header marks a replayed record; its value is "true".
 const Header = "outbox.replay"
 
-// SinkConfig returns c with the replay header added: Run hands the sink its value as the last
-// extra column of every event.
+// SinkConfig returns the replay's sink configuration from the relay's, c: the replay header added
+// (Run hands the sink its value as the last extra column of every event; with placements, it is
+// placed as a header), and without Kafka transactions. A replay runs next to a streaming relay:
+// a transactional producer with the relay's transactional id would fence it (InitProducerId bumps
+// the epoch) and commit a position of its own under the relay's key, which the relay's next start
+// would take up. Replayed records are plain idempotent records, visible to read_committed
+// consumers at once, and duplicates by design (same id header).
 func SinkConfig(c sink.Config) sink.Config {
 	c.ExtraHeaders = append(append([]string{}, c.ExtraHeaders...), Header)
+	if c.ExtraPlacement != nil {
+		c.ExtraPlacement = append(append([]sink.Placement{}, c.ExtraPlacement...), sink.PlaceHeader)
+	}
+	c.Transactions = nil
 	return c
 }
 
@@ -101,6 +110,11 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 		return Result{}, fmt.Errorf("replay: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// Timestamps in the format the decoder reads (columns.timestamp), whatever the database's
+	// DateStyle: as the backfill and the stream read them.
+	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = ISO"); err != nil {
+		return Result{}, fmt.Errorf("replay: set DateStyle: %w", err)
+	}
 	table := pgx.Identifier{t.Schema, t.Name}.Sanitize()
 	hasSeq, err := t.hasOrderColumn(ctx, tx, table)
 	if err != nil {
@@ -149,7 +163,7 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 			return res, fmt.Errorf("replay: event %s: %w", ch.Event.ID, ch.Unusable)
 		}
 		ev := ch.Event
-		if created, err := time.Parse("2006-01-02 15:04:05.999999-07", string(vals[len(vals)-1])); err == nil {
+		if created, err := decoder.ParseTimestamp(vals[len(vals)-1], true); err == nil { // any offset: +05:30 too
 			ev.Tx.CommitTime = created
 			if res.Oldest.IsZero() || created.Before(res.Oldest) {
 				res.Oldest = created

@@ -18,6 +18,9 @@ const (
 	HeaderDLQReason = "outbox.dlq.reason"
 	HeaderDLQError  = "outbox.dlq.error"
 	HeaderDLQLSN    = "outbox.dlq.lsn"
+	// HeaderDLQPartition is the partition the event named for itself (an extra_fields column placed
+	// as the partition), when it named one: redrive sends it back there, not to its key's.
+	HeaderDLQPartition = "outbox.dlq.original_partition"
 )
 
 func eventFields(rec *record) []zap.Field {
@@ -48,7 +51,7 @@ func (s *Sink) fail(ctx context.Context, rec *record, reason string, err error) 
 	s.log.Error("event cannot be published to its topic; sending it to the dead-letter topic",
 		append(eventFields(rec), zap.String("reason", reason), zap.String("dead_letter_topic", s.cfg.DeadLetterTopic), zap.Error(err))...)
 	rec.msg = s.deadLetterMessage(rec, reason, err)
-	rec.partition = -1 // the dead-letter topic's partition is the key's, whatever the event named
+	rec.partition = -1        // the dead-letter topic's partition is the key's, whatever the event named
 	rec.enqueued = time.Now() // for the linger and the publish latency; the record keeps the event's timestamp
 	if err := s.dead.enqueue(ctx, rec); err != nil {
 		if ctx.Err() != nil {
@@ -83,6 +86,9 @@ func (s *Sink) deadLetterMessage(rec *record, reason string, cause error) kafka.
 		kafka.Header{Key: HeaderDLQError, Value: []byte(cause.Error())},
 		kafka.Header{Key: HeaderDLQLSN, Value: []byte(ev.LSN.String())},
 	)
+	if rec.partition >= 0 {
+		hs = append(hs, kafka.Header{Key: HeaderDLQPartition, Value: []byte(strconv.Itoa(rec.partition))})
+	}
 	m := kafka.Message{
 		Topic:   s.cfg.DeadLetterTopic,
 		Key:     ev.AggregateID,

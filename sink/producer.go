@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -194,7 +195,18 @@ type partitionQueue struct {
 
 func (q *partitionQueue) push(rec *record) {
 	q.mu.Lock()
-	q.pending = append(q.pending, rec)
+	// Exactly-once: a partition sends from the front only records of the Kafka transaction in
+	// progress (readyLocked). The dead-letter producer is fed from two sides: Publish rejects an
+	// event of the next transaction at once, while the broker's refusal of an event of the
+	// transaction in progress arrives later, from its partition's goroutine. Queued behind the
+	// later one, the earlier one would never go, and its transaction never commit. Kept in
+	// transaction order it goes first (which is also the order they were published in). Without
+	// transactions every txn is 0 and this appends.
+	i := len(q.pending)
+	for i > 0 && q.pending[i-1].txn > rec.txn {
+		i--
+	}
+	q.pending = slices.Insert(q.pending, i, rec)
 	q.mu.Unlock()
 	q.signal()
 }

@@ -69,6 +69,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	if !cfg.UsesTable() {
+		return errors.New("config key outbox_shape is messages: a logical decoding message is stored nowhere but the WAL, so there is no outbox row to replay")
+	}
 	log, err := newLogger(cfg, stderr)
 	if err != nil {
 		return err
