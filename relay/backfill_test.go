@@ -215,3 +215,27 @@ func TestBackfillWithAMissingConfiguredOrderColumnStopsTheRelay(t *testing.T) {
 	}
 	t.Logf("stopped: %v", err)
 }
+
+// TestBackfillWithoutTheCreationTimeColumnStopsTheRelayNamingTheKey: a table without the
+// columns.created_at column (Debezium's outbox table has none) cannot be backfilled; the error names
+// the key and the column, not a bare SQL error.
+func TestBackfillWithoutTheCreationTimeColumnStopsTheRelayNamingTheKey(t *testing.T) {
+	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	ctx := context.Background()
+	if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: "agg"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := f.config()
+	cfg.Backfill = &relay.Backfill{CreatedColumn: "occurred"}
+	r, err := relay.New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	err = r.Run(runCtx)
+	if runCtx.Err() != nil || err == nil || !strings.Contains(err.Error(), "columns.created_at") || !strings.Contains(err.Error(), `"occurred"`) {
+		t.Fatalf("Run without the creation time column: %v (context: %v), want an error naming columns.created_at and the column", err, runCtx.Err())
+	}
+	t.Logf("stopped: %v", err)
+}

@@ -116,7 +116,12 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 		return Result{}, fmt.Errorf("replay: set DateStyle: %w", err)
 	}
 	table := pgx.Identifier{t.Schema, t.Name}.Sanitize()
-	hasSeq, err := t.hasOrderColumn(ctx, tx, table)
+	if ok, err := hasColumn(ctx, tx, table, t.Created); err != nil {
+		return Result{}, fmt.Errorf("replay: %w", err)
+	} else if !ok {
+		return Result{}, fmt.Errorf("replay: the outbox table %s has no column %q (columns.created_at): a replay reads each row's creation time from it, for the record timestamp and the time range; name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none)", table, t.Created)
+	}
+	hasSeq, err := hasColumn(ctx, tx, table, t.Order)
 	if err != nil {
 		return Result{}, err
 	}
@@ -372,12 +377,12 @@ func missingVersions(have []int64, from, to int64) string {
 	return strings.Join(out, ", ")
 }
 
-// hasOrderColumn reports whether the table has the insertion sequence column.
-func (t Table) hasOrderColumn(ctx context.Context, tx pgx.Tx, table string) (bool, error) {
+// hasColumn reports whether table has the column.
+func hasColumn(ctx context.Context, tx pgx.Tx, table, column string) (bool, error) {
 	var exists bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, t.Order).Scan(&exists); err != nil {
-		return false, fmt.Errorf("replay: look for the order column %q in %s: %w", t.Order, table, err)
+		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, column).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look for the column %q in %s: %w", column, table, err)
 	}
 	return exists, nil
 }

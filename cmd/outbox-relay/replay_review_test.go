@@ -195,3 +195,20 @@ func TestAReplayOfAMessagesOnlyOutboxIsRefusedNamingOutboxShape(t *testing.T) {
 		t.Fatalf("replay with outbox_shape messages: %v (%s); want at once an error naming outbox_shape", err, errOut.String())
 	}
 }
+
+// TestAReplayOfATableWithoutTheCreationTimeColumnNamesTheKey: Debezium's outbox table has no
+// creation time column; the replay says which key names it instead of failing with SQL.
+func TestAReplayOfATableWithoutTheCreationTimeColumnNamesTheKey(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := newReplayFixture(t, ctx, 1)
+	_, _, err := f.run(t, ctx, "--columns.created-at=occurred")
+	if err == nil || !strings.Contains(err.Error(), "columns.created_at") || !strings.Contains(err.Error(), `"occurred"`) {
+		t.Fatalf("replay without the creation time column: %v; want an error naming columns.created_at and the column", err)
+	}
+	recs, rerr := harness.Reread(ctx, f.brokers, f.topic)
+	if rerr != nil || len(recs) != 0 {
+		t.Fatalf("%d records published (%v), want none", len(recs), rerr)
+	}
+}
