@@ -305,7 +305,7 @@ func (s *Sink) newTransport() *kafka.Transport {
 }
 
 func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *producer {
-	return &producer{
+	p := &producer{
 		client:      client,
 		compression: s.cfg.Compression,
 		maxBytes:    s.cfg.MaxMessageBytes,
@@ -327,6 +327,8 @@ func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *p
 		parts:  make(map[topicPartition]*partitionQueue),
 		topics: make(map[string]topicInfo),
 	}
+	p.requests = newRequests(p)
+	return p
 }
 
 // retrying logs a transient failure. The messages are constant, so the log sampler collapses an
