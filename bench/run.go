@@ -252,6 +252,11 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 		}
 	}
 
+	if len(b.cfg.Steady) > 0 {
+		if err := b.warmSteady(ctx, 20*time.Second); err != nil {
+			return rep, err
+		}
+	}
 	for _, s := range b.cfg.Steady {
 		r := b.steady(ctx, s)
 		rep.Steady = append(rep.Steady, r)

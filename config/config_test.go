@@ -91,7 +91,7 @@ func TestDefaultsLoadWithOnlyTheRequiredKeys(t *testing.T) {
 		{"log_level", c.LogLevel, "info"},
 		{"log_format", c.LogFormat, "json"},
 		{"kafka.batch_size", c.Kafka.BatchSize, 500},
-		{"kafka.linger", c.Kafka.Linger, 5 * time.Millisecond},
+		{"kafka.linger", c.Kafka.Linger, 10 * time.Millisecond},
 		{"kafka.write_timeout", c.Kafka.WriteTimeout, 10 * time.Second},
 		{"kafka.compression", c.Kafka.Compression, "none"},
 		{"kafka.idempotence", c.Kafka.Idempotence, "auto"},
