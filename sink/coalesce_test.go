@@ -167,8 +167,8 @@ func TestCoalescedRequestsDeliverEveryPartitionCompleteAndInOrder(t *testing.T) 
 			stream := newPGStream(25)
 			const rounds, keys = 25, 12 // per round and topic, one event per key: every partition gets some
 			for round := range rounds {
-				a := &acker{}
 				for _, typ := range types {
+					a := &acker{}
 					for key := range keys {
 						ev := stream.next(fmt.Sprintf("%s-key-%02d", typ, key))
 						ev.ID = fmt.Appendf(nil, "%s-%02d-%02d", typ, round, key)

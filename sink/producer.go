@@ -355,6 +355,13 @@ func (q *partitionQueue) next() []*record {
 	}
 }
 
+// holds reports whether the partition has records of Kafka transaction gen waiting to be sent.
+func (q *partitionQueue) holds(gen uint64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.pending) > 0 && q.pending[0].txn == gen
+}
+
 // fullLocked reports whether the first n pending records fill a request.
 func (q *partitionQueue) fullLocked(n int) bool {
 	if n >= q.p.maxRecords {

@@ -545,6 +545,13 @@ func (tm *txnManager) add(ctx context.Context, tp topicPartition) error {
 			// AddPartitionsToTxn fewer at the commit.
 			tm.adding[tm.positions.tp] = true
 		}
+		// Every partition holding records of this transaction joins now too: they all send when it
+		// is sealed, and would otherwise wait for this AddPartitionsToTxn, then send another.
+		for _, q := range tm.queues {
+			if !tm.added[q.tp] && q.holds(tm.active.Load()) {
+				tm.adding[q.tp] = true
+			}
+		}
 		tm.addBusy, tm.addDone = true, make(chan struct{})
 		tps := tm.adding
 		tm.adding = make(map[topicPartition]bool)
