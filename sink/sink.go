@@ -1,9 +1,10 @@
 // Package sink publishes outbox events to Kafka and reports each one back once Kafka has
 // acknowledged it (acks=all) or the failure policy has settled it.
 //
-// Ordering: each partition has one goroutine and at most one produce request in flight, and a
-// failed request is retried in place (producer.go), so a later record of a partition never
-// overtakes an earlier one. Keys are partitioned with murmur2 exactly like the Java client, so a
+// Ordering: each partition has one goroutine and at most one batch in flight, and a failed batch
+// is retried in place (producer.go), so a later record of a partition never overtakes an earlier
+// one. The batches of partitions led by the same broker that are ready together share one Produce
+// request (coalesce.go). Keys are partitioned with murmur2 exactly like the Java client, so a
 // topic written by Debezium keeps its key-to-partition mapping.
 //
 // The producer is idempotent where the broker allows it (idempotence.go): a retried request the
