@@ -53,7 +53,7 @@ type Config struct {
 	KeyEncoding     ValueEncoding // default ValueRaw; ValueJSONString matches Connect's JsonConverter keys
 	MaxMessageBytes int           // largest record accepted; default 1048576 (Kafka's max.request.size)
 	BatchSize       int           // records per produce request and partition; default 500
-	Linger          time.Duration // how long a partition's oldest record waits for more before its batch goes; default 10ms, negative for none
+	Linger          time.Duration // how long a partition's oldest record waits for more before its batch goes; default 15ms, negative for none
 	WriteTimeout    time.Duration // one produce request; default 10s
 	MaxInFlight     int           // events not yet acknowledged; default 10000
 	MaxInFlightSize int64         // bytes not yet acknowledged; default 64 MiB
@@ -104,7 +104,7 @@ func (c *Config) setDefaults() {
 		c.BatchSize = 500
 	}
 	if c.Linger == 0 {
-		c.Linger = 10 * time.Millisecond
+		c.Linger = 15 * time.Millisecond
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 10 * time.Second
