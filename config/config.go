@@ -463,7 +463,7 @@ var settings = []setting{
 		apply: oneOf(func(c *Config) *string { return &c.LogFormat }, "json", "console")},
 	{key: "kafka.batch_size", def: "500", help: "records per produce request and partition",
 		apply: integer(func(c *Config) *int { return &c.Kafka.BatchSize })},
-	{key: "kafka.linger", def: "5ms", help: "how long the first records after a quiet spell wait for more before a request goes out; 0 sends at once",
+	{key: "kafka.linger", def: "15ms", help: "how long a partition's oldest record waits for company before its batch is sent (sooner when the batch is full, or when another partition's batch goes to the same broker: they share one request); longer means fewer, bigger requests and less broker CPU per event, shorter means lower latency; 0 sends at once",
 		apply: duration(func(c *Config) *time.Duration { return &c.Kafka.Linger })},
 	{key: "kafka.write_timeout", def: "10s", help: "timeout of one produce request before it is retried",
 		apply: duration(func(c *Config) *time.Duration { return &c.Kafka.WriteTimeout })},

@@ -91,7 +91,7 @@ func TestDefaultsLoadWithOnlyTheRequiredKeys(t *testing.T) {
 		{"log_level", c.LogLevel, "info"},
 		{"log_format", c.LogFormat, "json"},
 		{"kafka.batch_size", c.Kafka.BatchSize, 500},
-		{"kafka.linger", c.Kafka.Linger, 5 * time.Millisecond},
+		{"kafka.linger", c.Kafka.Linger, 15 * time.Millisecond},
 		{"kafka.write_timeout", c.Kafka.WriteTimeout, 10 * time.Second},
 		{"kafka.compression", c.Kafka.Compression, "none"},
 		{"kafka.idempotence", c.Kafka.Idempotence, "auto"},
@@ -158,7 +158,7 @@ func TestPrecedenceIsFileThenEnvironmentThenFlags(t *testing.T) {
 		want got
 	}{
 		{"defaults apply when nothing is set", "", required(), nil,
-			got{"outbox_relay", 10000, 5 * time.Millisecond, "localhost:9092"}},
+			got{"outbox_relay", 10000, 15 * time.Millisecond, "localhost:9092"}},
 		{"the file overrides the defaults", file, map[string]string{"OUTBOX_PG_DSN": "host=db"}, nil,
 			got{"from_file", 111, 111 * time.Millisecond, "file:1"}},
 		{"the environment overrides the file", file,

@@ -36,10 +36,13 @@ type fakeBroker struct {
 	// authentications) still fail, and with what code.
 	failProduce, failMetadata, failAuth int
 	code                                int16
-	refuseID                            string   // a record id whose produce requests always fail with code
-	stored                              []string // ids of the records it acknowledged, in order
-	produced                            int      // produce requests answered
-	plan                                func(ids []string) int16
+	refuseID                            string     // a record id whose produce requests always fail with code
+	stored                              []string   // ids of the records it acknowledged, in order
+	produced                            int        // produce requests answered
+	requests                            [][]string // per produce request, the "topic/partition"s it held
+	// plan answers each partition's batch of a produce request (its records' "topic/id"s): an
+	// error code, or 0 for the scripted answer.
+	plan func(ids []string) int16
 	// idempotent makes the broker offer InitProducerId (producer ids from 1000 on, epoch 0);
 	// batches lists the header of every batch produced to it, answered with an error or not.
 	idempotent bool
@@ -51,6 +54,7 @@ type fakeBroker struct {
 // fakeBatch is what a produce request's batch said about its producer.
 type fakeBatch struct {
 	topic      string
+	partition  int32
 	producerID int64
 	epoch      int16
 	seq        int32
@@ -60,6 +64,12 @@ type fakeBatch struct {
 
 func (b fakeBatch) String() string {
 	return fmt.Sprintf("%v pid %d epoch %d seq %d -> %d", b.ids, b.producerID, b.epoch, b.seq, b.code)
+}
+
+func (fb *fakeBroker) requestLog() [][]string {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	return slices.Clone(fb.requests)
 }
 
 func (fb *fakeBroker) produceLog() []fakeBatch {
@@ -164,7 +174,7 @@ func (fb *fakeBroker) serve(c net.Conn) {
 			code := fb.take(&fb.failMetadata)
 			topics := req.TopicNames
 			if topics == nil { // the transport's own lookup: every topic
-				topics = []string{"events", "dlq", "A", "B"}
+				topics = []string{"events", "dlq", "A", "B", "C"}
 			}
 			for _, topic := range topics {
 				rt := metadata.ResponseTopic{Name: topic, ErrorCode: code}
@@ -177,18 +187,21 @@ func (fb *fakeBroker) serve(c net.Conn) {
 		case *produce.Request:
 			code := fb.take(&fb.failProduce)
 			r := &produce.Response{}
-			var ids []string
+			var inRequest []string
+			var stored []string
 			var batches []fakeBatch
+			fb.mu.Lock()
 			for _, t := range req.Topics {
 				rt := produce.ResponseTopic{Topic: t.Topic}
 				for _, p := range t.Partitions {
-					rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: code})
-					b := fakeBatch{topic: t.Topic}
+					inRequest = append(inRequest, fmt.Sprintf("%s/%d", t.Topic, p.Partition))
+					b := fakeBatch{topic: t.Topic, partition: p.Partition}
 					if stream, ok := p.RecordSet.Records.(*protocol.RecordStream); ok && len(stream.Records) > 0 {
 						if rb, ok := stream.Records[0].(*protocol.RecordBatch); ok {
 							b.producerID, b.epoch, b.seq = rb.ProducerID, rb.ProducerEpoch, rb.BaseSequence
 						}
 					}
+					var ids []string
 					for {
 						rec, err := p.RecordSet.Records.ReadRecord()
 						if err != nil {
@@ -201,37 +214,28 @@ func (fb *fakeBroker) serve(c net.Conn) {
 							}
 						}
 					}
+					// Like a real broker, it answers each partition on its own.
+					b.code = code
+					if fb.plan != nil {
+						if c := fb.plan(ids); c != 0 {
+							b.code = c
+						}
+					}
+					if fb.refuseID != "" && slices.Contains(ids, "events/"+fb.refuseID) {
+						b.code = fb.code
+					}
+					if b.code == 0 {
+						stored = append(stored, ids...)
+					}
+					rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: b.code})
 					batches = append(batches, b)
 				}
 				r.Topics = append(r.Topics, rt)
 			}
-			fb.mu.Lock()
 			fb.produced++
-			if fb.plan != nil {
-				if c := fb.plan(ids); c != 0 {
-					code = c
-					for i := range r.Topics {
-						for j := range r.Topics[i].Partitions {
-							r.Topics[i].Partitions[j].ErrorCode = code
-						}
-					}
-				}
-			}
-			if fb.refuseID != "" && slices.Contains(ids, "events/"+fb.refuseID) {
-				code = fb.code
-				for i := range r.Topics {
-					for j := range r.Topics[i].Partitions {
-						r.Topics[i].Partitions[j].ErrorCode = code
-					}
-				}
-			}
-			if code == 0 {
-				fb.stored = append(fb.stored, ids...)
-			}
-			for _, b := range batches {
-				b.code = code
-				fb.batches = append(fb.batches, b)
-			}
+			fb.stored = append(fb.stored, stored...)
+			fb.batches = append(fb.batches, batches...)
+			fb.requests = append(fb.requests, inRequest)
 			fb.mu.Unlock()
 			res = r
 		default:

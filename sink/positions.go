@@ -262,7 +262,7 @@ func (w *positionsWriter) write(ctx context.Context, pos Position) error {
 	rec.size = int64(recordSize(&rec.msg))
 	ps := w.ps
 	for attempt := 0; ; attempt++ {
-		err := tm.s.main.produce(w.tp, []*record{rec}, ps)
+		err := tm.s.main.produce(nil, w.tp, []*record{rec}, ps)
 		if err == nil || errors.Is(err, kafka.DuplicateSequenceNumber) {
 			w.ps.seq = nextSequence(ps.seq, 1)
 			return nil

@@ -1,7 +1,6 @@
 package sink
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,23 +10,22 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 	"go.uber.org/zap"
 )
 
-// producer sends records to Kafka with one goroutine per partition and at most one produce request
-// per partition in flight. Each request carries everything that queued up for its partition while
-// the previous one was in flight, so batches grow with the load and nothing waits for a timer. A
-// failed request is retried in place before anything after it, so a partition's records reach
-// Kafka in order; only an error the broker returns for good ends a record's journey unacknowledged.
+// producer sends records to Kafka with one goroutine per partition and at most one batch per
+// partition in flight. A partition's batch is ready when it is full (BatchSize records or
+// MaxMessageBytes), when its oldest record has waited Linger, or when it must go now (Close, a Kafka
+// transaction being committed, the partition's broker sending a request); a ready batch goes in a
+// Produce request together with the batches of every other partition of the same broker that hold
+// records (coalesce.go), as the Java client's Sender does. A failed batch is retried in place before
+// anything after it, so a partition's records reach Kafka in order; only an error the broker returns
+// for good ends a record's journey unacknowledged.
 //
 // kafka-go's Writer is not used: it cuts a batch a linger after its first record even while the
-// previous batch of the partition is still in flight and never merges queued batches (the
-// benchmark measured ~45 records per request under load), and its retry rule needs patching to
-// keep order. Grouping all of a broker's partitions into one request, as the Java client does, was
-// tried too: on this kind of machine it measured slower, because the broker then works through the
-// partitions one request at a time instead of in parallel.
+// previous batch of the partition is still in flight, never merges queued batches and sends one
+// request per partition, and its retry rule needs patching to keep order.
 type producer struct {
 	client      *kafka.Client
 	compression kafka.Compression
@@ -45,6 +43,7 @@ type producer struct {
 	ident       *identity   // producer id and epoch (idempotence)
 	buffers     sync.Pool   // *[]byte: encoded record sets
 	txn         *txnManager // nil unless exactly-once
+	requests    *requests   // the produce requests being assembled, per broker
 	log         *zap.Logger
 
 	mu     sync.Mutex
@@ -62,11 +61,19 @@ type topicPartition struct {
 type topicInfo struct {
 	partitions int
 	fetched    time.Time
+	leaders    []int32 // by partition: the broker that leads it
+	ledAt      time.Time
 }
 
 // metadataTTL is how long a topic's partition count is trusted. Partitions are rarely added, and
 // when they are, keys move to other partitions exactly as with the Java client.
 const metadataTTL = time.Minute
+
+// leadersTTL is how long a topic's partition leaders are trusted for grouping batches into
+// requests: kafka-go's transport refreshes its own view as often (Sink's MetadataTTL), and a
+// request it finds mixing leaders is split (coalesce.go), so a stale view costs a request, not a
+// batch.
+const leadersTTL = 5 * time.Second
 
 // partitions returns the topic's partition count, asking the brokers (and letting them auto-create
 // the topic) when it is not known or stale.
@@ -100,11 +107,69 @@ func (p *producer) partitions(ctx context.Context, topic string) (int, error) {
 			return 0, kafka.LeaderNotAvailable
 		}
 		p.mu.Lock()
-		p.topics[topic] = topicInfo{partitions: len(t.Partitions), fetched: time.Now()}
+		p.topics[topic] = topicInfo{partitions: len(t.Partitions), fetched: time.Now(), leaders: leaders(t.Partitions), ledAt: time.Now()}
 		p.mu.Unlock()
 		return len(t.Partitions), nil
 	}
 	return 0, kafka.UnknownTopicOrPartition
+}
+
+func leaders(partitions []metadataAPI.ResponsePartition) []int32 {
+	out := make([]int32, len(partitions))
+	for i := range out {
+		out[i] = noLeader
+	}
+	for _, p := range partitions {
+		if p.PartitionIndex >= 0 && int(p.PartitionIndex) < len(out) {
+			out[p.PartitionIndex] = p.LeaderID
+		}
+	}
+	return out
+}
+
+// leader returns the broker that leads tp, as kafka-go's transport last learned it (its cached
+// metadata: no request goes out), or noLeader when it does not know.
+func (p *producer) leader(tp topicPartition) int32 {
+	p.mu.Lock()
+	info, ok := p.topics[tp.topic]
+	p.mu.Unlock()
+	if !ok || time.Since(info.ledAt) >= leadersTTL || tp.partition >= len(info.leaders) {
+		ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
+		defer cancel()
+		res, err := p.client.Transport.RoundTrip(ctx, p.client.Addr, &metadataAPI.Request{TopicNames: []string{tp.topic}})
+		if err != nil {
+			return noLeader
+		}
+		for _, t := range res.(*metadataAPI.Response).Topics {
+			if t.Name != tp.topic || t.ErrorCode != 0 || len(t.Partitions) == 0 {
+				continue
+			}
+			info.leaders, info.ledAt = leaders(t.Partitions), time.Now()
+			p.mu.Lock()
+			if cur, ok := p.topics[tp.topic]; ok {
+				cur.leaders, cur.ledAt = info.leaders, info.ledAt
+				p.topics[tp.topic] = cur
+			} else {
+				// The positions topic: sent to, never partitioned by the producer.
+				p.topics[tp.topic] = topicInfo{leaders: info.leaders, ledAt: info.ledAt}
+			}
+			p.mu.Unlock()
+		}
+	}
+	if tp.partition >= len(info.leaders) {
+		return noLeader
+	}
+	return info.leaders[tp.partition]
+}
+
+// forgetLeaders makes the next leader lookup of topic ask kafka-go's transport again.
+func (p *producer) forgetLeaders(topic string) {
+	p.mu.Lock()
+	if info, ok := p.topics[topic]; ok {
+		info.ledAt = time.Time{}
+		p.topics[topic] = info
+	}
+	p.mu.Unlock()
 }
 
 // enqueue assigns rec a partition (murmur2 of the key, as the Java client does) and queues it.
@@ -185,7 +250,13 @@ type partitionQueue struct {
 
 	mu      sync.Mutex
 	pending []*record
+	bytes   int // of pending
 	closed  bool
+
+	// told says its broker is assembling a request that waits for this partition's batch.
+	told atomic.Bool
+	// at is the broker it waits at (requests.wait); guarded by requests.mu.
+	at *brokerRequests
 
 	// Idempotence: the producer id and epoch this partition's batches carry and, in seq, the next
 	// batch's base sequence. Only the partition's goroutine uses them.
@@ -207,6 +278,7 @@ func (q *partitionQueue) push(rec *record) {
 		i--
 	}
 	q.pending = slices.Insert(q.pending, i, rec)
+	q.bytes += int(rec.size)
 	q.mu.Unlock()
 	q.signal()
 }
@@ -227,57 +299,100 @@ func (q *partitionQueue) signal() {
 
 func (q *partitionQueue) run() {
 	defer q.p.wg.Done()
+	defer q.p.requests.settle(q)
 	for {
 		batch := q.next()
 		if batch == nil {
 			return
 		}
-		if !q.send(batch) {
+		ok := q.send(batch)
+		q.p.requests.settle(q) // a batch withheld before it went out: nobody waits for it
+		if !ok {
 			<-q.p.ctx.Done() // halted: sending more would put later events ahead of the failed one
 			return
 		}
 	}
 }
 
-// next waits for records and takes as many as one request may carry. With a linger, the first
-// records after a quiet spell wait that long for company; under load requests go back to back.
+// next waits until the partition's batch is ready and takes as many records as one request may
+// carry. A batch is ready when it is full, when its oldest record has waited the linger, when the
+// partition's broker is sending a request (it goes along), and at once when the partition closes or
+// (exactly-once) the Kafka transaction of its records is being committed.
 func (q *partitionQueue) next() []*record {
-	lingered := q.p.linger <= 0
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		q.mu.Lock()
 		n := q.readyLocked()
-		if n > 0 && (lingered || n >= q.p.maxRecords || q.closed) {
-			batch := q.takeLocked()
-			q.mu.Unlock()
-			return batch
+		var wait time.Duration
+		if n > 0 {
+			wait = q.p.linger - time.Since(q.pending[0].enqueued)
+			if q.closed || wait <= 0 || q.told.Load() || q.fullLocked(n) || q.committingLocked() {
+				batch := q.takeLocked()
+				q.mu.Unlock()
+				q.p.requests.wait(q, false) // a request opened meanwhile waits for this batch
+				return batch
+			}
 		}
 		closed := q.closed
-		waited := q.p.txn != nil && n > 0 && time.Since(q.pending[0].enqueued) >= q.p.linger
 		q.mu.Unlock()
 		if closed {
 			return nil
 		}
-		if waited {
-			// Exactly-once: these records waited for the previous Kafka transaction to commit,
-			// which batched them already.
-			lingered = true
-			continue
+		if n == 0 {
+			q.p.requests.settle(q) // told while nothing of it may go yet (exactly-once)
 		}
+		var expired <-chan time.Time
 		if n > 0 {
-			lingered = true
-			select {
-			case <-time.After(q.p.linger):
-			case <-q.p.ctx.Done():
-				return nil
+			if q.p.requests.wait(q, true) {
+				continue // told: its broker is sending now
 			}
-			continue
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			expired = timer.C
 		}
 		select {
 		case <-q.wake:
+		case <-expired:
 		case <-q.p.ctx.Done():
 			return nil
 		}
 	}
+}
+
+// holds reports whether the partition has records of Kafka transaction gen waiting to be sent.
+func (q *partitionQueue) holds(gen uint64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.pending) > 0 && q.pending[0].txn == gen
+}
+
+// fullLocked reports whether the first n pending records fill a request.
+func (q *partitionQueue) fullLocked(n int) bool {
+	if n >= q.p.maxRecords {
+		return true
+	}
+	if q.p.txn == nil || n == len(q.pending) {
+		return q.bytes >= q.p.maxBytes
+	}
+	size := 0
+	for _, rec := range q.pending[:n] {
+		size += int(rec.size)
+	}
+	return size >= q.p.maxBytes
+}
+
+// committingLocked reports whether the pending records are of a Kafka transaction the committer
+// has sealed: it waits for them, so they go now.
+func (q *partitionQueue) committingLocked() bool {
+	return q.p.txn != nil && q.pending[0].txn <= q.p.txn.sealed.Load()
 }
 
 // readyLocked counts the pending records that may be sent now (up to one more than a request
@@ -307,6 +422,9 @@ func (q *partitionQueue) takeLocked() []*record {
 	}
 	batch := make([]*record, n)
 	copy(batch, q.pending)
+	for _, rec := range batch {
+		q.bytes -= int(rec.size)
+	}
 	clear(q.pending[:n])
 	q.pending = q.pending[n:]
 	if len(q.pending) == 0 {
@@ -347,7 +465,7 @@ func (q *partitionQueue) send(batch []*record) bool {
 			}
 		}
 		sent = ps.id != noProducerID
-		err := q.p.produce(q.tp, batch, ps)
+		err := q.p.produce(q, q.tp, batch, ps)
 		switch {
 		case err == nil || errors.Is(err, kafka.DuplicateSequenceNumber):
 			// DUPLICATE_SEQUENCE_NUMBER: the broker wrote this batch before (an attempt whose answer
@@ -502,38 +620,26 @@ func (p *producer) beforeHalt(batch []*record) []*record {
 	return batch
 }
 
-func (p *producer) produce(tp topicPartition, batch []*record, ps producerState) error {
-	p.sent(len(batch))
+// produce sends batch, for tp with the producer state ps, in the next request to tp's leader and
+// returns the broker's answer for tp. q is tp's queue, nil for a batch sent outside one.
+func (p *producer) produce(q *partitionQueue, tp topicPartition, batch []*record, ps producerState) error {
 	buf, _ := p.buffers.Get().(*[]byte)
 	if buf == nil {
 		buf = new([]byte)
 	}
-	defer func() {
-		if cap(*buf) <= 4<<20 { // a huge batch's buffer is not worth keeping
-			p.buffers.Put(buf)
-		}
-	}()
 	set, err := encodeRecordSet((*buf)[:0], batch, ps, p.compression)
 	if err != nil {
+		p.buffers.Put(buf)
 		return err
 	}
-	*buf = set // kafka-go has copied it into the request once RawProduce returns
-	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
-	defer cancel()
-	req := &kafka.RawProduceRequest{
-		Topic:        tp.topic,
-		Partition:    tp.partition,
-		RequiredAcks: kafka.RequireAll,
-		RawRecords:   protocol.RawRecordSet{Reader: bytes.NewReader(set)},
+	*buf = set
+	answered, err := p.requests.produce(p.ctx, q, tp, set, len(batch))
+	if answered && cap(*buf) <= 4<<20 {
+		// Only a buffer whose request was answered is reused: after a timeout kafka-go may still be
+		// writing it. A huge batch's is not worth keeping.
+		p.buffers.Put(buf)
 	}
-	if p.txn != nil {
-		req.TransactionalID = p.txn.id
-	}
-	res, err := p.client.RawProduce(ctx, req)
-	if err != nil {
-		return err
-	}
-	return res.Error
+	return err
 }
 
 // murmur2 is the Java client's hash for keys (org.apache.kafka.common.utils.Utils.murmur2).

@@ -1,9 +1,10 @@
 // Package sink publishes outbox events to Kafka and reports each one back once Kafka has
 // acknowledged it (acks=all) or the failure policy has settled it.
 //
-// Ordering: each partition has one goroutine and at most one produce request in flight, and a
-// failed request is retried in place (producer.go), so a later record of a partition never
-// overtakes an earlier one. Keys are partitioned with murmur2 exactly like the Java client, so a
+// Ordering: each partition has one goroutine and at most one batch in flight, and a failed batch
+// is retried in place (producer.go), so a later record of a partition never overtakes an earlier
+// one. The batches of partitions led by the same broker that are ready together share one Produce
+// request (coalesce.go). Keys are partitioned with murmur2 exactly like the Java client, so a
 // topic written by Debezium keeps its key-to-partition mapping.
 //
 // The producer is idempotent where the broker allows it (idempotence.go): a retried request the
@@ -52,7 +53,7 @@ type Config struct {
 	KeyEncoding     ValueEncoding // default ValueRaw; ValueJSONString matches Connect's JsonConverter keys
 	MaxMessageBytes int           // largest record accepted; default 1048576 (Kafka's max.request.size)
 	BatchSize       int           // records per produce request and partition; default 500
-	Linger          time.Duration // how long the first records after a quiet spell wait for more; default 5ms, negative for none
+	Linger          time.Duration // how long a partition's oldest record waits for more before its batch goes; default 15ms, negative for none
 	WriteTimeout    time.Duration // one produce request; default 10s
 	MaxInFlight     int           // events not yet acknowledged; default 10000
 	MaxInFlightSize int64         // bytes not yet acknowledged; default 64 MiB
@@ -103,7 +104,7 @@ func (c *Config) setDefaults() {
 		c.BatchSize = 500
 	}
 	if c.Linger == 0 {
-		c.Linger = 5 * time.Millisecond
+		c.Linger = 15 * time.Millisecond
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 10 * time.Second
@@ -305,7 +306,7 @@ func (s *Sink) newTransport() *kafka.Transport {
 }
 
 func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *producer {
-	return &producer{
+	p := &producer{
 		client:      client,
 		compression: s.cfg.Compression,
 		maxBytes:    s.cfg.MaxMessageBytes,
@@ -327,6 +328,8 @@ func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *p
 		parts:  make(map[topicPartition]*partitionQueue),
 		topics: make(map[string]topicInfo),
 	}
+	p.requests = newRequests(p)
+	return p
 }
 
 // retrying logs a transient failure. The messages are constant, so the log sampler collapses an

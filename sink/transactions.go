@@ -52,6 +52,9 @@ type txnManager struct {
 
 	// active is the generation partitions may send; records of a later one wait.
 	active atomic.Uint64
+	// sealed is the latest generation the committer has sealed: its records go at once, without
+	// lingering, since the commit waits for them.
+	sealed atomic.Uint64
 
 	mu sync.Mutex
 	// txns are the transactions not yet committed, oldest first: txns[0] is the active one (open,
@@ -250,7 +253,12 @@ func (tm *txnManager) cut(ctx context.Context) (*kafkaTxn, bool) {
 			wait = tm.linger - age
 			if wait <= 0 || t.sealed || t.records >= tm.maxEvents || len(tm.txns) > 1 || tm.closing || tm.s.halted.Load() != nil {
 				t.sealed = true
+				tm.sealed.Store(t.gen)
+				queues := tm.queues
 				tm.mu.Unlock()
+				for _, q := range queues {
+					q.signal() // a partition lingering with records of t sends them now
+				}
 				return t, true
 			}
 		}
@@ -536,6 +544,13 @@ func (tm *txnManager) add(ctx context.Context, tp topicPartition) error {
 			// The positions partition joins with the transaction's first partitions: one
 			// AddPartitionsToTxn fewer at the commit.
 			tm.adding[tm.positions.tp] = true
+		}
+		// Every partition holding records of this transaction joins now too: they all send when it
+		// is sealed, and would otherwise wait for this AddPartitionsToTxn, then send another.
+		for _, q := range tm.queues {
+			if !tm.added[q.tp] && q.holds(tm.active.Load()) {
+				tm.adding[q.tp] = true
+			}
 		}
 		tm.addBusy, tm.addDone = true, make(chan struct{})
 		tps := tm.adding
