@@ -105,7 +105,7 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 		return 0, fmt.Errorf("set DateStyle for the backfill: %w", err)
 	}
 	table := pgx.Identifier{rc.Schema, rc.Table}.Sanitize()
-	if ok, err := hasColumn(ctx, tx, table, created); err != nil {
+	if ok, err := replication.HasColumn(ctx, tx, table, created); err != nil {
 		return 0, fmt.Errorf("backfill: %w", err)
 	} else if !ok {
 		return 0, replication.Fatal(fmt.Errorf("columns.created_at %q: the outbox table %s has no such column; the backfill reads each row's creation time from it (the record timestamp, and backfill_since): name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none), or start without backfill", created, table))
@@ -180,16 +180,6 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	return n, nil
 }
 
-// hasColumn reports whether table has the column.
-func hasColumn(ctx context.Context, tx pgx.Tx, table, column string) (bool, error) {
-	var exists bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, column).Scan(&exists); err != nil {
-		return false, fmt.Errorf("look for the column %q in %s: %w", column, table, err)
-	}
-	return exists, nil
-}
-
 // defaultOrderColumn is the insertion sequence `outbox-relay migrate` adds.
 const defaultOrderColumn = "seq"
 
@@ -201,7 +191,7 @@ func (r *Relay) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, cre
 	if column == "" {
 		column = defaultOrderColumn
 	}
-	exists, err := hasColumn(ctx, tx, table, column)
+	exists, err := replication.HasColumn(ctx, tx, table, column)
 	if err != nil {
 		return "", fmt.Errorf("backfill: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -116,12 +117,12 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 		return Result{}, fmt.Errorf("replay: set DateStyle: %w", err)
 	}
 	table := pgx.Identifier{t.Schema, t.Name}.Sanitize()
-	if ok, err := hasColumn(ctx, tx, table, t.Created); err != nil {
+	if ok, err := replication.HasColumn(ctx, tx, table, t.Created); err != nil {
 		return Result{}, fmt.Errorf("replay: %w", err)
 	} else if !ok {
 		return Result{}, fmt.Errorf("replay: the outbox table %s has no column %q (columns.created_at): a replay reads each row's creation time from it, for the record timestamp and the time range; name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none)", table, t.Created)
 	}
-	hasSeq, err := hasColumn(ctx, tx, table, t.Order)
+	hasSeq, err := replication.HasColumn(ctx, tx, table, t.Order)
 	if err != nil {
 		return Result{}, err
 	}
@@ -375,14 +376,4 @@ func missingVersions(have []int64, from, to int64) string {
 		add(next, to)
 	}
 	return strings.Join(out, ", ")
-}
-
-// hasColumn reports whether table has the column.
-func hasColumn(ctx context.Context, tx pgx.Tx, table, column string) (bool, error) {
-	var exists bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, column).Scan(&exists); err != nil {
-		return false, fmt.Errorf("look for the column %q in %s: %w", column, table, err)
-	}
-	return exists, nil
 }

@@ -1,0 +1,21 @@
+package replication
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// HasColumn reports whether table (a name regclass accepts, e.g. a sanitized identifier) has the
+// column, for readers of the outbox table (the backfill, a replay) that name what is missing.
+func HasColumn(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table, column string) (bool, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, column).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look for the column %q in %s: %w", column, table, err)
+	}
+	return exists, nil
+}
