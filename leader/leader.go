@@ -190,7 +190,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 				h, held, err := LockHolder(hctx, conn, e.cfg.Slot)
 				cancel()
 				if err == nil && held {
-					previous = &h // the last seen, published walsender and all
+					previous = rememberHolder(previous, h)
 				}
 				if !waitingLogged {
 					fields := []zap.Field{zap.String("slot", e.cfg.Slot), zap.Duration("retry_interval", e.cfg.RetryInterval)}
@@ -209,6 +209,18 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// rememberHolder is the holder a standby keeps after seeing h hold the lock, having seen
+// previous before (nil if none). A lock session never takes back the walsender it published, but
+// a holder seen while its backend exits (the server releases the session's locks, then drops its
+// pg_stat_activity row) shows no application_name, so no walsender: that sighting must not make
+// the standby forget the walsender it is to end when it takes over.
+func rememberHolder(previous *Holder, h Holder) *Holder {
+	if previous != nil && previous.PID == h.PID && h.WalsenderPID == 0 {
+		return previous
+	}
+	return &h
 }
 
 func (e *Elector) connect(ctx context.Context) (*pgx.Conn, error) {
