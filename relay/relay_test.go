@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -95,21 +96,25 @@ func (f *fixture) start(cfg relay.Config) (stop func() error) {
 }
 
 // waitSlotActive waits until the relay streams, so writes made afterwards are after the slot's start.
-// A slot being created is active too, without a confirmed position yet, and transactions that commit
-// before its consistent point are not in its stream: hence the second condition.
+// A slot being created is active too, and from its consistent point on has a confirmed position,
+// but its walsender streams (pg_stat_replication's state catchup or streaming) only once
+// START_REPLICATION has begun: a relay stopped before that may not have finished creating it.
 func (f *fixture) waitSlotActive() {
 	f.t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		var active bool
-		err := f.outbox.Pool().QueryRow(ctx, "SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
+		err := f.outbox.Pool().QueryRow(ctx, `SELECT s.active AND s.confirmed_flush_lsn IS NOT NULL AND r.state IN ('catchup', 'streaming')
+			FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1`, f.slot).Scan(&active)
 		if err == nil && active {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	f.t.Fatalf("slot %s never became active", f.slot)
+	rows, _ := f.outbox.Pool().Query(ctx, "SELECT s.active::text, coalesce(s.active_pid::text,'-'), coalesce(s.confirmed_flush_lsn::text,'-'), coalesce(r.state,'-') FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1", f.slot)
+	vals, _ := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
+	f.t.Fatalf("slot %s never became active: %v", f.slot, vals)
 }
 
 // writeMany writes n transactions of 1..maxPerTx events over aggregates of all the fixture's types.

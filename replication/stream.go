@@ -612,6 +612,9 @@ func describeBackend(ctx context.Context, conn *pgx.Conn, pid int32) string {
 	return fmt.Sprintf(" (application_name=%q, client %s)", app, addr)
 }
 
+// ledgerWriteTimeout bounds recording a new slot in the ledger, which outlives a stop.
+const ledgerWriteTimeout = 10 * time.Second
+
 func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string, err error) {
 	res, err := pglogrepl.ParseCreateReplicationSlot(s.conn.Exec(ctx, s.createSlotCommand()))
 	if err != nil {
@@ -637,7 +640,15 @@ func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string
 
 // recordSlot notes the new slot in the ledger, so that its loss is recognised after a restart.
 // Not being able to is worth a warning, not a failure: the slot works without it.
+//
+// It is the one write that does not end with the caller's context: the slot exists from here on,
+// whether or not the relay is stopping, and this is the only chance to record it (a later session
+// finds the slot and records nothing). A stop during a first start would otherwise leave a slot
+// whose loss reads as a first start, and a new slot that skips what was committed in between.
+// ledgerWriteTimeout bounds the wait instead.
 func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
+	defer cancel()
 	conn, err := s.cfg.Connect(ctx)
 	if err == nil {
 		defer conn.Close(context.WithoutCancel(ctx))
