@@ -118,8 +118,16 @@ func createPositionsTopic(ctx context.Context, client *kafka.Client, topic strin
 		"(create it with cleanup.policy=compact, or set positions_topic to one that exists)", topic, err)
 }
 
-// positionChunk is how many offsets ReadPosition reads at a time, from the end backwards.
-const positionChunk = 512
+// positionChunk is how many offsets ReadPosition reads at a time, from the end backwards, and
+// positionFetchBytes what one fetch of them asks for. A fetch returns whole batches from its offset
+// on, up to its size, whatever offset the chunk ends at: sized for a chunk of position records
+// (one small record per Kafka transaction, about a hundred bytes), the read back to a
+// partition's start costs about what the partition holds. A full MB per chunk made a relay's first
+// start (no position of its own among other relays') read and hold twenty times that.
+const (
+	positionChunk      = 512
+	positionFetchBytes = 64 << 10
+)
 
 // ReadPosition returns the last committed position for cfg.Transactions.ID (read_committed);
 // ok is false when none was ever committed. It creates the positions topic (compacted) when it is
@@ -161,7 +169,7 @@ func readPosition(ctx context.Context, client *kafka.Client, topic, key string, 
 		from := max(first, end-positionChunk)
 		var found *readcommitted.Record
 		for at := from; at < end; {
-			res, err := readcommitted.Fetch(ctx, client, topic, partition, at, 1<<20, 100*time.Millisecond)
+			res, err := readcommitted.Fetch(ctx, client, topic, partition, at, positionFetchBytes, 100*time.Millisecond)
 			if err != nil {
 				return Position{}, false, fmt.Errorf("sink: reading positions topic %s: %w", topic, err)
 			}

@@ -1,0 +1,92 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// countingConn counts the bytes read from the broker.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// TestReadingAnAbsentPositionReadsThePartitionOnce: a relay's first start looks for a key that is
+// not there, so it reads the positions partition back to its start. Other relays' positions fill
+// it (one record per Kafka transaction, compacted only once a segment closes): that read must cost
+// about what the partition holds, not a full fetch per backward chunk (which made a first start
+// read, and hold, hundreds of MB).
+func TestReadingAnAbsentPositionReadsThePartitionOnce(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	topic := testenv.UniqueName(t, "positions")
+	client := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 10 * time.Second}
+	if _, _, err := positionsPartition(ctx, client, topic, "x", zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20000
+	w := &kafka.Writer{Addr: kafka.TCP(k.Brokers()), Topic: topic, BatchSize: 20, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
+	msgs := make([]kafka.Message, n)
+	for i := range msgs {
+		msgs[i] = kafka.Message{Key: fmt.Appendf(nil, "other-relay-%d", i%7), Value: fmt.Appendf(nil, `{"v":1,"commit_lsn":"0/%X","events":%d}`, 1<<24+i, i%100)}
+	}
+	for attempt := 0; ; attempt++ { // the topic was created moments ago
+		err := w.WriteMessages(ctx, msgs...)
+		if err == nil {
+			break
+		}
+		if attempt == 20 {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	w.Close()
+
+	var read atomic.Int64
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	counting := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 10 * time.Second, Transport: &kafka.Transport{
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return countingConn{Conn: c, n: &read}, nil
+		},
+	}}
+	// What the partition holds: read forwards once.
+	for at := int64(0); at < n; {
+		res, err := readcommitted.Fetch(ctx, counting, topic, 0, at, 1<<20, 100*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at = res.Next
+	}
+	size := read.Swap(0)
+
+	start := time.Now()
+	if pos, ok, err := readPosition(ctx, counting, topic, "a-new-relay", zap.NewNop()); ok || err != nil {
+		t.Fatalf("readPosition of a key never written = %v %v %v", pos, ok, err)
+	}
+	t.Logf("read %d KB in %s for a partition of %d records, about %d KB", read.Load()>>10, time.Since(start).Round(time.Millisecond), n, size>>10)
+	if read.Load() > 3*size {
+		t.Errorf("reading the partition back to its start took %d KB from the broker; it holds about %d KB", read.Load()>>10, size>>10)
+	}
+}
