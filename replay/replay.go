@@ -129,10 +129,7 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 	if err := t.check(ctx, tx, table, hasSeq, sel, where, args); err != nil {
 		return Result{}, err
 	}
-	order := pgx.Identifier{t.Created}.Sanitize() + ", " + pgx.Identifier{c.ID}.Sanitize()
-	if hasSeq {
-		order = pgx.Identifier{t.Order}.Sanitize() + ", " + pgx.Identifier{c.ID}.Sanitize()
-	}
+	order := t.order(hasSeq)
 	dec := decoder.Config{Columns: c, Extra: t.Extra}
 	selected := append(dec.RowColumns(), t.Created)
 	quoted := make([]string, len(selected))
@@ -208,6 +205,23 @@ func (t Table) Validate(sel Selection) error {
 	return err
 }
 
+// order is the order rows are published in; what matters is each aggregate's (its events share a
+// key, so a partition). The insertion order column (backfill_order) gives it. Without one, the
+// creation time may disagree with it (equal times, clocks), and a consumer that checks versions
+// would see a gap: the aggregate's versions give it then, where configured.
+func (t Table) order(hasSeq bool) string {
+	col := func(name string) string { return pgx.Identifier{name}.Sanitize() }
+	c := t.Columns
+	switch {
+	case hasSeq:
+		return col(t.Order) + ", " + col(c.ID)
+	case c.AggregateVersion != "":
+		return strings.Join([]string{col(c.AggregateType), col(c.AggregateID), col(c.AggregateVersion), col(t.Created), col(c.ID)}, ", ")
+	default:
+		return col(t.Created) + ", " + col(c.ID)
+	}
+}
+
 // where builds the selection's condition.
 func (t Table) where(sel Selection) (string, []any, error) {
 	c := t.Columns
@@ -224,6 +238,14 @@ func (t Table) where(sel Selection) (string, []any, error) {
 	}
 	if kinds != 1 {
 		return "", nil, errors.New("replay: choose one selection: event ids, an aggregate (type and id), or a time range (since)")
+	}
+	// Bounds that belong to another kind of selection would be ignored: refuse them instead, since
+	// a replay wider than asked for publishes what the operator meant to leave alone.
+	if (sel.FromVersion != 0 || sel.ToVersion != 0) && sel.AggregateType == "" && sel.AggregateID == "" {
+		return "", nil, errors.New("replay: a version range (from/to version) selects within one aggregate: give its type and id, not event ids or a time range")
+	}
+	if !sel.Until.IsZero() && sel.Since.IsZero() {
+		return "", nil, errors.New("replay: a time range needs its start (since); until alone would be ignored")
 	}
 	switch {
 	case len(sel.EventIDs) > 0:

@@ -1,6 +1,12 @@
 package replay
 
-import "testing"
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+)
 
 func TestMissingVersionsAreListedAsRanges(t *testing.T) {
 	cases := []struct {
@@ -22,6 +28,39 @@ func TestMissingVersionsAreListedAsRanges(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			if got := missingVersions(c.have, c.from, c.to); got != c.want {
 				t.Fatalf("missingVersions(%v, %d, %d) = %q, want %q", c.have, c.from, c.to, got, c.want)
+			}
+		})
+	}
+}
+
+func TestSelectionsAreRefusedWhenPartOfThemWouldBeIgnored(t *testing.T) {
+	table := Table{Columns: decoder.DefaultColumns(), Created: "created_at"}
+	table.Columns.AggregateVersion = "version"
+	now := time.Now()
+	cases := []struct {
+		name string
+		sel  Selection
+		want string // in the error; empty: accepted
+	}{
+		{"event ids", Selection{EventIDs: []string{"a"}}, ""},
+		{"an aggregate with a version range", Selection{AggregateType: "order", AggregateID: "1", FromVersion: 2, ToVersion: 5}, ""},
+		{"a time range", Selection{Since: now.Add(-time.Hour), Until: now}, ""},
+		{"nothing", Selection{}, "choose one selection"},
+		{"event ids and a time range", Selection{EventIDs: []string{"a"}, Since: now}, "choose one selection"},
+		{"event ids with a version range", Selection{EventIDs: []string{"a"}, FromVersion: 3}, "version range"},
+		{"a time range with a version range", Selection{Since: now.Add(-time.Hour), ToVersion: 3}, "version range"},
+		{"until without since", Selection{EventIDs: []string{"a"}, Until: now}, "needs its start"},
+		{"an aggregate without its id", Selection{AggregateType: "order"}, "both its type and its id"},
+		{"a version range ending before it starts", Selection{AggregateType: "order", AggregateID: "1", FromVersion: 5, ToVersion: 2}, "ends (2) before it starts (5)"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := table.Validate(c.sel)
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("Validate = %v, want the selection accepted", err)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Fatalf("Validate = %v, want an error saying %q", err, c.want)
 			}
 		})
 	}
