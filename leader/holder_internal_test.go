@@ -16,7 +16,8 @@ func TestAStandbyRemembersThePublishedWalsenderOfAnExitingHolder(t *testing.T) {
 	}{
 		{"first sighting", nil, published, 11},
 		{"first sighting, nothing published", nil, Holder{PID: 10}, 0},
-		{"same holder, exiting (no status row)", &published, Holder{PID: 10}, 11},
+		{"same holder, exiting (no activity row)", &published, Holder{PID: 10, exiting: true}, 11},
+		{"the same PID, a new session that published nothing", &published, Holder{PID: 10, ApplicationName: "outbox-relay"}, 0},
 		{"same holder, still published", &published, published, 11},
 		{"same holder, published a new walsender", &published, Holder{PID: 10, WalsenderPID: 12}, 12},
 		{"another holder, nothing published", &published, Holder{PID: 20, ApplicationName: "outbox-relay"}, 0},

@@ -90,7 +90,7 @@ func refuse(format string, args ...any) error {
 }
 
 // Run checks the selection against the table, then publishes the selected rows in insertion
-// order and waits until every one is settled.
+// order (see Table.order) and waits until every one is settled.
 func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publisher) (Result, error) {
 	if t.Schema == "" {
 		t.Schema = "public"
@@ -207,8 +207,11 @@ func (t Table) Validate(sel Selection) error {
 
 // order is the order rows are published in; what matters is each aggregate's (its events share a
 // key, so a partition). The insertion order column (backfill_order) gives it. Without one, the
-// creation time may disagree with it (equal times, clocks), and a consumer that checks versions
-// would see a gap: the aggregate's versions give it then, where configured.
+// creation time may disagree with it (equal within a transaction, clocks), and a consumer that
+// checks versions would see a gap: where a version column is configured, each aggregate's events
+// go in version order, aggregate after aggregate. An event without a version goes after the
+// versions created before it (the highest of them), so mixing them keeps the versioned ones in
+// order and the others about where they were written.
 func (t Table) order(hasSeq bool) string {
 	col := func(name string) string { return pgx.Identifier{name}.Sanitize() }
 	c := t.Columns
@@ -216,7 +219,9 @@ func (t Table) order(hasSeq bool) string {
 	case hasSeq:
 		return col(t.Order) + ", " + col(c.ID)
 	case c.AggregateVersion != "":
-		return strings.Join([]string{col(c.AggregateType), col(c.AggregateID), col(c.AggregateVersion), col(t.Created), col(c.ID)}, ", ")
+		typ, id, v, created := col(c.AggregateType), col(c.AggregateID), col(c.AggregateVersion), col(t.Created)
+		return fmt.Sprintf("%s, %s, coalesce(%s, max(%s) OVER (PARTITION BY %s, %s ORDER BY %s, %s), 0), %s, %s",
+			typ, id, v, v, typ, id, created, col(c.ID), created, col(c.ID))
 	default:
 		return col(t.Created) + ", " + col(c.ID)
 	}

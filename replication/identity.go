@@ -94,6 +94,9 @@ func (s *Stream) supersededError(id, prev, recorded Identity) error {
 // recordIdentity notes the server in the ledger, so that a restart still recognises another
 // cluster or a failover. Like the rest of the ledger it is optional: failing is worth a warning.
 func (s *Stream) recordIdentity(ctx context.Context) {
+	if ctx.Err() != nil {
+		return // stopping: the next session records it (and a warning now would blame the ledger)
+	}
 	conn, err := s.cfg.Connect(ctx)
 	if err == nil {
 		defer conn.Close(context.WithoutCancel(ctx))

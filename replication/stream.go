@@ -642,10 +642,12 @@ func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string
 // Not being able to is worth a warning, not a failure: the slot works without it.
 //
 // It is the one write that does not end with the caller's context: the slot exists from here on,
-// whether or not the relay is stopping, and this is the only chance to record it (a later session
-// finds the slot and records nothing). A stop during a first start would otherwise leave a slot
-// whose loss reads as a first start, and a new slot that skips what was committed in between.
-// ledgerWriteTimeout bounds the wait instead.
+// whether or not the relay is stopping. Missing it, a stop during a first start would leave a slot
+// unknown to the ledger until a later session records the server's identity; if the slot were
+// lost before that (or the ledger predates identities), its loss would read as a first start, and
+// a new slot would skip what was committed in between. ledgerWriteTimeout bounds the wait
+// instead. (A stop that interrupts CREATE_REPLICATION_SLOT itself may still leave a slot the
+// relay never saw created.)
 func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
 	defer cancel()
