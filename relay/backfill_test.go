@@ -239,3 +239,49 @@ func TestBackfillWithoutTheCreationTimeColumnStopsTheRelayNamingTheKey(t *testin
 	}
 	t.Logf("stopped: %v", err)
 }
+
+// TestBackfillWithoutSeqKeepsEachAggregatesVersionOrder: without the insertion sequence column the
+// creation time would order the backfill, and it can disagree with an aggregate's versions (equal
+// within a transaction, clocks); with columns.aggregate_version configured each aggregate's events
+// go in version order, an event without a version after the versions created before it.
+func TestBackfillWithoutSeqKeepsEachAggregatesVersionOrder(t *testing.T) {
+	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	ctx := context.Background()
+	if _, err := f.outbox.Pool().Exec(ctx, "ALTER TABLE outbox_events DROP COLUMN seq, ADD COLUMN aggregate_version bigint"); err != nil {
+		t.Fatal(err)
+	}
+	// Per aggregate: versions 1 and 2 in one transaction, 4 a second before 3, and an event without
+	// a version half a second after 1 and 2 (so after 2, before 3).
+	for _, agg := range []string{"a", "b", "c"} {
+		if _, err := f.outbox.Pool().Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, aggregate_version, created_at)
+			SELECT $1, $2, 'Changed', jsonb_build_object('v', v), v, now() - interval '1 minute' + d * interval '1 second'
+			FROM (VALUES (2, 0), (1, 0), (3, 2), (4, 1)) e(v, d)
+			UNION ALL SELECT $1, $2, 'Noted', '{}', NULL, now() - interval '1 minute' + interval '500 milliseconds'`, f.types[0], agg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := f.config()
+	cfg.Decoder.Columns.AggregateVersion = "aggregate_version"
+	cfg.Replication.Columns = append(cfg.Replication.Columns, "aggregate_version")
+	cfg.Backfill = &relay.Backfill{}
+	f.start(cfg)
+	topic := harness.TopicFor(f.types[0])
+	var recs []harness.Record
+	deadline := time.Now().Add(time.Minute)
+	for len(recs) < 15 && time.Now().Before(deadline) {
+		var err error
+		if recs, err = harness.Reread(ctx, f.brokers, topic); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	got := map[string][]string{}
+	for _, r := range recs {
+		got[string(r.Key)] = append(got[string(r.Key)], r.Header("aggregate_version"))
+	}
+	for _, agg := range []string{"a", "b", "c"} {
+		if v := strings.Join(got[agg], ","); v != "1,2,,3,4" {
+			t.Errorf("aggregate %s: versions in partition order %q, want 1, 2, none, 3, 4", agg, v)
+		}
+	}
+}

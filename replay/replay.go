@@ -205,26 +205,13 @@ func (t Table) Validate(sel Selection) error {
 	return err
 }
 
-// order is the order rows are published in; what matters is each aggregate's (its events share a
-// key, so a partition). The insertion order column (backfill_order) gives it. Without one, the
-// creation time may disagree with it (equal within a transaction, clocks), and a consumer that
-// checks versions would see a gap: where a version column is configured, each aggregate's events
-// go in version order, aggregate after aggregate. An event without a version goes after the
-// versions created before it (the highest of them), so mixing them keeps the versioned ones in
-// order and the others about where they were written.
+// order is the order rows are published in: the insertion order column (backfill_order) where the
+// table has it, else what decoder.Config.TableOrder makes of the creation time and the versions.
 func (t Table) order(hasSeq bool) string {
-	col := func(name string) string { return pgx.Identifier{name}.Sanitize() }
-	c := t.Columns
-	switch {
-	case hasSeq:
-		return col(t.Order) + ", " + col(c.ID)
-	case c.AggregateVersion != "":
-		typ, id, v, created := col(c.AggregateType), col(c.AggregateID), col(c.AggregateVersion), col(t.Created)
-		return fmt.Sprintf("%s, %s, coalesce(%s, max(%s) OVER (PARTITION BY %s, %s ORDER BY %s, %s), 0), %s, %s",
-			typ, id, v, v, typ, id, created, col(c.ID), created, col(c.ID))
-	default:
-		return col(t.Created) + ", " + col(c.ID)
+	if hasSeq {
+		return pgx.Identifier{t.Order}.Sanitize() + ", " + pgx.Identifier{t.Columns.ID}.Sanitize()
 	}
+	return decoder.Config{Columns: t.Columns}.TableOrder(t.Created)
 }
 
 // where builds the selection's condition.
