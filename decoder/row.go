@@ -78,7 +78,10 @@ func (c Config) FromRow(vals [][]byte, oids []uint32) (Change, error) {
 // with it (equal within a transaction, clocks): where a version column is configured, each
 // aggregate's events go in version order, aggregate after aggregate, and an event without a
 // version goes after the versions created before it (the highest of them), so mixing them keeps
-// the versioned ones in order and the others about where they were written.
+// the versioned ones in order and the others about where they were written (within one
+// transaction, which shares a creation time, anywhere among its versioned events). The version
+// column must be of a numeric type (the caller checks), and the order sorts the whole selection
+// before its first row: for selections (a replay), not for reading a whole table.
 func (c Config) TableOrder(created string) string {
 	col := quoteIdent
 	cols := c.Columns

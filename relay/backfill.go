@@ -202,14 +202,9 @@ func (r *Relay) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, cre
 	if column != defaultOrderColumn {
 		return "", replication.Fatal(fmt.Errorf("backfill_order_column %q: the outbox table %s has no such column; name its insertion sequence column, or leave the key unset to use seq (which `outbox-relay migrate` adds)", column, table))
 	}
-	if r.cfg.Decoder.Columns.AggregateVersion != "" {
-		r.log.Warn("the outbox table has no insertion sequence column, so the backfill publishes aggregate after aggregate, each in aggregate version order (events without a version after the versions created before them). Run `outbox-relay migrate` (it adds seq) or name your table's sequence column in backfill_order_column",
-			zap.String("table", table), zap.String("backfill_order_column", column))
-	} else {
-		r.log.Warn("the outbox table has no insertion sequence column, so the backfill publishes in creation time order: events of one aggregate written in one transaction, or by transactions that started in another order than they committed, may go out of order. Run `outbox-relay migrate` (it adds seq), name your table's sequence column in backfill_order_column, or configure columns.aggregate_version",
-			zap.String("table", table), zap.String("backfill_order_column", column))
-	}
-	return r.cfg.Decoder.TableOrder(created), nil
+	r.log.Warn("the outbox table has no insertion sequence column, so the backfill publishes in creation time order: events of one aggregate written in one transaction, or by transactions that started in another order than they committed, may go out of order. Run `outbox-relay migrate` (it adds seq) or name your table's sequence column in backfill_order_column",
+		zap.String("table", table), zap.String("backfill_order_column", column))
+	return pgx.Identifier{created}.Sanitize() + ", " + pgx.Identifier{id}.Sanitize(), nil
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

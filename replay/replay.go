@@ -129,7 +129,18 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 	if err := t.check(ctx, tx, table, hasSeq, sel, where, args); err != nil {
 		return Result{}, err
 	}
-	order := t.order(hasSeq)
+	ordered := t
+	if !hasSeq && c.AggregateVersion != "" {
+		// Only numbers order versions: a version column of another type leaves the creation time.
+		numeric, err := replication.IsIntegerColumn(ctx, tx, table, c.AggregateVersion)
+		if err != nil {
+			return Result{}, fmt.Errorf("replay: %w", err)
+		}
+		if !numeric {
+			ordered.Columns.AggregateVersion = ""
+		}
+	}
+	order := ordered.order(hasSeq)
 	dec := decoder.Config{Columns: c, Extra: t.Extra}
 	selected := append(dec.RowColumns(), t.Created)
 	quoted := make([]string, len(selected))

@@ -19,3 +19,17 @@ func HasColumn(ctx context.Context, q interface {
 	}
 	return exists, nil
 }
+
+// IsIntegerColumn reports whether the column of table is of an integer or numeric type, which
+// orders and compares as numbers (a text version column would sort "10" before "9").
+func IsIntegerColumn(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table, column string) (bool, error) {
+	var ok bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped
+		  AND atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype, 'numeric'::regtype))`, table, column).Scan(&ok); err != nil {
+		return false, fmt.Errorf("look up the type of column %q in %s: %w", column, table, err)
+	}
+	return ok, nil
+}

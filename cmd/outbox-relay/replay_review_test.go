@@ -268,3 +268,32 @@ func TestAReplayOfATableWithoutSeqKeepsTheAggregatesVersionOrder(t *testing.T) {
 		t.Fatalf("replayed versions in partition order %q, want 1, 2, none, 3, 4", versions)
 	}
 }
+
+// TestAReplayOfATableWithoutSeqAndATextVersionColumnUsesTheCreationTime: only numbers order
+// versions; a text version column (allowed: the stream reads it as it is) must not make the replay's
+// query fail, it leaves the creation time order.
+func TestAReplayOfATableWithoutSeqAndATextVersionColumnUsesTheCreationTime(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := newReplayFixture(t, ctx, 1)
+	conn, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "ALTER TABLE outbox_events DROP COLUMN seq, ADD COLUMN aggregate_version text"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "UPDATE outbox_events SET aggregate_version = '10' WHERE id::text = $1", f.id); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, err := f.run(t, ctx, "--columns.aggregate-version=aggregate_version")
+	if err != nil {
+		t.Fatalf("replay: %v (%s)", err, errOut)
+	}
+	recs, err := harness.Reread(ctx, f.brokers, f.topic)
+	if err != nil || len(recs) != 1 || recs[0].Header("aggregate_version") != "10" {
+		t.Fatalf("records %v (%v), want the event with aggregate_version 10", recs, err)
+	}
+}
