@@ -54,6 +54,17 @@ func newReplayFixture(t *testing.T, ctx context.Context, partitions int) replayF
 	return f
 }
 
+// connect opens a connection to the fixture's database for the test's own statements.
+func (f replayFixture) connect(t *testing.T, ctx context.Context) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 func (f replayFixture) run(t *testing.T, ctx context.Context, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
 	var out, errOut bytes.Buffer
@@ -157,11 +168,7 @@ func TestAReplayReadsTimestampsWhateverTheDatabasesDateStyle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	f := newReplayFixture(t, ctx, 1)
-	conn, err := pgx.Connect(ctx, f.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := f.connect(t, ctx)
 	occurred := time.Date(2026, 11, 30, 12, 0, 0, 250e6, time.UTC)
 	if _, err := conn.Exec(ctx, "ALTER TABLE outbox_events ADD COLUMN occurred_at timestamptz"); err != nil {
 		t.Fatal(err)
@@ -222,11 +229,7 @@ func TestAReplayOfATableWithoutSeqKeepsTheAggregatesVersionOrder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	f := newReplayFixture(t, ctx, 1)
-	conn, err := pgx.Connect(ctx, f.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := f.connect(t, ctx)
 	var aggType string
 	if err := conn.QueryRow(ctx, "SELECT aggregate_type FROM outbox_events WHERE id::text = $1", f.id).Scan(&aggType); err != nil {
 		t.Fatal(err)
@@ -247,7 +250,7 @@ func TestAReplayOfATableWithoutSeqKeepsTheAggregatesVersionOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	err = runReplay(ctx, []string{"--pg-dsn=" + f.dsn, "--kafka-brokers=" + f.brokers, "--columns.aggregate-version=aggregate_version",
+	err := runReplay(ctx, []string{"--pg-dsn=" + f.dsn, "--kafka-brokers=" + f.brokers, "--columns.aggregate-version=aggregate_version",
 		"--aggregate-type=" + aggType, "--aggregate-id=o-2"}, &out, &errOut)
 	if err != nil {
 		t.Fatalf("replay: %v (%s)", err, errOut.String())
@@ -277,11 +280,7 @@ func TestAReplayOfATableWithoutSeqAndATextVersionColumnUsesTheCreationTime(t *te
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	f := newReplayFixture(t, ctx, 1)
-	conn, err := pgx.Connect(ctx, f.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := f.connect(t, ctx)
 	if _, err := conn.Exec(ctx, "ALTER TABLE outbox_events DROP COLUMN seq, ADD COLUMN aggregate_version text"); err != nil {
 		t.Fatal(err)
 	}
