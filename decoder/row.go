@@ -1,9 +1,6 @@
 package decoder
 
-import (
-	"fmt"
-	"strings"
-)
+import "fmt"
 
 // RowColumns lists the outbox table's columns to select for events read from the table instead of
 // the WAL (the backfill, a replay), in the order FromRow takes their values: the mapped columns,
@@ -70,30 +67,4 @@ func (c Config) FromRow(vals [][]byte, oids []uint32) (Change, error) {
 		}
 	}
 	return ch, nil
-}
-
-// TableOrder is the ORDER BY list for reading events from a table without an insertion sequence
-// column, where the creation time column created is what is left to order by. What matters is each
-// aggregate's order (its events share a key, so a partition), and the creation time may disagree
-// with it (equal within a transaction, clocks): where a version column is configured, each
-// aggregate's events go in version order, aggregate after aggregate, and an event without a
-// version goes after the versions created before it (the highest of them), so mixing them keeps
-// the versioned ones in order and the others about where they were written (within one
-// transaction, which shares a creation time, anywhere among its versioned events). The version
-// column must be of a numeric type (the caller checks), and the order sorts the whole selection
-// before its first row: for selections (a replay), not for reading a whole table.
-func (c Config) TableOrder(created string) string {
-	col := quoteIdent
-	cols := c.Columns
-	if cols.AggregateVersion == "" {
-		return col(created) + ", " + col(cols.ID)
-	}
-	typ, id, v := col(cols.AggregateType), col(cols.AggregateID), col(cols.AggregateVersion)
-	return fmt.Sprintf("%s, %s, coalesce(%s, max(%s) OVER (PARTITION BY %s, %s ORDER BY %s, %s), 0), %s, %s",
-		typ, id, v, v, typ, id, col(created), col(cols.ID), col(created), col(cols.ID))
-}
-
-// quoteIdent quotes a column name for SQL, as pgx.Identifier does.
-func quoteIdent(name string) string {
-	return `"` + strings.ReplaceAll(strings.ReplaceAll(name, "\x00", ""), `"`, `""`) + `"`
 }

@@ -56,15 +56,3 @@ func TestARowWithAnUnreadableTimestampGoesToTheFailurePolicy(t *testing.T) {
 		t.Fatalf("FromRow = %+v; want the event, marked unusable with ErrInvalidTimestamp", ch)
 	}
 }
-
-func TestTableOrderPutsEachAggregateInVersionOrderWhereVersionsAreConfigured(t *testing.T) {
-	c := decoder.Config{Columns: decoder.DefaultColumns()}
-	if got, want := c.TableOrder("created_at"), `"created_at", "id"`; got != want {
-		t.Errorf("without versions: %s, want %s", got, want)
-	}
-	c.Columns.AggregateVersion = `v"x`
-	want := `"aggregate_type", "aggregate_id", coalesce("v""x", max("v""x") OVER (PARTITION BY "aggregate_type", "aggregate_id" ORDER BY "created_at", "id"), 0), "created_at", "id"`
-	if got := c.TableOrder("created_at"); got != want {
-		t.Errorf("with versions:\n got %s\nwant %s", got, want)
-	}
-}

@@ -129,18 +129,14 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 	if err := t.check(ctx, tx, table, hasSeq, sel, where, args); err != nil {
 		return Result{}, err
 	}
-	ordered := t
+	byVersion := false
 	if !hasSeq && c.AggregateVersion != "" {
 		// Only numbers order versions: a version column of another type leaves the creation time.
-		numeric, err := replication.IsIntegerColumn(ctx, tx, table, c.AggregateVersion)
-		if err != nil {
+		if byVersion, err = replication.IsIntegerColumn(ctx, tx, table, c.AggregateVersion); err != nil {
 			return Result{}, fmt.Errorf("replay: %w", err)
 		}
-		if !numeric {
-			ordered.Columns.AggregateVersion = ""
-		}
 	}
-	order := ordered.order(hasSeq)
+	order := t.order(hasSeq, byVersion)
 	dec := decoder.Config{Columns: c, Extra: t.Extra}
 	selected := append(dec.RowColumns(), t.Created)
 	quoted := make([]string, len(selected))
@@ -216,13 +212,29 @@ func (t Table) Validate(sel Selection) error {
 	return err
 }
 
-// order is the order rows are published in: the insertion order column (backfill_order) where the
-// table has it, else what decoder.Config.TableOrder makes of the creation time and the versions.
-func (t Table) order(hasSeq bool) string {
-	if hasSeq {
-		return pgx.Identifier{t.Order}.Sanitize() + ", " + pgx.Identifier{t.Columns.ID}.Sanitize()
+// order is the ORDER BY list rows are published in. What matters is each aggregate's order (its
+// events share a key, so a partition): the insertion order column (backfill_order) gives it where
+// the table has one. Without it the creation time is what is left, and it may disagree with an
+// aggregate's versions (equal within a transaction, clocks), so with byVersion (a numeric version
+// column) each aggregate's events go in version order, aggregate after aggregate, and an event
+// without a version goes after the versions created before it (the highest of them): the
+// versioned ones stay in order, the others about where they were written (within one transaction,
+// which shares a creation time, anywhere among its versioned events). That order sorts the whole
+// selection before its first row, which a replay's selections afford (the backfill, reading the
+// whole table, keeps the creation time order that streams from an index).
+func (t Table) order(hasSeq, byVersion bool) string {
+	col := func(name string) string { return pgx.Identifier{name}.Sanitize() }
+	c := t.Columns
+	switch {
+	case hasSeq:
+		return col(t.Order) + ", " + col(c.ID)
+	case byVersion:
+		typ, id, v, created := col(c.AggregateType), col(c.AggregateID), col(c.AggregateVersion), col(t.Created)
+		return fmt.Sprintf("%s, %s, coalesce(%s, max(%s) OVER (PARTITION BY %s, %s ORDER BY %s, %s), 0), %s, %s",
+			typ, id, v, v, typ, id, created, col(c.ID), created, col(c.ID))
+	default:
+		return col(t.Created) + ", " + col(c.ID)
 	}
-	return decoder.Config{Columns: t.Columns}.TableOrder(t.Created)
 }
 
 // where builds the selection's condition.

@@ -65,3 +65,24 @@ func TestSelectionsAreRefusedWhenPartOfThemWouldBeIgnored(t *testing.T) {
 		})
 	}
 }
+
+func TestTheOrderIsSeqElseEachAggregatesVersionsElseTheCreationTime(t *testing.T) {
+	table := Table{Columns: decoder.DefaultColumns(), Created: "created_at", Order: "seq"}
+	table.Columns.AggregateVersion = `v"x`
+	cases := []struct {
+		name              string
+		hasSeq, byVersion bool
+		want              string
+	}{
+		{"the insertion sequence", true, true, `"seq", "id"`},
+		{"versions", false, true, `"aggregate_type", "aggregate_id", coalesce("v""x", max("v""x") OVER (PARTITION BY "aggregate_type", "aggregate_id" ORDER BY "created_at", "id"), 0), "created_at", "id"`},
+		{"the creation time", false, false, `"created_at", "id"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := table.order(c.hasSeq, c.byVersion); got != c.want {
+				t.Fatalf("order:\n got %s\nwant %s", got, c.want)
+			}
+		})
+	}
+}
