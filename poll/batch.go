@@ -52,6 +52,7 @@ func (p *Poller) batch(stop, hard context.Context, conn *pgx.Conn, log *zap.Logg
 
 	b := &outcomes{rows: rows, settled: make([]outcome, len(rows)), done: make(chan struct{})}
 	handed := p.hand(stop, b)
+	p.sink.Flush()
 	b.expect(handed)
 	halted := p.await(hard, b)
 	if hard.Err() != nil {

@@ -110,6 +110,9 @@ type Sink interface {
 	WaitReady(ctx context.Context) error
 	Publish(ctx context.Context, ev *decoder.Event, ack sink.Acker) error
 	Reject(ctx context.Context, ev *decoder.Event, reason string, err error, ack sink.Acker) error
+	// Flush sends what was handed over without lingering: a batch waits for its acknowledgements
+	// before its worker claims again, so nothing would join it.
+	Flush()
 	Halted() (eventID, reason string, err error, halted bool)
 }
 

@@ -725,3 +725,25 @@ func TestAPolledRowReadsItsTimestampsWhateverTheDatabasesDateStyle(t *testing.T)
 		}
 	}
 }
+
+// TestABatchDoesNotWaitForTheLinger: a worker waits for Kafka to acknowledge its batch before it
+// claims again, so nothing joins the batch while it lingers: the poller sends it at once. With a
+// linger of an hour, rows still go out and are marked within seconds.
+func TestABatchDoesNotWaitForTheLinger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, ob := pollDB(t)
+	brokers := testenv.SharedKafka(t).Brokers()
+	typ := testenv.UniqueName(t, "nolinger")
+	startPoller(t, dsn, brokers, poll.Config{}, sink.Config{Linger: time.Hour})
+	for i := range 20 {
+		if err := ob.WriteTx(ctx, harness.Spec{AggregateType: typ, AggregateID: fmt.Sprint("a", i%4), EventType: "E"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 30*time.Second, "every row published and marked", func() (bool, string) {
+		n := pendingRows(t, ob)
+		return n == 0, fmt.Sprintf("%d rows pending", n)
+	})
+	deliver(t, brokers, ob.Written())
+}

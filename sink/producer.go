@@ -46,6 +46,10 @@ type producer struct {
 	requests    *requests   // the produce requests being assembled, per broker
 	log         *zap.Logger
 
+	// flushed is the publish position (record.seq) up to which records go without lingering
+	// (Sink.Flush).
+	flushed atomic.Uint64
+
 	mu     sync.Mutex
 	parts  map[topicPartition]*partitionQueue
 	topics map[string]topicInfo
@@ -232,6 +236,24 @@ func (p *producer) queue(tp topicPartition) *partitionQueue {
 
 // close lets every partition send what it holds and returns once all have stopped; partitions
 // still retrying stop when p.ctx ends.
+// flush lets the queued records at or before publish position seq go without lingering.
+func (p *producer) flush(seq uint64) {
+	for {
+		cur := p.flushed.Load()
+		if seq <= cur {
+			return
+		}
+		if p.flushed.CompareAndSwap(cur, seq) {
+			break
+		}
+	}
+	p.mu.Lock()
+	for _, q := range p.parts {
+		q.signal()
+	}
+	p.mu.Unlock()
+}
+
 func (p *producer) close() {
 	p.mu.Lock()
 	p.closed = true
@@ -316,8 +338,9 @@ func (q *partitionQueue) run() {
 
 // next waits until the partition's batch is ready and takes as many records as one request may
 // carry. A batch is ready when it is full, when its oldest record has waited the linger, when the
-// partition's broker is sending a request (it goes along), and at once when the partition closes or
-// (exactly-once) the Kafka transaction of its records is being committed.
+// partition's broker is sending a request (it goes along), and at once when the partition closes,
+// its oldest record was flushed (Sink.Flush) or (exactly-once) the Kafka transaction of its records
+// is being committed.
 func (q *partitionQueue) next() []*record {
 	var timer *time.Timer
 	defer func() {
@@ -331,7 +354,7 @@ func (q *partitionQueue) next() []*record {
 		var wait time.Duration
 		if n > 0 {
 			wait = q.p.linger - time.Since(q.pending[0].enqueued)
-			if q.closed || wait <= 0 || q.told.Load() || q.fullLocked(n) || q.committingLocked() {
+			if q.closed || wait <= 0 || q.told.Load() || q.fullLocked(n) || q.committingLocked() || q.pending[0].seq <= q.p.flushed.Load() {
 				batch := q.takeLocked()
 				q.mu.Unlock()
 				q.p.requests.wait(q, false) // a request opened meanwhile waits for this batch

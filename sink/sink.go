@@ -161,9 +161,11 @@ type Sink struct {
 
 	halted      atomic.Pointer[haltState]
 	topics      *topicWaits
-	seq         uint64   // the last record's position; Publish runs on one goroutine
 	headers     []string // headerNames, built on first use by Publish's goroutine
 	nullHeaders []bool   // which of them stand as a null header when NULL
+
+	// seq is the last record's position. Publish, on one goroutine, advances it; Flush reads it.
+	seq atomic.Uint64
 
 	failed   chan struct{} // closed by fatal
 	failOnce sync.Once
@@ -369,6 +371,17 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 	return s.submit(ctx, ev, ack, "", nil)
 }
 
+// Flush lets every event published so far go to Kafka without waiting for kafka.linger; it does
+// not wait for them. Lingering gathers what is published next into fewer, larger requests; a
+// caller that waits for the acknowledgements of what it published before it publishes more (the
+// poller: its rows stay locked until then) publishes nothing meanwhile, so for it the linger only
+// delays the acknowledgements.
+func (s *Sink) Flush() {
+	seq := s.seq.Load()
+	s.main.flush(seq)
+	s.dead.flush(seq)
+}
+
 // submit is Publish, or, with a reject reason, Reject: both take a position in publish order and
 // in-flight capacity the same way, so a rejected event is ordered, bounded and halted like any other.
 func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject string, cause error) error {
@@ -382,8 +395,7 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	s.seq++
-	rec := &record{ev: ev, ack: ack, seq: s.seq}
+	rec := &record{ev: ev, ack: ack, seq: s.seq.Add(1)}
 	// The key is encoded before partitioning, so murmur2 hashes the same bytes a Java producer
 	// with the same converter would.
 	rec.msg = kafka.Message{

@@ -1,0 +1,50 @@
+package sink_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// TestFlushSendsWhatWasPublishedWithoutWaitingForTheLinger: a caller that waits for the
+// acknowledgements of what it published before it publishes more (the poller) must not wait a
+// linger for them. Flush sends what was published so far, to the event topics and the dead-letter
+// topic alike; what is published once that is sent lingers as before.
+func TestFlushSendsWhatWasPublishedWithoutWaitingForTheLinger(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	aggType := testenv.UniqueName(t, "agg")
+	s := readySink(t, k.Brokers(), sink.Config{
+		Linger:          time.Hour, // nothing goes by age in this test
+		DeadLetterTopic: testenv.UniqueName(t, "dlq"),
+	})
+	before, rejected, after := &acker{}, &acker{}, &acker{}
+	const n = 30 // over the topic's 3 partitions
+	for i := range n {
+		s.publish(t, newEvent(fmt.Sprintf("%s-before-%d", aggType, i), []byte(aggType), fmt.Sprintf("agg-%d", i), "Changed", []byte(`{}`)), before)
+	}
+	ctx := t.Context()
+	if err := s.Reject(ctx, newEvent(aggType+"-rejected", []byte(aggType), "agg-0", "Changed", []byte(`{}`)),
+		sink.ReasonSchemaMismatch, fmt.Errorf("test"), rejected); err != nil {
+		t.Fatal(err)
+	}
+	s.Flush()
+	eventually(t, 30*time.Second, "the events published before Flush are acknowledged", func() bool {
+		return before.n.Load() == n && rejected.n.Load() == 1
+	})
+	for i := range n {
+		s.publish(t, newEvent(fmt.Sprintf("%s-after-%d", aggType, i), []byte(aggType), fmt.Sprintf("agg-%d", i), "Changed", []byte(`{}`)), after)
+	}
+	// These were not flushed: they wait for the linger (or Close).
+	time.Sleep(time.Second)
+	if got := after.n.Load(); got != 0 {
+		t.Fatalf("%d of the events published after Flush were acknowledged within a second of a one-hour linger", got)
+	}
+	s.mustClose(t)
+	if got := after.n.Load(); got != n {
+		t.Fatalf("after Close, %d of %d events published after Flush acknowledged", got, n)
+	}
+}
