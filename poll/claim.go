@@ -53,6 +53,10 @@ func newQueries(cfg Config) queries {
 	// worker holds is skipped whole. The rows are then locked; SKIP LOCKED passes over a row some
 	// other session holds (verify then drops the rest of its aggregate), and the re-check of
 	// processed_at on the row's newest version drops a row a worker marked since the snapshot.
+	// The rows are fetched by their seqs as an array, not joined against mine: statistics taken
+	// while the queue was empty (autovacuum's usual view of a healthy queue) make the planner
+	// expect one pending row and join in a nested loop that compares every pending row with every
+	// claimed one, which in a backlog costs more per claim than the claim brings.
 	q.claimSQL = fmt.Sprintf(`WITH cand AS MATERIALIZED (
 		SELECT %[2]s AS seq, %[3]s AS agg_type, %[4]s AS agg_id FROM %[1]s
 		WHERE processed_at IS NULL AND %[5]s ORDER BY %[2]s LIMIT $1
@@ -60,7 +64,7 @@ func newQueries(cfg Config) queries {
 		SELECT c.seq FROM cand c WHERE pg_try_advisory_xact_lock(hashtext(%[6]s), %[7]s) LIMIT $2
 	)
 	SELECT %[8]s, t.%[2]s, t.retry_after = 'infinity', coalesce(t.last_error, ''), t.%[9]s
-	FROM %[1]s t WHERE t.%[2]s IN (SELECT seq FROM mine) AND t.processed_at IS NULL
+	FROM %[1]s t WHERE t.%[2]s = ANY (ARRAY(SELECT seq FROM mine)) AND t.processed_at IS NULL
 	ORDER BY t.%[2]s FOR UPDATE OF t SKIP LOCKED`,
 		q.table, q.seq, q.aggType, q.aggID, due, quote("outbox-relay:"+cfg.Schema+"."+cfg.Table), aggKey,
 		strings.Join(selected, ", "), q.created)
