@@ -289,14 +289,21 @@ func connect(ctx context.Context, dsn, passwordFile string) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc.RuntimeParams["enable_bitmapscan"] = "off"
-	cc.RuntimeParams["enable_seqscan"] = "off"
-	cc.RuntimeParams["jit"] = "off"
 	// Timestamps (columns.timestamp, the creation column) are read in text form, in the ISO format
 	// the decoder reads, whatever DateStyle the database or role sets (as the replication
-	// connection does).
+	// connection does). A connection pooler passes DateStyle on at startup.
 	cc.RuntimeParams["DateStyle"] = "ISO"
-	return pgx.ConnectConfig(ctx, cc)
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, err
+	}
+	// The planner settings are session settings rather than startup parameters, which a pooler
+	// such as PgBouncer refuses (or drops, with ignore_startup_parameters) for all but a few.
+	if _, err := conn.Exec(ctx, "SET enable_bitmapscan = off; SET enable_seqscan = off; SET jit = off"); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("set the poller's planner settings: %w", err)
+	}
+	return conn, nil
 }
 
 // busyWait is how long a worker waits when every pending row it saw belongs to aggregates other
