@@ -13,7 +13,7 @@ import (
 )
 
 // TestTheClaimReadsTheQueueHeadThroughTheIndexWhateverTheStatistics: the claim's plan must stay
-// cheap in a backlog whatever the statistics last said about the queue. Two situations mislead
+// cheap in a backlog whatever the statistics last said about the queue. Three situations mislead
 // the planner:
 //   - no statistics since the migration's new index: the planner would fetch every pending row
 //     and sort them for each claim, instead of reading the head of the pending index in order
@@ -89,15 +89,20 @@ func TestTheClaimReadsTheQueueHeadThroughTheIndexWhateverTheStatistics(t *testin
 				t.Fatal(err)
 			}
 			defer tx.Rollback(ctx)
-			rows, err := tx.Query(ctx, "EXPLAIN "+q.claimSQL, 800, 200)
-			if err != nil {
-				t.Fatal(err)
+			explain := func(sql string, args ...any) string {
+				t.Helper()
+				rows, err := tx.Query(ctx, "EXPLAIN "+sql, args...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return strings.Join(lines, "\n")
 			}
-			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatal(err)
-			}
-			plan := strings.Join(lines, "\n")
+
+			plan := explain(q.claimSQL, 800, 200)
 			cand, _, _ := strings.Cut(plan, "CTE mine")
 			if !strings.Contains(cand, "Index Scan using outbox_events_pending_idx") || strings.Contains(cand, "Sort") || strings.Contains(cand, "Bitmap") {
 				t.Fatalf("the claim's candidate list is not read in index order:\n%s", plan)
@@ -111,14 +116,7 @@ func TestTheClaimReadsTheQueueHeadThroughTheIndexWhateverTheStatistics(t *testin
 			if err := tx.QueryRow(ctx, "SELECT min(seq) + 800 FROM outbox_events WHERE processed_at IS NULL").Scan(&last); err != nil {
 				t.Fatal(err)
 			}
-			rows, err = tx.Query(ctx, "EXPLAIN "+q.verifySQL, last)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if lines, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-				t.Fatal(err)
-			}
-			plan = strings.Join(lines, "\n")
+			plan = explain(q.verifySQL, last)
 			if !strings.Contains(plan, "Index Scan using outbox_events_pending_idx") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Sort") {
 				t.Fatalf("the verification does not read the queue's head through the pending index:\n%s", plan)
 			}
