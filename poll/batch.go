@@ -50,7 +50,7 @@ func (p *Poller) batch(stop, hard context.Context, conn *pgx.Conn, log *zap.Logg
 	p.m.PollClaims.Inc()
 	p.m.PollClaimedRows.Add(float64(len(rows)))
 
-	b := &outcomes{rows: rows, settled: make([]outcome, len(rows)), done: make(chan struct{})}
+	b := &outcomes{rows: rows, settled: make([]outcome, len(rows)), pos: make([]uint64, len(rows)), done: make(chan struct{})}
 	handed := p.hand(stop, b)
 	p.sink.Flush()
 	b.expect(handed)
@@ -114,6 +114,7 @@ func (p *Poller) hand(stop context.Context, b *outcomes) int {
 		if err != nil {
 			return i
 		}
+		b.pos[i] = p.sink.Published() // under p.publish: nobody else hands the sink anything
 	}
 	return len(b.rows)
 }
@@ -130,8 +131,10 @@ func unusableReason(err error) string {
 // haltPoll is how often a batch looks whether the sink has halted.
 const haltPoll = 50 * time.Millisecond
 
-// await waits until every row handed over is settled, the sink halts (what is not settled then
-// never will be) or hard ends. It reports a halt.
+// await waits until every row handed over is settled or hard ends. After a halt it waits only
+// for the rows the sink still sends (those handed over before the halted event): Kafka has them,
+// so they must be marked, or the next claim, here or at another relay, would publish them again.
+// It reports a halt.
 func (p *Poller) await(hard context.Context, b *outcomes) bool {
 	t := time.NewTicker(haltPoll)
 	defer t.Stop()
@@ -142,7 +145,7 @@ func (p *Poller) await(hard context.Context, b *outcomes) bool {
 		case <-hard.Done():
 			return false
 		case <-t.C:
-			if _, _, _, halted := p.sink.Halted(); halted {
+			if _, _, _, halted := p.sink.Halted(); halted && !b.waitsFor(p.sink.Withholds) {
 				return true
 			}
 		}
@@ -221,6 +224,8 @@ type outcome struct {
 type outcomes struct {
 	rows []row
 
+	pos []uint64 // each handed-over row's position in the sink's publish order
+
 	mu       sync.Mutex
 	settled  []outcome
 	left     int
@@ -241,6 +246,18 @@ func (b *outcomes) expect(n int) {
 	if b.left == 0 {
 		close(b.done)
 	}
+}
+
+// waitsFor reports whether a row handed over and not yet settled is one the sink still sends.
+func (b *outcomes) waitsFor(withholds func(pos uint64) bool) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, o := range b.settled {
+		if o.state == statePending && b.pos[i] != 0 && !withholds(b.pos[i]) {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *outcomes) settle(i int, o outcome) {

@@ -114,6 +114,9 @@ type Sink interface {
 	// before its worker claims again, so nothing would join it.
 	Flush()
 	Halted() (eventID, reason string, err error, halted bool)
+	// Published and Withholds tell which of a halted batch's rows Kafka still settles.
+	Published() uint64
+	Withholds(pos uint64) bool
 }
 
 // ReasonMaxAttempts is the failure-policy reason of a row refused MaxAttempts times.

@@ -594,6 +594,16 @@ func (s *Sink) stopAt() uint64 {
 	return math.MaxUint64
 }
 
+// Published returns the position in publish order of the last event handed over (by Publish or
+// Reject). Publish is called from one goroutine, so right after it returns this is that event's.
+func (s *Sink) Published() uint64 { return s.seq.Load() }
+
+// Withholds reports whether the sink holds the event at position pos back for good, so that an
+// acknowledgement or a refusal can come for it only if it was sent before the halt: the sink
+// halted at it or at an event before it. Events before the halted one still go and are settled,
+// which lets a caller that waits for them (the poller, to mark what Kafka has) wait for those.
+func (s *Sink) Withholds(pos uint64) bool { return pos >= s.stopAt() }
+
 // Halted reports the event that stopped the sink under the halt policy, if any.
 func (s *Sink) Halted() (eventID, reason string, err error, halted bool) {
 	h := s.halted.Load()
