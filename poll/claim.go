@@ -45,7 +45,9 @@ func newQueries(cfg Config) queries {
 		selected[i] = "t." + ident(c)
 	}
 	// The advisory lock's key: a class for this table (so two outbox tables do not share aggregate
-	// locks) and a hash of the aggregate. Two aggregates with one hash only take turns.
+	// locks) and a hash of the aggregate. Two aggregates with one hash only take turns. The
+	// aggregate columns are read as text, as the WAL mode reads them, whatever their type (uuid,
+	// an enum): the key concatenates them, and verify compares them as strings.
 	aggKey := "hashtext(coalesce(c.agg_type, '') || '/' || coalesce(c.agg_id, ''))"
 	due := "(retry_after IS NULL OR retry_after <= now() OR retry_after = 'infinity')"
 	// cand: the head of the queue, materialised so the locks below are tried on these rows only.
@@ -58,7 +60,7 @@ func newQueries(cfg Config) queries {
 	// expect one pending row and join in a nested loop that compares every pending row with every
 	// claimed one, which in a backlog costs more per claim than the claim brings.
 	q.claimSQL = fmt.Sprintf(`WITH cand AS MATERIALIZED (
-		SELECT %[2]s AS seq, %[3]s AS agg_type, %[4]s AS agg_id FROM %[1]s
+		SELECT %[2]s AS seq, %[3]s::text AS agg_type, %[4]s::text AS agg_id FROM %[1]s
 		WHERE processed_at IS NULL AND %[5]s ORDER BY %[2]s LIMIT $1
 	), mine AS MATERIALIZED (
 		SELECT c.seq FROM cand c WHERE pg_try_advisory_xact_lock(hashtext(%[6]s), %[7]s) LIMIT $2
@@ -70,7 +72,7 @@ func newQueries(cfg Config) queries {
 		strings.Join(selected, ", "), q.created)
 	// A fresh snapshot, taken after the locks: every row pending now with a seq up to the batch's
 	// last, whoever holds it.
-	q.verifySQL = fmt.Sprintf(`SELECT %[2]s, %[3]s, %[4]s FROM %[1]s WHERE processed_at IS NULL AND %[2]s <= $1 ORDER BY %[2]s`,
+	q.verifySQL = fmt.Sprintf(`SELECT %[2]s, %[3]s::text, %[4]s::text FROM %[1]s WHERE processed_at IS NULL AND %[2]s <= $1 ORDER BY %[2]s`,
 		q.table, q.seq, q.aggType, q.aggID)
 	q.doneSQL = fmt.Sprintf(`UPDATE %[1]s SET processed_at = now() WHERE %[2]s = ANY($1) AND processed_at IS NULL`, q.table, q.seq)
 	// attempts on the right is the value before this update: the first retry waits RetryBackoff
