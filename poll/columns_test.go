@@ -13,7 +13,7 @@ import (
 
 // TestAggregateColumnsOfAnyTypeArePolled: the WAL mode reads the aggregate columns as text
 // whatever their type, so a table whose aggregate_id is a uuid (or aggregate_type an enum) is a
-// valid outbox. The claim concatenated them with ” for the aggregate lock, which failed on every
+// valid outbox. The claim coalesced them with an empty string for the aggregate lock, which failed on every
 // claim for a uuid ("invalid input syntax for type uuid"), and nothing was ever published.
 func TestAggregateColumnsOfAnyTypeArePolled(t *testing.T) {
 	t.Parallel()
