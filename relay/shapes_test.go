@@ -204,13 +204,16 @@ func waitStopped(t *testing.T, done <-chan error, timeout time.Duration, want ..
 	}
 }
 
-// TestOutboxChangedWhileStreamingStopsLoudly drops and recreates the outbox table, or removes it
-// from the publication, while the relay streams, and writes events into it: pgoutput sends none of
-// them, so the relay must stop with an error that says what happened, and must not have confirmed
-// the slot past the change.
+// TestOutboxChangedWhileStreamingStopsLoudly drops and recreates the outbox table, removes it
+// from the publication, or makes it or a partition of it UNLOGGED (no WAL for its rows; PostgreSQL
+// refuses that only for a table the publication lists by name) while the relay streams, and writes
+// events into it: pgoutput sends none of them, so the relay must stop with an error that says what
+// happened, and must not have confirmed the slot past the change.
 func TestOutboxChangedWhileStreamingStopsLoudly(t *testing.T) {
+	unlogged := []string{"UNLOGGED", "SET LOGGED", "backfill_since"}
 	tests := []struct {
 		name    string
+		setup   func(ctx context.Context, f *fixture) // before the relay starts
 		change  func(f *fixture) []string
 		want    []string
 		noTable bool // nothing can be written afterwards
@@ -237,11 +240,43 @@ func TestOutboxChangedWhileStreamingStopsLoudly(t *testing.T) {
 			},
 			want: []string{"outbox_events", "publication", "ADD TABLE"},
 		},
+		{
+			name:  "partitions made unlogged",
+			setup: func(ctx context.Context, f *fixture) { f.partitionOutbox(ctx) },
+			change: func(*fixture) []string {
+				return []string{"ALTER TABLE outbox_events_cur_0 SET UNLOGGED", "ALTER TABLE outbox_events_cur_1 SET UNLOGGED"}
+			},
+			want: append([]string{"outbox_events_cur_0"}, unlogged...),
+		},
+		{
+			name:  "an unlogged partition attached",
+			setup: func(ctx context.Context, f *fixture) { f.partitionOutbox(ctx) },
+			change: func(*fixture) []string {
+				return []string{
+					"CREATE UNLOGGED TABLE outbox_events_next (LIKE outbox_events INCLUDING DEFAULTS)",
+					"ALTER TABLE outbox_events ATTACH PARTITION outbox_events_next FOR VALUES FROM (now() + interval '3 days') TO (now() + interval '10 days')",
+					`INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at)
+						VALUES ('t', 'next', 'E', '{}', now() + interval '5 days')`,
+				}
+			},
+			want: append([]string{"outbox_events_next"}, unlogged...),
+		},
+		{
+			name: "made unlogged under a schema publication",
+			setup: func(ctx context.Context, f *fixture) {
+				f.exec(ctx, "CREATE PUBLICATION "+f.slot+" FOR TABLES IN SCHEMA public WITH (publish = 'insert')")
+			},
+			change: func(*fixture) []string { return []string{"ALTER TABLE outbox_events SET UNLOGGED"} },
+			want:   append([]string{"outbox_events"}, unlogged...),
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
 			ctx := context.Background()
+			if tt.setup != nil {
+				tt.setup(ctx, f)
+			}
 			done := f.run(f.config())
 			f.waitSlotActive()
 			rng := rand.New(rand.NewPCG(10, 11))

@@ -31,6 +31,11 @@ type membership struct {
 	partsOnly  bool
 	rowFilter  bool // a row filter (WHERE) on the table, an ancestor or a partition of it
 	columnList bool // a column list on the table, an ancestor or a partition of it
+	// unreplicated is "unlogged <name>" or "foreign <name>" for the table or a partition of it whose
+	// rows PostgreSQL writes no WAL for (UNLOGGED) or keeps on another server; empty when none.
+	// A publication includes such a partition without a complaint, and logical decoding never
+	// sees its rows.
+	unreplicated string
 }
 
 // membershipSQL returns the query that reads a membership for table $1 (qualified, quoted) and
@@ -63,14 +68,17 @@ func membershipSQL(major int) string {
 		EXISTS (SELECT 1 FROM pub JOIN pg_publication_rel r ON r.prpubid = pub.oid
 			WHERE r.prrelid IN (SELECT relid FROM tree UNION SELECT relid FROM anc) AND ` + filter + `)::text,
 		EXISTS (SELECT 1 FROM pub JOIN pg_publication_rel r ON r.prpubid = pub.oid
-			WHERE r.prrelid IN (SELECT relid FROM tree UNION SELECT relid FROM anc) AND ` + cols + `)::text
+			WHERE r.prrelid IN (SELECT relid FROM tree UNION SELECT relid FROM anc) AND ` + cols + `)::text,
+		(SELECT CASE WHEN c.relkind = 'f' THEN 'foreign ' ELSE 'unlogged ' END || c.oid::regclass::text
+			FROM tree JOIN pg_class c ON c.oid = tree.relid
+			WHERE c.relpersistence <> 'p' OR c.relkind = 'f' ORDER BY c.oid LIMIT 1)
 	FROM t LEFT JOIN pub ON true`
 }
 
 // parseMembership reads membershipSQL's row (NULL as nil).
 func parseMembership(row [][]byte) (membership, error) {
-	if len(row) != 10 {
-		return membership{}, fmt.Errorf("publication membership: %d columns, want 10", len(row))
+	if len(row) != 11 {
+		return membership{}, fmt.Errorf("publication membership: %d columns, want 11", len(row))
 	}
 	var m membership
 	var err error
@@ -86,6 +94,7 @@ func parseMembership(row [][]byte) (membership, error) {
 		m.tokens = strings.Split(string(row[5]), ",")
 	}
 	m.viaAncestor, m.partsOnly, m.rowFilter, m.columnList = flag(row[6]), flag(row[7]), flag(row[8]), flag(row[9])
+	m.unreplicated = string(row[10])
 	return m, nil
 }
 
@@ -125,6 +134,14 @@ func (m membership) problem(table, publication string) error {
 	case m.columnList:
 		return fatalf("publication %q has a column list on %s or a partition or ancestor of it, so PostgreSQL streams only those columns: run ALTER PUBLICATION %s SET TABLE %s (without a column list), or use a publication without one",
 			publication, table, pub, table)
+	case m.unreplicated != "":
+		kind, name, _ := strings.Cut(m.unreplicated, " ")
+		if kind == "foreign" {
+			return fatalf("%s, a partition of %s, is a foreign table: its rows live on another server and never reach this server's WAL, so they would never be published: detach it (ALTER TABLE %s DETACH PARTITION %s) and write outbox rows to local partitions only",
+				name, table, table, name)
+		}
+		return fatalf("%s is UNLOGGED (the outbox table or a partition of it): PostgreSQL writes no WAL for its rows, so logical decoding never sees them and they would never be published: run ALTER TABLE %s SET LOGGED",
+			name, name)
 	case m.viaAncestor:
 		return fatalf("publication %q publishes a partitioned table that %s is a partition of, with publish_via_partition_root, so the outbox rows arrive under that table's name: publish %s in a publication of its own (CREATE PUBLICATION ... FOR TABLE %s WITH (publish = 'insert'))",
 			publication, table, table, table)
