@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -21,12 +22,17 @@ const seqColumn = "seq"
 // workers hold the aggregates at the very head, this one still finds a batch of its own behind them.
 const scanFactor = 4
 
+// maxWindows bounds how far one claim looks along the queue when nothing in a window can be
+// taken (every row's aggregate is another worker's, or waits behind an earlier row of its own in
+// backoff): each window is twice the previous one, so six reach 252 batches past the head.
+const maxWindows = 6
+
 // queries holds the SQL of one table, built once.
 type queries struct {
 	cfg                                 Config
 	dec                                 decoder.Config // the row's columns, as the backfill reads them
 	table                               string
-	claimSQL, verifySQL                 string
+	claimSQL, windowSQL, verifySQL      string
 	doneSQL, refuseSQL, statsSQL        string
 	columns                             int // event columns selected before seq, dead, last_error, created
 	aggType, aggID, seq, created, ident string
@@ -61,7 +67,7 @@ func newQueries(cfg Config) queries {
 	// claimed one, which in a backlog costs more per claim than the claim brings.
 	q.claimSQL = fmt.Sprintf(`WITH cand AS MATERIALIZED (
 		SELECT %[2]s AS seq, %[3]s::text AS agg_type, %[4]s::text AS agg_id FROM %[1]s
-		WHERE processed_at IS NULL AND %[5]s ORDER BY %[2]s LIMIT $1
+		WHERE processed_at IS NULL AND %[5]s AND %[2]s > $3 ORDER BY %[2]s LIMIT $1
 	), mine AS MATERIALIZED (
 		SELECT c.seq FROM cand c WHERE pg_try_advisory_xact_lock(hashtext(%[6]s), %[7]s) LIMIT $2
 	)
@@ -70,6 +76,10 @@ func newQueries(cfg Config) queries {
 	ORDER BY t.%[2]s FOR UPDATE OF t SKIP LOCKED`,
 		q.table, q.seq, q.aggType, q.aggID, due, quote("outbox-relay:"+cfg.Schema+"."+cfg.Table), aggKey,
 		strings.Join(selected, ", "), q.created)
+	// The extent of the window a claim looked at: how many due rows it held, and the last one's seq.
+	q.windowSQL = fmt.Sprintf(`SELECT count(*), coalesce(max(seq), 0) FROM (
+		SELECT %[2]s AS seq FROM %[1]s WHERE processed_at IS NULL AND %[3]s AND %[2]s > $1 ORDER BY %[2]s LIMIT $2) w`,
+		q.table, q.seq, due)
 	// A fresh snapshot, taken after the locks: every row pending now with a seq up to the batch's
 	// last, whoever holds it.
 	q.verifySQL = fmt.Sprintf(`SELECT %[2]s, %[3]s::text, %[4]s::text FROM %[1]s WHERE processed_at IS NULL AND %[2]s <= $1 ORDER BY %[2]s`,
@@ -152,10 +162,56 @@ type aggKey struct {
 
 // claim locks a batch in tx and returns it in seq order. busy reports that pending rows were seen
 // but none could be claimed (their aggregates are other workers').
+//
+// When nothing in the window at the queue's head can be taken, the claim looks further along, so
+// that one aggregate with a long queue cannot hold up every other: its rows may fill the window
+// while another worker holds it, or while they wait behind its row in backoff. The rows and locks
+// of a window that gave nothing stay with the transaction, which only delays them.
 func (q queries) claim(ctx context.Context, tx pgx.Tx, batch int) (rows []row, busy bool, err error) {
-	res, err := tx.Query(ctx, q.claimSQL, pgx.QueryExecModeSimpleProtocol, batch*scanFactor, batch)
-	if err != nil {
+	after, window, claimed := int64(math.MinInt64), batch*scanFactor, false
+	for round := 0; round < maxWindows; round++ {
+		rows, err := q.claimWindow(ctx, tx, after, window, batch)
+		if err != nil {
+			return nil, false, err
+		}
+		if len(rows) > 0 {
+			claimed = true
+			kept, err := q.verify(ctx, tx, rows)
+			if err != nil || len(kept) > 0 {
+				return kept, false, err
+			}
+		}
+		var n int
+		var last int64
+		if err := tx.QueryRow(ctx, q.windowSQL, pgx.QueryExecModeSimpleProtocol, after, window).Scan(&n, &last); err != nil {
+			return nil, false, fmt.Errorf("claim: %w", err)
+		}
+		if round == 0 && n == 0 {
+			return nil, false, nil // nothing is due
+		}
+		if n < window {
+			break // the window reached the end of the queue
+		}
+		after, window = last, window*2
+	}
+	if claimed {
+		// Rows were claimed and all wait behind earlier rows of their aggregates, in backoff or
+		// held: trying again at once would find the same.
+		return nil, false, nil
+	}
+	// Whether the queue's head was empty or all taken: one cheap look decides how long to wait.
+	var head bool
+	if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE processed_at IS NULL AND (retry_after IS NULL OR retry_after <= now()))", q.table)).Scan(&head); err != nil {
 		return nil, false, fmt.Errorf("claim: %w", err)
+	}
+	return nil, head, nil
+}
+
+// claimWindow is one claim of at most batch rows among the window due rows after seq after.
+func (q queries) claimWindow(ctx context.Context, tx pgx.Tx, after int64, window, batch int) (rows []row, err error) {
+	res, err := tx.Query(ctx, q.claimSQL, pgx.QueryExecModeSimpleProtocol, window, batch, after)
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
 	}
 	defer res.Close()
 	oids := make([]uint32, 0, q.columns)
@@ -175,14 +231,14 @@ func (q queries) claim(ctx context.Context, tx pgx.Tx, batch int) (rows []row, b
 		// The same event as the WAL mode's and the backfill's of the row.
 		ch, err := q.dec.FromRow(vals[:q.columns], oids)
 		if err != nil {
-			return nil, false, fmt.Errorf("claim: %w", err)
+			return nil, fmt.Errorf("claim: %w", err)
 		}
 		ev := ch.Event
 		ev.RawSize = size
 		r := row{ev: ev, unusable: ch.Unusable}
 		i := q.columns
 		if r.seq, err = strconv.ParseInt(string(vals[i]), 10, 64); err != nil {
-			return nil, false, fmt.Errorf("claim: seq %q: %w", vals[i], err)
+			return nil, fmt.Errorf("claim: seq %q: %w", vals[i], err)
 		}
 		r.dead = string(vals[i+1]) == "t"
 		r.lastError = string(vals[i+2])
@@ -192,18 +248,9 @@ func (q queries) claim(ctx context.Context, tx pgx.Tx, batch int) (rows []row, b
 		rows = append(rows, r)
 	}
 	if err := res.Err(); err != nil {
-		return nil, false, fmt.Errorf("claim: %w", err)
+		return nil, fmt.Errorf("claim: %w", err)
 	}
-	if len(rows) == 0 {
-		// Whether the queue's head was empty or all taken: one cheap look decides how long to wait.
-		var head bool
-		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE processed_at IS NULL AND (retry_after IS NULL OR retry_after <= now()))", q.table)).Scan(&head); err != nil {
-			return nil, false, fmt.Errorf("claim: %w", err)
-		}
-		return nil, head, nil
-	}
-	kept, err := q.verify(ctx, tx, rows)
-	return kept, false, err
+	return rows, nil
 }
 
 // verify keeps of rows (in seq order) those that no pending row of their aggregate outside rows
