@@ -80,7 +80,11 @@ func positionsPartition(ctx context.Context, client *kafka.Client, topic, key st
 					break
 				}
 				if cerr := createPositionsTopic(ctx, client, topic); cerr != nil {
-					return 0, false, cerr
+					if ctx.Err() != nil || !retriableCreate(cerr) {
+						return 0, false, cerr
+					}
+					err = cerr // a timeout, a controller moving, the network: try again
+					break
 				}
 				log.Info("created the positions topic (compacted)", zap.String("topic", topic))
 				created = true
@@ -98,6 +102,20 @@ func positionsPartition(ctx context.Context, client *kafka.Client, topic, key st
 			return 0, false, fmt.Errorf("sink: positions topic %s: %w", topic, werr)
 		}
 	}
+}
+
+// retriableCreate reports whether creating the positions topic may succeed if tried again: all
+// but the refusals that only an operator can lift (an ACL, a broker policy or setting refusing the
+// topic's configuration, a name the broker does not allow).
+func retriableCreate(err error) bool {
+	for _, final := range []kafka.Error{kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed, kafka.InvalidTopic,
+		kafka.InvalidConfiguration, kafka.PolicyViolation, kafka.InvalidReplicationFactor, kafka.InvalidPartitionNumber,
+		kafka.InvalidReplicaAssignment, kafka.UnsupportedVersion} {
+		if errors.Is(err, final) {
+			return false
+		}
+	}
+	return true
 }
 
 func createPositionsTopic(ctx context.Context, client *kafka.Client, topic string) error {

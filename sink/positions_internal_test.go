@@ -2,6 +2,8 @@ package sink
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"sync/atomic"
@@ -88,5 +90,66 @@ func TestReadingAnAbsentPositionReadsThePartitionOnce(t *testing.T) {
 	t.Logf("read %d KB in %s for a partition of %d records, about %d KB", read.Load()>>10, time.Since(start).Round(time.Millisecond), n, size>>10)
 	if read.Load() > 3*size {
 		t.Errorf("reading the partition back to its start took %d KB from the broker; it holds about %d KB", read.Load()>>10, size>>10)
+	}
+}
+
+// failingCreates fails the first writes of CreateTopics requests (API key 19), as a broker
+// connection lost or a request timed out while the topic was being created would.
+type failingCreates struct {
+	net.Conn
+	left *atomic.Int32
+}
+
+func (c failingCreates) Write(p []byte) (int, error) {
+	if len(p) >= 6 && binary.BigEndian.Uint16(p[4:6]) == 19 && c.left.Add(-1) >= 0 {
+		c.Conn.Close()
+		return 0, errors.New("injected: connection lost while creating the topic")
+	}
+	return c.Conn.Write(p)
+}
+
+// TestACreationOfThePositionsTopicThatFailsForNowIsRetried: an exactly-once start creates the
+// positions topic when it is missing. A creation that fails for a reason that passes (the
+// connection, a timeout, the controller moving) is tried again; it used to end the start with
+// "creating it failed", as if an operator had to act. Refusals that need one (ACLs, policies) stay
+// final.
+func TestACreationOfThePositionsTopicThatFailsForNowIsRetried(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	topic := testenv.UniqueName(t, "positions")
+	var left atomic.Int32
+	left.Store(2)
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	client := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 10 * time.Second, Transport: &kafka.Transport{
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return failingCreates{Conn: c, left: &left}, nil
+		},
+	}}
+	if _, created, err := positionsPartition(ctx, client, topic, "x", zap.NewNop()); err != nil || !created {
+		t.Fatalf("positionsPartition = created %v, %v; want the topic created after the failures", created, err)
+	}
+	if left.Load() >= 0 {
+		t.Fatalf("%d injected failures left: the creation was never refused", left.Load()+1)
+	}
+	for _, tc := range []struct {
+		err   error
+		retry bool
+	}{
+		{kafka.RequestTimedOut, true},
+		{kafka.NotController, true},
+		{errors.New("read tcp: connection reset by peer"), true},
+		{kafka.TopicAuthorizationFailed, false},
+		{kafka.PolicyViolation, false},
+		{kafka.InvalidConfiguration, false},
+	} {
+		if got := retriableCreate(fmt.Errorf("sink: positions topic p does not exist and creating it failed: %w", tc.err)); got != tc.retry {
+			t.Errorf("retriableCreate(%v) = %v, want %v", tc.err, got, tc.retry)
+		}
 	}
 }
