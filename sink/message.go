@@ -140,6 +140,7 @@ func buildHeaders(ev *decoder.Event, builtin, extra []string, keepNull []bool) (
 		}
 		hs = append(hs, kafka.Header{Key: HeaderAggregateVersion, Value: v})
 	}
+	own := len(hs) // the headers the relay sets itself
 	for i, name := range extra {
 		var v []byte
 		if i < len(ev.Extra) {
@@ -152,7 +153,22 @@ func buildHeaders(ev *decoder.Event, builtin, extra []string, keepNull []bool) (
 	if ev.Headers == nil {
 		return hs, nil
 	}
-	return appendJSONHeaders(hs, ev.Headers)
+	fromJSON := len(hs)
+	hs, err := appendJSONHeaders(hs, ev.Headers)
+	if err != nil {
+		return nil, err
+	}
+	// A member named like a header the relay set itself (the event id, its type, ...) would be
+	// taken for it by a consumer that reads a header's last value (Java's lastHeader, the inbox):
+	// two events with one such member would be deduplicated into one.
+	for _, h := range hs[fromJSON:] {
+		for _, mine := range hs[:own] {
+			if h.Key == mine.Key {
+				return nil, fmt.Errorf("headers member %q repeats a header the relay sets itself: rename the member", h.Key)
+			}
+		}
+	}
+	return hs, nil
 }
 
 // decimal reports whether b is an integer in decimal, as PostgreSQL prints a bigint.
