@@ -362,6 +362,12 @@ func headersJSON(h map[string]string, trace string, has bool) ([]byte, error) {
 		}
 		return nil, nil
 	}
+	for _, own := range []string{"id", "event_type", "aggregate_type", "aggregate_version"} {
+		if _, ok := h[own]; ok {
+			// The relay refuses it (invalid_headers): a consumer would take it for the event's own.
+			return nil, fmt.Errorf("header %q is one the relay sets itself from the event: name it otherwise", own)
+		}
+	}
 	if trace != "" && h[HeaderTraceparent] == "" {
 		h = withHeader(h, HeaderTraceparent, trace)
 	}

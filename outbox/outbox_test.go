@@ -289,6 +289,7 @@ func TestBadEventsAreRejectedBeforeAnythingIsSent(t *testing.T) {
 			e.SchemaVersion = 2
 			e.Headers = map[string]string{outbox.HeaderSchemaVersion: "1"}
 		}), "disagree"},
+		{"a header the relay sets itself", with(func(e *outbox.Event) { e.Headers = map[string]string{"id": "correlation-42"} }), "sets itself"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
