@@ -208,6 +208,10 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 		{"a boolean from a flag", "create_publication", "yes please", flagged},
 		{"a duration without a unit", "status_interval", "10", file},
 		{"a negative duration", "shutdown_timeout", "-1s", env},
+		// Zero would be taken for "not set" and replaced by the default (30 s for a stop).
+		{"a zero shutdown timeout", "shutdown_timeout", "0s", flagged},
+		{"a zero write timeout", "kafka.write_timeout", "0", file},
+		{"a zero slot busy wait", "slot_busy_wait", "0s", env},
 		{"a duration that is not one", "kafka.linger", "soon", flagged},
 		{"a zero count", "max_in_flight_events", "0", env},
 		{"a count that is not a number", "kafka.batch_size", "many", file},
