@@ -87,15 +87,15 @@ func connectJSONValue(payload []byte, name string) []byte {
 	return append(b, '}')
 }
 
-// connectJSONKey encodes a key as JsonConverter with schemas.enable=true writes a NOT NULL text
-// column's value.
+// connectJSONKey encodes a key as JsonConverter with schemas.enable=true writes a text column's
+// value: a NOT NULL one's, or, for a NULL aggregate id, a nullable one's (a required schema with a
+// null payload is a record JsonConverter refuses to read).
 func connectJSONKey(key []byte) []byte {
-	b := append(make([]byte, 0, len(key)+64), `{"schema":{"type":"string","optional":false},"payload":`...)
 	if key == nil {
-		b = append(b, "null"...)
-	} else {
-		b = appendJSONString(b, validUTF8(key))
+		return []byte(`{"schema":{"type":"string","optional":true},"payload":null}`)
 	}
+	b := append(make([]byte, 0, len(key)+64), `{"schema":{"type":"string","optional":false},"payload":`...)
+	b = appendJSONString(b, validUTF8(key))
 	return append(b, '}')
 }
 
