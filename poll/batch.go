@@ -134,10 +134,13 @@ const haltPoll = 50 * time.Millisecond
 // await waits until every row handed over is settled or hard ends. After a halt it waits only
 // for the rows the sink still sends (those handed over before the halted event): Kafka has them,
 // so they must be marked, or the next claim, here or at another relay, would publish them again.
-// It reports a halt.
+// It waits haltGrace for them at most, since the batch's transaction holds its rows and
+// aggregates meanwhile, and one of them may be stuck (its topic missing, its broker down): what
+// is not settled then is published again later. It reports a halt.
 func (p *Poller) await(hard context.Context, b *outcomes) bool {
 	t := time.NewTicker(haltPoll)
 	defer t.Stop()
+	var haltedAt time.Time
 	for {
 		select {
 		case <-b.done:
@@ -145,12 +148,20 @@ func (p *Poller) await(hard context.Context, b *outcomes) bool {
 		case <-hard.Done():
 			return false
 		case <-t.C:
-			if _, _, _, halted := p.sink.Halted(); halted && !b.waitsFor(p.sink.Withholds) {
-				return true
+			if _, _, _, halted := p.sink.Halted(); halted {
+				if haltedAt.IsZero() {
+					haltedAt = time.Now()
+				}
+				if !b.waitsFor(p.sink.Withholds) || time.Since(haltedAt) > haltGrace {
+					return true
+				}
 			}
 		}
 	}
 }
+
+// haltGrace is how long a halted batch waits for the rows handed over before the halted one.
+const haltGrace = 10 * time.Second
 
 // mark records the batch's outcome in its transaction: acknowledged rows are processed; refused
 // ones count an attempt, wait a backoff and keep the error, or become dead letters; the rest

@@ -24,8 +24,8 @@ const scanFactor = 4
 
 // maxWindows bounds how far one claim looks along the queue when nothing in a window can be
 // taken (every row's aggregate is another worker's, or waits behind an earlier row of its own in
-// backoff): each window is twice the previous one, so six reach 252 batches past the head.
-const maxWindows = 6
+// backoff): each window is twice the previous one, so four reach 60 batches past the head.
+const maxWindows = 4
 
 // queries holds the SQL of one table, built once.
 type queries struct {
@@ -169,7 +169,7 @@ type aggKey struct {
 // of a window that gave nothing stay with the transaction, which only delays them.
 func (q queries) claim(ctx context.Context, tx pgx.Tx, batch int) (rows []row, busy bool, err error) {
 	after, window, claimed := int64(math.MinInt64), batch*scanFactor, false
-	for round := 0; round < maxWindows; round++ {
+	for round := 0; ; round++ {
 		rows, err := q.claimWindow(ctx, tx, after, window, batch)
 		if err != nil {
 			return nil, false, err
@@ -189,15 +189,18 @@ func (q queries) claim(ctx context.Context, tx pgx.Tx, batch int) (rows []row, b
 		if round == 0 && n == 0 {
 			return nil, false, nil // nothing is due
 		}
-		if n < window {
-			break // the window reached the end of the queue
+		if round > 0 || claimed {
+			// Rows were claimed and all wait behind earlier rows of their aggregates (in backoff
+			// or held), or the claim looked past the head and found every aggregate taken: trying
+			// again at once would scan the same rows to find the same. A new row's notification
+			// wakes the worker sooner than the poll interval.
+			if n < window || round == maxWindows-1 {
+				return nil, false, nil
+			}
+		} else if n < window {
+			break // the head, all of it held by other workers: a short wait (busy) and again
 		}
 		after, window = last, window*2
-	}
-	if claimed {
-		// Rows were claimed and all wait behind earlier rows of their aggregates, in backoff or
-		// held: trying again at once would find the same.
-		return nil, false, nil
 	}
 	// Whether the queue's head was empty or all taken: one cheap look decides how long to wait.
 	var head bool

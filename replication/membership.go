@@ -33,6 +33,8 @@ type membership struct {
 	columnList bool // a column list on the table, an ancestor or a partition of it
 	// unreplicated is "unlogged <name>" or "foreign <name>" for the table or a partition of it whose
 	// rows PostgreSQL writes no WAL for (UNLOGGED) or keeps on another server; empty when none.
+	// Only tables count: a partitioned table holds no rows, whatever its own persistence says (old
+	// releases let it be marked unlogged).
 	// A publication includes such a partition without a complaint, and logical decoding never
 	// sees its rows.
 	unreplicated string
@@ -71,7 +73,7 @@ func membershipSQL(major int) string {
 			WHERE r.prrelid IN (SELECT relid FROM tree UNION SELECT relid FROM anc) AND ` + cols + `)::text,
 		(SELECT CASE WHEN c.relkind = 'f' THEN 'foreign ' ELSE 'unlogged ' END || c.oid::regclass::text
 			FROM tree JOIN pg_class c ON c.oid = tree.relid
-			WHERE c.relpersistence <> 'p' OR c.relkind = 'f' ORDER BY c.oid LIMIT 1)
+			WHERE (c.relkind = 'r' AND c.relpersistence <> 'p') OR c.relkind = 'f' ORDER BY c.oid LIMIT 1)
 	FROM t LEFT JOIN pub ON true`
 }
 

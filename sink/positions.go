@@ -104,16 +104,13 @@ func positionsPartition(ctx context.Context, client *kafka.Client, topic, key st
 	}
 }
 
-// retriableCreate reports whether creating the positions topic may succeed if tried again: all
-// but the refusals that only an operator can lift (an ACL, a broker policy or setting refusing the
-// topic's configuration, a name the broker does not allow).
+// retriableCreate reports whether creating the positions topic may succeed if tried again: a
+// refusal the broker calls temporary (a request timed out, the controller moved, a quota), or no
+// answer at all (the connection, a timeout); any other refusal needs an operator.
 func retriableCreate(err error) bool {
-	for _, final := range []kafka.Error{kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed, kafka.InvalidTopic,
-		kafka.InvalidConfiguration, kafka.PolicyViolation, kafka.InvalidReplicationFactor, kafka.InvalidPartitionNumber,
-		kafka.InvalidReplicaAssignment, kafka.UnsupportedVersion} {
-		if errors.Is(err, final) {
-			return false
-		}
+	var kerr kafka.Error
+	if errors.As(err, &kerr) {
+		return kerr.Temporary()
 	}
 	return true
 }
