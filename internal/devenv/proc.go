@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,12 +55,26 @@ func spawn(s spawnSpec) (*process, error) {
 		// only does for goroutines that exit while locked to their thread.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: s.deathSig, Credential: s.cred}
 	}
-	if err := cmd.Start(); err != nil {
+	// The parent-death signal comes when the OS thread that forked the child exits, not when we
+	// do: the child is forked from a thread locked to a goroutine that lives until the child has
+	// exited, so that no thread the runtime retires meanwhile takes the server down with it (a
+	// PostgreSQL restarted by a test once died silently in its first milliseconds).
+	started := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine, after the child
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+		close(done)
+	}()
+	if err := <-started; err != nil {
 		return nil, fmt.Errorf("start %s: %w", filepath.Base(s.path), err)
 	}
-	p := &process{pid: cmd.Process.Pid, needle: s.needle, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	return p, nil
+	return &process{pid: cmd.Process.Pid, needle: s.needle, done: done}, nil
 }
 
 func (p *process) running() bool {

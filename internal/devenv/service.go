@@ -60,25 +60,42 @@ func (s *service) start(ctx context.Context, spec spawnSpec, timeout time.Durati
 		return nil
 	}
 	spec.detached, spec.needle, spec.logPath = s.detached, s.needle, s.Logs()
-	p, err := spawn(spec)
-	if err != nil {
-		return fmt.Errorf("%s: %w", s.name, err)
-	}
-	s.proc = p
-	if s.writePid {
-		if err := os.WriteFile(s.pidFile, []byte(strconv.Itoa(p.pid)+"\n"), 0o644); err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
-		}
-	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	for {
+	var p *process
+	respawn := func() error {
+		var err error
+		if p, err = spawn(spec); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		s.proc = p
+		if s.writePid {
+			if err := os.WriteFile(s.pidFile, []byte(strconv.Itoa(p.pid)+"\n"), 0o644); err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+		}
+		return nil
+	}
+	if err := respawn(); err != nil {
+		return err
+	}
+	for spawns := 1; ; {
 		err := ready(ctx)
 		if err == nil {
 			return nil
 		}
 		if !p.running() {
-			return fmt.Errorf("%s exited during start; log %s:\n%s", s.name, s.Logs(), LogTail(s.Logs(), 30))
+			// Once more, twice at most: a server stopped a moment ago may still hold what its
+			// successor needs (its shared memory, its port).
+			if spawns < 3 && ctx.Err() == nil {
+				spawns++
+				time.Sleep(500 * time.Millisecond)
+				if err := respawn(); err != nil {
+					return err
+				}
+				continue
+			}
+			return fmt.Errorf("%s exited during start (%d tries); log %s:\n%s", s.name, spawns, s.Logs(), LogTail(s.Logs(), 30))
 		}
 		select {
 		case <-ctx.Done():
