@@ -170,13 +170,13 @@ type aggKey struct {
 func (q queries) claim(ctx context.Context, tx pgx.Tx, batch int) (rows []row, busy bool, err error) {
 	after, window, claimed := int64(math.MinInt64), batch*scanFactor, false
 	for round := 0; ; round++ {
-		rows, err := q.claimWindow(ctx, tx, after, window, batch)
+		got, err := q.claimWindow(ctx, tx, after, window, batch)
 		if err != nil {
 			return nil, false, err
 		}
-		if len(rows) > 0 {
+		if len(got) > 0 {
 			claimed = true
-			kept, err := q.verify(ctx, tx, rows)
+			kept, err := q.verify(ctx, tx, got)
 			if err != nil || len(kept) > 0 {
 				return kept, false, err
 			}

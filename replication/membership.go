@@ -33,10 +33,9 @@ type membership struct {
 	columnList bool // a column list on the table, an ancestor or a partition of it
 	// unreplicated is "unlogged <name>" or "foreign <name>" for the table or a partition of it whose
 	// rows PostgreSQL writes no WAL for (UNLOGGED) or keeps on another server; empty when none.
-	// Only tables count: a partitioned table holds no rows, whatever its own persistence says (old
-	// releases let it be marked unlogged).
 	// A publication includes such a partition without a complaint, and logical decoding never
-	// sees its rows.
+	// sees its rows. Only tables count: a partitioned table holds no rows, whatever its own
+	// persistence says.
 	unreplicated string
 }
 
