@@ -70,7 +70,7 @@ func TestBrokerFaults(t *testing.T) {
 		name string
 		run  func(*testing.T, *faultBroker)
 	}{
-		{"broker stopped for 20s during load, relays on every supported PostgreSQL version: a running relay keeps the slot behind the first unacknowledged transaction and recovers by itself, a relay restarted meanwhile waits and delivers", testBrokerOutage},
+		{"broker stopped for 20s during load, relays on the newest and oldest supported PostgreSQL versions: a running relay keeps the slot behind the first unacknowledged transaction and recovers by itself, a relay restarted meanwhile waits and delivers", testBrokerOutage},
 		{"broker connection stalls without a reset: the relay notices within its write timeout and recovers", testStalledBrokerConnection},
 		{"a huge transaction (OUTBOX_FAULTS_BIG_TX_ROWS) while the broker is paused, then slow: memory stays bounded and the walsender never times out", testHugeTransactionWithPausedBroker},
 		{"rows of 10 MB while the broker is paused, max_in_flight_bytes 8 MiB: the rows read ahead of Kafka are bounded by bytes, RSS stays under its bound", testHugeRowsWithPausedBroker},
@@ -82,14 +82,16 @@ func TestBrokerFaults(t *testing.T) {
 }
 
 // testBrokerOutage covers scenarios 2 and 4 with one broker outage (a broker restart costs more
-// than the rest of both), on the shared cluster and, for the version matrix, on the shared
-// cluster of every other supported version at the same time. On the shared cluster, A's outbox
+// than the rest of both), on the shared cluster and, for the version matrix, on the oldest
+// supported version at the same time: the two ends of the range (PostgreSQL 14 is the one that
+// streams every transaction of the database, empty or not); the versions between them add
+// minutes of relays and read-backs under -race and nothing a relay does differently. On the shared cluster, A's outbox
 // mixes table rows and logical decoding messages in its transactions (outbox_shape both) and B's
 // is messages only, without a table: the outage costs no more for covering the table-free outbox.
 func testBrokerOutage(t *testing.T, fb *faultBroker) {
 	var others []*devenv.Postgres
-	for _, v := range testenv.MatrixVersions(t) {
-		others = append(others, testenv.SharedPostgresVersion(t, v))
+	if vs := testenv.MatrixVersions(t); len(vs) > 0 {
+		others = append(others, testenv.SharedPostgresVersion(t, vs[0])) // PGVersions is oldest first
 	}
 	brokerOutage(t, fb, testenv.SharedPostgres(t), others...)
 }

@@ -20,20 +20,23 @@ import (
 // event exactly once under delivery: exactly-once, and with duplicates under at-least-once, so the
 // test tells the modes apart.
 
-func TestKill9TwentyTimesExactlyOnceDeliversEveryEventOnce(t *testing.T) {
+func TestKill9TwelveTimesExactlyOnceDeliversEveryEventOnce(t *testing.T) {
 	t.Parallel()
-	killScenario(t, true)
+	killScenario(t, true, 12)
 }
 
-func TestKill9TwentyTimesAtLeastOnceDeliversDuplicates(t *testing.T) {
+// The at-least-once side only has to show that the same crashes leave duplicates, which a few
+// kills do; the exactly-once side is the one whose claim needs many.
+func TestKill9EightTimesAtLeastOnceDeliversDuplicates(t *testing.T) {
 	t.Parallel()
-	killScenario(t, false)
+	killScenario(t, false, 8)
 }
 
-func killScenario(t *testing.T, exactlyOnce bool) {
+// killScenario kills kills instances (at least 6: the sixth is killed inside the large
+// transaction).
+func killScenario(t *testing.T, exactlyOnce bool, kills int) {
 	const (
-		kills       = 20
-		events      = 100_000
+		events      = 60_000
 		bigTxEvents = 20_000
 	)
 	started := time.Now()
