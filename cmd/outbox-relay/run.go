@@ -265,13 +265,7 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 	m.Halted.Set(0)
 	m.Leader.Set(1)
 	state.Lead(relayHealth{r})
-	defer func() {
-		m.Leader.Set(0)
-		// What the fenced relay had in flight is abandoned, not acknowledged: the next term counts afresh.
-		m.InFlightEvents.Set(0)
-		m.InFlightBytes.Set(0)
-		m.SecondsBehind.Set(0)
-	}()
+	defer m.EndTerm()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	var lost <-chan struct{}
