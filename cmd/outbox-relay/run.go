@@ -97,7 +97,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.Source == "wal" {
 		// The polling source reads its own gauges (package poll); there is no slot to watch.
 		mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, PasswordFile: cfg.PGPasswordFile, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
-			OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
+			StandbyDSN: cfg.FailoverStandbyDSN, OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
 		go mon.Run(bg)
 	}
 	go publishReadiness(bg, state, m)
