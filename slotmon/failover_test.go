@@ -2,7 +2,6 @@ package slotmon_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -90,13 +89,7 @@ func TestTheMonitorReportsAStandbysCopyTemporaryUntilThePrimarysSlotPassesItThen
 	primary := testenv.Postgres(t, devenv.PostgresOptions{Version: "18"})
 	standby := testenv.FailoverStandby(t, primary)
 	const database = "postgres"
-	slot := testenv.UniqueName(t, "slot")
-	if err := primary.Exec(ctx, database, fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput', false, false, true)", slot)); err != nil {
-		t.Fatal(err)
-	}
-	if err := testenv.UseXIDs(ctx, primary, database, 5); err != nil {
-		t.Fatal(err)
-	}
+	slot := testenv.TemporaryFailoverCopy(t, primary, standby, database, testenv.UniqueName(t, "slot"))
 
 	m := metrics.New(prometheus.NewRegistry())
 	mctx, stop := context.WithCancel(ctx)
@@ -108,10 +101,6 @@ func TestTheMonitorReportsAStandbysCopyTemporaryUntilThePrimarysSlotPassesItThen
 	}()
 	defer func() { stop(); <-done }()
 
-	// The standby's worker copies the slot within its nap (up to 30s while nothing changes).
-	eventually(t, time.Minute, "the standby copies the slot", func() bool {
-		return readStandby(t, standby, database, slot).SlotExists
-	})
 	time.Sleep(500 * time.Millisecond) // a few polls
 	up, _ := series(m.StandbyUp)
 	persisted, _ := series(m.StandbySlotPersisted)

@@ -331,12 +331,7 @@ func TestStatusWithAStandbySaysWhetherItsCopyIsPersistedAndHowFarItTrails(t *tes
 	primary := testenv.Postgres(t, devenv.PostgresOptions{Version: "18"})
 	standby := testenv.FailoverStandby(t, primary)
 	f := newHAFixture(t, primary, "unused:9092", 1)
-	if err := primary.Exec(ctx, f.dbName, fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput', false, false, true)", f.slot)); err != nil {
-		t.Fatal(err)
-	}
-	if err := testenv.UseXIDs(ctx, primary, f.dbName, 5); err != nil {
-		t.Fatal(err)
-	}
+	f.slot = testenv.TemporaryFailoverCopy(t, primary, standby, f.dbName, f.slot)
 	standbyDSN := "--standby-dsn=" + standby.DSN(f.dbName)
 	copyIs := func(what string) func() bool {
 		return func() bool {
@@ -353,9 +348,6 @@ func TestStatusWithAStandbySaysWhetherItsCopyIsPersistedAndHowFarItTrails(t *tes
 			return got == what
 		}
 	}
-	// The standby's worker copies the slot within its nap (up to 30s while nothing changes).
-	waitFor(t, time.Minute, "the standby has a temporary copy of the slot", copyIs("temporary"))
-
 	code, out := f.status(t, standbyDSN)
 	if code != exitSlotProblem || !regexp.MustCompile(`(?m)^  copy of the slot\s+temporary \(synced true\): not persisted yet, a promotion now drops it`).MatchString(out) ||
 		!strings.Contains(out, "is not persisted yet (synced true, temporary true): a promotion now drops it and loses the slot") {

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -63,14 +64,53 @@ func NudgeSlotSync(ctx context.Context, primary, standby *devenv.Postgres, datab
 	return nil
 }
 
-// UseXIDs commits n transactions with an xid on database, so a standby's oldest safe catalog
-// xmin moves past that of a slot created just before: its synchronised copy then starts
-// temporary, as it does on a primary under load.
-func UseXIDs(ctx context.Context, pg *devenv.Postgres, database string, n int) error {
-	for range n {
-		if err := pg.Exec(ctx, database, "SELECT txid_current()"); err != nil {
-			return err
+// TemporaryFailoverCopy creates a failover slot named after base on primary's database and
+// returns its name once standby (FailoverStandby) holds a temporary copy of it, as a primary under
+// load leaves one: a few transactions right after the creation move the standby's oldest safe
+// catalog xmin past the slot's before the standby's worker copies it. Should the worker be quicker
+// than those (its nap is 200ms at first), the copy may be persisted at once: that slot is dropped
+// and another one tried, three at most.
+func TemporaryFailoverCopy(t testing.TB, primary, standby *devenv.Postgres, database, base string) string {
+	t.Helper()
+	ctx := context.Background()
+	for attempt := range 3 {
+		slot := base
+		if attempt > 0 {
+			slot = fmt.Sprintf("%s_%d", base[:min(len(base), 60)], attempt)
+		}
+		if err := primary.Exec(ctx, database, fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput', false, false, true)", slot)); err != nil {
+			t.Fatal(err)
+		}
+		for range 5 {
+			if err := primary.Exec(ctx, database, "SELECT txid_current()"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		state := ""
+		deadline := time.Now().Add(time.Minute) // the worker's nap grows to 30s while nothing changes
+		for state == "" {
+			if time.Now().After(deadline) {
+				t.Fatalf("the standby did not copy failover slot %s within a minute", slot)
+			}
+			time.Sleep(100 * time.Millisecond)
+			conn, err := pgx.Connect(ctx, standby.DSN(database))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = conn.QueryRow(ctx, "SELECT CASE WHEN temporary THEN 'temporary' ELSE 'persisted' END FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&state)
+			conn.Close(ctx)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				t.Fatal(err)
+			}
+		}
+		if state == "temporary" {
+			return slot
+		}
+		t.Logf("the standby's copy of slot %s was persisted at once; trying another slot", slot)
+		if err := primary.Exec(ctx, database, fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", slot)); err != nil {
+			t.Fatal(err)
 		}
 	}
-	return nil
+	t.Fatalf("the standby persisted its copy of three new failover slots at once")
+	return ""
 }
