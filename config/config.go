@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -94,6 +95,9 @@ type Config struct {
 	LeaderRetryInterval time.Duration
 	LeaderCheckTimeout  time.Duration
 	SlotPollInterval    time.Duration
+
+	// FailoverStandbyDSN is a standby the slot monitor asks about its copy of the failover slot.
+	FailoverStandbyDSN string
 }
 
 // Columns names the outbox table's columns.
@@ -284,6 +288,8 @@ var settings = []setting{
 		apply: boolean(func(c *Config) *bool { return &c.CreatePublication })},
 	{key: "failover", def: "false", help: "make the slot a failover slot (PostgreSQL 17+), which standbys with sync_replication_slots keep, so that it survives a promotion: created with FAILOVER, an existing slot altered; an error on older servers",
 		apply: boolean(func(c *Config) *bool { return &c.Failover })},
+	{key: "failover_standby_dsn", help: "a standby that may be promoted (PostgreSQL 17+, connection string like pg_dsn; pg_password_file and TLS settings apply): every slot_poll_interval the relay reads its copy of the failover slot for the standby_slot_* metrics (persisted, trail behind the primary's slot); unset: not watched", secret: true,
+		apply: str(func(c *Config) *string { return &c.FailoverStandbyDSN })},
 	{key: "columns.id", def: "id", help: "event id column (sent as the id header)",
 		apply: str(func(c *Config) *string { return &c.Columns.ID })},
 	{key: "columns.aggregate_type", def: "aggregate_type", help: "aggregate type column (routes to the topic)",
@@ -816,6 +822,15 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 	if c.PGDSN != "" {
 		if err := checkDSN(c.PGDSN); err != nil {
 			bad("pg_dsn", "%v", err)
+		}
+	}
+	if c.FailoverStandbyDSN != "" {
+		// A standby is what it names, so checkDSN's demand for the writable server does not apply.
+		if _, err := pgconn.ParseConfig(c.FailoverStandbyDSN); err != nil {
+			bad("failover_standby_dsn", "%s", Scrub(err.Error(), dsnPassword(c.FailoverStandbyDSN)))
+		}
+		if c.Source == "poll" {
+			bad("failover_standby_dsn", "is set, but source (from %s) is poll: there is no slot to keep through a promotion", from("source"))
 		}
 	}
 	return joinErrors(errs)

@@ -236,6 +236,7 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 		{"an empty payload column", "columns.payload", "", file},
 		{"an empty topic template", "topic_template", "", file},
 		{"a malformed URL DSN", "pg_dsn", "postgres://user:secret@db/app%zz", env},
+		{"a malformed failover standby DSN", "failover_standby_dsn", "postgres://user:secret@db2/app%zz", file},
 		{"an unknown delivery mode", "delivery", "at-most-once", file},
 		{"a transaction interval under 10ms", "transaction_interval", "1ms", env},
 		{"a zero transaction size", "transaction_max_events", "0", flagged},
@@ -280,7 +281,7 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 			if !strings.Contains(msg, tt.key) || !strings.Contains(msg, from) {
 				t.Fatalf("error %q does not name key %s and source %s", msg, tt.key, from)
 			}
-			if tt.key == "pg_dsn" && strings.Contains(msg, "secret") {
+			if (tt.key == "pg_dsn" || tt.key == "failover_standby_dsn") && strings.Contains(msg, "secret") {
 				t.Fatalf("error %q shows the password", msg)
 			}
 		})

@@ -56,6 +56,13 @@ type Metrics struct {
 	// LeaderSlowChecks counts near misses of the leader's lock check (leader_check_timeout).
 	LeaderSlowChecks prometheus.Counter
 
+	// The standby of failover_standby_dsn and its copy of the slot; no series without one.
+	StandbyUp                    *prometheus.GaugeVec
+	StandbySlotReady             *prometheus.GaugeVec
+	StandbySlotPersisted         *prometheus.GaugeVec
+	StandbySlotTrailBytes        *prometheus.GaugeVec
+	StandbySlotRestartTrailBytes *prometheus.GaugeVec
+
 	TopicUnavailable *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 
 	PublicationCheckAge prometheus.Gauge
@@ -144,6 +151,16 @@ func New(reg prometheus.Registerer) *Metrics {
 			"Physical slots listed in the server's synchronized_standby_slots (PostgreSQL 17+): a failover slot's changes reach the relay only once their standbys have the WAL. 0: the relay may publish transactions no standby has received."),
 		StandbySlotsActive: f.gauge("synchronized_standby_slots_active",
 			"Slots of synchronized_standby_slots that exist and are streamed; below outbox_relay_synchronized_standby_slots, PostgreSQL holds the failover slot's changes back."),
+		StandbyUp: f.gaugeVec("standby_up",
+			"1 when the last poll of the standby of failover_standby_dsn succeeded; no series without failover_standby_dsn."),
+		StandbySlotReady: f.gaugeVec("standby_slot_ready",
+			"1 when a promotion of the standby of failover_standby_dsn now keeps a usable copy of the slot (in recovery, PostgreSQL 17+, slot synchronisation set up, the copy synced, persisted and valid); 0 otherwise, also while the standby cannot be asked."),
+		StandbySlotPersisted: f.gaugeVec("standby_slot_persisted",
+			"1 when the standby's copy of the slot is synced and no longer temporary (pg_replication_slots on the standby); 0 while it is missing or temporary: PostgreSQL drops a temporary copy at promotion."),
+		StandbySlotTrailBytes: f.gaugeVec("standby_slot_trail_bytes",
+			"The primary slot's confirmed_flush_lsn minus the standby copy's: what a promotion now would publish again; no series without a copy."),
+		StandbySlotRestartTrailBytes: f.gaugeVec("standby_slot_restart_trail_bytes",
+			"The primary slot's restart_lsn minus the standby copy's; no series without a copy."),
 		PostgresUp: f.gauge("postgres_up",
 			"1 when the last poll of pg_replication_slots (with source poll: of the outbox table's statistics) succeeded; 0 means the slot (poll_*) metrics are stale."),
 		Fenced: f.counter("fenced_total",
@@ -177,6 +194,24 @@ func New(reg prometheus.Registerer) *Metrics {
 		EventsSkipped: f.counter("events_replay_skipped_total",
 			"Events PostgreSQL streamed again that were not published again: the position committed in Kafka covers them (delivery: exactly-once), or this process handed them over before a reconnect."),
 	}
+}
+
+// EndTerm clears what describes one leadership term, when it ends: a standby (or a leader between
+// two terms) has received, confirmed and sent nothing, so the last term's LSNs, in-flight counts,
+// backlog age, halt, waits for topics and publication check age would read as a stuck leader, or
+// pass a dashboard's max() off as the real leader's progress. The slot metrics stay: they are read
+// from the server by every instance.
+func (m *Metrics) EndTerm() {
+	m.Leader.Set(0)
+	m.ReceivedLSN.Set(0)
+	m.ConfirmedLSN.Set(0)
+	// What the fenced relay had in flight is abandoned, not acknowledged: the next term counts afresh.
+	m.InFlightEvents.Set(0)
+	m.InFlightBytes.Set(0)
+	m.SecondsBehind.Set(0)
+	m.Halted.Set(0)
+	m.TopicUnavailable.Reset()
+	m.PublicationCheckAge.Set(0)
 }
 
 type factory struct{ reg prometheus.Registerer }

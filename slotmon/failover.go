@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/metrics"
 )
@@ -119,6 +121,37 @@ type Standby struct {
 	Temporary          bool   `json:"temporary"`
 	InvalidationReason string `json:"invalidation_reason,omitempty"`
 	ConfirmedFlushLSN  string `json:"confirmed_flush_lsn,omitempty"`
+	RestartLSN         string `json:"restart_lsn,omitempty"`
+	// Persisted: the copy is synced and no longer temporary. PostgreSQL keeps a synced copy
+	// temporary until the primary's slot has passed the standby's catalog xmin and restart LSN,
+	// which takes the relay's confirmations and a running-transactions record on the primary
+	// (minutes after a slot's creation under load), and drops a temporary copy at promotion.
+	Persisted bool `json:"persisted"`
+	// TrailBytes is the primary's confirmed_flush_lsn minus the copy's, RestartTrailBytes the
+	// same of restart_lsn (Trail fills them; nil without a copy or a slot on the primary): a
+	// promotion restarts the relay from the copy's position, so what it trails is published again,
+	// and a copy whose trail only grows is no longer synchronised.
+	TrailBytes        *int64 `json:"trail_bytes,omitempty"`
+	RestartTrailBytes *int64 `json:"restart_trail_bytes,omitempty"`
+
+	confirmed, restart pglogrepl.LSN
+}
+
+// Trail sets TrailBytes and RestartTrailBytes from the primary's slot (slotmon.Read on the
+// primary), when both it and the copy exist.
+func (s *Standby) Trail(primary State) {
+	s.TrailBytes, s.RestartTrailBytes = nil, nil
+	if !s.SlotExists || !primary.Exists {
+		return
+	}
+	if s.confirmed != 0 && primary.ConfirmedFlush != 0 {
+		d := int64(primary.ConfirmedFlush) - int64(s.confirmed)
+		s.TrailBytes = &d
+	}
+	if s.restart != 0 && primary.RestartLSN != 0 {
+		d := int64(primary.RestartLSN) - int64(s.restart)
+		s.RestartTrailBytes = &d
+	}
 }
 
 // Ready reports whether a promotion of this standby now would keep a usable slot: a copy that is
@@ -142,7 +175,7 @@ func (s Standby) Problem(slot string) string {
 	case s.InvalidationReason != "":
 		return fmt.Sprintf("standby %s's copy of slot %q is invalidated (%s): a promotion of it now loses the slot", s.Address, slot, s.InvalidationReason)
 	case !s.Synced || s.Temporary:
-		return fmt.Sprintf("standby %s's copy of slot %q is not ready yet (synced %v, temporary %v): a promotion now drops it; it becomes ready once the relay has confirmed a position the standby has received", s.Address, slot, s.Synced, s.Temporary)
+		return fmt.Sprintf("standby %s's copy of slot %q is not persisted yet (synced %v, temporary %v): a promotion now drops it and loses the slot. PostgreSQL persists it once the primary's slot has passed the standby's catalog xmin and restart LSN (the standby logs \"could not synchronize replication slot\" until then): keep the relay streaming and confirming; on an idle primary SELECT pg_log_standby_snapshot() there speeds it up", s.Address, slot, s.Synced, s.Temporary)
 	}
 	return ""
 }
@@ -170,11 +203,12 @@ func ReadStandby(ctx context.Context, q queryer, address, slot string) (Standby,
 	st.Supported = true
 	var sync, feedback string
 	var synced, temporary *bool
-	var reason, confirmed *string
+	var reason, confirmed, restart *string
 	err = q.QueryRow(ctx, `SELECT current_setting('sync_replication_slots'), current_setting('hot_standby_feedback'),
-			current_setting('primary_slot_name'), s.synced, s.temporary, s.invalidation_reason, s.confirmed_flush_lsn::text
+			current_setting('primary_slot_name'), s.synced, s.temporary, s.invalidation_reason, s.confirmed_flush_lsn::text,
+			s.restart_lsn::text
 		FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, slot).
-		Scan(&sync, &feedback, &st.PrimarySlotName, &synced, &temporary, &reason, &confirmed)
+		Scan(&sync, &feedback, &st.PrimarySlotName, &synced, &temporary, &reason, &confirmed, &restart)
 	if err != nil {
 		return Standby{}, fmt.Errorf("standby %s: read its copy of slot %q: %w", address, slot, err)
 	}
@@ -186,10 +220,48 @@ func ReadStandby(ctx context.Context, q queryer, address, slot string) (Standby,
 	if reason != nil {
 		st.InvalidationReason = *reason
 	}
-	if confirmed != nil {
-		st.ConfirmedFlushLSN = *confirmed
+	st.Persisted = st.SlotExists && st.Synced && !st.Temporary
+	for _, v := range []struct {
+		text *string
+		src  *string
+		lsn  *pglogrepl.LSN
+	}{{&st.ConfirmedFlushLSN, confirmed, &st.confirmed}, {&st.RestartLSN, restart, &st.restart}} {
+		if v.src == nil {
+			continue
+		}
+		*v.text = *v.src
+		if *v.lsn, err = pglogrepl.ParseLSN(*v.src); err != nil {
+			return Standby{}, fmt.Errorf("standby %s: copy of slot %q at %q: %w", address, slot, *v.src, err)
+		}
 	}
 	return st, nil
+}
+
+// PublishStandby sets the standby_slot metrics from what the standby said of its copy (s, with
+// Trail applied) or, with err, from failing to ask it: a copy nobody can see is not counted as
+// ready, and its other series are removed rather than left at their last values.
+func PublishStandby(m *metrics.Metrics, s Standby, err error) {
+	if err != nil {
+		m.StandbyUp.WithLabelValues().Set(0)
+		m.StandbySlotReady.WithLabelValues().Set(0)
+		m.StandbySlotPersisted.Reset()
+		m.StandbySlotTrailBytes.Reset()
+		m.StandbySlotRestartTrailBytes.Reset()
+		return
+	}
+	m.StandbyUp.WithLabelValues().Set(1)
+	m.StandbySlotReady.WithLabelValues().Set(boolGauge(s.Ready()))
+	m.StandbySlotPersisted.WithLabelValues().Set(boolGauge(s.Persisted))
+	for _, v := range []struct {
+		g *prometheus.GaugeVec
+		n *int64
+	}{{m.StandbySlotTrailBytes, s.TrailBytes}, {m.StandbySlotRestartTrailBytes, s.RestartTrailBytes}} {
+		if v.n == nil {
+			v.g.Reset()
+		} else {
+			v.g.WithLabelValues().Set(float64(*v.n))
+		}
+	}
 }
 
 // PublishFailover sets the failover metrics from f.

@@ -199,6 +199,10 @@ type Config struct {
 	PasswordFile string // pg_password_file: read for every connection
 	Slot         string
 	Interval     time.Duration // default 10s
+	// StandbyDSN (failover_standby_dsn), when set, is a standby whose copy of the slot is read
+	// at every poll for the standby_slot metrics, with PasswordFile. Its failures do not count
+	// against PostgreSQL's (OnPoll, postgres_up): they are standby_up.
+	StandbyDSN string
 	// OnPoll, when set, is told the outcome of every poll (nil: PostgreSQL answered).
 	OnPoll func(error)
 }
@@ -227,19 +231,36 @@ const pollTimeout = 5 * time.Second
 
 // Run polls until ctx ends, reconnecting when the connection fails.
 func (mon *Monitor) Run(ctx context.Context) {
-	var conn *pgx.Conn
+	var conn, standby *pgx.Conn
 	defer func() {
-		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
+		for _, c := range []*pgx.Conn{conn, standby} {
+			if c != nil {
+				c.Close(context.WithoutCancel(ctx))
+			}
 		}
 	}()
-	failing := false
+	failing, standbyFailing := false, false
 	ticker := time.NewTicker(mon.cfg.Interval)
 	defer ticker.Stop()
 	for {
-		err := mon.poll(ctx, &conn)
+		st, err := mon.poll(ctx, &conn)
 		if ctx.Err() != nil {
 			return
+		}
+		if mon.cfg.StandbyDSN != "" && err == nil {
+			serr := mon.pollStandby(ctx, &standby, st)
+			if ctx.Err() != nil {
+				return
+			}
+			switch {
+			case serr != nil && !standbyFailing:
+				mon.log.Warn("cannot read the failover standby's copy of the slot (failover_standby_dsn); standby_slot_ready is 0 until it answers",
+					zap.String("slot", mon.cfg.Slot), zap.Error(serr))
+				standbyFailing = true
+			case serr == nil && standbyFailing:
+				mon.log.Info("reading the failover standby's copy of the slot again", zap.String("slot", mon.cfg.Slot))
+				standbyFailing = false
+			}
 		}
 		mon.cfg.OnPoll(err)
 		switch {
@@ -259,21 +280,26 @@ func (mon *Monitor) Run(ctx context.Context) {
 	}
 }
 
-func (mon *Monitor) poll(ctx context.Context, conn **pgx.Conn) error {
+// connect opens a monitoring connection to dsn with the relay's password file.
+func (mon *Monitor) connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	cfg, err := credentials.PostgresConfig(dsn, mon.cfg.PasswordFile)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+		cfg.RuntimeParams["application_name"] = "outbox-relay"
+	}
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
+func (mon *Monitor) poll(ctx context.Context, conn **pgx.Conn) (State, error) {
 	ctx, cancel := context.WithTimeout(ctx, pollTimeout)
 	defer cancel()
 	if *conn == nil {
-		cfg, err := credentials.PostgresConfig(mon.cfg.DSN, mon.cfg.PasswordFile)
-		if err != nil {
-			return err
-		}
-		if _, ok := cfg.RuntimeParams["application_name"]; !ok {
-			cfg.RuntimeParams["application_name"] = "outbox-relay"
-		}
-		c, err := pgx.ConnectConfig(ctx, cfg)
+		c, err := mon.connect(ctx, mon.cfg.DSN)
 		if err != nil {
 			mon.m.PostgresUp.Set(0)
-			return fmt.Errorf("connect to PostgreSQL for the slot monitor: %w", err)
+			return State{}, fmt.Errorf("connect to PostgreSQL for the slot monitor: %w", err)
 		}
 		*conn = c
 	}
@@ -283,20 +309,52 @@ func (mon *Monitor) poll(ctx context.Context, conn **pgx.Conn) error {
 		(*conn).Close(context.WithoutCancel(ctx))
 		*conn = nil
 		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("no answer within %s: %w", pollTimeout, err)
+			return State{}, fmt.Errorf("no answer within %s: %w", pollTimeout, err)
 		}
-		return err
+		return State{}, err
 	}
 	fo, err := ReadFailover(ctx, *conn, mon.cfg.Slot)
 	if err != nil {
 		mon.m.PostgresUp.Set(0)
 		(*conn).Close(context.WithoutCancel(ctx))
 		*conn = nil
-		return err
+		return State{}, err
 	}
 	mon.m.PostgresUp.Set(1)
 	Publish(mon.m, st)
 	PublishFailover(mon.m, fo)
+	return st, nil
+}
+
+// pollStandby reads the failover standby's copy of the slot and how far it trails primary (the
+// slot as the primary has it, read just before), and sets the standby_slot metrics.
+func (mon *Monitor) pollStandby(ctx context.Context, conn **pgx.Conn, primary State) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, pollTimeout)
+	defer cancel()
+	defer func() {
+		if err != nil {
+			PublishStandby(mon.m, Standby{}, err)
+		}
+	}()
+	if *conn == nil {
+		c, err := mon.connect(ctx, mon.cfg.StandbyDSN)
+		if err != nil {
+			return fmt.Errorf("connect to the standby of failover_standby_dsn: %w", err)
+		}
+		*conn = c
+	}
+	addr := (*conn).PgConn().Conn().RemoteAddr().String()
+	sb, err := ReadStandby(ctx, *conn, addr, mon.cfg.Slot)
+	if err != nil {
+		(*conn).Close(context.WithoutCancel(ctx))
+		*conn = nil
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("no answer within %s: %w", pollTimeout, err)
+		}
+		return err
+	}
+	sb.Trail(primary)
+	PublishStandby(mon.m, sb, nil)
 	return nil
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/leader"
 )
 
 // caughtUpLag is the slot lag that counts as caught up: after the last event the relay confirms
@@ -196,3 +198,75 @@ func TestReadyzAnswers503WhileTheHaltPolicyHoldsTheRelay(t *testing.T) {
 
 func eq(want float64) func(float64) bool { return func(v float64) bool { return v == want } }
 func gt(min float64) func(float64) bool  { return func(v float64) bool { return v > min } }
+
+// A leader that loses its lock and stands by reports nothing of its last term: the LSNs it
+// received and confirmed, what it had in flight, how far behind it was and whether it waited for
+// a topic belong to the term, and a standby showing them (confirmed_lsn frozen, publication
+// check age growing) would read as a stuck leader or hide the real one's progress.
+func TestALeaderThatLosesItsLockAndStandsByReportsNoneOfItsTermsGauges(t *testing.T) {
+	f := newHAFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	ctx := context.Background()
+
+	a := f.start("relay-a", nil)
+	f.waitStreamer(t, a, haStartTimeout)
+	addr := a.metricsAddr(t)
+	for i := range 5 {
+		if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: fmt.Sprintf("agg-%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.verify(t, f.brokers)
+	waitFor(t, 30*time.Second, "the leader reports received and confirmed LSNs", func() bool {
+		ms := scrape(t, addr)
+		return ms["outbox_relay_received_lsn"] > 0 && ms["outbox_relay_confirmed_lsn"] > 0 && ms["outbox_relay_leader"] == 1
+	})
+
+	// The test's own session queues for the lock before the leader's lock session is ended, so
+	// PostgreSQL grants it the lock at once and the fenced relay must stand by.
+	lockPID := f.lockHolder(t)
+	lock, err := f.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		lock.Conn().Close(ctx) // it holds the lock: never back into the pool
+		lock.Release()
+	}()
+	taken := make(chan error, 1)
+	go func() {
+		_, err := lock.Exec(ctx, "SELECT pg_advisory_lock($1)", leader.Key(f.slot))
+		taken <- err
+	}()
+	waitFor(t, 10*time.Second, "the test's session waits for the leader lock", func() bool {
+		var waiting bool
+		err := f.pool.QueryRow(ctx, "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&waiting)
+		return err == nil && waiting
+	})
+	if _, err := f.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", lockPID); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-taken; err != nil {
+		t.Fatalf("the test's session did not get the leader lock: %v", err)
+	}
+	a.waitLog(t, haStartTimeout, "error", "lost the leader lock connection; fencing")
+	var ms map[string]float64
+	waitFor(t, 30*time.Second, "the fenced relay stands by", func() bool {
+		ms = scrape(t, addr)
+		return ms["outbox_relay_leader"] == 0 && ms["outbox_relay_ready"] == 1
+	})
+	time.Sleep(time.Second) // a late update of the fenced term would land by now
+	ms = scrape(t, addr)
+	for _, name := range []string{
+		"outbox_relay_received_lsn", "outbox_relay_confirmed_lsn", "outbox_relay_leader", "outbox_relay_in_flight_events",
+		"outbox_relay_in_flight_bytes", "outbox_relay_seconds_behind_source", "outbox_relay_halted",
+		"outbox_relay_publication_check_age_seconds",
+	} {
+		if v := ms[name]; v != 0 {
+			t.Errorf("standing by after a lost term: %s = %v, want 0 (or no series)", name, v)
+		}
+	}
+	if n := sumMetric(ms, "outbox_relay_topic_unavailable"); n != 0 {
+		t.Errorf("standing by after a lost term: outbox_relay_topic_unavailable sums to %v, want 0", n)
+	}
+	a.stop(t)
+}

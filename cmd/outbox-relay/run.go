@@ -97,7 +97,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.Source == "wal" {
 		// The polling source reads its own gauges (package poll); there is no slot to watch.
 		mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, PasswordFile: cfg.PGPasswordFile, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
-			OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
+			StandbyDSN: cfg.FailoverStandbyDSN, OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
 		go mon.Run(bg)
 	}
 	go publishReadiness(bg, state, m)
@@ -265,13 +265,7 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 	m.Halted.Set(0)
 	m.Leader.Set(1)
 	state.Lead(relayHealth{r})
-	defer func() {
-		m.Leader.Set(0)
-		// What the fenced relay had in flight is abandoned, not acknowledged: the next term counts afresh.
-		m.InFlightEvents.Set(0)
-		m.InFlightBytes.Set(0)
-		m.SecondsBehind.Set(0)
-	}()
+	defer m.EndTerm()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	var lost <-chan struct{}

@@ -300,10 +300,16 @@ func printStatus(w io.Writer, rep statusReport) {
 		if !sb.Ready() {
 			state = "NOT ready for a promotion"
 		}
-		if sb.ConfirmedFlushLSN != "" {
-			state += ", confirmed LSN " + sb.ConfirmedFlushLSN
-		}
 		fmt.Fprintf(tw, "standby %s\t%s\n", sb.Address, state)
+		if sb.Supported && sb.Recovery {
+			fmt.Fprintf(tw, "  copy of the slot\t%s\n", copyState(sb))
+		}
+		if sb.TrailBytes != nil {
+			fmt.Fprintf(tw, "  copy trails by\t%s (primary confirmed %s - copy confirmed %s)\n", bytesText(*sb.TrailBytes), rep.ConfirmedFlushLSN, sb.ConfirmedFlushLSN)
+		}
+		if sb.RestartTrailBytes != nil {
+			fmt.Fprintf(tw, "  copy restart trails by\t%s (primary restart_lsn %s - copy restart_lsn %s)\n", bytesText(*sb.RestartTrailBytes), rep.RestartLSN, sb.RestartLSN)
+		}
 	}
 	d := rep.Delivery
 	fmt.Fprintf(tw, "delivery\t%s\n", d.Mode)
@@ -327,6 +333,19 @@ func printStatus(w io.Writer, rep statusReport) {
 	}
 }
 
+// copyState says in a few words what a standby's copy of the slot is.
+func copyState(sb slotmon.Standby) string {
+	switch {
+	case !sb.SlotExists:
+		return "missing: a promotion now loses the slot"
+	case sb.InvalidationReason != "":
+		return "invalidated (" + sb.InvalidationReason + "): a promotion now loses the slot"
+	case !sb.Persisted:
+		return fmt.Sprintf("temporary (synced %v): not persisted yet, a promotion now drops it and loses the slot", sb.Synced)
+	}
+	return "persisted (synced, not temporary): a promotion keeps it"
+}
+
 // checkFailover adds what a failover would cost: warnings from the primary's view, and a problem
 // for each standby given with --standby-dsn whose promotion now would lose the slot.
 func checkFailover(ctx context.Context, rep *statusReport, cfg *config.Config, standbyDSNs []string) error {
@@ -347,6 +366,7 @@ func checkFailover(ctx context.Context, rep *statusReport, cfg *config.Config, s
 		if err != nil {
 			return err
 		}
+		sb.Trail(rep.State)
 		rep.Standbys = append(rep.Standbys, sb)
 		if p := sb.Problem(cfg.Slot); p != "" {
 			rep.OK = false

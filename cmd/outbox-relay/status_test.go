@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
@@ -305,5 +308,90 @@ func checkInvalidatedStatus(t *testing.T, f *haFixture, walStatus, reason, cause
 	}
 	if got, ok := raw["invalidation_reason"]; ok != (major >= 17) || (ok && got != reason) {
 		t.Errorf("PostgreSQL %d: status --json invalidation_reason = %v (present: %v), want %q only on 17+", major, got, ok, reason)
+	}
+}
+
+// standbyJSON is the part of status --json's standbys the tests read.
+type standbyJSON struct {
+	Synced            bool   `json:"synced"`
+	Temporary         bool   `json:"temporary"`
+	Persisted         *bool  `json:"persisted"`
+	ConfirmedFlushLSN string `json:"confirmed_flush_lsn"`
+	TrailBytes        *int64 `json:"trail_bytes"`
+	RestartTrailBytes *int64 `json:"restart_trail_bytes"`
+}
+
+// status --standby-dsn says whether the standby's copy of the failover slot is persisted, which
+// is what a promotion keeps: right after the slot's creation the copy is temporary (PostgreSQL
+// keeps it so until the primary's slot passes the standby's catalog xmin, and drops it at
+// promotion), a problem with exit 3; once the primary's slot has moved on it is persisted, with
+// how far it trails the primary's slot.
+func TestStatusWithAStandbySaysWhetherItsCopyIsPersistedAndHowFarItTrails(t *testing.T) {
+	ctx := context.Background()
+	primary := testenv.Postgres(t, devenv.PostgresOptions{Version: "18"})
+	standby := testenv.FailoverStandby(t, primary)
+	f := newHAFixture(t, primary, "unused:9092", 1)
+	f.slot = testenv.TemporaryFailoverCopy(t, primary, standby, f.dbName, f.slot)
+	standbyDSN := "--standby-dsn=" + standby.DSN(f.dbName)
+	copyIs := func(what string) func() bool {
+		return func() bool {
+			conn, err := pgx.Connect(ctx, standby.DSN(f.dbName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			var got string
+			err = conn.QueryRow(ctx, "SELECT CASE WHEN NOT synced THEN 'unsynced' WHEN temporary THEN 'temporary' ELSE 'persisted' END FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&got)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				t.Fatal(err)
+			}
+			return got == what
+		}
+	}
+	code, out := f.status(t, standbyDSN)
+	if code != exitSlotProblem || !regexp.MustCompile(`(?m)^  copy of the slot\s+temporary \(synced true\): not persisted yet, a promotion now drops it`).MatchString(out) ||
+		!strings.Contains(out, "is not persisted yet (synced true, temporary true): a promotion now drops it and loses the slot") {
+		t.Errorf("status of a temporary copy: exit %d, want %d with the copy temporary and a problem:\n%s", code, exitSlotProblem, out)
+	}
+	code, out = f.status(t, "--json", standbyDSN)
+	var s struct {
+		Standbys []standbyJSON `json:"standbys"`
+	}
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	if code != exitSlotProblem || len(s.Standbys) != 1 || s.Standbys[0].Persisted == nil || *s.Standbys[0].Persisted || !s.Standbys[0].Temporary {
+		t.Errorf("status --json of a temporary copy: exit %d, standbys %+v; want persisted false:\n%s", code, s.Standbys, out)
+	}
+
+	waitFor(t, 2*time.Minute, "the copy is persisted once the primary's slot moves on", func() bool {
+		if err := testenv.NudgeSlotSync(ctx, primary, standby, f.dbName, f.slot); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		return copyIs("persisted")()
+	})
+	code, out = f.status(t, standbyDSN)
+	t.Logf("status:\n%s", out)
+	for _, re := range []string{
+		`(?m)^standby 127\.0\.0\.1:\d+\s+copy ready for a promotion$`,
+		`(?m)^  copy of the slot\s+persisted \(synced, not temporary\): a promotion keeps it$`,
+		`(?m)^  copy trails by\s+-?\d+ bytes.* \(primary confirmed [0-9A-F]+/[0-9A-F]+ - copy confirmed [0-9A-F]+/[0-9A-F]+\)$`,
+		`(?m)^  copy restart trails by\s+-?\d+ bytes`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("status of a persisted copy does not match %s:\n%s", re, out)
+		}
+	}
+	if code != 0 {
+		t.Errorf("status of a persisted copy: exit %d, want 0", code)
+	}
+	code, out = f.status(t, "--json", standbyDSN)
+	s.Standbys = nil
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	if code != 0 || len(s.Standbys) != 1 || s.Standbys[0].Persisted == nil || !*s.Standbys[0].Persisted || s.Standbys[0].TrailBytes == nil || s.Standbys[0].RestartTrailBytes == nil {
+		t.Errorf("status --json of a persisted copy: exit %d, standbys %+v; want persisted with its trail:\n%s", code, s.Standbys, out)
 	}
 }
