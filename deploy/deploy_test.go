@@ -210,13 +210,13 @@ func TestEveryAlertHasARunbookSectionAndAFiringTest(t *testing.T) {
 	}
 }
 
-// TestPrometheusAcceptsTheRulesAndTheQueries runs Prometheus' own checks when promtool is installed (Debian: apt-get install
-// prometheus); the Go checks above run either way.
+// TestPrometheusAcceptsTheRulesAndTheQueries runs Prometheus' own checks with promtool, which
+// `make test` installs (scripts/ensure-tools.sh; Debian: apt-get install prometheus): without
+// them the alert rules' unit tests would not run at all.
 func TestPrometheusAcceptsTheRulesAndTheQueries(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
-		t.Log("promtool is not on PATH: rule syntax, rule unit tests and dashboard query parsing not checked by Prometheus itself")
-		return
+		t.Fatal("promtool is not on PATH: run `make tools` (or apt-get install prometheus); the alert rules and their unit tests are checked by Prometheus itself")
 	}
 	// Dashboard queries become recording rules, so promtool parses each one. Grafana's variables are
 	// replaced by values of the same shape first.

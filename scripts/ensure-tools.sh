@@ -34,6 +34,8 @@ command -v mvn >/dev/null || missing+=(maven)
 # scripts/pg-lib.sh unpacks the other PostgreSQL versions from jars holding .txz archives.
 command -v unzip >/dev/null || missing+=(unzip)
 command -v xz >/dev/null || missing+=(xz-utils)
+# deploy/'s test runs Prometheus' own checks of the alert rules and their unit tests with promtool.
+command -v promtool >/dev/null || missing+=(prometheus)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0
