@@ -24,7 +24,7 @@ func testEmptyTransactionsWithPausedBroker(t *testing.T, fb *faultBroker) {
 	const (
 		// The pause ends after pausedFor, or once the relay has taken in enough transactions
 		// to tell a queue that grows from one that does not.
-		pausedFor = 35 * time.Second
+		pausedFor = 25 * time.Second
 		enough    = 500_000
 		busy      = 2 // sessions committing transactions without events
 		maxLag    = 20_000
