@@ -5,6 +5,14 @@
 // end LSN of the last transaction at the head of the queue whose events Kafka has all acknowledged.
 // Confirming a transaction's end LSN (not its commit LSN) is what makes PostgreSQL skip it on restart.
 //
+// A transaction that is done (committed, with every event acknowledged, or none at all) while one
+// before it is not is folded into its predecessor, whose end LSN moves forward to its own: nothing
+// between the two ends is left to publish, so once the predecessor is done the slot may pass both.
+// The queue then holds only transactions that still hold something back (an event in flight, or
+// the open one), so its length is bounded by the sink's in-flight window, however many transactions
+// without events the database commits behind a stalled event (PostgreSQL 14 sends a Begin and a
+// Commit for every transaction of the database).
+//
 // Two filters keep a replay from publishing an event twice. Within a process: a transaction already
 // committed in the tracker is not begun again after a reconnect, and one a lost session was in the
 // middle of is resumed where it stopped. Across processes (exactly-once delivery): the position
@@ -29,9 +37,13 @@ type Tracker struct {
 	// reads it before safe and confirms safe only on that timeline; Reset stores safe first.
 	timeline atomic.Uint32
 
-	mu            sync.Mutex
-	queue         []*Txn // begun transactions in commit order, oldest first
-	open          *Txn   // the transaction between Begin and Commit, if any (also queue's tail)
+	mu sync.Mutex
+	// head and tail end the queue: begun transactions in commit order, oldest first, linked
+	// through Txn.prev and next. Every one but the open tail has events outstanding: one that is
+	// done leaves at once, released at the head or folded into its predecessor (doneLocked).
+	head, tail    *Txn
+	pending       int  // the queue's length
+	open          *Txn // the transaction between Begin and Commit, if any (also the tail)
 	lastCommitted pglogrepl.LSN
 	drained       chan struct{} // closed while the queue is empty
 	// floor is the position committed in Kafka (Cover): the first floorEvents events of the
@@ -44,9 +56,14 @@ type Tracker struct {
 
 // Txn is one transaction as the tracker sees it.
 type Txn struct {
-	t           *Tracker
-	detached    bool // dropped by Reset: its acks no longer count (guarded by t.mu)
-	commitLSN   pglogrepl.LSN
+	t *Tracker
+	// detached: out of the queue (dropped by Reset, aborted, released or folded): its acks no
+	// longer count (guarded by t.mu, like the fields below).
+	detached   bool
+	prev, next *Txn // neighbours in the queue
+	commitLSN  pglogrepl.LSN
+	// endLSN is the end of the commit record: the transaction's own, or, once done transactions
+	// after it were folded into it, the last of theirs.
 	endLSN      pglogrepl.LSN
 	outstanding int
 	committed   bool
@@ -78,13 +95,10 @@ func (t *Tracker) Timeline() uint32 { return t.timeline.Load() }
 func (t *Tracker) Reset(start pglogrepl.LSN, timeline uint32) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, tx := range t.queue {
-		tx.detached = true
+	for t.head != nil {
+		t.removeLocked(t.head)
 	}
-	if len(t.queue) > 0 {
-		close(t.drained)
-	}
-	t.queue, t.open, t.lastCommitted = nil, nil, 0
+	t.open, t.lastCommitted = nil, 0
 	t.floor, t.floorEvents = 0, 0
 	t.safe.Store(uint64(start))
 	t.timeline.Store(timeline)
@@ -112,10 +126,16 @@ func (t *Tracker) Begin(commitLSN pglogrepl.LSN) *Txn {
 		t.abortLocked()
 	}
 	tx := &Txn{t: t, commitLSN: commitLSN, skip: t.coveredLocked(commitLSN)}
-	if len(t.queue) == 0 {
+	if t.pending == 0 {
 		t.drained = make(chan struct{})
 	}
-	t.queue = append(t.queue, tx)
+	if t.tail == nil {
+		t.head = tx
+	} else {
+		t.tail.next, tx.prev = tx, t.tail
+	}
+	t.tail = tx
+	t.pending++
 	t.open = tx
 	return tx
 }
@@ -154,7 +174,7 @@ func (tx *Txn) Ack(n int) {
 		panic("checkpoint: more acks than events in a transaction")
 	}
 	if tx.outstanding == 0 && tx.committed && !tx.detached {
-		t.advanceLocked()
+		t.doneLocked(tx)
 	}
 	t.mu.Unlock()
 }
@@ -173,7 +193,9 @@ func (t *Tracker) Commit(tx *Txn, endLSN pglogrepl.LSN) {
 	tx.committed = true
 	t.open = nil
 	t.lastCommitted = tx.commitLSN
-	t.advanceLocked()
+	if tx.outstanding == 0 {
+		t.doneLocked(tx)
+	}
 }
 
 // Cover sets the floor for what is published (exactly-once delivery): the position committed in
@@ -229,12 +251,8 @@ func (t *Tracker) abortLocked() {
 	if t.open == nil {
 		return
 	}
-	t.queue[len(t.queue)-1] = nil
-	t.queue = t.queue[:len(t.queue)-1]
+	t.removeLocked(t.open)
 	t.open = nil
-	if len(t.queue) == 0 {
-		close(t.drained)
-	}
 }
 
 // Idle advances the watermark to a position the server reported (a keepalive's WAL end, or the
@@ -243,7 +261,7 @@ func (t *Tracker) abortLocked() {
 func (t *Tracker) Idle(walEnd pglogrepl.LSN) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.queue) == 0 {
+	if t.pending == 0 {
 		t.raiseLocked(walEnd)
 	}
 }
@@ -252,11 +270,13 @@ func (t *Tracker) Idle(walEnd pglogrepl.LSN) {
 // that means a Kafka transaction has committed, and with it a position.
 func (t *Tracker) Acknowledged() <-chan struct{} { return t.acked }
 
-// Pending returns the number of transactions begun but not yet fully acknowledged.
+// Pending returns the number of transactions that hold the watermark back: the open one, and
+// those committed with events not yet acknowledged (a transaction done behind one of them is
+// folded into it and not counted). It is at most the events in flight plus one.
 func (t *Tracker) Pending() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.queue)
+	return t.pending
 }
 
 // Drained returns a channel that is closed once no transaction is pending. A channel obtained
@@ -267,23 +287,40 @@ func (t *Tracker) Drained() <-chan struct{} {
 	return t.drained
 }
 
-func (t *Tracker) advanceLocked() {
-	n := 0
-	for n < len(t.queue) {
-		head := t.queue[n]
-		if !head.committed || head.outstanding > 0 {
-			break
-		}
-		t.raiseLocked(head.endLSN)
-		n++
-	}
-	if n == 0 {
+// doneLocked takes tx, committed with nothing outstanding, out of the queue. At the head it is
+// released: Safe moves to its end. Behind another transaction it is folded into its predecessor,
+// which is committed (only the tail is ever open) and still awaits acks (or it would have left the
+// queue itself): the predecessor's end moves to tx's, so Safe passes neither before the
+// predecessor's events are all acknowledged, and reaches tx's end as soon as they are, without
+// waiting for anything tx's place in the queue would have held back (nothing: tx is done).
+func (t *Tracker) doneLocked(tx *Txn) {
+	if tx.detached {
 		return
 	}
-	clear(t.queue[:n])
-	t.queue = t.queue[n:]
-	if len(t.queue) == 0 {
-		t.queue = t.queue[:0:0] // let the backing array go; bursts can make it large
+	prev := tx.prev
+	if prev == nil {
+		t.raiseLocked(tx.endLSN)
+	} else {
+		prev.endLSN = max(prev.endLSN, tx.endLSN)
+	}
+	t.removeLocked(tx)
+}
+
+// removeLocked unlinks tx from the queue and detaches it, closing drained when the queue empties.
+func (t *Tracker) removeLocked(tx *Txn) {
+	if tx.prev == nil {
+		t.head = tx.next
+	} else {
+		tx.prev.next = tx.next
+	}
+	if tx.next == nil {
+		t.tail = tx.prev
+	} else {
+		tx.next.prev = tx.prev
+	}
+	tx.prev, tx.next, tx.detached = nil, nil, true
+	t.pending--
+	if t.pending == 0 {
 		close(t.drained)
 	}
 }

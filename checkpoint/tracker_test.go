@@ -221,8 +221,8 @@ func TestTrackerWatermark(t *testing.T) {
 			steps: []step{
 				begin("tx1", 0x100), add("tx1", 2), commit("tx1", 0x130),
 				begin("tx2", 0x200), add("tx2", 1), commit("tx2", 0x230),
-				ack("tx2", 1), wantSafe(0x10), wantPending(2),
-				ack("tx1", 1), wantSafe(0x10), wantPending(2),
+				ack("tx2", 1), wantSafe(0x10), wantPending(1), // tx2 is folded into tx1
+				ack("tx1", 1), wantSafe(0x10), wantPending(1),
 				ack("tx1", 1), wantSafe(0x230), wantPending(0),
 			},
 		},
@@ -233,7 +233,7 @@ func TestTrackerWatermark(t *testing.T) {
 				begin("tx1", 0x100), add("tx1", 1), commit("tx1", 0x130),
 				begin("tx2", 0x200), add("tx2", 1), commit("tx2", 0x230),
 				begin("tx3", 0x300), add("tx3", 1), commit("tx3", 0x330),
-				ack("tx3", 1), ack("tx2", 1), wantSafe(0x10), wantPending(3),
+				ack("tx3", 1), ack("tx2", 1), wantSafe(0x10), wantPending(1), // both folded into tx1
 				ack("tx1", 1), wantSafe(0x330), wantPending(0),
 			},
 		},
@@ -269,7 +269,7 @@ func TestTrackerWatermark(t *testing.T) {
 			start: 0x10,
 			steps: []step{
 				begin("tx1", 0x100), add("tx1", 1), commit("tx1", 0x130),
-				begin("tx2", 0x200), commit("tx2", 0x230), wantSafe(0x10), wantPending(2),
+				begin("tx2", 0x200), commit("tx2", 0x230), wantSafe(0x10), wantPending(1), // tx2 is folded into tx1
 				ack("tx1", 1), wantSafe(0x230), wantPending(0),
 			},
 		},
@@ -835,7 +835,7 @@ func TestTrackerFloor(t *testing.T) {
 			steps: []step{
 				begin("tx1", 0x100), take("tx1", 0, true), commit("tx1", 0x130),
 				cover(0x200, 1),
-				begin("tx2", 0x200), take("tx2", 0, false), commit("tx2", 0x230), wantSafe(0x10), wantPending(2),
+				begin("tx2", 0x200), take("tx2", 0, false), commit("tx2", 0x230), wantSafe(0x10), wantPending(1), // tx2 is folded into tx1
 				ack("tx1", 1), wantSafe(0x230), wantPending(0),
 			},
 		},

@@ -74,6 +74,7 @@ func TestBrokerFaults(t *testing.T) {
 		{"broker connection stalls without a reset: the relay notices within its write timeout and recovers", testStalledBrokerConnection},
 		{"a huge transaction (OUTBOX_FAULTS_BIG_TX_ROWS) while the broker is paused, then slow: memory stays bounded and the walsender never times out", testHugeTransactionWithPausedBroker},
 		{"rows of 10 MB while the broker is paused, max_in_flight_bytes 8 MiB: the rows read ahead of Kafka are bounded by bytes, RSS stays under its bound", testHugeRowsWithPausedBroker},
+		{"PostgreSQL 14 commits transactions without events as fast as it can while the broker is paused with an event in flight: RSS stays flat, nothing is lost, the slot then moves past them", testEmptyTransactionsWithPausedBroker},
 		{"slot loses its WAL while the broker is down: the relay exits with an actionable error and never recreates the slot", testSlotLostWhileBrokerDown},
 	} {
 		fb.heal(t)

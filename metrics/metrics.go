@@ -121,7 +121,7 @@ func New(reg prometheus.Registerer) *Metrics {
 
 		ReceivedLSN:       f.gauge("received_lsn", "Highest WAL position received from PostgreSQL."),
 		ConfirmedLSN:      f.gauge("confirmed_lsn", "WAL position last confirmed to PostgreSQL as flushed."),
-		TransactionsTotal: f.counter("transactions_total", "Transactions with outbox events decoded from the WAL."),
+		TransactionsTotal: f.counter("transactions_total", "Transactions decoded from the WAL, with or without outbox events (PostgreSQL 14 sends every transaction of the database)."),
 		Reconnects: f.counterVec("reconnects_total",
 			"Reconnections after a lost connection, by component.", "component"),
 		StatusUpdates: f.counter("status_updates_total", "Standby status updates sent to PostgreSQL."),

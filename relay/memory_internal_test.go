@@ -4,13 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -83,5 +89,81 @@ func createStuckTopic(t *testing.T, brokers, topic string) {
 	}
 	if err != nil {
 		t.Fatalf("create topic %s: %v", topic, err)
+	}
+}
+
+// TestTransactionsWithoutEventsBehindAnUnacknowledgedEventLeaveTheHeapFlat: PostgreSQL 14 sends a
+// Begin and a Commit for every transaction of the database. With one event that is never
+// acknowledged (the halt policy stops at it: its topic name is invalid, so no broker is needed)
+// and a stream of transactions without events behind it, nothing in the pipeline (decoder,
+// checkpoint, metrics) may keep anything per transaction: the heap stays where it was, the
+// checkpoint holds the one transaction with the event, and Safe stays before it.
+func TestTransactionsWithoutEventsBehindAnUnacknowledgedEventLeaveTheHeapFlat(t *testing.T) {
+	const empties = 100_000
+	reg := prometheus.NewRegistry()
+	r, err := New(Config{Decoder: decoder.Config{Table: "outbox_events", Columns: decoder.DefaultColumns()},
+		Sink: sink.Config{Brokers: []string{"127.0.0.1:1"}, Policy: sink.Halt}}, zap.NewNop(), metrics.New(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		r.sink.Close(ctx) // the halted event is never acknowledged
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// Unbuffered: once a send returns, the pipeline has taken every message before it.
+	msgs := make(chan replication.Message)
+	piped := make(chan error, 1)
+	go func() { piped <- r.pipeline(ctx, ctx, msgs) }()
+	send := func(b []byte) {
+		select {
+		case msgs <- dataMessage(b):
+		case err := <-piped:
+			t.Fatalf("the pipeline ended: %v", err)
+		}
+	}
+	send(relationMessage(outboxColumns))
+	send(beginMessage(0x100))
+	send(event("bad type!", 1, `{}`))
+	send(commitMessage(0x100, 0x130))
+	lsn := uint64(0x200)
+	sendEmpties := func(n int) {
+		for range n {
+			send(beginMessage(lsn))
+			send(commitMessage(lsn, lsn+0x30))
+			lsn += 0x40
+		}
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	sendEmpties(1000) // warm up: buffers and caches at their working size
+	before := heap()
+	sendEmpties(empties)
+	send(beginMessage(lsn)) // the last Commit has been taken in
+	grew := int64(heap()) - int64(before)
+	if _, _, _, halted := r.sink.Halted(); !halted {
+		t.Fatal("the sink did not halt at the event with an invalid topic")
+	}
+	if got := r.tracker.Pending(); got != 2 {
+		t.Errorf("the checkpoint holds %d transactions, want 2: the one with the unacknowledged event and the open one", got)
+	}
+	if safe := r.tracker.Safe(); safe >= 0x130 {
+		t.Errorf("Safe() = %s while the event was unacknowledged", safe)
+	}
+	// A transaction kept in the checkpoint costs ~80 bytes: 8 MB here.
+	t.Logf("heap %+d bytes over %d transactions without events", grew, empties)
+	if grew > 2<<20 {
+		t.Errorf("the heap grew by %d bytes over %d transactions without events behind an unacknowledged event, want it flat", grew, empties)
+	}
+	close(msgs)
+	if err := <-piped; err != nil {
+		t.Fatal(err)
 	}
 }
