@@ -753,6 +753,18 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 			errs = append(errs, fmt.Errorf("config key kafka.idempotence (from %s) is off, but delivery: exactly-once (from %s) needs the idempotent producer (Kafka transactions are built on it): set kafka.idempotence to auto or on",
 				from("kafka.idempotence"), from("delivery")))
 		}
+		// The positions partition and an event's (or dead letter's) partition of the same topic
+		// would be numbered by one producer id and epoch twice from sequence 0: the broker takes
+		// the second writer's first batch for a duplicate of the first's, acknowledges it and
+		// writes nothing. A template with placeholders is checked per event (sink).
+		if c.PositionsTopic == c.DeadLetterTopic {
+			errs = append(errs, fmt.Errorf("config key positions_topic (from %s) and dead_letter_topic (from %s) are both %q: the positions topic must hold positions only; choose another name for one of them",
+				from("positions_topic"), from("dead_letter_topic"), c.PositionsTopic))
+		}
+		if c.TopicRegex == "" && c.PositionsTopic == c.TopicTemplate {
+			errs = append(errs, fmt.Errorf("config key positions_topic (from %s) and topic_template (from %s) are both %q: every event would go to the positions topic, which must hold positions only; choose another name for one of them",
+				from("positions_topic"), from("topic_template"), c.PositionsTopic))
+		}
 		if c.TransactionMaxEvents > c.MaxInFlight {
 			errs = append(errs, fmt.Errorf("config key transaction_max_events (from %s) is %d, more than max_in_flight_events (from %s), %d: events are acknowledged only once their Kafka transaction commits, so a transaction never holds more than max_in_flight_events; lower transaction_max_events or raise max_in_flight_events",
 				from("transaction_max_events"), c.TransactionMaxEvents, from("max_in_flight_events"), c.MaxInFlight))
