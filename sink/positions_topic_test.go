@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -102,5 +103,57 @@ func TestAnEventRoutedToThePositionsTopicGoesToTheFailurePolicy(t *testing.T) {
 	}
 	if got := readCommitted(t, k.Brokers(), 30*time.Second, atLeast(5), ordinary); len(got) != 5 {
 		t.Errorf("%d records on %s, want 5", len(got), ordinary)
+	}
+}
+
+// TestAnExistingPositionsTopicIsCheckedAtStart: a positions topic created before the relay (by an
+// operator, or by the brokers' auto-creation) may delete old records by time or size instead of
+// keeping the latest per key: a quiet relay's position would then vanish and its next start would
+// find none. The start refuses any cleanup.policy but compact, naming the topic, the policy and
+// the fix, and warns (without refusing) about a replication that one lost disk defeats: this
+// single-broker cluster has replication factor 1.
+func TestAnExistingPositionsTopicIsCheckedAtStart(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	tests := []struct {
+		name      string
+		policy    string
+		wantError bool
+	}{
+		{"delete", "delete", true},
+		{"compact and delete", "compact,delete", true},
+		{"compact", "compact", false},
+	}
+	for _, tt := range tests {
+		t.Run("a positions topic with cleanup.policy "+tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := txnConfig(t, k, 50*time.Millisecond, 100)
+			createTopic(t, k.Brokers(), cfg.Transactions.PositionsTopic, 1, kafka.ConfigEntry{ConfigName: "cleanup.policy", ConfigValue: tt.policy})
+			s := newSink(t, k.Brokers(), cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			err := s.WaitReady(ctx)
+			if !tt.wantError {
+				if err != nil {
+					t.Fatalf("WaitReady = %v, want the compacted topic accepted", err)
+				}
+				warned := s.logs.FilterMessageSnippet("positions topic").FilterField(zap.String("topic", cfg.Transactions.PositionsTopic)).FilterLevelExact(zap.WarnLevel).All()
+				if len(warned) == 0 || !strings.Contains(warned[0].Message, "replication factor 1") {
+					t.Errorf("no warning about the positions topic's replication factor 1: %v", warned)
+				} else {
+					t.Logf("warning: %s", warned[0].Message)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("WaitReady accepted it")
+			}
+			for _, w := range []string{cfg.Transactions.PositionsTopic, "cleanup.policy " + tt.policy, "kafka-configs", "--alter", "--add-config cleanup.policy=compact"} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			t.Logf("refused: %v", err)
+		})
 	}
 }
