@@ -471,7 +471,12 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	default:
 		rec.enqueued = time.Now()
 		if err = s.main.enqueue(ctx, rec); err != nil && ctx.Err() == nil {
-			err = s.fail(ctx, rec, reason(err), fmt.Errorf("topic %s: %w", topic, err))
+			if errors.Is(err, errTopicRefused) {
+				s.topics.unavailable(topic, err)
+			} else {
+				err = fmt.Errorf("topic %s: %w", topic, err)
+			}
+			err = s.fail(ctx, rec, reason(err), err)
 		}
 	}
 	if err != nil {
@@ -550,7 +555,11 @@ func backoff(attempt int) time.Duration {
 // completed is the main producer's report on a batch of one partition: acknowledged, or refused
 // for good by the broker (then for a single record).
 func (s *Sink) completed(batch []*record, err error) {
-	s.topics.available(batch[0].msg.Topic) // the broker answered for the topic
+	if errors.Is(err, errTopicRefused) {
+		s.topics.unavailable(batch[0].msg.Topic, err) // readiness names it until the topic takes a record
+	} else {
+		s.topics.available(batch[0].msg.Topic) // the broker answered for the topic
+	}
 	if err != nil {
 		for _, rec := range batch {
 			// Ends only when Close gives up: the record then stays unacknowledged and is replayed.
