@@ -445,7 +445,7 @@ var settings = []setting{
 		apply: minDuration(10*time.Millisecond, func(c *Config) *time.Duration { return &c.TransactionInterval })},
 	{key: "transaction_max_events", def: "10000", help: "exactly-once: a Kafka transaction is committed once it holds this many events, sooner than transaction_interval",
 		apply: integer(func(c *Config) *int { return &c.TransactionMaxEvents })},
-	{key: "positions_topic", def: "__outbox_relay_positions", help: "exactly-once: compacted topic where each Kafka transaction records the position it reached, keyed by transactional_id (created if missing)",
+	{key: "positions_topic", def: "__outbox_relay_positions", help: "exactly-once: compacted topic where each Kafka transaction records the position it reached, keyed by transactional_id (created if missing; an existing one must have cleanup.policy=compact); positions only: not dead_letter_topic, not topic_template",
 		apply: str(func(c *Config) *string { return &c.PositionsTopic })},
 	{key: "metrics_addr", help: "listen address for /metrics, /healthz and /readyz (e.g. :9187); empty disables",
 		apply: str(func(c *Config) *string { return &c.MetricsAddr })},
