@@ -765,6 +765,10 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 			errs = append(errs, fmt.Errorf("config key positions_topic (from %s) and topic_template (from %s) are both %q: every event would go to the positions topic, which must hold positions only; choose another name for one of them",
 				from("positions_topic"), from("topic_template"), c.PositionsTopic))
 		}
+		if c.TopicRegex != "" && c.PositionsTopic == c.TopicReplacement {
+			errs = append(errs, fmt.Errorf("config key positions_topic (from %s) and topic_replacement (from %s) are both %q: every event the topic regex matches would go to the positions topic, which must hold positions only; choose another name for one of them",
+				from("positions_topic"), from("topic_replacement"), c.PositionsTopic))
+		}
 		if c.TransactionMaxEvents > c.MaxInFlight {
 			errs = append(errs, fmt.Errorf("config key transaction_max_events (from %s) is %d, more than max_in_flight_events (from %s), %d: events are acknowledged only once their Kafka transaction commits, so a transaction never holds more than max_in_flight_events; lower transaction_max_events or raise max_in_flight_events",
 				from("transaction_max_events"), c.TransactionMaxEvents, from("max_in_flight_events"), c.MaxInFlight))

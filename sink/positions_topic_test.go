@@ -33,6 +33,8 @@ func TestANewSinkRefusesAPositionsTopicThatEventsOrDeadLettersShare(t *testing.T
 			[]string{sink.DefaultPositionsTopic, "dead-letter topic"}},
 		{"a fixed topic template", sink.Config{TopicTemplate: "orders", Transactions: &sink.Transactions{ID: "t", PositionsTopic: "orders"}},
 			[]string{"orders", "topic template"}},
+		{"a fixed topic replacement", sink.Config{TopicRegex: ".*", TopicReplacement: "orders", Transactions: &sink.Transactions{ID: "t", PositionsTopic: "orders"}},
+			[]string{"orders", "topic replacement"}},
 		{"a template with placeholders is checked per event", sink.Config{TopicTemplate: "x.{aggregate_type}", Transactions: &sink.Transactions{ID: "t", PositionsTopic: "x.Order"}}, nil},
 		{"a fixed template is not used with a topic regex", sink.Config{TopicTemplate: "orders", TopicRegex: "(?<routedByValue>.*)", Transactions: &sink.Transactions{ID: "t", PositionsTopic: "orders"}}, nil},
 		{"at-least-once writes no positions", sink.Config{TopicTemplate: sink.DefaultPositionsTopic}, nil},

@@ -263,6 +263,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		if cfg.TopicRegex == "" && t.PositionsTopic == cfg.TopicTemplate {
 			return nil, fmt.Errorf("sink: the positions topic and the topic template are both %s: every event would go to the positions topic, which must hold positions only (config keys positions_topic and topic_template)", t.PositionsTopic)
 		}
+		if cfg.TopicRegex != "" && t.PositionsTopic == cfg.TopicReplacement {
+			return nil, fmt.Errorf("sink: the positions topic and the topic replacement are both %s: every event the topic regex matches would go to the positions topic, which must hold positions only (config keys positions_topic and topic_replacement)", t.PositionsTopic)
+		}
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	labels := newTopicLabels()
