@@ -451,7 +451,7 @@ var settings = []setting{
 		apply: minDuration(10*time.Millisecond, func(c *Config) *time.Duration { return &c.TransactionInterval })},
 	{key: "transaction_max_events", def: "10000", help: "exactly-once: a Kafka transaction is committed once it holds this many events, sooner than transaction_interval",
 		apply: integer(func(c *Config) *int { return &c.TransactionMaxEvents })},
-	{key: "positions_topic", def: "__outbox_relay_positions", help: "exactly-once: compacted topic where each Kafka transaction records the position it reached, keyed by transactional_id (created if missing)",
+	{key: "positions_topic", def: "__outbox_relay_positions", help: "exactly-once: compacted topic where each Kafka transaction records the position it reached, keyed by transactional_id (created if missing; an existing one must have cleanup.policy=compact); positions only: not dead_letter_topic, not topic_template",
 		apply: str(func(c *Config) *string { return &c.PositionsTopic })},
 	{key: "metrics_addr", help: "listen address for /metrics, /healthz and /readyz (e.g. :9187); empty disables",
 		apply: str(func(c *Config) *string { return &c.MetricsAddr })},
@@ -758,6 +758,22 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 		if c.Kafka.Idempotence == "off" {
 			errs = append(errs, fmt.Errorf("config key kafka.idempotence (from %s) is off, but delivery: exactly-once (from %s) needs the idempotent producer (Kafka transactions are built on it): set kafka.idempotence to auto or on",
 				from("kafka.idempotence"), from("delivery")))
+		}
+		// The positions partition and an event's (or dead letter's) partition of the same topic
+		// would be numbered by one producer id and epoch twice from sequence 0: the broker takes
+		// the second writer's first batch for a duplicate of the first's, acknowledges it and
+		// writes nothing. A template with placeholders is checked per event (sink).
+		if c.PositionsTopic == c.DeadLetterTopic {
+			errs = append(errs, fmt.Errorf("config key positions_topic (from %s) and dead_letter_topic (from %s) are both %q: the positions topic must hold positions only; choose another name for one of them",
+				from("positions_topic"), from("dead_letter_topic"), c.PositionsTopic))
+		}
+		if c.TopicRegex == "" && c.PositionsTopic == c.TopicTemplate {
+			errs = append(errs, fmt.Errorf("config key positions_topic (from %s) and topic_template (from %s) are both %q: every event would go to the positions topic, which must hold positions only; choose another name for one of them",
+				from("positions_topic"), from("topic_template"), c.PositionsTopic))
+		}
+		if c.TopicRegex != "" && c.PositionsTopic == c.TopicReplacement {
+			errs = append(errs, fmt.Errorf("config key positions_topic (from %s) and topic_replacement (from %s) are both %q: every event the topic regex matches would go to the positions topic, which must hold positions only; choose another name for one of them",
+				from("positions_topic"), from("topic_replacement"), c.PositionsTopic))
 		}
 		if c.TransactionMaxEvents > c.MaxInFlight {
 			errs = append(errs, fmt.Errorf("config key transaction_max_events (from %s) is %d, more than max_in_flight_events (from %s), %d: events are acknowledged only once their Kafka transaction commits, so a transaction never holds more than max_in_flight_events; lower transaction_max_events or raise max_in_flight_events",

@@ -640,6 +640,22 @@ func TestExactlyOnceSettings(t *testing.T) {
 			[]string{"kafka.idempotence", "OUTBOX_KAFKA_IDEMPOTENCE", "delivery", "--delivery"}},
 		{"polling has no slot position to record", required(), []string{"--delivery=exactly-once", "--source=poll"},
 			[]string{"delivery", "source", "poll", "--source", "at-least-once"}},
+		{"a positions topic that is the dead-letter topic is refused, naming both keys", required(),
+			[]string{"--delivery=exactly-once", "--positions-topic=relay.dlq", "--dead-letter-topic=relay.dlq"},
+			[]string{"positions_topic", "dead_letter_topic", "--dead-letter-topic", "relay.dlq"}},
+		{"a positions topic that every event is routed to is refused, naming both keys", required(),
+			[]string{"--delivery=exactly-once", "--positions-topic=orders", "--topic-template=orders"},
+			[]string{"positions_topic", "topic_template", "--topic-template", "orders"}},
+		{"the default positions topic as the dead-letter topic is refused too", required(),
+			[]string{"--delivery=exactly-once", "--dead-letter-topic=__outbox_relay_positions"},
+			[]string{"positions_topic", "dead_letter_topic"}},
+		{"a positions topic that every event matching the topic regex goes to is refused, naming both keys", required(),
+			[]string{"--delivery=exactly-once", "--positions-topic=orders", "--topic-regex=.*", "--topic-replacement=orders"},
+			[]string{"positions_topic", "topic_replacement", "--topic-replacement", "orders"}},
+		{"a positions topic that a template with placeholders may produce loads (checked per event)", required(),
+			[]string{"--delivery=exactly-once", "--positions-topic=outbox.event.Order"}, nil},
+		{"at-least-once writes no positions, so their topic may be anything", required(),
+			[]string{"--positions-topic=relay.dlq", "--dead-letter-topic=relay.dlq"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"sync"
 
 	"github.com/segmentio/kafka-go"
@@ -163,22 +165,50 @@ func (c *coordinator) endTxn(ctx context.Context, ps producerState, commit bool)
 	return err
 }
 
-// addResult is the first error of an AddPartitionsToTxn answer, OPERATION_NOT_ATTEMPTED (the
-// others were not tried because of it) last.
+// topicsRefusedError is an AddPartitionsToTxn answer refusing topics the relay may not write
+// (TOPIC_AUTHORIZATION_FAILED); the broker attempted none of the request's other partitions.
+type topicsRefusedError struct{ topics map[string]bool }
+
+func (e *topicsRefusedError) Error() string {
+	names := make([]string, 0, len(e.topics))
+	for t := range e.topics {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	return fmt.Sprintf("%v (topics %s)", kafka.TopicAuthorizationFailed, strings.Join(names, ", "))
+}
+
+func (e *topicsRefusedError) Unwrap() error { return kafka.TopicAuthorizationFailed }
+
+// addResult is the error of an AddPartitionsToTxn answer: the topics refused for authorization,
+// or the first error, OPERATION_NOT_ATTEMPTED (the others were not tried because of it) last.
 func addResult(res *addpartitionstotxn.Response) error {
-	var notAttempted error
+	var notAttempted, first error
+	var refused map[string]bool
 	for _, t := range res.Results {
 		for _, p := range t.Results {
 			if p.ErrorCode == 0 {
 				continue
 			}
 			err := kafka.Error(p.ErrorCode)
-			if err == errOperationNotAttempted {
+			switch {
+			case err == kafka.TopicAuthorizationFailed:
+				if refused == nil {
+					refused = make(map[string]bool)
+				}
+				refused[t.Name] = true
+			case err == errOperationNotAttempted:
 				notAttempted = err
-				continue
+			case first == nil:
+				first = err
 			}
-			return err
 		}
+	}
+	switch {
+	case first != nil:
+		return first
+	case refused != nil:
+		return &topicsRefusedError{topics: refused}
 	}
 	return notAttempted
 }

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 
@@ -54,10 +55,25 @@ var permanentErrors = map[kafka.Error]bool{
 	kafka.PolicyViolation:             true,
 }
 
-// permanent reports whether err is on the allow-list above, or kafka-go's own refusal of a record
-// over its size limit. Everything else, every network and protocol failure below the Kafka error
-// codes included, is transient.
+// errTopicRefused marks a topic the relay may not write under exactly-once (refusedTopic): there
+// the refusal is permanent for the record. Retried in place as under at-least-once, its record
+// would hold every Kafka transaction from committing (a transaction commits a prefix of the stream
+// and cannot leave the record out), so read_committed consumers of every topic would wait, and a
+// fence would go unnoticed (the broker checks ACLs before the producer's epoch).
+var errTopicRefused = errors.New("under exactly-once its events go to the failure policy, or every Kafka transaction would wait for them")
+
+// refusedTopic is the error of a record whose topic the relay may not write, under exactly-once.
+func refusedTopic(topic string, err error) error {
+	return fmt.Errorf("kafka refused the relay's principal on topic %s (%w): %w; grant the principal Write and Describe on the topic", topic, err, errTopicRefused)
+}
+
+// permanent reports whether err is on the allow-list above, kafka-go's own refusal of a record
+// over its size limit, or a topic refused under exactly-once. Everything else, every network and
+// protocol failure below the Kafka error codes included, is transient.
 func permanent(err error) bool {
+	if errors.Is(err, errTopicRefused) {
+		return true
+	}
 	var kerr kafka.Error
 	if errors.As(err, &kerr) {
 		return permanentErrors[kerr]
@@ -100,6 +116,8 @@ func reason(err error) string {
 	var kerr kafka.Error
 	var tooLarge kafka.MessageTooLargeError
 	switch {
+	case errors.Is(err, errTopicRefused):
+		return ReasonNotAuthorized
 	case errors.Is(err, errNoSuchPartition):
 		return ReasonInvalidPartition
 	case errors.As(err, &tooLarge):

@@ -31,6 +31,7 @@ func TestPermanentAndReason(t *testing.T) {
 		{"an unsupported message format is permanent", kafka.UnsupportedForMessageFormat, true, ReasonRejected},
 		{"a policy violation is permanent", kafka.PolicyViolation, true, ReasonRejected},
 		{"a topic authorization failure (an ACL rotation) is retried", kafka.TopicAuthorizationFailed, false, ""},
+		{"under exactly-once, a topic the relay may not write is permanent for its record", refusedTopic("orders", kafka.TopicAuthorizationFailed), true, ReasonNotAuthorized},
 		{"a cluster authorization failure is retried", kafka.ClusterAuthorizationFailed, false, ""},
 		{"a SASL authentication failure (a credential rotation) is retried", kafka.SASLAuthenticationFailed, false, ""},
 		{"a wrapped SASL authentication failure is retried", fmt.Errorf("dial: %w", kafka.SASLAuthenticationFailed), false, ""},

@@ -17,7 +17,7 @@ const (
 	ReasonTooLarge      = "message_too_large"
 	ReasonInvalidTopic  = "invalid_topic"
 	ReasonBadHeaders    = "invalid_headers"
-	ReasonNotAuthorized = "not_authorized" // no longer produced: authorization errors are retried (errors.go)
+	ReasonNotAuthorized = "not_authorized" // exactly-once only: a topic the relay may not write (errors.go, refusedTopic)
 	ReasonRejected      = "rejected_by_broker"
 )
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -133,6 +134,75 @@ func createPositionsTopic(ctx context.Context, client *kafka.Client, topic strin
 		"(create it with cleanup.policy=compact, or set positions_topic to one that exists)", topic, err)
 }
 
+// checkPositionsTopic refuses a positions topic that deletes records by time or size (one that
+// existed before the relay, created by an operator or the brokers' auto-creation): a relay quiet
+// for longer than its retention would find no position at its next start. It warns, without
+// refusing, when one lost disk can lose the latest position: a single replica, or
+// min.insync.replicas 1, which lets acks=all be answered by one replica. A principal that may not
+// describe the topic's configuration, or a broker that does not answer, leaves it unchecked, with
+// a warning: the check protects against a mistake, and must not refuse a relay that works.
+func checkPositionsTopic(ctx context.Context, client *kafka.Client, topic string, log *zap.Logger) error {
+	var policy, minISR string
+	for attempt := 0; ; attempt++ {
+		res, err := client.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+			ResourceType: kafka.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{"cleanup.policy", "min.insync.replicas"},
+		}}})
+		if err == nil && len(res.Resources) != 1 {
+			err = errors.New("describe configs: the answer does not hold the topic")
+		}
+		if err == nil {
+			err = res.Resources[0].Error
+		}
+		if err == nil {
+			for _, e := range res.Resources[0].ConfigEntries {
+				switch e.ConfigName {
+				case "cleanup.policy":
+					policy = e.ConfigValue
+				case "min.insync.replicas":
+					minISR = e.ConfigValue
+				}
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("sink: positions topic %s: %w", topic, ctx.Err())
+		}
+		if authError(err) || attempt >= 4 {
+			log.Warn("cannot read the positions topic's configuration, so it is not checked; it must have cleanup.policy=compact "+
+				"(grant the relay's principal DescribeConfigs on it to have it checked)", zap.String("topic", topic), zap.Error(err))
+			return nil
+		}
+		if werr := wait(ctx, attempt, log, "retrying reading the positions topic's configuration", err); werr != nil {
+			return fmt.Errorf("sink: positions topic %s: %w", topic, werr)
+		}
+	}
+	if policy != "compact" {
+		return fmt.Errorf("sink: positions topic %s has cleanup.policy %s: it deletes old records, so a relay that commits nothing for its retention "+
+			"loses its position. Make it compacted: kafka-configs --bootstrap-server <broker> --alter --entity-type topics --entity-name %s "+
+			"--add-config cleanup.policy=compact (or set positions_topic to a new name: the relay creates it compacted)", topic, policy, topic)
+	}
+	replicas := 0
+	if md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}}); err == nil && len(md.Topics) == 1 {
+		for _, p := range md.Topics[0].Partitions {
+			if replicas == 0 || len(p.Replicas) < replicas {
+				replicas = len(p.Replicas)
+			}
+		}
+	}
+	isr, _ := strconv.Atoi(minISR)
+	switch {
+	case replicas == 1:
+		log.Warn("the positions topic has replication factor 1: losing that broker's disk loses every relay's position, and "+
+			"exactly-once then stops at the next start until duplicates are accepted; give it at least 3 replicas "+
+			"(kafka-reassign-partitions) where the cluster has them", zap.String("topic", topic), zap.Int("replication_factor", replicas))
+	case replicas > 1 && isr > 0 && isr < 2:
+		log.Warn("the positions topic has min.insync.replicas "+minISR+": a position acknowledged by one replica is lost with that "+
+			"replica's disk; set min.insync.replicas=2 on it (kafka-configs --alter --add-config min.insync.replicas=2)",
+			zap.String("topic", topic), zap.Int("replication_factor", replicas), zap.Int("min_insync_replicas", isr))
+	}
+	return nil
+}
+
 // positionChunk is how many offsets ReadPosition reads at a time, from the end backwards, and
 // positionFetchBytes what one fetch of them asks for. A fetch returns whole batches from its offset
 // on, up to its size, whatever offset the chunk ends at: sized for a chunk of position records
@@ -256,6 +326,9 @@ func (w *positionsWriter) resolve(ctx context.Context) error {
 	}
 	partition, _, err := positionsPartition(ctx, tm.client, tm.cfg.PositionsTopic, tm.id, tm.log)
 	if err != nil {
+		return err
+	}
+	if err := checkPositionsTopic(ctx, tm.client, tm.cfg.PositionsTopic, tm.log); err != nil {
 		return err
 	}
 	ps, err := tm.ident.get(ctx)

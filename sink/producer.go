@@ -186,6 +186,10 @@ func (p *producer) enqueue(ctx context.Context, rec *record) error {
 		if n, err = p.partitions(ctx, rec.msg.Topic); err == nil {
 			break
 		}
+		if p.txn != nil && errors.Is(err, kafka.TopicAuthorizationFailed) {
+			// Waiting would hold every Kafka transaction (errTopicRefused).
+			return refusedTopic(rec.msg.Topic, err)
+		}
 		if permanent(err) {
 			return err
 		}
@@ -484,6 +488,13 @@ func (q *partitionQueue) send(batch []*record) bool {
 		}
 		if q.p.txn != nil {
 			if err := q.p.txn.add(q.p.ctx, q.tp); err != nil {
+				if !sent && errors.Is(err, errTopicRefused) {
+					// Never sent: its topic refuses the relay for good (under exactly-once), so
+					// the failure policy settles the batch; the sequence goes to what comes next.
+					q.rewind(ps)
+					q.p.done(batch, err)
+					return !cut
+				}
 				return false // the sink stopped; these records are never acknowledged
 			}
 		}

@@ -252,6 +252,21 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	if err := validTopic(cfg.DeadLetterTopic); err != nil {
 		return nil, fmt.Errorf("sink: dead-letter topic: %w", err)
 	}
+	if t := cfg.Transactions; t != nil {
+		// The positions partition and an event's (or a dead letter's) partition of one topic would
+		// be numbered twice from sequence 0 by the same producer id and epoch: the broker takes
+		// the second writer's first batch for a duplicate of the first's and writes nothing.
+		// A template with placeholders (or a regex) is checked per event, in submit.
+		if t.PositionsTopic == cfg.DeadLetterTopic {
+			return nil, fmt.Errorf("sink: the positions topic and the dead-letter topic are both %s: the positions topic must hold positions only (config keys positions_topic and dead_letter_topic)", t.PositionsTopic)
+		}
+		if cfg.TopicRegex == "" && t.PositionsTopic == cfg.TopicTemplate {
+			return nil, fmt.Errorf("sink: the positions topic and the topic template are both %s: every event would go to the positions topic, which must hold positions only (config keys positions_topic and topic_template)", t.PositionsTopic)
+		}
+		if cfg.TopicRegex != "" && t.PositionsTopic == cfg.TopicReplacement {
+			return nil, fmt.Errorf("sink: the positions topic and the topic replacement are both %s: every event the topic regex matches would go to the positions topic, which must hold positions only (config keys positions_topic and topic_replacement)", t.PositionsTopic)
+		}
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	labels := newTopicLabels()
 	s := &Sink{
@@ -410,6 +425,12 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		// One partition, one producer: the dead-letter producer's sequence numbers would collide.
 		routeErr = fmt.Errorf("event %s routes to the dead-letter topic %s", ev.ID, topic)
 	}
+	if routeErr == nil && s.txn != nil && topic == s.cfg.Transactions.PositionsTopic {
+		// The positions partition has its own sequence numbers under the same producer id and
+		// epoch: an event written there would collide with a position (one taken for a duplicate
+		// of the other and never written).
+		routeErr = fmt.Errorf("event %s routes to the positions topic %s (positions_topic), which must hold positions only", ev.ID, topic)
+	}
 	rec.msg.Topic, rec.topic = topic, topic
 	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.headerNames(), s.nullHeaders)
 	rec.msg.Headers = traceHeaders(hs, ev.SpanContext)
@@ -453,7 +474,12 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	default:
 		rec.enqueued = time.Now()
 		if err = s.main.enqueue(ctx, rec); err != nil && ctx.Err() == nil {
-			err = s.fail(ctx, rec, reason(err), fmt.Errorf("topic %s: %w", topic, err))
+			if errors.Is(err, errTopicRefused) {
+				s.topics.unavailable(topic, err)
+			} else {
+				err = fmt.Errorf("topic %s: %w", topic, err)
+			}
+			err = s.fail(ctx, rec, reason(err), err)
 		}
 	}
 	if err != nil {
@@ -532,7 +558,11 @@ func backoff(attempt int) time.Duration {
 // completed is the main producer's report on a batch of one partition: acknowledged, or refused
 // for good by the broker (then for a single record).
 func (s *Sink) completed(batch []*record, err error) {
-	s.topics.available(batch[0].msg.Topic) // the broker answered for the topic
+	if errors.Is(err, errTopicRefused) {
+		s.topics.unavailable(batch[0].msg.Topic, err) // readiness names it until the topic takes a record
+	} else {
+		s.topics.available(batch[0].msg.Topic) // the broker answered for the topic
+	}
 	if err != nil {
 		for _, rec := range batch {
 			// Ends only when Close gives up: the record then stays unacknowledged and is replayed.

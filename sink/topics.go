@@ -88,6 +88,11 @@ func (w *topicWaits) unavailable(topic string, err error) {
 		return
 	}
 	fields := []zap.Field{zap.String("topic", topic), zap.Duration("waiting_for", now.Sub(since).Round(time.Second)), zap.Error(err)}
+	if errors.Is(err, errTopicRefused) {
+		w.log.Error("not authorized to write to the topic: under exactly-once its events go to the failure policy (dead-letter topic, or halt), "+
+			"since every Kafka transaction would wait for them; grant the relay's principal Write and Describe on the topic", fields...)
+		return
+	}
 	if errors.Is(err, kafka.TopicAuthorizationFailed) {
 		w.log.Error("not authorized to write to the topic; retrying until the relay's principal may: grant it Write and Describe on the topic. "+
 			"Every event waits behind it: order and the in-flight limits are global", fields...)
@@ -146,11 +151,14 @@ func (w *topicWaits) stalled() (string, bool) {
 	}
 	sort.Slice(topics, func(i, j int) bool { return w.waiting[topics[i]].since.Before(w.waiting[topics[j]].since) })
 	t := topics[0]
-	what := "it does not exist and the brokers do not create topics"
-	if errors.Is(w.waiting[t].err, kafka.TopicAuthorizationFailed) {
-		what = "the relay is not authorized to write to it"
+	what := "it does not exist and the brokers do not create topics; every event waits behind it"
+	switch err := w.waiting[t].err; {
+	case errors.Is(err, errTopicRefused):
+		what = "the relay is not authorized to write to it; under exactly-once its events go to the failure policy"
+	case errors.Is(err, kafka.TopicAuthorizationFailed):
+		what = "the relay is not authorized to write to it; every event waits behind it"
 	}
-	msg := fmt.Sprintf("waiting for Kafka topic %s for %s: %s; every event waits behind it",
+	msg := fmt.Sprintf("waiting for Kafka topic %s for %s: %s",
 		t, time.Since(w.waiting[t].since).Round(time.Second), what)
 	if len(topics) > 1 {
 		msg += fmt.Sprintf(" (and %d more topics)", len(topics)-1)

@@ -60,10 +60,14 @@ type txnManager struct {
 	// txns are the transactions not yet committed, oldest first: txns[0] is the active one (open,
 	// or sealed and committing), the last one is where new records go; generations are
 	// consecutive.
-	txns    []*kafkaTxn
-	queues  []*partitionQueue
-	added   map[topicPartition]bool // partitions added to txns[0]
-	adding  map[topicPartition]bool // partitions waiting for the AddPartitionsToTxn in flight or the next one
+	txns   []*kafkaTxn
+	queues []*partitionQueue
+	added  map[topicPartition]bool // partitions added to txns[0]
+	adding map[topicPartition]bool // partitions waiting for the AddPartitionsToTxn in flight or the next one
+	// refused are the partitions of txns[0] whose topic the relay may not write (refusedTopic):
+	// their records go to the failure policy. The next transaction asks again (an ACL may have
+	// been granted meanwhile).
+	refused map[topicPartition]error
 	addBusy bool
 	addDone chan struct{} // closed when the AddPartitionsToTxn in flight ends
 	closing bool
@@ -105,6 +109,7 @@ func newTxnManager(s *Sink, client *kafka.Client, ident *identity) *txnManager {
 		txns:      []*kafkaTxn{{gen: 1}},
 		added:     make(map[topicPartition]bool),
 		adding:    make(map[topicPartition]bool),
+		refused:   make(map[topicPartition]error),
 		wake:      make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
@@ -368,6 +373,7 @@ func (tm *txnManager) open(t *kafkaTxn, pos Position, committed bool) {
 		tm.txns = []*kafkaTxn{{gen: t.gen + 1}}
 	}
 	clear(tm.added)
+	clear(tm.refused)
 	queues := tm.queues
 	tm.active.Store(tm.txns[0].gen)
 	tm.mu.Unlock()
@@ -449,20 +455,24 @@ func (tm *txnManager) fenced(ctx context.Context) (bool, error) {
 
 // end stops adding partitions, so nothing more is written in a transaction, and waits for an
 // AddPartitionsToTxn in flight. It reports whether the transaction in progress holds partitions
-// and had not ended before.
+// and had not ended before. Only the committer calls it.
+//
+// The wait is bounded by one request (Config.WriteTimeout) and one backoff (2s at most): an
+// AddPartitionsToTxn retries what heals (a coordinator moving or loading) for as long as its
+// context lasts, which is the sink's, but it sees ended before each retry and gives up.
 func (tm *txnManager) end() (began bool) {
 	tm.mu.Lock()
 	defer tm.mu.Unlock()
-	for tm.addBusy {
-		done := tm.addDone
-		tm.mu.Unlock()
-		<-done // bounded by the request's timeout
-		tm.mu.Lock()
-	}
 	if tm.ended {
 		return false
 	}
 	tm.ended = true
+	for tm.addBusy {
+		done := tm.addDone
+		tm.mu.Unlock()
+		<-done
+		tm.mu.Lock()
+	}
 	return len(tm.added) > 0 || tm.txns[0].records > 0
 }
 
@@ -520,6 +530,10 @@ func (tm *txnManager) add(ctx context.Context, tp topicPartition) error {
 		return errStopped
 	}
 	for !tm.added[tp] {
+		if err := tm.refused[tp]; err != nil {
+			tm.mu.Unlock()
+			return err
+		}
 		if tm.failErr != nil {
 			tm.mu.Unlock()
 			return tm.failErr
@@ -567,7 +581,7 @@ func (tm *txnManager) add(ctx context.Context, tp topicPartition) error {
 		close(tm.addDone)
 		if err != nil {
 			tm.mu.Unlock()
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && !errors.Is(err, errStopped) {
 				tm.fail(err)
 			}
 			return err
@@ -577,36 +591,55 @@ func (tm *txnManager) add(ctx context.Context, tp topicPartition) error {
 	return nil
 }
 
-// addPartitions sends AddPartitionsToTxn for tps, retrying what heals.
+// addPartitions sends AddPartitionsToTxn for tps, retrying what heals. The partitions of a topic
+// the relay may not write leave tps for tm.refused (their records go to the failure policy), and
+// the others are asked for again at once: the broker attempted none of them.
 func (tm *txnManager) addPartitions(ctx context.Context, tps map[topicPartition]bool) error {
 	ps, err := tm.ident.get(ctx)
 	if err != nil {
 		return err
 	}
 	for attempt := 0; ; attempt++ {
-		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
 		if attempt > 0 {
+			tm.mu.Lock()
+			if tm.ended {
+				tm.mu.Unlock()
+				return errStopped // the committer stops and waits for this (end)
+			}
 			// Partitions that asked meanwhile go along (after a commit, the first attempts meet
 			// CONCURRENT_TRANSACTIONS while every partition of the new transaction asks).
-			tm.mu.Lock()
 			for tp := range tm.adding {
 				tps[tp] = true
 			}
 			clear(tm.adding)
 			tm.mu.Unlock()
 		}
+		if len(tps) == 0 {
+			return nil
+		}
+		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
 		err := tm.coord.addPartitions(rctx, ps, tps)
 		cancel()
 		if err == nil {
 			return nil
 		}
-		var kerr kafka.Error
-		if errors.As(err, &kerr) && kerr == kafka.TopicAuthorizationFailed {
-			// Like a produce refused for it: loud, retried until the ACL is fixed.
+		var refused *topicsRefusedError
+		if errors.As(err, &refused) {
+			n := len(tps)
+			tm.mu.Lock()
 			for tp := range tps {
-				tm.s.retrying(tp.topic, tp.partition, 0, err, backoff(attempt))
+				if refused.topics[tp.topic] {
+					delete(tps, tp)
+					tm.refused[tp] = refusedTopic(tp.topic, kafka.TopicAuthorizationFailed)
+				}
 			}
-		} else if !retriableCoordinatorError(err) {
+			tm.mu.Unlock()
+			if len(tps) == n {
+				return fmt.Errorf("add partitions to the kafka transaction: %w, none of which it was asked for", err)
+			}
+			continue // at once: the broker answered, and attempted none of the others
+		}
+		if !retriableCoordinatorError(err) {
 			return fmt.Errorf("add partitions to the kafka transaction: %w", err)
 		}
 		if err := wait(ctx, attempt, tm.log, "retrying adding partitions to the kafka transaction", err); err != nil {
