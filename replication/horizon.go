@@ -86,6 +86,9 @@ type horizon struct {
 	// cluster is the system identifier of the server the stream identified; a check connection
 	// that reaches another cluster (a multi-host pg_dsn or a DNS move) would judge another table.
 	cluster atomic.Pointer[string]
+	// stoppingAt is when the last check refused with 57P03 (the server shutting down) began, in
+	// Unix nanoseconds; 0 if none (see shutdown.go).
+	stoppingAt atomic.Int64
 
 	checkedEpoch uint64        // the epoch the check connection and pending belong to
 	connCluster  string        // the cluster the check connection was compared with; "" if not compared
@@ -212,11 +215,17 @@ func (h *horizon) run(ctx context.Context) {
 			if h.lastGood.IsZero() {
 				h.lastGood = time.Now()
 			}
+			began := time.Now()
 			err := h.check(ctx, &conn)
 			var pgErr *pgconn.PgError
 			switch {
 			case err == nil:
 				h.lastGood, h.lockSkips, h.badSince = time.Now(), 0, time.Time{}
+			case isCannotConnectNow(err):
+				// Shutting down (or not up yet): the stream leaves the server so that it can stop
+				// (shutdown.go), and the checks wait for it as for a server that is down.
+				h.noteStopping(began)
+				h.badSince = time.Time{}
 			case !errors.As(err, &pgErr):
 				// PostgreSQL did not answer (down, restarting, unreachable): the stream sees that
 				// too and reports it; only failures the server answered count toward staleLimit.
@@ -251,6 +260,8 @@ func (h *horizon) run(ctx context.Context) {
 				}
 				h.log.Check(level, "the outbox table is locked by DDL; publication check skipped this round").Write(
 					zap.Int("rounds_skipped", h.lockSkips), zap.Error(err))
+			case isCannotConnectNow(err):
+				h.log.Info("PostgreSQL refuses connections (shutting down or starting up): the publication checks wait for it, the slot is not confirmed further meanwhile, and a streaming session leaves the server so that it can stop", zap.Error(err))
 			default:
 				// Not fatal: the horizon stays where it is this time, and confirmation waits.
 				h.log.Warn("cannot check the outbox table's publication; the slot is not confirmed further until a check succeeds", zap.Error(err))
