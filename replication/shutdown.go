@@ -14,8 +14,10 @@ import (
 // for every walsender. A walsender leaves only once its client has confirmed everything it was
 // sent, the shutdown checkpoint included (WalSndDone in walsender.c), or once the client has gone.
 // The relay confirms no further than its publication checks covered (horizon), and those are
-// refused during the shutdown, so it could never confirm that far: it would hold the shutdown until
-// its receive timeout. Confirming unchecked is no way out (a publication change in the last
+// refused during the shutdown, so it could never confirm that far: it would hold the shutdown for
+// as long as it streamed (the walsender's requests for a reply keep the connection busy, so no
+// receive timeout ends it), until a grace period kills PostgreSQL and forces crash recovery.
+// Confirming unchecked is no way out (a publication change in the last
 // interval would go unseen), so the relay leaves the stream instead: it closes the replication
 // connection, the walsender exits, and the session reconnects with the usual backoff once the
 // server is back. What was not confirmed is streamed again: duplicates within the window, no loss.
@@ -24,8 +26,9 @@ import (
 //   - a publication check refused with 57P03 (cannot_connect_now: shutting down, or not yet up);
 //   - the walsender's own: once the shutdown checkpoint is written, WalSndDone asks for a reply
 //     with a keepalive each time it has read the previous reply, so keepalives that request a
-//     reply arrive back to back. A walsender otherwise asks only after half its
-//     wal_sender_timeout without a reply, which the relay's status updates never let pass.
+//     reply arrive back to back. A walsender otherwise asks at most once per half its
+//     wal_sender_timeout without a reply from the relay, and sends no reply request at all when
+//     that is 0.
 
 // errServerStopping ends a session when PostgreSQL shuts down. It is not fatal: Run reconnects.
 var errServerStopping = errors.New("PostgreSQL is shutting down: the relay leaves the replication stream so that the server can stop (a walsender waits for its client to confirm everything it was sent, which the relay cannot while its publication checks are refused), and reconnects after the restart; what was not confirmed is streamed again")
