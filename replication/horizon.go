@@ -42,7 +42,9 @@ import (
 //     INSERTs; no row filter, no column list. The publication's OID and the catalog rows through
 //     which it includes the table must be those of the previous check, so that a removal and a
 //     re-addition between two checks (ALTER PUBLICATION ... DROP TABLE then ADD TABLE, or DROP
-//     and CREATE PUBLICATION) is caught although the table is a member again.
+//     and CREATE PUBLICATION) is caught although the table is a member again. So must the
+//     version (xmin) of the publication's pg_publication row: publish switched off and on again
+//     between two checks leaves everything else as it was (membership.altered).
 //  4. COMMIT.
 //
 // The check connection also carries idle_in_transaction_session_timeout and TCP keepalives, a
@@ -84,12 +86,16 @@ type horizon struct {
 	// cluster is the system identifier of the server the stream identified; a check connection
 	// that reaches another cluster (a multi-host pg_dsn or a DNS move) would judge another table.
 	cluster atomic.Pointer[string]
+	// stoppingAt is when the last check refused with 57P03 (the server shutting down) began, in
+	// Unix nanoseconds; 0 if none (see shutdown.go).
+	stoppingAt atomic.Int64
 
 	checkedEpoch uint64        // the epoch the check connection and pending belong to
 	connCluster  string        // the cluster the check connection was compared with; "" if not compared
 	pending      pglogrepl.LSN // L of the last successful check, trusted once a later check succeeds
 	pendingAt    time.Time     // when that check returned: L was read before
 	member       membership    // what the last good check read; pubOID nil before the first
+	memberAt     time.Time     // when the check that read member started
 	lastGood     time.Time     // when a check last succeeded (or the checks began)
 	badSince     time.Time     // since when checks have failed with an answer from PostgreSQL; zero if not
 	lockSkips    int           // consecutive checks skipped because DDL held the table
@@ -209,11 +215,17 @@ func (h *horizon) run(ctx context.Context) {
 			if h.lastGood.IsZero() {
 				h.lastGood = time.Now()
 			}
+			began := time.Now()
 			err := h.check(ctx, &conn)
 			var pgErr *pgconn.PgError
 			switch {
 			case err == nil:
 				h.lastGood, h.lockSkips, h.badSince = time.Now(), 0, time.Time{}
+			case isCannotConnectNow(err):
+				// Shutting down (or not up yet): the stream leaves the server so that it can stop
+				// (shutdown.go), and the checks wait for it as for a server that is down.
+				h.noteStopping(began)
+				h.badSince = time.Time{}
 			case !errors.As(err, &pgErr):
 				// PostgreSQL did not answer (down, restarting, unreachable): the stream sees that
 				// too and reports it; only failures the server answered count toward staleLimit.
@@ -248,6 +260,8 @@ func (h *horizon) run(ctx context.Context) {
 				}
 				h.log.Check(level, "the outbox table is locked by DDL; publication check skipped this round").Write(
 					zap.Int("rounds_skipped", h.lockSkips), zap.Error(err))
+			case isCannotConnectNow(err):
+				h.log.Info("PostgreSQL refuses connections (shutting down or starting up): the publication checks wait for it, the slot is not confirmed further meanwhile, and a streaming session leaves the server so that it can stop", zap.Error(err))
 			default:
 				// Not fatal: the horizon stays where it is this time, and confirmation waits.
 				h.log.Warn("cannot check the outbox table's publication; the slot is not confirmed further until a check succeeds", zap.Error(err))
@@ -425,7 +439,10 @@ func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 		return fatalf("outbox table %s left publication %q and was added again since the previous check (publication OID %d, now %d; membership %v, now %v): rows written in between are not in the replication stream. Republish them (backfill_since), and restart; to change the publication while the relay runs, use ALTER PUBLICATION %s ADD (not DROP and ADD)",
 			h.table, h.publication, *h.member.pubOID, *m.pubOID, h.member.tokens, m.tokens, pub)
 	}
-	h.member = m
+	if h.member.pubOID != nil && m.altered(h.member) {
+		return h.alteredError(m)
+	}
+	h.member, h.memberAt = m, started
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.epoch != epoch {
@@ -445,6 +462,19 @@ func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 	}
 	h.pending, h.pendingAt = lsn, time.Now()
 	return nil
+}
+
+// alteredError is the publication's row changed between two checks (membership.altered), m being
+// the newer read. The slot stays at or before the previous check's verified position; rows that
+// PostgreSQL left out meanwhile are not in the WAL stream at all, so only the table has them. The
+// ALTER committed after the previous check's snapshot, or at most an interval before it (a commit
+// becomes visible a moment after its WAL record: see horizon), so rows created from an interval
+// before that check on cover it, but for transactions that ran longer (created_at is a row's
+// transaction start).
+func (h *horizon) alteredError(m membership) error {
+	since := h.memberAt.Add(-h.interval()).UTC().Truncate(time.Second).Format(time.RFC3339)
+	return fatalf("publication %q was altered since the previous check (its pg_publication row changed: xmin %s, now %s; an ALTER PUBLICATION ... SET, OWNER TO or RENAME): if its publish option left out INSERTs for a while, PostgreSQL left the rows inserted into %s meanwhile out of the replication stream, and streaming the slot again skips them again, since it decodes every row with the publication as it was then. The relay stopped without confirming the slot past the previous check. Republish the rows written since: outbox-relay replay --since %s (earlier by your longest transaction; events already published arrive again with the same id), then restart. Change a publication's options only while the relay is stopped and no outbox rows are written, and keep 'insert' in publish",
+		h.publication, h.member.pubXmin, m.pubXmin, h.table, since)
 }
 
 func (h *horizon) goneError() error {

@@ -37,6 +37,12 @@ type membership struct {
 	// sees its rows. Only tables count: a partitioned table holds no rows, whatever its own
 	// persistence says.
 	unreplicated string
+	// pubXmin is the xmin of the publication's pg_publication row: every ALTER PUBLICATION that
+	// changes an option (publish, publish_via_partition_root), the owner or the name writes a new
+	// row version with a new xmin, which a freeze keeps (PostgreSQL 9.4 on marks a frozen row
+	// with flag bits and leaves its xmin). Adding or dropping tables and schemas leaves the row
+	// alone. Two reads with the same pubXmin saw no such ALTER in between (see altered).
+	pubXmin string
 }
 
 // membershipSQL returns the query that reads a membership for table $1 (qualified, quoted) and
@@ -53,7 +59,7 @@ func membershipSQL(major int) string {
 	// pg_partition_ancestors and pg_partition_tree return nothing for a table that is not part of
 	// a partition tree, so the table itself is added to both.
 	return `WITH t AS (SELECT to_regclass($1)::oid AS relid),
-		pub AS (SELECT p.oid, p.puballtables, p.pubinsert, p.pubviaroot FROM pg_publication p WHERE p.pubname = $2),
+		pub AS (SELECT p.oid, p.xmin, p.puballtables, p.pubinsert, p.pubviaroot FROM pg_publication p WHERE p.pubname = $2),
 		anc AS (SELECT t.relid, true AS self FROM t WHERE t.relid IS NOT NULL
 			UNION SELECT a.relid, false FROM t, pg_partition_ancestors(t.relid) a WHERE a.relid <> t.relid),
 		tree AS (SELECT t.relid FROM t WHERE t.relid IS NOT NULL UNION SELECT p.relid FROM t, pg_partition_tree(t.relid) p),
@@ -72,14 +78,15 @@ func membershipSQL(major int) string {
 			WHERE r.prrelid IN (SELECT relid FROM tree UNION SELECT relid FROM anc) AND ` + cols + `)::text,
 		(SELECT CASE WHEN c.relkind = 'f' THEN 'foreign ' ELSE 'unlogged ' END || c.oid::regclass::text
 			FROM tree JOIN pg_class c ON c.oid = tree.relid
-			WHERE (c.relkind = 'r' AND c.relpersistence <> 'p') OR c.relkind = 'f' ORDER BY c.oid LIMIT 1)
+			WHERE (c.relkind = 'r' AND c.relpersistence <> 'p') OR c.relkind = 'f' ORDER BY c.oid LIMIT 1),
+		coalesce(pub.xmin::text, '')
 	FROM t LEFT JOIN pub ON true`
 }
 
 // parseMembership reads membershipSQL's row (NULL as nil).
 func parseMembership(row [][]byte) (membership, error) {
-	if len(row) != 11 {
-		return membership{}, fmt.Errorf("publication membership: %d columns, want 11", len(row))
+	if len(row) != 12 {
+		return membership{}, fmt.Errorf("publication membership: %d columns, want 12", len(row))
 	}
 	var m membership
 	var err error
@@ -96,6 +103,7 @@ func parseMembership(row [][]byte) (membership, error) {
 	}
 	m.viaAncestor, m.partsOnly, m.rowFilter, m.columnList = flag(row[6]), flag(row[7]), flag(row[8]), flag(row[9])
 	m.unreplicated = string(row[10])
+	m.pubXmin = string(row[11])
 	return m, nil
 }
 
@@ -170,4 +178,14 @@ func (m membership) continuous(prev membership) bool {
 		}
 	}
 	return false
+}
+
+// altered reports whether the publication's own row changed between the read prev and the read m
+// (an ALTER PUBLICATION ... SET, OWNER TO or RENAME committed in between). The row as it is now
+// says nothing of the versions in between: publish may have left out INSERTs for a while and been
+// restored, and pgoutput decodes each row with the publication as it was when the row was written,
+// so rows inserted meanwhile are not in the stream, not even when the slot is streamed again.
+// Whether they were cannot be told, so any such change counts.
+func (m membership) altered(prev membership) bool {
+	return prev.pubXmin != "" && m.pubXmin != prev.pubXmin
 }

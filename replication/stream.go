@@ -232,6 +232,10 @@ type Stream struct {
 	// copying is set while the connection is in copy mode (START_REPLICATION succeeded): only then
 	// is there a copy stream for Finish to end.
 	copying bool
+	// streamingSince is when the session's START_REPLICATION succeeded; stopSigns watches its
+	// keepalives. Both tell when the server shuts down (shutdown.go).
+	streamingSince time.Time
+	stopSigns      stopSigns
 	// stopping is closed by StopReconnecting. setupMu guards cancelSetup, which ends the session
 	// in progress while it has not started streaming.
 	stopping    chan struct{}
@@ -442,6 +446,7 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		return s.streamError(err)
 	}
 	s.copying = true
+	s.streamingSince, s.stopSigns = time.Now(), stopSigns{}
 	// Streaming: from here on only ctx ends the session, so a stop can finish the transaction.
 	s.setup(nil)
 	s.streamed = true
@@ -715,6 +720,9 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if err := s.serverStopping(); err != nil {
+			return err
+		}
 		if s.statusDue() {
 			// The server sends keepalives only when it has not heard from the relay for half its
 			// wal_sender_timeout (never when that is 0) or has sent what the relay has not
@@ -787,6 +795,9 @@ func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []
 		if err != nil {
 			return fmt.Errorf("parse keepalive: %w", err)
 		}
+		if s.stopSigns.keepalive(pkm.ReplyRequested, pkm.ServerWALEnd, time.Now(), s.interval) {
+			return errWalsenderStopping
+		}
 		if pkm.ReplyRequested {
 			if err := s.sendStatus(ctx, false); err != nil {
 				return err
@@ -798,6 +809,7 @@ func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []
 		if err != nil {
 			return fmt.Errorf("parse XLogData: %w", err)
 		}
+		s.stopSigns.data()
 		if xld.WALStart > s.received {
 			s.received = xld.WALStart
 			s.m.ReceivedLSN.Set(float64(xld.WALStart))
@@ -869,6 +881,9 @@ func (s *Stream) await(ctx context.Context, wake <-chan struct{}) error {
 // that Kafka has not acknowledged.
 func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 	if err := s.guard.Err(); err != nil {
+		return err
+	}
+	if err := s.serverStopping(); err != nil {
 		return err
 	}
 	s.lastStatus = time.Now()
