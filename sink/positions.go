@@ -19,21 +19,33 @@ import (
 // latest record of the key learns exactly how far the committed events go. The value is JSON with
 // a version, so it can grow:
 //
-//	{"v":1,"commit_lsn":"0/1A2B3C8","events":12}
+//	{"v":2,"system_identifier":"7714668250760685997","timeline":2,"commit_lsn":"0/1A2B3C8","events":12}
 //
 // commit_lsn is the commit LSN of the PostgreSQL transaction of the last committed event, events
-// how many events of that transaction (by decoder.Event.Index) are committed. The topic is
-// compacted: only the latest record per key matters.
+// how many events of that transaction (by decoder.Event.Index) are committed; system_identifier
+// and timeline are the server that transaction was streamed from, since an LSN names another
+// transaction on another timeline (a promoted standby that was behind reuses LSNs the old primary
+// had passed) or another database cluster. Version 1 had no origin: it is still read, with an
+// unknown origin (SystemID "" and Timeline 0), and the relay decides what such a position may
+// skip (relay/origin.go). Version 2 is written only with the origin known; a position whose events
+// carry none (not from a replication session) is written as version 1. The topic is compacted:
+// only the latest record per key matters.
 
 // positionValue is the JSON form of a Position.
 type positionValue struct {
 	V         int    `json:"v"`
+	SystemID  string `json:"system_identifier,omitempty"`
+	Timeline  uint32 `json:"timeline,omitempty"`
 	CommitLSN string `json:"commit_lsn"`
 	Events    int    `json:"events"`
 }
 
 func encodePosition(p Position) []byte {
-	b, _ := json.Marshal(positionValue{V: 1, CommitLSN: p.CommitLSN.String(), Events: p.Events})
+	v := positionValue{V: 1, CommitLSN: p.CommitLSN.String(), Events: p.Events}
+	if p.SystemID != "" && p.Timeline != 0 {
+		v.V, v.SystemID, v.Timeline = 2, p.SystemID, p.Timeline
+	}
+	b, _ := json.Marshal(v)
 	return b
 }
 
@@ -42,14 +54,21 @@ func decodePosition(b []byte) (Position, error) {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return Position{}, fmt.Errorf("position record %.80q: %w", b, err)
 	}
-	if v.V != 1 {
-		return Position{}, fmt.Errorf("position record of version %d; this relay reads version 1 (a newer relay wrote it?)", v.V)
+	switch v.V {
+	case 1:
+		v.SystemID, v.Timeline = "", 0 // written before positions carried their origin
+	case 2:
+		if v.SystemID == "" || v.Timeline == 0 {
+			return Position{}, fmt.Errorf("position record %.80q: version 2 without system_identifier or timeline", b)
+		}
+	default:
+		return Position{}, fmt.Errorf("position record of version %d; this relay reads versions 1 and 2 (a newer relay wrote it?)", v.V)
 	}
 	lsn, err := pglogrepl.ParseLSN(v.CommitLSN)
 	if err != nil || v.Events < 0 {
 		return Position{}, fmt.Errorf("position record %.80q: bad commit_lsn or events", b)
 	}
-	return Position{CommitLSN: lsn, Events: v.Events}, nil
+	return Position{CommitLSN: lsn, Events: v.Events, SystemID: v.SystemID, Timeline: v.Timeline}, nil
 }
 
 // positionsTopicConfig is what the relay creates a missing positions topic with. Compaction keeps

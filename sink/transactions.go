@@ -338,7 +338,7 @@ func (tm *txnManager) commit(ctx context.Context, t *kafkaTxn) error {
 		tm.open(t, Position{}, false)
 		return nil
 	}
-	pos := Position{CommitLSN: last.ev.Tx.CommitLSN, Events: last.ev.Index + 1}
+	pos := Position{CommitLSN: last.ev.Tx.CommitLSN, Events: last.ev.Index + 1, SystemID: last.ev.Tx.SystemID, Timeline: last.ev.Tx.Timeline}
 	if err := tm.positions.write(ctx, pos); err != nil {
 		return err
 	}
