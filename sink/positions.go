@@ -290,7 +290,8 @@ func waitStable(ctx context.Context, client *kafka.Client, topic string, partiti
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
-			return 0, 0, ctx.Err()
+			return 0, 0, fmt.Errorf("sink: positions topic %s partition %d: waiting for another producer's open transaction to end (last stable offset %d, high watermark %d) before reading the position: %w",
+				topic, partition, stable, high, ctx.Err())
 		}
 		delay = min(2*delay, time.Second)
 	}
