@@ -79,6 +79,12 @@ type TxInfo struct {
 	Xid        uint32
 	CommitLSN  pglogrepl.LSN // LSN of the commit record ("final LSN" in Begin)
 	CommitTime time.Time
+	// SystemID and Timeline say which WAL history CommitLSN belongs to (the server's system
+	// identifier and timeline, IDENTIFY_SYSTEM): an LSN names another transaction on another
+	// timeline. pgoutput does not carry them; the decoder stamps what SetOrigin last gave it
+	// ("" and 0 when unknown), so exactly-once positions record their origin.
+	SystemID string
+	Timeline uint32
 }
 
 // Event is one outbox row. Byte slices alias the message buffer given to Decode. A nil slice is a
@@ -202,6 +208,7 @@ type Decoder struct {
 	relations map[uint32]*relation
 	tx        TxInfo
 	inTx      bool
+	origin    TxInfo   // SystemID and Timeline only: SetOrigin
 	events    int      // events of the open transaction so far: the next Event.Index
 	cols      []column // scratch for TupleData
 	names     []string // message member names by slot (memberNames)
@@ -241,6 +248,12 @@ func (d *Decoder) Reset() {
 	d.inTx = false
 	d.tx = TxInfo{}
 	clear(d.relations)
+}
+
+// SetOrigin sets the server (system identifier, timeline) that the transactions begun from now on
+// come from: a replication session's, given at its start.
+func (d *Decoder) SetOrigin(systemID string, timeline uint32) {
+	d.origin = TxInfo{SystemID: systemID, Timeline: timeline}
 }
 
 // InTransaction reports whether a Begin has been seen without its Commit.
@@ -300,7 +313,7 @@ func (d *Decoder) begin(r *reader) (Change, error) {
 	if d.inTx {
 		return Change{}, fmt.Errorf("begin of a transaction while %d (commit %s) is still open", d.tx.Xid, d.tx.CommitLSN)
 	}
-	d.tx = TxInfo{CommitLSN: r.lsn(), CommitTime: r.time(), Xid: r.u32()}
+	d.tx = TxInfo{CommitLSN: r.lsn(), CommitTime: r.time(), Xid: r.u32(), SystemID: d.origin.SystemID, Timeline: d.origin.Timeline}
 	d.inTx = r.err == nil
 	d.events = 0
 	return Change{Kind: Begin, Tx: d.tx}, nil

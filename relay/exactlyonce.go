@@ -71,21 +71,15 @@ func sinkFailed(err error) error {
 }
 
 // takeUpPosition runs at the start of every replication session with exactly-once delivery, before
-// any event of it is handled: it reads the position committed in Kafka and makes it the tracker's
-// floor. On the relay's first session it also checks the position against the slot ledger.
-func (r *Relay) takeUpPosition(ctx context.Context, session replication.Message, failover bool) error {
-	if failover && !r.positionsIgnored {
-		// A standby was promoted while this relay streamed. The tracker forgot the floor with the
-		// old timeline: positions of it may name other transactions on the new one (an asynchronous
-		// standby that was behind reuses LSNs the old primary had passed), and skipping by them could
-		// lose events. Until this process ends, replays are published again instead: duplicates.
-		r.positionsIgnored = true
-		r.log.Warn("exactly-once: PostgreSQL is on a new timeline; the position committed in Kafka on the old one is not used to skip events here, so events already in Kafka may be published again",
-			zap.Uint32("timeline", session.Timeline))
-	}
-	if r.positionsIgnored {
-		return nil
-	}
+// any event of it is handled: it reads the position committed in Kafka and makes the part of it
+// that belongs to the session's server (origin.go) the tracker's floor. On the relay's first
+// session it also checks the position against the slot ledger.
+//
+// Every session decides afresh, by the position's recorded origin and the server's timeline
+// history: after a failover while streaming, the tracker forgot the old timeline's floor (Reset),
+// and the position read now may still be the old timeline's; a new Relay (a leader's next term,
+// ErrRestart, a new process) knows nothing of the failover at all.
+func (r *Relay) takeUpPosition(ctx context.Context, session replication.Message) error {
 	var pos sink.Position
 	var found bool
 	if start := r.startPosition; start != nil {
@@ -111,7 +105,11 @@ func (r *Relay) takeUpPosition(ctx context.Context, session replication.Message,
 		}
 		return nil
 	}
-	r.tracker.Cover(pos.CommitLSN, pos.Events)
+	use, ok, err := r.positionOnServer(ctx, pos, session)
+	if err != nil || !ok {
+		return err
+	}
+	r.tracker.Cover(use.CommitLSN, use.Events)
 	level := zap.DebugLevel
 	if !r.positionLogged {
 		r.positionLogged, level = true, zap.InfoLevel

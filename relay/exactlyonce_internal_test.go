@@ -236,6 +236,9 @@ func TestANewTimelineWhileStreamingStopsSkippingByTheOldPosition(t *testing.T) {
 	t.Parallel()
 	aggType := testenv.UniqueName(t, "timeline")
 	r, reg, _ := exactlyOnceRelay(t, sink.Position{CommitLSN: 200, Events: 1}, true)
+	r.history = func(context.Context, uint32) (replication.Identity, []replication.TimelineSwitch, error) {
+		return replication.Identity{Timeline: 2}, []replication.TimelineSwitch{{Timeline: 1, End: 150}}, nil
+	}
 	ctx := context.Background()
 	// After a failover the new timeline may reuse LSNs: its transaction at 200 is another one.
 	msgs := stream(session(1, 50), relationMessage(outboxColumns),

@@ -65,11 +65,13 @@ type Relay struct {
 
 	// Exactly-once (exactlyonce.go), all used by the pipeline's goroutine only. positions reads the
 	// position committed in Kafka (Sink.ReadPosition; a fake in tests).
-	positions        func(ctx context.Context) (sink.Position, bool, error)
-	positionChecked  bool          // compared with the slot ledger
-	startPosition    *positionRead // read before the first session streamed (BeforeStream's goroutine; handed over by the Session message)
-	positionLogged   bool          // the first position read was logged at info level
-	positionsIgnored bool          // the server moved to a new timeline while streaming: see takeUpPosition
+	positions       func(ctx context.Context) (sink.Position, bool, error)
+	positionChecked bool          // compared with the slot ledger
+	startPosition   *positionRead // read before the first session streamed (BeforeStream's goroutine; handed over by the Session message)
+	positionLogged  bool          // the first position read was logged at info level
+	// history reads the server's timeline history (replication.TimelineHistory; a fake in tests),
+	// for what an older timeline's position may skip (origin.go).
+	history func(ctx context.Context, timeline uint32) (replication.Identity, []replication.TimelineSwitch, error)
 	// recordFirstPosition is set on a first exactly-once start: recordPositions notes the first
 	// commit in the slot ledger.
 	recordFirstPosition atomic.Bool
@@ -117,6 +119,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	}
 	r.fenced, r.fence = context.WithCancel(context.Background())
 	r.positions = sk.ReadPosition // after the sink has fenced earlier producers
+	r.history = func(ctx context.Context, timeline uint32) (replication.Identity, []replication.TimelineSwitch, error) {
+		return replication.TimelineHistory(ctx, &r.cfg.Replication, timeline)
+	}
 	if cfg.Sink.MaxInFlightSize > 0 && r.cfg.Replication.BufferBytes <= 0 {
 		// Rows read ahead of the sink are a quarter of what the sink may hold (16 MiB with the
 		// defaults), so memory stays a small multiple of max_in_flight_bytes (docs/guarantees.md).
@@ -416,17 +421,18 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 		case replication.Session:
 			r.streaming.Store(true)
 			r.dec.Reset()
+			// Events carry the server they come from into the positions committed in Kafka.
+			r.dec.SetOrigin(msg.SystemID, msg.Timeline)
 			// A transaction the lost session was in the middle of stays open: the new session
 			// replays it from its Begin (nothing after the slot's confirmed position is skipped), and
 			// the tracker resumes it, so its events already handed over are not published twice.
-			failover := r.tracker.Timeline() != 0 && msg.Timeline != r.tracker.Timeline()
 			if msg.Timeline != r.tracker.Timeline() {
 				// First session, or a failover: positions of another timeline mean nothing here.
 				r.tracker.Reset(msg.WALEnd, msg.Timeline)
 			}
 			tx = nil
 			if r.exactlyOnce() {
-				if err := r.takeUpPosition(hard, msg, failover); err != nil {
+				if err := r.takeUpPosition(hard, msg); err != nil {
 					if hard.Err() != nil {
 						return nil
 					}

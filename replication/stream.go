@@ -138,6 +138,7 @@ type Message struct {
 	WALEnd   pglogrepl.LSN
 	Data     []byte // owned by the consumer
 	Timeline uint32 // Session: the server's timeline
+	SystemID string // Session: the server's system identifier
 
 	ahead *readAhead // where Release returns len(Data) to
 }
@@ -454,7 +455,7 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval),
 		zap.Duration("receive_timeout", s.receiveTimeout))
 	s.nextStatus = time.Now().Add(s.interval)
-	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor, Timeline: s.identity.Timeline}); err != nil {
+	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor, Timeline: s.identity.Timeline, SystemID: s.identity.SystemID}); err != nil {
 		return err
 	}
 	return s.receive(ctx, out)

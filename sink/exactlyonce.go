@@ -66,6 +66,12 @@ type Position struct {
 	CommitLSN pglogrepl.LSN
 	// Events is how many events of that transaction (by decoder.Event.Index) are committed.
 	Events int
+	// SystemID and Timeline are the server the transaction at CommitLSN was streamed from (its
+	// database cluster and WAL history): CommitLSN means something only there and on timelines
+	// that descend from that one below the point where they forked. "" and 0 when unknown: a
+	// position of version 1, written before positions carried their origin.
+	SystemID string
+	Timeline uint32
 }
 
 // Covers reports whether the event with index of the transaction committed at commitLSN is

@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"net"
+	"time"
 )
 
 // SetDialer makes the sink's connections to Kafka go through dial; set it before the first
@@ -13,3 +14,13 @@ func SetDialer(s *Sink, dial func(ctx context.Context, network, addr string) (ne
 
 // DecodePosition reads a position record's value.
 var DecodePosition = decodePosition
+
+// OpenPositionTransaction writes pos to the positions topic inside the sink's current Kafka
+// transaction and leaves it open, as a relay killed between its position and EndTxn does.
+func OpenPositionTransaction(ctx context.Context, s *Sink, pos Position) error {
+	return s.txn.positions.write(ctx, pos)
+}
+
+// SetStableWait sets how long ReadPosition waits for other producers' open transactions in the
+// positions partition to end.
+func SetStableWait(s *Sink, d time.Duration) { s.txn.stableWait = d }

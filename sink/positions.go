@@ -20,21 +20,33 @@ import (
 // latest record of the key learns exactly how far the committed events go. The value is JSON with
 // a version, so it can grow:
 //
-//	{"v":1,"commit_lsn":"0/1A2B3C8","events":12}
+//	{"v":2,"system_identifier":"7714668250760685997","timeline":2,"commit_lsn":"0/1A2B3C8","events":12}
 //
 // commit_lsn is the commit LSN of the PostgreSQL transaction of the last committed event, events
-// how many events of that transaction (by decoder.Event.Index) are committed. The topic is
-// compacted: only the latest record per key matters.
+// how many events of that transaction (by decoder.Event.Index) are committed; system_identifier
+// and timeline are the server that transaction was streamed from, since an LSN names another
+// transaction on another timeline (a promoted standby that was behind reuses LSNs the old primary
+// had passed) or another database cluster. Version 1 had no origin: it is still read, with an
+// unknown origin (SystemID "" and Timeline 0), and the relay decides what such a position may
+// skip (relay/origin.go). Version 2 is written only with the origin known; a position whose events
+// carry none (not from a replication session) is written as version 1. The topic is compacted:
+// only the latest record per key matters.
 
 // positionValue is the JSON form of a Position.
 type positionValue struct {
 	V         int    `json:"v"`
+	SystemID  string `json:"system_identifier,omitempty"`
+	Timeline  uint32 `json:"timeline,omitempty"`
 	CommitLSN string `json:"commit_lsn"`
 	Events    int    `json:"events"`
 }
 
 func encodePosition(p Position) []byte {
-	b, _ := json.Marshal(positionValue{V: 1, CommitLSN: p.CommitLSN.String(), Events: p.Events})
+	v := positionValue{V: 1, CommitLSN: p.CommitLSN.String(), Events: p.Events}
+	if p.SystemID != "" && p.Timeline != 0 {
+		v.V, v.SystemID, v.Timeline = 2, p.SystemID, p.Timeline
+	}
+	b, _ := json.Marshal(v)
 	return b
 }
 
@@ -43,14 +55,21 @@ func decodePosition(b []byte) (Position, error) {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return Position{}, fmt.Errorf("position record %.80q: %w", b, err)
 	}
-	if v.V != 1 {
-		return Position{}, fmt.Errorf("position record of version %d; this relay reads version 1 (a newer relay wrote it?)", v.V)
+	switch v.V {
+	case 1:
+		v.SystemID, v.Timeline = "", 0 // written before positions carried their origin
+	case 2:
+		if v.SystemID == "" || v.Timeline == 0 {
+			return Position{}, fmt.Errorf("position record %.80q: version 2 without system_identifier or timeline", b)
+		}
+	default:
+		return Position{}, fmt.Errorf("position record of version %d; this relay reads versions 1 and 2 (a newer relay wrote it?)", v.V)
 	}
 	lsn, err := pglogrepl.ParseLSN(v.CommitLSN)
 	if err != nil || v.Events < 0 {
 		return Position{}, fmt.Errorf("position record %.80q: bad commit_lsn or events", b)
 	}
-	return Position{CommitLSN: lsn, Events: v.Events}, nil
+	return Position{CommitLSN: lsn, Events: v.Events, SystemID: v.SystemID, Timeline: v.Timeline}, nil
 }
 
 // positionsTopicConfig is what the relay creates a missing positions topic with. Compaction keeps
@@ -232,23 +251,24 @@ func ReadPosition(ctx context.Context, cfg Config) (pos Position, ok bool, err e
 	transport := &kafka.Transport{ClientID: cfg.ClientID, TLS: cfg.TLS, SASL: cfg.SASL, DialTimeout: 5 * time.Second}
 	defer transport.CloseIdleConnections()
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport, Timeout: cfg.WriteTimeout}
-	return readPosition(ctx, client, cfg.Transactions.PositionsTopic, cfg.Transactions.ID, zap.NewNop())
+	return readPosition(ctx, client, cfg.Transactions.PositionsTopic, cfg.Transactions.ID, stableWait(cfg.Transactions.Timeout), zap.NewNop())
 }
 
-func readPosition(ctx context.Context, client *kafka.Client, topic, key string, log *zap.Logger) (Position, bool, error) {
+// stableWait is how long a read of the position waits for other producers' transactions open in
+// the positions partition (waitStable) before it says so: relays sharing the topic normally share
+// the transaction timeout, and the coordinator aborts a transaction older than it at its next sweep
+// (transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s by default); the rest is
+// margin for a loaded broker.
+func stableWait(timeout time.Duration) time.Duration { return timeout + 30*time.Second }
+
+func readPosition(ctx context.Context, client *kafka.Client, topic, key string, bound time.Duration, log *zap.Logger) (Position, bool, error) {
 	partition, created, err := positionsPartition(ctx, client, topic, key, log)
 	if err != nil || created {
 		return Position{}, false, err
 	}
-	var first, stable int64
-	for attempt := 0; ; attempt++ {
-		first, stable, err = offsets(ctx, client, topic, partition)
-		if err == nil {
-			break
-		}
-		if werr := wait(ctx, attempt, log, "retrying reading the positions topic", err); werr != nil {
-			return Position{}, false, fmt.Errorf("sink: positions topic %s: %w", topic, werr)
-		}
+	first, stable, err := waitStable(ctx, client, topic, partition, bound, log)
+	if err != nil {
+		return Position{}, false, err
 	}
 	for end := stable; end > first; {
 		from := max(first, end-positionChunk)
@@ -281,6 +301,92 @@ func readPosition(ctx context.Context, client *kafka.Client, topic, key string, 
 		end = from
 	}
 	return Position{}, false, nil
+}
+
+// waitStable returns the partition's first offset and a last stable offset that has reached the
+// high watermark the partition had when it was called: everything written before then is decided
+// (committed or aborted), so the backward read from it sees the last position this transactional
+// id committed.
+//
+// Every relay shares the positions topic (one partition by default), and a read_committed read
+// ends at the last stable offset: the first offset of the oldest transaction still open in the
+// partition, whoever's it is. Fencing (InitProducerID) ends only this transactional id's own
+// transaction; another relay killed or paused between writing its position and committing leaves
+// its transaction open until the coordinator aborts it, and the positions this relay committed
+// above it stay hidden meanwhile: reading then would return an older position (its events would be
+// published again, duplicates a read_committed consumer sees) or none (a refused start). So the
+// read waits for the transactions open at its start to end, which takes at most the other
+// producer's transaction.timeout.ms. Reading above the last stable offset instead (read_uncommitted,
+// deciding each record by its producer's commit or abort marker) would not wait, but it would
+// redo the broker's read_committed bookkeeping here, where a mistake repeats or skips events; a
+// wait that only a dead relay's open transaction makes long is the safer trade.
+//
+// The high watermark is taken once: live relays keep opening transactions, so the last stable
+// offset may never catch up with a moving high watermark, but it always passes a fixed one. Past
+// bound the read fails with an error that names the partition and the likely cause; the relay
+// says so and tries again.
+func waitStable(ctx context.Context, client *kafka.Client, topic string, partition int, bound time.Duration, log *zap.Logger) (first, stable int64, err error) {
+	var high int64
+	for attempt := 0; ; attempt++ {
+		if high, err = highWatermark(ctx, client, topic, partition); err == nil {
+			break
+		}
+		if werr := wait(ctx, attempt, log, "retrying reading the positions topic", err); werr != nil {
+			return 0, 0, fmt.Errorf("sink: positions topic %s: %w", topic, werr)
+		}
+	}
+	start := time.Now()
+	delay := 50 * time.Millisecond
+	logged := false
+	for attempt := 0; ; attempt++ {
+		first, stable, err = offsets(ctx, client, topic, partition)
+		switch {
+		case err != nil:
+			if werr := wait(ctx, attempt, log, "retrying reading the positions topic", err); werr != nil {
+				return 0, 0, fmt.Errorf("sink: positions topic %s: %w", topic, werr)
+			}
+			continue
+		case stable >= high:
+			return first, stable, nil
+		case time.Since(start) >= bound:
+			return 0, 0, fmt.Errorf("sink: positions topic %s partition %d: its last stable offset stayed at %d, below the high watermark %d, for %s: another producer's open transaction in the partition holds it down (most likely another relay sharing the positions topic, killed or paused between writing its position and committing; Kafka aborts it once it is older than that producer's transaction.timeout.ms, 60 s for a relay). The position this relay committed may lie above it, so it is not read until that transaction ends; if it never does, look for a paused relay, or give each relay its own positions_topic",
+				topic, partition, stable, high, bound.Round(time.Second))
+		}
+		if !logged {
+			logged = true
+			log.Info("waiting for a transaction open in the positions partition to end before reading the committed position (another relay's, until its transaction timeout at most)",
+				zap.String("positions_topic", topic), zap.Int("partition", partition), zap.Int64("last_stable_offset", stable), zap.Int64("high_watermark", high))
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return 0, 0, fmt.Errorf("sink: positions topic %s partition %d: waiting for another producer's open transaction to end (last stable offset %d, high watermark %d) before reading the position: %w",
+				topic, partition, stable, high, ctx.Err())
+		}
+		delay = min(2*delay, time.Second)
+	}
+}
+
+// highWatermark returns the partition's end offset (read_uncommitted): records of open
+// transactions included.
+func highWatermark(ctx context.Context, client *kafka.Client, topic string, partition int) (int64, error) {
+	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics:         map[string][]kafka.OffsetRequest{topic: {kafka.LastOffsetOf(partition)}},
+		IsolationLevel: kafka.ReadUncommitted,
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Partition != partition {
+			continue
+		}
+		if p.Error != nil {
+			return 0, p.Error
+		}
+		return p.LastOffset, nil
+	}
+	return 0, errors.New("list offsets: the response does not hold the partition")
 }
 
 // offsets returns the partition's first offset and its last stable offset (read_committed end).
@@ -385,7 +491,7 @@ func (s *Sink) ReadPosition(ctx context.Context) (Position, bool, error) {
 	if _, err := s.ident.get(ctx); err != nil {
 		return Position{}, false, err
 	}
-	return readPosition(ctx, s.txn.client, s.cfg.Transactions.PositionsTopic, s.cfg.Transactions.ID, s.log)
+	return readPosition(ctx, s.txn.client, s.cfg.Transactions.PositionsTopic, s.cfg.Transactions.ID, s.txn.stableWait, s.log)
 }
 
 // Committed returns the position of the last Kafka transaction this sink committed; ok is false

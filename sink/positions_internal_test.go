@@ -84,7 +84,7 @@ func TestReadingAnAbsentPositionReadsThePartitionOnce(t *testing.T) {
 	size := read.Swap(0)
 
 	start := time.Now()
-	if pos, ok, err := readPosition(ctx, counting, topic, "a-new-relay", zap.NewNop()); ok || err != nil {
+	if pos, ok, err := readPosition(ctx, counting, topic, "a-new-relay", time.Minute, zap.NewNop()); ok || err != nil {
 		t.Fatalf("readPosition of a key never written = %v %v %v", pos, ok, err)
 	}
 	t.Logf("read %d KB in %s for a partition of %d records, about %d KB", read.Load()>>10, time.Since(start).Round(time.Millisecond), n, size>>10)

@@ -49,6 +49,9 @@ type txnManager struct {
 	ident     *identity
 	coord     *coordinator
 	log       *zap.Logger
+	// stableWait bounds how long ReadPosition waits for other producers' open transactions in the
+	// positions partition (readPosition); set from cfg.Timeout.
+	stableWait time.Duration
 
 	// active is the generation partitions may send; records of a later one wait.
 	active atomic.Uint64
@@ -102,7 +105,7 @@ func newTxnManager(s *Sink, client *kafka.Client, ident *identity) *txnManager {
 	cfg := *s.cfg.Transactions
 	tm := &txnManager{
 		s: s, client: client, id: cfg.ID, cfg: cfg, ident: ident, log: s.log,
-		coord: &coordinator{client: client, id: cfg.ID},
+		coord: &coordinator{client: client, id: cfg.ID}, stableWait: stableWait(cfg.Timeout),
 		// Two transactions must fit in the in-flight window: one committing, one filling.
 		maxEvents: max(1, min(cfg.MaxEvents, s.cfg.MaxInFlight/2)),
 		linger:    min(cmp.Or(cfg.Linger, max(0, s.cfg.Linger)), cfg.Interval),
@@ -340,7 +343,7 @@ func (tm *txnManager) commit(ctx context.Context, t *kafkaTxn) error {
 		tm.open(t, Position{}, false)
 		return nil
 	}
-	pos := Position{CommitLSN: last.ev.Tx.CommitLSN, Events: last.ev.Index + 1}
+	pos := Position{CommitLSN: last.ev.Tx.CommitLSN, Events: last.ev.Index + 1, SystemID: last.ev.Tx.SystemID, Timeline: last.ev.Tx.Timeline}
 	if err := tm.positions.write(ctx, pos); err != nil {
 		return err
 	}
