@@ -31,8 +31,10 @@ var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 // Secrets returns the secret values of c, for scrubbing from error text that might quote them.
 func (c *Config) Secrets() []string {
 	var out []string
-	if pw := dsnPassword(c.PGDSN); pw != "" {
-		out = append(out, pw)
+	for _, dsn := range []string{c.PGDSN, c.LeaderDSN} {
+		if pw := dsnPassword(dsn); pw != "" {
+			out = append(out, pw)
+		}
 	}
 	if c.Kafka.SASL.Password != "" {
 		out = append(out, c.Kafka.SASL.Password)

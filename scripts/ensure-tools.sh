@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checks the tools the local services need (PostgreSQL server + pg_recvlogical, Java 17+, Maven)
-# and installs missing ones with apt-get when running as root. Fast and silent when all exist.
+# Checks the tools the local services need (PostgreSQL server + pg_recvlogical, Java 17+, Maven,
+# PgBouncer for the leader-lock-through-a-pooler tests) and installs missing ones with apt-get when running as root. Fast and silent when all exist.
 set -euo pipefail
 
 missing=()
@@ -34,6 +34,8 @@ command -v mvn >/dev/null || missing+=(maven)
 # scripts/pg-lib.sh unpacks the other PostgreSQL versions from jars holding .txz archives.
 command -v unzip >/dev/null || missing+=(unzip)
 command -v xz >/dev/null || missing+=(xz-utils)
+# internal/devenv runs PgBouncer (Debian installs it in /usr/sbin) for the leader lock's pooler tests.
+command -v pgbouncer >/dev/null || [[ -x /usr/sbin/pgbouncer ]] || missing+=(pgbouncer)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0

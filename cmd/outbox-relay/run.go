@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -128,7 +129,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 // stands by again when it loses it. It returns when ctx ends or on an error retrying cannot fix.
 func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
 	el := leader.New(leader.Config{
-		DSN:           cfg.PGDSN,
+		DSN:           cmp.Or(cfg.LeaderDSN, cfg.PGDSN),
 		PasswordFile:  cfg.PGPasswordFile,
 		Slot:          cfg.Slot,
 		RetryInterval: cfg.LeaderRetryInterval,

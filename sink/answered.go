@@ -1,0 +1,50 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// What a leader needs to tell a Kafka it cannot reach from one that is merely quiet (see
+// cmd/outbox-relay: leader_kafka_timeout): when Kafka last answered anything, and whether the sink
+// is still waiting for it to start.
+
+// answered records that a broker answered: an acknowledgement, a refusal, a topic-level error.
+func (s *Sink) answered() { s.lastAnswer.Store(time.Now().UnixNano()) }
+
+// LastAnswer is when a broker last answered the sink's producers (acknowledged a batch, refused
+// one, said a topic is missing or not authorized) or its start's metadata request; zero if never.
+// Retries against a broker that is down or cut off answer nothing.
+func (s *Sink) LastAnswer() time.Time {
+	if n := s.lastAnswer.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// Starting reports whether WaitReady is waiting for Kafka (the brokers' metadata, the producer id,
+// the positions topic).
+func (s *Sink) Starting() bool { return s.starting.Load() }
+
+// Reachable sends one metadata request to the brokers, with a fresh connection (a pooled one could
+// answer from before an outage), and reports whether they answered within timeout. It needs no
+// WaitReady and no producer: a standby asks it before taking the leader lock.
+func (s *Sink) Reachable(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	probe := s.newTransport()
+	defer probe.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: probe, Timeout: timeout}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
+	if err == nil && len(md.Brokers) == 0 {
+		err = errors.New("metadata lists no brokers")
+	}
+	if err != nil {
+		return fmt.Errorf("kafka at %v did not answer a metadata request within %s: %w", s.cfg.Brokers, timeout, err)
+	}
+	return nil
+}
