@@ -187,7 +187,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 				return nil, ctx.Err()
 			}
 			if unfit != nil {
-				e.cfg.OnStandby(false)
+				// Still a standby connected to PostgreSQL: OnStandby stays as last reported.
 				if !unfitLogged {
 					e.log.Warn("standby: not trying to take the leader lock while this instance could not work as leader; checking again every retry interval",
 						zap.String("slot", e.cfg.Slot), zap.Error(unfit), zap.Duration("retry_interval", e.cfg.RetryInterval))

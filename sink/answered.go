@@ -30,21 +30,21 @@ func (s *Sink) LastAnswer() time.Time {
 // the positions topic).
 func (s *Sink) Starting() bool { return s.starting.Load() }
 
-// Reachable sends one metadata request to the brokers, with a fresh connection (a pooled one could
-// answer from before an outage), and reports whether they answered within timeout. It needs no
-// WaitReady and no producer: a standby asks it before taking the leader lock.
-func (s *Sink) Reachable(ctx context.Context, timeout time.Duration) error {
+// Reachable sends one metadata request to cfg's brokers, over a fresh connection made as the
+// sink's are (TLS, SASL), and reports whether they answered within timeout. It needs no Sink: a
+// standby asks it before trying to take the leader lock.
+func Reachable(ctx context.Context, cfg Config, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	probe := s.newTransport()
+	probe := (&Sink{cfg: cfg}).newTransport()
 	defer probe.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: probe, Timeout: timeout}
+	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: probe, Timeout: timeout}
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
 	if err == nil && len(md.Brokers) == 0 {
 		err = errors.New("metadata lists no brokers")
 	}
 	if err != nil {
-		return fmt.Errorf("kafka at %v did not answer a metadata request within %s: %w", s.cfg.Brokers, timeout, err)
+		return fmt.Errorf("kafka at %v did not answer a metadata request within %s: %w", cfg.Brokers, timeout, err)
 	}
 	return nil
 }

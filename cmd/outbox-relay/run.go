@@ -115,7 +115,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.LeaderElection {
 		err = runLeaderLoop(ctx, cfg, rcfg, log, m, state)
 	} else {
-		err = runTerm(ctx, nil, rcfg, log, m, state)
+		err = runTerm(ctx, nil, rcfg, log, m, state, 0)
 	}
 	if err != nil {
 		// Driver errors can quote connection parameters; never let a secret reach the terminal.
@@ -136,8 +136,10 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 		CheckTimeout:  cfg.LeaderCheckTimeout,
 		OnStandby:     state.Standby,
 		OnSlowCheck:   func(time.Duration) { m.LeaderSlowChecks.Inc() },
+		BeforeLock:    kafkaAnswers(cfg, rcfg),
 	}, log.Named("leader"))
 	var busySince time.Time // while this instance holds the lock but someone else streams the slot
+	handovers := 0          // in a row, for the pause before competing again
 	for {
 		state.Standby(false)
 		term, err := el.Campaign(ctx)
@@ -149,14 +151,29 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 		}
 		log.Info("leader: holding the leader lock; streaming the slot",
 			zap.String("slot", cfg.Slot), zap.Uint32("lock_backend_pid", term.PID()))
-		err = runTerm(ctx, term, rcfg, log, m, state)
+		began := time.Now()
+		err = runTerm(ctx, term, rcfg, log, m, state, cfg.LeaderKafkaTimeout)
 		term.Release()
 		if !errors.Is(err, replication.ErrSlotActive) {
 			busySince = time.Time{}
 		}
+		if !errors.Is(err, errKafkaSilent) || time.Since(began) > maxHandoverPause {
+			handovers = 0
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil
+		case errors.Is(err, errKafkaSilent):
+			handovers++
+			pause := handoverPause(cfg.LeaderKafkaTimeout, handovers)
+			log.Warn("released the leader lock, cut off from Kafka; competing again after a pause, and only once Kafka answers",
+				zap.String("slot", cfg.Slot), zap.Duration("pause", pause), zap.Int("handovers_in_a_row", handovers))
+			state.Standby(true)
+			select {
+			case <-time.After(pause):
+			case <-ctx.Done():
+				return nil
+			}
 		case errors.Is(err, relay.ErrFenced):
 			// Campaign again at once: usually another instance has the lock by now and this one
 			// becomes its standby; if PostgreSQL restarted, this one may simply lead again.
@@ -199,11 +216,11 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 // two, and stands by like any fenced leader; a relay that still holds its lock was fenced by
 // something outside the election (two slots configured with one transactional_id, or a relay with
 // leader_election off), and ends with an error rather than fence that one in turn.
-func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
+func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State, kafkaTimeout time.Duration) error {
 	restarts := 0
 	for {
 		started := time.Now()
-		err := runRelayOnce(ctx, term, rcfg, log, m, state)
+		err := runRelayOnce(ctx, term, rcfg, log, m, state, kafkaTimeout)
 		switch {
 		case errors.Is(err, relay.ErrRestart) && ctx.Err() == nil:
 			if time.Since(started) > time.Minute {
@@ -257,8 +274,9 @@ func supersededTerm(ctx context.Context, term *leader.Term, err error, log *zap.
 	return fmt.Errorf("%w, while this instance still holds the leader lock of its slot: a producer outside the leader election uses the same transactional_id (two slots configured with one transactional_id, or a relay with leader_election off). Give each slot its own transactional_id, and stop relays that run without the election", err)
 }
 
-// runRelayOnce builds a relay and runs it until ctx ends or, with a term, until the term is lost.
-func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
+// runRelayOnce builds a relay and runs it until ctx ends or, with a term, until the term is lost or
+// (kafkaTimeout > 0) Kafka has not answered for kafkaTimeout while events waited (handover.go).
+func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State, kafkaTimeout time.Duration) error {
 	r, err := relay.New(rcfg, log, m)
 	if err != nil {
 		return err
@@ -276,15 +294,29 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	var lost <-chan struct{}
+	var silent <-chan time.Duration
 	if term != nil {
 		lost = term.Lost()
 		// The next leader ends exactly this relay's walsender should this one be cut off.
 		term.PublishWalsender(r.Streaming)
+		if kafkaTimeout > 0 {
+			wctx, stopWatch := context.WithCancel(ctx)
+			defer stopWatch()
+			silent = watchKafka(wctx, r.Sink(), kafkaTimeout)
+		}
 	}
 	select {
 	case err := <-done:
 		return err
 	case <-lost:
+	case d := <-silent:
+		log.Error("no Kafka acknowledgement while events waited for leader_kafka_timeout; handing over: streaming stops now without confirming what Kafka did not acknowledge, and the leader lock is released for an instance that can reach Kafka",
+			zap.Duration("silent_for", d.Round(time.Millisecond)), zap.Duration("leader_kafka_timeout", kafkaTimeout), zap.Strings("kafka_brokers", rcfg.Sink.Brokers))
+		r.Fence()
+		if err := <-done; err != nil && !errors.Is(err, relay.ErrFenced) {
+			return err
+		}
+		return fmt.Errorf("%w for %s (leader_kafka_timeout %s)", errKafkaSilent, d.Round(time.Millisecond), kafkaTimeout)
 	}
 	log.Error("lost the leader lock connection; fencing: streaming stops now and unconfirmed events are replayed by the next leader",
 		zap.Error(term.Err()))
