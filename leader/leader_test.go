@@ -278,3 +278,42 @@ func TestReleaseDoesNotWaitForACheckInFlight(t *testing.T) {
 		t.Fatalf("Release took %s: it waited for the check in flight", took.Round(time.Millisecond))
 	}
 }
+
+// TestAStandbyThatCouldNotLeadLeavesTheLockAlone: BeforeLock failing (the relay's Kafka does not
+// answer) keeps a standby from taking a free lock; once it passes, the standby takes it.
+func TestAStandbyThatCouldNotLeadLeavesTheLockAlone(t *testing.T) {
+	dsn := newDatabase(t)
+	var fit atomic.Bool
+	el := leader.New(leader.Config{DSN: dsn, Slot: testenv.UniqueName(t, "slot"), RetryInterval: 100 * time.Millisecond,
+		BeforeLock: func(context.Context) error {
+			if !fit.Load() {
+				return errors.New("kafka does not answer")
+			}
+			return nil
+		}}, zaptest.NewLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan *leader.Term, 1)
+	go func() {
+		term, _ := el.Campaign(ctx)
+		got <- term
+	}()
+	select {
+	case term := <-got:
+		if term != nil {
+			term.Release()
+		}
+		t.Fatal("a standby that could not lead took the free lock")
+	case <-time.After(1500 * time.Millisecond):
+	}
+	fit.Store(true)
+	select {
+	case term := <-got:
+		if term == nil {
+			t.Fatal("the campaign failed")
+		}
+		term.Release()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the standby did not take the free lock within 5s once it could lead")
+	}
+}
