@@ -67,8 +67,9 @@ type Config struct {
 	OnStandby func(connected bool)
 	// BeforeLock, when set, is asked before every attempt to take the lock: while it returns an
 	// error this standby does not try, leaving the lock to an instance that could work as leader
-	// (the relay's: its Kafka must answer). It must honour ctx and return within a few seconds.
-	BeforeLock func(ctx context.Context) error
+	// (the relay's: its Kafka must answer). contended says whether this campaign has seen another
+	// instance hold the lock. It must honour ctx and return within a few seconds.
+	BeforeLock func(ctx context.Context, contended bool) error
 	// OnSlowCheck, when set, is called for every check of the leader's lock connection that took
 	// more than half of CheckTimeout: a near miss, a check that takes CheckTimeout fences the leader.
 	OnSlowCheck func(took time.Duration)
@@ -182,7 +183,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		}
 		var unfit error
 		if conn != nil && e.cfg.BeforeLock != nil {
-			unfit = e.cfg.BeforeLock(ctx)
+			unfit = e.cfg.BeforeLock(ctx, previous != nil)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}

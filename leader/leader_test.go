@@ -285,7 +285,7 @@ func TestAStandbyThatCouldNotLeadLeavesTheLockAlone(t *testing.T) {
 	dsn := newDatabase(t)
 	var fit atomic.Bool
 	el := leader.New(leader.Config{DSN: dsn, Slot: testenv.UniqueName(t, "slot"), RetryInterval: 100 * time.Millisecond,
-		BeforeLock: func(context.Context) error {
+		BeforeLock: func(context.Context, bool) error {
 			if !fit.Load() {
 				return errors.New("kafka does not answer")
 			}

@@ -32,7 +32,9 @@ func (s *Sink) Starting() bool { return s.starting.Load() }
 
 // Reachable sends one metadata request to cfg's brokers, over a fresh connection made as the
 // sink's are (TLS, SASL), and reports whether they answered within timeout. It needs no Sink: a
-// standby asks it before trying to take the leader lock.
+// standby asks it before trying to take the leader lock. A broker that answers with an error, or a
+// TLS handshake that fails on a certificate, counts as reachable: that is a problem of the
+// configuration, which the relay's start reports (and exits on), not of the network.
 func Reachable(ctx context.Context, cfg Config, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -42,6 +44,10 @@ func Reachable(ctx context.Context, cfg Config, timeout time.Duration) error {
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
 	if err == nil && len(md.Brokers) == 0 {
 		err = errors.New("metadata lists no brokers")
+	}
+	var kerr kafka.Error
+	if _, tls := tlsProblem(err); errors.As(err, &kerr) || tls {
+		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("kafka at %v did not answer a metadata request within %s: %w", cfg.Brokers, timeout, err)

@@ -16,9 +16,9 @@ import (
 // that has had no answer from Kafka for that long while events wait for one hands the lock over:
 // it fences its relay (nothing unacknowledged is confirmed; the next leader streams it again) and
 // releases the lock, so that a standby whose Kafka answers takes over. Against churn when Kafka is
-// down for everyone, a standby tries the lock only while its own Kafka answers a metadata request,
-// and a leader that handed over competes again only after a pause that doubles while handovers
-// follow each other.
+// down for everyone, a standby that has seen another instance lead tries the lock only while its
+// own Kafka answers a metadata request, and a leader that handed over competes again only after a
+// pause that doubles while handovers follow each other, and then only once its Kafka answers.
 
 // errKafkaSilent ends a term whose leader had no answer from Kafka for leader_kafka_timeout while
 // events waited.
@@ -84,12 +84,18 @@ func watchKafka(ctx context.Context, s kafkaProgress, limit time.Duration) <-cha
 }
 
 // kafkaAnswers is the election's BeforeLock: nil (always try) with leader_kafka_timeout 0, else a
-// metadata request to the relay's own brokers.
-func kafkaAnswers(cfg *config.Config, rcfg relay.Config) func(context.Context) error {
+// metadata request to the relay's own brokers, asked only where another instance could lead
+// instead: when this standby has seen another instance hold the lock, or after this instance
+// handed over (handedOver). Alone, an instance takes the lock as before and waits for Kafka as
+// leader (creating a missing slot first, so that what is committed meanwhile is kept).
+func kafkaAnswers(cfg *config.Config, rcfg relay.Config, handedOver func() bool) func(context.Context, bool) error {
 	if cfg.LeaderKafkaTimeout <= 0 {
 		return nil
 	}
-	return func(ctx context.Context) error {
+	return func(ctx context.Context, contended bool) error {
+		if !contended && !handedOver() {
+			return nil
+		}
 		return sink.Reachable(ctx, rcfg.Sink, min(cfg.LeaderKafkaTimeout, kafkaProbeTimeout))
 	}
 }

@@ -128,6 +128,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 // runLeaderLoop stands by until this instance holds the leader lock, streams while it does, and
 // stands by again when it loses it. It returns when ctx ends or on an error retrying cannot fix.
 func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
+	handovers := 0 // in a row, for the pause before competing again
 	el := leader.New(leader.Config{
 		DSN:           cmp.Or(cfg.LeaderDSN, cfg.PGDSN),
 		PasswordFile:  cfg.PGPasswordFile,
@@ -136,10 +137,9 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 		CheckTimeout:  cfg.LeaderCheckTimeout,
 		OnStandby:     state.Standby,
 		OnSlowCheck:   func(time.Duration) { m.LeaderSlowChecks.Inc() },
-		BeforeLock:    kafkaAnswers(cfg, rcfg),
+		BeforeLock:    kafkaAnswers(cfg, rcfg, func() bool { return handovers > 0 }),
 	}, log.Named("leader"))
 	var busySince time.Time // while this instance holds the lock but someone else streams the slot
-	handovers := 0          // in a row, for the pause before competing again
 	for {
 		state.Standby(false)
 		term, err := el.Campaign(ctx)
