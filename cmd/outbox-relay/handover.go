@@ -33,10 +33,16 @@ const kafkaProbeTimeout = 5 * time.Second
 const maxHandoverPause = 10 * time.Minute
 
 // handoverPause is how long a leader that handed over for the n-th time in a row (n >= 1) waits
-// before it competes for the lock again: timeout, doubling per handover, up to maxHandoverPause.
-func handoverPause(timeout time.Duration, n int) time.Duration {
-	return min(timeout<<min(n-1, 10), maxHandoverPause)
+// before it competes for the lock again: base, doubling per handover, up to maxHandoverPause. The
+// base (handoverBase) gives a standby time for two attempts; a longer first pause would only delay
+// a lone instance whose Kafka came back, and the Kafka check keeps one that is still cut off out.
+func handoverPause(base time.Duration, n int) time.Duration {
+	return min(base<<min(n-1, 10), maxHandoverPause)
 }
+
+// handoverBase is the first pause after a handover: two standby attempts (leader_retry_interval)
+// and their Kafka check.
+func handoverBase(retry time.Duration) time.Duration { return 2*retry + kafkaProbeTimeout }
 
 // kafkaProgress is what the watch needs of the sink.
 type kafkaProgress interface {

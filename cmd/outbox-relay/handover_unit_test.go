@@ -82,6 +82,9 @@ func TestTheKafkaWatchReportsOnlyASilenceWhileEventsWait(t *testing.T) {
 }
 
 func TestAHandoverPauseDoublesUpToTenMinutes(t *testing.T) {
+	if got := handoverBase(2 * time.Second); got != 9*time.Second {
+		t.Errorf("handoverBase(2s) = %s, want 9s (two standby attempts and their Kafka check)", got)
+	}
 	for n, want := range map[int]time.Duration{1: time.Minute, 2: 2 * time.Minute, 4: 8 * time.Minute, 5: 10 * time.Minute, 60: 10 * time.Minute} {
 		if got := handoverPause(time.Minute, n); got != want {
 			t.Errorf("handoverPause(1m, %d) = %s, want %s", n, got, want)

@@ -165,7 +165,7 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 			return nil
 		case errors.Is(err, errKafkaSilent):
 			handovers++
-			pause := handoverPause(cfg.LeaderKafkaTimeout, handovers)
+			pause := handoverPause(handoverBase(cfg.LeaderRetryInterval), handovers)
 			log.Warn("released the leader lock, cut off from Kafka; competing again after a pause, and only once Kafka answers",
 				zap.String("slot", cfg.Slot), zap.Duration("pause", pause), zap.Int("handovers_in_a_row", handovers))
 			state.Standby(true)
