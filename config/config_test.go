@@ -678,3 +678,13 @@ func TestExactlyOnceSettings(t *testing.T) {
 		t.Fatalf("flags not applied: %+v", c)
 	}
 }
+
+func TestLeaderKafkaTimeoutZeroTurnsTheHandoverOff(t *testing.T) {
+	c, _, err := load(t, "", with(required(), "OUTBOX_LEADER_KAFKA_TIMEOUT", "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.LeaderKafkaTimeout != 0 {
+		t.Fatalf("leader_kafka_timeout = %s, want 0 (off)", c.LeaderKafkaTimeout)
+	}
+}

@@ -84,6 +84,8 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		zap.String("table", cfg.Schema+"."+cfg.Table),
 		zap.String("topic_template", cfg.TopicTemplate),
 		zap.Bool("leader_election", cfg.LeaderElection),
+		zap.String("leader_dsn", config.RedactDSN(cfg.LeaderDSN)),
+		zap.Duration("leader_kafka_timeout", cfg.LeaderKafkaTimeout),
 		zap.String("delivery", cfg.Delivery))
 	if cfg.ExactlyOnce() {
 		log.Info("exactly-once delivery: events are published in Kafka transactions; consumers must read with isolation.level=read_committed",
