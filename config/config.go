@@ -463,7 +463,7 @@ var settings = []setting{
 		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.LeaderCheckTimeout })},
 	{key: "leader_dsn", help: "PostgreSQL connection string of the leader lock's session alone, e.g. through a pooler in session mode (a pooler in transaction mode is refused at start: the lock needs a session of its own); the same database as pg_dsn; pg_password_file applies to it too; empty uses pg_dsn", secret: true,
 		apply: str(func(c *Config) *string { return &c.LeaderDSN })},
-	{key: "leader_kafka_timeout", def: "60s", help: "a leader that has had no Kafka acknowledgement for this long while events wait (or that cannot reach Kafka to start) releases the leader lock, unconfirmed events replayed by the next leader, and competes again only after a pause (2 x leader_retry_interval + 5s, doubling while it keeps happening) and once its Kafka answers; a standby that has seen another instance lead tries the lock only while its Kafka answers; 0 disables both (at least 1s otherwise)",
+	{key: "leader_kafka_timeout", def: "60s", help: "a leader that has had no Kafka acknowledgement for this long while events wait (or that cannot reach Kafka to start), while a standby whose Kafka answers waits, releases the leader lock, unconfirmed events replayed by the next leader, and competes again only after a pause (2 x leader_retry_interval + 5s, doubling while it keeps happening) and once its Kafka answers; a standby that has seen another instance lead tries the lock only while its Kafka answers; 0 disables both (at least 1s otherwise)",
 		apply: func(c *Config, v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 || d > 0 && d < time.Second {

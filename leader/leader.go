@@ -47,6 +47,15 @@ func Key(slot string) int64 {
 	return int64(h.Sum64())
 }
 
+// candidateKey is the advisory lock key standbys ready to take over hold shared (see
+// Config.BeforeLock and Term.Standbys); a different hash input than Key, so it never contends
+// with the leader lock.
+func candidateKey(slot string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("outbox-relay-candidate/" + slot))
+	return int64(h.Sum64())
+}
+
 // Config configures an Elector. Zero durations get the defaults noted.
 type Config struct {
 	DSN          string
@@ -68,7 +77,10 @@ type Config struct {
 	// BeforeLock, when set, is asked before every attempt to take the lock: while it returns an
 	// error this standby does not try, leaving the lock to an instance that could work as leader
 	// (the relay's: its Kafka must answer). contended says whether this campaign has seen another
-	// instance hold the lock. It must honour ctx and return within a few seconds.
+	// instance hold the lock. It must honour ctx and return within a few seconds. A standby that
+	// has seen another instance hold the lock and for which it passes holds a shared advisory lock
+	// (candidateKey) on its session while it waits, so the leader knows that an instance ready to
+	// take over is waiting (Term.Standbys).
 	BeforeLock func(ctx context.Context, contended bool) error
 	// OnSlowCheck, when set, is called for every check of the leader's lock connection that took
 	// more than half of CheckTimeout: a near miss, a check that takes CheckTimeout fences the leader.
@@ -146,13 +158,14 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	// conn is the session that asks for the lock; probe is a second one, kept open alongside, that
 	// makes sure the lock taken is conn's own (see verifySession).
 	var conn, probe *pgx.Conn
+	announced := false // conn holds the candidate lock
 	drop := func() {
 		for _, c := range []*pgx.Conn{conn, probe} {
 			if c != nil {
 				closeQuietly(c)
 			}
 		}
-		conn, probe = nil, nil
+		conn, probe, announced = nil, nil, false
 	}
 	defer func() { drop() }()
 	waitingLogged, downLogged, unfitLogged := false, false, false
@@ -197,6 +210,14 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 			} else if unfitLogged {
 				e.log.Info("standby: this instance could work as leader again; competing for the leader lock", zap.String("slot", e.cfg.Slot))
 				unfitLogged = false
+			}
+			if err := e.announce(ctx, conn, unfit == nil && previous != nil, &announced); err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				drop()
+				e.cfg.OnStandby(false)
+				e.log.Warn("leader lock: announcing this standby failed; reconnecting", zap.Error(err), zap.Duration("retry_in", e.cfg.RetryInterval))
 			}
 		}
 		if conn != nil && unfit == nil {
@@ -332,6 +353,24 @@ func (e *Elector) setKeepalives(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, sql, args...); err != nil {
 		return fmt.Errorf("set TCP keepalives on the leader-lock connection: %w", err)
 	}
+	return nil
+}
+
+// announce makes conn hold the candidate lock (want) or not, when it does not already.
+func (e *Elector) announce(ctx context.Context, conn *pgx.Conn, want bool, announced *bool) error {
+	if want == *announced {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.CheckTimeout)
+	defer cancel()
+	q := "SELECT pg_advisory_unlock_shared($1)"
+	if want {
+		q = "SELECT pg_try_advisory_lock_shared($1)"
+	}
+	if _, err := conn.Exec(ctx, q, candidateKey(e.cfg.Slot)); err != nil {
+		return fmt.Errorf("%s: %w", q, err)
+	}
+	*announced = want
 	return nil
 }
 
@@ -551,7 +590,13 @@ type Term struct {
 	done      chan struct{}
 	pid       uint32
 	streaming atomic.Pointer[func() bool]
+	// standbys is how many other sessions held the candidate lock at the last check.
+	standbys atomic.Int32
 }
+
+// Standbys is how many standbys ready to take over (see Config.BeforeLock) waited at the last
+// check of the lock connection.
+func (t *Term) Standbys() int { return int(t.standbys.Load()) }
 
 // newTerm starts watching the lock connection, whose backend pid holds the lock; sent is when the
 // last statement the session answered was sent, where the first lease begins.
@@ -605,6 +650,9 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 	defer close(t.done)
 	app := t.conn.Config().RuntimeParams["application_name"]
 	hi, lo := keyHalves(Key(cfg.Slot))
+	chi, clo := keyHalves(candidateKey(cfg.Slot))
+	standbys := `(SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND pid <> pg_backend_pid()
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND classid::bigint = $3 AND objid::bigint = $4)`
 	ticker := time.NewTicker(cfg.CheckInterval)
 	defer ticker.Stop()
 	for {
@@ -618,23 +666,23 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 		if end := sent.Add(cfg.fenceBy()); end.Before(deadline) {
 			deadline = end
 		}
-		query, args := `SELECT pg_backend_pid(), `+heldByBackend(1, 2), []any{hi, lo}
+		query, args := `SELECT pg_backend_pid(), `+heldByBackend(1, 2)+`, `+standbys, []any{hi, lo, chi, clo}
 		if f := t.streaming.Load(); f != nil && (*f)() {
-			query = `SELECT pg_backend_pid(), ` + heldByBackend(1, 2) + `, (SELECT set_config('application_name', left($4::text, 63 - length($5::text || w.pid::text)) || $5::text || w.pid::text, false)
+			query = `SELECT pg_backend_pid(), ` + heldByBackend(1, 2) + `, ` + standbys + `, (SELECT set_config('application_name', left($6::text, 63 - length($7::text || w.pid::text)) || $7::text || w.pid::text, false)
 				FROM pg_replication_slots s JOIN pg_stat_activity w ON w.pid = s.active_pid
 				JOIN pg_stat_activity me ON me.pid = pg_backend_pid()
-				WHERE s.slot_name = $3 AND s.database = current_database() AND w.usesysid = me.usesysid
+				WHERE s.slot_name = $5 AND s.database = current_database() AND w.usesysid = me.usesysid
 				  AND w.client_addr IS NOT DISTINCT FROM me.client_addr AND w.backend_start >= me.backend_start) IS NOT NULL`
 			args = append(args, cfg.Slot, app, walsenderTag)
 		}
 		cctx, cancel := context.WithDeadline(ctx, deadline)
-		var pid int32
+		var pid, waiting int32
 		var held, published bool
 		var err error
-		if len(args) > 2 {
-			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &published)
+		if len(args) > 4 {
+			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting, &published)
 		} else {
-			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held)
+			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting)
 		}
 		cancel()
 		took := time.Since(start)
@@ -658,6 +706,7 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 			close(t.lost)
 			return
 		}
+		t.standbys.Store(waiting)
 		sent = start
 		if took > cfg.CheckTimeout/2 {
 			cfg.OnSlowCheck(took)

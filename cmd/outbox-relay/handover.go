@@ -14,8 +14,9 @@ import (
 // stuck) would otherwise keep its lock for ever: its term ends only when the process exits or the
 // lock is lost, and a stalled sink only turns /readyz red. With leader_kafka_timeout set, a leader
 // that has had no answer from Kafka for that long while events wait for one hands the lock over:
-// it fences its relay (nothing unacknowledged is confirmed; the next leader streams it again) and
-// releases the lock, so that a standby whose Kafka answers takes over. Against churn when Kafka is
+// while a standby whose Kafka answers waits (it says so with a shared advisory lock, see
+// leader.Term.Standbys), it fences its relay (nothing unacknowledged is confirmed; the next leader
+// streams it again) and releases the lock, so that the standby takes over. Against churn when Kafka is
 // down for everyone, a standby that has seen another instance lead tries the lock only while its
 // own Kafka answers a metadata request, and a leader that handed over competes again only after a
 // pause that doubles while handovers follow each other, and then only once its Kafka answers.
@@ -53,11 +54,13 @@ type kafkaProgress interface {
 }
 
 // watchKafka reports on the returned channel, once, how long s has waited for Kafka without an
-// answer when that reaches limit. Waiting means events handed to Kafka and not settled, or the
-// start waiting for the brokers; a halted sink waits for nobody (another leader would halt on the
-// same event), and an idle one for nothing. It checks every limit/10 (at most every second), so
-// it reports at most that much late; it stops when ctx ends.
-func watchKafka(ctx context.Context, s kafkaProgress, limit time.Duration) <-chan time.Duration {
+// answer when that reaches limit while standby says that an instance ready to take over waits
+// (alone, or with every standby cut off too, handing over would only pause the relay). Waiting
+// means events handed to Kafka and not settled, or the start waiting for the brokers; a halted
+// sink waits for nobody (another leader would halt on the same event), and an idle one for
+// nothing. It checks every limit/10 (at most every second), so it reports at most that much late;
+// it stops when ctx ends.
+func watchKafka(ctx context.Context, s kafkaProgress, limit time.Duration, standby func() bool) <-chan time.Duration {
 	out := make(chan time.Duration, 1)
 	tick := min(limit/10, time.Second)
 	go func() {
@@ -80,7 +83,7 @@ func watchKafka(ctx context.Context, s kafkaProgress, limit time.Duration) <-cha
 			if a := s.LastAnswer(); a.After(since) {
 				since = a
 			}
-			if silent := now.Sub(since); silent >= limit {
+			if silent := now.Sub(since); silent >= limit && standby() {
 				out <- silent
 				return
 			}

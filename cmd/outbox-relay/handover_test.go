@@ -47,8 +47,8 @@ func kafkaWithProxiedListeners(t *testing.T, names ...string) (*devenv.Kafka, ma
 // through its own proxy. The leader's proxy freezes (no FIN, no RST): after leader_kafka_timeout
 // without an acknowledgement while events wait, it releases the lock, and the standby, whose Kafka
 // answers, takes over and delivers everything, in order per key. Then the new leader's Kafka is cut
-// off too, Kafka is down for everyone: it releases the lock in turn, and nobody takes it while its
-// Kafka does not answer; leadership does not flap.
+// off too, Kafka is down for everyone: with no standby ready (its Kafka does not answer) the leader
+// keeps the lock, and leadership does not change at all.
 func TestALeaderCutOffFromKafkaAloneHandsOver(t *testing.T) {
 	k, proxies := kafkaWithProxiedListeners(t, "RELAYA", "RELAYB")
 	f := newHAFixture(t, testenv.SharedPostgres(t), k.Brokers(), 2)
@@ -98,13 +98,14 @@ func TestALeaderCutOffFromKafkaAloneHandsOver(t *testing.T) {
 			t.Fatalf("a relay exited:\nrelay-a:\n%s\nrelay-b:\n%s", a.Output(), b.Output())
 		}
 	}
-	if changes > 1 {
-		t.Fatalf("leadership changed %d times in 20s with Kafka down for everyone: it flaps", changes)
+	// No standby could do better, so relay-b keeps the lock: handing over would only pause the
+	// relay and churn leadership.
+	if changes > 0 {
+		t.Fatalf("leadership changed %d times in 20s with Kafka down for everyone (now %q): it flaps", changes, last)
 	}
-	if last != "" {
-		t.Fatalf("%q still streams 20s after its Kafka was cut off (leader_kafka_timeout %s)", last, handoverTimeout)
+	if n := strings.Count(b.Output(), "no Kafka acknowledgement"); n != 0 {
+		t.Fatalf("relay-b handed over %d times with no standby able to reach Kafka", n)
 	}
-	b.waitLog(t, time.Second, "error", "no Kafka acknowledgement")
 	if l := a.findLog("warn", "not trying to take the leader lock"); l == nil {
 		t.Error("relay-a, cut off from Kafka, never said it stays out of the election")
 	}

@@ -38,19 +38,21 @@ func TestTheKafkaWatchReportsOnlyASilenceWhileEventsWait(t *testing.T) {
 		name  string
 		state *fakeProgress
 		keep  func(*fakeProgress) // runs every 50ms
+		alone bool                // no standby ready to take over waits
 		fires bool
 	}{
-		{"events in flight, no answer", &fakeProgress{events: 3}, nil, true},
-		{"the start waits for the brokers", &fakeProgress{starting: true}, nil, true},
-		{"idle: nothing waits", &fakeProgress{}, nil, false},
-		{"halted by the failure policy", &fakeProgress{events: 3, halted: true}, nil, false},
-		{"events in flight, Kafka answering", &fakeProgress{events: 3}, func(f *fakeProgress) { f.answer = time.Now() }, false},
+		{"events in flight, no answer", &fakeProgress{events: 3}, nil, false, true},
+		{"the start waits for the brokers", &fakeProgress{starting: true}, nil, false, true},
+		{"events in flight, no answer, no standby ready", &fakeProgress{events: 3}, nil, true, false},
+		{"idle: nothing waits", &fakeProgress{}, nil, false, false},
+		{"halted by the failure policy", &fakeProgress{events: 3, halted: true}, nil, false, false},
+		{"events in flight, Kafka answering", &fakeProgress{events: 3}, func(f *fakeProgress) { f.answer = time.Now() }, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			f := tc.state
-			silent := watchKafka(ctx, f, limit)
+			silent := watchKafka(ctx, f, limit, func() bool { return !tc.alone })
 			deadline := time.After(4 * limit)
 			tick := time.NewTicker(50 * time.Millisecond)
 			defer tick.Stop()

@@ -304,7 +304,7 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 		if kafkaTimeout > 0 {
 			wctx, stopWatch := context.WithCancel(ctx)
 			defer stopWatch()
-			silent = watchKafka(wctx, r.Sink(), kafkaTimeout)
+			silent = watchKafka(wctx, r.Sink(), kafkaTimeout, func() bool { return term.Standbys() > 0 })
 		}
 	}
 	select {
@@ -312,8 +312,9 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 		return err
 	case <-lost:
 	case d := <-silent:
-		log.Error("no Kafka acknowledgement while events waited for leader_kafka_timeout; handing over: streaming stops now without confirming what Kafka did not acknowledge, and the leader lock is released for an instance that can reach Kafka",
-			zap.Duration("silent_for", d.Round(time.Millisecond)), zap.Duration("leader_kafka_timeout", kafkaTimeout), zap.Strings("kafka_brokers", rcfg.Sink.Brokers))
+		log.Error("no Kafka acknowledgement while events waited for leader_kafka_timeout; handing over: streaming stops now without confirming what Kafka did not acknowledge, and the leader lock is released for a standby that can reach Kafka",
+			zap.Duration("silent_for", d.Round(time.Millisecond)), zap.Duration("leader_kafka_timeout", kafkaTimeout), zap.Strings("kafka_brokers", rcfg.Sink.Brokers),
+			zap.Int("standbys_ready", term.Standbys()))
 		r.Fence()
 		if err := <-done; err != nil && !errors.Is(err, relay.ErrFenced) {
 			return err
