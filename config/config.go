@@ -94,7 +94,13 @@ type Config struct {
 	LeaderElection      bool
 	LeaderRetryInterval time.Duration
 	LeaderCheckTimeout  time.Duration
-	SlotPollInterval    time.Duration
+	// LeaderDSN, when set, is the connection of the leader lock's session alone (e.g. through a
+	// session-mode pooler); empty uses PGDSN.
+	LeaderDSN string
+	// LeaderKafkaTimeout is how long a leader goes without any Kafka acknowledgement while events
+	// wait before it hands the lock over; 0 never does.
+	LeaderKafkaTimeout time.Duration
+	SlotPollInterval   time.Duration
 
 	// FailoverStandbyDSN is a standby the slot monitor asks about its copy of the failover slot.
 	FailoverStandbyDSN string
@@ -461,6 +467,17 @@ var settings = []setting{
 		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.LeaderRetryInterval })},
 	{key: "leader_check_timeout", def: "5s", help: "how long the leader's check of its lock connection (every second) may take before the leader fences itself; PostgreSQL ends a silent leader's lock session 1s + 2 x this + 2s after its last check (at least 100ms)",
 		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.LeaderCheckTimeout })},
+	{key: "leader_dsn", help: "PostgreSQL connection string of the leader lock's session alone, e.g. through a pooler in session mode (a pooler in transaction mode is refused at start: the lock needs a session of its own); the same database as pg_dsn; pg_password_file applies to it too; empty uses pg_dsn", secret: true,
+		apply: str(func(c *Config) *string { return &c.LeaderDSN })},
+	{key: "leader_kafka_timeout", def: "60s", help: "a leader that has had no Kafka acknowledgement for this long while events wait (or that cannot reach Kafka to start), while a standby whose Kafka answers waits, releases the leader lock, unconfirmed events replayed by the next leader, and competes again only after a pause (2 x leader_retry_interval + 5s, doubling while it keeps happening) and once its Kafka answers; a standby that has seen another instance lead tries the lock only while its Kafka answers; 0 disables both (at least 1s otherwise)",
+		apply: func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > 0 && d < time.Second {
+				return fmt.Errorf("want 0 (off) or a duration of at least 1s such as 60s, got %q", v)
+			}
+			c.LeaderKafkaTimeout = d
+			return nil
+		}},
 	{key: "slot_poll_interval", def: "10s", help: "how often the slot's lag, retained WAL and wal_status are read from pg_replication_slots for the metrics (at least 100ms)",
 		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.SlotPollInterval })},
 	{key: "log_level", def: "info", help: "debug, info, warn or error",
@@ -734,6 +751,10 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 		errs = append(errs, fmt.Errorf("config keys kafka.sasl.password (from %s) and kafka.sasl.password_file (from %s) are both set: keep the password in one place",
 			from("kafka.sasl.password"), from("kafka.sasl.password_file")))
 	}
+	if c.PGPasswordFile != "" && dsnPassword(c.LeaderDSN) != "" {
+		errs = append(errs, fmt.Errorf("config key pg_password_file (from %s) is set, and leader_dsn (from %s) holds a password too: keep the password in one place",
+			from("pg_password_file"), from("leader_dsn")))
+	}
 	if c.PGPasswordFile != "" && dsnPassword(c.PGDSN) != "" {
 		errs = append(errs, fmt.Errorf("config key pg_password_file (from %s) is set, and pg_dsn (from %s) holds a password too: keep the password in one place",
 			from("pg_password_file"), from("pg_dsn")))
@@ -745,6 +766,9 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 		// Pollers share the table (each aggregate is claimed by one at a time), so several run at
 		// once unless the operator asks for a single active one.
 		c.LeaderElection = false
+	}
+	if c.LeaderDSN != "" && !c.LeaderElection {
+		bad("leader_dsn", "is set, but leader_election (from %s) is false: there is no leader lock to connect for; remove leader_dsn or turn leader_election on", from("leader_election"))
 	}
 	if c.Delivery == DeliveryExactlyOnce {
 		if c.Source == "poll" {
@@ -847,6 +871,11 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 		}
 		if c.Source == "poll" {
 			bad("failover_standby_dsn", "is set, but source (from %s) is poll: there is no slot to keep through a promotion", from("source"))
+		}
+	}
+	if c.LeaderDSN != "" {
+		if err := checkDSN(c.LeaderDSN); err != nil {
+			bad("leader_dsn", "%v", err)
 		}
 	}
 	return joinErrors(errs)

@@ -103,6 +103,8 @@ func TestDefaultsLoadWithOnlyTheRequiredKeys(t *testing.T) {
 		{"transaction_interval", c.TransactionInterval, 100 * time.Millisecond},
 		{"transaction_max_events", c.TransactionMaxEvents, 10000},
 		{"positions_topic", c.PositionsTopic, "__outbox_relay_positions"},
+		{"leader_dsn is empty: the lock uses pg_dsn", c.LeaderDSN, ""},
+		{"leader_kafka_timeout", c.LeaderKafkaTimeout, time.Minute},
 	}
 	for _, tt := range checks {
 		t.Run(tt.name+" has its default", func(t *testing.T) {
@@ -237,6 +239,9 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 		{"an empty topic template", "topic_template", "", file},
 		{"a malformed URL DSN", "pg_dsn", "postgres://user:secret@db/app%zz", env},
 		{"a malformed failover standby DSN", "failover_standby_dsn", "postgres://user:secret@db2/app%zz", file},
+		{"a malformed leader DSN", "leader_dsn", "postgres://user:secret@pooler/app%zz", file},
+		{"a leader Kafka timeout under 1s", "leader_kafka_timeout", "500ms", env},
+		{"a negative leader Kafka timeout", "leader_kafka_timeout", "-1s", flagged},
 		{"an unknown delivery mode", "delivery", "at-most-once", file},
 		{"a transaction interval under 10ms", "transaction_interval", "1ms", env},
 		{"a zero transaction size", "transaction_max_events", "0", flagged},
@@ -472,6 +477,10 @@ func TestCrossKeyChecks(t *testing.T) {
 				"OUTBOX_KAFKA_SASL_PASSWORD", "p", "OUTBOX_KAFKA_SASL_PASSWORD_FILE", "/run/secrets/kafka"), "kafka.sasl.password_file"},
 		{"a PostgreSQL password in pg_dsn and in a file is refused",
 			with(required(), "OUTBOX_PG_DSN", "postgres://relay:in-dsn@db/app", "OUTBOX_PG_PASSWORD_FILE", "/run/secrets/pg"), "pg_password_file"},
+		{"a PostgreSQL password in leader_dsn and in a file is refused",
+			with(required(), "OUTBOX_LEADER_DSN", "postgres://relay:in-dsn@pooler/app", "OUTBOX_PG_PASSWORD_FILE", "/run/secrets/pg"), "leader_dsn (from OUTBOX_LEADER_DSN) holds a password too"},
+		{"a leader DSN without the election has no lock to connect for",
+			with(required(), "OUTBOX_LEADER_DSN", "postgres://relay@pooler/app", "OUTBOX_LEADER_ELECTION", "false"), "leader_dsn (from OUTBOX_LEADER_DSN): is set, but leader_election"},
 		{"a client certificate needs its key",
 			with(required(), "OUTBOX_KAFKA_TLS_CERT_FILE", "/tls/cert.pem"), "kafka.tls.key_file"},
 		{"a client key needs its certificate",
@@ -684,5 +693,15 @@ func TestExactlyOnceSettings(t *testing.T) {
 	if !c.ExactlyOnce() || c.TransactionalID != "orders-relay" || c.TransactionInterval != 250*time.Millisecond ||
 		c.TransactionMaxEvents != 500 || c.PositionsTopic != "relay.positions" {
 		t.Fatalf("flags not applied: %+v", c)
+	}
+}
+
+func TestLeaderKafkaTimeoutZeroTurnsTheHandoverOff(t *testing.T) {
+	c, _, err := load(t, "", with(required(), "OUTBOX_LEADER_KAFKA_TIMEOUT", "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.LeaderKafkaTimeout != 0 {
+		t.Fatalf("leader_kafka_timeout = %s, want 0 (off)", c.LeaderKafkaTimeout)
 	}
 }

@@ -31,7 +31,7 @@ var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 // Secrets returns the secret values of c, for scrubbing from error text that might quote them.
 func (c *Config) Secrets() []string {
 	var out []string
-	for _, dsn := range []string{c.PGDSN, c.FailoverStandbyDSN} {
+	for _, dsn := range []string{c.PGDSN, c.LeaderDSN, c.FailoverStandbyDSN} {
 		if pw := dsnPassword(dsn); pw != "" {
 			out = append(out, pw)
 		}

@@ -47,6 +47,15 @@ func Key(slot string) int64 {
 	return int64(h.Sum64())
 }
 
+// candidateKey is the advisory lock key standbys ready to take over hold shared (see
+// Config.BeforeLock and Term.Standbys); a different hash input than Key, so it never contends
+// with the leader lock.
+func candidateKey(slot string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("outbox-relay-candidate/" + slot))
+	return int64(h.Sum64())
+}
+
 // Config configures an Elector. Zero durations get the defaults noted.
 type Config struct {
 	DSN          string
@@ -65,6 +74,14 @@ type Config struct {
 	// OnStandby, when set, is told after every attempt whether this standby is connected and
 	// waiting (true) or cannot reach PostgreSQL (false).
 	OnStandby func(connected bool)
+	// BeforeLock, when set, is asked before every attempt to take the lock: while it returns an
+	// error this standby does not try, leaving the lock to an instance that could work as leader
+	// (the relay's: its Kafka must answer). contended says whether this campaign has seen another
+	// instance hold the lock. It must honour ctx and return within a few seconds. A standby that
+	// has seen another instance hold the lock and for which it passes holds a shared advisory lock
+	// (candidateKey) on its session while it waits, so the leader knows that an instance ready to
+	// take over is waiting (Term.Standbys).
+	BeforeLock func(ctx context.Context, contended bool) error
 	// OnSlowCheck, when set, is called for every check of the leader's lock connection that took
 	// more than half of CheckTimeout: a near miss, a check that takes CheckTimeout fences the leader.
 	OnSlowCheck func(took time.Duration)
@@ -125,21 +142,43 @@ func New(cfg Config, log *zap.Logger) *Elector {
 // PostgreSQL refused the credentials, or the relay does not trust its certificate.
 var ErrCredentials = errors.New("cannot connect to PostgreSQL for the leader lock")
 
+// ErrTransactionPooler means the leader-lock connection goes through a pooler in transaction mode
+// (PgBouncer's pool_mode = transaction, or statement): a session-level advisory lock then sits on
+// whichever pooled server connection ran the statement, which other clients share and which the
+// pooler or PostgreSQL may close while the checks succeed on another: two instances could lead.
+var ErrTransactionPooler = errors.New("the leader lock needs its own PostgreSQL session, but its connection goes through a pooler in transaction mode " +
+	"(each statement may run on another server connection, shared with other clients): point leader_dsn (or pg_dsn) " +
+	"at PostgreSQL directly or at a session-mode pool (PgBouncer pool_mode = session)")
+
 // Campaign stands by until this instance holds the lock, and returns the leadership term. It
-// returns an error only when ctx ends or PostgreSQL refuses the credentials (retrying cannot fix
-// that); an unreachable server is retried.
+// returns an error only when ctx ends, PostgreSQL refuses the credentials, or the connection goes
+// through a pooler in transaction mode (ErrTransactionPooler): retrying cannot fix those; an
+// unreachable server is retried.
 func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			closeQuietly(conn)
+	// conn is the session that asks for the lock; probe is a second one, kept open alongside, that
+	// makes sure the lock taken is conn's own (see verifySession).
+	var conn, probe *pgx.Conn
+	announced := false // conn holds the candidate lock
+	drop := func() {
+		for _, c := range []*pgx.Conn{conn, probe} {
+			if c != nil {
+				closeQuietly(c)
+			}
 		}
-	}()
-	waitingLogged, downLogged := false, false
+		conn, probe, announced = nil, nil, false
+	}
+	defer func() { drop() }()
+	waitingLogged, downLogged, unfitLogged := false, false, false
 	var previous *Holder // the session seen holding the lock while this instance stood by
 	for {
 		if conn == nil {
 			c, err := e.connect(ctx)
+			var p *pgx.Conn
+			if err == nil {
+				if p, err = e.connect(ctx); err != nil {
+					closeQuietly(c)
+				}
+			}
 			switch {
 			case ctx.Err() != nil:
 				return nil, ctx.Err()
@@ -152,23 +191,56 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 					downLogged = true
 				}
 			default:
-				conn = c
+				conn, probe = c, p
 			}
 		}
-		if conn != nil {
+		var unfit error
+		if conn != nil && e.cfg.BeforeLock != nil {
+			unfit = e.cfg.BeforeLock(ctx, previous != nil)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if unfit != nil {
+				// Still a standby connected to PostgreSQL: OnStandby stays as last reported.
+				if !unfitLogged {
+					e.log.Warn("standby: not trying to take the leader lock while this instance could not work as leader; checking again every retry interval",
+						zap.String("slot", e.cfg.Slot), zap.Error(unfit), zap.Duration("retry_interval", e.cfg.RetryInterval))
+					unfitLogged = true
+				}
+			} else if unfitLogged {
+				e.log.Info("standby: this instance could work as leader again; competing for the leader lock", zap.String("slot", e.cfg.Slot))
+				unfitLogged = false
+			}
+			if err := e.announce(ctx, conn, unfit == nil && previous != nil, &announced); err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				drop()
+				e.cfg.OnStandby(false)
+				e.log.Warn("leader lock: announcing this standby failed; reconnecting", zap.Error(err), zap.Duration("retry_in", e.cfg.RetryInterval))
+			}
+		}
+		if conn != nil && unfit == nil {
 			sent := time.Now()
-			got, err := e.tryLock(ctx, conn)
+			got, pid, err := e.tryLock(ctx, conn)
+			if err == nil && got {
+				sent, err = e.verifySession(ctx, conn, probe, pid)
+			}
 			switch {
 			case ctx.Err() != nil:
 				return nil, ctx.Err()
+			case errors.Is(err, ErrTransactionPooler):
+				if got {
+					e.unlockPooled(conn, pid)
+				}
+				return nil, err
 			case err != nil:
 				// The outcome is unknown; closing the session releases the lock if it was granted.
-				closeQuietly(conn)
-				conn = nil
+				drop()
 				e.cfg.OnStandby(false)
 				e.log.Warn("leader lock attempt failed; reconnecting", zap.Error(err), zap.Duration("retry_in", e.cfg.RetryInterval))
 			case got:
-				t, err := e.begin(ctx, conn, sent, previous)
+				t, err := e.begin(ctx, conn, sent, previous, pid)
 				if err == nil {
 					conn = nil // the term owns it now
 					return t, nil
@@ -178,8 +250,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 				}
 				// The session may be gone, and the lock with it: closing it makes sure, and the
 				// next attempt starts over.
-				closeQuietly(conn)
-				conn = nil
+				drop()
 				e.cfg.OnStandby(false)
 				e.log.Warn("took the leader lock but lost the answer of its session while ending the previous leader's walsender; reconnecting",
 					zap.Error(err), zap.Duration("retry_in", e.cfg.RetryInterval))
@@ -285,38 +356,130 @@ func (e *Elector) setKeepalives(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// tryLock asks for the lock. On PostgreSQL 14 and later the session that gets it gets the lease
-// (idle_session_timeout) in the same statement, so no moment exists in which the lock is held
-// without one; a session that does not get it keeps no timeout, since a standby is idle for
-// RetryInterval between attempts.
-func (e *Elector) tryLock(ctx context.Context, conn *pgx.Conn) (bool, error) {
+// announce makes conn hold the candidate lock (want) or not, when it does not already.
+func (e *Elector) announce(ctx context.Context, conn *pgx.Conn, want bool, announced *bool) error {
+	if want == *announced {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.CheckTimeout)
 	defer cancel()
-	var got bool
+	q := "SELECT pg_advisory_unlock_shared($1)"
+	if want {
+		q = "SELECT pg_try_advisory_lock_shared($1)"
+	}
+	if _, err := conn.Exec(ctx, q, candidateKey(e.cfg.Slot)); err != nil {
+		return fmt.Errorf("%s: %w", q, err)
+	}
+	*announced = want
+	return nil
+}
+
+// heldByBackend is a condition that the session's backend holds the advisory lock keyed by the
+// parameters $hi and $lo (the key's halves: see LockHolder).
+func heldByBackend(hi, lo int) string {
+	return fmt.Sprintf(`EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND pid = pg_backend_pid()
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND classid::bigint = $%d AND objid::bigint = $%d)`, hi, lo)
+}
+
+// keyHalves are the lock key as pg_locks shows it: its high half in classid, its low in objid.
+func keyHalves(key int64) (hi, lo int64) {
+	return int64(uint64(key) >> 32), int64(uint64(key) & 0xffffffff)
+}
+
+// tryLock asks for the lock, and returns whether it got it and the PostgreSQL backend that ran the
+// statement (pg_backend_pid: behind a pooler, the client's own PID is one the pooler made up). On
+// PostgreSQL 14 and later the session that gets it gets the lease (idle_session_timeout) in the
+// same statement, so no moment exists in which the lock is held without one; a session that does
+// not get it keeps no timeout, since a standby is idle for RetryInterval between attempts.
+//
+// A fresh session never holds the lock before asking for it; one that does shares its backend
+// with another client, the holder, through a pooler in transaction mode. Advisory locks are
+// re-entrant, so pg_try_advisory_lock would succeed there too: two leaders. The statement reads
+// that before asking (the select list is evaluated in order) and returns ErrTransactionPooler.
+func (e *Elector) tryLock(ctx context.Context, conn *pgx.Conn) (got bool, pid int32, err error) {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.CheckTimeout)
+	defer cancel()
+	hi, lo := keyHalves(e.key)
+	var already bool
 	if serverMajor(conn) < 14 {
-		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", e.key).Scan(&got); err != nil {
-			return false, fmt.Errorf("pg_try_advisory_lock: %w", err)
+		err = conn.QueryRow(ctx, `SELECT pg_backend_pid(), `+heldByBackend(2, 3)+`, pg_try_advisory_lock($1)`,
+			e.key, hi, lo).Scan(&pid, &already, &got)
+		if err != nil {
+			return false, 0, fmt.Errorf("pg_try_advisory_lock: %w", err)
 		}
-		if got && !e.warnedOld {
+		if got && !already && !e.warnedOld {
 			e.warnedOld = true
 			e.log.Warn("PostgreSQL before 14 has no idle_session_timeout, so it cannot end the lock session of a leader cut off from the network before TCP keepalives do (and a proxy in between may answer those): a standby may wait long to take over",
 				zap.String("server_version", conn.PgConn().ParameterStatus("server_version")))
 		}
-		return got, nil
+	} else {
+		err = conn.QueryRow(ctx, `SELECT pg_backend_pid(), `+heldByBackend(3, 4)+`, CASE WHEN pg_try_advisory_lock($1)
+			THEN set_config('idle_session_timeout', $2, false) IS NOT NULL ELSE false END`,
+			e.key, strconv.FormatInt(e.cfg.Lease().Milliseconds(), 10), hi, lo).Scan(&pid, &already, &got)
+		if err != nil {
+			return false, 0, fmt.Errorf("pg_try_advisory_lock: %w", err)
+		}
 	}
-	err := conn.QueryRow(ctx, `SELECT CASE WHEN pg_try_advisory_lock($1)
-		THEN set_config('idle_session_timeout', $2, false) IS NOT NULL ELSE false END`,
-		e.key, strconv.FormatInt(e.cfg.Lease().Milliseconds(), 10)).Scan(&got)
-	if err != nil {
-		return false, fmt.Errorf("pg_try_advisory_lock: %w", err)
+	if already {
+		return got, pid, fmt.Errorf("%w (slot %q: this connection's statement ran on backend PID %d, which already held the leader lock for another client)",
+			ErrTransactionPooler, e.cfg.Slot, pid)
 	}
-	return got, nil
+	return got, pid, nil
 }
 
-// begin starts a term on conn, which has just taken the lock with a statement sent at sent, after
+// verifySession makes sure that the lock just taken by backend pid belongs to conn's session: the
+// next statement runs on the same backend and pg_locks shows the lock granted to it, and probe (a
+// second session, opened before) does not find it on its own backend. A pooler in transaction
+// mode fails one of these: it runs statements on whichever server connection is free, and hands
+// the one that holds the lock to the next client (PgBouncer hands the most recently used first).
+// A direct connection or a session-mode pool passes all three. It returns when its statement on
+// conn was sent: the server's idle clock, and so the lease, restarts then.
+func (e *Elector) verifySession(ctx context.Context, conn, probe *pgx.Conn, pid int32) (time.Time, error) {
+	sent := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.CheckTimeout)
+	defer cancel()
+	hi, lo := keyHalves(e.key)
+	var now int32
+	var held bool
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid(), `+heldByBackend(1, 2), hi, lo).Scan(&now, &held); err != nil {
+		return sent, fmt.Errorf("verify the leader lock's session: %w", err)
+	}
+	switch {
+	case now != pid:
+		return sent, fmt.Errorf("%w (slot %q: the lock was taken on backend PID %d, the next statement ran on backend PID %d)", ErrTransactionPooler, e.cfg.Slot, pid, now)
+	case !held:
+		return sent, fmt.Errorf("%w (slot %q: backend PID %d took the leader lock, and pg_locks does not show it held by that backend a statement later)", ErrTransactionPooler, e.cfg.Slot, pid)
+	}
+	var other int32
+	if err := probe.QueryRow(ctx, `SELECT pg_backend_pid(), `+heldByBackend(1, 2), hi, lo).Scan(&other, &held); err != nil {
+		return sent, fmt.Errorf("verify the leader lock's session from a second connection: %w", err)
+	}
+	if held {
+		return sent, fmt.Errorf("%w (slot %q: another connection's statement ran on backend PID %d, which holds this session's leader lock)", ErrTransactionPooler, e.cfg.Slot, other)
+	}
+	return sent, nil
+}
+
+// unlockPooled undoes a lock this elector took on backend pid through a pooler in transaction
+// mode. Neither closing the connection (the pooled server session, and so the lock, outlives it)
+// nor pg_advisory_unlock (it runs on whichever server connection the pooler picks) can be trusted
+// to: ending that backend does, and the pooler opens another server connection when it needs one.
+func (e *Elector) unlockPooled(conn *pgx.Conn, pid int32) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CheckTimeout)
+	defer cancel()
+	_, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+	var pgErr *pgconn.PgError
+	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "57P01") { // admin_shutdown: the statement ran on that very backend
+		e.log.Warn("could not end the pooled PostgreSQL backend that took the leader lock through a pooler in transaction mode; the lock stays with it until the pooler closes that server connection",
+			zap.String("slot", e.cfg.Slot), zap.Int32("backend_pid", pid), zap.Error(err))
+	}
+}
+
+// begin starts a term on conn, whose backend pid has just taken the lock with a statement sent at sent, after
 // ending the previous holder's walsender. It fails when the session's state is unknown (a statement
 // went unanswered, so pgx closed the connection): the lock may be gone with it.
-func (e *Elector) begin(ctx context.Context, conn *pgx.Conn, sent time.Time, previous *Holder) (*Term, error) {
+func (e *Elector) begin(ctx context.Context, conn *pgx.Conn, sent time.Time, previous *Holder, pid int32) (*Term, error) {
 	if previous != nil {
 		answered, err := e.endStaleWalsender(ctx, conn, *previous, sent)
 		if !answered.IsZero() {
@@ -332,7 +495,7 @@ func (e *Elector) begin(ctx context.Context, conn *pgx.Conn, sent time.Time, pre
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return newTerm(conn, e.cfg, e.log, sent), nil
+	return newTerm(conn, e.cfg, e.log, sent, uint32(pid)), nil
 }
 
 // endStaleWalsender ends the walsender of the previous leader when it still streams the slot. A
@@ -427,19 +590,26 @@ type Term struct {
 	done      chan struct{}
 	pid       uint32
 	streaming atomic.Pointer[func() bool]
+	// standbys is how many other sessions held the candidate lock at the last check.
+	standbys atomic.Int32
 }
 
-// newTerm starts watching the lock connection; sent is when the last statement the session
-// answered was sent, where the first lease begins.
-func newTerm(conn *pgx.Conn, cfg Config, log *zap.Logger, sent time.Time) *Term {
+// Standbys is how many standbys ready to take over (see Config.BeforeLock) waited at the last
+// check of the lock connection.
+func (t *Term) Standbys() int { return int(t.standbys.Load()) }
+
+// newTerm starts watching the lock connection, whose backend pid holds the lock; sent is when the
+// last statement the session answered was sent, where the first lease begins.
+func newTerm(conn *pgx.Conn, cfg Config, log *zap.Logger, sent time.Time, pid uint32) *Term {
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Term{conn: conn, lost: make(chan struct{}), stop: make(chan struct{}), cancel: cancel,
-		done: make(chan struct{}), pid: conn.PgConn().PID()}
+		done: make(chan struct{}), pid: pid}
 	go t.watch(ctx, cfg, log, sent)
 	return t
 }
 
-// PID is the PostgreSQL backend that holds the lock.
+// PID is the PostgreSQL backend that holds the lock (pg_backend_pid: behind a pooler the
+// connection's own PID is one the pooler made up).
 func (t *Term) PID() uint32 { return t.pid }
 
 // PublishWalsender tells the term how to know that this leader streams the slot. While streaming
@@ -466,15 +636,23 @@ func (t *Term) Err() error {
 const walsenderTag = " walsender="
 
 // watch is the only user of the connection while the term lasts (pgx.Conn is not safe for
-// concurrent use). A session lock lasts as long as its session, so a working connection means the
-// lock is still held. The server's idle clock for the session restarts no earlier than a check is
-// sent, so the lease, as the server counts it, runs at least until the last answered check's
-// sending plus Lease. A check ends at CheckTimeout, or at fenceBy after the sending of the last
-// answered one, whichever is first (the latter only binds when this goroutine did not run for a
-// while: see Config.Lease); an unanswered check ends the term.
+// concurrent use). A session lock lasts as long as its session, so each check makes sure the
+// session is still the one that took it: the statement ran on the lock's backend and pg_locks
+// shows the lock granted to it. A working connection alone proves nothing behind a pooler that
+// runs statements on other server connections while the one that held the lock was closed (its
+// idle_session_timeout, the pooler's server_lifetime). The server's idle clock for the session
+// restarts no earlier than a check is sent, so the lease, as the server counts it, runs at least
+// until the last answered check's sending plus Lease. A check ends at CheckTimeout, or at fenceBy
+// after the sending of the last answered one, whichever is first (the latter only binds when this
+// goroutine did not run for a while: see Config.Lease); an unanswered check, or one that finds
+// another backend or the lock gone, ends the term.
 func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time.Time) {
 	defer close(t.done)
 	app := t.conn.Config().RuntimeParams["application_name"]
+	hi, lo := keyHalves(Key(cfg.Slot))
+	chi, clo := keyHalves(candidateKey(cfg.Slot))
+	standbys := `(SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND pid <> pg_backend_pid()
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND classid::bigint = $3 AND objid::bigint = $4)`
 	ticker := time.NewTicker(cfg.CheckInterval)
 	defer ticker.Stop()
 	for {
@@ -488,17 +666,24 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 		if end := sent.Add(cfg.fenceBy()); end.Before(deadline) {
 			deadline = end
 		}
-		query, args := "SELECT 1", []any(nil)
+		query, args := `SELECT pg_backend_pid(), `+heldByBackend(1, 2)+`, `+standbys, []any{hi, lo, chi, clo}
 		if f := t.streaming.Load(); f != nil && (*f)() {
-			query = `SELECT set_config('application_name', left($2::text, 63 - length($3::text || w.pid::text)) || $3::text || w.pid::text, false)
+			query = `SELECT pg_backend_pid(), ` + heldByBackend(1, 2) + `, ` + standbys + `, (SELECT set_config('application_name', left($6::text, 63 - length($7::text || w.pid::text)) || $7::text || w.pid::text, false)
 				FROM pg_replication_slots s JOIN pg_stat_activity w ON w.pid = s.active_pid
 				JOIN pg_stat_activity me ON me.pid = pg_backend_pid()
-				WHERE s.slot_name = $1 AND s.database = current_database() AND w.usesysid = me.usesysid
-				  AND w.client_addr IS NOT DISTINCT FROM me.client_addr AND w.backend_start >= me.backend_start`
-			args = []any{cfg.Slot, app, walsenderTag}
+				WHERE s.slot_name = $5 AND s.database = current_database() AND w.usesysid = me.usesysid
+				  AND w.client_addr IS NOT DISTINCT FROM me.client_addr AND w.backend_start >= me.backend_start) IS NOT NULL`
+			args = append(args, cfg.Slot, app, walsenderTag)
 		}
 		cctx, cancel := context.WithDeadline(ctx, deadline)
-		_, err := t.conn.Exec(cctx, query, args...)
+		var pid, waiting int32
+		var held, published bool
+		var err error
+		if len(args) > 4 {
+			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting, &published)
+		} else {
+			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting)
+		}
 		cancel()
 		took := time.Since(start)
 		select {
@@ -506,12 +691,22 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 			return // released: the check was cut short on purpose
 		default:
 		}
-		if err != nil {
+		switch {
+		case err != nil:
 			t.lostErr = fmt.Errorf("leader lock connection (backend PID %d) failed, or did not answer a check within leader_check_timeout (%s) or %s after the last answered one (PostgreSQL may end a silent leader's lock session %s after it): %w",
 				t.pid, cfg.CheckTimeout, cfg.fenceBy(), cfg.Lease(), err)
+		case uint32(pid) != t.pid:
+			t.lostErr = fmt.Errorf("leader lock of slot %q: the check ran on backend PID %d, not on backend PID %d that took the lock: the lock's session is gone (a pooler in transaction mode, or one that reconnected): %w",
+				cfg.Slot, pid, t.pid, ErrTransactionPooler)
+		case !held:
+			t.lostErr = fmt.Errorf("leader lock of slot %q: pg_locks no longer shows it granted to backend PID %d (released by a statement outside the relay, e.g. pg_advisory_unlock_all or DISCARD ALL)",
+				cfg.Slot, t.pid)
+		}
+		if t.lostErr != nil {
 			close(t.lost)
 			return
 		}
+		t.standbys.Store(waiting)
 		sent = start
 		if took > cfg.CheckTimeout/2 {
 			cfg.OnSlowCheck(took)

@@ -278,3 +278,80 @@ func TestReleaseDoesNotWaitForACheckInFlight(t *testing.T) {
 		t.Fatalf("Release took %s: it waited for the check in flight", took.Round(time.Millisecond))
 	}
 }
+
+// TestAStandbyThatCouldNotLeadLeavesTheLockAlone: BeforeLock failing (the relay's Kafka does not
+// answer) keeps a standby from taking a free lock; once it passes, the standby takes it.
+func TestAStandbyThatCouldNotLeadLeavesTheLockAlone(t *testing.T) {
+	dsn := newDatabase(t)
+	var fit atomic.Bool
+	el := leader.New(leader.Config{DSN: dsn, Slot: testenv.UniqueName(t, "slot"), RetryInterval: 100 * time.Millisecond,
+		BeforeLock: func(context.Context, bool) error {
+			if !fit.Load() {
+				return errors.New("kafka does not answer")
+			}
+			return nil
+		}}, zaptest.NewLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan *leader.Term, 1)
+	go func() {
+		term, _ := el.Campaign(ctx)
+		got <- term
+	}()
+	select {
+	case term := <-got:
+		if term != nil {
+			term.Release()
+		}
+		t.Fatal("a standby that could not lead took the free lock")
+	case <-time.After(1500 * time.Millisecond):
+	}
+	fit.Store(true)
+	select {
+	case term := <-got:
+		if term == nil {
+			t.Fatal("the campaign failed")
+		}
+		term.Release()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the standby did not take the free lock within 5s once it could lead")
+	}
+}
+
+// TestTheLeaderSeesTheStandbysReadyToTakeOver: a standby that has seen the leader and for which
+// BeforeLock passes says so with a shared lock; the leader's checks count it (Term.Standbys), and
+// stop counting it once BeforeLock fails.
+func TestTheLeaderSeesTheStandbysReadyToTakeOver(t *testing.T) {
+	ctx := context.Background()
+	dsn := newDatabase(t)
+	slot := testenv.UniqueName(t, "slot")
+	termA := campaign(t, ctx, leader.New(leader.Config{DSN: dsn, Slot: slot}, zaptest.NewLogger(t)))
+	defer termA.Release()
+	var fit atomic.Bool
+	b := leader.New(leader.Config{DSN: dsn, Slot: slot, RetryInterval: 100 * time.Millisecond,
+		BeforeLock: func(_ context.Context, contended bool) error {
+			if !fit.Load() {
+				return errors.New("kafka does not answer")
+			}
+			return nil
+		}}, zaptest.NewLogger(t))
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go b.Campaign(bctx)
+	wait := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for termA.Standbys() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("the leader counts %d standbys ready, want %d", termA.Standbys(), want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	wait(0)
+	fit.Store(true)
+	wait(1)
+	fit.Store(false)
+	wait(0)
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checks the tools the local services need (PostgreSQL server + pg_recvlogical, Java 17+, Maven)
-# and installs missing ones with apt-get when running as root. Fast and silent when all exist.
+# Checks the tools the local services need (PostgreSQL server + pg_recvlogical, Java 17+, Maven,
+# PgBouncer for the leader-lock-through-a-pooler tests) and installs missing ones with apt-get when running as root. Fast and silent when all exist.
 set -euo pipefail
 
 missing=()
@@ -36,6 +36,8 @@ command -v unzip >/dev/null || missing+=(unzip)
 command -v xz >/dev/null || missing+=(xz-utils)
 # deploy/'s test runs Prometheus' own checks of the alert rules and their unit tests with promtool.
 command -v promtool >/dev/null || missing+=(prometheus)
+# internal/devenv runs PgBouncer (Debian installs it in /usr/sbin) for the leader lock's pooler tests.
+command -v pgbouncer >/dev/null || [[ -x /usr/sbin/pgbouncer ]] || missing+=(pgbouncer)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0

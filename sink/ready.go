@@ -17,6 +17,8 @@ import (
 // relay does not trust or the broker refused) or when ctx ends.
 // It also lowers the record size limit to the broker's message.max.bytes when that is smaller.
 func (s *Sink) WaitReady(ctx context.Context) error {
+	s.starting.Store(true)
+	defer s.starting.Store(false)
 	for attempt := 0; ; attempt++ {
 		// A fresh transport per attempt: a pooled one would answer from state cached while the
 		// brokers were down.
@@ -24,6 +26,7 @@ func (s *Sink) WaitReady(ctx context.Context) error {
 		client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: probe, Timeout: 10 * time.Second}
 		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
 		if err == nil && len(md.Brokers) > 0 {
+			s.answered()
 			s.adoptBrokerLimit(ctx, client, md.Brokers[0].ID)
 			probe.CloseIdleConnections()
 			if attempt > 0 {

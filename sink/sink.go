@@ -170,6 +170,9 @@ type Sink struct {
 	failed   chan struct{} // closed by fatal
 	failOnce sync.Once
 	failErr  error
+
+	lastAnswer atomic.Int64 // unix nanoseconds of the last answer of a broker (LastAnswer)
+	starting   atomic.Bool  // WaitReady is waiting for Kafka
 }
 
 // record is one event on its way to Kafka.
@@ -354,6 +357,7 @@ func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *p
 func (s *Sink) retrying(topic string, partition, records int, err error, delay time.Duration) {
 	s.m.KafkaRetries.Inc()
 	if topicLevel(err) {
+		s.answered() // the broker is there; the topic is what is missing
 		s.topics.unavailable(topic, err)
 	}
 	fields := []zap.Field{zap.String("topic", topic), zap.Int("partition", partition), zap.Int("events", records),
@@ -558,6 +562,7 @@ func backoff(attempt int) time.Duration {
 // completed is the main producer's report on a batch of one partition: acknowledged, or refused
 // for good by the broker (then for a single record).
 func (s *Sink) completed(batch []*record, err error) {
+	s.answered()
 	if errors.Is(err, errTopicRefused) {
 		s.topics.unavailable(batch[0].msg.Topic, err) // readiness names it until the topic takes a record
 	} else {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -83,6 +84,8 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		zap.String("table", cfg.Schema+"."+cfg.Table),
 		zap.String("topic_template", cfg.TopicTemplate),
 		zap.Bool("leader_election", cfg.LeaderElection),
+		zap.String("leader_dsn", config.RedactDSN(cfg.LeaderDSN)),
+		zap.Duration("leader_kafka_timeout", cfg.LeaderKafkaTimeout),
 		zap.String("delivery", cfg.Delivery))
 	if cfg.ExactlyOnce() {
 		log.Info("exactly-once delivery: events are published in Kafka transactions; consumers must read with isolation.level=read_committed",
@@ -114,7 +117,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.LeaderElection {
 		err = runLeaderLoop(ctx, cfg, rcfg, log, m, state)
 	} else {
-		err = runTerm(ctx, nil, rcfg, log, m, state)
+		err = runTerm(ctx, nil, rcfg, log, m, state, 0)
 	}
 	if err != nil {
 		// Driver errors can quote connection parameters; never let a secret reach the terminal.
@@ -127,14 +130,16 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 // runLeaderLoop stands by until this instance holds the leader lock, streams while it does, and
 // stands by again when it loses it. It returns when ctx ends or on an error retrying cannot fix.
 func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
+	handovers := 0 // in a row, for the pause before competing again
 	el := leader.New(leader.Config{
-		DSN:           cfg.PGDSN,
+		DSN:           cmp.Or(cfg.LeaderDSN, cfg.PGDSN),
 		PasswordFile:  cfg.PGPasswordFile,
 		Slot:          cfg.Slot,
 		RetryInterval: cfg.LeaderRetryInterval,
 		CheckTimeout:  cfg.LeaderCheckTimeout,
 		OnStandby:     state.Standby,
 		OnSlowCheck:   func(time.Duration) { m.LeaderSlowChecks.Inc() },
+		BeforeLock:    kafkaAnswers(cfg, rcfg, func() bool { return handovers > 0 }),
 	}, log.Named("leader"))
 	var busySince time.Time // while this instance holds the lock but someone else streams the slot
 	for {
@@ -148,14 +153,29 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 		}
 		log.Info("leader: holding the leader lock; streaming the slot",
 			zap.String("slot", cfg.Slot), zap.Uint32("lock_backend_pid", term.PID()))
-		err = runTerm(ctx, term, rcfg, log, m, state)
+		began := time.Now()
+		err = runTerm(ctx, term, rcfg, log, m, state, cfg.LeaderKafkaTimeout)
 		term.Release()
 		if !errors.Is(err, replication.ErrSlotActive) {
 			busySince = time.Time{}
 		}
+		if !errors.Is(err, errKafkaSilent) || time.Since(began) > maxHandoverPause {
+			handovers = 0
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil
+		case errors.Is(err, errKafkaSilent):
+			handovers++
+			pause := handoverPause(handoverBase(cfg.LeaderRetryInterval), handovers)
+			log.Warn("released the leader lock, cut off from Kafka; competing again after a pause, and only once Kafka answers",
+				zap.String("slot", cfg.Slot), zap.Duration("pause", pause), zap.Int("handovers_in_a_row", handovers))
+			state.Standby(true)
+			select {
+			case <-time.After(pause):
+			case <-ctx.Done():
+				return nil
+			}
 		case errors.Is(err, relay.ErrFenced):
 			// Campaign again at once: usually another instance has the lock by now and this one
 			// becomes its standby; if PostgreSQL restarted, this one may simply lead again.
@@ -198,11 +218,11 @@ func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, l
 // two, and stands by like any fenced leader; a relay that still holds its lock was fenced by
 // something outside the election (two slots configured with one transactional_id, or a relay with
 // leader_election off), and ends with an error rather than fence that one in turn.
-func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
+func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State, kafkaTimeout time.Duration) error {
 	restarts := 0
 	for {
 		started := time.Now()
-		err := runRelayOnce(ctx, term, rcfg, log, m, state)
+		err := runRelayOnce(ctx, term, rcfg, log, m, state, kafkaTimeout)
 		switch {
 		case errors.Is(err, relay.ErrRestart) && ctx.Err() == nil:
 			if time.Since(started) > time.Minute {
@@ -256,8 +276,9 @@ func supersededTerm(ctx context.Context, term *leader.Term, err error, log *zap.
 	return fmt.Errorf("%w, while this instance still holds the leader lock of its slot: a producer outside the leader election uses the same transactional_id (two slots configured with one transactional_id, or a relay with leader_election off). Give each slot its own transactional_id, and stop relays that run without the election", err)
 }
 
-// runRelayOnce builds a relay and runs it until ctx ends or, with a term, until the term is lost.
-func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
+// runRelayOnce builds a relay and runs it until ctx ends or, with a term, until the term is lost or
+// (kafkaTimeout > 0) Kafka has not answered for kafkaTimeout while events waited (handover.go).
+func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State, kafkaTimeout time.Duration) error {
 	r, err := relay.New(rcfg, log, m)
 	if err != nil {
 		return err
@@ -269,15 +290,30 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	var lost <-chan struct{}
+	var silent <-chan time.Duration
 	if term != nil {
 		lost = term.Lost()
 		// The next leader ends exactly this relay's walsender should this one be cut off.
 		term.PublishWalsender(r.Streaming)
+		if kafkaTimeout > 0 {
+			wctx, stopWatch := context.WithCancel(ctx)
+			defer stopWatch()
+			silent = watchKafka(wctx, r.Sink(), kafkaTimeout, func() bool { return term.Standbys() > 0 })
+		}
 	}
 	select {
 	case err := <-done:
 		return err
 	case <-lost:
+	case d := <-silent:
+		log.Error("no Kafka acknowledgement while events waited for leader_kafka_timeout; handing over: streaming stops now without confirming what Kafka did not acknowledge, and the leader lock is released for a standby that can reach Kafka",
+			zap.Duration("silent_for", d.Round(time.Millisecond)), zap.Duration("leader_kafka_timeout", kafkaTimeout), zap.Strings("kafka_brokers", rcfg.Sink.Brokers),
+			zap.Int("standbys_ready", term.Standbys()))
+		r.Fence()
+		if err := <-done; err != nil && !errors.Is(err, relay.ErrFenced) {
+			return err
+		}
+		return fmt.Errorf("%w for %s (leader_kafka_timeout %s)", errKafkaSilent, d.Round(time.Millisecond), kafkaTimeout)
 	}
 	log.Error("lost the leader lock connection; fencing: streaming stops now and unconfirmed events are replayed by the next leader",
 		zap.Error(term.Err()))

@@ -157,6 +157,17 @@ func Kafka(t testing.TB, opts ...devenv.KafkaOptions) *devenv.Kafka {
 	})
 }
 
+// PgBouncer starts a dedicated PgBouncer in front of pg for t, closed at t's cleanup. opts (at
+// most one) may set anything but Dir.
+func PgBouncer(t testing.TB, pg *devenv.Postgres, opts ...devenv.PgBouncerOptions) *devenv.PgBouncer {
+	t.Helper()
+	return dedicated(t, "pgbouncer", func(ctx context.Context, dir string) (*devenv.PgBouncer, error) {
+		o := first(opts)
+		o.Dir = dir
+		return devenv.StartPgBouncer(ctx, pg, o)
+	})
+}
+
 // SharedPostgres returns the test binary's cluster of PGVersion, started on first use. Tests
 // must not stop it; UniqueName keeps their databases and slots apart.
 func SharedPostgres(t testing.TB) *devenv.Postgres {

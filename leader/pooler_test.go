@@ -1,0 +1,143 @@
+package leader_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/leader"
+)
+
+// throughPgBouncer returns dsn's database behind a real PgBouncer in mode.
+func throughPgBouncer(t *testing.T, dsn, mode string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := testenv.PgBouncer(t, testenv.SharedPostgres(t), devenv.PgBouncerOptions{PoolMode: mode})
+	return b.DSN(strings.TrimPrefix(u.Path, "/"))
+}
+
+// TestALeaderElectionThroughATransactionModePoolerIsRefused: behind PgBouncer in transaction mode
+// a session lock sits on one pooled server connection that every client of the pool shares, so a
+// second instance's pg_try_advisory_lock lands on the holder's backend and succeeds too (locks are
+// re-entrant): two leaders. The election refuses to start there, naming the fix.
+func TestALeaderElectionThroughATransactionModePoolerIsRefused(t *testing.T) {
+	dsn := newDatabase(t)
+	pooled := throughPgBouncer(t, dsn, "transaction")
+	slot := testenv.UniqueName(t, "slot")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	var mu sync.Mutex
+	var terms []*leader.Term
+	var errs []error
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			el := leader.New(leader.Config{DSN: pooled, Slot: slot, RetryInterval: 100 * time.Millisecond}, zaptest.NewLogger(t))
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			term, err := el.Campaign(cctx)
+			mu.Lock()
+			defer mu.Unlock()
+			if term != nil {
+				terms = append(terms, term)
+			}
+			errs = append(errs, err)
+		}()
+		time.Sleep(500 * time.Millisecond) // the first has taken the lock (today) when the second tries
+	}
+	wg.Wait()
+	for _, term := range terms {
+		term.Release()
+	}
+	if len(terms) > 0 {
+		t.Fatalf("%d instances lead through a transaction-mode pooler (errors %v); want the election refused", len(terms), errs)
+	}
+	for _, err := range errs {
+		if !errors.Is(err, leader.ErrTransactionPooler) {
+			t.Fatalf("Campaign error = %v, want ErrTransactionPooler", err)
+		}
+		if !strings.Contains(err.Error(), "session-mode") || !strings.Contains(err.Error(), "leader_dsn") {
+			t.Fatalf("the refusal does not name the fix (a direct or session-mode connection, leader_dsn): %v", err)
+		}
+	}
+	t.Logf("refused: %v", errs[0])
+
+	// Nothing is left holding the lock on a pooled backend.
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if h, held, err := leader.LockHolder(ctx, conn, slot); err != nil || held {
+		t.Fatalf("after the refusals the lock is held (%v) by %+v, err %v", held, h, err)
+	}
+}
+
+// TestALeaderElectionThroughASessionModePoolerHasOneLeader: in session mode a client keeps its
+// server connection, so the lock behaves as on a direct connection: one leader, the other stands
+// by and takes over on release. The term's PID is the PostgreSQL backend's (pg_backend_pid), not
+// the one PgBouncer makes up for its client.
+func TestALeaderElectionThroughASessionModePoolerHasOneLeader(t *testing.T) {
+	ctx := context.Background()
+	dsn := newDatabase(t)
+	pooled := throughPgBouncer(t, dsn, "session")
+	slot := testenv.UniqueName(t, "slot")
+	termA := campaign(t, ctx, leader.New(leader.Config{DSN: pooled, Slot: slot, RetryInterval: 100 * time.Millisecond}, zaptest.NewLogger(t)))
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	h, held, err := leader.LockHolder(ctx, conn, slot)
+	if err != nil || !held || uint32(h.PID) != termA.PID() {
+		t.Fatalf("LockHolder = %+v, %v, %v; want the term's backend PID %d", h, held, err, termA.PID())
+	}
+
+	b := leader.New(leader.Config{DSN: pooled, Slot: slot, RetryInterval: 100 * time.Millisecond}, zaptest.NewLogger(t))
+	got := make(chan *leader.Term, 1)
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		term, err := b.Campaign(bctx)
+		if err != nil && bctx.Err() == nil {
+			t.Errorf("the standby's campaign through a session-mode pooler failed: %v", err)
+		}
+		got <- term
+	}()
+	select {
+	case termB := <-got:
+		if termB != nil {
+			termB.Release()
+		}
+		t.Fatal("a second elector took the lock while the first held it")
+	case <-termA.Lost():
+		t.Fatalf("the leader's term was lost through a session-mode pooler: %v", termA.Err())
+	case <-time.After(3 * time.Second):
+	}
+	termA.Release()
+	select {
+	case termB := <-got:
+		if termB == nil {
+			t.Fatal("the standby's campaign failed")
+		}
+		termB.Release()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the standby did not take the lock within 5s of its release")
+	}
+}
