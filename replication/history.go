@@ -5,12 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"sync"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 )
 
@@ -211,20 +213,33 @@ func (s *Stream) checkSlotPosition(c slotCheck) error {
 }
 
 // recordHolder notes in the ledger that this process streams the slot now, so that its next term
-// can tell its own confirmed position from another leader's. Optional like the rest of the
-// ledger: a failure is logged at debug level (checkSlotPosition warns when it matters).
-func (s *Stream) recordHolder(ctx context.Context) {
-	if s.mem == nil || s.holderRecorded || ctx.Err() != nil {
-		return
+// can tell its own confirmed position from another leader's. It runs after START_REPLICATION (the
+// slot is this session's alone) and before anything is confirmed. A ledger without the table or
+// the column, or that the role may not write, is optional like the rest of the ledger (no relay
+// of that role records anything, so a later term only warns). Any other failure ends the session,
+// to be retried: a stale record naming this process while another relay confirmed further would
+// make this process's next term stop for nothing.
+func (s *Stream) recordHolder(ctx context.Context) error {
+	if s.mem == nil || s.holderRecorded {
+		return nil
 	}
 	conn, err := s.cfg.Connect(ctx)
-	if err == nil {
-		defer conn.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return fmt.Errorf("record in the slot ledger that this process streams slot %q: %w", s.cfg.Slot, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	exists, err := s.ledger.Exists(ctx, conn)
+	if err == nil && exists {
 		err = s.ledger.RecordHolder(ctx, conn, s.cfg.Slot, s.mem.token)
 	}
-	if err != nil {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil && !exists:
+	case errors.As(err, &pgErr) && (pgErr.Code == "42703" || pgErr.Code == "42501" || pgErr.Code == "42P01"):
 		s.log.Debug("cannot record in the slot ledger that this process streams the slot", zap.String("table", s.ledger.Table()), zap.Error(err))
-		return
+	case err != nil:
+		return fmt.Errorf("record in %s that this process streams slot %q: %w", s.ledger.Table(), s.cfg.Slot, err)
 	}
 	s.holderRecorded = true
+	return nil
 }

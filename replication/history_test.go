@@ -265,3 +265,52 @@ func TestASlotMovedAheadBetweenTwoSessionsStopsTheStream(t *testing.T) {
 		})
 	}
 }
+
+// The legitimate case next to the one above: another relay process led in between (a takeover)
+// and confirmed the slot further; this process's next term finds the slot beyond what it confirmed
+// itself, and the ledger names the other relay as the last to stream it: it goes on.
+func TestANewTermGoesOnFromWhereAnotherRelayConfirmedTheSlot(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	slot := testenv.UniqueName(t, "slot")
+	processA, processB := replication.NewMemory(), replication.NewMemory()
+	term := func(mem *replication.Memory) (<-chan error, func()) {
+		return relayLikeStream(t, replication.Config{DSN: dsn, Slot: slot, Publication: slot, Table: "outbox_events",
+			CreateSlot: true, CreatePublication: true, StatusInterval: 200 * time.Millisecond, Memory: mem})
+	}
+	conn := must(pgx.Connect(ctx, dsn))
+	defer conn.Close(ctx)
+	lead := func(name string, mem *replication.Memory) {
+		t.Helper()
+		ended, stop := term(mem)
+		walsenderPID(t, dsn, slot)
+		if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+			SELECT 'a', 'k' || i, 'e', '{}' FROM generate_series(1, 50) i`); err != nil {
+			t.Fatal(err)
+		}
+		waitConfirmed(t, ctx, dsn, slot)
+		select {
+		case err := <-ended:
+			t.Fatalf("%s: the stream ended: %v", name, err)
+		default:
+		}
+		stop()
+		waitFor := time.Now().Add(30 * time.Second)
+		for {
+			var active bool
+			if err := conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active); err != nil {
+				t.Fatal(err)
+			}
+			if !active {
+				break
+			}
+			if time.Now().After(waitFor) {
+				t.Fatalf("%s: the slot is still active after the stop", name)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	lead("process A, first term", processA)
+	lead("process B", processB)
+	lead("process A, next term", processA)
+}

@@ -474,7 +474,9 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	s.setup(nil)
 	s.streamed = true
 	s.mem.note(s.cfg.Slot, s.identity, s.serverEnd, s.floor, 0, false)
-	s.recordHolder(ctx)
+	if err := s.recordHolder(ctx); err != nil {
+		return err
+	}
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
 		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval),
 		zap.Duration("receive_timeout", s.receiveTimeout))
