@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -108,8 +109,13 @@ func waitConfirmed(t *testing.T, ctx context.Context, dsn, slot string) pglogrep
 // transaction below it is skipped for good) nor carry on as if nothing happened: it stops, naming
 // the restore and the recovery.
 func TestAServerRestoredFromAnEarlierCopyStopsTheStreamAndIsNeverConfirmedPastItsWALEnd(t *testing.T) {
-	ctx := context.Background()
 	pg := testenv.Postgres(t)
+	t.Run("while the stream reconnects", func(t *testing.T) { restoredWhileStreaming(t, pg) })
+	t.Run("before a new term, with more WAL written since", func(t *testing.T) { restoredBeforeANewTerm(t, pg) })
+}
+
+func restoredWhileStreaming(t *testing.T, pg *devenv.Postgres) {
+	ctx := context.Background()
 	dsn := testenv.OutboxDatabase(t, pg)
 	slot := testenv.UniqueName(t, "slot")
 	ended, stop := relayLikeStream(t, replication.Config{DSN: dsn, Slot: slot, Publication: slot, Table: "outbox_events",
@@ -182,6 +188,73 @@ func TestAServerRestoredFromAnEarlierCopyStopsTheStreamAndIsNeverConfirmedPastIt
 		if time.Now().After(deadline) {
 			t.Fatalf("the stream went on streaming the restored server (slot at %s, relay had confirmed %s)", slotAt, confirmed)
 		}
+	}
+}
+
+// restoredBeforeANewTerm: the server is restored while the process is between two leadership terms,
+// and the restored server has written more WAL than the relay saw before the next term starts, so
+// its end of WAL no longer tells; its transaction ids do: it has not yet assigned ids the relay
+// received commits of.
+func restoredBeforeANewTerm(t *testing.T, pg *devenv.Postgres) {
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, pg)
+	slot := testenv.UniqueName(t, "slot")
+	process := replication.NewMemory()
+	cfg := replication.Config{DSN: dsn, Slot: slot, Publication: slot, Table: "outbox_events",
+		CreateSlot: true, CreatePublication: true, StatusInterval: 200 * time.Millisecond, Memory: process}
+	insert := func(transactions, rows int) {
+		t.Helper()
+		conn := must(pgx.Connect(ctx, dsn))
+		defer conn.Close(ctx)
+		for range transactions {
+			if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+				SELECT 'a', 'k' || i, 'e', ('{"pad": "'||repeat('x', 200)||'"}')::jsonb FROM generate_series(1, $1) i`, rows); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	_, stop := relayLikeStream(t, cfg)
+	walsenderPID(t, dsn, slot)
+	waitConfirmed(t, ctx, dsn, slot)
+	copyDir := filepath.Join(t.TempDir(), "data-copy")
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.CopyData(ctx, copyDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	insert(20, 100) // 20 transaction ids the restore takes back
+	waitConfirmed(t, ctx, dsn, slot)
+	stop() // the term ends
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.RestoreData(ctx, copyDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	insert(1, 6000) // more WAL than the relay saw, in one transaction
+
+	ended, stop := relayLikeStream(t, cfg) // the next term, same process
+	defer stop()
+	select {
+	case err := <-ended:
+		if !replication.IsFatal(err) || !strings.Contains(err.Error(), "next transaction id") || !strings.Contains(err.Error(), "forget-slot") {
+			t.Fatalf("the next term ended with %v, want a fatal error naming the transaction ids and the recovery", err)
+		}
+		t.Logf("stopped: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the next term streams the restored server")
+	}
+	conn := must(pgx.Connect(ctx, dsn))
+	defer conn.Close(ctx)
+	if slotAt, walEnd := slotPosition(t, ctx, conn, slot); slotAt > walEnd {
+		t.Fatalf("slot %s confirmed at %s, beyond the server's end of WAL %s", slot, slotAt, walEnd)
 	}
 }
 
