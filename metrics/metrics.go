@@ -33,11 +33,14 @@ type Metrics struct {
 	Reconnects        *prometheus.CounterVec // by component
 	StatusUpdates     prometheus.Counter
 
-	SlotLagBytes      prometheus.Gauge
-	SlotRetainedBytes prometheus.Gauge
-	SlotSafeWALSize   prometheus.Gauge
-	SlotWALStatus     *prometheus.GaugeVec // 1 for the current wal_status
-	SlotActive        prometheus.Gauge
+	SlotLagBytes prometheus.Gauge
+	// SlotAheadOfWALBytes is how far the slot's confirmed position lies beyond the server's end of
+	// WAL: never in a sound history (a restored data directory streamed beyond it).
+	SlotAheadOfWALBytes prometheus.Gauge
+	SlotRetainedBytes   prometheus.Gauge
+	SlotSafeWALSize     prometheus.Gauge
+	SlotWALStatus       *prometheus.GaugeVec // 1 for the current wal_status
+	SlotActive          prometheus.Gauge
 	// Series only where the server reports the column or setting (see slotmon.Column).
 	SlotInvalidated   *prometheus.GaugeVec // by reason: 1 for the slot's invalidation_reason (17+)
 	SlotInactiveSince *prometheus.GaugeVec // no labels: inactive_since (17+) while nothing streams the slot
@@ -128,6 +131,8 @@ func New(reg prometheus.Registerer) *Metrics {
 
 		SlotLagBytes: f.gauge("slot_lag_bytes",
 			"pg_current_wal_lsn() minus the slot's confirmed_flush_lsn."),
+		SlotAheadOfWALBytes: f.gauge("slot_confirmed_ahead_of_wal_bytes",
+			"The slot's confirmed_flush_lsn minus pg_current_wal_lsn() when positive: the slot was confirmed beyond the server's end of WAL (a data directory restored from an earlier copy), and transactions below it are skipped. 0 otherwise."),
 		SlotRetainedBytes: f.gauge("slot_retained_wal_bytes",
 			"pg_current_wal_lsn() minus the slot's restart_lsn: WAL kept on disk for the slot."),
 		SlotSafeWALSize: f.gauge("slot_safe_wal_size_bytes",

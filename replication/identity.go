@@ -22,8 +22,10 @@ func (s *Stream) identify(ctx context.Context, recorded Identity) error {
 		return err
 	}
 	s.guard.expectCluster(id.SystemID)
+	s.serverEnd = pglogrepl.LSN(res.XLogPos)
 	s.newTimeline = prev.Timeline != 0 && prev.Timeline != id.Timeline
 	if s.newTimeline {
+		s.maxXid, s.hasXid = 0, false
 		// The consumer starts over when it sees the Session's new timeline; until it has, the
 		// stream confirms only the slot's own position (confirmable).
 		// Positions of the old timeline mean nothing here, also as a baseline for eager updates.
@@ -131,5 +133,11 @@ func (s *Stream) confirmable() pglogrepl.LSN {
 	if s.ck.Timeline() != s.identity.Timeline {
 		return s.floor
 	}
-	return max(min(s.ck.Safe(), s.guard.Verified()), s.floor)
+	safe := min(s.ck.Safe(), s.guard.Verified())
+	if s.serverEnd != 0 {
+		// Never beyond the server's end of WAL: PostgreSQL takes such a position as it is, and
+		// after a restore in place every commit below it would be skipped (history.go).
+		safe = min(safe, s.serverEnd)
+	}
+	return max(safe, s.floor)
 }

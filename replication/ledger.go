@@ -203,3 +203,32 @@ func (l Ledger) RecordPositions(ctx context.Context, q queryExecer, slot, transa
 		slot, transactionalID, topic)
 	return err
 }
+
+// Holder returns the process that last recorded streaming slot (RecordHolder); ok is false when
+// the ledger cannot say (no ledger, no entry, nothing recorded, or a ledger from before migration
+// 0006).
+func (l Ledger) Holder(ctx context.Context, q queryExecer, slot string) (holder string, ok bool, err error) {
+	if exists, err := l.Exists(ctx, q); err != nil || !exists {
+		return "", false, err
+	}
+	var h *string
+	err = q.QueryRow(ctx, fmt.Sprintf("SELECT streamed_by FROM %s WHERE slot = $1", l.table), slot).Scan(&h)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42703": // undefined_column: not migrated
+		return "", false, nil
+	case err != nil:
+		return "", false, fmt.Errorf("read %s: %w", l.table, err)
+	case h == nil:
+		return "", false, nil
+	}
+	return *h, true, nil
+}
+
+// RecordHolder notes that the process holder streams slot now.
+func (l Ledger) RecordHolder(ctx context.Context, q queryExecer, slot, holder string) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, streamed_by, streamed_since) VALUES ($1, $2, now())
+		ON CONFLICT (slot) DO UPDATE SET streamed_by = EXCLUDED.streamed_by, streamed_since = EXCLUDED.streamed_since`, l.table),
+		slot, holder)
+	return err
+}

@@ -76,6 +76,9 @@ type Config struct {
 	// Failover makes the slot a failover slot (PostgreSQL 17+; a fatal error on older servers):
 	// created with FAILOVER, or altered when it exists without it.
 	Failover bool
+	// Memory is the process's memory of the slots it streamed (history.go), shared by every
+	// Stream the process builds (one per leadership term). Nil: this Stream's own.
+	Memory *Memory
 }
 
 // ConnConfig parses DSN for a new connection, with the password read from PasswordFile now.
@@ -214,6 +217,14 @@ type Stream struct {
 	reported   pglogrepl.LSN
 	streamed   bool // a session reached START_REPLICATION at least once
 	ahead      *readAhead
+	// mem is the process's memory of the slot (history.go). serverEnd is the server's end of WAL
+	// as this session knows it (IDENTIFY_SYSTEM, then data and keepalives): nothing beyond it is
+	// ever confirmed. maxXid is the newest transaction id of a Begin received.
+	mem            *Memory
+	serverEnd      pglogrepl.LSN
+	maxXid         uint32
+	hasXid         bool
+	holderRecorded bool // this Stream noted in the ledger that this process streams the slot
 	// identity is the server streamed from (IDENTIFY_SYSTEM), zero before the first session;
 	// ledgerIdentity is what the ledger holds, as far as this process knows.
 	identity       Identity
@@ -250,8 +261,16 @@ func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream
 	cfg.setDefaults()
 	guard := newHorizon(&cfg, log.Named("horizon"))
 	guard.m = m
+	mem := cfg.Memory
+	if mem == nil {
+		mem = NewMemory()
+	}
+	// The server the process streamed the slot from in an earlier term: a later term compares
+	// with it as with an earlier session (another cluster, a superseded primary, a failover),
+	// ledger or not.
+	known := mem.recall(cfg.Slot)
 	return &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema),
-		ahead: newReadAhead(cfg.BufferBytes), guard: guard,
+		ahead: newReadAhead(cfg.BufferBytes), guard: guard, mem: mem, identity: known.identity,
 		stopping: make(chan struct{})}
 }
 
@@ -315,6 +334,7 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) (err error) {
 		err := s.session(sessionCtx, out)
 		s.setup(nil)
 		cancel()
+		s.remember()
 		if ctx.Err() != nil {
 			return nil // Finish ends the copy stream
 		}
@@ -392,6 +412,9 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	if err := s.identify(ctx, checked.recorded); err != nil {
 		return err
 	}
+	if err := s.checkHistory(ctx, s.serverEnd); err != nil {
+		return err
+	}
 	if checked.systemID != "" && checked.systemID != s.identity.SystemID {
 		// Both agree with the cluster streamed before, if any (each was compared with it): a
 		// multi-host pg_dsn, or a name that moved, reached two clusters on a first start. The checks
@@ -413,7 +436,12 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 			return err
 		}
 	} else {
-		if slot.ConfirmedFlush, err = s.confirmedOnStreamServer(ctx); err != nil {
+		var walEnd pglogrepl.LSN
+		if slot.ConfirmedFlush, walEnd, err = s.confirmedOnStreamServer(ctx); err != nil {
+			return err
+		}
+		if err := s.checkSlotPosition(slotCheck{confirmed: slot.ConfirmedFlush, walEnd: walEnd,
+			holder: checked.holder, holderOK: checked.holderOK}); err != nil {
 			return err
 		}
 		if err := s.ensureFailover(ctx, s.newTimeline); err != nil {
@@ -451,6 +479,10 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	// Streaming: from here on only ctx ends the session, so a stop can finish the transaction.
 	s.setup(nil)
 	s.streamed = true
+	s.mem.note(s.cfg.Slot, s.identity, s.serverEnd, s.floor, 0, false)
+	if err := s.recordHolder(ctx); err != nil {
+		return err
+	}
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
 		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval),
 		zap.Duration("receive_timeout", s.receiveTimeout))
@@ -469,6 +501,10 @@ type checked struct {
 	recorded Identity
 	// systemID is the cluster the checks ran on ("" when the role may not read it).
 	systemID string
+	// holder is the process the ledger says streamed the slot last; holderOK is false when the
+	// ledger cannot say.
+	holder   string
+	holderOK bool
 }
 
 // prepare runs the checks on an ordinary connection and returns the slot's current state. Which
@@ -508,27 +544,37 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 	if c.slot, err = s.prepareSlot(ctx, conn); err != nil {
 		return checked{}, err
 	}
+	if c.slot.Exists {
+		if c.holder, c.holderOK, err = s.ledger.Holder(ctx, conn, s.cfg.Slot); err != nil {
+			s.log.Debug("cannot read who streamed the slot last from the slot ledger", zap.Error(err))
+			c.holderOK = false
+		}
+	}
 	return c, nil
 }
 
 // confirmedOnStreamServer reads the slot's confirmed position over the replication connection. The
 // checks read it on their own connection, which a multi-host pg_dsn (or a host name that moved) may
 // have led to another server than the one streamed from; the floor confirmed to the server must be
-// that server's own.
-func (s *Stream) confirmedOnStreamServer(ctx context.Context) (pglogrepl.LSN, error) {
+// that server's own. walEnd is that server's flushed end of WAL, read after the slot (the view
+// reads every slot before the target list runs), so a slot beyond it was confirmed beyond it.
+func (s *Stream) confirmedOnStreamServer(ctx context.Context) (confirmed, walEnd pglogrepl.LSN, err error) {
 	// A replication=database connection runs simple-protocol SQL.
-	results, err := s.conn.Exec(ctx, "SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = "+quoteLiteral(s.cfg.Slot)).ReadAll()
+	results, err := s.conn.Exec(ctx, "SELECT confirmed_flush_lsn, pg_catalog.pg_current_wal_flush_lsn() FROM pg_catalog.pg_replication_slots WHERE slot_name = "+quoteLiteral(s.cfg.Slot)).ReadAll()
 	if err != nil {
-		return 0, fmt.Errorf("read slot %q on the replication connection: %w", s.cfg.Slot, err)
+		return 0, 0, fmt.Errorf("read slot %q on the replication connection: %w", s.cfg.Slot, err)
 	}
 	if len(results) != 1 || len(results[0].Rows) != 1 || results[0].Rows[0][0] == nil {
-		return 0, fmt.Errorf("slot %q, which the checks found, is not a usable slot on the server the replication connection reached (a multi-host pg_dsn, or a host name that moved between the two connections); retrying", s.cfg.Slot)
+		return 0, 0, fmt.Errorf("slot %q, which the checks found, is not a usable slot on the server the replication connection reached (a multi-host pg_dsn, or a host name that moved between the two connections); retrying", s.cfg.Slot)
 	}
-	lsn, err := pglogrepl.ParseLSN(string(results[0].Rows[0][0]))
-	if err != nil {
-		return 0, fmt.Errorf("slot %q confirmed_flush_lsn %q: %w", s.cfg.Slot, results[0].Rows[0][0], err)
+	row := results[0].Rows[0]
+	if confirmed, err = pglogrepl.ParseLSN(string(row[0])); err != nil {
+		return 0, 0, fmt.Errorf("slot %q confirmed_flush_lsn %q: %w", s.cfg.Slot, row[0], err)
 	}
-	return lsn, nil
+	if walEnd, err = pglogrepl.ParseLSN(string(row[1])); err != nil {
+		return 0, 0, fmt.Errorf("pg_current_wal_flush_lsn %q: %w", row[1], err)
+	}
+	return confirmed, walEnd, nil
 }
 
 func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, error) {
@@ -562,10 +608,13 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 	if err != nil {
 		return SlotInfo{}, err
 	}
+	// What this process streamed outlives its leadership terms: a term after a promotion of a
+	// standby without the slot finds it gone, ledger or not.
+	known := s.mem.recall(s.cfg.Slot)
 	switch {
-	case !slot.Exists && s.streamed:
+	case !slot.Exists && (s.streamed || known.streamed):
 		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed after its last confirmed position %s would be skipped. %s",
-			ErrSlotLost, s.cfg.Slot, s.reported, s.recovery())
+			ErrSlotLost, s.cfg.Slot, max(s.reported, known.confirmed), s.recovery())
 	case !slot.Exists && !s.cfg.CreateSlot:
 		return SlotInfo{}, fatalf("replication slot %q does not exist and create_slot is off: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", s.cfg.Slot, s.cfg.Slot)
 	case !slot.Exists:
@@ -796,6 +845,7 @@ func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []
 		if err != nil {
 			return fmt.Errorf("parse keepalive: %w", err)
 		}
+		s.serverEnd = max(s.serverEnd, pkm.ServerWALEnd)
 		if s.stopSigns.keepalive(pkm.ReplyRequested, pkm.ServerWALEnd, time.Now(), s.interval) {
 			return errWalsenderStopping
 		}
@@ -814,6 +864,10 @@ func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []
 		if xld.WALStart > s.received {
 			s.received = xld.WALStart
 			s.m.ReceivedLSN.Set(float64(xld.WALStart))
+		}
+		s.serverEnd = max(s.serverEnd, xld.ServerWALEnd, xld.WALStart)
+		if xid, ok := beginXid(xld.WALData); ok && (!s.hasXid || xidAfter(xid, s.maxXid)) {
+			s.maxXid, s.hasXid = xid, true
 		}
 		// forward copies the data: pgconn reuses its read buffer.
 		return s.forward(ctx, out, Message{Kind: Data, WALStart: xld.WALStart, Data: xld.WALData})
@@ -893,6 +947,9 @@ func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 	if flush == 0 {
 		return nil
 	}
+	// Remembered before it is sent: a server that read a status update the relay saw fail has
+	// confirmed it all the same.
+	s.mem.note(s.cfg.Slot, s.identity, max(s.serverEnd, s.received), flush, s.maxXid, s.hasXid)
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: max(s.received, flush),
 		WALFlushPosition: flush,

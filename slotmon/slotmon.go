@@ -70,6 +70,11 @@ type State struct {
 	CurrentLSN     pglogrepl.LSN `json:"-"`
 	// LagBytes is CurrentLSN - ConfirmedFlush: WAL not yet confirmed by the relay.
 	LagBytes int64 `json:"lag_bytes"`
+	// AheadOfWALBytes is ConfirmedFlush - CurrentLSN when the slot is confirmed beyond the
+	// server's end of WAL (LagBytes is then 0): a sound history never has it; a data directory
+	// restored from an earlier copy, streamed by a relay that had gone further, does, and every
+	// transaction committed below the slot's position is skipped.
+	AheadOfWALBytes int64 `json:"confirmed_ahead_of_wal_bytes,omitempty"`
 	// RetainedBytes is CurrentLSN - RestartLSN: WAL the server keeps on disk for the slot.
 	RetainedBytes int64 `json:"retained_wal_bytes"`
 
@@ -175,6 +180,7 @@ func Read(ctx context.Context, q interface {
 	}
 	if lag != nil {
 		st.LagBytes = max(*lag, 0)
+		st.AheadOfWALBytes = max(-*lag, 0)
 	}
 	if retained != nil {
 		st.RetainedBytes = max(*retained, 0)
@@ -366,6 +372,7 @@ func Publish(m *metrics.Metrics, st State) {
 		m.SlotWALStatus.WithLabelValues(s).Set(boolGauge(st.Exists && st.WALStatus == s))
 	}
 	publishVersioned(m, st)
+	m.SlotAheadOfWALBytes.Set(float64(st.AheadOfWALBytes))
 	if !st.Exists {
 		m.SlotLagBytes.Set(0)
 		m.SlotRetainedBytes.Set(0)

@@ -500,3 +500,75 @@ func TestWithElectionOffARelayStreamsAloneAndAnElectedRelayWaitsForItInsteadOfEx
 	elected.stop(t)
 	step("relay-elected stopped")
 }
+
+// Each leadership term builds a new relay and stream, and without the slot ledger (not migrated,
+// or not readable by the relay's role) the new term used to know nothing of the slot the process
+// had streamed: after a promotion of a standby without the slot (PostgreSQL 16 or older) it
+// created a new one and skipped what was committed in the gap without a word. What the process
+// streamed outlives its terms: a new term finding the slot gone refuses to create it and the relay
+// stops with the recovery.
+func TestANewTermWithoutALedgerRefusesToRecreateTheSlotTheProcessStreamed(t *testing.T) {
+	f := newHAFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, "DROP TABLE outbox_relay_slots"); err != nil {
+		t.Fatal(err)
+	}
+	a := f.start("relay-a", nil)
+	walsender := f.waitStreamer(t, a, haStartTimeout)
+	lockPID := f.lockHolder(t)
+
+	// End the term, and keep the next one from starting until the slot is gone: this session
+	// queues for the leader lock before the leader's lock session ends, so it gets the lock first.
+	hold, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close(ctx)
+	locked := make(chan error, 1)
+	go func() {
+		_, err := hold.Exec(ctx, "SELECT pg_advisory_lock($1)", leader.Key(f.slot))
+		locked <- err
+	}()
+	waitFor(t, 10*time.Second, "the test session waits for the leader lock", func() bool {
+		var waiting bool
+		f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)`).Scan(&waiting)
+		return waiting
+	})
+	if _, err := f.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", lockPID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-locked:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the test session did not get the leader lock")
+	}
+	a.waitLog(t, haStartTimeout, "error", "lost the leader lock connection; fencing")
+	// The promotion of a standby without the slot, as the next term sees it: the slot is gone.
+	waitFor(t, 30*time.Second, "the fenced walsender ends and the slot is dropped", func() bool {
+		_, err := f.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", f.slot)
+		return err == nil
+	})
+	t.Logf("walsender %d fenced; slot dropped", walsender)
+	if _, err := hold.Exec(ctx, "SELECT pg_advisory_unlock($1)", leader.Key(f.slot)); err != nil {
+		t.Fatal(err)
+	}
+
+	code, exited := a.Wait(haStartTimeout)
+	var slots int
+	if err := f.pool.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if slots != 0 {
+		t.Fatalf("the next term created slot %s anew (exited: %v): events committed after its last confirmed position would be skipped\n%s", f.slot, exited, a.Output())
+	}
+	if !exited || code == 0 {
+		t.Fatalf("the relay did not stop with an error (exited: %v, status %d)\n%s", exited, code, a.Output())
+	}
+	out := a.Output()
+	if !strings.Contains(out, "replication slot lost: slot \""+f.slot+"\" no longer exists") || !strings.Contains(out, "forget-slot") {
+		t.Fatalf("the relay did not say the slot is gone and how to recover:\n%s", out)
+	}
+}

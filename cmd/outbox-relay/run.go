@@ -59,6 +59,8 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	probe.Sink().Close(ctx)
+	// What the process learns of its slot outlives each leadership term's relay (replication.Memory).
+	rcfg.Replication.Memory = replication.NewMemory()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)

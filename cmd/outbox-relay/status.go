@@ -281,6 +281,9 @@ func printStatus(w io.Writer, rep statusReport) {
 		fmt.Fprintf(tw, "confirmed LSN\t%s\n", rep.ConfirmedFlushLSN)
 		fmt.Fprintf(tw, "current LSN\t%s\n", rep.CurrentWALLSN)
 		fmt.Fprintf(tw, "lag\t%s (current - confirmed)\n", bytesText(rep.LagBytes))
+		if rep.AheadOfWALBytes > 0 {
+			fmt.Fprintf(tw, "AHEAD OF WAL\t%s: the slot is confirmed beyond the server's end of WAL (a data directory restored from an earlier copy?); transactions below it are skipped: docs/operations.md, \"Recovering a lost or missing slot\"\n", bytesText(rep.AheadOfWALBytes))
+		}
 		fmt.Fprintf(tw, "retained WAL\t%s (current - restart_lsn %s)\n", bytesText(rep.RetainedBytes), rep.RestartLSN)
 	}
 	if rep.Leader != nil {

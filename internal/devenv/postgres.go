@@ -395,3 +395,24 @@ func isExec(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }
+
+// CopyData copies the stopped server's data directory to dst (a cold copy, like a volume
+// snapshot), owners and modes kept, for RestoreData.
+func (p *Postgres) CopyData(ctx context.Context, dst string) error {
+	if err := exec.CommandContext(ctx, "cp", "-a", p.needle, dst).Run(); err != nil {
+		return fmt.Errorf("postgres: copy %s to %s (is the server stopped?): %w", p.needle, dst, err)
+	}
+	return nil
+}
+
+// RestoreData replaces the stopped server's data directory with a copy CopyData made: the server
+// then starts where the copy was taken, on the same timeline (a restore in place).
+func (p *Postgres) RestoreData(ctx context.Context, src string) error {
+	if err := os.RemoveAll(p.needle); err != nil {
+		return fmt.Errorf("postgres: remove %s: %w", p.needle, err)
+	}
+	if err := exec.CommandContext(ctx, "cp", "-a", src, p.needle).Run(); err != nil {
+		return fmt.Errorf("postgres: restore %s from %s: %w", p.needle, src, err)
+	}
+	return nil
+}
