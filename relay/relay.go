@@ -379,6 +379,18 @@ func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
 	return nil
 }
 
+// forgetOpenTransaction aborts, in the tracker, a transaction whose Commit will not come: the
+// stream ended (a stop while it was reconnecting, or a fatal error), or a stop came while a new
+// session was replaying transactions before it. The next start replays it from its Begin, events
+// already sent included (unless, with exactly-once delivery, a committed Kafka transaction holds
+// them).
+func (r *Relay) forgetOpenTransaction() {
+	if commitLSN, aborted := r.tracker.Abort(); aborted {
+		r.log.Warn("the replication stream ended inside a transaction; the next start replays it, publishing its events already sent again",
+			zap.Stringer("commit_lsn", commitLSN))
+	}
+}
+
 func (r *Relay) closeSink(ctx context.Context) {
 	if err := r.sink.Close(ctx); err != nil {
 		r.log.Debug("sink closed with events in flight", zap.Error(err))
@@ -393,7 +405,14 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 	var tx *checkpoint.Txn
 	stopping := stop.Done()
 	for {
-		if hard.Err() != nil || (tx == nil && stop.Err() != nil) {
+		if hard.Err() != nil {
+			return nil
+		}
+		if tx == nil && stop.Err() != nil {
+			// A transaction a lost session was in the middle of may still be open in the tracker
+			// (the new session was replaying older ones when the stop came): the stop must not wait
+			// for its Commit, which will not come now.
+			r.forgetOpenTransaction()
 			return nil
 		}
 		var msg replication.Message
@@ -407,14 +426,7 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 			return nil
 		}
 		if !ok {
-			if commitLSN, aborted := r.tracker.Abort(); aborted {
-				// The stream ended (a stop while it was reconnecting, or a fatal error) inside a
-				// transaction whose Commit will not come. Forget it: the next start replays it from
-				// its Begin, events already sent included (unless, with exactly-once delivery, a
-				// committed Kafka transaction holds them).
-				r.log.Warn("the replication stream ended inside a transaction; the next start replays it, publishing its events already sent again",
-					zap.Stringer("commit_lsn", commitLSN))
-			}
+			r.forgetOpenTransaction()
 			return nil
 		}
 		switch msg.Kind {
@@ -432,8 +444,20 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 			}
 			tx = nil
 			if r.exactlyOnce() {
-				if err := r.takeUpPosition(hard, msg); err != nil {
+				// Reading the position may wait (another producer's open transaction in the
+				// positions partition, the server's timeline history): a stop ends the wait, since
+				// nothing of this session has been handed to Kafka yet.
+				taking, cancel := context.WithCancel(hard)
+				unhook := context.AfterFunc(stop, cancel)
+				err := r.takeUpPosition(taking, msg)
+				unhook()
+				cancel()
+				if err != nil {
 					if hard.Err() != nil {
+						return nil
+					}
+					if stop.Err() != nil {
+						r.forgetOpenTransaction()
 						return nil
 					}
 					return err
