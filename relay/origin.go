@@ -73,6 +73,21 @@ func belowFork(pos sink.Position, fork pglogrepl.LSN, where string) (sink.Positi
 		where + fmt.Sprintf("; its commit LSN %s lies at or beyond that fork, so it skips only the transactions committed before %s, and the new timeline's are published", pos.CommitLSN, fork)
 }
 
+// supersededServer refuses a server of pos's own cluster on an earlier timeline than pos was
+// reached on: pg_dsn leads to a primary that a promotion superseded (or to a data directory
+// restored from before it). Skipping nothing there is not enough: its slot would publish again
+// what Kafka holds, and its WAL beyond the fork holds transactions the surviving history does not
+// have, which would reach Kafka as events nobody committed on the current primary.
+func supersededServer(pos sink.Position, server replication.Identity) error {
+	if pos.SystemID == "" || pos.SystemID != server.SystemID || pos.Timeline <= server.Timeline || server.Timeline == 0 {
+		return nil
+	}
+	return replication.Fatal(fmt.Errorf("exactly-once: the position committed in Kafka was reached on timeline %d of database cluster %s, "+
+		"but the server pg_dsn leads to is on its timeline %d: it is a primary a promotion superseded (or a data directory restored from before one), "+
+		"and streaming it would publish transactions the current primary does not have; point pg_dsn at the current primary "+
+		"(list every server with target_session_attrs=read-write)", pos.Timeline, pos.SystemID, server.Timeline))
+}
+
 // needsHistory says whether usablePosition needs the server's timeline history for pos.
 func needsHistory(pos sink.Position, server replication.Identity) bool {
 	if pos.SystemID != "" && server.SystemID != "" && pos.SystemID != server.SystemID {
@@ -85,6 +100,9 @@ func needsHistory(pos sink.Position, server replication.Identity) bool {
 // the server's timeline history when it is needed; what was given up is logged.
 func (r *Relay) positionOnServer(ctx context.Context, pos sink.Position, session replication.Message) (sink.Position, bool, error) {
 	server := replication.Identity{SystemID: session.SystemID, Timeline: session.Timeline}
+	if err := supersededServer(pos, server); err != nil {
+		return sink.Position{}, false, err
+	}
 	var history []replication.TimelineSwitch
 	if needsHistory(pos, server) {
 		var err error

@@ -98,3 +98,29 @@ func TestANewRelayOnANewTimelineSkipsOnlyBelowTheForkPoint(t *testing.T) {
 		t.Fatalf("%v events skipped, want 1 (the transaction below the fork point)", got)
 	}
 }
+
+// A position reached on a later timeline of the server's own cluster means pg_dsn leads to a
+// superseded primary: the relay stops instead of streaming it (skipping nothing there would publish
+// again what Kafka holds, and publish the old primary's transactions beyond the fork).
+func TestAPositionFromALaterTimelineOfTheSameClusterStopsTheRelay(t *testing.T) {
+	const sys = "7714668250760685997"
+	for _, tt := range []struct {
+		name   string
+		pos    sink.Position
+		server replication.Identity
+		fatal  bool
+	}{
+		{"a later timeline of the same cluster", sink.Position{SystemID: sys, Timeline: 2, CommitLSN: 0x4000, Events: 1}, replication.Identity{SystemID: sys, Timeline: 1}, true},
+		{"the same timeline", sink.Position{SystemID: sys, Timeline: 2, CommitLSN: 0x4000}, replication.Identity{SystemID: sys, Timeline: 2}, false},
+		{"an earlier timeline", sink.Position{SystemID: sys, Timeline: 1, CommitLSN: 0x4000}, replication.Identity{SystemID: sys, Timeline: 2}, false},
+		{"another cluster's later timeline", sink.Position{SystemID: "1", Timeline: 5, CommitLSN: 0x4000}, replication.Identity{SystemID: sys, Timeline: 1}, false},
+		{"a position of unknown origin", sink.Position{CommitLSN: 0x4000}, replication.Identity{SystemID: sys, Timeline: 1}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := supersededServer(tt.pos, tt.server)
+			if tt.fatal != (err != nil) || (err != nil && !replication.IsFatal(err)) {
+				t.Fatalf("supersededServer = %v, want a fatal error: %v", err, tt.fatal)
+			}
+		})
+	}
+}
