@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,6 +36,12 @@ type Memory struct {
 // timeline (a failover) or cluster starts them over, since positions of two histories do not
 // compare.
 type slotMemory struct {
+	// publication is what the last good publication check of the slot read, on cluster pubCluster
+	// at pubAt (horizon.carry).
+	publication membership
+	pubCluster  string
+	pubAt       time.Time
+
 	streamed  bool
 	identity  Identity
 	seen      pglogrepl.LSN // the furthest WAL position the server showed: IDENTIFY_SYSTEM, data, keepalives
@@ -84,6 +91,38 @@ func (m *Memory) note(slot string, id Identity, seen, confirmed pglogrepl.LSN, x
 	if hasXid && (!sm.hasXid || xidAfter(xid, sm.xid)) {
 		sm.xid, sm.hasXid = xid, true
 	}
+}
+
+// notePublication keeps what a good publication check of slot read on cluster, at at.
+func (m *Memory) notePublication(slot, cluster string, mb membership, at time.Time) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sm := m.slots[slot]
+	if sm == nil {
+		sm = &slotMemory{}
+		m.slots[slot] = sm
+	}
+	sm.publication, sm.pubCluster, sm.pubAt = mb, cluster, at
+}
+
+// carryPublication hands the publication check what the process's previous term last read of it,
+// when nobody else can have streamed the slot since (the ledger names this process as its last
+// holder): within one term the checks compare each read with the one before, and this makes the
+// first check of a new term compare with the last of the previous one. Another instance's term in
+// between would have checked (and stopped on) a change itself, and its own changes are no
+// business of this process's memory.
+func (s *Stream) carryPublication(c slotCheck) error {
+	if s.mem == nil || s.streamed || !c.holderOK || c.holder != s.mem.token {
+		return nil
+	}
+	known := s.mem.recall(s.cfg.Slot)
+	if known.publication.pubOID == nil || known.pubCluster != s.identity.SystemID {
+		return nil
+	}
+	return s.guard.carry(known.publication, known.pubAt)
 }
 
 // xidAfter reports whether transaction id a was assigned after b (PostgreSQL's modulo-2^32 order).

@@ -387,3 +387,65 @@ func TestANewTermGoesOnFromWhereAnotherRelayConfirmedTheSlot(t *testing.T) {
 	lead("process B", processB)
 	lead("process A, next term", processA)
 }
+
+// A publication altered between one leadership term of a process and its next (publish switched
+// off and on while the lock changed hands back to it, or during the new term's first moments) is
+// caught as between two checks of one term: rows inserted meanwhile are not in the stream. The
+// process's memory carries the last check's read to the next term's first.
+func TestAPublicationAlteredBetweenTwoTermsOfOneProcessStopsTheStream(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	slot := testenv.UniqueName(t, "slot")
+	process := replication.NewMemory()
+	term := func() (<-chan error, func()) {
+		return relayLikeStream(t, replication.Config{DSN: dsn, Slot: slot, Publication: slot, Table: "outbox_events",
+			CreateSlot: true, CreatePublication: true, StatusInterval: 200 * time.Millisecond, Memory: process})
+	}
+	conn := must(pgx.Connect(ctx, dsn))
+	defer conn.Close(ctx)
+	insert := func(n int) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+			SELECT 'a', 'k' || i, 'e', '{}' FROM generate_series(1, $1::int) i`, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ended, stop := term()
+	walsenderPID(t, dsn, slot)
+	insert(20)
+	waitConfirmed(t, ctx, dsn, slot)
+	stop()
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatalf("first term: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("first term did not end")
+	}
+
+	// Between the terms: publish leaves out inserts, rows are written, publish is set back.
+	pub := pgx.Identifier{slot}.Sanitize()
+	if _, err := conn.Exec(ctx, "ALTER PUBLICATION "+pub+" SET (publish = 'update')"); err != nil {
+		t.Fatal(err)
+	}
+	_, before := slotPosition(t, ctx, conn, slot)
+	insert(5)
+	if _, err := conn.Exec(ctx, "ALTER PUBLICATION "+pub+" SET (publish = 'insert')"); err != nil {
+		t.Fatal(err)
+	}
+
+	ended, stop = term()
+	defer stop()
+	select {
+	case err := <-ended:
+		if err == nil || !strings.Contains(err.Error(), "was altered") || !replication.IsFatal(err) {
+			t.Fatalf("next term ended with %v, want the fatal error that the publication was altered", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the next term streams on although the publication left out the rows inserted between the terms")
+	}
+	if confirmed, _ := slotPosition(t, ctx, conn, slot); confirmed > before {
+		t.Errorf("slot confirmed at %s, past %s where the rows the publication left out begin", confirmed, before)
+	}
+}

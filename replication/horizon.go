@@ -94,11 +94,20 @@ type horizon struct {
 	connCluster  string        // the cluster the check connection was compared with; "" if not compared
 	pending      pglogrepl.LSN // L of the last successful check, trusted once a later check succeeds
 	pendingAt    time.Time     // when that check returned: L was read before
-	member       membership    // what the last good check read; pubOID nil before the first
-	memberAt     time.Time     // when the check that read member started
-	lastGood     time.Time     // when a check last succeeded (or the checks began)
-	badSince     time.Time     // since when checks have failed with an answer from PostgreSQL; zero if not
-	lockSkips    int           // consecutive checks skipped because DDL held the table
+	// member is what the last good check read (pubOID nil before the first), memberAt when that
+	// check started, first what the first good check of this stream read; carried what the
+	// process's previous term last read, for the first check to compare with (carry). Under mu:
+	// carry runs on the stream's goroutine.
+	member   membership
+	memberAt time.Time
+	first    membership
+	carried  *carriedMembership
+	// mem keeps each good check's membership for the process's next term on slot.
+	mem       *Memory
+	slot      string
+	lastGood  time.Time // when a check last succeeded (or the checks began)
+	badSince  time.Time // since when checks have failed with an answer from PostgreSQL; zero if not
+	lockSkips int       // consecutive checks skipped because DDL held the table
 	// noLock: the role may not lock the table (LOCK needs SELECT on it); checks then rely on the
 	// margin for a drop too.
 	noLock bool
@@ -434,17 +443,27 @@ func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 	if err := m.problem(h.table, h.publication); err != nil {
 		return fatalf("publication check: %w; outbox rows written while the publication was so are not in the replication stream: republish them (backfill_since), then restart", err)
 	}
-	if h.member.pubOID != nil && !m.continuous(h.member) {
-		pub := pgx.Identifier{h.publication}.Sanitize()
-		return fatalf("outbox table %s left publication %q and was added again since the previous check (publication OID %d, now %d; membership %v, now %v): rows written in between are not in the replication stream. Republish them (backfill_since), and restart; to change the publication while the relay runs, use ALTER PUBLICATION %s ADD (not DROP and ADD)",
-			h.table, h.publication, *h.member.pubOID, *m.pubOID, h.member.tokens, m.tokens, pub)
+	h.mu.Lock()
+	prev, prevAt := h.member, h.memberAt
+	if prev.pubOID == nil && h.carried != nil {
+		// The first check of this stream: compare with the last check of the process's previous
+		// term on the slot (carry).
+		prev, prevAt = h.carried.member, h.carried.at
 	}
-	if h.member.pubOID != nil && m.altered(h.member) {
-		return h.alteredError(m)
+	h.carried = nil
+	h.mu.Unlock()
+	if err := h.compare(prev, prevAt, m); err != nil {
+		return err
 	}
-	h.member, h.memberAt = m, started
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.member, h.memberAt = m, started
+	if h.first.pubOID == nil {
+		h.first = m
+	}
+	if c := h.cluster.Load(); c != nil {
+		h.mem.notePublication(h.slot, *c, m, started)
+	}
 	if h.epoch != epoch {
 		return nil // a reset landed during this check: its position and the pending one predate it
 	}
@@ -464,17 +483,61 @@ func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 	return nil
 }
 
-// alteredError is the publication's row changed between two checks (membership.altered), m being
-// the newer read. The slot stays at or before the previous check's verified position; rows that
+// compare refuses m, a check's membership, when the publication changed since prev, read by the
+// check that started at prevAt (nothing to compare when prev is zero).
+func (h *horizon) compare(prev membership, prevAt time.Time, m membership) error {
+	if prev.pubOID == nil {
+		return nil
+	}
+	if !m.continuous(prev) {
+		pub := pgx.Identifier{h.publication}.Sanitize()
+		return fatalf("outbox table %s left publication %q and was added again since the previous check (publication OID %d, now %d; membership %v, now %v): rows written in between are not in the replication stream. Republish them (backfill_since), and restart; to change the publication while the relay runs, use ALTER PUBLICATION %s ADD (not DROP and ADD)",
+			h.table, h.publication, *prev.pubOID, *m.pubOID, prev.tokens, m.tokens, pub)
+	}
+	if m.altered(prev) {
+		return h.alteredError(prev, prevAt, m)
+	}
+	return nil
+}
+
+// carry hands the horizon what the last check of this process's previous term on the slot read
+// (prev, by a check that started at at), when nobody else can have streamed the slot since: a
+// publication altered between that check and this term's first one is then seen as between two
+// checks of one term. A new term's stream may have checked already: its first read is compared
+// with prev at once.
+func (h *horizon) carry(prev membership, at time.Time) error {
+	h.mu.Lock()
+	if h.first.pubOID == nil {
+		h.carried = &carriedMembership{member: prev, at: at}
+		h.mu.Unlock()
+		return nil
+	}
+	first := h.first
+	h.mu.Unlock()
+	if err := h.compare(prev, at, first); err != nil {
+		h.fail(err)
+		return err
+	}
+	return nil
+}
+
+// carriedMembership is a previous term's last membership, for a new term's first check.
+type carriedMembership struct {
+	member membership
+	at     time.Time
+}
+
+// alteredError is the publication's row changed between two checks (membership.altered), prev
+// being the older read (by the check that started at prevAt) and m the newer. The slot stays at or before the previous check's verified position; rows that
 // PostgreSQL left out meanwhile are not in the WAL stream at all, so only the table has them. The
 // ALTER committed after the previous check's snapshot, or at most an interval before it (a commit
 // becomes visible a moment after its WAL record: see horizon), so rows created from an interval
 // before that check on cover it, but for transactions that ran longer (created_at is a row's
 // transaction start).
-func (h *horizon) alteredError(m membership) error {
-	since := h.memberAt.Add(-h.interval()).UTC().Truncate(time.Second).Format(time.RFC3339)
+func (h *horizon) alteredError(prev membership, prevAt time.Time, m membership) error {
+	since := prevAt.Add(-h.interval()).UTC().Truncate(time.Second).Format(time.RFC3339)
 	return fatalf("publication %q was altered since the previous check (its pg_publication row changed: xmin %s, now %s; an ALTER PUBLICATION ... SET, OWNER TO or RENAME): if its publish option left out INSERTs for a while, PostgreSQL left the rows inserted into %s meanwhile out of the replication stream, and streaming the slot again skips them again, since it decodes every row with the publication as it was then. The relay stopped without confirming the slot past the previous check. Republish the rows written since: outbox-relay replay --since %s (earlier by your longest transaction; events already published arrive again with the same id), then restart. Change a publication's options only while the relay is stopped and no outbox rows are written, and keep 'insert' in publish",
-		h.publication, h.member.pubXmin, m.pubXmin, h.table, since)
+		h.publication, prev.pubXmin, m.pubXmin, h.table, since)
 }
 
 func (h *horizon) goneError() error {

@@ -269,6 +269,7 @@ func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream
 	// with it as with an earlier session (another cluster, a superseded primary, a failover),
 	// ledger or not.
 	known := mem.recall(cfg.Slot)
+	guard.mem, guard.slot = mem, cfg.Slot
 	return &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema),
 		ahead: newReadAhead(cfg.BufferBytes), guard: guard, mem: mem, identity: known.identity,
 		stopping: make(chan struct{})}
@@ -440,8 +441,11 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		if slot.ConfirmedFlush, walEnd, err = s.confirmedOnStreamServer(ctx); err != nil {
 			return err
 		}
-		if err := s.checkSlotPosition(slotCheck{confirmed: slot.ConfirmedFlush, walEnd: walEnd,
-			holder: checked.holder, holderOK: checked.holderOK}); err != nil {
+		check := slotCheck{confirmed: slot.ConfirmedFlush, walEnd: walEnd, holder: checked.holder, holderOK: checked.holderOK}
+		if err := s.checkSlotPosition(check); err != nil {
+			return err
+		}
+		if err := s.carryPublication(check); err != nil {
 			return err
 		}
 		if err := s.ensureFailover(ctx, s.newTimeline); err != nil {
