@@ -54,10 +54,11 @@ func startChild(name, logPath string, env []string, path string, args ...string)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	c := &child{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
 	c.started = time.Now()
-	if err := cmd.Start(); err != nil {
+	waited, err := devenv.StartPinned(cmd) // the death signal follows the forking thread
+	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	go func() { c.err = cmd.Wait(); close(c.done) }()
+	go func() { c.err = <-waited; close(c.done) }()
 	return c, nil
 }
 

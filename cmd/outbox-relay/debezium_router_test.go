@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/internal/dbz"
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -317,10 +318,11 @@ func startConnect(t *testing.T, lib, brokers string, connectors []map[string]str
 	w.cmd = exec.Command("java", append(args, files...)...)
 	w.cmd.Stdout, w.cmd.Stderr = logf, logf
 	w.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := w.cmd.Start(); err != nil {
+	waited, err := devenv.StartPinned(w.cmd) // the death signal follows the forking thread
+	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = w.cmd.Wait(); logf.Close(); close(w.done) }()
+	go func() { <-waited; logf.Close(); close(w.done) }()
 	t.Cleanup(w.stop)
 	return w
 }

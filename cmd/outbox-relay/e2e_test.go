@@ -229,10 +229,11 @@ func (e *e2e) startCmd(name string, env []string, path string, args ...string) *
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	p.started = time.Now()
-	if err := p.cmd.Start(); err != nil {
+	waited, err := devenv.StartPinned(p.cmd) // the death signal follows the forking thread
+	if err != nil {
 		e.t.Fatalf("start %s: %v", name, err)
 	}
-	go func() { p.waitErr = p.cmd.Wait(); close(p.done) }()
+	go func() { p.waitErr = <-waited; close(p.done) }()
 	e.mu.Lock()
 	e.procs = append(e.procs, p)
 	e.mu.Unlock()

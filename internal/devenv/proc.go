@@ -3,6 +3,7 @@
 package devenv
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -55,12 +56,28 @@ func spawn(s spawnSpec) (*process, error) {
 		// only does for goroutines that exit while locked to their thread.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: s.deathSig, Credential: s.cred}
 	}
-	// The parent-death signal comes when the OS thread that forked the child exits, not when we
-	// do: the child is forked from a thread locked to a goroutine that lives until the child has
-	// exited, so that no thread the runtime retires meanwhile takes the server down with it (a
-	// PostgreSQL restarted by a test once died silently in its first milliseconds).
-	started := make(chan error, 1)
+	waited, err := StartPinned(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", filepath.Base(s.path), err)
+	}
 	done := make(chan struct{})
+	go func() {
+		<-waited
+		close(done)
+	}()
+	return &process{pid: cmd.Process.Pid, needle: s.needle, done: done}, nil
+}
+
+// StartPinned starts cmd and returns a channel that receives cmd.Wait's result. A parent-death
+// signal (Pdeathsig) comes when the OS thread that forked the child exits, not when the process
+// does, and the Go runtime retires a thread whenever a goroutine exits locked to it (as the one
+// here does): a child forked from an arbitrary thread can be killed by an unrelated goroutine's end
+// (a PostgreSQL restarted by a test died silently in its first milliseconds; a relay under test
+// vanished without a line). So cmd is forked from a thread locked to a goroutine that lives until
+// the child has exited. Every child with a parent-death signal should be started so.
+func StartPinned(cmd *exec.Cmd) (<-chan error, error) {
+	started := make(chan error, 1)
+	waited := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine, after the child
 		if err := cmd.Start(); err != nil {
@@ -68,13 +85,12 @@ func spawn(s spawnSpec) (*process, error) {
 			return
 		}
 		started <- nil
-		_ = cmd.Wait()
-		close(done)
+		waited <- cmd.Wait()
 	}()
 	if err := <-started; err != nil {
-		return nil, fmt.Errorf("start %s: %w", filepath.Base(s.path), err)
+		return nil, err
 	}
-	return &process{pid: cmd.Process.Pid, needle: s.needle, done: done}, nil
+	return waited, nil
 }
 
 func (p *process) running() bool {
@@ -236,8 +252,14 @@ func run(ctx context.Context, dir string, cred *syscall.Credential, name string,
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%s %s: %w\n%s", filepath.Base(name), strings.Join(args, " "), err, out)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	waited, err := StartPinned(cmd)
+	if err == nil {
+		err = <-waited
+	}
+	if err != nil {
+		return fmt.Errorf("%s %s: %w\n%s", filepath.Base(name), strings.Join(args, " "), err, out.Bytes())
 	}
 	return nil
 }

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
 )
 
 type buildOnce struct {
@@ -113,11 +115,12 @@ func Start(t testing.TB, opts Options) *Proc {
 	cmd.Stdout = p.out
 	cmd.Stderr = p.out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	waited, err := devenv.StartPinned(cmd) // see StartPinned: the death signal follows the forking thread
+	if err != nil {
 		t.Fatalf("start relay: %v", err)
 	}
 	go func() {
-		p.err = cmd.Wait()
+		p.err = <-waited
 		close(p.done)
 	}()
 	t.Cleanup(func() {
