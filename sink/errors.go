@@ -62,6 +62,11 @@ var permanentErrors = map[kafka.Error]bool{
 // fence would go unnoticed (the broker checks ACLs before the producer's epoch).
 var errTopicRefused = errors.New("under exactly-once its events go to the failure policy, or every Kafka transaction would wait for them")
 
+// errPositionsRefused marks a positions topic the relay may not write: no Kafka transaction can
+// commit without its position, so unlike an event's topic it ends the relay with the fix (a fresh
+// start would abort the same transaction again, for ever).
+var errPositionsRefused = errors.New("kafka refused the relay's principal on the positions topic, so no Kafka transaction can commit")
+
 // refusedTopic is the error of a record whose topic the relay may not write, under exactly-once.
 func refusedTopic(topic string, err error) error {
 	return fmt.Errorf("kafka refused the relay's principal on topic %s (%w): %w; grant the principal Write and Describe on the topic", topic, err, errTopicRefused)

@@ -457,6 +457,9 @@ func (w *positionsWriter) write(ctx context.Context, pos Position) error {
 		return err
 	}
 	if err := tm.add(ctx, w.tp); err != nil {
+		if errors.Is(err, errTopicRefused) {
+			return positionsRefused(w.tp.topic, err)
+		}
 		return err
 	}
 	now := time.Now()
@@ -468,6 +471,9 @@ func (w *positionsWriter) write(ctx context.Context, pos Position) error {
 		if err == nil || errors.Is(err, kafka.DuplicateSequenceNumber) {
 			w.ps.seq = nextSequence(ps.seq, 1)
 			return nil
+		}
+		if errors.Is(err, kafka.TopicAuthorizationFailed) {
+			return positionsRefused(w.tp.topic, err)
 		}
 		if permanent(err) || sequenceLost(err) || producerRefused(err) || transactionFailed(err) {
 			return fmt.Errorf("write the position to %s: %w", w.tp.topic, err)
@@ -501,4 +507,14 @@ func (s *Sink) Committed() (pos Position, ok bool) {
 		return Position{}, false
 	}
 	return s.txn.committed()
+}
+
+// positionsRefused is the error of a positions topic the relay may not write (errPositionsRefused),
+// naming the Kafka error without the event topics' wording of err.
+func positionsRefused(topic string, err error) error {
+	var kerr kafka.Error
+	if errors.As(err, &kerr) {
+		err = kerr
+	}
+	return fmt.Errorf("%w (topic %s: %v); grant the relay's principal Write, Describe and Read on positions_topic %s", errPositionsRefused, topic, err, topic)
 }

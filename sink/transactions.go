@@ -412,6 +412,15 @@ func (tm *txnManager) flush(ctx context.Context) error {
 
 // stop ends the sink for good after the transaction failed with err.
 func (tm *txnManager) stop(ctx context.Context, err error) {
+	if errors.Is(err, errPositionsRefused) {
+		// Not ErrAborted: a fresh start would abort again, for ever. An operator fixes this.
+		tm.abort()
+		tm.s.fatal(fmt.Errorf("sink: transactional id %q: %w", tm.id, err))
+		tm.log.Error("kafka transaction aborted: the relay may not write its positions topic; stopping",
+			zap.String("transactional_id", tm.id), zap.Error(err))
+		tm.s.stop()
+		return
+	}
 	if producerRefused(err) {
 		fenced, cerr := tm.fenced(ctx)
 		if fenced {

@@ -190,4 +190,54 @@ func TestUnderExactlyOnceATopicTheRelayMayNotWriteDoesNotHoldUpTheOthers(t *test
 		}
 		s.mustClose(t)
 	})
+
+	// The positions topic is not an event's topic: no transaction commits without its position, so
+	// a refusal there ends the sink as a configuration error. As ErrAborted, the relay restarted,
+	// aborted the same transaction again, and so on for ever, saying the events went to the
+	// failure policy.
+	t.Run("a positions topic the relay may read but not write ends the sink with the fix, not a restart", func(t *testing.T) {
+		cfg, ok, _ := setup(t, true)
+		admin := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 30 * time.Second}
+		if err := k.CreateTopic(context.Background(), cfg.Transactions.PositionsTopic, 1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.AlterConfigs(context.Background(), &kafka.AlterConfigsRequest{Resources: []kafka.AlterConfigRequestResource{{
+			ResourceType: kafka.ResourceTypeTopic, ResourceName: cfg.Transactions.PositionsTopic,
+			Configs: []kafka.AlterConfigRequestConfig{{Name: "cleanup.policy", Value: "compact"}}}}}); err != nil {
+			t.Fatal(err)
+		}
+		var acls []kafka.ACLEntry
+		for _, rule := range []struct {
+			op   kafka.ACLOperationType
+			perm kafka.ACLPermissionType
+		}{{kafka.ACLOperationTypeWrite, kafka.ACLPermissionTypeDeny}, {kafka.ACLOperationTypeDescribe, kafka.ACLPermissionTypeAllow},
+			{kafka.ACLOperationTypeRead, kafka.ACLPermissionTypeAllow}, {kafka.ACLOperationTypeDescribeConfigs, kafka.ACLPermissionTypeAllow}} {
+			acls = append(acls, kafka.ACLEntry{ResourceType: kafka.ResourceTypeTopic, ResourceName: cfg.Transactions.PositionsTopic,
+				ResourcePatternType: kafka.PatternTypeLiteral, Principal: "User:" + user, Host: "*", Operation: rule.op, PermissionType: rule.perm})
+		}
+		res, err := admin.CreateACLs(context.Background(), &kafka.CreateACLsRequest{ACLs: acls})
+		if err == nil {
+			err = errors.Join(res.Errors...)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := readySink(t, k.Brokers(), cfg)
+		stream, a := newPGStream(4), &acker{}
+		ev := stream.next("k0")
+		ev.AggregateType = []byte(ok)
+		s.publish(t, ev, a)
+		select {
+		case <-s.Failed():
+		case <-time.After(45 * time.Second):
+			t.Fatalf("the sink did not stop within 45s; %d acknowledged", a.n.Load())
+		}
+		err = s.Err()
+		if errors.Is(err, sink.ErrAborted) || !strings.Contains(err.Error(), "positions_topic "+cfg.Transactions.PositionsTopic) {
+			t.Errorf("sink error %v: want a configuration error naming positions_topic, not ErrAborted (a restart that aborts again)", err)
+		}
+		if a.n.Load() != 0 {
+			t.Errorf("%d events acknowledged without a committed position", a.n.Load())
+		}
+	})
 }
