@@ -32,6 +32,9 @@ func TestRouterOptionsFromTheTableToKafka(t *testing.T) {
 	cfg.Sink.ExtraHeaders, cfg.Sink.ExtraPlacement = []string{"partitionno"}, []sink.Placement{sink.PlacePartition}
 	cfg.Sink.TopicRegex, cfg.Sink.TopicReplacement = `(?<type>.*)`, "routed.${type}.events"
 	cfg.OnUpdate = "fatal"
+	// The publication sends UPDATEs from the start: altering it under a running relay stops the
+	// relay by itself (the publication check cannot tell what it left out meanwhile).
+	f.exec(ctx, "CREATE PUBLICATION "+f.slot+" FOR TABLE outbox_events WITH (publish = 'insert, update')")
 	run := f.launch(cfg)
 	f.waitSlotActive()
 
@@ -71,8 +74,6 @@ func TestRouterOptionsFromTheTableToKafka(t *testing.T) {
 	}
 
 	// An UPDATE is never an event; with on_update fatal it stops the relay before its transaction.
-	f.exec(ctx, "ALTER PUBLICATION "+f.slot+" SET (publish = 'insert, update')")
-	time.Sleep(500 * time.Millisecond) // the stream has moved past the ALTER (its own transaction)
 	before := f.confirmedLSN()
 	f.exec(ctx, "UPDATE outbox_events SET event_type = 'Changed' WHERE aggregate_id = 'a-1'")
 	updated := f.currentLSN()
