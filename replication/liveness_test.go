@@ -212,9 +212,12 @@ func TestIdleStreamKeepsItsConnectionAndDetectsAFrozenOne(t *testing.T) {
 // receive timeout, or it reconnects and the server starts the decode over, for ever. With
 // wal_sender_timeout 0 the walsender reads them at every progress update, and answers at once.
 func TestBusyWalsenderIsNotTakenForADeadOne(t *testing.T) {
-	// Shorter than the large transaction's decoding, so the probes are what keeps the session; 1s
-	// was too tight for a walsender starved of CPU by a loaded 2-core machine (seen at load 14).
-	const receiveTimeout = 2 * time.Second
+	// Shorter than the large transaction's decoding (about 20 s here), so the probes are what keeps
+	// the session; 1s was too tight for a walsender starved of CPU by a loaded 2-core machine (seen
+	// at load 14), and so was 2s once in a clean-clone run: a walsender reading WAL as fast as the
+	// insert writes it reads no replies, and with wal_sender_timeout 0 sends nothing, for seconds.
+	// (The default is 2 minutes.)
+	const receiveTimeout = 4 * time.Second
 	pg := testenv.Postgres(t)
 	for _, senderTimeout := range []string{"4s", "0"} {
 		t.Run("wal_sender_timeout "+senderTimeout, func(t *testing.T) {
