@@ -39,7 +39,7 @@ func hugeTxRows(t *testing.T) int {
 		}
 		return n
 	}
-	return 250_000
+	return 150_000
 }
 
 // testHugeTransactionWithPausedBroker: one transaction of hugeTxRows rows, and on another database
