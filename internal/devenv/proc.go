@@ -98,10 +98,16 @@ func (p *process) running() bool {
 		return false
 	}
 	if p.done != nil {
+		// Our own child: it runs until Wait reaped it, and its pid cannot be reused before. The
+		// /proc reading below is for a process we only know by pid file; for a child it can say
+		// "gone" while the process lives (a JVM's command line read mid-start), and a start then
+		// spawned a second server beside the first, which kept the port: Stop found nothing to
+		// stop and Pause paused the wrong process (a clean-clone run failed devenv's TestKafka so).
 		select {
 		case <-p.done:
 			return false
 		default:
+			return true
 		}
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
