@@ -76,7 +76,7 @@ type run struct {
 	evs  []evInfo
 	byID map[string]int32 // event id -> index in evs
 
-	keys []string // key ids -> key; committed[k] are that key's committed events by Seq
+	keys []string // key id -> key
 	// committed lists, per key id, the key's committed events in Seq order; evInfo.pos is an
 	// event's place in it.
 	committed [][]int32
