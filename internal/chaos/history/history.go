@@ -68,6 +68,11 @@ const (
 	// Resolved from the marker row at the end of the run; one that stays in doubt may or may not be
 	// delivered.
 	InDoubt Outcome = "in_doubt"
+	// Vanished: the writer saw the COMMIT succeed, but the timeline that survived a failover does
+	// not have the transaction (the standby had not received it). Settled at the end of a run. Its
+	// events may have been delivered only if the failover that lost it was not protected by
+	// synchronized_standby_slots.
+	Vanished Outcome = "vanished"
 )
 
 // Txn is one transaction a writer attempted.

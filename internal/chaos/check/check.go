@@ -1,0 +1,169 @@
+// Package check holds a chaos run's history to the relay's promises: every committed event
+// delivered to every consumer, nothing rolled back ever delivered, exactly-once without duplicates
+// or gaps, at-least-once with duplicates only after a fault, one leader at a time, bounded SIGTERM
+// stops and memory. It is pure computation over a history.History: no servers, so a history saved
+// by a failing run can be checked again, and the checker itself is tested on hand-made histories.
+package check
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
+)
+
+// Rules a history can break; Violation.Rule holds one of them.
+const (
+	RuleLost              = "lost"               // a committed event some consumer never read
+	RuleRolledBack        = "rolled-back"        // an event of a rolled-back transaction was read
+	RulePhantom           = "phantom"            // a read of an event nobody wrote, or altered on the way
+	RuleVanishedDelivered = "vanished-delivered" // a transaction lost by a synced failover was delivered
+	RuleDuplicate         = "duplicate"          // an event read twice where the mode forbids it
+	RuleOrder             = "order"              // a key's events out of order, skipped, or in two partitions
+	RuleSlotAhead         = "slot-ahead"         // the slot confirmed WAL the server had not written
+	RuleTwoLeaders        = "two-leaders"        // two relays reported leadership at once
+	RuleSlowStop          = "slow-stop"          // a SIGTERM took longer than shutdown_timeout
+	RuleRSS               = "rss"                // a relay's RSS above the bound
+	RuleHarness           = "harness"            // the history contradicts itself: a bug of the harness
+)
+
+// maxEvents bounds Violation.Events, so that a run that lost a million events still gives a
+// readable report.
+const maxEvents = 20
+
+// Violation is one broken rule.
+type Violation struct {
+	Rule    string    // one of the Rule* constants
+	At      time.Time // when it happened (or the run's end for "never delivered")
+	Message string    // what broke, in one line, naming the key/event/relay
+	Events  []string  // the event ids involved (at most 20)
+}
+
+// Check returns every violation of h, ordered by At, then Rule, then Message.
+func Check(h *history.History) []Violation {
+	return analyze(h).vs
+}
+
+// analyze runs every rule once; Check keeps the violations, Summarize the counts.
+func analyze(h *history.History) *run {
+	r := newRun(h)
+	r.checkTxns()
+	r.scanReads()
+	r.checkConsumers()
+	r.checkLost()
+	r.checkSlots()
+	r.checkLeaders()
+	r.checkStops()
+	r.checkRSS()
+	slices.SortStableFunc(r.vs, func(a, b Violation) int {
+		if c := a.At.Compare(b.At); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Rule, b.Rule); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Message, b.Message)
+	})
+	return r
+}
+
+// run is one analysis of a history. Events are numbered densely (in the order the transactions
+// list them) so that per-consumer bookkeeping is a slice, not a map: a 30-minute run holds about a
+// million events and two million reads.
+type run struct {
+	h    *history.History
+	evs  []evInfo
+	byID map[string]int32 // event id -> index in evs
+
+	keys []string // key id -> key
+	// committed lists, per key id, the key's committed events in Seq order; evInfo.pos is an
+	// event's place in it.
+	committed [][]int32
+
+	consumers []*consumer
+	replay    []span // when an at-least-once duplicate is explained by a fault, merged and sorted
+
+	vs []Violation
+
+	// counts for Summarize
+	duplicates      map[string]int // repeated deliveries by isolation
+	reordered       int            // first deliveries after a later Seq's
+	gaps            int            // exactly-once deliveries that skipped a committed event
+	committedEvents int
+	lost            int // committed events some consumer never read
+}
+
+type evInfo struct {
+	txn int32 // index in h.Txns
+	ev  int32 // index in that txn's Events
+	key int32
+	pos int32 // place in committed[key]; -1 unless committed
+	// vanishedSynced: the txn vanished in a failover protected by synchronized_standby_slots, so
+	// none of its events may ever be delivered.
+	vanishedSynced bool
+}
+
+type consumer struct {
+	name      string
+	isolation string
+	reads     []readRef // its reads of known events
+	seen      []bool    // per event: read at least once
+	mixed     bool      // reported reading under two isolations
+}
+
+// readRef is a read (index into h.Reads) of a known event (index into run.evs).
+type readRef struct{ read, ev int32 }
+
+// span is a closed interval of time.
+type span struct{ from, to time.Time }
+
+func newRun(h *history.History) *run {
+	r := &run{h: h, duplicates: make(map[string]int)}
+	for _, f := range h.Faults {
+		r.replay = append(r.replay, span{f.Start, f.End.Add(h.Settings.ReplayWindow)})
+	}
+	r.replay = merge(r.replay)
+	return r
+}
+
+func (r *run) add(v Violation) {
+	if len(v.Events) > maxEvents {
+		v.Events = v.Events[:maxEvents]
+	}
+	r.vs = append(r.vs, v)
+}
+
+func (r *run) event(i int32) (*history.Txn, *history.Event) {
+	e := r.evs[i]
+	t := &r.h.Txns[e.txn]
+	return t, &t.Events[e.ev]
+}
+
+// merge sorts spans and joins those that overlap or touch.
+func merge(ss []span) []span {
+	slices.SortFunc(ss, func(a, b span) int { return a.from.Compare(b.from) })
+	out := ss[:0]
+	for _, s := range ss {
+		if n := len(out); n > 0 && !s.from.After(out[n-1].to) {
+			if s.to.After(out[n-1].to) {
+				out[n-1].to = s.to
+			}
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// within reports whether t falls in one of the merged, sorted spans ss.
+func within(ss []span, t time.Time) bool {
+	// The first span starting after t; the one before it is the only candidate.
+	i, _ := slices.BinarySearchFunc(ss, t, func(s span, t time.Time) int {
+		if s.from.After(t) {
+			return 1
+		}
+		return -1
+	})
+	return i > 0 && !t.After(ss[i-1].to)
+}

@@ -1,0 +1,508 @@
+package check
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func at(sec float64) time.Time { return t0.Add(time.Duration(sec * float64(time.Second))) }
+
+// builder makes small histories: transactions, a log the relay published to, consumers that read
+// the log, faults and samples.
+type builder struct {
+	h    history.History
+	log  []history.Read // the records published, in append order (Consumer empty)
+	next map[string]int64
+}
+
+func newBuilder(delivery string) *builder {
+	return &builder{
+		h: history.History{
+			Seed: 42, Mode: "eo-table", Start: t0, End: at(60),
+			Settings: history.Settings{
+				Delivery: delivery, ShutdownTimeout: 10 * time.Second, StopSlack: 2 * time.Second,
+				RSSBound: 256 << 20, ReplayWindow: 20 * time.Second, Lease: 5 * time.Second, ZombieGrace: 3 * time.Second,
+			},
+		},
+		next: make(map[string]int64),
+	}
+}
+
+func ev(id, key string, seq int) history.Event {
+	return history.Event{ID: id, Topic: "orders", Key: key, Seq: seq}
+}
+
+func (b *builder) txn(id string, o history.Outcome, sec float64, evs ...history.Event) {
+	b.h.Txns = append(b.h.Txns, history.Txn{ID: id, Writer: "w1", Start: at(sec), End: at(sec + 0.1), Outcome: o, Events: evs})
+}
+
+func (b *builder) find(id string) history.Event {
+	for _, t := range b.h.Txns {
+		for _, e := range t.Events {
+			if e.ID == id {
+				return e
+			}
+		}
+	}
+	return history.Event{ID: id, Topic: "orders", Key: "k-ghost", Seq: 99}
+}
+
+// publish appends the events to the log at sec, each in its key's partition.
+func (b *builder) publish(sec float64, ids ...string) {
+	for _, id := range ids {
+		e := b.find(id)
+		p := int(e.Key[len(e.Key)-1]) % 3
+		tp := fmt.Sprintf("%s/%d", e.Topic, p)
+		b.log = append(b.log, history.Read{Topic: e.Topic, Partition: p, Offset: b.next[tp], Key: e.Key, EventID: id, Seq: e.Seq, Appended: at(sec)})
+		b.next[tp]++
+	}
+}
+
+func (b *builder) fault(kind, target string, from, to float64) {
+	b.h.Faults = append(b.h.Faults, history.Fault{Kind: kind, Target: target, Start: at(from), End: at(to)})
+}
+
+// sample records a relay scrape; leader implies up.
+func (b *builder) sample(relay string, sec float64, up, leader bool) {
+	b.h.Relays = append(b.h.Relays, history.RelaySample{At: at(sec), Relay: relay, Up: up, Leader: leader, RSS: 40 << 20})
+}
+
+// done makes every consumer read the whole log, and returns the history.
+func (b *builder) done(consumers map[string]string) *history.History {
+	for _, name := range []string{"rc", "ru"} {
+		iso, ok := consumers[name]
+		if !ok {
+			continue
+		}
+		for _, rd := range b.log {
+			if rd.Consumer == aborted && iso == history.ReadCommitted {
+				continue
+			}
+			rd.Consumer, rd.Isolation = name, iso
+			b.h.Reads = append(b.h.Reads, rd)
+		}
+	}
+	h := b.h
+	return &h
+}
+
+// aborted, in a log record's Consumer, marks a record of an aborted Kafka transaction: only
+// read_uncommitted consumers see it.
+const aborted = "aborted"
+
+var bothConsumers = map[string]string{"rc": history.ReadCommitted, "ru": history.ReadUncommitted}
+
+// clean builds a run with faults that breaks no rule: a rolled-back txn, in-doubt txns delivered
+// and not, a txn that vanished in an unsynced failover yet was delivered, duplicates inside a
+// kill -9's replay window (for the read_uncommitted consumer only in exactly-once), a pause longer
+// than the lease whose zombie leadership stays within the grace, a handover whose samples overlap
+// by less than their resolution, and a SIGTERM within shutdown_timeout.
+func clean(delivery string) *builder {
+	b := newBuilder(delivery)
+	b.txn("t1", history.Committed, 1, ev("e1", "k1", 1), ev("e2", "k2", 1))
+	b.txn("t2", history.RolledBack, 2, ev("e3", "k1", 2))
+	b.txn("t3", history.Committed, 3, ev("e4", "k1", 3))
+	b.txn("t4", history.InDoubt, 4, ev("e5", "k2", 2))
+	b.txn("t5", history.InDoubt, 5, ev("e6", "k2", 3))
+	b.txn("t6", history.Vanished, 20, ev("e7", "k1", 4))
+	b.txn("t7", history.Committed, 40, ev("e8", "k1", 5))
+	b.h.Txns = append(b.h.Txns, history.Txn{ID: "t8", Writer: "w2", Start: at(41), End: at(42), Outcome: history.Committed, Resolved: true,
+		Events: []history.Event{ev("e9", "k2", 4)}})
+	b.txn("t9", history.Committed, 6) // load on another table: no events
+
+	b.publish(1.2, "e1", "e2")
+	b.publish(3.2, "e4")
+	b.publish(4.2, "e5")
+	b.publish(20.2, "e7")
+	b.fault("failover-unsynced", "postgres", 25, 27)
+	b.fault("kill9", "r2", 30, 30)
+	if delivery == history.AtLeastOnce {
+		b.publish(31, "e4", "e7") // replayed after the kill, within its window
+	} else {
+		// The killed relay's open Kafka transaction, aborted: read_uncommitted sees a duplicate.
+		b.publish(30.1, "e4")
+		b.log[len(b.log)-1].Consumer = aborted
+	}
+	b.publish(40.2, "e8")
+	b.publish(42.2, "e9")
+
+	// r1 leads, is paused longer than its lease (r2 takes over), comes back a zombie for 2 s.
+	b.fault("pause", "r1", 10, 18)
+	for s := 0; s < 60; s++ {
+		sec := float64(s)
+		switch {
+		case s < 10:
+			b.sample("r1", sec, true, true)
+		case s < 18:
+			b.sample("r1", sec, false, false)
+		case s < 20:
+			b.sample("r1", sec, true, true) // the zombie, inside the grace
+		case s < 41:
+			b.sample("r1", sec, true, false)
+		default:
+			b.sample("r1", sec, true, true) // took over from r2 at 41
+		}
+		sec += 0.5
+		switch {
+		case s < 12:
+			b.sample("r2", sec, true, false)
+		case s <= 40:
+			b.sample("r2", sec, true, true)
+		default:
+			b.sample("r2", sec, false, false) // SIGTERMed at 40.2
+		}
+	}
+	b.h.Stops = append(b.h.Stops, history.Stop{Relay: "r2", Signal: at(40.2), Exited: at(41)})
+	b.h.Slots = append(b.h.Slots, history.SlotSample{At: at(30), Slot: "outbox", ConfirmedLSN: 100, WALEnd: 200})
+	return b
+}
+
+func TestCleanHistoriesBreakNoRule(t *testing.T) {
+	for _, delivery := range []string{history.ExactlyOnce, history.AtLeastOnce} {
+		t.Run(delivery, func(t *testing.T) {
+			h := clean(delivery).done(bothConsumers)
+			if vs := Check(h); len(vs) != 0 {
+				t.Fatalf("violations in a clean history:\n%s", Format(h, vs, 0))
+			}
+		})
+	}
+}
+
+func TestEachRule(t *testing.T) {
+	eo, alo := history.ExactlyOnce, history.AtLeastOnce
+	tests := []struct {
+		name      string
+		delivery  string
+		consumers map[string]string
+		change    func(b *builder)
+		rules     []string // the rules that must fire, and no other
+		says      string   // the first violation of rules[0] must say this
+	}{
+		{
+			name: "a committed event nobody read is lost for each consumer", delivery: eo,
+			change: func(b *builder) { b.txn("t10", history.Committed, 50, ev("e10", "k3", 1)) },
+			rules:  []string{RuleLost}, says: "never read 1 of 6 committed events: e10 (key k3 seq 1, txn t10)",
+		},
+		{
+			name: "without consumers every committed event is lost", delivery: alo, consumers: map[string]string{},
+			rules: []string{RuleLost}, says: "no consumer read anything: 5 committed events never delivered: e1 (key k1 seq 1, txn t1)",
+		},
+		{
+			name: "an event of a rolled-back txn is read", delivery: eo,
+			change: func(b *builder) { b.publish(50, "e3") },
+			rules:  []string{RuleRolledBack}, says: "read event e3 (key k1 seq 2 at orders/1@",
+		},
+		{
+			name: "an event nobody wrote is read", delivery: alo,
+			change: func(b *builder) { b.publish(50, "ghost") },
+			rules:  []string{RulePhantom}, says: "read event ghost (key k-ghost seq 99",
+		},
+		{
+			name: "an event is read with another seq than written", delivery: eo,
+			change: func(b *builder) { b.log[2].Seq = 7 },
+			rules:  []string{RulePhantom}, says: "read event e4 as topic orders key k1 seq 7",
+		},
+		{
+			name: "a txn lost by a synced failover is delivered", delivery: eo,
+			change: func(b *builder) { b.h.Faults[0].Kind = "failover-synced" },
+			rules:  []string{RuleVanishedDelivered}, says: "read event e7 (key k1 seq 4",
+		},
+		{
+			name: "a txn vanishes without a failover", delivery: eo,
+			change: func(b *builder) { b.h.Faults = slices.Delete(b.h.Faults, 0, 1) },
+			rules:  []string{RuleHarness}, says: "txn t6 (writer w1, 1 events) vanished without a failover",
+		},
+		{
+			name: "exactly-once delivers an event twice to read_committed", delivery: eo,
+			consumers: map[string]string{"rc": history.ReadCommitted},
+			change:    func(b *builder) { b.publish(31, "e4") }, // inside the kill's window: no excuse here
+			rules:     []string{RuleDuplicate}, says: "key k1: consumer rc (exactly-once, read_committed) read event e4 (seq 3) again",
+		},
+		{
+			name: "exactly-once read_uncommitted duplicates are held to the replay window", delivery: eo,
+			change: func(b *builder) { b.publish(55, "e2") },
+			// rc may not read it twice at all; ru may not outside a window.
+			rules: []string{RuleDuplicate}, says: "key k2: consumer rc (exactly-once, read_committed) read event e2 (seq 1) again",
+		},
+		{
+			name: "at-least-once duplicates outside every replay window", delivery: alo,
+			change: func(b *builder) { b.publish(55, "e1") },
+			rules:  []string{RuleDuplicate}, says: "key k1: consumer rc (read_committed) read event e1 (seq 1) again at orders/1@",
+		},
+		{
+			name: "exactly-once skips a committed event (and so loses it)", delivery: eo,
+			change: func(b *builder) {
+				b.log = slices.DeleteFunc(b.log, func(rd history.Read) bool { return rd.EventID == "e4" })
+			}, // e7 after it vanished: not in the order
+			rules: []string{RuleOrder, RuleLost}, says: "key k1: consumer rc read seq 5 (event e8 at orders/1@4) right after seq 1 (event e1 at orders/1@0), skipping committed seq 3 (event e4)",
+		},
+		{
+			name: "exactly-once delivers a key out of order", delivery: eo,
+			change: func(b *builder) {
+				b.log = b.log[:2]
+				b.publish(30, "e8", "e4", "e5", "e7", "e9")
+			},
+			rules: []string{RuleOrder}, says: "key k1: consumer rc read seq 5 (event e8 at orders/1@5) right after seq 1 (event e1 at orders/1@0), skipping committed seq 3 (event e4); 1 reads of this key out of order, 1 gaps",
+		},
+		{
+			name: "at-least-once first deliveries out of order", delivery: alo,
+			change: func(b *builder) {
+				b.log = b.log[:2]
+				b.publish(30, "e8", "e4", "e5", "e7", "e9")
+			},
+			rules: []string{RuleOrder}, says: "key k1: consumer rc read seq 3 (event e4 at orders/1@7) after seq 5 (event e8 at orders/1@6)",
+		},
+		{
+			name: "a key read in two partitions", delivery: alo,
+			change: func(b *builder) { b.log[len(b.log)-2].Partition = 2 }, // e8
+			rules:  []string{RuleOrder}, says: "key k1: consumer rc read it in two partitions: orders/1@0 (event e1) and orders/2@",
+		},
+		{
+			name: "the slot confirms beyond the WAL end", delivery: eo,
+			change: func(b *builder) {
+				b.h.Slots = append(b.h.Slots, history.SlotSample{At: at(33), Slot: "outbox", ConfirmedLSN: 1<<32 + 300, WALEnd: 1<<32 + 200})
+			},
+			rules: []string{RuleSlotAhead}, says: "slot outbox confirmed 1/12C, beyond the server's WAL end 1/C8",
+		},
+		{
+			name: "two relays lead at once", delivery: eo,
+			change: func(b *builder) {
+				for i := range b.h.Relays {
+					if s := &b.h.Relays[i]; s.Relay == "r2" && s.At.After(at(50)) && s.At.Before(at(55)) {
+						s.Up, s.Leader = true, true
+					}
+				}
+			},
+			rules: []string{RuleTwoLeaders}, says: "relays r1 and r2 both reported leadership for 5s (sampling resolution allows 1.5s)",
+		},
+		{
+			name: "a zombie leads beyond its grace", delivery: eo,
+			change: func(b *builder) {
+				for i := range b.h.Relays {
+					if s := &b.h.Relays[i]; s.Relay == "r1" && !s.At.Before(at(20)) && s.At.Before(at(25)) {
+						s.Leader = true
+					}
+				}
+			},
+			rules: []string{RuleTwoLeaders}, says: "relays r2 and r1 both reported leadership for 4s",
+		},
+		{
+			name: "a SIGTERM takes too long", delivery: eo,
+			change: func(b *builder) { b.h.Stops[0].Exited = at(60) },
+			rules:  []string{RuleSlowStop}, says: "relay r2 took 19.8s to exit after SIGTERM (code 0), more than shutdown_timeout 10s + slack 2s",
+		},
+		{
+			name: "a SIGTERM never ends", delivery: eo,
+			change: func(b *builder) { b.h.Stops[0].Exited = time.Time{} },
+			rules:  []string{RuleSlowStop}, says: "relay r2 had not exited when the harness gave up waiting",
+		},
+		{
+			name: "a relay's RSS above the bound", delivery: eo,
+			change: func(b *builder) { b.h.Relays[7].RSS = 300 << 20 },
+			rules:  []string{RuleRSS}, says: "relay r2 RSS above the bound of 256.0 MiB in 1 samples, at most 300.0 MiB",
+		},
+		{
+			name: "the harness lists a txn twice", delivery: eo,
+			change: func(b *builder) { b.txn("t9", history.Committed, 50) },
+			rules:  []string{RuleHarness}, says: "txn t9 listed twice",
+		},
+		{
+			name: "the harness writes an event in two txns", delivery: eo,
+			change: func(b *builder) { b.txn("t10", history.RolledBack, 50, ev("e1", "k1", 9)) },
+			rules:  []string{RuleHarness}, says: "event e1 written by txn t1 and again by txn t10",
+		},
+		{
+			name: "the harness records a read without an event id", delivery: alo,
+			change: func(b *builder) { b.log = append(b.log, history.Read{Topic: "orders", Offset: 9, Appended: at(50)}) },
+			rules:  []string{RuleHarness}, says: "2 reads without an event id, the first by consumer rc at orders/0@9",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := clean(tt.delivery)
+			if tt.change != nil {
+				tt.change(b)
+			}
+			consumers := tt.consumers
+			if consumers == nil {
+				consumers = bothConsumers
+			}
+			h := b.done(consumers)
+			vs := Check(h)
+			fired := map[string]bool{}
+			for _, v := range vs {
+				fired[v.Rule] = true
+			}
+			for _, want := range tt.rules {
+				if !fired[want] {
+					t.Errorf("rule %s did not fire", want)
+				}
+				delete(fired, want)
+			}
+			if len(fired) > 0 {
+				t.Errorf("other rules fired too: %v", fired)
+			}
+			i := slices.IndexFunc(vs, func(v Violation) bool { return v.Rule == tt.rules[0] })
+			if i >= 0 && !strings.Contains(vs[i].Message, tt.says) {
+				t.Errorf("message %q\ndoes not say %q", vs[i].Message, tt.says)
+			}
+			if t.Failed() {
+				t.Logf("report:\n%s", Format(h, vs, 0))
+			}
+		})
+	}
+}
+
+func TestViolationsAreOrderedAndEventsBounded(t *testing.T) {
+	b := clean(history.ExactlyOnce)
+	for i := range 30 {
+		b.txn(fmt.Sprintf("x%d", i), history.Committed, 50, ev(fmt.Sprintf("x%d", i), "k9", i+1))
+	}
+	b.h.Slots = append(b.h.Slots, history.SlotSample{At: at(59), Slot: "outbox", ConfirmedLSN: 2, WALEnd: 1})
+	h := b.done(bothConsumers)
+	vs := Check(h)
+	want := []string{RuleSlotAhead, RuleLost, RuleLost}
+	var got []string
+	for _, v := range vs {
+		got = append(got, v.Rule)
+		if len(v.Events) > maxEvents {
+			t.Errorf("%s lists %d events", v.Rule, len(v.Events))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("rules %v, want %v", got, want)
+	}
+	if !strings.Contains(vs[1].Message, "consumer rc (read_committed) never read 30 of 35") || len(vs[1].Events) != maxEvents {
+		t.Errorf("lost: %q with %d events", vs[1].Message, len(vs[1].Events))
+	}
+}
+
+func TestFormat(t *testing.T) {
+	b := clean(history.ExactlyOnce)
+	b.h.Faults[0].Kind = "failover-synced"
+	b.h.Faults[0].Detail = "synchronized_standby_slots=standby1"
+	b.h.Slots = append(b.h.Slots,
+		history.SlotSample{At: at(58), Slot: "outbox", ConfirmedLSN: 2, WALEnd: 1},
+		history.SlotSample{At: at(59), Slot: "outbox", ConfirmedLSN: 2, WALEnd: 1})
+	h := b.done(bothConsumers)
+	vs := Check(h)
+	out := Format(h, vs, 2)
+	for _, want := range []string{
+		"seed 42, mode eo-table, exactly-once, 1m0s: 3 violations",
+		"reproduce: make chaos SEED=42 MODE=eo-table DURATION=1m\n",
+		"1. [vanished-delivered] +20.2s  consumer rc read event e7 (key k1 seq 4 at orders/1@2) of txn t6",
+		"   events: e7\n",
+		"   the schedule around it:\n     +10.0s pause r1 until +18.0s (8s)\n     +25.0s failover-synced postgres until +27.0s (2s): synchronized_standby_slots=standby1\n     +30.0s kill9 r2\n",
+		"... and 1 more\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report does not contain %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "3. ") {
+		t.Errorf("report shows more than 2 violations:\n%s", out)
+	}
+	if got := Format(h, nil, 10); !strings.Contains(got, "no violations") {
+		t.Errorf("clean report:\n%s", got)
+	}
+}
+
+func TestRoundDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		20 * time.Second:                      "20s",
+		3*time.Minute + 2*time.Second:         "3m",
+		30*time.Minute - 400*time.Millisecond: "30m",
+		2*time.Hour + 10*time.Second:          "2h",
+		90 * time.Minute:                      "90m",
+	} {
+		if got := roundDuration(d); got != want {
+			t.Errorf("roundDuration(%v) = %s, want %s", d, got, want)
+		}
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	h := clean(history.AtLeastOnce).done(bothConsumers)
+	s := Summarize(h)
+	want := Summary{
+		Seed: 42, Mode: "eo-table", Delivery: history.AtLeastOnce, Duration: time.Minute,
+		Txns:      map[history.Outcome]int{history.Committed: 5, history.RolledBack: 1, history.InDoubt: 2, history.Vanished: 1},
+		Resolved:  1,
+		Committed: 5, InDoubt: 2, Vanished: 1, Delivered: 5,
+		Duplicates:    map[string]int{history.ReadCommitted: 2, history.ReadUncommitted: 2},
+		Faults:        map[string]int{"failover-unsynced": 1, "kill9": 1, "pause": 1},
+		LeaderChanges: 2, MaxRSS: 40 << 20, LongestStop: 800 * time.Millisecond,
+	}
+	if got, want := fmt.Sprintf("%+v", s), fmt.Sprintf("%+v", want); got != want {
+		t.Errorf("summary\n got %s\nwant %s", got, want)
+	}
+	str := s.String()
+	for _, line := range []string{
+		"txns        5 committed, 1 rolled back, 2 in doubt, 1 vanished (1 resolved afterwards)",
+		"events      5 committed: 5 delivered, 0 lost, 0 reordered, 0 gaps; 2 in doubt, 1 vanished",
+		"duplicates  read_committed 2, read_uncommitted 2 (total 4)",
+		"faults      failover-unsynced 1, kill9 1, pause 1 (total 3)",
+		"relays      2 leader changes, max RSS 40.0 MiB, longest SIGTERM stop 800ms, 0 not stopped",
+	} {
+		if !strings.Contains(str, line) {
+			t.Errorf("summary table lacks %q:\n%s", line, str)
+		}
+	}
+
+	// Exactly-once: the aborted Kafka transaction shows as a duplicate to read_uncommitted only.
+	eo := Summarize(clean(history.ExactlyOnce).done(bothConsumers))
+	if want := map[string]int{history.ReadUncommitted: 1}; fmt.Sprint(eo.Duplicates) != fmt.Sprint(want) {
+		t.Errorf("exactly-once duplicates %v, want %v", eo.Duplicates, want)
+	}
+}
+
+// TestLargeHistory checks a history of the size a long run records, 200,000 events and 400,000
+// reads, with a few faults and violations sprinkled in: it must finish (no quadratic walk).
+func TestLargeHistory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("large history: skipped with -short")
+	}
+	const keys, perKey = 2000, 100
+	b := newBuilder(history.AtLeastOnce)
+	b.h.End = at(1800)
+	b.h.Txns = make([]history.Txn, 0, keys*perKey)
+	b.h.Reads = make([]history.Read, 0, 2*keys*perKey)
+	names := make([]string, keys)
+	for k := range keys {
+		names[k] = "k" + strconv.Itoa(k)
+	}
+	for seq := 1; seq <= perKey; seq++ {
+		for k, key := range names {
+			sec := float64(seq*keys+k) / float64(keys*perKey) * 1700
+			id := "e" + strconv.Itoa(k) + "-" + strconv.Itoa(seq)
+			b.h.Txns = append(b.h.Txns, history.Txn{ID: id, Start: at(sec), End: at(sec), Outcome: history.Committed,
+				Events: []history.Event{{ID: id, Topic: "orders", Key: key, Seq: seq}}})
+			for _, c := range []string{"rc", "ru"} {
+				b.h.Reads = append(b.h.Reads, history.Read{Consumer: c, Isolation: history.ReadCommitted, Topic: "orders",
+					Partition: k % 12, Offset: int64(seq*keys + k), Key: key, EventID: id, Seq: seq, Appended: at(sec)})
+			}
+		}
+	}
+	for i := range 50 {
+		b.fault("kill9", "r1", float64(i*30), float64(i*30))
+	}
+	// A duplicate long after the last fault's replay window, and a read missing.
+	dup := b.h.Reads[0]
+	dup.Offset, dup.Appended = 1<<40, at(1750)
+	b.h.Reads = append(slices.Delete(b.h.Reads, 1000, 1001), dup)
+	vs := Check(&b.h)
+	if len(vs) != 2 || vs[0].Rule != RuleDuplicate || vs[1].Rule != RuleLost {
+		t.Fatalf("violations:\n%s", Format(&b.h, vs, 10))
+	}
+	if s := Summarize(&b.h); s.Committed != keys*perKey || s.Lost != 1 {
+		t.Errorf("summary:\n%s", s)
+	}
+}
