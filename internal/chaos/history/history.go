@@ -67,7 +67,8 @@ const (
 	// InDoubt: the connection died during COMMIT and the marker row could not be looked up yet.
 	// Resolved from the marker row at the end of the run; one that stays in doubt may or may not be
 	// delivered.
-	InDoubt Outcome = "in_doubt"
+	InDoubt  Outcome = "in_doubt"
+	Vanished Outcome = "vanished" // the writer saw it commit; the surviving timeline does not have it (a failover)
 )
 
 // Txn is one transaction a writer attempted.
