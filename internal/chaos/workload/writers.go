@@ -56,9 +56,11 @@ var nonASCIIPrefixes = []string{"order", "kunde-müller", "订单", "παραγ�
 type Writers struct {
 	cfg     Config
 	emitter *outbox.Emitter // Messages
-	cancel  context.CancelCauseFunc
-	done    chan struct{}
-	gate    gate
+	// stop ends the writers' loops between transactions; abort cuts off the transactions
+	// themselves, when Stop's context ends first (or StartWriters' does).
+	stop, abort context.CancelCauseFunc
+	done        chan struct{}
+	gate        gate
 
 	mu                             sync.Mutex
 	txns                           []history.Txn
@@ -108,11 +110,13 @@ func StartWriters(ctx context.Context, cfg Config) *Writers {
 		w.emitter = em
 	}
 	w.big = w.newWriter("big", cfg.Writers, cfg.Aggregates)
-	ctx, w.cancel = context.WithCancelCause(ctx)
+	hard, abort := context.WithCancelCause(ctx)
+	soft, stop := context.WithCancelCause(hard)
+	w.stop, w.abort = stop, abort
 	var wg sync.WaitGroup
 	for i := range cfg.Writers {
 		wr := w.newWriter(fmt.Sprintf("w%d", i), i, cfg.Aggregates)
-		wg.Go(func() { w.run(ctx, wr) })
+		wg.Go(func() { w.run(soft, hard, wr) })
 	}
 	go func() { wg.Wait(); close(w.done) }()
 	return w
@@ -135,16 +139,20 @@ func (w *Writers) Pause() { w.gate.pause() }
 // Resume lets paused writers go on.
 func (w *Writers) Resume() { w.gate.resume() }
 
-// Stop stops the writers and waits for them (or ctx). A transaction cut off during its COMMIT is
-// recorded in doubt, for Resolve.
+// Stop stops the writers after their current transaction and waits for them. When ctx ends first,
+// it cuts those transactions off (one cut off during its COMMIT is recorded in doubt, for Resolve)
+// and returns an error. Stopping between transactions keeps the end of a run clean: a COMMIT cut
+// off by the client may still complete on the server after Resolve has looked.
 func (w *Writers) Stop(ctx context.Context) error {
-	w.cancel(errStopped)
+	w.stop(errStopped)
 	select {
 	case <-w.done:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("workload: writers did not stop: %w", ctx.Err())
 	}
+	w.abort(errStopped)
+	<-w.done // every wait of a writer honours the hard context
+	return fmt.Errorf("workload: writers did not stop between transactions: %w", ctx.Err())
 }
 
 // Counts returns how many transactions ended how, so far (as the writers saw it).
@@ -168,8 +176,9 @@ func (w *Writers) record(t history.Txn) {
 	}
 }
 
-// run is one writer's loop: it never gives up on its own, only when ctx ends.
-func (w *Writers) run(ctx context.Context, wr *writer) {
+// run is one writer's loop: it never gives up on its own, only when ctx (soft: between
+// transactions) or hard (a transaction too) ends.
+func (w *Writers) run(ctx, hard context.Context, wr *writer) {
 	defer wr.close()
 	for ctx.Err() == nil {
 		if err := w.connect(ctx, wr); err != nil {
@@ -179,7 +188,7 @@ func (w *Writers) run(ctx context.Context, wr *writer) {
 		if w.gate.enter(ctx) != nil {
 			return
 		}
-		err := w.attempt(ctx, wr, w.plan(wr, 1+wr.rng.IntN(w.cfg.MaxPerTx)), txTimeout)
+		err := w.attempt(hard, wr, w.plan(wr, 1+wr.rng.IntN(w.cfg.MaxPerTx)), txTimeout)
 		w.gate.leave()
 		if err != nil {
 			wr.lost(w.cfg.Log, err)
@@ -197,7 +206,7 @@ func (w *Writers) connect(ctx context.Context, wr *writer) error {
 	if wr.conn != nil && !wr.conn.IsClosed() {
 		return nil
 	}
-	conn, err := dial(ctx, w.cfg.DSN)
+	conn, err := dial(ctx, w.cfg.DSN, writerApp+wr.name)
 	if err != nil {
 		wr.lost(w.cfg.Log, err)
 		return err
@@ -210,12 +219,17 @@ func (w *Writers) connect(ctx context.Context, wr *writer) error {
 	return nil
 }
 
-func dial(ctx context.Context, dsn string) (*pgx.Conn, error) {
+// writerApp prefixes the application_name of the writers' connections, so that Resolve can wait
+// for their backends to end.
+const writerApp = "chaos-writer-"
+
+func dial(ctx context.Context, dsn, app string) (*pgx.Conn, error) {
 	cc, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("workload: parse DSN: %w", err)
 	}
 	cc.ConnectTimeout = connectTimeout
+	cc.RuntimeParams["application_name"] = app
 	return pgx.ConnectConfig(ctx, cc)
 }
 
@@ -405,7 +419,7 @@ func (w *Writers) BigTransaction(ctx context.Context, events int) error {
 	w.bigMu.Lock()
 	defer w.bigMu.Unlock()
 	wr := w.big
-	conn, err := dial(ctx, w.cfg.DSN)
+	conn, err := dial(ctx, w.cfg.DSN, writerApp+wr.name)
 	if err != nil {
 		return fmt.Errorf("workload: big transaction: connect: %w", err)
 	}
@@ -451,7 +465,7 @@ func (w *Writers) OtherLoad(ctx context.Context, d time.Duration, txPerSecond fl
 	}()
 	for ctx.Err() == nil {
 		if conn == nil || conn.IsClosed() {
-			c, err := dial(ctx, w.cfg.DSN)
+			c, err := dial(ctx, w.cfg.DSN, "chaos-other")
 			if err != nil {
 				sleep(ctx, backoff(rng))
 				continue
@@ -539,11 +553,14 @@ func lookupMarkers(ctx context.Context, dsn string, ids []string) (map[string]bo
 }
 
 func tryLookup(ctx context.Context, dsn string, ids []string) (map[string]bool, error) {
-	conn, err := dial(ctx, dsn)
+	conn, err := dial(ctx, dsn, "chaos-resolve")
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if err := waitForWriterBackends(ctx, conn); err != nil {
+		return nil, err
+	}
 	present := make(map[string]bool, len(ids))
 	for batch := range slices.Chunk(ids, lookupBatch) {
 		qctx, cancel := context.WithTimeout(ctx, txTimeout)
@@ -561,6 +578,33 @@ func tryLookup(ctx context.Context, dsn string, ids []string) (map[string]bool, 
 		}
 	}
 	return present, nil
+}
+
+// backendsGrace bounds how long Resolve waits for the writers' last backends to end.
+const backendsGrace = 30 * time.Second
+
+// waitForWriterBackends waits until no backend of a writer is left on the server, at most
+// backendsGrace: a backend whose client gave up during COMMIT may still be committing, and the
+// marker row must be looked up after it is done. One still there after that (waiting for a
+// synchronous standby that is gone, say) leaves its transaction as the lookup finds it.
+func waitForWriterBackends(ctx context.Context, conn *pgx.Conn) error {
+	for deadline := time.Now().Add(backendsGrace); time.Now().Before(deadline); {
+		var n int
+		qctx, cancel := context.WithTimeout(ctx, txTimeout)
+		err := conn.QueryRow(qctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name LIKE $1`, writerApp+"%").Scan(&n)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("wait for the writers' backends: %w", err)
+		}
+		if n == 0 {
+			return nil
+		}
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // backoff is the pause before a retry: short, so a writer is back soon after a fault heals, and

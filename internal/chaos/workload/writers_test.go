@@ -157,6 +157,13 @@ func TestWritersSurviveKilledConnections(t *testing.T) {
 	}
 	if events := column(ctx, t, conn, "SELECT id::text FROM "+table); !slices.Equal(events, committedEvents) {
 		t.Errorf("%d events in the outbox, want the %d committed ones", len(events), len(committedEvents))
+		for _, tx := range txns {
+			for _, e := range tx.Events {
+				if _, found := slices.BinarySearch(events, e.ID); found != (tx.Outcome == history.Committed) {
+					t.Errorf("transaction %+v: event %s in the outbox: %v", tx, e.ID, found)
+				}
+			}
+		}
 	}
 }
 
