@@ -65,6 +65,8 @@ type Cluster struct {
 	ports   []int
 	kafka   *devenv.Kafka
 	clients map[string]*paths // fixed after Start
+	// readyTimeout is Failover's wait for the standby; defaultReadyTimeout but in tests.
+	readyTimeout time.Duration
 
 	pgOps sync.Mutex // held by every change of PostgreSQL's topology, and by Close
 
@@ -95,7 +97,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if v, _ := strconv.Atoi(o.PGVersion); o.Standby && v < 17 {
 		return nil, fmt.Errorf("cluster: a standby that synchronises failover slots needs PostgreSQL 17 or later, not %s", o.PGVersion)
 	}
-	c := &Cluster{o: o, dir: o.Dir, clients: make(map[string]*paths)}
+	c := &Cluster{o: o, dir: o.Dir, clients: make(map[string]*paths), readyTimeout: defaultReadyTimeout}
 	if c.dir == "" {
 		if c.dir, err = os.MkdirTemp("", "outbox-chaos-"); err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)

@@ -127,6 +127,24 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 		}
 	})
 
+	t.Run("no failover while the standby's copy of a failover slot is temporary", func(t *testing.T) {
+		primary, standby := c.Primary(), c.Standby()
+		slot := testenv.TemporaryFailoverCopy(t, primary, standby, "chaos", "unready")
+		c.readyTimeout = 3 * time.Second
+		_, err := c.Failover(ctx, true)
+		c.readyTimeout = defaultReadyTimeout
+		if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), slot) {
+			t.Fatalf("Failover: %v, want ErrNotReady naming %s", err, slot)
+		}
+		t.Log(err)
+		if c.Primary() != primary || c.Standby() != standby || !primary.Running() {
+			t.Fatal("the servers changed after a refused failover")
+		}
+		if err := primary.Exec(ctx, "chaos", fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", slot)); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("two failovers in a row keep the failover slot and the two ports", func(t *testing.T) {
 		if err := c.Primary().Exec(ctx, "chaos", "SELECT pg_create_logical_replication_slot('relay', 'pgoutput', false, false, true)"); err != nil {
 			t.Fatal(err)
@@ -139,7 +157,7 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("failover %d (synchronized %v): killed %v after the wait, promoted %v later, new standby %v later",
+			t.Logf("failover %d (synchronized %v, set %v before the kill): promoted %v after the kill, new standby %v later",
 				i+1, synchronized, res.Killed.Sub(res.SynchronizedSince).Round(time.Millisecond),
 				res.Promoted.Sub(res.Killed).Round(time.Millisecond), res.NewStandbyReady.Sub(res.Promoted).Round(time.Millisecond))
 			if c.Primary() != standby || c.Standby() == nil || c.Standby().Port() != old.Port() {

@@ -69,15 +69,15 @@ func (c *Cluster) RestartPostgres(ctx context.Context, immediate bool) error {
 }
 
 // ErrNotReady means a failover was not made because the standby was not ready for it within
-// readyTimeout: a copy of a failover slot not persisted yet, or replay too far behind. Nothing was
+// 30 s: a copy of a failover slot not persisted yet, or replay too far behind. Nothing was
 // changed; the runner skips the fault.
 var ErrNotReady = errors.New("standby not ready for a failover")
 
 const (
-	// readyTimeout bounds Failover's wait for the standby: a copy stays temporary until the
+	// defaultReadyTimeout bounds Failover's wait for the standby: a copy stays temporary until the
 	// primary's slot passes the standby's catalog xmin, which needs the relay to confirm and a
 	// running-transactions record, seconds under load.
-	readyTimeout = 30 * time.Second
+	defaultReadyTimeout = 30 * time.Second
 	// maxReplayLag is how far the standby's replay may trail the primary's WAL at the kill: a
 	// failover of a standby far behind tests a lag, not the slots.
 	maxReplayLag = 4 << 20
@@ -145,7 +145,7 @@ func setStandbySlots(ctx context.Context, primary *devenv.Postgres, slots string
 // follow. synchronized says whether the primary's synchronized_standby_slots lists the standby's
 // slot at the kill (see SetSynchronized); the new standby gets the same.
 //
-// Before the kill it waits, readyTimeout at most, until the standby holds a persisted synced copy
+// Before the kill it waits, 30 s at most, until the standby holds a persisted synced copy
 // of every failover slot on the primary and its replay trails by maxReplayLag at most; else it
 // returns an error wrapping ErrNotReady and does not fail over. It returns once the new standby
 // streams (seconds), or with the step that failed.
@@ -168,7 +168,7 @@ func (c *Cluster) Failover(ctx context.Context, synchronized bool) (FailoverResu
 		c.mu.Unlock()
 	}
 	res.SynchronizedSince = since
-	if err := waitReady(ctx, old, standby); err != nil {
+	if err := waitReady(ctx, old, standby, c.readyTimeout); err != nil {
 		return res, fmt.Errorf("cluster failover: %w", err)
 	}
 
@@ -263,12 +263,12 @@ func waitStreaming(ctx context.Context, primary *devenv.Postgres, slot string) e
 	})
 }
 
-// waitReady waits, readyTimeout at most, until standby holds a persisted synced copy of every
+// waitReady waits, timeout at most, until standby holds a persisted synced copy of every
 // failover slot of primary and replays within maxReplayLag of primary's WAL. It logs a
 // running-transactions record on primary at each look, which is what lets a standby persist a copy
 // once the primary's slot has passed its catalog xmin; it never moves a slot.
-func waitReady(ctx context.Context, primary, standby *devenv.Postgres) error {
-	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+func waitReady(ctx context.Context, primary, standby *devenv.Postgres, timeout time.Duration) error {
+	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var missing []string
 	var lag int64
@@ -307,7 +307,7 @@ func waitReady(ctx context.Context, primary, standby *devenv.Postgres) error {
 		return ctx.Err()
 	default:
 		return fmt.Errorf("%w within %v: copies of %v not persisted on %s, its replay %d bytes behind (%v)",
-			ErrNotReady, readyTimeout, missing, filepath.Base(standby.Dir()), lag, err)
+			ErrNotReady, timeout, missing, filepath.Base(standby.Dir()), lag, err)
 	}
 }
 
