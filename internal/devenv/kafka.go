@@ -60,6 +60,22 @@ type KafkaOptions struct {
 	SCRAMUsers map[string]string
 	// TLSListeners adds listeners with TLS, each on a free port: ListenerAddr(name).
 	TLSListeners []KafkaTLSListener
+	// PlaintextListeners adds listeners without TLS or SASL, each on a free port:
+	// ListenerAddr(name). With Advertised set, each gives a client a path of its own through a
+	// proxy (metadata, produce and fetch all cross it), so that a test can cut one client off.
+	PlaintextListeners []KafkaListener
+}
+
+// KafkaListener is a further PLAINTEXT-type broker listener.
+type KafkaListener struct {
+	// Name is the listener's name: upper-case letters, digits and underscores, e.g. "CLIENT_R1";
+	// not a built-in listener's (PLAINTEXT, SASL_PLAINTEXT, CONTROLLER) nor a TLS listener's.
+	Name string
+	// Port is the listener's port on 127.0.0.1; a free one.
+	Port int
+	// Advertised, when set, is the address the broker gives clients for this listener (a proxy
+	// in front of it); ListenerAddr stays the real one.
+	Advertised string
 }
 
 // KafkaTLSListener is a broker listener with TLS, its certificate read from PEM files (Kafka's
@@ -100,6 +116,7 @@ type kafkaState struct {
 	Lib            string         `json:"lib"`
 	SASLPort       int            `json:"sasl_port,omitempty"`
 	TLSPorts       map[string]int `json:"tls_ports,omitempty"`
+	PlainPorts     map[string]int `json:"plain_ports,omitempty"`
 }
 
 // StartKafka formats a new broker directory and starts the broker.
@@ -143,7 +160,7 @@ func newKafka(dir string, st kafkaState) *Kafka {
 }
 
 func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) error {
-	ports, err := freePorts(3 + len(opts.TLSListeners))
+	ports, err := freePorts(3 + len(opts.TLSListeners) + len(opts.PlaintextListeners))
 	if err != nil {
 		return err
 	}
@@ -157,10 +174,16 @@ func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) e
 		}
 		k.st.TLSPorts[l.Name] = cmp.Or(l.Port, ports[3+i])
 	}
+	for i, l := range opts.PlaintextListeners {
+		if k.st.PlainPorts == nil {
+			k.st.PlainPorts = make(map[string]int)
+		}
+		k.st.PlainPorts[l.Name] = cmp.Or(l.Port, ports[3+len(opts.TLSListeners)+i])
+	}
 	if err := writeState(k.dir, k.st); err != nil {
 		return fmt.Errorf("kafka state: %w", err)
 	}
-	listeners, err := k.listenerSettings(opts.TLSListeners)
+	listeners, err := k.listenerSettings(opts.TLSListeners, opts.PlaintextListeners)
 	if err != nil {
 		return fmt.Errorf("kafka config: %w", err)
 	}
@@ -210,8 +233,9 @@ func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) e
 }
 
 // listenerSettings lists the broker's listeners: PLAINTEXT (tools and the broker's own traffic),
-// SASL_PLAINTEXT with SCRAM users, the TLS listeners, and the controller's.
-func (k *Kafka) listenerSettings(tlsListeners []KafkaTLSListener) (map[string]string, error) {
+// SASL_PLAINTEXT with SCRAM users, the TLS listeners, the further plaintext ones, and the
+// controller's.
+func (k *Kafka) listenerSettings(tlsListeners []KafkaTLSListener, plainListeners []KafkaListener) (map[string]string, error) {
 	controller := "127.0.0.1:" + strconv.Itoa(k.st.ControllerPort)
 	// What the broker listens on, and the addresses it gives clients: the same but where a TLS
 	// listener names another.
@@ -270,6 +294,14 @@ func (k *Kafka) listenerSettings(tlsListeners []KafkaTLSListener) (map[string]st
 		advertised = append(advertised, l.Name+"://"+cmp.Or(l.Advertised, k.ListenerAddr(l.Name)))
 		protocols = append(protocols, l.Name+":"+protocol)
 	}
+	for _, l := range plainListeners {
+		if !listenerName.MatchString(l.Name) || l.Name == "PLAINTEXT" || l.Name == "SASL_PLAINTEXT" || l.Name == "CONTROLLER" || k.st.TLSPorts[l.Name] != 0 {
+			return nil, fmt.Errorf("plaintext listener name %q: want upper-case letters, digits and underscores, not a built-in or TLS listener", l.Name)
+		}
+		listeners = append(listeners, l.Name+"://"+k.ListenerAddr(l.Name))
+		advertised = append(advertised, l.Name+"://"+cmp.Or(l.Advertised, k.ListenerAddr(l.Name)))
+		protocols = append(protocols, l.Name+":PLAINTEXT")
+	}
 	listeners = append(listeners, "CONTROLLER://"+controller)
 	advertised = append(advertised, "CONTROLLER://"+controller)
 	out["listeners"] = strings.Join(listeners, ",")
@@ -294,10 +326,13 @@ func concatFiles(path string, files ...string) error {
 	return os.WriteFile(path, b, 0o600)
 }
 
-// ListenerAddr returns the address of the TLS listener name, "127.0.0.1:<port>", or "" when the
-// broker has no such listener.
+// ListenerAddr returns the address of the TLS or further plaintext listener name,
+// "127.0.0.1:<port>", or "" when the broker has no such listener.
 func (k *Kafka) ListenerAddr(name string) string {
 	port, ok := k.st.TLSPorts[name]
+	if !ok {
+		port, ok = k.st.PlainPorts[name]
+	}
 	if !ok {
 		return ""
 	}

@@ -297,6 +297,12 @@ func (p *Postgres) Start(ctx context.Context) error {
 // Stop shuts the server down in fast mode (SIGINT, like pg_ctl stop -m fast), SIGKILL after 60s.
 func (p *Postgres) Stop(ctx context.Context) error { return p.stop(ctx, syscall.SIGINT, time.Minute) }
 
+// StopImmediate shuts the server down in immediate mode (SIGQUIT, like pg_ctl stop -m immediate):
+// no shutdown checkpoint, so the next start runs crash recovery. SIGKILL after 60s.
+func (p *Postgres) StopImmediate(ctx context.Context) error {
+	return p.stop(ctx, syscall.SIGQUIT, time.Minute)
+}
+
 // Restart stops (fast) and starts the server.
 func (p *Postgres) Restart(ctx context.Context) error {
 	if err := p.Stop(ctx); err != nil {

@@ -73,3 +73,60 @@ func TestStandbyOnEveryVersion(t *testing.T) {
 		})
 	}
 }
+
+// An online copy leaves the primary running: a session opened before the copy still works after
+// it, and the standby streams from the slot reserved for it (on 14, pg_start_backup's variant).
+func TestStandbyOnlineKeepsThePrimaryServing(t *testing.T) {
+	for _, major := range []string{"14", "18"} {
+		t.Run(major, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			primary, err := StartPostgres(ctx, PostgresOptions{Version: major})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer primary.Close(context.Background())
+			session, err := pgx.Connect(ctx, primary.DSN(primary.Database()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer session.Close(context.Background())
+			if _, err := session.Exec(ctx, "CREATE TABLE t (id int primary key); INSERT INTO t VALUES (1); SELECT pg_create_physical_replication_slot('online', true)"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := StartStandbyOnline(ctx, primary, PostgresOptions{}); err == nil {
+				t.Fatal("an online copy without a slot started")
+			}
+			standby, err := StartStandbyOnline(ctx, primary, PostgresOptions{Settings: map[string]string{"primary_slot_name": "online"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer standby.Close(context.Background())
+			if _, err := session.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
+				t.Fatalf("the session opened before the copy: %v", err)
+			}
+			conn, err := pgx.Connect(ctx, standby.DSN(standby.Database()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.Background())
+			for n := 0; n != 2; {
+				if err := conn.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n != 2 {
+					select {
+					case <-ctx.Done():
+						t.Fatalf("standby has %d rows, want 2: %v", n, ctx.Err())
+					case <-time.After(50 * time.Millisecond):
+					}
+				}
+			}
+			var active bool
+			if err := session.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'online'").Scan(&active); err != nil || !active {
+				t.Fatalf("slot online active %v (%v), want true", active, err)
+			}
+		})
+	}
+}

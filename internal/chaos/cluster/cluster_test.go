@@ -1,0 +1,340 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// One cluster with a standby and two clients goes through every fault and its heal, two failovers
+// in a row, and a Close that leaves no server of its own running.
+func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	start := time.Now()
+	c, err := Start(ctx, Options{Dir: dir, Standby: true, Clients: []string{"r1", "r2"}, Log: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Start took %v", time.Since(start).Round(time.Millisecond))
+	closed := false
+	defer func() {
+		if !closed {
+			_ = c.Close(context.Background())
+		}
+	}()
+	if _, err := c.CreateDatabase(ctx, "chaos"); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("a cut PostgreSQL path hangs while the direct one and other clients' work, and heals", func(t *testing.T) {
+		held := connect(ctx, t, c.ClientDSN("r1", "chaos"))
+		defer held.Close(context.Background())
+		c.CutPostgres("r1")
+		if err := query(ctx, held, time.Second); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a query on a connection held through the cut path: %v, want a timeout", err)
+		}
+		if err := connectQuery(ctx, c.ClientDSN("r1", "chaos"), time.Second); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a new connection through the cut path: %v, want a timeout", err)
+		}
+		for _, dsn := range []string{c.DSN("chaos"), c.ClientDSN("r2", "chaos")} {
+			if err := connectQuery(ctx, dsn, 5*time.Second); err != nil {
+				t.Fatalf("%s during r1's cut: %v", dsn, err)
+			}
+		}
+		c.HealPostgres("r1")
+		if err := connectQuery(ctx, c.ClientDSN("r1", "chaos"), 5*time.Second); err != nil {
+			t.Fatalf("after the heal: %v", err)
+		}
+	})
+
+	if err := c.Kafka().CreateTopic(ctx, "chaos", 1); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("a cut Kafka path hangs metadata, produce and fetch, and heals", func(t *testing.T) {
+		roundTrip(ctx, t, c.ClientBrokers("r1"), "before")
+		c.CutKafka("r1")
+		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := kafka.DialLeader(dctx, "tcp", c.ClientBrokers("r1"), "chaos", 0)
+		dcancel()
+		if err == nil {
+			t.Fatal("dialled the leader through a cut path")
+		}
+		roundTrip(ctx, t, c.ClientBrokers("r2"), "r2 during r1's cut")
+		c.HealKafka("r1")
+		roundTrip(ctx, t, c.ClientBrokers("r1"), "after")
+	})
+
+	t.Run("the broker stops and starts, pauses and resumes", func(t *testing.T) {
+		start := time.Now()
+		if err := c.StopBroker(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if c.Kafka().Running() {
+			t.Fatal("broker still running after StopBroker")
+		}
+		if err := c.StartBroker(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("broker stopped and started in %v", time.Since(start).Round(time.Millisecond))
+		roundTrip(ctx, t, c.ClientBrokers("r1"), "after the restart")
+		if err := c.PauseBroker(); err != nil {
+			t.Fatal(err)
+		}
+		dctx, dcancel := context.WithTimeout(ctx, time.Second)
+		_, err := kafka.DialLeader(dctx, "tcp", c.Brokers(), "chaos", 0)
+		dcancel()
+		if err == nil {
+			for _, pid := range processesUnder(dir) {
+				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				t.Logf("%d: %.80s", pid, b) // the state: T when stopped
+			}
+			t.Fatal("a paused broker answered")
+		}
+		if err := c.ResumeBroker(); err != nil {
+			t.Fatal(err)
+		}
+		roundTrip(ctx, t, c.Brokers(), "after the pause")
+	})
+
+	t.Run("PostgreSQL restarts fast and immediately, and the standby streams again", func(t *testing.T) {
+		for _, immediate := range []bool{false, true} {
+			start := time.Now()
+			if err := c.RestartPostgres(ctx, immediate); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("restart (immediate %v) took %v", immediate, time.Since(start).Round(time.Millisecond))
+			if err := connectQuery(ctx, c.DSN("chaos"), 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if err := waitStreaming(ctx, c.Primary(), c.standbySlot); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
+	t.Run("no failover while the standby's copy of a failover slot is temporary", func(t *testing.T) {
+		primary, standby := c.Primary(), c.Standby()
+		slot := testenv.TemporaryFailoverCopy(t, primary, standby, "chaos", "unready")
+		c.readyTimeout = 3 * time.Second
+		_, err := c.Failover(ctx, true)
+		c.readyTimeout = defaultReadyTimeout
+		if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), slot) {
+			t.Fatalf("Failover: %v, want ErrNotReady naming %s", err, slot)
+		}
+		t.Log(err)
+		if c.Primary() != primary || c.Standby() != standby || !primary.Running() {
+			t.Fatal("the servers changed after a refused failover")
+		}
+		if err := primary.Exec(ctx, "chaos", fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", slot)); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("two failovers in a row keep the failover slot and the two ports", func(t *testing.T) {
+		if err := c.Primary().Exec(ctx, "chaos", "SELECT pg_create_logical_replication_slot('relay', 'pgoutput', false, false, true)"); err != nil {
+			t.Fatal(err)
+		}
+		ports := map[int]bool{c.Primary().Port(): true, c.Standby().Port(): true}
+		for i, synchronized := range []bool{true, false} {
+			old, standby := c.Primary(), c.Standby()
+			persist(ctx, t, old, standby, "chaos", "relay")
+			res, err := c.Failover(ctx, synchronized)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("failover %d (synchronized %v, set %v before the kill): promoted %v after the kill, new standby %v later",
+				i+1, synchronized, res.Killed.Sub(res.SynchronizedSince).Round(time.Millisecond),
+				res.Promoted.Sub(res.Killed).Round(time.Millisecond), res.NewStandbyReady.Sub(res.Promoted).Round(time.Millisecond))
+			if c.Primary() != standby || c.Standby() == nil || c.Standby().Port() != old.Port() {
+				t.Fatalf("after failover %d: primary %s, standby %v, want %s and a standby on port %d", i+1,
+					c.Primary().Dir(), c.Standby(), standby.Dir(), old.Port())
+			}
+			if pids := processesUnder(old.Dir()); len(pids) > 0 {
+				t.Fatalf("the old primary's processes %v still run", pids)
+			}
+			if _, err := os.Stat(old.Dir()); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the old primary's directory is still there (%v)", err)
+			}
+			conn := connect(ctx, t, c.DSN("chaos"))
+			var recovery bool
+			var port, slots int
+			err = conn.QueryRow(ctx, "SELECT pg_is_in_recovery(), current_setting('port')::int, (SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'relay' AND failover)").Scan(&recovery, &port, &slots)
+			conn.Close(context.Background())
+			if err != nil || recovery || port != standby.Port() || slots != 1 {
+				t.Fatalf("DSN after failover %d: in recovery %v, port %d, %d slots relay (%v); want the promoted server on %d with the slot", i+1, recovery, port, slots, err, standby.Port())
+			}
+			if err := connectQuery(ctx, c.ClientDSN("r2", "chaos"), 10*time.Second); err != nil {
+				t.Fatalf("ClientDSN after failover %d: %v", i+1, err)
+			}
+			sconn := connect(ctx, t, c.Standby().DSN("chaos"))
+			err = sconn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&recovery)
+			sconn.Close(context.Background())
+			if err != nil || !recovery {
+				t.Fatalf("new standby: in recovery %v (%v)", recovery, err)
+			}
+			if !ports[c.Standby().Port()] || !ports[c.Primary().Port()] {
+				t.Fatalf("ports moved: primary %d, standby %d, want %v", c.Primary().Port(), c.Standby().Port(), ports)
+			}
+		}
+	})
+
+	confirmed, walEnd, err := c.SlotSample(ctx, "chaos", "relay")
+	if err != nil || confirmed == 0 || confirmed > walEnd {
+		t.Fatalf("SlotSample: confirmed %d, WAL end %d (%v)", confirmed, walEnd, err)
+	}
+	if _, _, err := c.SlotSample(ctx, "chaos", "none"); !errors.Is(err, ErrNoSlot) {
+		t.Fatalf("SlotSample of a missing slot: %v, want ErrNoSlot", err)
+	}
+	if err := c.Primary().Exec(ctx, "chaos", "CREATE TABLE outbox (id int)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddColumn(ctx, "chaos", "public.outbox", "extra"); err != nil {
+		t.Fatal(err)
+	}
+
+	start = time.Now()
+	closed = true
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
+	if pids := processesUnder(dir); len(pids) > 0 {
+		t.Fatalf("processes %v still run after Close", pids)
+	}
+}
+
+// A Start whose context ends stops what it started.
+func TestStartCancelledLeavesNothingRunning(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second) // PostgreSQL is up, the broker not yet
+	defer cancel()
+	if _, err := Start(ctx, Options{Dir: dir, Standby: true, Clients: []string{"r1"}}); err == nil {
+		t.Fatal("Start succeeded within 3 s")
+	}
+	if pids := processesUnder(dir); len(pids) > 0 {
+		t.Fatalf("processes %v still run after a failed Start", pids)
+	}
+}
+
+func connect(ctx context.Context, t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+func query(ctx context.Context, conn *pgx.Conn, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var one int
+	return conn.QueryRow(ctx, "SELECT 1").Scan(&one)
+}
+
+func connectQuery(ctx context.Context, dsn string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return query(ctx, conn, timeout)
+}
+
+// roundTrip produces a record through brokers and fetches it back from the partition leader the
+// metadata names, which must be brokers itself (the client's proxy, or the broker).
+func roundTrip(ctx context.Context, t *testing.T, brokers, value string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var conn *kafka.Conn
+	var err error
+	for conn == nil {
+		if conn, err = kafka.DialLeader(ctx, "tcp", brokers, "chaos", 0); err != nil {
+			if ctx.Err() != nil {
+				t.Fatalf("dial leader through %s: %v", brokers, err)
+			}
+			time.Sleep(200 * time.Millisecond) // a restarted broker's leadership comes a moment later
+		}
+	}
+	defer conn.Close()
+	if conn.RemoteAddr().String() != brokers {
+		t.Fatalf("the leader is %s, want %s", conn.RemoteAddr(), brokers)
+	}
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetDeadline(deadline)
+	if _, err := conn.WriteMessages(kafka.Message{Value: []byte(value)}); err != nil {
+		t.Fatalf("produce through %s: %v", brokers, err)
+	}
+	last, err := conn.ReadLastOffset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Seek(last-1, kafka.SeekAbsolute); err != nil {
+		t.Fatal(err)
+	}
+	m, err := conn.ReadMessage(1 << 20)
+	if err != nil || string(m.Value) != value {
+		t.Fatalf("fetch through %s: %q (%v), want %q", brokers, m.Value, err, value)
+	}
+}
+
+// persist nudges primary's failover slot until standby holds a persisted copy of it: nothing
+// streams from the slot here, so nothing else would move it past the standby's catalog xmin.
+func persist(ctx context.Context, t *testing.T, primary, standby *devenv.Postgres, database, slot string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err := poll(ctx, 500*time.Millisecond, func(ctx context.Context) (bool, error) {
+		if err := testenv.NudgeSlotSync(ctx, primary, standby, database, slot); err != nil {
+			return false, err
+		}
+		conn, err := pgx.Connect(ctx, standby.DSN(database))
+		if err != nil {
+			return false, err
+		}
+		defer conn.Close(context.Background())
+		var persisted bool
+		err = conn.QueryRow(ctx, "SELECT coalesce(bool_or(NOT temporary), false) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&persisted)
+		return persisted, err
+	})
+	if err != nil {
+		t.Fatalf("the standby's copy of %s was not persisted: %v", slot, err)
+	}
+}
+
+// processesUnder returns the live processes whose command line names a path under dir.
+func processesUnder(dir string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), dir) && devenv.PIDAlive(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
