@@ -233,6 +233,15 @@ func (c *Cluster) Close(ctx context.Context) error {
 	c.closed = true
 	servers := append([]*devenv.Postgres{c.standby, c.primary}, c.retired...)
 	c.mu.Unlock()
+	// The servers' logs outlive their directories: a run is read afterwards.
+	for _, s := range servers {
+		if s != nil {
+			keepLog(s.Logs(), filepath.Join(c.dir, filepath.Base(s.Dir())+".log"))
+		}
+	}
+	if c.kafka != nil {
+		keepLog(c.kafka.Logs(), filepath.Join(c.dir, "kafka.log"))
+	}
 	var errs []error
 	for _, p := range c.clients {
 		for _, pp := range append(p.pg, p.kafka) {
@@ -359,4 +368,14 @@ func (c *Cluster) AddColumn(ctx context.Context, database, table, column string)
 		return fmt.Errorf("cluster add column: %w", err)
 	}
 	return nil
+}
+
+// keepLog copies a server's log beside the run's other output; a log that cannot be copied is
+// only a loss for the reader.
+func keepLog(src, dst string) {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return
+	}
+	_ = os.WriteFile(dst, b, 0o644)
 }

@@ -20,6 +20,9 @@ import (
 
 // Config shapes the writers' load.
 type Config struct {
+	// Name prefixes the writers' names, and so their keys and transaction ids: writers of one
+	// history that share topics or a checker need different names ("" is fine alone).
+	Name           string
 	DSN            string // multi-host, target_session_attrs=read-write, so a failover is followed
 	Table          string // schema-qualified outbox table (Table, PartitionedTable): "public.outbox_events"
 	Shape          Shape
@@ -109,13 +112,13 @@ func StartWriters(ctx context.Context, cfg Config) *Writers {
 		}
 		w.emitter = em
 	}
-	w.big = w.newWriter("big", cfg.Writers, cfg.Aggregates)
+	w.big = w.newWriter(cfg.Name+"big", cfg.Writers, cfg.Aggregates)
 	hard, abort := context.WithCancelCause(ctx)
 	soft, stop := context.WithCancelCause(hard)
 	w.stop, w.abort = stop, abort
 	var wg sync.WaitGroup
 	for i := range cfg.Writers {
-		wr := w.newWriter(fmt.Sprintf("w%d", i), i, cfg.Aggregates)
+		wr := w.newWriter(fmt.Sprintf("%sw%d", cfg.Name, i), i, cfg.Aggregates)
 		wg.Go(func() { w.run(soft, hard, wr) })
 	}
 	go func() { wg.Wait(); close(w.done) }()

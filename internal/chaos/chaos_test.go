@@ -1,0 +1,57 @@
+package chaos_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/relayproc"
+)
+
+// shortSeeds are the schedules make test runs, one a day in turn (CHAOS_SEED picks another):
+// each has been run to the end without a violation, so a failure is news about the relay.
+var shortSeeds = []uint64{7, 1201, 31337}
+
+// TestShortScheduleOfEveryMode runs every mode side by side on one PostgreSQL 18 primary with a
+// standby and one broker, with two relays each, under a short schedule of overlapping faults of
+// every kind, and fails on any broken rule (package check), printing the seed and the schedule.
+// `make chaos` runs the same harness for as long as asked.
+func TestShortScheduleOfEveryMode(t *testing.T) {
+	if err := devenv.KafkaLibReady(devenv.DefaultKafkaLib()); err != nil {
+		t.Fatal(err)
+	}
+	seed := shortSeeds[time.Now().UTC().YearDay()%len(shortSeeds)]
+	if v := os.Getenv("CHAOS_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("CHAOS_SEED=%q: %v", v, err)
+		}
+		seed = s
+	}
+	dir := t.TempDir()
+	if keep := os.Getenv("CHAOS_KEEP"); keep != "" {
+		dir = keep
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	res, err := chaos.Run(ctx, chaos.Options{
+		Seed: seed, Duration: 90 * time.Second, Dir: dir, RelayBin: relayproc.PlainBinary(t),
+		Relays: 2, Writers: 2, Rate: 5, Mean: 2 * time.Second, Drain: 2 * time.Minute, Short: true,
+		Log: t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range res.Modes {
+		if len(m.Violations) > 0 {
+			t.Errorf("%s:\n%s", m.Mode, m.Text)
+		}
+		if m.Summary.Committed == 0 {
+			t.Errorf("%s: no transaction committed: the run exercised nothing", m.Mode)
+		}
+	}
+}

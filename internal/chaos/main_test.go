@@ -1,0 +1,9 @@
+package chaos_test
+
+import (
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }

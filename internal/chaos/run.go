@@ -1,0 +1,803 @@
+// Package chaos is the nemesis: it runs PostgreSQL (a primary and a streaming standby), Kafka,
+// several relay processes per mode with leader election, writers and consumers, and applies faults
+// drawn from a seed (kill -9, SIGSTOP, SIGTERM, network cuts, broker stops and freezes,
+// PostgreSQL restarts and failovers, big transactions, schema changes, a neighbour relay sharing
+// the positions topic) for a duration, overlapping. It records what happened (package history),
+// checks it (package check) and draws it (package report). A failing run is reproduced by its seed.
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/chaos/check"
+	"github.com/outbox-relay/outbox-relay/internal/chaos/cluster"
+	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
+	"github.com/outbox-relay/outbox-relay/internal/chaos/report"
+	"github.com/outbox-relay/outbox-relay/internal/chaos/workload"
+)
+
+// Options configure a run. Zero values get the defaults in the comments.
+type Options struct {
+	Seed     uint64
+	Duration time.Duration // of the faults; the drain at the end comes on top
+	Modes    []Mode        // every mode when empty; they run side by side on the same servers
+	Dir      string        // logs, histories and reports (required)
+	RelayBin string        // the outbox-relay binary (required)
+	// PGVersion of the cluster: "18" by default; failovers need 17 or later.
+	PGVersion string
+	Relays    int           // relay processes per mode; 3
+	Writers   int           // writers per mode; 3
+	Rate      float64       // transactions per second per writer; 10
+	Kinds     []string      // fault kinds to draw from; all (FaultKinds)
+	Mean      time.Duration // mean time between fault starts; 4s
+	Drain     time.Duration // how long the consumers may take to read everything at the end; 3m
+	// Short makes faults cheaper (small big transactions), for the short schedules of make test.
+	Short bool
+	Log   func(format string, args ...any)
+}
+
+// Result is what a run found, per mode.
+type Result struct {
+	Modes []ModeResult
+}
+
+// ModeResult is one mode's outcome.
+type ModeResult struct {
+	Mode       string
+	History    string // path of history.json
+	Report     string // path of report.html
+	Violations []check.Violation
+	Summary    check.Summary
+	Text       string // check.Format of the violations, "" when none
+}
+
+// Failed reports whether any mode broke a rule.
+func (r *Result) Failed() bool {
+	for _, m := range r.Modes {
+		if len(m.Violations) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// runner is one run's state.
+type runner struct {
+	opts    Options
+	start   time.Time
+	cluster *cluster.Cluster
+	modes   []*modeRun
+	standby bool
+	http    *http.Client
+
+	lease           time.Duration
+	shutdownTimeout time.Duration
+	stopSlack       time.Duration
+
+	mu     sync.Mutex
+	faults []history.Fault // cluster faults, copied into every mode's history
+	notes  []history.Note
+}
+
+// modeRun is one mode's relays, writers, consumers and history.
+type modeRun struct {
+	mode   Mode
+	db     string // database name
+	dsn    string
+	table  string
+	slot   string
+	types  []string
+	relays []*relay
+
+	writers   *workload.Writers
+	consumers []*workload.Consumer
+	seed      uint64 // the writers'
+
+	neighbour        *neighbour
+	neighbourStarted bool
+
+	mu     sync.Mutex
+	faults []history.Fault
+	stops  []history.Stop
+	rs     []history.RelaySample
+	slots  []history.SlotSample
+	led    *relay // the last relay seen leading
+}
+
+// neighbour is a second relay on a database and slot of its own, sharing the positions topic
+// (exactly-once modes): started by a fault, it runs to the end of the run.
+type neighbour struct {
+	db, dsn, slot string
+	types         []string
+	relay         *relay
+	writers       *workload.Writers
+}
+
+func (m *modeRun) leader() *relay {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.led
+}
+
+func (r *runner) modeOf(rl *relay) *modeRun {
+	for _, m := range r.modes {
+		for _, x := range m.relays {
+			if x == rl {
+				return m
+			}
+		}
+		if m.neighbour != nil && m.neighbour.relay == rl {
+			return m
+		}
+	}
+	return nil
+}
+
+func (r *runner) logf(format string, args ...any) {
+	off := time.Since(r.start).Seconds()
+	r.opts.Log("[%7.1fs] %s", off, fmt.Sprintf(format, args...))
+}
+
+// note records something the harness saw, in every mode's history.
+func (r *runner) note(format string, args ...any) {
+	text := fmt.Sprintf(format, args...)
+	r.logf("note: %s", text)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.notes = append(r.notes, history.Note{At: time.Now(), Text: text})
+}
+
+func (r *runner) recordFault(m *modeRun, f history.Fault) {
+	if m == nil {
+		r.mu.Lock()
+		r.faults = append(r.faults, f)
+		r.mu.Unlock()
+		return
+	}
+	m.mu.Lock()
+	m.faults = append(m.faults, f)
+	m.mu.Unlock()
+}
+
+func (r *runner) recordStop(m *modeRun, s history.Stop) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stops = append(m.stops, s)
+}
+
+// Run runs the nemesis and checks each mode's history. It returns an error only when the run
+// could not be carried out; broken rules are in the result.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Dir == "" || o.RelayBin == "" {
+		return nil, errors.New("chaos: Dir and RelayBin are required")
+	}
+	if len(o.Modes) == 0 {
+		o.Modes = append([]Mode(nil), modes...)
+	}
+	if o.PGVersion == "" {
+		o.PGVersion = "18"
+	}
+	o.Relays = cmp(o.Relays, 3)
+	o.Writers = cmp(o.Writers, 3)
+	if o.Rate == 0 {
+		o.Rate = 10
+	}
+	if len(o.Kinds) == 0 {
+		o.Kinds = FaultKinds()
+	}
+	o.Mean = cmp(o.Mean, 4*time.Second)
+	o.Drain = cmp(o.Drain, 3*time.Minute)
+	if o.Log == nil {
+		o.Log = func(string, ...any) {}
+	}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	r := &runner{
+		opts: o, start: time.Now(), http: &http.Client{Timeout: time.Second},
+		// leader_check_timeout 2s: a lease of 1s + 2 x 2s + 2s.
+		lease: 7 * time.Second, shutdownTimeout: 10 * time.Second, stopSlack: 5 * time.Second,
+	}
+	r.logf("chaos: seed %d, modes %s, %s of faults (%s), servers PostgreSQL %s", o.Seed, modeNames(o.Modes), o.Duration, strings.Join(o.Kinds, " "), o.PGVersion)
+	r.standby = anyWAL(o.Modes) && o.PGVersion >= "17" && (containsAny(o.Kinds, kindFailoverSync, kindFailoverLag))
+
+	var clients []string
+	for _, m := range o.Modes {
+		for i := 1; i <= o.Relays; i++ {
+			clients = append(clients, relayName(m, i))
+		}
+		if m.Delivery == history.ExactlyOnce {
+			clients = append(clients, m.Name+"-nb")
+		}
+	}
+	c, err := cluster.Start(ctx, cluster.Options{
+		Dir: filepath.Join(o.Dir, "servers"), PGVersion: o.PGVersion, Standby: r.standby, Clients: clients,
+		Log: func(format string, args ...any) { r.logf("cluster: "+format, args...) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("chaos: start the servers: %w", err)
+	}
+	r.cluster = c
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		for _, m := range r.modes {
+			for _, rl := range m.allRelays() {
+				if rl.Running() {
+					_ = rl.kill(cctx)
+				}
+			}
+		}
+		if err := c.Close(cctx); err != nil {
+			r.logf("chaos: close the servers: %v", err)
+		}
+	}()
+
+	rng := rand.New(rand.NewPCG(o.Seed, 0x6e656d65736973)) // "nemesis"
+	for _, m := range o.Modes {
+		mr, err := r.setUp(ctx, m, rng.Uint64())
+		if err != nil {
+			return nil, err
+		}
+		r.modes = append(r.modes, mr)
+	}
+
+	// Sample the relays and the slots until the very end.
+	sctx, cancelSampling := context.WithCancel(ctx)
+	var sampling sync.WaitGroup
+	sampling.Add(1)
+	go func() { defer sampling.Done(); r.sample(sctx) }()
+	stopSampling := sync.OnceFunc(func() { cancelSampling(); sampling.Wait() })
+	defer stopSampling()
+	finished := false
+	defer func() {
+		if !finished { // an error or an interruption: writers and consumers end with the run
+			r.abandon()
+		}
+	}()
+
+	// Writers start once each slot exists: rows committed before it are not the relay's to publish.
+	for _, m := range r.modes {
+		if !m.mode.Poll {
+			if err := r.waitSlot(ctx, m.db, m.slot, 90*time.Second); err != nil {
+				return nil, err
+			}
+		}
+		m.writers = workload.StartWriters(ctx, r.writerConfig(m.mode, m.dsn, m.types, m.seed))
+	}
+	if err := r.waitLeaders(ctx, 90*time.Second); err != nil {
+		r.note("%v", err)
+	}
+	nctx, stopFaults := context.WithTimeout(ctx, o.Duration)
+	n := &nemesis{run: r, rng: rand.New(rand.NewPCG(rng.Uint64(), 1)), kinds: o.Kinds, mean: o.Mean,
+		active: make(map[string]int), busy: make(map[string]bool), columns: make(map[string]int)}
+	progress := r.progress(nctx)
+	n.loop(nctx)
+	stopFaults()
+	<-progress
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("chaos: interrupted: %w", ctx.Err())
+	}
+
+	r.logf("chaos: faults over; every relay running again, writers stopping, consumers draining")
+	res := r.finish(ctx)
+	finished = true
+	stopSampling()
+	return r.check(res)
+}
+
+// abandon stops the writers and consumers of a run that ends early.
+func (r *runner) abandon() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, m := range r.modes {
+		for _, w := range []*workload.Writers{m.writers, m.neighbourWriters()} {
+			if w != nil {
+				_ = w.Stop(ctx)
+			}
+		}
+		for _, c := range m.consumers {
+			c.Stop()
+		}
+	}
+}
+
+func (m *modeRun) neighbourWriters() *workload.Writers {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.neighbour == nil {
+		return nil
+	}
+	return m.neighbour.writers
+}
+
+func cmp[T int | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+func modeNames(ms []Mode) string {
+	var s []string
+	for _, m := range ms {
+		s = append(s, m.Name)
+	}
+	return strings.Join(s, ",")
+}
+
+func anyWAL(ms []Mode) bool {
+	for _, m := range ms {
+		if !m.Poll {
+			return true
+		}
+	}
+	return false
+}
+
+func containsAny(list []string, want ...string) bool {
+	for _, l := range list {
+		for _, w := range want {
+			if l == w {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func relayName(m Mode, i int) string { return fmt.Sprintf("%s-r%d", m.Name, i) }
+
+func (m *modeRun) allRelays() []*relay {
+	out := append([]*relay(nil), m.relays...)
+	if m.neighbour != nil && m.neighbour.relay != nil {
+		out = append(out, m.neighbour.relay)
+	}
+	return out
+}
+
+// setUp creates a mode's database, topics, relays, consumers and writers.
+func (r *runner) setUp(ctx context.Context, m Mode, seed uint64) (*modeRun, error) {
+	mr := &modeRun{mode: m, db: "chaos_" + m.id(), table: "public.outbox_events", slot: "chaos_" + m.id(),
+		types: []string{m.id() + "_a", m.id() + "_b"}}
+	dir := filepath.Join(r.opts.Dir, m.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	dsn, err := r.prepareDatabase(ctx, m, mr.db)
+	if err != nil {
+		return nil, err
+	}
+	mr.dsn = dsn
+	topics := topicsOf(mr.types)
+	if m.Delivery == history.ExactlyOnce {
+		nb := &neighbour{db: mr.db + "_nb", slot: mr.slot + "_nb", types: []string{m.id() + "_nb"}}
+		if nb.dsn, err = r.prepareDatabase(ctx, m, nb.db); err != nil {
+			return nil, err
+		}
+		mr.neighbour = nb
+		topics = append(topics, topicsOf(nb.types)...)
+	}
+	if err := workload.CreateTopics(ctx, r.cluster.Brokers(), topics, 3); err != nil {
+		return nil, fmt.Errorf("chaos: topics of %s: %w", m.Name, err)
+	}
+	for i := 1; i <= r.opts.Relays; i++ {
+		name := relayName(m, i)
+		rl, err := newRelay(name, r.opts.RelayBin, r.relayArgs(m, mr.slot), r.relayEnv(name, mr.db), filepath.Join(dir, fmt.Sprintf("r%d.log", i)))
+		if err != nil {
+			return nil, err
+		}
+		if err := rl.start(); err != nil {
+			return nil, err
+		}
+		mr.relays = append(mr.relays, rl)
+	}
+	for _, iso := range []string{history.ReadCommitted, history.ReadUncommitted} {
+		mr.consumers = append(mr.consumers, workload.StartConsumer(ctx, m.Name+"/"+iso, r.cluster.Brokers(), iso, topics))
+	}
+	mr.seed = seed
+	r.logf("chaos: mode %s: database %s, slot %s, %d relays, topics %s", m.Name, mr.db, mr.slot, len(mr.relays), strings.Join(topics, " "))
+	return mr, nil
+}
+
+func topicsOf(types []string) []string {
+	out := make([]string, len(types))
+	for i, t := range types {
+		out[i] = "outbox.event." + t
+	}
+	return out
+}
+
+func (r *runner) writerConfig(m Mode, dsn string, types []string, seed uint64) workload.Config {
+	return workload.Config{
+		DSN: dsn, Table: "public.outbox_events", Shape: m.Shape, MessagesPrefix: "outbox", Types: types,
+		Writers: r.opts.Writers, Aggregates: 8, MaxPerTx: 4, TxPerSecond: r.opts.Rate,
+		RollbackEvery: 15, AbortEvery: 20, Seed: seed,
+		Log: func(format string, args ...any) { r.logf(m.Name+" writers: "+format, args...) },
+	}
+}
+
+// prepareDatabase creates a database and what the mode needs in it: the writers' tables and the
+// relay's migrations, applied with the relay's own migrate command.
+func (r *runner) prepareDatabase(ctx context.Context, m Mode, name string) (string, error) {
+	dsn, err := r.cluster.CreateDatabase(ctx, name)
+	if err != nil {
+		return "", fmt.Errorf("chaos: database %s: %w", name, err)
+	}
+	if err := workload.Prepare(ctx, dsn, m.Shape, "public.outbox_events"); err != nil {
+		return "", fmt.Errorf("chaos: prepare %s: %w", name, err)
+	}
+	args := []string{"migrate"}
+	switch {
+	case m.Poll:
+		args = append(args, "--source=poll")
+	case m.Shape == workload.Messages:
+		args = append(args, "--outbox-shape=messages")
+	}
+	args = append(args, "--slot=chaos_"+strings.TrimPrefix(name, "chaos_"), "--publication=chaos_"+strings.TrimPrefix(name, "chaos_"))
+	if err := runCommand(ctx, r.opts.RelayBin, args, []string{"OUTBOX_PG_DSN=" + dsn, "OUTBOX_KAFKA_BROKERS=" + r.cluster.Brokers()}); err != nil {
+		return "", fmt.Errorf("chaos: migrate %s: %w", name, err)
+	}
+	return dsn, nil
+}
+
+func (r *runner) relayArgs(m Mode, slot string) []string {
+	args := []string{
+		"--slot=" + slot, "--publication=" + slot,
+		"--shutdown-timeout=" + r.shutdownTimeout.String(),
+		"--leader-check-timeout=2s", "--leader-retry-interval=1s", "--leader-kafka-timeout=15s",
+		"--status-interval=500ms", "--max-in-flight-bytes=4194304", "--kafka.write-timeout=5s",
+		"--log-level=info",
+	}
+	switch {
+	case m.Poll:
+		args = append(args, "--source=poll", "--leader-election=false")
+	default:
+		args = append(args, "--leader-election=true")
+		if r.standby {
+			args = append(args, "--failover=true")
+		}
+	}
+	if m.Shape == workload.Messages {
+		args = append(args, "--outbox-shape=messages", "--messages-prefix=outbox")
+	}
+	if m.Delivery == history.ExactlyOnce {
+		args = append(args, "--delivery=exactly-once")
+	}
+	return args
+}
+
+func (r *runner) relayEnv(client, db string) []string {
+	return []string{"OUTBOX_PG_DSN=" + r.cluster.ClientDSN(client, db), "OUTBOX_KAFKA_BROKERS=" + r.cluster.ClientBrokers(client)}
+}
+
+// startNeighbour starts the second relay of an exactly-once mode and its writer.
+func (r *runner) startNeighbour(ctx context.Context, m *modeRun) error {
+	nb := m.neighbour
+	name := m.mode.Name + "-nb"
+	rl, err := newRelay(name, r.opts.RelayBin, r.relayArgs(m.mode, nb.slot), r.relayEnv(name, nb.db), filepath.Join(r.opts.Dir, m.mode.Name, "nb.log"))
+	if err != nil {
+		return err
+	}
+	if err := rl.start(); err != nil {
+		return err
+	}
+	if err := r.waitSlot(ctx, nb.db, nb.slot, 90*time.Second); err != nil {
+		return err
+	}
+	cfg := r.writerConfig(m.mode, nb.dsn, nb.types, uint64(len(nb.db)))
+	cfg.Name, cfg.Writers, cfg.TxPerSecond = "nb", 1, r.opts.Rate
+	w := workload.StartWriters(context.WithoutCancel(ctx), cfg)
+	m.mu.Lock()
+	nb.relay, nb.writers = rl, w
+	m.mu.Unlock()
+	return nil
+}
+
+// waitSlot waits until the relays have created their slot.
+func (r *runner) waitSlot(ctx context.Context, db, slot string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, _, err := r.cluster.SlotSample(qctx, db, slot)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("chaos: slot %s of %s not created within %s: %w", slot, db, limit, err)
+		}
+		if !sleep(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// waitLeaders waits until every WAL mode has a leader.
+func (r *runner) waitLeaders(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		missing := []string{}
+		for _, m := range r.modes {
+			if !m.mode.Poll && m.leader() == nil {
+				missing = append(missing, m.mode.Name)
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no leader after %s in %s", limit, strings.Join(missing, ", "))
+		}
+		if !sleep(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// sample scrapes every relay's leader gauge and RSS every 250 ms and every slot every 500 ms, and
+// restarts relays that ended of their own accord (as an orchestrator would), noting why.
+func (r *runner) sample(ctx context.Context) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, m := range r.modes {
+			r.sampleMode(ctx, m, i%2 == 0)
+		}
+	}
+}
+
+func (r *runner) sampleMode(ctx context.Context, m *modeRun, slots bool) {
+	var wg sync.WaitGroup
+	samples := make([]history.RelaySample, len(m.relays))
+	for i, rl := range m.relays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := history.RelaySample{At: time.Now(), Relay: rl.name, RSS: rl.rss()}
+			if rl.Running() && !rl.paused() {
+				s.Up, s.Leader = rl.scrape(ctx, r.http)
+			}
+			if m.mode.Poll {
+				s.Leader = false // pollers share the table: no leadership
+			}
+			samples[i] = s
+		}()
+	}
+	wg.Wait()
+	var slot *history.SlotSample
+	if slots && !m.mode.Poll {
+		qctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+		confirmed, end, err := r.cluster.SlotSample(qctx, m.db, m.slot)
+		cancel()
+		if err == nil && confirmed > 0 {
+			slot = &history.SlotSample{At: time.Now(), Slot: m.slot, ConfirmedLSN: confirmed, WALEnd: end, LagBytes: int64(end) - int64(confirmed)}
+		}
+	}
+	m.mu.Lock()
+	m.rs = append(m.rs, samples...)
+	if slot != nil {
+		m.slots = append(m.slots, *slot)
+	}
+	for i, s := range samples {
+		if s.Leader {
+			m.led = m.relays[i]
+		}
+	}
+	m.mu.Unlock()
+	for _, rl := range m.allRelays() {
+		if n := rl.takeOwnExits(); n > 0 {
+			r.note("relay %s exited of its own accord (%s); started again: %s", rl.name, exitText(rl), rl.lastError())
+			if ctx.Err() == nil {
+				_ = rl.start()
+			}
+		}
+	}
+}
+
+func exitText(rl *relay) string {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	return fmt.Sprintf("exit %d", rl.code)
+}
+
+// progress prints a line per mode every 10 s until ctx ends.
+func (r *runner) progress(ctx context.Context) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			for _, m := range r.modes {
+				c, rb, d := m.writers.Counts()
+				var got []string
+				for _, cs := range m.consumers {
+					got = append(got, fmt.Sprint(cs.Delivered()))
+				}
+				leader := "-"
+				if l := m.leader(); l != nil {
+					leader = l.name
+				}
+				r.logf("%s: txns committed %d, rolled back %d, in doubt %d; delivered %s; leader %s", m.mode.Name, c, rb, d, strings.Join(got, "/"), leader)
+			}
+		}
+	}()
+	return done
+}
+
+// finish ends the run: every relay running, writers stopped and resolved, consumers drained,
+// relays stopped with SIGTERM (timed).
+func (r *runner) finish(ctx context.Context) []*modeTail {
+	var tails []*modeTail
+	for _, m := range r.modes {
+		for _, rl := range m.allRelays() {
+			if !rl.Running() {
+				if err := rl.start(); err != nil {
+					r.note("restart %s at the end: %v", rl.name, err)
+				}
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, m := range r.modes {
+		t := &modeTail{m: m}
+		tails = append(tails, t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.finish(ctx, r)
+		}()
+	}
+	wg.Wait()
+	return tails
+}
+
+// modeTail is what a mode ends with.
+type modeTail struct {
+	m     *modeRun
+	txns  []history.Txn
+	reads []history.Read
+	end   time.Time
+}
+
+func (t *modeTail) finish(ctx context.Context, r *runner) {
+	m := t.m
+	stopWriters := func(w *workload.Writers) []history.Txn {
+		if w == nil {
+			return nil
+		}
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := w.Stop(sctx); err != nil {
+			r.note("%s: stop writers: %v", m.mode.Name, err)
+		}
+		// Resolve against the final primary; retried, since it may be restarting.
+		for attempt := 0; ; attempt++ {
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			txns, err := w.Resolve(rctx)
+			cancel()
+			if err == nil || attempt == 5 {
+				if err != nil {
+					r.note("%s: resolve transactions: %v", m.mode.Name, err)
+				}
+				return txns
+			}
+			sleep(ctx, 2*time.Second)
+		}
+	}
+	t.txns = stopWriters(m.writers)
+	m.mu.Lock()
+	nb := m.neighbour
+	m.mu.Unlock()
+	if nb != nil {
+		t.txns = append(t.txns, stopWriters(nb.writers)...)
+	}
+	want := make(map[string]bool)
+	for _, tx := range t.txns {
+		if tx.Outcome == history.Committed {
+			for _, e := range tx.Events {
+				want[e.ID] = true
+			}
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, r.opts.Drain)
+	for _, c := range m.consumers {
+		if err := c.WaitFor(dctx, want, 2*time.Second); err != nil {
+			r.note("%s: %v", m.mode.Name, err)
+		}
+	}
+	cancel()
+	// A quiet moment for duplicates that are still on their way, then the timed stops.
+	sleep(ctx, 2*time.Second)
+	var wg sync.WaitGroup
+	for _, rl := range m.allRelays() {
+		if !rl.Running() {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			signalled, exited, code, err := rl.terminate(context.Background(), r.shutdownTimeout+r.stopSlack+15*time.Second)
+			if err != nil {
+				r.note("%s: stop %s: %v", m.mode.Name, rl.name, err)
+				return
+			}
+			r.recordStop(m, history.Stop{Relay: rl.name, Signal: signalled, Exited: exited, Code: code})
+		}()
+	}
+	wg.Wait()
+	for _, c := range m.consumers {
+		t.reads = append(t.reads, c.Stop()...)
+	}
+	t.end = time.Now()
+}
+
+// check assembles each mode's history, checks it, draws it and saves both.
+func (r *runner) check(tails []*modeTail) (*Result, error) {
+	res := &Result{}
+	for _, t := range tails {
+		m := t.m
+		h := &history.History{
+			Seed: r.opts.Seed, Mode: m.mode.Name, Start: r.start, End: t.end,
+			Settings: history.Settings{
+				Delivery: m.mode.Delivery, ShutdownTimeout: r.shutdownTimeout, StopSlack: r.stopSlack,
+				RSSBound: 22<<20 + 20*(4<<20), ReplayWindow: 45 * time.Second, Lease: r.lease, ZombieGrace: 5 * time.Second,
+			},
+			Txns: t.txns, Reads: t.reads,
+		}
+		r.mu.Lock()
+		h.Faults = append(append([]history.Fault(nil), r.faults...), m.faults...)
+		h.Notes = append([]history.Note(nil), r.notes...)
+		r.mu.Unlock()
+		m.mu.Lock()
+		h.Relays, h.Slots, h.Stops = m.rs, m.slots, m.stops
+		m.mu.Unlock()
+		sort.Slice(h.Faults, func(i, j int) bool { return h.Faults[i].Start.Before(h.Faults[j].Start) })
+
+		dir := filepath.Join(r.opts.Dir, m.mode.Name)
+		mres := ModeResult{Mode: m.mode.Name, History: filepath.Join(dir, "history.json"), Report: filepath.Join(dir, "report.html")}
+		mres.Violations = check.Check(h)
+		mres.Summary = check.Summarize(h)
+		if len(mres.Violations) > 0 {
+			mres.Text = check.Format(h, mres.Violations, 20)
+		}
+		if err := h.Save(mres.History); err != nil {
+			return nil, err
+		}
+		var marks []report.Mark
+		for _, v := range mres.Violations {
+			marks = append(marks, report.Mark{At: v.At, Label: v.Rule + ": " + v.Message})
+		}
+		if err := report.WriteFile(mres.Report, h, marks, mres.Summary.String()+"\n"+mres.Text); err != nil {
+			return nil, err
+		}
+		r.logf("%s: %s", m.mode.Name, mres.Summary.String())
+		if mres.Text != "" {
+			r.logf("%s: VIOLATIONS\n%s", m.mode.Name, mres.Text)
+		}
+		r.logf("%s: report %s", m.mode.Name, mres.Report)
+		res.Modes = append(res.Modes, mres)
+	}
+	return res, nil
+}

@@ -1,0 +1,132 @@
+// Command chaos runs the nemesis (package internal/chaos) against real servers: `make chaos`.
+//
+//	SEED=42 DURATION=30m MODE=eo-table make chaos
+//
+// Settings come from flags or, as make passes them, from the environment: SEED (random when
+// empty, printed either way), DURATION (of the faults; 5m), MODE (a comma-separated list of
+// modes, or all), KINDS (fault kinds to draw from; all), PG_VERSION (18), CHAOS_DIR (where logs,
+// histories and reports go). It exits 1 when a rule was broken, 2 when the run could not be
+// carried out, and leaves nothing running.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/chaos"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	fs := flag.NewFlagSet("chaos", flag.ExitOnError)
+	seed := fs.String("seed", os.Getenv("SEED"), "the seed of the fault schedule (random when empty)")
+	duration := fs.Duration("duration", envDuration("DURATION", 5*time.Minute), "how long faults are applied; the drain at the end comes on top")
+	modeList := fs.String("mode", envOr("MODE", "all"), "modes, comma-separated: "+strings.Join(chaos.AllModes(), ", ")+", or all")
+	kinds := fs.String("kinds", os.Getenv("KINDS"), "fault kinds to draw from, comma-separated (all when empty): "+strings.Join(chaos.FaultKinds(), ", "))
+	pgVersion := fs.String("pg-version", envOr("PG_VERSION", "18"), "PostgreSQL major version (failovers need 17 or later)")
+	dir := fs.String("dir", os.Getenv("CHAOS_DIR"), "where logs, histories and reports go (.local/chaos/<time>-<seed> when empty)")
+	relays := fs.Int("relays", 3, "relay processes per mode")
+	rate := fs.Float64("rate", 10, "transactions per second per writer (3 writers per mode)")
+	relayBin := fs.String("relay-bin", "", "the outbox-relay binary (built from ./cmd/outbox-relay when empty)")
+	_ = fs.Parse(os.Args[1:])
+
+	s := rand.Uint64() % 1_000_000
+	if *seed != "" {
+		v, err := strconv.ParseUint(*seed, 10, 64)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: SEED %q is not a number\n", *seed)
+			return 2
+		}
+		s = v
+	}
+	ms, err := chaos.ParseModes(*modeList)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	var kindList []string
+	if *kinds != "" {
+		known := map[string]bool{}
+		for _, k := range chaos.FaultKinds() {
+			known[k] = true
+		}
+		for _, k := range strings.Split(*kinds, ",") {
+			if k = strings.TrimSpace(k); !known[k] {
+				fmt.Fprintf(os.Stderr, "chaos: unknown fault kind %q (kinds: %s)\n", k, strings.Join(chaos.FaultKinds(), ", "))
+				return 2
+			}
+			kindList = append(kindList, k)
+		}
+	}
+	if *dir == "" {
+		*dir = filepath.Join(".local", "chaos", fmt.Sprintf("%s-seed%d", time.Now().Format("20060102-150405"), s))
+	}
+	if err := os.MkdirAll(*dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *relayBin == "" {
+		*relayBin = filepath.Join(*dir, "outbox-relay")
+		build := exec.CommandContext(ctx, "go", "build", "-o", *relayBin, "./cmd/outbox-relay")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: build the relay: %v\n", err)
+			return 2
+		}
+	}
+	logf := func(format string, args ...any) { fmt.Printf(format+"\n", args...) }
+	logf("chaos: SEED=%d DURATION=%s MODE=%s (reproduce: make chaos SEED=%d DURATION=%s MODE=%s); output in %s", s, *duration, *modeList, s, *duration, *modeList, *dir)
+	res, err := chaos.Run(ctx, chaos.Options{
+		Seed: s, Duration: *duration, Modes: ms, Dir: *dir, RelayBin: *relayBin, PGVersion: *pgVersion,
+		Relays: *relays, Rate: *rate, Kinds: kindList, Log: logf,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	for _, m := range res.Modes {
+		status := "ok"
+		if len(m.Violations) > 0 {
+			status = fmt.Sprintf("%d violations", len(m.Violations))
+		}
+		logf("%-16s %s  report: %s", m.Mode, status, m.Report)
+	}
+	if res.Failed() {
+		logf("chaos: FAILED (seed %d)", s)
+		return 1
+	}
+	logf("chaos: passed (seed %d)", s)
+	return 0
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v := os.Getenv(name); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+		fmt.Fprintf(os.Stderr, "chaos: %s=%q is not a duration (like 30m); using %s\n", name, v, def)
+	}
+	return def
+}
