@@ -160,6 +160,7 @@ type fault struct {
 	relay  *relay   // relay faults
 	d      time.Duration
 	detail string
+	events int // of a big transaction
 	group  string
 	seq    int
 }
@@ -222,6 +223,12 @@ func (n *nemesis) pick(kind string) (*fault, bool) {
 		return nil, false
 	}
 	f.d, f.detail = n.duration(kind)
+	if kind == kindBigTx {
+		f.events = 20_000 + n.rng.IntN(80_000)
+		if r.opts.Short {
+			f.events = 3_000
+		}
+	}
 	if f.group != "" {
 		n.active[f.group]++
 	}
@@ -433,18 +440,21 @@ func (n *nemesis) act(ctx context.Context, f *fault, rec *history.Fault, heal fu
 	case kindOtherLoad:
 		return f.mode.writers.OtherLoad(ctx, f.d, 200)
 	case kindBigTx:
-		events := 20_000 + n.rng.IntN(80_000)
-		if r.opts.Short {
-			events = 3_000
-		}
-		rec.Detail = fmt.Sprintf("%d events", events)
-		return f.mode.writers.BigTransaction(ctx, events)
+		rec.Detail = fmt.Sprintf("%d events", f.events)
+		return f.mode.writers.BigTransaction(ctx, f.events)
 	case kindAddColumn:
 		n.mu.Lock()
 		col := fmt.Sprintf("chaos_c%d", n.columns[f.mode.mode.Name])
 		n.mu.Unlock()
 		rec.Detail = col
-		return c.AddColumn(ctx, f.mode.db, f.mode.table, col)
+		// PostgreSQL may be restarting or failing over: an operator would try again.
+		var err error
+		for range 30 {
+			if err = c.AddColumn(ctx, f.mode.db, f.mode.table, col); err == nil || !sleep(ctx, time.Second) {
+				break
+			}
+		}
+		return err
 	case kindNeighbour:
 		return r.startNeighbour(ctx, f.mode)
 	}

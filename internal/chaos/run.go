@@ -434,9 +434,6 @@ func (r *runner) prepareDatabase(ctx context.Context, m Mode, name string) (stri
 	if err != nil {
 		return "", fmt.Errorf("chaos: database %s: %w", name, err)
 	}
-	if err := workload.Prepare(ctx, dsn, m.Shape, "public.outbox_events"); err != nil {
-		return "", fmt.Errorf("chaos: prepare %s: %w", name, err)
-	}
 	args := []string{"migrate"}
 	switch {
 	case m.Poll:
@@ -445,8 +442,23 @@ func (r *runner) prepareDatabase(ctx context.Context, m Mode, name string) (stri
 		args = append(args, "--outbox-shape=messages")
 	}
 	args = append(args, "--slot=chaos_"+strings.TrimPrefix(name, "chaos_"), "--publication=chaos_"+strings.TrimPrefix(name, "chaos_"))
-	if err := runCommand(ctx, r.opts.RelayBin, args, []string{"OUTBOX_PG_DSN=" + dsn, "OUTBOX_KAFKA_BROKERS=" + r.cluster.Brokers()}); err != nil {
+	env := []string{"OUTBOX_PG_DSN=" + dsn, "OUTBOX_KAFKA_BROKERS=" + r.cluster.Brokers()}
+	if err := runCommand(ctx, r.opts.RelayBin, args, env); err != nil {
 		return "", fmt.Errorf("chaos: migrate %s: %w", name, err)
+	}
+	if err := workload.Prepare(ctx, dsn, m.Shape, "public.outbox_events"); err != nil {
+		return "", fmt.Errorf("chaos: prepare %s: %w", name, err)
+	}
+	if m.Shape == workload.PartitionedTable {
+		// The partitioned table replaced the migration's and left its publication; migrate makes
+		// a new one, published via the partition root.
+		pub := "chaos_" + strings.TrimPrefix(name, "chaos_")
+		if err := r.cluster.Exec(ctx, name, fmt.Sprintf("DROP PUBLICATION IF EXISTS %q", pub)); err != nil {
+			return "", fmt.Errorf("chaos: prepare %s: %w", name, err)
+		}
+		if err := runCommand(ctx, r.opts.RelayBin, args, env); err != nil {
+			return "", fmt.Errorf("chaos: migrate %s again: %w", name, err)
+		}
 	}
 	return dsn, nil
 }

@@ -379,3 +379,8 @@ func keepLog(src, dst string) {
 	}
 	_ = os.WriteFile(dst, b, 0o644)
 }
+
+// Exec runs sql on database of the current primary.
+func (c *Cluster) Exec(ctx context.Context, database, sql string) error {
+	return c.Primary().Exec(ctx, database, sql)
+}
