@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -112,26 +113,42 @@ func (n *nemesis) loop(ctx context.Context) {
 // shuffled deck, every kind once per round, so that a short schedule still applies each of them;
 // a kind that cannot apply now goes to the back of the round.
 func (n *nemesis) startOne(ctx context.Context) {
-	if len(n.deck) == 0 {
-		n.deck = append([]string(nil), n.kinds...)
-		n.rng.Shuffle(len(n.deck), func(i, j int) { n.deck[i], n.deck[j] = n.deck[j], n.deck[i] })
-	}
-	for range len(n.deck) {
-		kind := n.deck[0]
-		n.deck = n.deck[1:]
-		f, ok := n.pick(kind)
-		if !ok {
-			n.deck = append(n.deck, kind)
-			continue
-		}
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			defer n.release(f)
-			n.apply(ctx, f)
-		}()
+	f := n.draw()
+	if f == nil {
 		return
 	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer n.release(f)
+		n.apply(ctx, f)
+	}()
+}
+
+// draw takes the next kind that can apply now from the deck and picks its target; nil when
+// none can. When nothing left in this round can apply (those kinds wait for a fault of their
+// group to heal, or can never apply again), the next round's kinds join the deck.
+func (n *nemesis) draw() *fault {
+	for round := 0; round < 2; round++ {
+		if round == 1 || len(n.deck) == 0 {
+			next := append([]string(nil), n.kinds...)
+			n.rng.Shuffle(len(next), func(i, j int) { next[i], next[j] = next[j], next[i] })
+			for _, k := range next {
+				if !slices.Contains(n.deck, k) {
+					n.deck = append(n.deck, k)
+				}
+			}
+		}
+		for range len(n.deck) {
+			kind := n.deck[0]
+			n.deck = n.deck[1:]
+			if f, ok := n.pick(kind); ok {
+				return f
+			}
+			n.deck = append(n.deck, kind)
+		}
+	}
+	return nil
 }
 
 // nextMode draws the mode a relay or mode fault goes to from a deck of its own (each mode once
