@@ -778,6 +778,9 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 			},
 			Txns: t.txns, Reads: t.reads,
 		}
+		for _, c := range m.consumers {
+			h.Consumers = append(h.Consumers, history.Consumer{Name: c.Name(), Isolation: c.Isolation()})
+		}
 		r.mu.Lock()
 		h.Faults = append(append([]history.Fault(nil), r.faults...), m.faults...)
 		h.Notes = append([]history.Note(nil), r.notes...)

@@ -216,6 +216,14 @@ func TestEachRule(t *testing.T) {
 			rules:  []string{RuleVanishedDelivered}, says: "read event e7 (key k1 seq 4",
 		},
 		{
+			name: "a consumer the run started reads nothing", delivery: alo,
+			consumers: map[string]string{"rc": history.ReadCommitted},
+			change: func(b *builder) {
+				b.h.Consumers = []history.Consumer{{Name: "rc", Isolation: history.ReadCommitted}, {Name: "ru", Isolation: history.ReadUncommitted}}
+			},
+			rules: []string{RuleLost}, says: "consumer ru (read_uncommitted) never read 5 of 5 committed events",
+		},
+		{
 			name: "a txn vanishes without a failover", delivery: eo,
 			change: func(b *builder) { b.h.Faults = slices.Delete(b.h.Faults, 0, 1) },
 			rules:  []string{RuleHarness}, says: "txn t6 (writer w1, 1 events) vanished without a failover",

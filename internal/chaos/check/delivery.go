@@ -123,6 +123,14 @@ func (r *run) scanReads() {
 	reported := make(map[string]bool) // event ids already reported as phantom, rolled back or vanished
 	var empty int
 	var emptyFirst *history.Read
+	// The consumers the run started, first: one that read nothing at all has lost everything.
+	for _, hc := range h.Consumers {
+		if byName[hc.Name] == nil {
+			c := &consumer{name: hc.Name, isolation: hc.Isolation, seen: make([]bool, len(r.evs))}
+			byName[hc.Name] = c
+			r.consumers = append(r.consumers, c)
+		}
+	}
 	for i := range h.Reads {
 		rd := &h.Reads[i]
 		c := byName[rd.Consumer]

@@ -32,13 +32,16 @@ type History struct {
 	End      time.Time `json:"end"`
 	Settings Settings  `json:"settings"`
 
-	Txns   []Txn         `json:"txns"`
-	Reads  []Read        `json:"reads"`
-	Faults []Fault       `json:"faults"`
-	Relays []RelaySample `json:"relay_samples"`
-	Slots  []SlotSample  `json:"slot_samples"`
-	Stops  []Stop        `json:"stops"`
-	Notes  []Note        `json:"notes,omitempty"` // what the harness itself observed (a relay's refusal, a restart)
+	// Consumers names every consumer the run started, whether or not it read anything: one that
+	// read nothing still owes every committed event (reads alone would not show it exists).
+	Consumers []Consumer    `json:"consumers,omitempty"`
+	Txns      []Txn         `json:"txns"`
+	Reads     []Read        `json:"reads"`
+	Faults    []Fault       `json:"faults"`
+	Relays    []RelaySample `json:"relay_samples"`
+	Slots     []SlotSample  `json:"slot_samples"`
+	Stops     []Stop        `json:"stops"`
+	Notes     []Note        `json:"notes,omitempty"` // what the harness itself observed (a relay's refusal, a restart)
 }
 
 // Settings are the bounds the checker holds the run to.
@@ -108,6 +111,12 @@ type Read struct {
 	EventID   string    `json:"event_id"`
 	Seq       int       `json:"seq"`
 	Appended  time.Time `json:"appended"` // the broker's LogAppendTime
+}
+
+// Consumer is one consumer the run started.
+type Consumer struct {
+	Name      string `json:"name"`
+	Isolation string `json:"isolation"` // ReadCommitted or ReadUncommitted
 }
 
 // Fault is one fault the nemesis applied, from its start until it was healed.

@@ -67,6 +67,12 @@ func StartConsumer(ctx context.Context, name, brokers, isolation string, topics 
 	return c
 }
 
+// Name is the consumer's name, as its reads record it.
+func (c *Consumer) Name() string { return c.name }
+
+// Isolation is history.ReadCommitted or history.ReadUncommitted.
+func (c *Consumer) Isolation() string { return c.isolation }
+
 // Delivered returns how many distinct event ids were read so far.
 func (c *Consumer) Delivered() int {
 	c.mu.Lock()
