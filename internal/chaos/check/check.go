@@ -102,6 +102,9 @@ type evInfo struct {
 	// vanishedSynced: the txn vanished in a failover protected by synchronized_standby_slots, so
 	// none of its events may ever be delivered.
 	vanishedSynced bool
+	// maybe: the txn was in doubt across the kill of an unsynced failover and its marker row did
+	// not survive: it may have committed on the old primary and been delivered from there.
+	maybe bool
 }
 
 type consumer struct {

@@ -45,17 +45,22 @@ func (r *run) checkTxns() {
 		} else {
 			txnAt[t.ID] = ti
 		}
-		synced := false
+		synced, maybe := false, false
 		switch t.Outcome {
-		case history.Committed, history.RolledBack, history.InDoubt:
+		case history.Committed, history.InDoubt:
+		case history.RolledBack:
+			// Settled from a marker row the surviving timeline lacks, after a COMMIT cut off by the
+			// kill of a failover: it may have committed on the old primary, been delivered from
+			// there, and vanished with it. Only the unsynced failover may hand such a one on.
+			if i := failoverAfter(failovers, t.Start); t.Resolved && i < len(failovers) &&
+				!failovers[i].Start.After(t.End.Add(inDoubtSlack)) {
+				maybe = failovers[i].Kind == faultFailoverUnsynced
+			}
 		case history.Vanished:
-			// The failover that lost it is the first one after the writer saw it commit.
-			i, _ := slices.BinarySearchFunc(failovers, t.End, func(f history.Fault, at time.Time) int {
-				if f.Start.After(at) {
-					return 1
-				}
-				return -1
-			})
+			// The failover that lost it is the first one whose kill came after the transaction
+			// began: its COMMIT was acknowledged before that kill, but the writer may note the
+			// acknowledgement (End) a moment after it, when it is slow to be scheduled.
+			i := failoverAfter(failovers, t.Start)
 			if i == len(failovers) {
 				r.add(Violation{Rule: RuleHarness, At: t.End, Events: eventIDs(t.Events),
 					Message: fmt.Sprintf("txn %s (writer %s, %d events) vanished without a failover: the harness or the database lost a committed transaction",
@@ -88,7 +93,7 @@ func (r *run) checkTxns() {
 			}
 			i := int32(len(r.evs))
 			r.byID[e.ID] = i
-			r.evs = append(r.evs, evInfo{txn: int32(ti), ev: int32(ei), key: k, pos: -1, vanishedSynced: synced})
+			r.evs = append(r.evs, evInfo{txn: int32(ti), ev: int32(ei), key: k, pos: -1, vanishedSynced: synced, maybe: maybe})
 			if t.Outcome == history.Committed {
 				r.committed[k] = append(r.committed[k], i)
 			}
@@ -113,6 +118,22 @@ func (r *run) checkTxns() {
 			}
 		}
 	}
+}
+
+// inDoubtSlack is how long before a failover's kill is recorded a writer may already have seen its
+// COMMIT cut off by it: the kill is timed once the process is gone.
+const inDoubtSlack = 2 * time.Second
+
+// failoverAfter is the index of the first of the sorted failovers that began after at;
+// len(failovers) when none did.
+func failoverAfter(failovers []history.Fault, at time.Time) int {
+	i, _ := slices.BinarySearchFunc(failovers, at, func(f history.Fault, at time.Time) int {
+		if f.Start.After(at) {
+			return 1
+		}
+		return -1
+	})
+	return i
 }
 
 // scanReads groups the reads by consumer and checks each read against the event written: does it
@@ -171,7 +192,7 @@ func (r *run) scanReads() {
 			}
 		}
 		switch {
-		case t.Outcome == history.RolledBack && !reported[e.ID]:
+		case t.Outcome == history.RolledBack && !r.evs[ei].maybe && !reported[e.ID]:
 			reported[e.ID] = true
 			r.add(Violation{Rule: RuleRolledBack, At: rd.Appended, Events: []string{e.ID},
 				Message: fmt.Sprintf("consumer %s (%s) read event %s (key %s seq %d at %s) of txn %s, which rolled back",
