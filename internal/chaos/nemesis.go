@@ -435,24 +435,35 @@ func (n *nemesis) act(ctx context.Context, f *fault, rec *history.Fault, heal fu
 	case kindFailoverSync, kindFailoverLag:
 		// The setting protects what walsenders send from the moment it is in force: armed a few
 		// seconds ahead, everything the standby lacks at the kill was sent under it.
+		// The checker pins a lost transaction to the failover by the time of its kill: a failover
+		// recorded without one would take the blame for another's losses, and one recorded at
+		// the time it was drawn would miss the transactions begun in the seconds before the kill.
 		synced := f.kind == kindFailoverSync
 		if err := c.SetSynchronized(ctx, synced); err != nil {
-			return err
+			r.note("fault #%d %s: nothing killed: %v", f.seq, f.kind, err)
+			return fmt.Errorf("%w: %v", errSkipped, err)
 		}
 		sleep(ctx, 3*time.Second)
 		var err error
+		var res cluster.FailoverResult
 		heal(func(hctx context.Context) error {
-			var res cluster.FailoverResult
 			res, err = c.Failover(hctx, synced)
 			if err == nil {
-				rec.Start, rec.Detail = res.Killed, fmt.Sprintf("promoted after %s, next standby after %s",
+				rec.Detail = fmt.Sprintf("promoted after %s, next standby after %s",
 					res.Promoted.Sub(res.Killed).Round(time.Millisecond), res.NewStandbyReady.Sub(res.Killed).Round(100*time.Millisecond))
 			}
 			return nil
 		})
-		if errors.Is(err, cluster.ErrNotReady) {
+		switch {
+		case errors.Is(err, cluster.ErrNotReady):
+			return fmt.Errorf("%w: %v", errSkipped, err)
+		case res.Killed.IsZero():
+			if err != nil {
+				r.note("fault #%d %s: nothing killed: %v", f.seq, f.kind, err)
+			}
 			return fmt.Errorf("%w: %v", errSkipped, err)
 		}
+		rec.Start = res.Killed
 		return err
 	case kindOtherLoad:
 		return f.mode.writers.OtherLoad(ctx, f.d, 200)
