@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,12 +47,31 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	applied := map[string]int{}
 	for _, m := range res.Modes {
 		if len(m.Violations) > 0 {
 			t.Errorf("%s:\n%s", m.Mode, m.Text)
 		}
+		for _, c := range m.Crashes {
+			t.Errorf("%s: %s", m.Mode, c)
+		}
 		if m.Summary.Committed == 0 {
 			t.Errorf("%s: no transaction committed: the run exercised nothing", m.Mode)
 		}
+		for kind, n := range m.Summary.Faults {
+			applied[kind] += n
+		}
 	}
+	// The deck deals every kind at least twice in 90 s; one that never took effect means a fault
+	// that does nothing. A failover is skipped while the standby's copies are not ready (noted), so
+	// one of the two suffices.
+	for _, kind := range chaos.FaultKinds() {
+		if applied[kind] == 0 && !strings.HasPrefix(kind, "failover-") {
+			t.Errorf("no %s fault took effect in any mode", kind)
+		}
+	}
+	if applied["failover-synced"]+applied["failover-unsynced"] == 0 {
+		t.Errorf("no failover took effect")
+	}
+	t.Logf("faults applied: %v", applied)
 }

@@ -325,7 +325,11 @@ func (n *nemesis) apply(ctx context.Context, f *fault) {
 	err := n.act(ctx, f, &rec, heal)
 	switch {
 	case errors.Is(err, errSkipped):
-		r.logf("fault #%d %s skipped: %v", f.seq, f.kind, err)
+		if scopeOf(f.kind) == scopeCluster {
+			r.note("fault #%d %s skipped: %v", f.seq, f.kind, err) // a failover the standby was not ready for
+		} else {
+			r.logf("fault #%d %s skipped: %v", f.seq, f.kind, err)
+		}
 		return
 	case err != nil:
 		r.note("fault #%d %s %s: %v", f.seq, f.kind, rec.Target, err)

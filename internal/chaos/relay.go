@@ -301,3 +301,23 @@ func (r *relay) lastError() string {
 	}
 	return ""
 }
+
+// crashed returns the first line of a Go panic or fatal runtime error in the relay's log since
+// its last start, "" when there is none.
+func (r *relay) crashed() string {
+	b, err := os.ReadFile(r.logPath)
+	if err != nil {
+		return ""
+	}
+	log := string(b)
+	if i := strings.LastIndex(log, "=== chaos: start "); i >= 0 {
+		log = log[i:]
+	}
+	for _, marker := range []string{"panic: ", "fatal error: "} {
+		if i := strings.Index(log, marker); i >= 0 {
+			line, _, _ := strings.Cut(log[i:], "\n")
+			return line
+		}
+	}
+	return ""
+}

@@ -57,6 +57,7 @@ type ModeResult struct {
 	History    string // path of history.json
 	Report     string // path of report.html
 	Violations []check.Violation
+	Crashes    []string // relays that panicked or died of a fatal runtime error
 	Summary    check.Summary
 	Text       string // check.Format of the violations, "" when none
 }
@@ -64,7 +65,7 @@ type ModeResult struct {
 // Failed reports whether any mode broke a rule.
 func (r *Result) Failed() bool {
 	for _, m := range r.Modes {
-		if len(m.Violations) > 0 {
+		if len(m.Violations) > 0 || len(m.Crashes) > 0 {
 			return true
 		}
 	}
@@ -112,6 +113,8 @@ type modeRun struct {
 	rs     []history.RelaySample
 	slots  []history.SlotSample
 	led    *relay // the last relay seen leading
+	// crashes are relay processes that ended with a panic or a fatal runtime error.
+	crashes []string
 }
 
 // neighbour is a second relay on a database and slot of its own, sharing the positions topic
@@ -155,6 +158,14 @@ func (r *runner) note(format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.notes = append(r.notes, history.Note{At: time.Now(), Text: text})
+}
+
+// crash records a relay's crash: noted, and counted against the mode.
+func (r *runner) crash(m *modeRun, format string, args ...any) {
+	r.note("CRASH: "+format, args...)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.crashes = append(m.crashes, fmt.Sprintf(format, args...))
 }
 
 func (r *runner) recordFault(m *modeRun, f history.Fault) {
@@ -568,9 +579,13 @@ func (r *runner) sample(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
+		// Modes side by side: one mode's slow scrape (a loaded or paused relay) must not stretch
+		// another's sampling interval, which the two-leaders rule's tolerance follows.
+		var wg sync.WaitGroup
 		for _, m := range r.modes {
-			r.sampleMode(ctx, m, i%2 == 0)
+			wg.Go(func() { r.sampleMode(ctx, m, i%2 == 0) })
 		}
+		wg.Wait()
 	}
 }
 
@@ -614,7 +629,12 @@ func (r *runner) sampleMode(ctx context.Context, m *modeRun, slots bool) {
 	m.mu.Unlock()
 	for _, rl := range m.allRelays() {
 		if n := rl.takeOwnExits(); n > 0 {
-			r.note("relay %s exited of its own accord (%s); started again: %s", rl.name, exitText(rl), rl.lastError())
+			if crash := rl.crashed(); crash != "" {
+				// A panic or a fatal runtime error is a bug whatever else happened.
+				r.crash(m, "relay %s crashed (%s): %s", rl.name, exitText(rl), crash)
+			} else {
+				r.note("relay %s exited of its own accord (%s); started again: %s", rl.name, exitText(rl), rl.lastError())
+			}
 			if ctx.Err() == nil {
 				_ = rl.start()
 			}
@@ -759,6 +779,8 @@ func (t *modeTail) finish(ctx context.Context, r *runner) {
 		}()
 	}
 	wg.Wait()
+	// What a relay sent while it stopped (a duplicate, say) is read too.
+	sleep(ctx, 3*time.Second)
 	for _, c := range m.consumers {
 		t.reads = append(t.reads, c.Stop()...)
 	}
@@ -793,6 +815,9 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 		dir := filepath.Join(r.opts.Dir, m.mode.Name)
 		mres := ModeResult{Mode: m.mode.Name, History: filepath.Join(dir, "history.json"), Report: filepath.Join(dir, "report.html")}
 		mres.Violations = check.Check(h)
+		m.mu.Lock()
+		mres.Crashes = append([]string(nil), m.crashes...)
+		m.mu.Unlock()
 		mres.Summary = check.Summarize(h)
 		if len(mres.Violations) > 0 {
 			mres.Text = check.Format(h, mres.Violations, 20)

@@ -82,7 +82,7 @@ type run struct {
 	committed [][]int32
 
 	consumers []*consumer
-	replay    []span // when an at-least-once duplicate is explained by a fault, merged and sorted
+	replay    []history.Fault // the faults that can make a relay publish again, by start
 
 	vs []Violation
 
@@ -112,6 +112,7 @@ type consumer struct {
 	isolation string
 	reads     []readRef // its reads of known events
 	seen      []bool    // per event: read at least once
+	first     []int32   // per event: the index in h.Reads of its first read, when seen
 	mixed     bool      // reported reading under two isolations
 }
 
@@ -124,11 +125,52 @@ type span struct{ from, to time.Time }
 func newRun(h *history.History) *run {
 	r := &run{h: h, duplicates: make(map[string]int)}
 	for _, f := range h.Faults {
-		r.replay = append(r.replay, span{f.Start, f.End.Add(h.Settings.ReplayWindow)})
+		if !noReplay[f.Kind] {
+			r.replay = append(r.replay, f)
+		}
 	}
-	r.replay = merge(r.replay)
+	slices.SortFunc(r.replay, func(a, b history.Fault) int { return a.Start.Compare(b.Start) })
 	return r
 }
+
+// noReplay are the fault kinds that cannot make a relay publish anything again: load, a big
+// transaction, a schema change and a neighbour starting change what is written, not what is
+// confirmed.
+var noReplay = map[string]bool{"other-load": true, "big-tx": true, "add-column": true, "neighbour": true}
+
+// replayLookback is how long before a fault an event's first copy may have been appended for a
+// copy after the fault to be its replay: what was handed to Kafka but not confirmed to the slot
+// when the fault began, which a standby's copy of the slot may trail by up to 30 s (an unsynced
+// failover), or an unacknowledged exactly-once transaction held.
+const replayLookback = time.Minute
+
+// explained reports whether a repeat of an event appended at again, whose first copy was appended
+// at first, is a replay of some fault: the repeat within the fault or ReplayWindow after it, the
+// first copy before the fault ended (a replay publishes again what was already out) and not
+// longer than replayLookback before it began.
+func (r *run) explained(first, again time.Time) bool {
+	window := r.h.Settings.ReplayWindow
+	for _, f := range r.replay {
+		if f.Start.After(again) {
+			break
+		}
+		end := f.End
+		if end.Before(f.Start) {
+			end = f.Start
+		}
+		if again.After(end.Add(window)) {
+			continue
+		}
+		if first.After(end.Add(replaySlack)) || first.Before(f.Start.Add(-replayLookback)) {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// replaySlack allows for a first copy appended in the moment a fault heals.
+const replaySlack = 2 * time.Second
 
 func (r *run) add(v Violation) {
 	if len(v.Events) > maxEvents {

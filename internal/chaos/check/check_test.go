@@ -266,6 +266,19 @@ func TestEachRule(t *testing.T) {
 			rules:  []string{RuleDuplicate}, says: "key k1: consumer rc (read_committed) read event e1 (seq 1) again at orders/1@",
 		},
 		{
+			name: "at-least-once duplicate while only a fault that cannot replay lasts", delivery: alo,
+			change: func(b *builder) {
+				b.fault("big-tx", "alo", 78, 82)
+				b.publish(80, "e8")
+			},
+			rules: []string{RuleDuplicate}, says: "key k1: consumer rc (read_committed) read event e8 (seq 5) again at orders/1@",
+		},
+		{
+			name: "at-least-once duplicate of an event first published after the fault ended", delivery: alo,
+			change: func(b *builder) { b.publish(41, "e8") }, // e8 first at 40.2; the kill was at 30
+			rules:  []string{RuleDuplicate}, says: "(first at orders/1@",
+		},
+		{
 			name: "exactly-once skips a committed event (and so loses it)", delivery: eo,
 			change: func(b *builder) {
 				b.log = slices.DeleteFunc(b.log, func(rd history.Read) bool { return rd.EventID == "e4" })

@@ -147,7 +147,7 @@ func (r *run) scanReads() {
 	// The consumers the run started, first: one that read nothing at all has lost everything.
 	for _, hc := range h.Consumers {
 		if byName[hc.Name] == nil {
-			c := &consumer{name: hc.Name, isolation: hc.Isolation, seen: make([]bool, len(r.evs))}
+			c := &consumer{name: hc.Name, isolation: hc.Isolation, seen: make([]bool, len(r.evs)), first: make([]int32, len(r.evs))}
 			byName[hc.Name] = c
 			r.consumers = append(r.consumers, c)
 		}
@@ -156,7 +156,7 @@ func (r *run) scanReads() {
 		rd := &h.Reads[i]
 		c := byName[rd.Consumer]
 		if c == nil {
-			c = &consumer{name: rd.Consumer, isolation: rd.Isolation, seen: make([]bool, len(r.evs))}
+			c = &consumer{name: rd.Consumer, isolation: rd.Isolation, seen: make([]bool, len(r.evs)), first: make([]int32, len(r.evs))}
 			byName[rd.Consumer] = c
 			r.consumers = append(r.consumers, c)
 		} else if rd.Isolation != c.isolation && !c.mixed {
@@ -291,15 +291,15 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 				r.add(Violation{Rule: RuleDuplicate, At: rd.Appended, Events: []string{rd.EventID},
 					Message: fmt.Sprintf("key %s: consumer %s (exactly-once, read_committed) read event %s (seq %d) again at %s",
 						key, c.name, rd.EventID, rd.Seq, where(rd))})
-			} else if !within(r.replay, rd.Appended) {
+			} else if first := &h.Reads[c.first[ei]]; !r.explained(first.Appended, rd.Appended) {
 				dupReported[ei] = true
 				r.add(Violation{Rule: RuleDuplicate, At: rd.Appended, Events: []string{rd.EventID},
-					Message: fmt.Sprintf("key %s: consumer %s (%s) read event %s (seq %d) again at %s, appended outside every fault's replay window",
-						key, c.name, c.isolation, rd.EventID, rd.Seq, where(rd))})
+					Message: fmt.Sprintf("key %s: consumer %s (%s) read event %s (seq %d) again at %s (first at %s, %s earlier), not the replay of any fault",
+						key, c.name, c.isolation, rd.EventID, rd.Seq, where(rd), where(first), rd.Appended.Sub(first.Appended).Round(time.Millisecond))})
 			}
 			continue
 		}
-		c.seen[ei] = true
+		c.seen[ei], c.first[ei] = true, en.read
 		pos := r.evs[ei].pos
 		if pos < 0 {
 			continue // not committed: rolled back (reported), vanished or in doubt (ignored)

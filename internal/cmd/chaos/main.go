@@ -101,8 +101,8 @@ func run() int {
 	}
 	for _, m := range res.Modes {
 		status := "ok"
-		if len(m.Violations) > 0 {
-			status = fmt.Sprintf("%d violations", len(m.Violations))
+		if len(m.Violations) > 0 || len(m.Crashes) > 0 {
+			status = fmt.Sprintf("%d violations, %d crashes", len(m.Violations), len(m.Crashes))
 		}
 		logf("%-16s %s  report: %s", m.Mode, status, m.Report)
 	}
