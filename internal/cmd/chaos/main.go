@@ -24,6 +24,9 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/chaos"
+	"github.com/outbox-relay/outbox-relay/internal/chaos/check"
+	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
+	"github.com/outbox-relay/outbox-relay/internal/chaos/report"
 )
 
 func main() {
@@ -41,7 +44,11 @@ func run() int {
 	relays := fs.Int("relays", 3, "relay processes per mode")
 	rate := fs.Float64("rate", 10, "transactions per second per writer (3 writers per mode)")
 	relayBin := fs.String("relay-bin", "", "the outbox-relay binary (built from ./cmd/outbox-relay when empty)")
+	recheck := fs.String("recheck", "", "check the histories of an earlier run's directory again (and draw their reports anew) instead of running")
 	_ = fs.Parse(os.Args[1:])
+	if *recheck != "" {
+		return recheckDir(*recheck)
+	}
 
 	s := rand.Uint64() % 1_000_000
 	if *seed != "" {
@@ -111,6 +118,46 @@ func run() int {
 		return 1
 	}
 	logf("chaos: passed (seed %d)", s)
+	return 0
+}
+
+// recheckDir checks every <mode>/history.json under dir with the current rules and writes each
+// report anew: a checker change is tried on recorded runs without running them again.
+func recheckDir(dir string) int {
+	paths, _ := filepath.Glob(filepath.Join(dir, "*", "history.json"))
+	if len(paths) == 0 {
+		fmt.Fprintf(os.Stderr, "chaos: no */history.json under %s\n", dir)
+		return 2
+	}
+	failed := false
+	for _, p := range paths {
+		h, err := history.Load(p)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		vs := check.Check(h)
+		sum := check.Summarize(h)
+		text := ""
+		if len(vs) > 0 {
+			failed = true
+			text = check.Format(h, vs, 20)
+		}
+		var marks []report.Mark
+		for _, v := range vs {
+			marks = append(marks, report.Mark{At: v.At, Label: v.Rule + ": " + v.Message})
+		}
+		out := filepath.Join(filepath.Dir(p), "report.html")
+		if err := report.WriteFile(out, h, marks, sum.String()+"\n"+text); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		fmt.Printf("== %s\n%s\n%s", h.Mode, sum.String(), text)
+		fmt.Printf("report: %s\n", out)
+	}
+	if failed {
+		return 1
+	}
 	return 0
 }
 
