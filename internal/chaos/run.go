@@ -134,13 +134,10 @@ func (m *modeRun) leader() *relay {
 
 func (r *runner) modeOf(rl *relay) *modeRun {
 	for _, m := range r.modes {
-		for _, x := range m.relays {
+		for _, x := range m.allRelays() {
 			if x == rl {
 				return m
 			}
-		}
-		if m.neighbour != nil && m.neighbour.relay == rl {
-			return m
 		}
 	}
 	return nil
@@ -370,6 +367,8 @@ func containsAny(list []string, want ...string) bool {
 func relayName(m Mode, i int) string { return fmt.Sprintf("%s-r%d", m.Name, i) }
 
 func (m *modeRun) allRelays() []*relay {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	out := append([]*relay(nil), m.relays...)
 	if m.neighbour != nil && m.neighbour.relay != nil {
 		out = append(out, m.neighbour.relay)
