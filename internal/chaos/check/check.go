@@ -169,8 +169,10 @@ func (r *run) explained(first, again time.Time) bool {
 	return false
 }
 
-// replaySlack allows for a first copy appended in the moment a fault heals.
-const replaySlack = 2 * time.Second
+// replaySlack is how long after a fault healed a copy sent during it may be appended: a broker
+// resumed from SIGSTOP works off the requests queued on its sockets, seconds of them (a poller's
+// retry appended 3 s after a 10 s freeze, next to its first copy, in a 30-minute run).
+const replaySlack = 10 * time.Second
 
 func (r *run) add(v Violation) {
 	if len(v.Events) > maxEvents {
