@@ -1,0 +1,58 @@
+package sink
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// TestACommitWithNoTransactionInProgressIsAnsweredWithSuccess pins down the broker behaviour that
+// makes the chaos run's exactly-once losses possible (issue: eoloss): once the coordinator has
+// completed a commit, an EndTxn(commit) with the same producer id and epoch is taken for a retry of
+// it and answered with success, whether or not the producer meant another transaction. So an
+// EndTxn answered NONE proves that the transaction the sink meant committed only if the
+// coordinator had that transaction in progress: a transaction whose partitions never reached it
+// (their AddPartitionsToTxn taken into the transaction before) is "committed" without a marker,
+// its records stay dangling, and the sink acknowledges them.
+func TestACommitWithNoTransactionInProgressIsAnsweredWithSuccess(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	topic := testenv.UniqueName(t, "endtxn")
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	client := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 10 * time.Second, Transport: &kafka.Transport{}}
+	id := testenv.UniqueName(t, "txn")
+	ident := &identity{client: client, log: zap.NewNop(), mode: IdempotenceOn, txnID: id, txnTimeout: time.Minute}
+	pid, epoch, err := ident.initProducerID(ctx, -1, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := producerState{id: pid, epoch: epoch, transactional: true}
+	c := &coordinator{client: client, id: id}
+	retry := func(what string, f func() error) {
+		t.Helper()
+		for attempt := 0; ; attempt++ {
+			err := f()
+			if err == nil {
+				return
+			}
+			if attempt == 50 || !retriableCoordinatorError(err) {
+				t.Fatalf("%s: %v", what, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	retry("add the partition", func() error { return c.addPartitions(ctx, ps, map[topicPartition]bool{{topic, 0}: true}) })
+	retry("commit the transaction", func() error { return c.endTxn(ctx, ps, true) })
+	// Nothing added since: no transaction is in progress, and a commit is still answered NONE
+	// (once the markers of the one before are written; CONCURRENT_TRANSACTIONS until then).
+	retry("commit with no transaction in progress", func() error { return c.endTxn(ctx, ps, true) })
+}
