@@ -12,7 +12,7 @@ import (
 )
 
 // TestACommitWithNoTransactionInProgressIsAnsweredWithSuccess pins down the broker behaviour that
-// makes the chaos run's exactly-once losses possible (issue: eoloss): once the coordinator has
+// makes the exactly-once losses the nemesis found possible (docs/guarantees.md, "The nemesis"): once the coordinator has
 // completed a commit, an EndTxn(commit) with the same producer id and epoch is taken for a retry of
 // it and answered with success, whether or not the producer meant another transaction. So an
 // EndTxn answered NONE proves that the transaction the sink meant committed only if the
