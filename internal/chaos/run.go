@@ -531,10 +531,16 @@ func (r *runner) waitSlot(ctx context.Context, db, slot string, limit time.Durat
 	deadline := time.Now().Add(limit)
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, _, err := r.cluster.SlotSample(qctx, db, slot)
+		confirmed, _, err := r.cluster.SlotSample(qctx, db, slot)
 		cancel()
-		if err == nil {
+		// A slot being created is listed before it has a position: its creation may still fail
+		// (a PostgreSQL fault) and be made again at a later point, and what was committed before
+		// that point is not the relay's to publish. Only a confirmed position makes it the start.
+		if err == nil && confirmed > 0 {
 			return nil
+		}
+		if err == nil {
+			err = errors.New("still being created")
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("chaos: slot %s of %s not created within %s: %w", slot, db, limit, err)
