@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -195,16 +196,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.PGVersion == "" {
 		o.PGVersion = "18"
 	}
-	o.Relays = cmp(o.Relays, 3)
-	o.Writers = cmp(o.Writers, 3)
+	o.Relays = orDefault(o.Relays, 3)
+	o.Writers = orDefault(o.Writers, 3)
 	if o.Rate == 0 {
 		o.Rate = 10
 	}
 	if len(o.Kinds) == 0 {
 		o.Kinds = FaultKinds()
 	}
-	o.Mean = cmp(o.Mean, 4*time.Second)
-	o.Drain = cmp(o.Drain, 3*time.Minute)
+	o.Mean = orDefault(o.Mean, 4*time.Second)
+	o.Drain = orDefault(o.Drain, 3*time.Minute)
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
 	}
@@ -217,7 +218,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		lease: 7 * time.Second, shutdownTimeout: 10 * time.Second, stopSlack: 5 * time.Second,
 	}
 	r.logf("chaos: seed %d, modes %s, %s of faults (%s), servers PostgreSQL %s", o.Seed, modeNames(o.Modes), o.Duration, strings.Join(o.Kinds, " "), o.PGVersion)
-	r.standby = anyWAL(o.Modes) && o.PGVersion >= "17" && (containsAny(o.Kinds, kindFailoverSync, kindFailoverLag))
+	// Failover slots, and so the failover faults, need PostgreSQL 17 or later.
+	major, err := strconv.Atoi(o.PGVersion)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: PostgreSQL version %q: want a major version such as 18", o.PGVersion)
+	}
+	r.standby = anyWAL(o.Modes) && major >= 17 && containsAny(o.Kinds, kindFailoverSync, kindFailoverLag)
 
 	var clients []string
 	for _, m := range o.Modes {
@@ -329,7 +335,7 @@ func (m *modeRun) neighbourWriters() *workload.Writers {
 	return m.neighbour.writers
 }
 
-func cmp[T int | time.Duration](v, def T) T {
+func orDefault[T int | time.Duration](v, def T) T {
 	if v == 0 {
 		return def
 	}

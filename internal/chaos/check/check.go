@@ -202,15 +202,3 @@ func merge(ss []span) []span {
 	}
 	return out
 }
-
-// within reports whether t falls in one of the merged, sorted spans ss.
-func within(ss []span, t time.Time) bool {
-	// The first span starting after t; the one before it is the only candidate.
-	i, _ := slices.BinarySearchFunc(ss, t, func(s span, t time.Time) int {
-		if s.from.After(t) {
-			return 1
-		}
-		return -1
-	})
-	return i > 0 && !t.After(ss[i-1].to)
-}

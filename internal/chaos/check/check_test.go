@@ -549,9 +549,6 @@ func TestSummarize(t *testing.T) {
 // TestLargeHistory checks a history of the size a long run records, 200,000 events and 400,000
 // reads, with a few faults and violations sprinkled in: it must finish (no quadratic walk).
 func TestLargeHistory(t *testing.T) {
-	if testing.Short() {
-		t.Skip("large history: skipped with -short")
-	}
 	const keys, perKey = 2000, 100
 	b := newBuilder(history.AtLeastOnce)
 	b.h.End = at(1800)
