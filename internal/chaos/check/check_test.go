@@ -585,3 +585,35 @@ func TestLargeHistory(t *testing.T) {
 		t.Errorf("summary:\n%s", s)
 	}
 }
+
+// An old leader's belief may outlive the death of its primary by less than the lease (its lock
+// and stream died with the server; its next check fences it); longer is two leaders.
+func TestAnOldLeadersBeliefAfterItsPrimaryDied(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		lagsTo float64 // r1 still reports leadership until then; the primary died at 20
+		want   int
+	}{
+		{"within the lease", 23, 0},
+		{"beyond the lease", 28, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBuilder(history.AtLeastOnce)
+			b.fault("failover-unsynced", "postgres", 20, 22)
+			for s := 0.0; s < 40; s += 0.5 {
+				b.sample("r1", s, true, s < tc.lagsTo)
+				b.sample("r2", s+0.25, true, s >= 20.5)
+			}
+			h := b.done(map[string]string{})
+			var got []Violation
+			for _, v := range Check(h) {
+				if v.Rule == RuleTwoLeaders {
+					got = append(got, v)
+				}
+			}
+			if len(got) != tc.want {
+				t.Errorf("%d two-leaders violations, want %d:\n%s", len(got), tc.want, Format(h, got, 0))
+			}
+		})
+	}
+}

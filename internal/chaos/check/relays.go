@@ -87,6 +87,9 @@ type leadership struct {
 	from, to time.Time
 }
 
+// serverDies are the fault kinds that end the primary's sessions, the leader lock's among them.
+var serverDies = map[string]bool{"failover-synced": true, "failover-unsynced": true, "pg-restart": true, "pg-restart-immediate": true}
+
 // checkLeaders: never two relays streaming at once. Each relay's leadership is the union of
 // [a Leader=true sample, its next sample); two relays' stretches may overlap by up to the sampling
 // resolution (their scrapes are taken at different moments), not more. A paused relay, and one
@@ -110,6 +113,21 @@ func (r *run) checkLeaders() {
 				to = f.End.Add(h.Settings.ZombieGrace)
 			}
 			exempt = append(exempt, span{f.Start, to})
+		}
+		// A primary that dies (killed for a failover, restarted) takes the leader's lock session
+		// and its stream with it: a standby may lead on the next server at once, while the old
+		// leader believes it leads until its next check fails, within the lease. It streams
+		// nothing meanwhile (its server is gone), so the belief of a stretch begun before such a
+		// fault is not held against it for Lease after the fault began; longer is.
+		for _, f := range h.Faults {
+			if !serverDies[f.Kind] {
+				continue
+			}
+			for _, s := range mine {
+				if s.from.Before(f.Start) && s.to.After(f.Start) {
+					exempt = append(exempt, span{f.Start, f.Start.Add(h.Settings.Lease)})
+				}
+			}
 		}
 		for _, s := range subtract(mine, merge(exempt)) {
 			all = append(all, leadership{relay: name, from: s.from, to: s.to})
