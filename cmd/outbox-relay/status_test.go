@@ -335,7 +335,7 @@ func TestStatusWithAStandbySaysWhetherItsCopyIsPersistedAndHowFarItTrails(t *tes
 	standbyDSN := "--standby-dsn=" + standby.DSN(f.dbName)
 	copyIs := func(what string) func() bool {
 		return func() bool {
-			conn, err := pgx.Connect(ctx, standby.DSN(f.dbName))
+			conn, err := pgx.Connect(ctx, standby.DSN("postgres")) // the slots are the cluster's
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -107,7 +107,10 @@ func (p *process) running() bool {
 		case <-p.done:
 			return false
 		default:
-			return true
+			// Exited but not reaped yet (a zombie until our Wait returns): a stop through another
+			// handle (AttachPostgres) saw it end, and this one must agree (a clean-clone run failed
+			// devenv's TestPostgres in that instant). Its pid cannot be reused before the reaping.
+			return alive(p.pid)
 		}
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))

@@ -93,7 +93,9 @@ func TemporaryFailoverCopy(t testing.TB, primary, standby *devenv.Postgres, data
 				t.Fatalf("the standby did not copy failover slot %s within a minute", slot)
 			}
 			time.Sleep(100 * time.Millisecond)
-			conn, err := pgx.Connect(ctx, standby.DSN(database))
+			// pg_replication_slots is the cluster's: read it in a database the standby surely has
+			// (the slot's own may not be replayed there yet; a clean-clone run failed so).
+			conn, err := pgx.Connect(ctx, standby.DSN("postgres"))
 			if err != nil {
 				t.Fatal(err)
 			}
