@@ -7,9 +7,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,6 +66,11 @@ type KafkaOptions struct {
 	// ListenerAddr(name). With Advertised set, each gives a client a path of its own through a
 	// proxy (metadata, produce and fetch all cross it), so that a test can cut one client off.
 	PlaintextListeners []KafkaListener
+	// NodeID is the node.id of a broker that StartBroker adds; 2. StartKafka's node is always 1.
+	NodeID int
+	// LogLevels (logger name -> level, e.g. "kafka.coordinator.transaction": "INFO") sets the
+	// levels of loggers of this node; the shared log4j2.properties logs WARN and up.
+	LogLevels map[string]string
 }
 
 // KafkaListener is a further PLAINTEXT-type broker listener.
@@ -101,8 +108,9 @@ type KafkaTLSListener struct {
 	Advertised string
 }
 
-// Kafka is a single-node KRaft broker+controller: server.properties, data/ and kafka.log in its
-// directory, the JVM's pid in kafka.pid.
+// Kafka is a KRaft node: server.properties, data/ and kafka.log in its directory, the JVM's pid
+// in kafka.pid. StartKafka's is a broker and the cluster's only controller (node 1); StartBroker
+// adds broker-only nodes to its cluster.
 type Kafka struct {
 	service
 	st kafkaState
@@ -117,12 +125,47 @@ type kafkaState struct {
 	SASLPort       int            `json:"sasl_port,omitempty"`
 	TLSPorts       map[string]int `json:"tls_ports,omitempty"`
 	PlainPorts     map[string]int `json:"plain_ports,omitempty"`
+	NodeID         int            `json:"node_id,omitempty"`    // 0: 1 (a state written before there were more nodes)
+	ClusterID      string         `json:"cluster_id,omitempty"` // "": read data/meta.properties
+	// Quorum is the controller a broker-only node (StartBroker) joins; "" for a node that is its
+	// own controller.
+	Quorum string `json:"quorum,omitempty"`
 }
 
 // StartKafka formats a new broker directory and starts the broker.
 func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
-	st := kafkaState{Port: opts.Port, ControllerPort: opts.ControllerPort,
+	st := kafkaState{Port: opts.Port, ControllerPort: opts.ControllerPort, NodeID: 1, ClusterID: kafkaClusterID(),
 		HeapMB: cmp.Or(opts.HeapMB, 512), Lib: cmp.Or(opts.Lib, DefaultKafkaLib())}
+	return startKafka(ctx, st, opts)
+}
+
+// StartBroker formats and starts a broker-only node (process.roles=broker, node.id opts.NodeID,
+// 2 by default) that joins k's cluster: k's controller quorum, k's cluster id. Its internal topics'
+// settings are k's (replication factor 1), so a partition whose only replica is on one node has no
+// leader while that node is stopped. opts.ControllerPort and opts.SCRAMUsers are refused (SCRAM
+// credentials live in the cluster's metadata: give them to StartKafka). Close the brokers before
+// k: a broker's controlled shutdown asks k's controller.
+func (k *Kafka) StartBroker(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
+	if k.st.Quorum != "" {
+		return nil, errors.New("kafka: StartBroker needs the node that runs the controller")
+	}
+	if opts.ControllerPort != 0 || len(opts.SCRAMUsers) > 0 {
+		return nil, errors.New("kafka: a broker-only node has no controller port and no SCRAM users of its own")
+	}
+	id := cmp.Or(opts.NodeID, 2)
+	if id == k.nodeID() {
+		return nil, fmt.Errorf("kafka: node.id %d is the controller's", id)
+	}
+	cluster, err := k.ClusterID()
+	if err != nil {
+		return nil, err
+	}
+	st := kafkaState{Port: opts.Port, NodeID: id, ClusterID: cluster, Quorum: k.controllerAddr(),
+		HeapMB: cmp.Or(opts.HeapMB, 512), Lib: cmp.Or(opts.Lib, k.st.Lib)}
+	return startKafka(ctx, st, opts)
+}
+
+func startKafka(ctx context.Context, st kafkaState, opts KafkaOptions) (*Kafka, error) {
 	if err := KafkaLibReady(st.Lib); err != nil {
 		return nil, err
 	}
@@ -164,7 +207,10 @@ func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) e
 	if err != nil {
 		return err
 	}
-	k.st.Port, k.st.ControllerPort = cmp.Or(k.st.Port, ports[0]), cmp.Or(k.st.ControllerPort, ports[1])
+	k.st.Port = cmp.Or(k.st.Port, ports[0])
+	if k.st.Quorum == "" {
+		k.st.ControllerPort = cmp.Or(k.st.ControllerPort, ports[1])
+	}
 	if len(opts.SCRAMUsers) > 0 {
 		k.st.SASLPort = ports[2]
 	}
@@ -190,18 +236,22 @@ func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) e
 	for key, v := range opts.Settings {
 		listeners[key] = v
 	}
-	props, err := renderSettings(map[string]string{
+	if err := k.writeLogConfig(opts.LogLevels); err != nil {
+		return fmt.Errorf("kafka log config: %w", err)
+	}
+	settings := map[string]string{
 		"process.roles":                       "broker,controller",
-		"node.id":                             "1",
-		"controller.quorum.bootstrap.servers": "127.0.0.1:" + strconv.Itoa(k.st.ControllerPort),
+		"node.id":                             strconv.Itoa(k.nodeID()),
+		"controller.quorum.bootstrap.servers": k.controllerAddr(),
 		"controller.listener.names":           "CONTROLLER",
 		"inter.broker.listener.name":          "PLAINTEXT",
 		"log.dirs":                            filepath.Join(k.dir, "data"),
 		"num.partitions":                      strconv.Itoa(partitions),
 		"auto.create.topics.enable":           "true",
 		"group.initial.rebalance.delay.ms":    "0",
-		// One node: replication factor and min ISR 1. One partition per internal topic makes the
-		// first consumer group or transaction faster to set up.
+		// Replication factor and min ISR 1, also with further brokers (StartBroker): a partition
+		// is on one node only. One partition per internal topic makes the first consumer group or
+		// transaction faster to set up.
 		"offsets.topic.replication.factor":                 "1",
 		"offsets.topic.num.partitions":                     "1",
 		"transaction.state.log.replication.factor":         "1",
@@ -210,16 +260,28 @@ func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) e
 		"share.coordinator.state.topic.replication.factor": "1",
 		"share.coordinator.state.topic.min.isr":            "1",
 		"share.coordinator.state.topic.num.partitions":     "1",
-	}, listeners, func(k, v string) string { return k + "=" + v })
+	}
+	if k.st.Quorum != "" {
+		settings["process.roles"] = "broker"
+		// A restarted broker waits until the controller calls it caught up, which takes a few
+		// heartbeats: at the default 2s, 6s of a 10s restart.
+		settings["broker.heartbeat.interval.ms"] = "500"
+	}
+	props, err := renderSettings(settings, listeners, func(k, v string) string { return k + "=" + v })
 	if err == nil {
 		err = os.WriteFile(k.needle, []byte(props), 0o644)
 	}
 	if err != nil {
 		return fmt.Errorf("kafka config: %w", err)
 	}
-	// Dynamic quorum (bootstrap servers + format --standalone), the 4.x default. The cluster id is
-	// made here: a `StorageTool random-uuid` run would cost another JVM start.
-	format := []string{"format", "--standalone", "-t", kafkaClusterID(), "-c", k.needle}
+	// Dynamic quorum (bootstrap servers + format --standalone), the 4.x default; a broker-only node
+	// joins it (--no-initial-controllers: it neither is nor names a voter). The cluster id is made
+	// by StartKafka: a `StorageTool random-uuid` run would cost another JVM start.
+	quorum := "--standalone"
+	if k.st.Quorum != "" {
+		quorum = "--no-initial-controllers"
+	}
+	format := []string{"format", quorum, "-t", k.st.ClusterID, "-c", k.needle}
 	for name, password := range opts.SCRAMUsers {
 		for _, mech := range []string{"SCRAM-SHA-256", "SCRAM-SHA-512"} {
 			format = append(format, "--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", mech, name, password))
@@ -236,7 +298,6 @@ func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) e
 // SASL_PLAINTEXT with SCRAM users, the TLS listeners, the further plaintext ones, and the
 // controller's.
 func (k *Kafka) listenerSettings(tlsListeners []KafkaTLSListener, plainListeners []KafkaListener) (map[string]string, error) {
-	controller := "127.0.0.1:" + strconv.Itoa(k.st.ControllerPort)
 	// What the broker listens on, and the addresses it gives clients: the same but where a TLS
 	// listener names another.
 	listeners := []string{"PLAINTEXT://" + k.Brokers()}
@@ -302,8 +363,10 @@ func (k *Kafka) listenerSettings(tlsListeners []KafkaTLSListener, plainListeners
 		advertised = append(advertised, l.Name+"://"+cmp.Or(l.Advertised, k.ListenerAddr(l.Name)))
 		protocols = append(protocols, l.Name+":PLAINTEXT")
 	}
-	listeners = append(listeners, "CONTROLLER://"+controller)
-	advertised = append(advertised, "CONTROLLER://"+controller)
+	if k.st.Quorum == "" { // the controller's listener; a broker-only node only reaches out to it
+		listeners = append(listeners, "CONTROLLER://"+k.controllerAddr())
+		advertised = append(advertised, "CONTROLLER://"+k.controllerAddr())
+	}
 	out["listeners"] = strings.Join(listeners, ",")
 	out["advertised.listeners"] = strings.Join(advertised, ",")
 	out["listener.security.protocol.map"] = strings.Join(protocols, ",")
@@ -361,10 +424,67 @@ func kafkaClusterID() string {
 }
 
 func (k *Kafka) jvmFlags() []string {
-	// kafka-lib.sh copies scripts/kafka/log4j2.properties next to the jars.
+	// kafka-lib.sh copies scripts/kafka/log4j2.properties next to the jars; a node with LogLevels
+	// has its own copy, with them added.
+	logConfig := filepath.Join(k.dir, "log4j2.properties")
+	if _, err := os.Stat(logConfig); err != nil {
+		logConfig = filepath.Join(k.st.Lib, "log4j2.properties")
+	}
 	return []string{"-XX:+UseG1GC", "-Djava.awt.headless=true", "-Dkafka.logs.dir=" + k.dir,
-		"-Dlog4j2.configurationFile=" + filepath.Join(k.st.Lib, "log4j2.properties"),
+		"-Dlog4j2.configurationFile=" + logConfig,
 		"-cp", filepath.Join(k.st.Lib, "*")}
+}
+
+// writeLogConfig writes <dir>/log4j2.properties, the lib's with levels (logger -> level) added,
+// when there are any.
+func (k *Kafka) writeLogConfig(levels map[string]string) error {
+	if len(levels) == 0 {
+		return nil
+	}
+	base, err := os.ReadFile(filepath.Join(k.st.Lib, "log4j2.properties"))
+	if err != nil {
+		return err
+	}
+	b := append(base, "\n# devenv KafkaOptions.LogLevels\n"...)
+	for i, name := range slices.Sorted(maps.Keys(levels)) {
+		if strings.ContainsAny(name+levels[name], "\n\r") {
+			return fmt.Errorf("invalid log level %q=%q", name, levels[name])
+		}
+		b = fmt.Appendf(b, "logger.devenv%d.name = %s\nlogger.devenv%d.level = %s\n", i, name, i, levels[name])
+	}
+	return os.WriteFile(filepath.Join(k.dir, "log4j2.properties"), b, 0o644)
+}
+
+// NodeID returns the node's node.id: 1 for StartKafka's, the one given for StartBroker's.
+func (k *Kafka) NodeID() int { return k.nodeID() }
+
+func (k *Kafka) nodeID() int { return cmp.Or(k.st.NodeID, 1) }
+
+// controllerAddr is the controller quorum's bootstrap address: the node's own controller
+// listener, or the one a broker-only node joined.
+func (k *Kafka) controllerAddr() string {
+	if k.st.Quorum != "" {
+		return k.st.Quorum
+	}
+	return "127.0.0.1:" + strconv.Itoa(k.st.ControllerPort)
+}
+
+// ClusterID returns the cluster's id, from the state or, for a node created before the state
+// held it, from data/meta.properties.
+func (k *Kafka) ClusterID() (string, error) {
+	if k.st.ClusterID != "" {
+		return k.st.ClusterID, nil
+	}
+	b, err := os.ReadFile(filepath.Join(k.dir, "data", "meta.properties"))
+	if err != nil {
+		return "", fmt.Errorf("kafka cluster id: %w", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if id, ok := strings.CutPrefix(strings.TrimSpace(line), "cluster.id="); ok && id != "" {
+			return id, nil
+		}
+	}
+	return "", fmt.Errorf("kafka cluster id: no cluster.id in %s", filepath.Join(k.dir, "data", "meta.properties"))
 }
 
 // Brokers returns the bootstrap address, "127.0.0.1:<port>".
@@ -396,8 +516,25 @@ func (k *Kafka) ping(ctx context.Context) error {
 	if _, err := conn.ApiVersions(); err != nil {
 		return err
 	}
-	if brokers, err := conn.Brokers(); err != nil || len(brokers) == 0 {
-		return fmt.Errorf("no broker in metadata yet (%v)", err)
+	brokers, err := conn.Brokers()
+	if err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	if !slices.ContainsFunc(brokers, func(b kafka.Broker) bool { return b.ID == k.nodeID() }) {
+		return fmt.Errorf("node %d not in metadata yet (%d brokers listed)", k.nodeID(), len(brokers))
+	}
+	// A restarted node is listed before the controller has made it the leader of its partitions
+	// again: a client that writes at once meets "no leader" (a clean-clone run failed the chaos
+	// workload's broker-stop test so).
+	parts, err := conn.ReadPartitions()
+	if err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	for _, p := range parts {
+		mine := slices.ContainsFunc(p.Replicas, func(b kafka.Broker) bool { return b.ID == k.nodeID() })
+		if mine && p.Leader.Host == "" {
+			return fmt.Errorf("partition %s/%d without a leader yet", p.Topic, p.ID)
+		}
 	}
 	return nil
 }

@@ -1,5 +1,6 @@
-// Package devenv runs throwaway PostgreSQL clusters and single-node Kafka brokers for tests and
-// local development, from the machine's PostgreSQL binaries and Kafka jars from Maven Central.
+// Package devenv runs throwaway PostgreSQL clusters and KRaft Kafka clusters (a broker+controller
+// node, maybe with further brokers) for tests and local development, from the machine's PostgreSQL
+// binaries and Kafka jars from Maven Central.
 package devenv
 
 import (
@@ -127,7 +128,7 @@ func (p *process) signalGroup(sig syscall.Signal) error {
 func (p *process) waitExit(ctx context.Context, timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	for p.running() {
+	for p.running() || p.exiting() {
 		select {
 		case <-p.done: // nil for foreign processes: never ready
 		case <-time.After(20 * time.Millisecond):
@@ -136,6 +137,18 @@ func (p *process) waitExit(ctx context.Context, timeout time.Duration) bool {
 		}
 	}
 	return true
+}
+
+// exiting reports whether a process known by pid file only is in the middle of its exit: its
+// command line is gone already, but it is not a zombie yet. running() calls it gone then, while a
+// handle that started it still sees it alive (a clean-clone run failed devenv's TestPostgres in
+// that instant: a stop through AttachPostgres returned, and the starting handle said running).
+func (p *process) exiting() bool {
+	if p == nil || p.pid <= 0 || p.done != nil {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
+	return err == nil && len(cmdline) == 0 && alive(p.pid)
 }
 
 // kill SIGKILLs the process group and all descendants (PostgreSQL backends call setsid, so they

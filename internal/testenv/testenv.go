@@ -157,6 +157,18 @@ func Kafka(t testing.TB, opts ...devenv.KafkaOptions) *devenv.Kafka {
 	})
 }
 
+// KafkaBroker adds a dedicated broker-only node to k's cluster (devenv.Kafka.StartBroker) for t,
+// closed at t's cleanup: before k when k is t's too (cleanups run last in, first out), as a
+// broker's controlled shutdown needs k's controller. opts (at most one) may set anything but Dir.
+func KafkaBroker(t testing.TB, k *devenv.Kafka, opts ...devenv.KafkaOptions) *devenv.Kafka {
+	t.Helper()
+	o := first(opts)
+	return dedicated(t, "kafka", func(ctx context.Context, dir string) (*devenv.Kafka, error) {
+		o.Dir = dir
+		return k.StartBroker(ctx, o)
+	})
+}
+
 // PgBouncer starts a dedicated PgBouncer in front of pg for t, closed at t's cleanup. opts (at
 // most one) may set anything but Dir.
 func PgBouncer(t testing.TB, pg *devenv.Postgres, opts ...devenv.PgBouncerOptions) *devenv.PgBouncer {
