@@ -67,6 +67,9 @@ type producePart struct {
 	set     []byte // the encoded record set, kafka-go's RawRecordSet form
 	records int
 	err     error
+	// base is the offset the broker gave the batch's first record, -1 when it did not say (an
+	// error, or a duplicate it no longer had the offset of).
+	base int64
 	// answered says the broker answered the request, so kafka-go is done with set: a request that
 	// failed as a whole (a timeout) may still be being written by kafka-go's connection goroutine.
 	answered bool
@@ -166,11 +169,12 @@ func (r *requests) gatheredLocked(b *brokerRequests, c *produceCall) {
 }
 
 // produce sends set, the encoded batch of records for tp, in the next request to tp's leader and
-// returns whether set may be reused (the broker answered) and the broker's answer for tp. q is the
-// partition's queue, nil for a batch sent outside one (the position record of a Kafka transaction).
-func (r *requests) produce(ctx context.Context, q *partitionQueue, tp topicPartition, set []byte, records int) (answered bool, err error) {
+// returns whether set may be reused (the broker answered), the offset of its first record (-1 if
+// unknown) and the broker's answer for tp. q is the partition's queue, nil for a batch sent outside
+// one (the position record of a Kafka transaction).
+func (r *requests) produce(ctx context.Context, q *partitionQueue, tp topicPartition, set []byte, records int) (answered bool, base int64, err error) {
 	leader := r.p.leader(tp)
-	part := &producePart{tp: tp, set: set, records: records, done: make(chan struct{})}
+	part := &producePart{tp: tp, set: set, records: records, base: -1, done: make(chan struct{})}
 	r.mu.Lock()
 	var b *brokerRequests
 	var c *produceCall
@@ -217,9 +221,9 @@ func (r *requests) produce(ctx context.Context, q *partitionQueue, tp topicParti
 	}
 	select {
 	case <-part.done:
-		return part.answered, part.err
+		return part.answered, part.base, part.err
 	case <-ctx.Done():
-		return false, ctx.Err()
+		return false, -1, ctx.Err()
 	}
 }
 
@@ -319,6 +323,9 @@ func (r *requests) roundTrip(ctx context.Context, parts []*producePart) error {
 			for _, part := range parts {
 				if part.tp.topic == t.Topic && part.tp.partition == int(rp.Partition) {
 					part.err = partitionError(rp.ErrorCode, rp.ErrorMessage)
+					if part.err == nil {
+						part.base = rp.BaseOffset
+					}
 				}
 			}
 		}

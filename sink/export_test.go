@@ -18,7 +18,8 @@ var DecodePosition = decodePosition
 // OpenPositionTransaction writes pos to the positions topic inside the sink's current Kafka
 // transaction and leaves it open, as a relay killed between its position and EndTxn does.
 func OpenPositionTransaction(ctx context.Context, s *Sink, pos Position) error {
-	return s.txn.positions.write(ctx, pos)
+	_, err := s.txn.positions.write(ctx, pos, nil)
+	return err
 }
 
 // SetStableWait sets how long ReadPosition waits for other producers' open transactions in the

@@ -1,11 +1,14 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -39,37 +42,84 @@ type positionValue struct {
 	Timeline  uint32 `json:"timeline,omitempty"`
 	CommitLSN string `json:"commit_lsn"`
 	Events    int    `json:"events"`
+	// Written is where the records of the position's Kafka transaction lie: the offsets of its
+	// first and last record in each partition it wrote. A start checks that they were committed
+	// (txnManager.settle). Readers that predate it ignore it.
+	Written []writtenValue `json:"written,omitempty"`
 }
 
-func encodePosition(p Position) []byte {
+type writtenValue struct {
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	First     int64  `json:"first"`
+	Last      int64  `json:"last"`
+}
+
+func encodePosition(p Position) []byte { return encodePositionWritten(p, nil) }
+
+// encodePositionWritten encodes p with where its transaction's records lie (spans not known are
+// left out).
+func encodePositionWritten(p Position, written map[topicPartition]span) []byte {
 	v := positionValue{V: 1, CommitLSN: p.CommitLSN.String(), Events: p.Events}
 	if p.SystemID != "" && p.Timeline != 0 {
 		v.V, v.SystemID, v.Timeline = 2, p.SystemID, p.Timeline
 	}
+	for tp, sp := range written {
+		if sp.known() {
+			v.Written = append(v.Written, writtenValue{Topic: tp.topic, Partition: tp.partition, First: sp.first, Last: sp.last})
+		}
+	}
+	slices.SortFunc(v.Written, func(a, b writtenValue) int {
+		return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
 	b, _ := json.Marshal(v)
 	return b
 }
 
 func decodePosition(b []byte) (Position, error) {
+	pos, _, err := decodePositionWritten(b)
+	return pos, err
+}
+
+// decodePositionWritten decodes a position record and where its transaction's records lie.
+func decodePositionWritten(b []byte) (Position, map[topicPartition]span, error) {
+	pos, v, err := decodePositionValue(b)
+	if err != nil {
+		return Position{}, nil, err
+	}
+	var written map[topicPartition]span
+	for _, w := range v.Written {
+		if w.First < 0 || w.Last < w.First {
+			return Position{}, nil, fmt.Errorf("position record %.80q: bad offsets written in %s/%d", b, w.Topic, w.Partition)
+		}
+		if written == nil {
+			written = make(map[topicPartition]span, len(v.Written))
+		}
+		written[topicPartition{w.Topic, w.Partition}] = span{w.First, w.Last}
+	}
+	return pos, written, nil
+}
+
+func decodePositionValue(b []byte) (Position, positionValue, error) {
 	var v positionValue
 	if err := json.Unmarshal(b, &v); err != nil {
-		return Position{}, fmt.Errorf("position record %.80q: %w", b, err)
+		return Position{}, v, fmt.Errorf("position record %.80q: %w", b, err)
 	}
 	switch v.V {
 	case 1:
 		v.SystemID, v.Timeline = "", 0 // written before positions carried their origin
 	case 2:
 		if v.SystemID == "" || v.Timeline == 0 {
-			return Position{}, fmt.Errorf("position record %.80q: version 2 without system_identifier or timeline", b)
+			return Position{}, v, fmt.Errorf("position record %.80q: version 2 without system_identifier or timeline", b)
 		}
 	default:
-		return Position{}, fmt.Errorf("position record of version %d; this relay reads versions 1 and 2 (a newer relay wrote it?)", v.V)
+		return Position{}, v, fmt.Errorf("position record of version %d; this relay reads versions 1 and 2 (a newer relay wrote it?)", v.V)
 	}
 	lsn, err := pglogrepl.ParseLSN(v.CommitLSN)
 	if err != nil || v.Events < 0 {
-		return Position{}, fmt.Errorf("position record %.80q: bad commit_lsn or events", b)
+		return Position{}, v, fmt.Errorf("position record %.80q: bad commit_lsn or events", b)
 	}
-	return Position{CommitLSN: lsn, Events: v.Events, SystemID: v.SystemID, Timeline: v.Timeline}, nil
+	return Position{CommitLSN: lsn, Events: v.Events, SystemID: v.SystemID, Timeline: v.Timeline}, v, nil
 }
 
 // positionsTopicConfig is what the relay creates a missing positions topic with. Compaction keeps
@@ -262,13 +312,20 @@ func ReadPosition(ctx context.Context, cfg Config) (pos Position, ok bool, err e
 func stableWait(timeout time.Duration) time.Duration { return timeout + 30*time.Second }
 
 func readPosition(ctx context.Context, client *kafka.Client, topic, key string, bound time.Duration, log *zap.Logger) (Position, bool, error) {
+	pos, _, found, err := readPositionWritten(ctx, client, topic, key, bound, log)
+	return pos, found, err
+}
+
+// readPositionWritten is readPosition, with where the position's Kafka transaction wrote its
+// records (nil when the position does not say).
+func readPositionWritten(ctx context.Context, client *kafka.Client, topic, key string, bound time.Duration, log *zap.Logger) (Position, map[topicPartition]span, bool, error) {
 	partition, created, err := positionsPartition(ctx, client, topic, key, log)
 	if err != nil || created {
-		return Position{}, false, err
+		return Position{}, nil, false, err
 	}
 	first, stable, err := waitStable(ctx, client, topic, partition, bound, log)
 	if err != nil {
-		return Position{}, false, err
+		return Position{}, nil, false, err
 	}
 	for end := stable; end > first; {
 		from := max(first, end-positionChunk)
@@ -276,7 +333,7 @@ func readPosition(ctx context.Context, client *kafka.Client, topic, key string, 
 		for at := from; at < end; {
 			res, err := readcommitted.Fetch(ctx, client, topic, partition, at, positionFetchBytes, 100*time.Millisecond)
 			if err != nil {
-				return Position{}, false, fmt.Errorf("sink: reading positions topic %s: %w", topic, err)
+				return Position{}, nil, false, fmt.Errorf("sink: reading positions topic %s: %w", topic, err)
 			}
 			for i := range res.Records {
 				if r := &res.Records[i]; r.Offset < end && string(r.Key) == key {
@@ -290,17 +347,17 @@ func readPosition(ctx context.Context, client *kafka.Client, topic, key string, 
 		}
 		if found != nil {
 			if found.Value == nil {
-				return Position{}, false, nil // a tombstone: the position was deleted on purpose
+				return Position{}, nil, false, nil // a tombstone: the position was deleted on purpose
 			}
-			pos, err := decodePosition(found.Value)
+			pos, written, err := decodePositionWritten(found.Value)
 			if err != nil {
-				return Position{}, false, fmt.Errorf("sink: positions topic %s, offset %d: %w", topic, found.Offset, err)
+				return Position{}, nil, false, fmt.Errorf("sink: positions topic %s, offset %d: %w", topic, found.Offset, err)
 			}
-			return pos, true, nil
+			return pos, written, true, nil
 		}
 		end = from
 	}
-	return Position{}, false, nil
+	return Position{}, nil, false, nil
 }
 
 // waitStable returns the partition's first offset and a last stable offset that has reached the
@@ -449,47 +506,52 @@ func (w *positionsWriter) resolve(ctx context.Context) error {
 	return nil
 }
 
-// write produces pos, inside the current transaction, retrying in place what heals. Only the
-// committer calls it.
-func (w *positionsWriter) write(ctx context.Context, pos Position) error {
+// write produces pos, inside the current transaction, retrying in place what heals, and returns
+// the record's offset (-1 if the broker did not say). written is where the transaction's records
+// lie, kept with the position for the next start to check (Sink.settle). Only the committer calls
+// it.
+func (w *positionsWriter) write(ctx context.Context, pos Position, written map[topicPartition]span) (int64, error) {
 	tm := w.tm
 	if err := w.resolve(ctx); err != nil {
-		return err
+		return -1, err
 	}
 	if err := tm.add(ctx, w.tp); err != nil {
 		if errors.Is(err, errTopicRefused) {
-			return positionsRefused(w.tp.topic, err)
+			return -1, positionsRefused(w.tp.topic, err)
 		}
-		return err
+		return -1, err
 	}
 	now := time.Now()
-	rec := &record{msg: kafka.Message{Topic: w.tp.topic, Partition: w.tp.partition, Key: []byte(tm.id), Value: encodePosition(pos), Time: now}}
+	rec := &record{msg: kafka.Message{Topic: w.tp.topic, Partition: w.tp.partition, Key: []byte(tm.id), Value: encodePositionWritten(pos, written), Time: now}}
 	rec.size = int64(recordSize(&rec.msg))
 	ps := w.ps
 	for attempt := 0; ; attempt++ {
 		err := tm.s.main.produce(nil, w.tp, []*record{rec}, ps)
 		if err == nil || errors.Is(err, kafka.DuplicateSequenceNumber) {
 			w.ps.seq = nextSequence(ps.seq, 1)
-			return nil
+			return rec.offset, nil
 		}
 		if errors.Is(err, kafka.TopicAuthorizationFailed) {
-			return positionsRefused(w.tp.topic, err)
+			return -1, positionsRefused(w.tp.topic, err)
 		}
 		if permanent(err) || sequenceLost(err) || producerRefused(err) || transactionFailed(err) {
-			return fmt.Errorf("write the position to %s: %w", w.tp.topic, err)
+			return -1, fmt.Errorf("write the position to %s: %w", w.tp.topic, err)
 		}
 		delay := backoff(attempt)
 		tm.s.retrying(w.tp.topic, w.tp.partition, 1, err, delay)
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
-			return ctx.Err()
+			return -1, ctx.Err()
 		}
 	}
 }
 
 // ReadPosition is the package's ReadPosition for this sink's transactional id, after fencing
 // every earlier producer with it (InitProducerID): nothing can commit past the position returned.
+// It also settles what a lost commit marker left behind (markers.go): this producer's records left
+// open are committed, and a position whose records were discarded is returned as the zero
+// position, which skips nothing.
 func (s *Sink) ReadPosition(ctx context.Context) (Position, bool, error) {
 	if s.txn == nil {
 		return Position{}, false, errors.New("sink: ReadPosition needs exactly-once delivery (Config.Transactions)")
@@ -497,7 +559,33 @@ func (s *Sink) ReadPosition(ctx context.Context) (Position, bool, error) {
 	if _, err := s.ident.get(ctx); err != nil {
 		return Position{}, false, err
 	}
-	return readPosition(ctx, s.txn.client, s.cfg.Transactions.PositionsTopic, s.cfg.Transactions.ID, s.txn.stableWait, s.log)
+	// What an earlier producer left is settled once, before this sink's first transaction: later
+	// reads (the relay reads again after each reconnect to PostgreSQL) come while this sink's own
+	// transactions may be open, which an empty commit would commit half-written.
+	settle := !s.txn.settled.Load()
+	if settle {
+		// A commit marker lost at the positions partition leaves the last position open there,
+		// and the read below would wait for it.
+		if err := s.txn.commitOwnOpen(ctx); err != nil {
+			return Position{}, false, fmt.Errorf("sink: commit what this producer left open in the positions topic: %w", err)
+		}
+	}
+	pos, written, found, err := readPositionWritten(ctx, s.txn.client, s.cfg.Transactions.PositionsTopic, s.cfg.Transactions.ID, s.txn.stableWait, s.log)
+	if err != nil || !settle {
+		return pos, found, err
+	}
+	trusted := true
+	if found {
+		if trusted, err = s.txn.settle(ctx, written); err != nil {
+			return Position{}, false, fmt.Errorf("sink: check the Kafka transaction of the committed position: %w", err)
+		}
+	}
+	s.txn.settled.Store(true)
+	if !trusted {
+		// Found, but covering events Kafka does not hold: the zero position skips nothing.
+		return Position{}, true, nil
+	}
+	return pos, found, nil
 }
 
 // Committed returns the position of the last Kafka transaction this sink committed; ok is false

@@ -667,7 +667,15 @@ func (p *producer) produce(q *partitionQueue, tp topicPartition, batch []*record
 		return err
 	}
 	*buf = set
-	answered, err := p.requests.produce(p.ctx, q, tp, set, len(batch))
+	answered, base, err := p.requests.produce(p.ctx, q, tp, set, len(batch))
+	// Exactly-once checks that each partition's commit marker lands past its records
+	// (txnManager.landed). A duplicate (DUPLICATE_SEQUENCE_NUMBER) was written, where is unknown.
+	for i, rec := range batch {
+		rec.offset = -1
+		if err == nil && base >= 0 {
+			rec.offset = base + int64(i)
+		}
+	}
 	if answered && cap(*buf) <= 4<<20 {
 		// Only a buffer whose request was answered is reused: after a timeout kafka-go may still be
 		// writing it. A huge batch's is not worth keeping.

@@ -186,6 +186,7 @@ type record struct {
 	topic     string // the event's own topic, kept when it is dead-lettered
 	seq       uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
 	txn       uint64 // exactly-once: the generation of the Kafka transaction it belongs to
+	offset    int64  // where the broker wrote it, once written; -1 if the broker did not say
 }
 
 type haltState struct {

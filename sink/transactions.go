@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,6 +59,8 @@ type txnManager struct {
 	// sealed is the latest generation the committer has sealed: its records go at once, without
 	// lingering, since the commit waits for them.
 	sealed atomic.Uint64
+	// settled says the first ReadPosition settled what earlier producers left (markers.go).
+	settled atomic.Bool
 
 	mu sync.Mutex
 	// txns are the transactions not yet committed, oldest first: txns[0] is the active one (open,
@@ -94,6 +97,9 @@ type kafkaTxn struct {
 	held        []heldBatch
 	last        *record // the written record latest in publish order
 	sealed      bool
+	// spans is where its records lie in each partition it wrote: its marker must land past them
+	// (landed).
+	spans map[topicPartition]span
 }
 
 type heldBatch struct {
@@ -191,10 +197,27 @@ func (tm *txnManager) written(batch []*record, dead bool) {
 			t.last = rec
 		}
 	}
+	t.wrote(topicPartition{batch[0].msg.Topic, batch[0].msg.Partition}, span{batch[0].offset, batch[len(batch)-1].offset})
 	finished := t.outstanding == 0 && t.sealed
 	tm.mu.Unlock()
 	if finished {
 		tm.signal()
+	}
+}
+
+// wrote notes that the transaction wrote sp in tp.
+func (t *kafkaTxn) wrote(tp topicPartition, sp span) {
+	if t.spans == nil {
+		t.spans = make(map[topicPartition]span)
+	}
+	cur, ok := t.spans[tp]
+	switch {
+	case !ok:
+		t.spans[tp] = sp
+	case !cur.known() || !sp.known():
+		t.spans[tp] = span{-1, -1}
+	default:
+		t.spans[tp] = span{min(cur.first, sp.first), max(cur.last, sp.last)}
 	}
 }
 
@@ -337,6 +360,7 @@ func (tm *txnManager) stopping(ctx context.Context) bool {
 func (tm *txnManager) commit(ctx context.Context, t *kafkaTxn) error {
 	tm.mu.Lock()
 	last := t.last
+	written := maps.Clone(t.spans)
 	tm.mu.Unlock()
 	if last == nil {
 		// Every record left (their Publish ended before they were handed over): nothing to commit.
@@ -344,13 +368,27 @@ func (tm *txnManager) commit(ctx context.Context, t *kafkaTxn) error {
 		return nil
 	}
 	pos := Position{CommitLSN: last.ev.Tx.CommitLSN, Events: last.ev.Index + 1, SystemID: last.ev.Tx.SystemID, Timeline: last.ev.Tx.Timeline}
-	if err := tm.positions.write(ctx, pos); err != nil {
+	offset, err := tm.positions.write(ctx, pos, written)
+	if err != nil {
 		return err
 	}
 	if err := tm.endTxn(ctx, true); err != nil {
 		return err
 	}
+	tm.mu.Lock()
+	t.wrote(tm.positions.tp, span{offset, offset})
+	spans := maps.Clone(t.spans)
+	clear(tm.added) // committed: nothing is open to abort
+	tm.mu.Unlock()
 	tm.s.m.KafkaTransactions.WithLabelValues("committed").Inc()
+	// EndTxn's answer is not the commit: a partition without a leader then loses its marker.
+	repaired, err := tm.landed(ctx, spans, true, tm.positions.tp)
+	if err == nil && repaired {
+		err = tm.readable(ctx, spans)
+	}
+	if err != nil {
+		return err
+	}
 	for _, h := range t.held {
 		if h.dead {
 			tm.s.deadLettered(h.batch, nil)
@@ -506,6 +544,22 @@ func (tm *txnManager) abort() {
 	defer cancel()
 	if err := tm.endTxn(ctx, false); err != nil {
 		tm.log.Warn("could not abort the kafka transaction; the coordinator aborts it after its timeout, or the next relay with this transactional id at once",
+			zap.String("transactional_id", tm.id), zap.Error(err))
+		return
+	}
+	// An abort marker lost at a partition without a leader leaves the records open, and this
+	// producer's next transaction there would commit them with its own: duplicates.
+	tm.mu.Lock()
+	spans := make(map[topicPartition]span, len(tm.added))
+	for tp := range tm.added {
+		// Only where the broker said it wrote (a record whose answer was lost may be there too).
+		if sp, ok := tm.txns[0].spans[tp]; ok && sp.known() {
+			spans[tp] = sp
+		}
+	}
+	tm.mu.Unlock()
+	if _, err := tm.landed(ctx, spans, false, tm.positions.tp); err != nil {
+		tm.log.Warn("the abort marker of the kafka transaction may not have reached every partition (a partition without a leader); this producer's next transaction there would commit the records left open (duplicates)",
 			zap.String("transactional_id", tm.id), zap.Error(err))
 	}
 }

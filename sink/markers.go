@@ -1,0 +1,343 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
+)
+
+// A Kafka transaction is committed once the coordinator has written its commit marker into every
+// partition it wrote, after EndTxn has answered. A KRaft coordinator skips the marker of a
+// partition that has no leader at that moment (Kafka 4.4, TransactionMarkerChannelManager takes
+// an unknown leader for a deleted topic and drops the partition from the transaction): the
+// partition's records then stay in an open transaction that the producer's next transaction on it
+// decides, its commit taking them in, its abort (a restart, a fence) throwing them away. A broker
+// stopped or fenced while it leads the only replica (a single broker, replication factor 1, a
+// whole-cluster outage) is enough. So the relay does not take EndTxn's answer as the commit:
+//
+//   - after each commit it waits until the transaction is decided in every partition it wrote (the
+//     partition's last stable offset past its first record there: landed), and only then
+//     acknowledges the records: the slot is confirmed only past events a read_committed consumer
+//     can read;
+//   - a partition whose last stable offset stays at the transaction's first record there for
+//     markerWait has lost its marker: an empty transaction of the same producer holding just those
+//     partitions is committed (repair), and its marker commits the records left open;
+//   - each position records where its transaction's records lie (positionValue.Written), and a start
+//     checks them (settle): records left open by a relay that died before its repair are committed,
+//     and a position whose records were thrown away meanwhile is not trusted (everything from the
+//     slot is published again: duplicates, never a loss).
+
+// markerWait is how long a partition that answers may keep its last stable offset at a committed
+// transaction's first record before its marker is taken for lost. Markers land within
+// milliseconds of EndTxn's answer; a needless repair only costs an empty transaction.
+const markerWait = time.Second
+
+// markerPoll is how long landed waits before asking again: every millisecond while markers are
+// normally on their way (a commit waits for them, so each millisecond of overshoot is latency
+// under exactly-once), then backing off to a quarter of a second for a partition that is away.
+func markerPoll(attempt int) time.Duration {
+	if attempt < 50 {
+		return time.Millisecond
+	}
+	return min(time.Millisecond<<min(attempt-49, 8), 250*time.Millisecond)
+}
+
+// missingWait is how long a partition may answer that it does not exist (a deleted topic; or
+// metadata not yet caught up after a broker's return) before its marker is no longer waited for.
+const missingWait = 30 * time.Second
+
+// errRecordsDiscarded says records of a committed Kafka transaction are not readable: their
+// marker was lost and a later abort discarded them.
+var errRecordsDiscarded = errors.New("records of a committed Kafka transaction were discarded after its commit marker was lost")
+
+// span is where a Kafka transaction's records lie in one partition: the offsets of its first and
+// last record there, -1 when the broker did not say (it answered a retry as a duplicate).
+type span struct{ first, last int64 }
+
+func (sp span) known() bool { return sp.first >= 0 && sp.last >= sp.first }
+
+// landed waits until the transaction is decided in every partition of spans, repairing lost
+// markers, and reports whether it repaired any. A partition's last stable offset (LSO) is the first
+// offset of its oldest open transaction: past the transaction's first record there, the
+// transaction is not open there any more; at that record, it is this producer's transaction that
+// is open (its marker is late or lost); below it, another producer's older transaction holds the
+// partition, and this one's state shows once that one ends. Decided is not committed: after a
+// repair (which another producer may have aborted) readable tells.
+//
+// commit says how the transaction ended: a repair ends the same way (an abort whose marker was lost
+// leaves records open that this producer's next transaction there would commit: duplicates).
+// unwaited is a partition where another producer's older open transaction does not hold this up:
+// the positions partition, which every relay shares and a paused one would hold for its whole
+// transaction timeout. What a lost marker leaves open there is taken in by the next commit, or
+// committed at the next start (commitOwnOpen); the events' records are what must not be lost.
+func (tm *txnManager) landed(ctx context.Context, spans map[topicPartition]span, commit bool, unwaited topicPartition) (repaired bool, err error) {
+	if len(spans) == 0 {
+		return false, nil
+	}
+	pending := maps.Clone(spans)
+	approx := make(map[topicPartition]bool)
+	missing := make(map[topicPartition]time.Time) // since when each answers that it does not exist
+	since, told := time.Now(), time.Now()
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if err := tm.resolveUnknown(ctx, pending, approx); err != nil {
+			return repaired, err
+		}
+		stable, errs := tm.stableOffsets(ctx, slices.Collect(maps.Keys(pending)))
+		var stuck, behind []topicPartition
+		for tp, sp := range pending {
+			lso, ok := stable[tp]
+			if gone := errors.Is(errs[tp], kafka.UnknownTopicOrPartition); !gone {
+				delete(missing, tp)
+			} else if _, seen := missing[tp]; !seen {
+				missing[tp] = time.Now()
+			}
+			switch {
+			case !ok && time.Since(missing[tp]) >= missingWait && errors.Is(errs[tp], kafka.UnknownTopicOrPartition):
+				// Deleted with its records: there is nothing left to decide.
+				tm.log.Warn("a partition of a Kafka transaction no longer exists; not waiting for its marker",
+					zap.String("transactional_id", tm.id), zap.Stringer("partition", tp))
+				delete(pending, tp)
+			case !ok || !sp.known():
+				// No leader, or where it wrote is still unknown: ask again.
+			case lso > sp.last || (lso > sp.first && !approx[tp]):
+				delete(pending, tp)
+			case tp == unwaited && (approx[tp] || lso < sp.first):
+				delete(pending, tp)
+			case lso == sp.first || approx[tp]:
+				stuck = append(stuck, tp)
+			default:
+				behind = append(behind, tp)
+			}
+		}
+		if len(pending) == 0 {
+			break
+		}
+		if len(stuck) > 0 && time.Since(since) >= markerWait {
+			tm.log.Warn("the marker of a Kafka transaction did not reach these partitions (their leader was away when the coordinator wrote it); ending an empty transaction on them the same way, so that the records left open are decided",
+				zap.String("transactional_id", tm.id), zap.Bool("commit", commit), zap.Stringers("partitions", stuck))
+			if err := tm.repair(ctx, stuck, commit); err != nil {
+				return repaired, fmt.Errorf("repair the markers of %v: %w", stuck, err)
+			}
+			tm.s.m.KafkaTransactions.WithLabelValues("repaired").Inc()
+			repaired, since = true, time.Now()
+			continue
+		}
+		if time.Since(told) >= 10*time.Second {
+			told = time.Now()
+			tm.log.Warn("waiting for the marker of a Kafka transaction to reach its partitions before going on (a partition without a leader answers nothing; another producer's older open transaction hides this one's state)",
+				zap.String("transactional_id", tm.id), zap.Stringers("partitions", slices.Collect(maps.Keys(pending))),
+				zap.Stringers("behind_another_transaction", behind))
+		}
+		select {
+		case <-time.After(markerPoll(attempt)):
+		case <-ctx.Done():
+			return repaired, fmt.Errorf("waiting for the marker of a Kafka transaction: %w", ctx.Err())
+		}
+	}
+	return repaired, nil
+}
+
+// resolveUnknown gives the spans the broker did not tell (a retry answered as a duplicate) the
+// partition's high watermark less one, which is at or above the records, and marks them approx:
+// only a last stable offset at the high watermark then says they are decided.
+func (tm *txnManager) resolveUnknown(ctx context.Context, spans map[topicPartition]span, approx map[topicPartition]bool) error {
+	for tp, sp := range spans {
+		if sp.known() {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
+		hw, err := highWatermark(rctx, tm.client, tp.topic, tp.partition)
+		cancel()
+		switch {
+		case err == nil && hw > 0:
+			spans[tp], approx[tp] = span{hw - 1, hw - 1}, true
+		case err == nil:
+			delete(spans, tp) // an empty partition holds nothing of it
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// stableOffsets returns the last stable offset of each of tps that answers, and the error of each
+// that answers with one; a partition without a leader is in neither.
+func (tm *txnManager) stableOffsets(ctx context.Context, tps []topicPartition) (map[topicPartition]int64, map[topicPartition]error) {
+	out := make(map[topicPartition]int64, len(tps))
+	errs := make(map[topicPartition]error)
+	ask := func(tps []topicPartition) error {
+		req := &kafka.ListOffsetsRequest{Topics: make(map[string][]kafka.OffsetRequest), IsolationLevel: kafka.ReadCommitted}
+		for _, tp := range tps {
+			req.Topics[tp.topic] = append(req.Topics[tp.topic], kafka.LastOffsetOf(tp.partition))
+		}
+		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
+		defer cancel()
+		res, err := tm.client.ListOffsets(rctx, req)
+		if err != nil {
+			return err
+		}
+		for topic, parts := range res.Topics {
+			for _, p := range parts {
+				if p.Error == nil {
+					out[topicPartition{topic, p.Partition}] = p.LastOffset
+				} else {
+					errs[topicPartition{topic, p.Partition}] = p.Error
+				}
+			}
+		}
+		return nil
+	}
+	if err := ask(tps); err == nil || len(tps) == 1 {
+		return out, errs
+	}
+	// The request as a whole failed (kafka-go could not route a partition without a leader): ask
+	// for each partition on its own, so the others answer.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, tp := range tps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
+			_, stable, err := offsets(rctx, tm.client, tp.topic, tp.partition)
+			cancel()
+			mu.Lock()
+			if err == nil {
+				out[tp] = stable
+			} else {
+				errs[tp] = err
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out, errs
+}
+
+// repair ends an empty transaction holding tps (commit or abort): its marker ends the transaction
+// this producer left open in each of them the same way. The EndTxn is sent even when ctx ends
+// between the two requests (within one request's time): an open repair would otherwise be aborted
+// by the next producer, and its abort would discard the records a commit is there to commit.
+func (tm *txnManager) repair(ctx context.Context, tps []topicPartition, commit bool) error {
+	ps, err := tm.ident.get(ctx)
+	if err != nil {
+		return err
+	}
+	set := make(map[topicPartition]bool, len(tps))
+	for _, tp := range tps {
+		set[tp] = true
+	}
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
+		err := tm.coord.addPartitions(rctx, ps, set)
+		cancel()
+		if err == nil {
+			break
+		}
+		if !retriableCoordinatorError(err) {
+			return fmt.Errorf("add partitions to the repair transaction: %w", err)
+		}
+		if err := wait(ctx, attempt, tm.log, "retrying adding partitions to the repair transaction", err); err != nil {
+			return err
+		}
+	}
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*tm.s.cfg.WriteTimeout)
+	defer cancel()
+	return tm.endTxn(ectx, commit)
+}
+
+// readable checks that the last record of each partition of spans is readable by a read_committed
+// consumer (committed, not discarded). Reading needs the Read permission on the topic, which a
+// relay's principal may lack: then it says so and takes the records for committed.
+func (tm *txnManager) readable(ctx context.Context, spans map[topicPartition]span) error {
+	for tp, sp := range spans {
+		if !sp.known() {
+			continue
+		}
+		end := sp.last
+		ok, err := committedAt(ctx, tm.client, tp, end)
+		if errors.Is(err, kafka.OffsetOutOfRange) || errors.Is(err, kafka.UnknownTopicOrPartition) {
+			tm.log.Warn("cannot check that the records of a Kafka transaction are committed: they are gone (retention, or the topic was deleted)",
+				zap.Stringer("partition", tp), zap.Int64("offset", end), zap.Error(err))
+			continue
+		}
+		if errors.Is(err, kafka.TopicAuthorizationFailed) {
+			tm.log.Warn("cannot check that the records of a Kafka transaction whose commit marker was lost are committed: the relay may not read the topic (grant it Read to have this checked)",
+				zap.Stringer("partition", tp), zap.Int64("offset", end))
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("check that the records of a repaired Kafka transaction are readable in %v: %w", tp, err)
+		}
+		if !ok {
+			return fmt.Errorf("%w: %v, offset %d", errRecordsDiscarded, tp, end)
+		}
+	}
+	return nil
+}
+
+// committedAt reports whether the record at offset of tp is committed (a read_committed read
+// from it returns it).
+func committedAt(ctx context.Context, client *kafka.Client, tp topicPartition, offset int64) (bool, error) {
+	res, err := readcommitted.Fetch(ctx, client, tp.topic, tp.partition, offset, 64<<10, 100*time.Millisecond)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range res.Records {
+		if r.Offset == offset {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (tp topicPartition) String() string { return fmt.Sprintf("%s/%d", tp.topic, tp.partition) }
+
+// settle checks, at a start, the Kafka transaction of the committed position: written is where
+// its records lie. Records left open by a lost marker are committed (repair); it reports false
+// when some were discarded meanwhile (a repair aborted by a relay's death), so the position
+// covers events that are not in Kafka and must not be trusted.
+func (tm *txnManager) settle(ctx context.Context, written map[topicPartition]span) (bool, error) {
+	if _, err := tm.landed(ctx, written, true, topicPartition{}); err != nil {
+		return false, err
+	}
+	err := tm.readable(ctx, written)
+	if errors.Is(err, errRecordsDiscarded) {
+		tm.log.Warn("the committed position covers events whose records were discarded after their Kafka transaction's commit marker was lost; not trusting it: everything from the slot's position is published again (duplicates, no loss)",
+			zap.String("transactional_id", tm.id), zap.Error(err))
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// commitOwnOpen commits what this producer may have left open in the positions partition: a
+// position whose commit marker was lost holds the partition's last stable offset down until this
+// producer's next transaction there, and a start waits for it (waitStable). The empty transaction
+// changes nothing when nothing of this producer's is open. Call it after fencing.
+func (tm *txnManager) commitOwnOpen(ctx context.Context) error {
+	if err := tm.positions.resolve(ctx); err != nil {
+		return err
+	}
+	tp := tm.positions.tp
+	_, stable, err := offsets(ctx, tm.client, tp.topic, tp.partition)
+	if err != nil {
+		return fmt.Errorf("positions topic %s: %w", tp.topic, err)
+	}
+	hw, err := highWatermark(ctx, tm.client, tp.topic, tp.partition)
+	if err != nil {
+		return fmt.Errorf("positions topic %s: %w", tp.topic, err)
+	}
+	if stable >= hw {
+		return nil
+	}
+	return tm.repair(ctx, []topicPartition{tp}, true)
+}
