@@ -3,7 +3,6 @@ package chaos_test
 import (
 	"context"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,10 +37,7 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 	if keep := os.Getenv("CHAOS_KEEP"); keep != "" {
 		dir = keep
 	}
-	// Every kind but broker-stop: a broker's controlled shutdown during an exactly-once Kafka
-	// transaction can lose its events (found by the nemesis, open: docs/guarantees.md, "The
-	// nemesis", findings), and make test must pass until that is fixed. make chaos keeps it.
-	kinds := slices.DeleteFunc(chaos.FaultKinds(), func(k string) bool { return k == "broker-stop" })
+	kinds := chaos.FaultKinds()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	res, err := chaos.Run(ctx, chaos.Options{

@@ -83,6 +83,7 @@ type run struct {
 
 	consumers []*consumer
 	replay    []history.Fault // the faults that can make a relay publish again, by start
+	windows   []span          // per replay fault: from its lookback's start to its window's end
 
 	vs []Violation
 
@@ -124,13 +125,76 @@ type span struct{ from, to time.Time }
 
 func newRun(h *history.History) *run {
 	r := &run{h: h, duplicates: make(map[string]int)}
+	var away []span
 	for _, f := range h.Faults {
 		if !noReplay[f.Kind] {
 			r.replay = append(r.replay, f)
 		}
+		if kafkaAway[f.Kind] {
+			away = append(away, span{f.Start, faultEnd(f)})
+		}
 	}
 	slices.SortFunc(r.replay, func(a, b history.Fault) int { return a.Start.Compare(b.Start) })
+	clusters := awayClusters(away, replayLookback, h.Settings.ReplayWindow)
+	for _, f := range r.replay {
+		r.windows = append(r.windows, stretch(clusters, span{f.Start.Add(-replayLookback), faultEnd(f).Add(h.Settings.ReplayWindow)}))
+	}
 	return r
+}
+
+func faultEnd(f history.Fault) time.Time {
+	if f.End.Before(f.Start) {
+		return f.Start
+	}
+	return f.End
+}
+
+// kafkaAway are the fault kinds during which relays cannot reach Kafka: nothing is acknowledged,
+// so the slot's confirmed position stands still, and a replay cannot make progress.
+var kafkaAway = map[string]bool{"broker-stop": true, "broker-pause": true, "cut-kafka": true, "cut-both": true}
+
+// awayCluster is a run of times when Kafka was away, near enough to each other that a replay's
+// lookback (before) or window (after) around one reaches the next: raw is when Kafka was away,
+// reach that widened by before and after.
+type awayCluster struct{ raw, reach span }
+
+// awayClusters merges the times Kafka was away (kafkaAway) into clusters, in time order.
+func awayClusters(away []span, before, after time.Duration) []awayCluster {
+	slices.SortFunc(away, func(a, b span) int { return a.from.Compare(b.from) })
+	var out []awayCluster
+	for _, a := range away {
+		reach := span{a.from.Add(-before), a.to.Add(after)}
+		if n := len(out); n > 0 && !reach.from.After(out[n-1].reach.to) {
+			c := &out[n-1]
+			c.raw.to = maxTime(c.raw.to, a.to)
+			c.reach.to = maxTime(c.reach.to, reach.to)
+			continue
+		}
+		out = append(out, awayCluster{raw: a, reach: reach})
+	}
+	return out
+}
+
+// stretch widens w by every cluster of Kafka's absence that it touches: a minute of replay
+// lookback before a fault means a minute of Kafka being there, and so does the window after it.
+func stretch(clusters []awayCluster, w span) span {
+	for _, c := range clusters {
+		if c.raw.to.Before(w.from) || c.raw.from.After(w.to) {
+			continue
+		}
+		if c.reach.from.Before(w.from) {
+			w.from = c.reach.from
+		}
+		w.to = maxTime(w.to, c.reach.to)
+	}
+	return w
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // noReplay are the fault kinds that cannot make a relay publish anything again: load, a big
@@ -147,21 +211,19 @@ const replayLookback = time.Minute
 // explained reports whether a repeat of an event appended at again, whose first copy was appended
 // at first, is a replay of some fault: the repeat within the fault or ReplayWindow after it, the
 // first copy before the fault ended (a replay publishes again what was already out) and not
-// longer than replayLookback before it began.
+// longer than replayLookback before it began. Time when Kafka was away does not count against
+// either bound: the slot's position stands still then, and a replay waits (a broker's restart took
+// a minute on a loaded machine, and a kill during the next outage replayed three minutes).
 func (r *run) explained(first, again time.Time) bool {
-	window := r.h.Settings.ReplayWindow
-	for _, f := range r.replay {
+	for i, f := range r.replay {
 		if f.Start.After(again) {
 			break
 		}
-		end := f.End
-		if end.Before(f.Start) {
-			end = f.Start
-		}
-		if again.After(end.Add(window)) {
+		w := r.windows[i]
+		if again.After(w.to) {
 			continue
 		}
-		if first.After(end.Add(replaySlack)) || first.Before(f.Start.Add(-replayLookback)) {
+		if first.After(faultEnd(f).Add(replaySlack)) || first.Before(w.from) {
 			continue
 		}
 		return true

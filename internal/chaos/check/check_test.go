@@ -617,3 +617,32 @@ func TestAnOldLeadersBeliefAfterItsPrimaryDied(t *testing.T) {
 		})
 	}
 }
+
+// TestAReplayThatWaitsForKafkaIsStillAReplay: the replay window and its lookback count only time
+// when Kafka was there. A relay killed while the broker is down replays once the broker is back,
+// from a slot position that stood still while it was away (a 30-minute run on a loaded machine:
+// broker restarts of a minute, replays three minutes after the first copies).
+func TestAReplayThatWaitsForKafkaIsStillAReplay(t *testing.T) {
+	tests := []struct {
+		name      string
+		stopUntil float64 // the broker, stopped from 35 s (the kill is at 30 s, the window 20 s)
+		again     float64 // when e1 (first at 0 s) is appended again
+		want      bool    // a duplicate violation
+	}{
+		{"appended within the window after the broker's return", 60, 75, false},
+		{"appended past the window after the broker's return", 40, 75, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := clean(history.AtLeastOnce)
+			b.fault("broker-stop", "broker", 35, tt.stopUntil)
+			b.publish(tt.again, "e1")
+			h := b.done(bothConsumers)
+			vs := Check(h)
+			got := slices.ContainsFunc(vs, func(v Violation) bool { return v.Rule == RuleDuplicate })
+			if got != tt.want {
+				t.Errorf("duplicate violation: %v; want %v\n%s", got, tt.want, Format(h, vs, 0))
+			}
+		})
+	}
+}
