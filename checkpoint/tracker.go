@@ -25,6 +25,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -52,6 +53,10 @@ type Tracker struct {
 	floorEvents int
 	acked       chan struct{} // closed by the first Ack
 	ackedOnce   sync.Once
+	// safeTime is the latest commit time of the transactions released at the head: every
+	// transaction before the one that raised Safe last is acknowledged, and none of them committed
+	// later than this (by the server's clock). A lost slot's recovery starts from it.
+	safeTime time.Time
 }
 
 // Txn is one transaction as the tracker sees it.
@@ -64,7 +69,10 @@ type Txn struct {
 	commitLSN  pglogrepl.LSN
 	// endLSN is the end of the commit record: the transaction's own, or, once done transactions
 	// after it were folded into it, the last of theirs.
-	endLSN      pglogrepl.LSN
+	endLSN pglogrepl.LSN
+	// commitTime is the commit time of the transaction, or, once others were folded into it, the
+	// latest of theirs.
+	commitTime  time.Time
 	outstanding int
 	committed   bool
 	// skip is how many of its first events are done already: covered by the floor when it began, or
@@ -83,6 +91,16 @@ func New(start pglogrepl.LSN) *Tracker {
 // Safe is the highest LSN that may be confirmed to PostgreSQL: every transaction that ends at or
 // before it has been fully acknowledged. It never decreases, except by Reset.
 func (t *Tracker) Safe() pglogrepl.LSN { return pglogrepl.LSN(t.safe.Load()) }
+
+// SafeTime is the latest commit time of the transactions Safe has passed (zero before the first, or
+// when they were begun without one): Kafka has acknowledged every event of those transactions. A
+// transaction that commits later in the stream may carry an earlier time, by as much as the
+// server took between taking its commit time and writing its commit record.
+func (t *Tracker) SafeTime() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.safeTime
+}
 
 // Timeline is the server timeline Safe belongs to: the one given to the last Reset, 0 before.
 func (t *Tracker) Timeline() uint32 { return t.timeline.Load() }
@@ -111,6 +129,12 @@ func (t *Tracker) Reset(start pglogrepl.LSN, timeline uint32) {
 // it, and the next one replays it from its start) resumes it: Take skips the events already handed
 // over, whose acknowledgements still arrive through it.
 func (t *Tracker) Begin(commitLSN pglogrepl.LSN) *Txn {
+	return t.BeginAt(commitLSN, time.Time{})
+}
+
+// BeginAt is Begin for a transaction whose commit time is known: Acknowledged reports it once the
+// transaction and every one before it are acknowledged.
+func (t *Tracker) BeginAt(commitLSN pglogrepl.LSN, commitTime time.Time) *Txn {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if commitLSN <= t.lastCommitted {
@@ -125,7 +149,7 @@ func (t *Tracker) Begin(commitLSN pglogrepl.LSN) *Txn {
 		// was confirmed), so forget it the way Abort does; the queue never holds two open ones.
 		t.abortLocked()
 	}
-	tx := &Txn{t: t, commitLSN: commitLSN, skip: t.coveredLocked(commitLSN)}
+	tx := &Txn{t: t, commitLSN: commitLSN, commitTime: commitTime, skip: t.coveredLocked(commitLSN)}
 	if t.pending == 0 {
 		t.drained = make(chan struct{})
 	}
@@ -300,8 +324,14 @@ func (t *Tracker) doneLocked(tx *Txn) {
 	prev := tx.prev
 	if prev == nil {
 		t.raiseLocked(tx.endLSN)
+		if tx.commitTime.After(t.safeTime) {
+			t.safeTime = tx.commitTime
+		}
 	} else {
 		prev.endLSN = max(prev.endLSN, tx.endLSN)
+		if tx.commitTime.After(prev.commitTime) {
+			prev.commitTime = tx.commitTime
+		}
 	}
 	t.removeLocked(tx)
 }

@@ -75,6 +75,8 @@ type Config struct {
 	TopicReplacement        string
 	TombstoneOnEmptyPayload bool
 	OnUpdate                string // warn, error or fatal
+	OnSlotLost              string // stop or recover
+	SlotRecoveryMargin      time.Duration
 
 	// Retention (package prune): delete outbox rows older than PruneOlderThan every PruneInterval.
 	PruneInterval  time.Duration
@@ -371,6 +373,10 @@ var settings = []setting{
 		apply: boolean(func(c *Config) *bool { return &c.TombstoneOnEmptyPayload })},
 	{key: "on_update", def: "warn", help: "what an UPDATE of the outbox table does, when the publication publishes UPDATEs: warn, error (logged at that level and skipped) or fatal (the relay stops before it); Debezium's table.op.invalid.behavior",
 		apply: oneOf(func(c *Config) *string { return &c.OnUpdate }, "warn", "error", "fatal")},
+	{key: "on_slot_lost", def: "stop", help: "what a lost replication slot (invalidated, or missing where the relay streamed it) makes the relay do: stop (an operator recovers by hand) or recover (replace the slot and publish, from the outbox table, the rows committed after the last event Kafka acknowledged, at least once; needs migrate and outbox rows kept until they are relayed)",
+		apply: oneOf(func(c *Config) *string { return &c.OnSlotLost }, "stop", "recover")},
+	{key: "slot_recovery_margin", def: "0s", help: "on_slot_lost: recover without track_commit_timestamp: how long the longest transaction may run; the gap is read from rows created this long before the last acknowledged commit (duplicates, never a loss). 0 derives it from transaction_timeout or idle_in_transaction_session_timeout, else 1h. Pruning keeps rows this recent",
+		apply: duration(func(c *Config) *time.Duration { return &c.SlotRecoveryMargin })},
 	{key: "on_failure", def: "dead-letter", help: "what to do with an event Kafka cannot take: dead-letter or halt",
 		apply: oneOf(func(c *Config) *string { return &c.OnFailure }, "dead-letter", "halt")},
 	{key: "dead_letter_topic", def: "outbox.dead-letter", help: "topic for events that cannot be published",
@@ -872,6 +878,12 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 		if c.Source == "poll" {
 			bad("failover_standby_dsn", "is set, but source (from %s) is poll: there is no slot to keep through a promotion", from("source"))
 		}
+	}
+	if c.OnSlotLost == "recover" && c.Source == "poll" {
+		bad("on_slot_lost", "is recover, but source (from %s) is poll: there is no slot to lose", from("source"))
+	}
+	if c.SlotRecoveryMargin < 0 {
+		bad("slot_recovery_margin", "is %s; want 0 (derived from the server) or more", c.SlotRecoveryMargin)
 	}
 	if c.LeaderDSN != "" {
 		if err := checkDSN(c.LeaderDSN); err != nil {

@@ -84,6 +84,10 @@ type Metrics struct {
 	Source *prometheus.GaugeVec
 	// EventsSkipped counts events of a replay that were not published again (exactly-once).
 	EventsSkipped prometheus.Counter
+	// SlotRecoveries and SlotRecoveredEvents count lost slots recovered from the outbox table
+	// (on_slot_lost: recover) and the events published from it.
+	SlotRecoveries      prometheus.Counter
+	SlotRecoveredEvents prometheus.Counter
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -198,6 +202,10 @@ func New(reg prometheus.Registerer) *Metrics {
 
 		EventsSkipped: f.counter("events_replay_skipped_total",
 			"Events PostgreSQL streamed again that were not published again: the position committed in Kafka covers them (delivery: exactly-once), or this process handed them over before a reconnect."),
+		SlotRecoveries: f.counter("slot_recoveries_total",
+			"Lost replication slots this process replaced and whose gap it published from the outbox table (on_slot_lost: recover)."),
+		SlotRecoveredEvents: f.counter("slot_recovered_events_total",
+			"Events a lost slot's recovery published from the outbox table; some may be duplicates (see the recovery's log line)."),
 	}
 }
 

@@ -46,6 +46,13 @@ type Options struct {
 	BatchSize int
 	// Progress, when set, is called after each batch with the rows it deleted.
 	Progress func(deleted int64)
+	// Keep, when set, is asked once per run for a creation time from which rows stay whatever
+	// OlderThan says (ok false: no such bound): the relay keeps what a lost slot's recovery would
+	// read. An error fails the run: pruning waits rather than guess.
+	Keep func(ctx context.Context) (from time.Time, ok bool, err error)
+	// Pruned, when set, is called after a run that deleted rows with the cutoff it applied: every
+	// row it deleted was created before it.
+	Pruned func(ctx context.Context, before time.Time) error
 }
 
 const defaultBatch = 1000
@@ -63,6 +70,27 @@ func Prune(ctx context.Context, db DB, o Options) (deleted int64, err error) {
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", o.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("prune %s: read the database clock: %w", o.Table, err)
+	}
+	if o.Keep != nil {
+		keep, ok, err := o.Keep(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("prune %s: %w", o.Table, err)
+		}
+		if ok && keep.Before(cutoff) {
+			cutoff = keep
+		}
+	}
+	if o.Pruned != nil {
+		defer func() {
+			if deleted > 0 {
+				// Recorded also when ctx ended mid-run: the rows are gone either way.
+				pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				defer cancel()
+				if perr := o.Pruned(pctx, cutoff); perr != nil && err == nil {
+					err = fmt.Errorf("prune %s: record what was pruned: %w", o.Table, perr)
+				}
+			}
+		}()
 	}
 	for {
 		tag, err := db.Exec(ctx, del, cutoff, o.BatchSize)

@@ -81,40 +81,91 @@ func (r *Relay) backfill(ctx context.Context, snapshot string) error {
 // publishRows reads the rows in the snapshot (or as they are now) and publishes them in OrderColumn
 // order, returning once Kafka has acknowledged them all.
 func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string, b *Backfill) (int64, error) {
-	rc := r.cfg.Replication
-	if rc.Schema == "" {
-		rc.Schema = "public"
-	}
-	cols := r.cfg.Decoder.Columns
-	created := b.CreatedColumn
-	if created == "" {
-		created = "created_at"
-	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := snapshotTx(ctx, conn, snapshot)
 	if err != nil {
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	t, err := r.outboxTable(ctx, tx, b.CreatedColumn, b.OrderColumn)
+	if err != nil {
+		return 0, err
+	}
+	var q rowQuery
+	if !b.Since.IsZero() {
+		q.args = append(q.args, b.Since)
+		q.where = append(q.where, fmt.Sprintf("%s >= $1", t.created))
+	}
+	if b.Where != "" {
+		q.where = append(q.where, "("+b.Where+")")
+	}
+	n, _, err := r.publishSelected(ctx, tx, t, q)
+	return n, err
+}
+
+// snapshotTx begins the read-only transaction a backfill or a recovery reads the outbox table in:
+// in snapshot, when one is named.
+func snapshotTx(ctx context.Context, conn *pgx.Conn, snapshot string) (pgx.Tx, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
 	if snapshot != "" {
 		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
-			return 0, fmt.Errorf("use the slot's snapshot: %w", err)
+			tx.Rollback(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("use the slot's snapshot: %w", err)
 		}
 	}
 	// Timestamps in the format the stream reads (its connection sets the same).
 	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = ISO"); err != nil {
-		return 0, fmt.Errorf("set DateStyle for the backfill: %w", err)
+		tx.Rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("set DateStyle: %w", err)
+	}
+	return tx, nil
+}
+
+// outboxTable is the outbox table as a read of its rows needs it, every name quoted.
+type outboxTable struct {
+	name    string // schema-qualified
+	created string // the creation time column
+	order   string // the ORDER BY list
+}
+
+// outboxTable checks the columns a read of the table relies on and chooses its order.
+func (r *Relay) outboxTable(ctx context.Context, tx pgx.Tx, createdColumn, orderColumn string) (outboxTable, error) {
+	rc := r.cfg.Replication
+	if rc.Schema == "" {
+		rc.Schema = "public"
+	}
+	if createdColumn == "" {
+		createdColumn = "created_at"
 	}
 	table := pgx.Identifier{rc.Schema, rc.Table}.Sanitize()
-	if ok, err := replication.HasColumn(ctx, tx, table, created); err != nil {
-		return 0, fmt.Errorf("backfill: %w", err)
+	if ok, err := replication.HasColumn(ctx, tx, table, createdColumn); err != nil {
+		return outboxTable{}, err
 	} else if !ok {
-		return 0, replication.Fatal(fmt.Errorf("columns.created_at %q: the outbox table %s has no such column; the backfill reads each row's creation time from it (the record timestamp, and backfill_since): name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none), or start without backfill", created, table))
+		return outboxTable{}, replication.Fatal(fmt.Errorf("columns.created_at %q: the outbox table %s has no such column; reading rows from the table (a backfill, a lost slot's recovery) needs each row's creation time from it (the record timestamp, which rows to read): name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none)", createdColumn, table))
 	}
-	order, err := r.backfillOrder(ctx, tx, table, b.OrderColumn, created, cols.ID)
+	order, err := r.backfillOrder(ctx, tx, table, orderColumn, createdColumn, r.cfg.Decoder.Columns.ID)
 	if err != nil {
-		return 0, err
+		return outboxTable{}, err
 	}
+	return outboxTable{name: table, created: pgx.Identifier{createdColumn}.Sanitize(), order: order}, nil
+}
 
+// rowQuery chooses outbox rows to publish.
+type rowQuery struct {
+	where []string // ANDed; none: every row
+	args  []any
+	// flag, when set, is a boolean SQL expression over the row: publishSelected counts the rows it
+	// holds for.
+	flag string
+	// stamp, when set, is called with each event before it is published, and its place (from 0).
+	stamp func(ev *decoder.Event, n int64)
+}
+
+// publishSelected publishes the rows q chooses in t.order, returning once Kafka has acknowledged
+// them all: how many, and how many of them q.flag held for.
+func (r *Relay) publishSelected(ctx context.Context, tx pgx.Tx, t outboxTable, q rowQuery) (n, flagged int64, err error) {
 	// Every column comes back in text form, as pgoutput sends it, so events look the same
 	// whichever way they were read.
 	selected := r.cfg.Decoder.RowColumns()
@@ -122,20 +173,16 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	for i, c := range selected {
 		quoted[i] = pgx.Identifier{c}.Sanitize()
 	}
-	where := []string{"true"}
-	var args []any
-	if !b.Since.IsZero() {
-		args = append(args, b.Since)
-		where = append(where, fmt.Sprintf("%s >= $1", pgx.Identifier{created}.Sanitize()))
+	where := append([]string{"true"}, q.where...)
+	flag := q.flag
+	if flag == "" {
+		flag = "false"
 	}
-	if b.Where != "" {
-		where = append(where, "("+b.Where+")")
-	}
-	query := fmt.Sprintf("SELECT %s, %s FROM %s WHERE %s ORDER BY %s",
-		strings.Join(quoted, ", "), pgx.Identifier{created}.Sanitize(), table, strings.Join(where, " AND "), order)
-	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+	query := fmt.Sprintf("SELECT %s, %s, coalesce(%s, false) FROM %s WHERE %s ORDER BY %s",
+		strings.Join(quoted, ", "), t.created, flag, t.name, strings.Join(where, " AND "), t.order)
+	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryExecModeSimpleProtocol}, q.args...)...)
 	if err != nil {
-		return 0, fmt.Errorf("read the outbox table: %w", err)
+		return 0, 0, fmt.Errorf("read the outbox table: %w", err)
 	}
 	defer rows.Close()
 
@@ -144,7 +191,6 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 		oids = append(oids, f.DataTypeOID)
 	}
 	var acks sink.AckGroup
-	var n int64
 	for rows.Next() {
 		raw := rows.RawValues()
 		vals := make([][]byte, len(raw))
@@ -153,13 +199,19 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
 			}
 		}
-		ch, err := r.cfg.Decoder.FromRow(vals[:len(vals)-1], oids)
+		ch, err := r.cfg.Decoder.FromRow(vals[:len(selected)], oids)
 		if err != nil {
-			return n, err
+			return n, flagged, err
 		}
 		ev := ch.Event
-		if t, err := decoder.ParseTimestamp(vals[len(vals)-1], true); err == nil { // any offset: +05:30 too
+		if t, err := decoder.ParseTimestamp(vals[len(selected)], true); err == nil { // any offset: +05:30 too
 			ev.Tx.CommitTime = t
+		}
+		if string(vals[len(selected)+1]) == "t" {
+			flagged++
+		}
+		if q.stamp != nil {
+			q.stamp(ev, n)
 		}
 		acks.Add()
 		publish := r.sink.Publish
@@ -167,17 +219,17 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 			publish = r.reject(ch.Unusable) // to the failure policy, as from the stream
 		}
 		if err := publish(ctx, ev, &acks); err != nil {
-			return n, err
+			return n, flagged, err
 		}
 		n++
 	}
 	if err := rows.Err(); err != nil {
-		return n, fmt.Errorf("read the outbox table: %w", err)
+		return n, flagged, fmt.Errorf("read the outbox table: %w", err)
 	}
 	if err := acks.Wait(ctx); err != nil {
-		return n, fmt.Errorf("waiting for Kafka to acknowledge the backfill: %w", err)
+		return n, flagged, fmt.Errorf("waiting for Kafka to acknowledge: %w", err)
 	}
-	return n, nil
+	return n, flagged, nil
 }
 
 // defaultOrderColumn is the insertion sequence `outbox-relay migrate` adds.

@@ -43,6 +43,9 @@ type Config struct {
 	// "warn" (the default) or "error" logs it at that level, "fatal" stops the relay before it.
 	// The stream carries UPDATEs only when the publication publishes them.
 	OnUpdate string
+	// Recovery configures how a lost slot's gap is read from the outbox table when
+	// Replication.OnSlotLost is replication.SlotLostRecover (recover.go); nil: the defaults.
+	Recovery *Recovery
 }
 
 // Relay moves outbox events from one replication slot to Kafka.
@@ -128,6 +131,11 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		r.cfg.Replication.BufferBytes = cfg.Sink.MaxInFlightSize / 4
 	}
 	r.cfg.Replication.BeforeStream = r.beforeStream
+	if cfg.Replication.OnSlotLost == replication.SlotLostRecover {
+		r.cfg.Replication.Recover = r.recoverGap
+		// Messages are stored nowhere but the WAL: a lost slot takes them with it.
+		r.cfg.Replication.MessageEvents = cfg.Decoder.MessagePrefix != ""
+	}
 	r.cfg.Replication.ExportSnapshot = cfg.Backfill != nil
 	r.stream = replication.New(r.cfg.Replication, tracker, log.Named("replication"), m)
 	return r, nil
@@ -226,6 +234,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.exactlyOnce() {
 		helpers.Go(func() { r.recordPositions(reading) })
 	}
+	confirmed := r.newConfirmedRecorder()
+	helpers.Go(func() { confirmed.run(reading) })
 
 	msgs := make(chan replication.Message, r.stream.Buffer())
 	drained := make(chan struct{}) // closed once the pipeline is done and Kafka has acknowledged it all
@@ -258,10 +268,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.Warn("shutdown timeout: events not acknowledged by Kafka will be published again on the next start",
 			zap.Int64("events", events), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
 	}
+	if hard.Err() == nil {
+		// The last word on how far Kafka acknowledged, after the drain: a clean stop leaves a lost
+		// slot's recovery nothing to publish twice. Not on a fence or after the shutdown timeout
+		// (hard has ended), and bounded: a silent server must not hold the stop.
+		wctx, cancel := context.WithTimeout(hard, time.Second)
+		confirmed.write(wctx)
+		cancel()
+	}
 	halted := context.Cause(abandon) == errHalted
 	stopAll(nil)
 	pipeErr := <-piped
 	helpers.Wait()
+	closeConfirmed, cancelClose := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	confirmed.close(closeConfirmed)
+	cancelClose()
 	closeWait := time.Second
 	if halted {
 		closeWait = 0 // what the halted sink holds is never acknowledged
@@ -476,7 +497,7 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 			}
 			switch ch.Kind {
 			case decoder.Begin:
-				tx = r.tracker.Begin(ch.Tx.CommitLSN) // nil: already handled before a reconnect
+				tx = r.tracker.BeginAt(ch.Tx.CommitLSN, ch.Tx.CommitTime) // nil: already handled before a reconnect
 			case decoder.Relation:
 				if err := r.relation(hard, ch.Relation); err != nil {
 					if hard.Err() != nil {

@@ -78,13 +78,13 @@ func (s *Stream) createSlotCommand() string {
 	name := pgx.Identifier{s.cfg.Slot}.Sanitize()
 	if !s.cfg.Failover {
 		action := "NOEXPORT_SNAPSHOT"
-		if s.cfg.ExportSnapshot {
+		if s.cfg.ExportSnapshot || s.lost != nil {
 			action = "EXPORT_SNAPSHOT"
 		}
 		return fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput %s", name, action)
 	}
 	snapshot := "nothing"
-	if s.cfg.ExportSnapshot {
+	if s.cfg.ExportSnapshot || s.lost != nil {
 		snapshot = "export"
 	}
 	return fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT '%s', FAILOVER true)", name, snapshot)

@@ -232,3 +232,149 @@ func (l Ledger) RecordHolder(ctx context.Context, q queryExecer, slot, holder st
 		slot, holder)
 	return err
 }
+
+// Confirmed is how far Kafka holds the slot's events, as the ledger last recorded it: every event
+// of the transactions up to the one that committed at CommitTime (by the server's clock) and ended
+// at EndLSN. It trails the truth by the recording interval, which costs a recovery duplicates,
+// never events.
+type Confirmed struct {
+	CommitTime time.Time
+	EndLSN     pglogrepl.LSN
+}
+
+// RecordConfirmed notes c for slot. The recorded commit time never moves back: a later write with
+// an earlier time (a process that started from an older position) leaves it.
+func (l Ledger) RecordConfirmed(ctx context.Context, q queryExecer, slot string, c Confirmed) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s AS l (slot, confirmed_commit_time, confirmed_end_lsn) VALUES ($1, $2, $3::pg_lsn)
+		ON CONFLICT (slot) DO UPDATE SET confirmed_commit_time = EXCLUDED.confirmed_commit_time, confirmed_end_lsn = EXCLUDED.confirmed_end_lsn
+		WHERE l.confirmed_commit_time IS NULL OR l.confirmed_commit_time < EXCLUDED.confirmed_commit_time`, l.table),
+		slot, c.CommitTime, c.EndLSN.String())
+	return notMigrated(err)
+}
+
+// RecoveryState is what the ledger knows that a lost slot's recovery needs, and what the last
+// recovery did.
+type RecoveryState struct {
+	// Confirmed is zero when nothing was recorded (a slot that never had an event acknowledged,
+	// or streamed only by relays from before migration 0007).
+	Confirmed Confirmed
+	// Since is set while a recovery is under way: the commit time its gap starts from. A process
+	// that finds it set starts that recovery again from the same point. SinceCreation says Since
+	// is the lost slot's creation time.
+	Since         time.Time
+	SinceCreation bool
+	// SlotCreated is when the relay created the slot (zero when the ledger has no entry).
+	SlotCreated time.Time
+	// PrunedThrough is the newest creation time the relay's pruning deleted (zero: none recorded).
+	PrunedThrough time.Time
+	// Last is the last completed recovery (Last.At zero: none).
+	Last Recovery
+}
+
+// Recovery describes one completed recovery of a lost slot.
+type Recovery struct {
+	At     time.Time     // when it completed
+	Events int64         // rows published from the outbox table
+	From   time.Time     // the commit time the gap started after
+	Rule   string        // how rows were chosen: RuleCommitTime or RuleCreatedAt
+	Took   time.Duration // from the new slot's creation to Kafka's last acknowledgement
+}
+
+// The rules by which a recovery chooses the outbox rows of the gap.
+const (
+	// RuleCommitTime chooses rows by their transaction's commit time (track_commit_timestamp).
+	RuleCommitTime = "commit_time"
+	// RuleCreatedAt chooses rows by their creation time, from a margin before the gap.
+	RuleCreatedAt = "created_at"
+)
+
+// Recovery reads slot's recovery state. An error wraps ErrLedgerNotMigrated when the table predates
+// migration 0007.
+func (l Ledger) Recovery(ctx context.Context, q queryExecer, slot string) (RecoveryState, error) {
+	var st RecoveryState
+	var commit, since, created, pruned, at, from *time.Time
+	var endLSN, rule *string
+	var events *int64
+	var took *time.Duration
+	var fromCreation *bool
+	err := q.QueryRow(ctx, fmt.Sprintf(`SELECT confirmed_commit_time, confirmed_end_lsn::text, recovery_since, recovery_from_creation, created_at, pruned_through,
+			recovered_at, recovered_events, recovered_from, recovered_rule, recovered_took
+		FROM %s WHERE slot = $1`, l.table), slot).
+		Scan(&commit, &endLSN, &since, &fromCreation, &created, &pruned, &at, &events, &from, &rule, &took)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return RecoveryState{}, nil
+	}
+	if err != nil {
+		return RecoveryState{}, notMigrated(err)
+	}
+	set := func(dst *time.Time, src *time.Time) {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	set(&st.Confirmed.CommitTime, commit)
+	set(&st.Since, since)
+	set(&st.SlotCreated, created)
+	set(&st.PrunedThrough, pruned)
+	set(&st.Last.At, at)
+	set(&st.Last.From, from)
+	st.SinceCreation = fromCreation != nil && *fromCreation
+	if endLSN != nil {
+		st.Confirmed.EndLSN, _ = pglogrepl.ParseLSN(*endLSN)
+	}
+	if events != nil {
+		st.Last.Events = *events
+	}
+	if rule != nil {
+		st.Last.Rule = *rule
+	}
+	if took != nil {
+		st.Last.Took = *took
+	}
+	return st, nil
+}
+
+// BeginRecovery notes that a recovery of slot's gap from since is under way, before the lost slot
+// is dropped and a new one created: until EndRecovery, every start begins it again. fromCreation
+// says since is the lost slot's creation, not an acknowledged commit.
+func (l Ledger) BeginRecovery(ctx context.Context, q queryExecer, slot string, since time.Time, fromCreation bool) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, recovery_since, recovery_from_creation) VALUES ($1, $2, $3)
+		ON CONFLICT (slot) DO UPDATE SET recovery_since = EXCLUDED.recovery_since, recovery_from_creation = EXCLUDED.recovery_from_creation`, l.table),
+		slot, since, fromCreation)
+	return notMigrated(err)
+}
+
+// EndRecovery notes that the recovery under way completed as r, with the replacement slot that
+// starts at consistentLSN. It reports false, recording nothing, when the ledger says another slot
+// replaced that one meanwhile (another process began the recovery again).
+func (l Ledger) EndRecovery(ctx context.Context, q queryExecer, slot string, consistentLSN pglogrepl.LSN, r Recovery) (bool, error) {
+	tag, err := q.Exec(ctx, fmt.Sprintf(`UPDATE %s SET recovery_since = NULL, recovery_from_creation = NULL, recovered_at = now(),
+			recovered_events = $3, recovered_from = $4, recovered_rule = $5, recovered_took = $6
+		WHERE slot = $1 AND consistent_lsn = $2::pg_lsn AND recovery_since IS NOT NULL`, l.table),
+		slot, consistentLSN.String(), r.Events, r.From, r.Rule, r.Took)
+	return tag.RowsAffected() == 1, notMigrated(err)
+}
+
+// RecordReplacementSlot notes the slot created at lsn to replace a lost one. Unlike RecordSlot it
+// keeps the record of the first start's backfill: the replacement's gap is the recovery's, not a
+// first start's.
+func (l Ledger) RecordReplacementSlot(ctx context.Context, q queryExecer, slot string, lsn pglogrepl.LSN) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, consistent_lsn) VALUES ($1, $2::pg_lsn)
+		ON CONFLICT (slot) DO UPDATE SET consistent_lsn = EXCLUDED.consistent_lsn, created_at = now()`, l.table), slot, lsn.String())
+	return err
+}
+
+// RecordPruned notes that the relay's pruning deleted rows created up to through.
+func (l Ledger) RecordPruned(ctx context.Context, q queryExecer, slot string, through time.Time) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`UPDATE %s SET pruned_through = greatest(pruned_through, $2) WHERE slot = $1`, l.table), slot, through)
+	return notMigrated(err)
+}
+
+// notMigrated marks an undefined column as a ledger that needs `outbox-relay migrate`.
+func notMigrated(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" {
+		return fmt.Errorf("%w (%s): run outbox-relay migrate", ErrLedgerNotMigrated, pgErr.Message)
+	}
+	return err
+}

@@ -76,6 +76,17 @@ type Config struct {
 	// Failover makes the slot a failover slot (PostgreSQL 17+; a fatal error on older servers):
 	// created with FAILOVER, or altered when it exists without it.
 	Failover bool
+	// OnSlotLost is what a lost slot makes the stream do: SlotLostStop (the default) or
+	// SlotLostRecover, which replaces the slot and calls Recover with the replacement's exported
+	// snapshot before streaming from it (recovery.go). It needs the slot ledger at migration 0007.
+	OnSlotLost string
+	// MessageEvents: events also come as logical decoding messages, which are stored nowhere but
+	// the WAL, so a lost slot's gap cannot be recovered whole (with NoTable, not at all).
+	MessageEvents bool
+	// Recover publishes a lost slot's gap from the outbox table, as of snapshot (the replacement
+	// slot's: exactly the transactions committed before its consistent point), and returns once
+	// Kafka holds it all. An error leaves the recovery under way: the next session starts it again.
+	Recover func(ctx context.Context, snapshot string, lost LostSlot) (Recovery, error)
 	// Memory is the process's memory of the slots it streamed (history.go), shared by every
 	// Stream the process builds (one per leadership term). Nil: this Stream's own.
 	Memory *Memory
@@ -207,8 +218,11 @@ type Stream struct {
 	log *zap.Logger
 	m   *metrics.Metrics
 
-	conn       *pgconn.PgConn
-	ledger     Ledger
+	conn   *pgconn.PgConn
+	ledger Ledger
+	// lost is the lost slot being replaced, from the checks that found it until its gap is
+	// published (recovery.go); nil otherwise.
+	lost       *LostSlot
 	interval   time.Duration // status interval for the current session
 	nextStatus time.Time
 	lastStatus time.Time
@@ -458,8 +472,18 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	}
 	if s.cfg.BeforeStream != nil && !s.streamed {
 		// The exported snapshot stays valid until the next command on this connection, so the hook
-		// runs before START_REPLICATION.
-		if err := s.cfg.BeforeStream(ctx, snapshot); err != nil {
+		// runs before START_REPLICATION. A replacement slot's snapshot is the recovery's: a
+		// first start's backfill does not read it.
+		exported := snapshot
+		if s.lost != nil {
+			exported = ""
+		}
+		if err := s.cfg.BeforeStream(ctx, exported); err != nil {
+			return err
+		}
+	}
+	if s.lost != nil {
+		if err := s.recover(ctx, slot, snapshot); err != nil {
 			return err
 		}
 	}
@@ -615,6 +639,14 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 	// What this process streamed outlives its leadership terms: a term after a promotion of a
 	// standby without the slot finds it gone, ledger or not.
 	known := s.mem.recall(s.cfg.Slot)
+	if s.cfg.OnSlotLost == SlotLostRecover {
+		if slot, err = s.replaceLost(ctx, conn, slot, known.streamed); err != nil {
+			return SlotInfo{}, err
+		}
+		if s.lost != nil {
+			return slot, nil // missing: the session creates the replacement
+		}
+	}
 	switch {
 	case !slot.Exists && (s.streamed || known.streamed):
 		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed after its last confirmed position %s would be skipped. %s",
@@ -692,7 +724,8 @@ func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string
 	if err != nil {
 		return SlotInfo{}, "", fmt.Errorf("slot %q consistent point %q: %w", s.cfg.Slot, res.ConsistentPoint, err)
 	}
-	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn), zap.Bool("failover", s.cfg.Failover))
+	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn), zap.Bool("failover", s.cfg.Failover),
+		zap.Bool("replaces_a_lost_slot", s.lost != nil))
 	s.recordSlot(ctx, lsn)
 	return SlotInfo{Exists: true, Plugin: "pgoutput", ConfirmedFlush: lsn}, res.SnapshotName, nil
 }
@@ -718,7 +751,9 @@ func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) {
 			s.log.Warn("the slot ledger table does not exist (run outbox-relay migrate); if this slot is ever lost, a restart cannot tell and creates a new one", zap.String("table", LedgerTable))
 			return
 		}
-		if err == nil {
+		if err == nil && s.lost != nil {
+			err = s.ledger.RecordReplacementSlot(ctx, conn, s.cfg.Slot, lsn)
+		} else if err == nil {
 			err = s.ledger.RecordSlot(ctx, conn, s.cfg.Slot, lsn)
 		}
 	}
@@ -745,11 +780,17 @@ func (s *Stream) streamError(err error) error {
 			return fatalf("%s: publication %q was dropped while the relay was streaming, so outbox rows written since are not in the replication stream: recreate it (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)), republish the rows written meanwhile (backfill_since), and restart",
 				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize(), s.cfg.qualifiedTable())
 		}
+		if s.streamed && s.cfg.OnSlotLost == SlotLostRecover {
+			return fmt.Errorf("%w: %s", errSlotGone, pgErr.Message)
+		}
 		if s.streamed {
 			return fmt.Errorf("%w: %s", ErrSlotLost, pgErr.Message)
 		}
 		return fatalf("%s: check the slot and publication settings", pgErr.Message)
 	case "55000": // object_not_in_prerequisite_state: e.g. the slot's WAL was removed
+		if s.cfg.OnSlotLost == SlotLostRecover {
+			return fmt.Errorf("%w: %s", errSlotGone, pgErr.Message)
+		}
 		return fmt.Errorf("%w: %s: the slot can no longer be streamed; drop and recreate it, then reconcile outbox rows written since %s", ErrSlotLost, pgErr.Message, s.reported)
 	case "57P01", "57P02", "57P03": // server shutting down or restarting
 		return fmt.Errorf("PostgreSQL is shutting down: %w", err)

@@ -8,8 +8,12 @@ import (
 	"io"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/prune"
+	"github.com/outbox-relay/outbox-relay/relay"
 )
 
 // runPrune deletes outbox rows older than --older-than (default: prune_older_than) in batches and
@@ -68,6 +72,7 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	guardPrune(&opts, cfg, conn)
 	start := time.Now()
 	n, err := prune.Prune(ctx, conn, opts)
 	if err != nil {
@@ -76,4 +81,21 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "deleted %d rows created more than %s ago from %s.%s in %s\n",
 		n, opts.OlderThan, cfg.Schema, cfg.Table, time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// guardPrune keeps, with the WAL source, the rows a lost slot's recovery could need (the slot
+// ledger says from when), whatever the age limit says, and records what pruning deleted.
+func guardPrune(opts *prune.Options, cfg *config.Config, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}) {
+	if cfg.Source == "poll" {
+		return
+	}
+	opts.Keep = func(ctx context.Context) (time.Time, bool, error) {
+		return relay.KeepFrom(ctx, db, cfg.Schema, cfg.Slot, cfg.SlotRecoveryMargin)
+	}
+	opts.Pruned = func(ctx context.Context, before time.Time) error {
+		return relay.RecordPruned(ctx, db, cfg.Schema, cfg.Slot, before)
+	}
 }

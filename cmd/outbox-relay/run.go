@@ -360,6 +360,7 @@ func startPruning(ctx context.Context, cfg *config.Config, log *zap.Logger, m *m
 		// Polling reads the table: only rows it has processed may go.
 		OnlyProcessed: cfg.Source == "poll",
 	}
+	guardPrune(&opts, cfg, pool)
 	go func() {
 		defer close(done)
 		prune.Loop(pctx, pool, opts, cfg.PruneInterval, func(deleted int64, err error) {

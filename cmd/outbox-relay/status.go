@@ -10,6 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
@@ -41,10 +43,61 @@ type statusReport struct {
 	Failover slotmon.Failover  `json:"failover"`
 	Standbys []slotmon.Standby `json:"standbys,omitempty"`
 	Delivery deliveryReport    `json:"delivery"`
-	OK       bool              `json:"ok"`
-	Problems []string          `json:"problems"`
+	// Recovery is what the slot ledger says of lost-slot recovery: how far Kafka acknowledged,
+	// a recovery under way, the last one. Null without a ledger at migration 0007.
+	Recovery *recoveryReport `json:"recovery"`
+	OK       bool            `json:"ok"`
+	Problems []string        `json:"problems"`
 	// Warnings do not change the exit code: the slot streams, but a failover would cost something.
 	Warnings []string `json:"warnings"`
+}
+
+// recoveryReport is the slot ledger's record for on_slot_lost: recover.
+type recoveryReport struct {
+	// AcknowledgedCommitTime is the commit time of the last transaction Kafka held with every one
+	// before it, as last recorded: a lost slot's gap starts after it.
+	AcknowledgedCommitTime *time.Time `json:"acknowledged_commit_time"`
+	// UnderWaySince is set while a recovery is under way (the gap starts after it).
+	UnderWaySince *time.Time    `json:"under_way_since,omitempty"`
+	Last          *lastRecovery `json:"last,omitempty"`
+}
+
+type lastRecovery struct {
+	At      time.Time `json:"at"`
+	Events  int64     `json:"events"`
+	After   time.Time `json:"after"`
+	Rule    string    `json:"rule"`
+	Seconds float64   `json:"seconds"`
+}
+
+// recoveryStatus reads rep.Recovery from the slot ledger; without one (or before migration 0007)
+// it leaves it nil.
+func recoveryStatus(ctx context.Context, conn *pgx.Conn, schema, slot string, rep *statusReport) error {
+	ledger := replication.NewLedger(schema)
+	if exists, err := ledger.Exists(ctx, conn); err != nil || !exists {
+		return err
+	}
+	st, err := ledger.Recovery(ctx, conn, slot)
+	var pgErr *pgconn.PgError
+	if errors.Is(err, replication.ErrLedgerNotMigrated) || errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return nil // not migrated, or a role that may not read it: nothing to say
+	}
+	if err != nil {
+		return err
+	}
+	r := &recoveryReport{}
+	if t := st.Confirmed.CommitTime; !t.IsZero() {
+		r.AcknowledgedCommitTime = &t
+	}
+	if t := st.Since; !t.IsZero() {
+		r.UnderWaySince = &t
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("a recovery of lost slot %q is under way (its gap: rows committed after %s); the leader finishes it before streaming", slot, t.UTC().Format(time.RFC3339)))
+	}
+	if l := st.Last; !l.At.IsZero() {
+		r.Last = &lastRecovery{At: l.At, Events: l.Events, After: l.From, Rule: l.Rule, Seconds: l.Took.Seconds()}
+	}
+	rep.Recovery = r
+	return nil
 }
 
 // deliveryReport is the delivery mode and, with exactly-once, the position committed in Kafka.
@@ -143,6 +196,9 @@ func slotStatus(ctx context.Context, cfg *config.Config, slot string) (statusRep
 	}
 	if held {
 		rep.Leader = &holder
+	}
+	if err := recoveryStatus(ctx, conn, cfg.Schema, slot, &rep); err != nil {
+		return statusReport{}, fmt.Errorf("read the slot ledger: %w", err)
 	}
 	switch reason := st.Invalidated(); {
 	case !st.Exists:
@@ -297,6 +353,18 @@ func printStatus(w io.Writer, rep statusReport) {
 	}
 	if rep.Exists {
 		fmt.Fprintf(tw, "failover slot\t%s\n", rep.Failover.Describe())
+	}
+	if r := rep.Recovery; r != nil {
+		if r.AcknowledgedCommitTime != nil {
+			fmt.Fprintf(tw, "acknowledged\tKafka holds every event committed up to %s (a lost slot's gap starts there)\n", r.AcknowledgedCommitTime.UTC().Format(time.RFC3339Nano))
+		}
+		if r.UnderWaySince != nil {
+			fmt.Fprintf(tw, "RECOVERY UNDER WAY\tthe gap of a lost slot (rows committed after %s) is being published\n", r.UnderWaySince.UTC().Format(time.RFC3339))
+		}
+		if l := r.Last; l != nil {
+			fmt.Fprintf(tw, "last recovery\t%s: %d events committed after %s (rule %s) in %.1fs\n",
+				l.At.UTC().Format(time.RFC3339), l.Events, l.After.UTC().Format(time.RFC3339), l.Rule, l.Seconds)
+		}
 	}
 	for _, sb := range rep.Standbys {
 		state := "copy ready for a promotion"

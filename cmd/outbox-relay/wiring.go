@@ -183,8 +183,10 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			SlotBusyWait:      c.SlotBusyWait,
 			Messages:          c.HeartbeatInterval > 0,
 			Failover:          c.Failover,
+			OnSlotLost:        c.OnSlotLost,
 		},
-		Decoder: decoderConfig(c, cols, extraCols),
+		Recovery: &relay.Recovery{Margin: c.SlotRecoveryMargin, CreatedColumn: c.Columns.CreatedAt, OrderColumn: c.BackfillOrder},
+		Decoder:  decoderConfig(c, cols, extraCols),
 		Sink: sink.Config{
 			Brokers:         c.KafkaBrokers,
 			TopicTemplate:   c.TopicTemplate,

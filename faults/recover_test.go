@@ -1,0 +1,324 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
+	"github.com/outbox-relay/outbox-relay/internal/relayproc"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// TestALostSlotIsRecoveredFromTheOutboxTable: a relay with on_slot_lost: recover is stopped, writers
+// go on committing, and PostgreSQL invalidates the slot (max_slot_wal_keep_size, a checkpoint). The
+// next start must replace the slot, publish the gap from the outbox table, and stream on: every
+// event arrives, in per-aggregate order, and what arrives twice is only what the rule allows (by
+// commit time: the last acknowledged transaction's second; by creation time: what was acknowledged
+// within the margin). Between the stop and the loss, `outbox-relay prune --older-than 0s` must keep
+// every row the recovery will need.
+func TestALostSlotIsRecoveredFromTheOutboxTable(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		version          string
+		commitTimestamps bool
+		lose             string // how PostgreSQL invalidates the slot: invalidation_reason
+		delivery         string
+	}{
+		{"16", true, "wal_removed", "at-least-once"},
+		{"18", false, "wal_removed", "exactly-once"},
+		{"18", true, "idle_timeout", "at-least-once"},
+	} {
+		name := fmt.Sprintf("PostgreSQL%s/%s/track_commit_timestamp=%v/%s", tc.version, tc.lose, tc.commitTimestamps, tc.delivery)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			settings := map[string]string{
+				"max_slot_wal_keep_size": "1MB",
+				"wal_keep_size":          "0",
+				"min_wal_size":           "32MB",
+				"max_wal_size":           "64MB",
+			}
+			if tc.lose == "idle_timeout" {
+				settings = map[string]string{"idle_replication_slot_timeout": "1s"}
+			}
+			if tc.commitTimestamps {
+				settings["track_commit_timestamp"] = "on"
+			}
+			testLostSlotRecovered(t, testenv.Postgres(t, devenv.PostgresOptions{Version: tc.version, Settings: settings}), tc.commitTimestamps, tc.lose, tc.delivery)
+		})
+	}
+}
+
+// loseSlot makes PostgreSQL invalidate the inactive slot: by removing WAL it needs (filler writes
+// and checkpoints past max_slot_wal_keep_size), or for idleness (a checkpoint after
+// idle_replication_slot_timeout).
+func loseSlot(t *testing.T, d *db, how string) {
+	t.Helper()
+	ctx := context.Background()
+	pool := d.outbox.Pool()
+	if _, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS filler (id bigserial PRIMARY KEY, pad text)"); err != nil {
+		t.Fatal(err)
+	}
+	lost := func() bool {
+		var st *string
+		if err := pool.QueryRow(ctx, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", d.slot).Scan(&st); err != nil {
+			t.Fatalf("read the slot: %v", err)
+		}
+		return st != nil && *st == "lost"
+	}
+	eventually(t, 2*time.Minute, "PostgreSQL to invalidate the slot ("+how+")", func() bool {
+		if how == "idle_timeout" {
+			time.Sleep(1100 * time.Millisecond) // idle for longer than the timeout, whole seconds
+		} else if _, err := pool.Exec(ctx, "INSERT INTO filler (pad) SELECT repeat('x', 1000) FROM generate_series(1, 8000)"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+			t.Fatal(err)
+		}
+		return lost()
+	})
+}
+
+func testLostSlotRecovered(t *testing.T, pg *devenv.Postgres, commitTimestamps bool, lose, delivery string) {
+	ctx := context.Background()
+	d := newDB(t, pg, 4)
+	pool := d.outbox.Pool()
+	brokers := testenv.SharedKafka(t).Brokers()
+	// The margin of the creation time rule: events acknowledged more than this before the loss
+	// must not come again.
+	const margin = 2 * time.Second
+	args := []string{"--on-slot-lost=recover", "--slot-recovery-margin=" + margin.String(), "--status-interval=200ms", "--delivery=" + delivery}
+	if delivery == "exactly-once" {
+		args = append(args, "--positions-topic="+testenv.UniqueName(t, "positions"), "--transactional-id="+d.slot)
+	}
+	check := deliver
+	if delivery == "exactly-once" {
+		check = deliverCommitted // what read_committed consumers see
+	}
+	write := func(prefix string, n int) {
+		t.Helper()
+		for i := range n {
+			spec := harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("%s-%d", prefix, i%7)}
+			if err := d.outbox.WriteTx(ctx, spec, spec); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	r := d.startRelay(brokers, false, args...)
+	r.waitSessions(1, 90*time.Second)
+	write("early", 40)
+	early := len(d.outbox.Written())
+	time.Sleep(2*margin + time.Second) // so that the early events are outside every rule's window
+	write("late", 2)
+	acknowledged := d.outbox.Written()
+	check(t, brokers, acknowledged, time.Minute, r)
+	// The ledger records how far Kafka acknowledged every few seconds, and once more at a stop.
+	r.Terminate()
+	if code, ok := r.Wait(time.Minute); !ok || code != 0 {
+		t.Fatalf("the relay did not stop cleanly (exit %d, exited %v):\n%s", code, ok, r.Output())
+	}
+	var confirmed time.Time
+	if err := pool.QueryRow(ctx, "SELECT confirmed_commit_time FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&confirmed); err != nil {
+		t.Fatalf("read the acknowledged commit time from the slot ledger: %v", err)
+	}
+
+	// The gap: written while no relay runs.
+	write("gap", 120)
+
+	// Pruning everything it may: what the recovery needs stays.
+	code, out := relayproc.Run(t, relayproc.Options{Subcommand: "prune",
+		Args: []string{"--older-than=0s", "--slot=" + d.slot, "--slot-recovery-margin=" + margin.String()},
+		Env:  map[string]string{"OUTBOX_PG_DSN": d.dsn}}, time.Minute)
+	if code != 0 {
+		t.Fatalf("outbox-relay prune: exit %d\n%s", code, out)
+	}
+	t.Logf("prune: %s", strings.TrimSpace(out))
+	var left int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if want := len(d.outbox.Written()) - early; left < want {
+		t.Fatalf("prune left %d rows; the recovery needs the %d written after the early ones", left, want)
+	}
+	if left == len(d.outbox.Written()) {
+		t.Errorf("prune --older-than=0s deleted nothing: the %d early events, acknowledged long before, were prunable", early)
+	}
+
+	loseSlot(t, d, lose)
+
+	r2 := d.startRelay(brokers, false, args...)
+	r2.waitSessions(1, 2*time.Minute)
+	write("after", 20)
+	written := d.outbox.Written()
+	rep := check(t, brokers, written, 2*time.Minute, r2)
+	if rep.Missing != 0 || rep.OrderViolations != 0 {
+		t.Fatalf("after the recovery: %s", rep)
+	}
+	if !strings.Contains(r2.Output(), "recovered the lost slot's gap") {
+		t.Errorf("the relay did not log the recovery:\n%s", r2.Output())
+	}
+	if n := r2.mustMetric("slot_recoveries_total", ""); n != 1 {
+		t.Errorf("slot_recoveries_total = %v, want 1", n)
+	}
+
+	// What came twice: only what the rule allows.
+	counts := deliveries(t, brokers, written)
+	allowed := make(map[string]bool)
+	for _, w := range acknowledged[early:] {
+		allowed[w.ID] = true // the last acknowledged transactions: within the skew, or the margin
+	}
+	dups := 0
+	for _, w := range written {
+		if counts[w.ID] > 1 {
+			dups += counts[w.ID] - 1
+			if !allowed[w.ID] {
+				t.Errorf("event %s (aggregate %s) arrived %d times: it was acknowledged more than the margin before the loss (ledger: %s), so no rule lets the recovery publish it again",
+					w.ID, w.AggregateID, counts[w.ID], confirmed.Format(time.RFC3339Nano))
+			}
+		}
+	}
+	t.Logf("%d events, %d duplicates (%d allowed), recovered after %s", len(written), dups, len(allowed), confirmed.Format(time.RFC3339Nano))
+	var recovered int64
+	var rule string
+	if err := pool.QueryRow(ctx, "SELECT recovered_events, recovered_rule FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&recovered, &rule); err != nil {
+		t.Fatalf("read the recovery from the slot ledger: %v", err)
+	}
+	wantRule := "created_at"
+	if commitTimestamps {
+		wantRule = "commit_time"
+	}
+	if rule != wantRule || recovered < 120*2 {
+		t.Errorf("the ledger records a recovery of %d events by %q; want at least the gap's %d, by %q", recovered, rule, 120*2, wantRule)
+	}
+	code, out = relayproc.Run(t, relayproc.Options{Subcommand: "status", Args: []string{"--slot=" + d.slot},
+		Env: map[string]string{"OUTBOX_PG_DSN": d.dsn}}, time.Minute)
+	if want := fmt.Sprintf("events committed after %s (rule %s)", confirmed.UTC().Format(time.RFC3339), wantRule); code != 0 || !strings.Contains(out, "last recovery") || !strings.Contains(out, want) {
+		t.Errorf("status after the recovery: exit %d, want 0 and a line \"last recovery\" with %q:\n%s", code, want, out)
+	}
+}
+
+// TestAKilledRecoveryIsFinishedByTheStandby: the leader is killed -9 while it publishes a lost
+// slot's gap, and the standby takes over. The standby must find the recovery under way (the new
+// slot was confirmed nothing), begin it again, and stream on: every event arrives, in per-aggregate
+// order.
+func TestAKilledRecoveryIsFinishedByTheStandby(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t, devenv.PostgresOptions{Version: "16", Settings: map[string]string{
+		"max_slot_wal_keep_size": "1MB", "wal_keep_size": "0", "min_wal_size": "32MB", "max_wal_size": "64MB",
+		"track_commit_timestamp": "on",
+	}})
+	d := newDB(t, pg, 3)
+	pool := d.outbox.Pool()
+	brokers := testenv.SharedKafka(t).Brokers()
+	args := []string{"--on-slot-lost=recover", "--status-interval=200ms", "--leader-retry-interval=200ms"}
+	a := d.startRelay(brokers, false, args...)
+	a.waitSessions(1, 90*time.Second)
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	deliver(t, brokers, d.outbox.Written(), time.Minute, a)
+	a.Terminate()
+	if _, ok := a.Wait(time.Minute); !ok {
+		t.Fatal("the relay did not stop")
+	}
+
+	// A gap large enough that publishing it takes a while: large events.
+	for i := range 200 {
+		specs := make([]harness.Spec, 20)
+		for j := range specs {
+			specs[j] = harness.Spec{AggregateType: d.types[j%len(d.types)], AggregateID: fmt.Sprintf("gap-%d", j%11), PadBytes: 16 << 10}
+		}
+		if err := d.outbox.WriteTx(ctx, specs...); err != nil {
+			t.Fatalf("transaction %d: %v", i, err)
+		}
+	}
+	loseSlot(t, d, "wal_removed")
+
+	leader := d.startRelay(brokers, false, args...)
+	if !leader.WaitFor(ctx, "recovering a lost slot's gap from the outbox table", 2*time.Minute) {
+		t.Fatalf("the relay did not begin the recovery:\n%s", leader.Output())
+	}
+	standby := d.startRelay(brokers, false, args...)
+	leader.Kill()
+	var underWay *time.Time
+	if err := pool.QueryRow(ctx, "SELECT recovery_since FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&underWay); err != nil {
+		t.Fatal(err)
+	}
+	if underWay == nil {
+		t.Fatalf("the recovery completed before the kill; the test needs a larger gap:\n%s", leader.Output())
+	}
+	if !standby.WaitFor(ctx, "recovered the lost slot's gap", 2*time.Minute) {
+		t.Fatalf("the standby did not finish the recovery:\n%s", standby.Output())
+	}
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "after"}); err != nil {
+		t.Fatal(err)
+	}
+	rep := deliver(t, brokers, d.outbox.Written(), 2*time.Minute, standby)
+	if rep.Missing != 0 || rep.OrderViolations != 0 {
+		t.Fatalf("after the takeover: %s", rep)
+	}
+	if !strings.Contains(standby.Output(), "a recovery of the lost slot's gap was under way and did not complete") {
+		t.Errorf("the standby did not say it began an interrupted recovery again:\n%s", standby.Output())
+	}
+	t.Logf("%d events, %d duplicates", rep.Expected, rep.Duplicates)
+}
+
+// deliveries counts how often each written event arrived (read_uncommitted: every copy).
+func deliveries(t *testing.T, brokers string, written []harness.Written) map[string]int {
+	t.Helper()
+	counts := make(map[string]int)
+	for _, rec := range readAll(t, brokers, written) {
+		counts[rec.Header("id")]++
+	}
+	return counts
+}
+
+// TestALostSlotOfAMessagesOutboxStopsTheRelay: logical decoding messages are stored nowhere but
+// the WAL, so with on_slot_lost: recover a lost slot of a messages-only outbox cannot be
+// recovered: the relay must stop saying so, and not replace the slot (which would skip the gap).
+func TestALostSlotOfAMessagesOutboxStopsTheRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t, devenv.PostgresOptions{Settings: map[string]string{
+		"max_slot_wal_keep_size": "1MB", "wal_keep_size": "0", "min_wal_size": "32MB", "max_wal_size": "64MB",
+	}})
+	d := newMessagesDB(t, pg, 1, 1)
+	brokers := testenv.SharedKafka(t).Brokers()
+	args := []string{"--on-slot-lost=recover", "--status-interval=200ms"}
+	r := d.startRelay(brokers, false, args...)
+	r.waitSessions(1, 90*time.Second)
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	deliver(t, brokers, d.outbox.Written(), time.Minute, r)
+	r.Terminate()
+	if _, ok := r.Wait(time.Minute); !ok {
+		t.Fatal("the relay did not stop")
+	}
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "gap"}); err != nil {
+		t.Fatal(err)
+	}
+	loseSlot(t, d, "wal_removed")
+
+	r2 := d.startRelay(brokers, false, args...)
+	code, ok := r2.Wait(time.Minute)
+	if !ok {
+		t.Fatal("the relay kept running on a lost slot of a messages outbox")
+	}
+	lines := strings.Split(strings.TrimSpace(r2.Output()), "\n")
+	last := lines[len(lines)-1]
+	t.Logf("exit %d: %s", code, last)
+	for _, want := range []string{d.slot, "lost", "stored nowhere but the WAL", "cannot be recovered"} {
+		if code == 0 || !strings.Contains(last, want) {
+			t.Errorf("exit %d; want a non-zero exit and a last line that says %q: %s", code, want, last)
+		}
+	}
+	if strings.Contains(r2.Output(), "created replication slot") {
+		t.Error("the relay replaced the slot of a messages outbox")
+	}
+}
