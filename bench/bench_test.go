@@ -37,7 +37,7 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	profiles := t.TempDir()
 	cfg := Config{
 		Events: 2000, Partitions: 2, Rate: 400, SteadyFor: 3 * time.Second, BigTx: 3000,
-		Sides: []string{sideCeiling, sideRelay, sideRelayEOS, sidePoll}, Steady: []string{sideRelay, sideRelayEOS, sidePoll},
+		Sides: []string{sideCeiling, sideRelay, sideRelayEOS, sidePoll, sideRecover}, Steady: []string{sideRelay, sideRelayEOS, sidePoll},
 		RelayBin: relayproc.PlainBinary(t), ProfileDir: profiles, WorkDir: t.TempDir(),
 		Log: t.Output(), DrainTimeout: time.Minute, Messages: true, ProducerFor: time.Second,
 	}
@@ -52,7 +52,7 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	t.Logf("\n%s\n%s", table, summary)
 
 	for _, want := range []string{"| ceiling (pg_recvlogical) |", "| outbox-relay |", "| outbox-relay, exactly-once |", "| outbox-relay, source poll |",
-		"Steady state: 400 events/s", "Large transaction: one transaction of 3000 events",
+		"| outbox-relay, lost-slot recovery from the table |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events",
 		"| messages |", "| ceiling (pg_recvlogical, messages) |", "| outbox-relay, messages |"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q", want)

@@ -29,6 +29,7 @@ var sideLabels = map[string]string{
 	sideDbzDefault: "Debezium 3.6.1, defaults",
 	sideDbzTuned:   "Debezium 3.6.1, tuned",
 	sidePoll:       "outbox-relay, source poll",
+	sideRecover:    "outbox-relay, lost-slot recovery from the table",
 }
 
 func label(side string) string {

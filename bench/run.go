@@ -26,13 +26,18 @@ const (
 	sideDbzTuned   = "debezium-tuned"
 	// sidePoll is the relay with source poll: it reads the table, not a slot (bench/poll.go).
 	sidePoll = "poll"
+	// sideRecover is the relay recovering a lost slot (on_slot_lost: recover): the backlog is the
+	// gap, read from the outbox table; its slot is missing where the ledger says it was created.
+	sideRecover = "relay-recover"
 )
 
-var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sidePoll}
+var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sidePoll, sideRecover}
 var allSteadySides = []string{sideRelay, sideRelayEOS, sideDbzTuned, sidePoll}
 
 // isRelay says whether side runs the relay binary.
-func isRelay(side string) bool { return side == sideRelay || side == sideRelayEOS || side == sidePoll }
+func isRelay(side string) bool {
+	return side == sideRelay || side == sideRelayEOS || side == sidePoll || side == sideRecover
+}
 
 // Config says what one benchmark run measures.
 type Config struct {
@@ -185,7 +190,12 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 		sides = append(sides, "profile")
 	}
 	for _, s := range sides {
-		if s != sidePoll {
+		if s == sideRecover {
+			// The lost slot: recorded in the ledger, acknowledged up to now, and gone.
+			if err := recordLostSlot(ctx, b.pool, b.slot(s)); err != nil {
+				return nil, err
+			}
+		} else if s != sidePoll {
 			if err := createSlot(ctx, b.pool, b.slot(s)); err != nil {
 				return nil, err
 			}

@@ -142,6 +142,17 @@ func setupDatabase(ctx context.Context, dsn, publication string) error {
 	return nil
 }
 
+// recordLostSlot makes slot a lost one: the ledger says the relay created it and Kafka acknowledged
+// every transaction committed until now, and no such slot exists.
+func recordLostSlot(ctx context.Context, pool *pgxpool.Pool, slot string) error {
+	_, err := pool.Exec(ctx, `INSERT INTO public.outbox_relay_slots (slot, consistent_lsn, confirmed_commit_time)
+		VALUES ($1, pg_current_wal_lsn(), clock_timestamp())`, slot)
+	if err != nil {
+		return fmt.Errorf("record lost slot %s in the ledger: %w", slot, err)
+	}
+	return nil
+}
+
 func createSlot(ctx context.Context, pool *pgxpool.Pool, slot string) error {
 	if _, err := pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
 		return fmt.Errorf("create slot %s: %w", slot, err)

@@ -84,6 +84,12 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 			return b.drainProc(ctx, side, func() (*child, error) {
 				return b.startRelay(side, b.slot(side), b.topicPrefix(side), b.deliveryArgs(side, b.slot(side))...)
 			}, b.endLSN)
+		case sideRecover:
+			// The gap is the whole backlog (created after the recorded commit time, less a margin
+			// of 1s); all on Kafka is the end: the new slot has nothing to confirm before it.
+			return b.drainProc(ctx, side, func() (*child, error) {
+				return b.startRelay(side, b.slot(side), b.topicPrefix(side), "--on-slot-lost=recover", "--slot-recovery-margin=1s")
+			}, 0)
 		case sidePoll:
 			r := b.drainProc(ctx, side, func() (*child, error) {
 				if err := b.pollReady(ctx, false); err != nil {
