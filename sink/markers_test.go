@@ -22,7 +22,20 @@ import (
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// TestAnEventIsAcknowledgedOnlyOnceItsCommitMarkerIsWritten: an EndTxn(commit) answered with
+// TestLostCommitMarkers runs the scenarios of commit markers lost with a partition's leader on one
+// two-node cluster, one after the other: starting the cluster (a minute or two on a loaded
+// machine) costs more than a scenario.
+func TestLostCommitMarkers(t *testing.T) {
+	c := startMarkerCluster(t)
+	t.Run("AnEventIsAcknowledgedOnlyOnceItsCommitMarkerIsWritten", func(t *testing.T) {
+		testAnEventIsAcknowledgedOnlyOnceItsCommitMarkerIsWritten(t, c)
+	})
+	t.Run("AStartSettlesTheTransactionOfItsPosition", func(t *testing.T) {
+		testAStartSettlesTheTransactionOfItsPosition(t, c)
+	})
+}
+
+// testAnEventIsAcknowledgedOnlyOnceItsCommitMarkerIsWritten: an EndTxn(commit) answered with
 // success does not prove that every partition of the transaction got its commit marker. The
 // transaction coordinator (Kafka 4.4, TransactionMarkerChannelManager.addTxnMarkersToBrokerQueue)
 // skips the partitions that have no leader when it sends the markers ("likely deleted already"),
@@ -39,9 +52,8 @@ import (
 // (MaxEvents), so it commits at once; node 2 starts again. Each acknowledgement checks, when it
 // arrives, that a read_committed reader can read the events, and within 30s of node 2's return
 // every event must be readable and acknowledged.
-func TestAnEventIsAcknowledgedOnlyOnceItsCommitMarkerIsWritten(t *testing.T) {
+func testAnEventIsAcknowledgedOnlyOnceItsCommitMarkerIsWritten(t *testing.T, c *markerCluster) {
 	started := time.Now()
-	c := startMarkerCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	client, broker := c.client, c.broker
@@ -101,7 +113,7 @@ func TestAnEventIsAcknowledgedOnlyOnceItsCommitMarkerIsWritten(t *testing.T) {
 	t.Logf("data partition: LSO %d, high watermark %d, %d events readable; test body took %v", lso, hw, readable, time.Since(started).Round(time.Millisecond))
 }
 
-// TestAStartSettlesTheTransactionOfItsPosition: a relay killed while it waits for a lost commit
+// testAStartSettlesTheTransactionOfItsPosition: a relay killed while it waits for a lost commit
 // marker (markers.go) leaves, in the partition whose leader was away, the records of a Kafka
 // transaction its coordinator calls committed, open, with none of their events acknowledged,
 // and its position committed, or open too when the positions partition lost its marker. The next
@@ -117,9 +129,8 @@ func TestAnEventIsAcknowledgedOnlyOnceItsCommitMarkerIsWritten(t *testing.T) {
 //     over aborts the records left open, as a takeover that aborted an open repair would.
 //   - ownOpen: its positions on node 2 too. Its EndTxn is held until node 2 is down, so both the
 //     data and the positions partition lose their marker.
-func TestAStartSettlesTheTransactionOfItsPosition(t *testing.T) {
+func testAStartSettlesTheTransactionOfItsPosition(t *testing.T, c *markerCluster) {
 	started := time.Now()
-	c := startMarkerCluster(t) // a minute or two on a loaded machine: not counted in ctx
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	const n = 10
