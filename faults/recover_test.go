@@ -27,12 +27,13 @@ func TestALostSlotIsRecoveredFromTheOutboxTable(t *testing.T) {
 		commitTimestamps bool
 		lose             string // how PostgreSQL invalidates the slot: invalidation_reason
 		delivery         string
+		failover         bool // a failover slot: the replication connection runs SQL before streaming
 	}{
-		{"16", true, "wal_removed", "at-least-once"},
-		{"18", false, "wal_removed", "exactly-once"},
-		{"18", true, "idle_timeout", "at-least-once"},
+		{"16", true, "wal_removed", "at-least-once", false},
+		{"18", false, "wal_removed", "exactly-once", false},
+		{"18", true, "idle_timeout", "at-least-once", true},
 	} {
-		name := fmt.Sprintf("PostgreSQL%s/%s/track_commit_timestamp=%v/%s", tc.version, tc.lose, tc.commitTimestamps, tc.delivery)
+		name := fmt.Sprintf("PostgreSQL%s/%s/track_commit_timestamp=%v/%s/failover=%v", tc.version, tc.lose, tc.commitTimestamps, tc.delivery, tc.failover)
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			settings := map[string]string{
@@ -47,7 +48,7 @@ func TestALostSlotIsRecoveredFromTheOutboxTable(t *testing.T) {
 			if tc.commitTimestamps {
 				settings["track_commit_timestamp"] = "on"
 			}
-			testLostSlotRecovered(t, testenv.Postgres(t, devenv.PostgresOptions{Version: tc.version, Settings: settings}), tc.commitTimestamps, tc.lose, tc.delivery)
+			testLostSlotRecovered(t, testenv.Postgres(t, devenv.PostgresOptions{Version: tc.version, Settings: settings}), tc.commitTimestamps, tc.lose, tc.delivery, tc.failover)
 		})
 	}
 }
@@ -82,7 +83,7 @@ func loseSlot(t *testing.T, d *db, how string) {
 	})
 }
 
-func testLostSlotRecovered(t *testing.T, pg *devenv.Postgres, commitTimestamps bool, lose, delivery string) {
+func testLostSlotRecovered(t *testing.T, pg *devenv.Postgres, commitTimestamps bool, lose, delivery string, failover bool) {
 	ctx := context.Background()
 	d := newDB(t, pg, 4)
 	pool := d.outbox.Pool()
@@ -93,6 +94,9 @@ func testLostSlotRecovered(t *testing.T, pg *devenv.Postgres, commitTimestamps b
 	args := []string{"--on-slot-lost=recover", "--slot-recovery-margin=" + margin.String(), "--status-interval=200ms", "--delivery=" + delivery}
 	if delivery == "exactly-once" {
 		args = append(args, "--positions-topic="+testenv.UniqueName(t, "positions"), "--transactional-id="+d.slot)
+	}
+	if failover {
+		args = append(args, "--failover=true")
 	}
 	check := deliver
 	if delivery == "exactly-once" {

@@ -131,10 +131,10 @@ type gap struct {
 	oldest    time.Time // no row of the gap was created before it
 }
 
-// gapQuery chooses the rows committed after lost.Since. With commit timestamps, by commit time (a
-// row whose time is unknown, frozen or from before the setting, falls back to the creation
-// rule); without them, by creation time from margin before. The creation time bound is also
-// what lets an index on the column narrow the read.
+// gapQuery chooses the rows committed after lost.Since. With commit timestamps, by commit time
+// alone (a transaction may have created its rows long before it committed); a row whose time is
+// unknown (frozen, or from before the setting) falls back to the creation rule. Without them, by
+// creation time from margin before.
 func gapQuery(t outboxTable, lost replication.LostSlot, margin time.Duration, commitTimestamps bool) gap {
 	created := lost.Since.Add(-margin)
 	if !commitTimestamps || lost.FromSlotCreation {
@@ -146,13 +146,14 @@ func gapQuery(t outboxTable, lost replication.LostSlot, margin time.Duration, co
 		}
 	}
 	from := lost.Since.Add(-commitSkew)
-	oldest := from.Add(-margin)
 	return gap{
-		rule: replication.RuleCommitTime, margin: margin, oldest: oldest,
-		where: fmt.Sprintf("%[1]s >= $1 AND (pg_xact_commit_timestamp(xmin) >= $2 OR (pg_xact_commit_timestamp(xmin) IS NULL AND %[1]s >= $3))",
+		// oldest bounds only the rows of unknown commit time, and the rows the relay's pruning
+		// keeps: a long transaction's rows can be older still (docs/operations.md).
+		rule: replication.RuleCommitTime, margin: margin, oldest: from.Add(-margin),
+		where: fmt.Sprintf("(pg_xact_commit_timestamp(xmin) >= $1 OR (pg_xact_commit_timestamp(xmin) IS NULL AND %s >= $2))",
 			t.created),
-		args:      []any{oldest, from, created, lost.Since},
-		duplicate: fmt.Sprintf("coalesce(pg_xact_commit_timestamp(xmin) <= $4, %s < $4)", t.created),
+		args:      []any{from, created, lost.Since},
+		duplicate: fmt.Sprintf("coalesce(pg_xact_commit_timestamp(xmin) <= $3, %s < $3)", t.created),
 	}
 }
 
@@ -270,12 +271,18 @@ type querier interface {
 // ledger's last acknowledged commit, or the recovery under way, or the slot's creation, less the
 // margin and the commit skew): the guard on pruning. ok is false when the ledger cannot say (no
 // ledger, not migrated, no entry): pruning then goes by its age alone.
-func KeepFrom(ctx context.Context, q querier, schema, slot string, margin time.Duration) (from time.Time, ok bool, err error) {
+//
+// strict (on_slot_lost: recover) makes a ledger the role may not read an error: pruning by age
+// alone could then delete the gap a recovery would publish as whole.
+func KeepFrom(ctx context.Context, q querier, schema, slot string, margin time.Duration, strict bool) (from time.Time, ok bool, err error) {
 	ledger := replication.NewLedger(schema)
 	if exists, err := ledger.Exists(ctx, q); err != nil || !exists {
 		return time.Time{}, false, err
 	}
 	st, err := ledger.Recovery(ctx, q, slot)
+	if strict && (errors.Is(err, replication.ErrLedgerNotMigrated) || denied(err)) {
+		return time.Time{}, false, fmt.Errorf("on_slot_lost is recover, so pruning keeps what a lost slot's recovery needs, but it cannot read the slot ledger %s (run outbox-relay migrate; GRANT SELECT, UPDATE ON it to the pruning role): %w", ledger.Table(), err)
+	}
 	if errors.Is(err, replication.ErrLedgerNotMigrated) || denied(err) {
 		return time.Time{}, false, nil // pruning's role may not read it: by age alone, as before
 	}
@@ -299,13 +306,13 @@ func KeepFrom(ctx context.Context, q querier, schema, slot string, margin time.D
 
 // RecordPruned notes in the slot ledger that pruning deleted rows created before before, so that a
 // recovery knows whether its gap is whole. Without a ledger (or one not migrated) it does nothing.
-func RecordPruned(ctx context.Context, q querier, schema, slot string, before time.Time) error {
+func RecordPruned(ctx context.Context, q querier, schema, slot string, before time.Time, strict bool) error {
 	ledger := replication.NewLedger(schema)
 	if exists, err := ledger.Exists(ctx, q); err != nil || !exists {
 		return err
 	}
 	err := ledger.RecordPruned(ctx, q, slot, before)
-	if errors.Is(err, replication.ErrLedgerNotMigrated) || denied(err) {
+	if !strict && (errors.Is(err, replication.ErrLedgerNotMigrated) || denied(err)) {
 		return nil
 	}
 	return err

@@ -484,6 +484,8 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 					return err
 				}
 			}
+		case replication.Barrier:
+			close(msg.Done) // everything before it is with the sink
 		case replication.Keepalive:
 			// Inside a transaction (even one being skipped as a replay) the server's WAL end may lie
 			// beyond events not yet received.

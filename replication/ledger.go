@@ -352,7 +352,20 @@ func (l Ledger) EndRecovery(ctx context.Context, q queryExecer, slot string, con
 			recovered_events = $3, recovered_from = $4, recovered_rule = $5, recovered_took = $6
 		WHERE slot = $1 AND consistent_lsn = $2::pg_lsn AND recovery_since IS NOT NULL`, l.table),
 		slot, consistentLSN.String(), r.Events, r.From, r.Rule, r.Took)
-	return tag.RowsAffected() == 1, notMigrated(err)
+	if err != nil {
+		return false, notMigrated(err)
+	}
+	if tag.RowsAffected() == 1 {
+		return true, nil
+	}
+	// Already ended for this slot (a reply lost after the UPDATE committed) counts as done.
+	var ended bool
+	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT recovery_since IS NULL FROM %s WHERE slot = $1 AND consistent_lsn = $2::pg_lsn`, l.table),
+		slot, consistentLSN.String()).Scan(&ended)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return ended, err
 }
 
 // RecordReplacementSlot notes the slot created at lsn to replace a lost one. Unlike RecordSlot it

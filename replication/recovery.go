@@ -74,6 +74,7 @@ func lostReason(s SlotInfo) string {
 // an exported snapshot and calls Config.Recover before streaming. It returns the slot as the
 // session should see it: missing, when it is to be replaced.
 func (s *Stream) replaceLost(ctx context.Context, conn *pgx.Conn, slot SlotInfo, streamedHere bool) (SlotInfo, error) {
+	s.lost = nil // decided afresh from the ledger and the slot, every session
 	st, err := s.ledger.Recovery(ctx, conn, s.cfg.Slot)
 	if errors.Is(err, ErrLedgerNotMigrated) {
 		return SlotInfo{}, fatalf("on_slot_lost: recover: %v", err)
@@ -145,8 +146,24 @@ func (s *Stream) replaceLost(ctx context.Context, conn *pgx.Conn, slot SlotInfo,
 
 // recover runs Config.Recover for the replacement slot just created, then records the recovery as
 // complete. An error leaves it under way in the ledger: the next session begins it again.
-func (s *Stream) recover(ctx context.Context, slot SlotInfo, snapshot string) error {
+func (s *Stream) recover(ctx context.Context, out chan<- Message, slot SlotInfo, snapshot string) error {
 	lost := *s.lost
+	if s.streamed {
+		// Lost while streaming: what the lost slot streamed may still be on its way to the sink
+		// (buffered, or in the consumer's hands). The gap repeats those events; published after
+		// them it leaves every aggregate at its latest event, published before them it would not.
+		done := make(chan struct{})
+		select {
+		case out <- Message{Kind: Barrier, Done: done}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	lost.ConsistentLSN, lost.Server, lost.Created = slot.ConfirmedFlush, s.identity, time.Now()
 	if s.cfg.Recover == nil {
 		return fatalf("slot %q was replaced to recover its gap, but nothing publishes the gap (no Recover hook)", s.cfg.Slot)

@@ -143,6 +143,9 @@ const (
 	Data
 	// Keepalive reports the server's WAL end: everything before it has been sent.
 	Keepalive
+	// Barrier asks the consumer to close Done once it has handed on everything before it: a lost
+	// slot's gap must reach the sink after what the lost slot streamed, never before.
+	Barrier
 )
 
 // Message is what the stream hands its consumer, in WAL order.
@@ -153,6 +156,8 @@ type Message struct {
 	Data     []byte // owned by the consumer
 	Timeline uint32 // Session: the server's timeline
 	SystemID string // Session: the server's system identifier
+	// Done is closed by the consumer when it reaches a Barrier.
+	Done chan struct{}
 
 	ahead *readAhead // where Release returns len(Data) to
 }
@@ -466,7 +471,6 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 			return err
 		}
 	}
-	s.warnStandbySlots(ctx)
 	if s.identity != s.ledgerIdentity {
 		s.recordIdentity(ctx)
 	}
@@ -483,10 +487,13 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		}
 	}
 	if s.lost != nil {
-		if err := s.recover(ctx, slot, snapshot); err != nil {
+		if err := s.recover(ctx, out, slot, snapshot); err != nil {
 			return err
 		}
 	}
+	// SQL on the replication connection; it clears an exported snapshot, so not before the hooks
+	// that read it.
+	s.warnStandbySlots(ctx)
 	s.floor = slot.ConfirmedFlush
 	if s.reported == 0 {
 		// The slot's own position is confirmed already (after a new timeline, the old one's
@@ -726,7 +733,11 @@ func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string
 	}
 	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn), zap.Bool("failover", s.cfg.Failover),
 		zap.Bool("replaces_a_lost_slot", s.lost != nil))
-	s.recordSlot(ctx, lsn)
+	if err := s.recordSlot(ctx, lsn); err != nil && s.lost != nil {
+		// A replacement's recovery is ended only for the slot the ledger names: without the
+		// record, another process's replacement could end it.
+		return SlotInfo{}, "", fmt.Errorf("record the replacement of lost slot %q in %s (retrying the recovery): %w", s.cfg.Slot, s.ledger.Table(), err)
+	}
 	return SlotInfo{Exists: true, Plugin: "pgoutput", ConfirmedFlush: lsn}, res.SnapshotName, nil
 }
 
@@ -740,7 +751,7 @@ func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string
 // a new slot would skip what was committed in between. ledgerWriteTimeout bounds the wait
 // instead. (A stop that interrupts CREATE_REPLICATION_SLOT itself may still leave a slot the
 // relay never saw created.)
-func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) {
+func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
 	defer cancel()
 	conn, err := s.cfg.Connect(ctx)
@@ -749,7 +760,7 @@ func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) {
 		var exists bool
 		if exists, err = s.ledger.Exists(ctx, conn); err == nil && !exists {
 			s.log.Warn("the slot ledger table does not exist (run outbox-relay migrate); if this slot is ever lost, a restart cannot tell and creates a new one", zap.String("table", LedgerTable))
-			return
+			return errors.New("the slot ledger table does not exist")
 		}
 		if err == nil && s.lost != nil {
 			err = s.ledger.RecordReplacementSlot(ctx, conn, s.cfg.Slot, lsn)
@@ -760,6 +771,7 @@ func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) {
 	if err != nil {
 		s.log.Warn("cannot record the new slot in the ledger; if it is ever lost, a restart cannot tell", zap.String("table", LedgerTable), zap.Error(err))
 	}
+	return err
 }
 
 // streamError maps errors of START_REPLICATION and of the stream to actionable ones.

@@ -93,9 +93,9 @@ func guardPrune(opts *prune.Options, cfg *config.Config, db interface {
 		return
 	}
 	opts.Keep = func(ctx context.Context) (time.Time, bool, error) {
-		return relay.KeepFrom(ctx, db, cfg.Schema, cfg.Slot, cfg.SlotRecoveryMargin)
+		return relay.KeepFrom(ctx, db, cfg.Schema, cfg.Slot, cfg.SlotRecoveryMargin, cfg.OnSlotLost == "recover")
 	}
 	opts.Pruned = func(ctx context.Context, before time.Time) error {
-		return relay.RecordPruned(ctx, db, cfg.Schema, cfg.Slot, before)
+		return relay.RecordPruned(ctx, db, cfg.Schema, cfg.Slot, before, cfg.OnSlotLost == "recover")
 	}
 }
