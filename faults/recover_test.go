@@ -384,3 +384,130 @@ func TestASlotDroppedUnderARunningRelayIsRecoveredWhileWritersGoOn(t *testing.T)
 	}
 	t.Logf("%d events, %d duplicates", rep.Expected, rep.Duplicates)
 }
+
+// TestAPromotionWithoutTheSlotIsRecoveredByTheRunningRelay: a PostgreSQL 16 primary (no failover
+// slots) dies under load and its standby is promoted; the relay, with a multi-host pg_dsn and
+// on_slot_lost: recover, finds the slot missing on the new primary, replaces it and publishes the
+// gap from the table without a restart. Nothing committed on the surviving timeline is missing,
+// per-aggregate order holds.
+func TestAPromotionWithoutTheSlotIsRecoveredByTheRunningRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := testenv.SharedKafka(t).Brokers()
+	phase := phases(t)
+	c := newCluster(t, "16", false)
+	phase("primary and standby running")
+	dsn := c.dsn(true)
+	r, ob, load := c.run(brokers, dsn, 73, "--on-slot-lost=recover", "--slot-recovery-margin=10s")
+	time.Sleep(3 * time.Second)
+	c.waitStandbyCaughtUp()
+	if err := c.primary.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	c.promote()
+	phase("standby promoted")
+	if !r.WaitFor(ctx, "recovered the lost slot's gap", 2*time.Minute) {
+		t.Fatalf("the running relay did not recover the slot on the promoted standby:\n%s", r.Output())
+	}
+	phase("gap recovered")
+	time.Sleep(2 * time.Second)
+	stats, err := load.Stop(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	surviving := c.surviving()
+	written := make(map[string]bool, len(ob.Written()))
+	for _, w := range ob.Written() {
+		written[w.ID] = true
+	}
+	// What the writers saw committed and the new primary has: the surviving timeline's events
+	// (a commit the standby had not received when the primary died is lost with it).
+	var want []harness.Written
+	for _, w := range ob.Written() {
+		if surviving[w.ID] {
+			want = append(want, w)
+		}
+	}
+	rep := deliver(t, brokers, want, 2*time.Minute, r)
+	if rep.Missing != 0 || rep.OrderViolations != 0 {
+		t.Fatalf("after the promotion: %s", rep)
+	}
+	if r.Exited() {
+		t.Fatalf("the relay exited:\n%s", r.Output())
+	}
+	phase("delivery checked")
+	t.Logf("load: %s; %d of %d written events survive; Kafka: %s", stats, len(want), len(written), rep)
+}
+
+// TestAPartlyPrunedGapStopsTheRelay: rows of a lost slot's gap were deleted by a pruning that did
+// not keep them (one from before the ledger's guard, which recorded how far it went). With
+// on_slot_lost: recover the relay must stop saying the gap cannot be recovered whole, publish
+// nothing of what is left of it, and stop again at the next start rather than skip the gap with
+// the slot it replaced.
+func TestAPartlyPrunedGapStopsTheRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t, devenv.PostgresOptions{Settings: map[string]string{
+		"max_slot_wal_keep_size": "1MB", "wal_keep_size": "0", "min_wal_size": "32MB", "max_wal_size": "64MB",
+	}})
+	d := newDB(t, pg, 1)
+	pool := d.outbox.Pool()
+	brokers := testenv.SharedKafka(t).Brokers()
+	args := []string{"--on-slot-lost=recover", "--slot-recovery-margin=1s", "--status-interval=200ms"}
+	r := d.startRelay(brokers, false, args...)
+	r.waitSessions(1, 90*time.Second)
+	write := func(prefix string, n int) {
+		t.Helper()
+		for i := range n {
+			spec := harness.Spec{AggregateType: d.types[0], AggregateID: fmt.Sprintf("%s-%d", prefix, i%5)}
+			if err := d.outbox.WriteTx(ctx, spec); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write("before", 10)
+	deliver(t, brokers, d.outbox.Written(), time.Minute, r)
+	r.Terminate()
+	if code, ok := r.Wait(time.Minute); !ok || code != 0 {
+		t.Fatalf("the relay did not stop cleanly (exit %d, exited %v):\n%s", code, ok, r.Output())
+	}
+	acknowledged := len(d.outbox.Written())
+	time.Sleep(3 * time.Second) // the gap's rows are created after the acknowledged commit and its margin
+	write("gap", 30)
+	gap := d.outbox.Written()[acknowledged:]
+
+	// The pruning of an unguarded version: the gap's first 10 rows deleted, and recorded.
+	var through time.Time
+	if err := pool.QueryRow(ctx, `WITH gone AS (
+		DELETE FROM outbox_events WHERE id IN (SELECT id FROM outbox_events WHERE aggregate_id LIKE 'gap-%' ORDER BY created_at, id LIMIT 10) RETURNING created_at)
+		SELECT max(created_at) FROM gone`).Scan(&through); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE outbox_relay_slots SET pruned_through = $2 WHERE slot = $1", d.slot, through.Add(time.Microsecond)); err != nil {
+		t.Fatal(err)
+	}
+	loseSlot(t, d, "wal_removed")
+
+	for start := 1; start <= 2; start++ {
+		r2 := d.startRelay(brokers, false, args...)
+		code, ok := r2.Wait(time.Minute)
+		if !ok {
+			t.Fatalf("start %d: the relay kept running on a lost slot whose gap was partly pruned:\n%s", start, r2.Output())
+		}
+		lines := strings.Split(strings.TrimSpace(r2.Output()), "\n")
+		last := lines[len(lines)-1]
+		t.Logf("start %d: exit %d: %s", start, code, last)
+		for _, want := range []string{d.slot, "cannot be recovered whole", "20 rows of the gap are left", "Nothing of the gap was published"} {
+			if code == 0 || !strings.Contains(last, want) {
+				t.Errorf("start %d: exit %d; want a non-zero exit and a last line that says %q: %s", start, code, want, last)
+			}
+		}
+	}
+	// Nothing of the partial gap reached Kafka (what was acknowledged before stays, once or more).
+	counts := deliveries(t, brokers, d.outbox.Written())
+	for _, w := range gap {
+		if counts[w.ID] != 0 {
+			t.Errorf("event %s of the partly pruned gap was published %d times", w.ID, counts[w.ID])
+		}
+	}
+}

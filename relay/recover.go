@@ -80,12 +80,13 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 	// one from before that guard, or one run without the ledger, may have: a gap read from a table
 	// that lost some of it would pass a partial gap off as whole.
 	if lost.PrunedThrough.After(g.oldest) {
-		var left int64
-		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", t.name, g.where), g.args...).Scan(&left); err != nil {
+		// The duplicate flag is counted too, only so that the statement uses every argument.
+		var left, acknowledged int64
+		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*), count(*) FILTER (WHERE %s) FROM %s WHERE %s", g.duplicate, t.name, g.where), g.args...).Scan(&left, &acknowledged); err != nil {
 			return replication.Recovery{}, fmt.Errorf("count the gap's rows: %w", err)
 		}
-		return replication.Recovery{}, replication.Fatal(fmt.Errorf("%w: slot %q is lost (%s), and its gap cannot be recovered whole from the outbox table: pruning deleted rows created before %s, and the gap's rows may have been created from %s on. %d rows of the gap are left; how many were deleted the table cannot say. Nothing of the gap was published. Publish what is left by hand if that is acceptable (stop every instance, run outbox-relay forget-slot, start once with backfill: true and backfill_since: %s), and keep rows longer than the relay may be down",
-			replication.ErrSlotLost, lost.Slot, lost.Reason, lost.PrunedThrough.Format(time.RFC3339), g.oldest.Format(time.RFC3339), left, g.oldest.Format(time.RFC3339)))
+		return replication.Recovery{}, replication.Fatal(fmt.Errorf("%w: slot %q is lost (%s), and its gap cannot be recovered whole from the outbox table: pruning deleted rows created before %s, and the gap's rows may have been created from %s on. %d rows of the gap are left (besides %d that Kafka acknowledged before the loss, which the rule reads again); how many were deleted the table cannot say. Nothing of the gap was published. Publish what is left by hand if that is acceptable (stop every instance, run outbox-relay forget-slot, start once with backfill: true and backfill_since: %s), and keep rows longer than the relay may be down",
+			replication.ErrSlotLost, lost.Slot, lost.Reason, lost.PrunedThrough.Format(time.RFC3339), g.oldest.Format(time.RFC3339), left-acknowledged, acknowledged, g.oldest.Format(time.RFC3339)))
 	}
 
 	r.log.Warn("recovering a lost slot's gap from the outbox table: the events of transactions committed after the last one Kafka acknowledged",
