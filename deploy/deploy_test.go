@@ -858,38 +858,26 @@ func TestTheExampleConfigurationListsEveryKeyWithItsDefault(t *testing.T) {
 	decodeYAML(t, "config.example.yaml", &doc)
 	flattenYAML("", doc, values)
 
-	// The loader registers one flag per key; its usage ends with "(default X) [OUTBOX_...]".
-	fs := flag.NewFlagSet("keys", flag.ContinueOnError)
-	config.NewLoader(fs, func(string) string { return "" })
-	defaultRe := regexp.MustCompile(` \(default ([^:)][^)]*)\) \[OUTBOX_[A-Z0-9_]+\]$`)
 	required := map[string]bool{"pg_dsn": true, "kafka_brokers": true}
-	keys := 0
-	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name == "config" {
-			return
-		}
-		keys++
-		key := strings.ReplaceAll(f.Name, "-", "_")
-		v, ok := values[key]
+	known := map[string]bool{}
+	for _, k := range config.Keys() {
+		known[k.Name] = true
+		v, ok := values[k.Name]
 		if !ok {
-			t.Errorf("config.example.yaml does not list %s (%s)", key, f.Usage)
-			return
+			t.Errorf("config.example.yaml does not list %s (%s)", k.Name, k.Help)
+			continue
 		}
-		def := ""
-		if m := defaultRe.FindStringSubmatch(f.Usage); m != nil {
-			def = m[1]
+		if !required[k.Name] && v != k.Default {
+			t.Errorf("config.example.yaml sets %s to %q; the default is %q", k.Name, v, k.Default)
 		}
-		if !required[key] && v != def {
-			t.Errorf("config.example.yaml sets %s to %q; the default is %q", key, v, def)
-		}
-	})
+	}
 	for k := range values {
-		if fs.Lookup(strings.ReplaceAll(k, "_", "-")) == nil {
+		if !known[k] {
 			t.Errorf("config.example.yaml lists %s, which is not a key", k)
 		}
 	}
-	if keys < 30 {
-		t.Errorf("found %d keys, the loader's flags changed shape", keys)
+	if len(known) < 30 {
+		t.Errorf("found %d keys, config.Keys changed shape", len(known))
 	}
 }
 
@@ -1044,10 +1032,10 @@ func loadConfig(t *testing.T, args []string, env map[string]string) *config.Conf
 // loadEnvConfig loads a compose service's environment, after checking each OUTBOX_ variable is a key.
 func loadEnvConfig(t *testing.T, service string, env map[string]string) *config.Config {
 	t.Helper()
-	fs := flag.NewFlagSet("keys", flag.ContinueOnError)
-	config.NewLoader(fs, func(string) string { return "" })
 	known := map[string]bool{}
-	fs.VisitAll(func(f *flag.Flag) { known[config.EnvName(strings.ReplaceAll(f.Name, "-", "_"))] = true })
+	for _, k := range config.Keys() {
+		known[k.Env()] = true
+	}
 	for k := range env {
 		if strings.HasPrefix(k, "OUTBOX_") && !known[k] {
 			t.Errorf("service %s sets %s, which is not a configuration key", service, k)

@@ -28,8 +28,9 @@ Usage:
   outbox-relay retry    [flags]   source poll: publish rows again (--ids, --dead-letters, --since/--until)
   outbox-relay version            print the version
 
-Every flag has an OUTBOX_* environment variable and a YAML key (--config file.yaml);
-flags win over the environment, which wins over the file. Run "outbox-relay run -h" for the keys.
+Every configuration key has a flag, an OUTBOX_* environment variable and a YAML key
+(--config file.yaml); flags win over the environment, which wins over the file. One file serves
+every command. "outbox-relay COMMAND -h" lists the command's flags and the keys it uses, by group.
 `
 
 func main() {

@@ -20,20 +20,11 @@ import (
 // prints how many. Delivery never needs the rows after commit (the relay reads the WAL), so this is
 // safe to run at any time, next to a running relay, from cron or a Kubernetes CronJob.
 func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("outbox-relay prune", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs, loader := newFlags("prune", stderr)
 	olderThan := fs.Duration("older-than", 0, "delete rows created more than this long ago, e.g. 24h or 30m; 0 deletes every committed row (default: prune_older_than)")
 	batchSize := fs.Int("batch-size", 0, "rows one DELETE statement removes, at most (default: prune_batch_size)")
-	loader := config.NewLoader(fs, nil).WithoutKafka()
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "outbox-relay prune: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	set := make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

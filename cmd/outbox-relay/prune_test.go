@@ -76,7 +76,7 @@ func TestPruneCommandDeletesRowsOlderThanTheGivenAge(t *testing.T) {
 	}{
 		{"the default age (prune_older_than, 24h), in small batches", nil, []string{"--batch-size=4"}, 0, "deleted 25 rows created more than 24h0m0s ago", 8},
 		{"a negative age is a usage error", nil, []string{"--older-than=-1h"}, 2, "must not be negative", 8},
-		{"an unknown flag is a usage error", nil, []string{"--older-then=1h"}, 2, "flag provided but not defined", 8},
+		{"an unknown flag is a usage error", nil, []string{"--older-then=1h"}, 2, "unknown flag --older-then", 8},
 		{"the age from the environment", map[string]string{"OUTBOX_PRUNE_OLDER_THAN": "1h"}, nil, 0, "deleted 5 rows created more than 1h0m0s ago", 3},
 		{"--older-than wins over the environment; 0 deletes every committed row", map[string]string{"OUTBOX_PRUNE_OLDER_THAN": "1h"}, []string{"--older-than=0s"}, 0, "deleted 3 rows", 0},
 	}

@@ -3,14 +3,12 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/redrive"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -21,25 +19,16 @@ var errStillFailing = errors.New("some dead letters still fail")
 // runRedrive publishes the dead-letter topic's records (or a range of them) to their original
 // topics again, once each across runs, and lists those that still fail.
 func runRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("outbox-relay redrive", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs, loader := newFlags("redrive", stderr)
 	partition := fs.Int("partition", -1, "redrive only this partition of the dead-letter topic (default: all)")
 	fromOffset := fs.Int64("from-offset", -1, "redrive records at or after this offset (of each partition read)")
 	toOffset := fs.Int64("to-offset", -1, "redrive records up to this offset, inclusive")
 	var ids listFlag
-	fs.Var(&ids, "event-id", "redrive only this event (repeat the flag, or separate ids with commas)")
+	fs.Var(&ids, "event-id", "redrive only the event with this `id` (repeat the flag, or separate ids with commas)")
 	ledger := fs.String("ledger-topic", "", "compacted topic recording what went back (default: the dead-letter topic + "+redrive.LedgerSuffix+")")
 	dryRun := fs.Bool("dry-run", false, "report what would go back, publish nothing")
-	loader := config.NewLoader(fs, nil).WithoutPostgres()
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "outbox-relay redrive: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if *fromOffset >= 0 && *toOffset >= 0 && *toOffset < *fromOffset {
 		fmt.Fprintln(stderr, "outbox-relay redrive: --to-offset is before --from-offset")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/replay"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -21,10 +19,9 @@ import (
 // policy of `run`, marked outbox.replay=true. It reads the table only, never the slot: it runs next
 // to a streaming relay.
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("outbox-relay replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs, loader := newFlags("replay", stderr)
 	var ids listFlag
-	fs.Var(&ids, "event-id", "replay this event (repeat the flag, or separate ids with commas)")
+	fs.Var(&ids, "event-id", "replay the event with this `id` (repeat the flag, or separate ids with commas)")
 	aggType := fs.String("aggregate-type", "", "replay the events of one aggregate: its type (with --aggregate-id)")
 	aggID := fs.String("aggregate-id", "", "replay the events of one aggregate: its id (with --aggregate-type)")
 	fromVersion := fs.Int64("from-version", 0, "with an aggregate: from this aggregate version on (needs columns.aggregate_version)")
@@ -33,16 +30,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	until := fs.String("until", "", "with --since: only events created before this RFC 3339 time, or this long ago")
 	partial := fs.Bool("partial", false, "publish what is left of a selection some rows of which were pruned, instead of refusing")
 	dryRun := fs.Bool("dry-run", false, "check and count the selection, publish nothing")
-	loader := config.NewLoader(fs, nil)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "outbox-relay replay: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	now := time.Now()
 	sel := replay.Selection{EventIDs: ids, AggregateType: *aggType, AggregateID: *aggID,

@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/poll"
 )
 
@@ -17,22 +14,13 @@ import (
 // backoff reset, processed_at cleared) by event id, all dead letters, or either narrowed to a
 // creation-time range, and prints how many rows it reset.
 func runRetry(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("outbox-relay retry", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs, loader := newFlags("retry", stderr)
 	ids := fs.String("ids", "", "comma-separated event ids to publish again (any state: a dead letter, a pending row in backoff, or a row already published)")
 	dead := fs.Bool("dead-letters", false, "every row in the dead-letter view")
 	since := fs.String("since", "", "only rows created at or after this RFC 3339 time, or this long ago (e.g. 24h)")
 	until := fs.String("until", "", "only rows created before this RFC 3339 time, or this long ago (e.g. 1h)")
-	loader := config.NewLoader(fs, nil).WithoutKafka()
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "outbox-relay retry: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	sel := poll.Selection{DeadLetters: *dead}
 	for _, id := range strings.Split(*ids, ",") {

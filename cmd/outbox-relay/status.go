@@ -117,21 +117,15 @@ type positionReport struct {
 
 // runStatus prints the slot at a glance and returns the exit code.
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("outbox-relay status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs, loader := newFlags("status", stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	var standbyDSNs []string
-	fs.Func("standby-dsn", "a standby to check for a usable copy of the failover slot (PostgreSQL 17+); repeat for several",
+	fs.Func("standby-dsn", "a standby (its connection `string`, like pg_dsn) to check for a usable copy of the failover slot (PostgreSQL 17+); repeat for several",
 		func(v string) error { standbyDSNs = append(standbyDSNs, v); return nil })
-	loader := config.NewLoader(fs, nil).WithoutKafka()
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "outbox-relay status: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
 	cfg, err := loader.Load()

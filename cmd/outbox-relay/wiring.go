@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -28,21 +27,9 @@ import (
 // loadConfig parses a subcommand's flags and loads its configuration.
 // Only run contacts Kafka; the other subcommands do not require kafka_brokers.
 func loadConfig(name string, args []string, stderr io.Writer) (*config.Config, error) {
-	fs := flag.NewFlagSet("outbox-relay "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	loader := config.NewLoader(fs, nil)
-	if name != "run" {
-		loader.WithoutKafka()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "outbox-relay %s: unexpected argument %q\n", name, fs.Arg(0))
-		return nil, errUsage
+	fs, loader := newFlags(name, stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
 	}
 	return loader.Load()
 }
