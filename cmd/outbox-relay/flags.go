@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/outbox-relay/outbox-relay/config"
@@ -31,15 +32,15 @@ var keys = func() map[string][]string {
 	return map[string][]string{
 		"migrate":     cat(pg, []string{"table", "publication", "source", "outbox_shape"}),
 		"forget-slot": cat(pg, []string{"slot", "table"}),
-		"status": cat(pg, []string{"slot", "table", "source", "columns.created_at", "failover", "failover_standby_dsn",
-			"delivery", "transactional_id", "positions_topic"}, kafkaConn),
+		"status": cat(pg, []string{"slot", "source", "failover", "delivery", "transactional_id", "positions_topic"},
+			columns, kafkaConn),
 		"prune": cat(pg, []string{"table", "columns.created_at", "outbox_shape", "source", "slot", "on_slot_lost",
 			"slot_recovery_margin", "prune_older_than", "prune_batch_size"}),
-		"retry": cat(pg, []string{"table", "columns.created_at", "source"}),
+		"retry": cat(pg, columns, []string{"source"}),
 		"replay": cat(pg, columns, []string{"backfill_order_column"}, of(config.GroupKafka, config.GroupRouting),
 			[]string{"on_failure", "dead_letter_topic", "max_in_flight_events", "max_in_flight_bytes", "max_message_bytes",
 				"shutdown_timeout", "log_level", "log_format"}),
-		"redrive": cat(kafkaConn, []string{"dead_letter_topic", "builtin_headers", "key_encoding"}),
+		"redrive": cat(kafkaConn, []string{"profile", "dead_letter_topic", "builtin_headers", "key_encoding"}),
 	}
 }()
 
@@ -90,12 +91,18 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		msg := err.Error()
 		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
 			msg = "unknown flag --" + name
+		} else if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+			msg = "--" + name + " needs a value"
 		}
 		fmt.Fprintf(out, "%s: %s\nRun '%s -h' for its flags.\n", fs.Name(), msg, fs.Name())
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		hint := ""
+		if _, err := strconv.ParseBool(fs.Arg(0)); err == nil {
+			hint = " (a boolean flag takes its value after =, as in --failover=false)"
+		}
+		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q%s\n", fs.Name(), fs.Arg(0), hint)
 		return errUsage
 	}
 	return nil

@@ -25,7 +25,7 @@ func TestEachCommandsHelpListsTheKeysItUses(t *testing.T) {
 		{command: "prune", has: []string{"--older-than", "--prune-older-than", "--on-slot-lost", "--slot-recovery-margin"}, hasNot: []string{"--kafka-brokers"}},
 		{command: "replay", has: []string{"--event-id", "--kafka-brokers", "--topic-template", "--value-encoding", "--on-failure"}, hasNot: []string{"--slot", "--leader-election", "--delivery"}},
 		{command: "redrive", has: []string{"--dead-letter-topic", "--kafka-brokers", "--dry-run"}, hasNot: []string{"--pg-dsn", "--topic-template"}},
-		{command: "retry", has: []string{"--ids", "--dead-letters", "--source"}, hasNot: []string{"--kafka-brokers", "--slot"}},
+		{command: "retry", has: []string{"--ids", "--dead-letters", "--source", "--columns.id", "--profile"}, hasNot: []string{"--kafka-brokers", "--slot"}},
 	} {
 		t.Run(tc.command, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
@@ -69,6 +69,8 @@ func TestAMistakeOnTheCommandLineIsOneLine(t *testing.T) {
 	}{
 		{[]string{"prune", "--olderthan=1h"}, "outbox-relay prune: unknown flag --olderthan\nRun 'outbox-relay prune -h' for its flags.\n"},
 		{[]string{"status", "extra"}, "outbox-relay status: unexpected argument \"extra\"\n"},
+		{[]string{"migrate", "--create-slot", "false"}, "outbox-relay migrate: unexpected argument \"false\" (a boolean flag takes its value after =, as in --failover=false)\n"},
+		{[]string{"migrate", "--slot"}, "outbox-relay migrate: --slot needs a value\nRun 'outbox-relay migrate -h' for its flags.\n"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(context.Background(), tc.args, &stdout, &stderr); code != 2 || stderr.String() != tc.want {
