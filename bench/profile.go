@@ -21,6 +21,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // Profile is what the in-process relay measured besides its pprof files: once draining the
@@ -183,7 +184,7 @@ func (b *bench) relayConfig(slot, prefix string) relay.Config {
 			Columns: []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload, cols.Headers},
 		},
 		Decoder: decoder.Config{Table: "outbox_events", Columns: cols},
-		Sink:    sink.Config{Brokers: []string{b.svc.Kafka.Brokers()}, TopicTemplate: prefix + ".{aggregate_type}"},
+		Sink:    sink.Config{Brokers: []string{b.svc.Kafka.Brokers()}, Record: record.Options{TopicTemplate: prefix + ".{aggregate_type}"}},
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // warmBroker pushes traffic through a throwaway topic before any side is measured. A freshly
@@ -69,7 +70,7 @@ func (b *bench) warmSteady(ctx context.Context, d time.Duration) error {
 			return err
 		}
 		lat := newLatencyReader(b.svc.Kafka.Brokers(), b.topics(name), b.cfg.Partitions)
-		cfg := sink.Config{Brokers: []string{b.svc.Kafka.Brokers()}, TopicTemplate: b.topicPrefix(name) + ".{aggregate_type}"}
+		cfg := sink.Config{Brokers: []string{b.svc.Kafka.Brokers()}, Record: record.Options{TopicTemplate: b.topicPrefix(name) + ".{aggregate_type}"}}
 		if exactlyOnce {
 			cfg.Transactions = &sink.Transactions{ID: b.run + "-" + name, PositionsTopic: b.run + ".positions"}
 		}

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // Config is every setting of `outbox-relay run`.
@@ -791,11 +791,11 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 		}
 	}
 	if c.TopicRegex != "" {
-		if _, err := sink.NewTopicRegex(c.TopicRegex, c.TopicReplacement); err != nil {
+		if _, err := record.NewTopicRegex(c.TopicRegex, c.TopicReplacement); err != nil {
 			bad("topic_regex", "%v", err)
 		}
 	}
-	if c.TopicRegex == "" && from("topic_replacement") != "default" && c.TopicReplacement != sink.DefaultTopicReplacement {
+	if c.TopicRegex == "" && from("topic_replacement") != "default" && c.TopicReplacement != record.DefaultTopicReplacement {
 		bad("topic_replacement", "applies with topic_regex only; for a fixed pattern use topic_template")
 	}
 	if c.UsesMessages() {

@@ -27,6 +27,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -636,7 +637,7 @@ func TestAPolledRowIsTheRecordTheWALModeGives(t *testing.T) {
 	cols := decoder.DefaultColumns()
 	cols.AggregateVersion, cols.Timestamp = "aggregate_version", "occurred_at"
 	startPoller(t, dsn, brokers, poll.Config{Columns: cols, Extra: []string{"tenant"}},
-		sink.Config{DeadLetterTopic: dlq, ExtraHeaders: []string{"tenant"}})
+		sink.Config{DeadLetterTopic: dlq, Record: record.Options{ExtraHeaders: []string{"tenant"}}})
 	occurred := time.Date(2026, 11, 30, 12, 0, 0, 250e6, time.UTC)
 	for i, ts := range []string{occurred.Format(time.RFC3339Nano), "infinity", ""} {
 		var at any = ts

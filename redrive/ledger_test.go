@@ -10,6 +10,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -32,7 +33,7 @@ func topics(ctx context.Context, t *testing.T) (Config, string, *kafka.Writer) {
 
 func deadLetter(dlq, topic, id string) kafka.Message {
 	return kafka.Message{Topic: dlq, Key: []byte("o-1"), Value: []byte(`{}`), Headers: []kafka.Header{
-		{Key: sink.HeaderID, Value: []byte(id)},
+		{Key: record.HeaderID, Value: []byte(id)},
 		{Key: sink.HeaderDLQTopic, Value: []byte(topic)},
 		{Key: sink.HeaderDLQKey, Value: []byte("o-1")},
 		{Key: sink.HeaderDLQReason, Value: []byte(sink.ReasonTooLarge)},

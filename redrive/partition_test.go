@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // An event whose partition a column chose (extra_fields placement partition) and whose timestamp
@@ -51,8 +52,8 @@ func TestARedrivenEventGoesToThePartitionItsColumnChoseWithItsTimestamp(t *testi
 	}
 	occurred := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
-	s, err := sink.New(sink.Config{Brokers: []string{k.Brokers()}, TopicTemplate: topic, DeadLetterTopic: dlq,
-		ExtraHeaders: []string{"part"}, ExtraPlacement: []sink.Placement{sink.PlacePartition}}, zaptest.NewLogger(t), metrics.New(nil))
+	s, err := sink.New(sink.Config{Brokers: []string{k.Brokers()}, DeadLetterTopic: dlq,
+		Record: record.Options{TopicTemplate: topic, ExtraHeaders: []string{"part"}, ExtraPlacement: []record.Placement{record.PlacePartition}}}, zaptest.NewLogger(t), metrics.New(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func TestARedrivenEventGoesToThePartitionItsColumnChoseWithItsTimestamp(t *testi
 		t.Fatal(err)
 	}
 	rd, err := Run(ctx, Config{Brokers: []string{k.Brokers()}, DeadLetterTopic: dlq, Partition: -1, FromOffset: -1, ToOffset: -1,
-		BuiltinHeaders: sink.BuiltinHeaders})
+		BuiltinHeaders: record.BuiltinHeaders})
 	if err != nil || rd.Redriven != 1 {
 		t.Fatalf("redrive = %+v, %v; want the dead letter redriven", rd, err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // Header marks a redriven record; its value is "true".
@@ -56,7 +57,7 @@ type Config struct {
 
 	// KeyEncoding is the relay's key_encoding: the dead letter's key is the raw aggregate id, the
 	// original record's key is encoded with it.
-	KeyEncoding sink.ValueEncoding
+	KeyEncoding record.Encoding
 	// BuiltinHeaders is the relay's builtin_headers: dead letters always carry id, event_type and
 	// aggregate_type, and the ones the original records did not carry are removed.
 	BuiltinHeaders []string
@@ -110,7 +111,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		cfg.Transport = &kafka.Transport{}
 	}
 	if cfg.BuiltinHeaders == nil {
-		cfg.BuiltinHeaders = sink.BuiltinHeaders
+		cfg.BuiltinHeaders = record.BuiltinHeaders
 	}
 	if len(cfg.Brokers) == 0 || cfg.DeadLetterTopic == "" {
 		return Result{}, errors.New("redrive: brokers and the dead-letter topic are required")
@@ -165,7 +166,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var res Result
 	heldKeys := make(map[string]error) // original topic + key -> the failure holding them back
 	err := scan(ctx, cfg, cfg.DeadLetterTopic, cfg.Partition, cfg.FromOffset, cfg.ToOffset, false, func(m kafka.Message) error {
-		id := headerValue(m, sink.HeaderID)
+		id := headerValue(m, record.HeaderID)
 		if len(wanted) > 0 && !wanted[id] {
 			return nil
 		}
@@ -247,7 +248,7 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 	if k := headerValue(m, sink.HeaderDLQKey); k != "" || hasHeader(m, sink.HeaderDLQKey) {
 		key = []byte(k)
 	}
-	out.Key = sink.EncodeKey(key, cfg.KeyEncoding)
+	out.Key = record.EncodeKey(key, cfg.KeyEncoding)
 	builtin := make(map[string]bool, len(cfg.BuiltinHeaders))
 	for _, h := range cfg.BuiltinHeaders {
 		builtin[h] = true
@@ -255,7 +256,7 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 	for _, h := range m.Headers {
 		switch {
 		case strings.HasPrefix(h.Key, "outbox.dlq."):
-		case (h.Key == sink.HeaderEventType || h.Key == sink.HeaderAggregateType || h.Key == sink.HeaderID) && !builtin[h.Key]:
+		case (h.Key == record.HeaderEventType || h.Key == record.HeaderAggregateType || h.Key == record.HeaderID) && !builtin[h.Key]:
 		default:
 			out.Headers = append(out.Headers, h)
 		}

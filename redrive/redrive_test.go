@@ -7,6 +7,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 func TestADeadLetterBecomesTheRecordTheRelayMeantToPublish(t *testing.T) {
@@ -42,8 +43,11 @@ func TestADeadLetterBecomesTheRecordTheRelayMeantToPublish(t *testing.T) {
 		{"key, value and headers are the original's, the dead-letter headers gone", dead(sink.ReasonTooLarge), Config{},
 			"o-1", "id=e-1 event_type=OrderPlaced aggregate_type=order aggregate_version=3 tenant=acme outbox.redrive=true", ""},
 		{"built-in headers the relay did not send are dropped, the key encoded as the relay does",
-			dead(sink.ReasonRejected), Config{BuiltinHeaders: []string{"id"}, KeyEncoding: sink.ValueJSONString},
+			dead(sink.ReasonRejected), Config{BuiltinHeaders: []string{"id"}, KeyEncoding: record.JSONString},
 			`"o-1"`, "id=e-1 aggregate_version=3 tenant=acme outbox.redrive=true", ""},
+		{"a key with Connect's schema is the relay's key, so it goes back to the same partition",
+			dead(sink.ReasonRejected), Config{KeyEncoding: record.JSONWithSchema},
+			`{"schema":{"type":"string","optional":false},"payload":"o-1"}`, "id=e-1 event_type=OrderPlaced aggregate_type=order aggregate_version=3 tenant=acme outbox.redrive=true", ""},
 		{"a payload reference cannot go back", dead(sink.ReasonTooLarge, kafka.Header{Key: "outbox.dlq.payload_bytes", Value: []byte("9999999")}),
 			Config{}, "", "", "replay the event by id"},
 		{"malformed headers cannot go back", dead(sink.ReasonBadHeaders), Config{}, "", "", "fix the row's headers"},
@@ -53,7 +57,7 @@ func TestADeadLetterBecomesTheRecordTheRelayMeantToPublish(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if c.cfg.BuiltinHeaders == nil {
-				c.cfg.BuiltinHeaders = sink.BuiltinHeaders
+				c.cfg.BuiltinHeaders = record.BuiltinHeaders
 			}
 			got, err := original(c.m, c.cfg)
 			if c.wantErr != "" {

@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // TestTheSinkCountsTheRowMemoryEachEventHolds: a decoded event aliases its whole pgoutput message
@@ -38,20 +39,20 @@ func TestTheSinkCountsTheRowMemoryEachEventHolds(t *testing.T) {
 		name     string
 		cols     []column
 		insert   []byte
-		encoding sink.ValueEncoding
+		encoding record.Encoding
 		atLeast  func(msg []byte) int64
 	}{
-		{"a large column the relay does not map", withBlob, event(aggType, 1, `{}`, big), sink.ValueRaw,
+		{"a large column the relay does not map", withBlob, event(aggType, 1, `{}`, big), record.Raw,
 			func(msg []byte) int64 { return int64(len(msg)) }},
-		{"a large payload sent as it is", outboxColumns, event(aggType, 2, `"`+big+`"`), sink.ValueRaw,
+		{"a large payload sent as it is", outboxColumns, event(aggType, 2, `"`+big+`"`), record.Raw,
 			func(msg []byte) int64 { return int64(len(msg)) }},
-		{"a large payload encoded as a JSON string (a copy)", outboxColumns, event(aggType, 3, `"`+big+`"`), sink.ValueJSONString,
+		{"a large payload encoded as a JSON string (a copy)", outboxColumns, event(aggType, 3, `"`+big+`"`), record.JSONString,
 			func(msg []byte) int64 { return int64(len(msg)) + int64(len(big)) }},
-		{"a bytea payload (hex text, and the decoded copy)", byteaPayload, event(aggType, 4, `\x`+blob), sink.ValueRaw,
+		{"a bytea payload (hex text, and the decoded copy)", byteaPayload, event(aggType, 4, `\x`+blob), record.Raw,
 			func(msg []byte) int64 { return int64(len(msg)) + int64(len(blob)/2) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, reg := newTestRelay(t, Config{Sink: sink.Config{Brokers: []string{k.Brokers()}, ValueEncoding: tc.encoding}})
+			r, reg := newTestRelay(t, Config{Sink: sink.Config{Brokers: []string{k.Brokers()}, Record: record.Options{ValueEncoding: tc.encoding}}})
 			defer func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 				defer cancel()

@@ -171,7 +171,7 @@ func TestInvalidMessagesGoToTheFailurePolicy(t *testing.T) {
 	dlq := testenv.UniqueName(t, "dlq")
 	cfg.Sink.Policy, cfg.Sink.DeadLetterTopic = sink.DeadLetter, dlq
 	cfg.Decoder.Extra = []string{"tenant"}
-	cfg.Sink.ExtraHeaders = []string{"tenant"}
+	cfg.Sink.Record.ExtraHeaders = []string{"tenant"}
 	f.start(cfg)
 	ctx := context.Background()
 	typ := f.types[0]

@@ -8,7 +8,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
-	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // TestRouterOptionsFromTheTableToKafka runs Debezium's router options end to end on a real
@@ -29,8 +29,8 @@ func TestRouterOptionsFromTheTableToKafka(t *testing.T) {
 	cfg.Replication.Columns = append(cfg.Replication.Columns, "occurred_at", "partitionno", "tracingspancontext")
 	cfg.Decoder.Columns.Timestamp, cfg.Decoder.Columns.TracingSpanContext = "occurred_at", "tracingspancontext"
 	cfg.Decoder.Extra = []string{"partitionno"}
-	cfg.Sink.ExtraHeaders, cfg.Sink.ExtraPlacement = []string{"partitionno"}, []sink.Placement{sink.PlacePartition}
-	cfg.Sink.TopicRegex, cfg.Sink.TopicReplacement = `(?<type>.*)`, "routed.${type}.events"
+	cfg.Sink.Record.ExtraHeaders, cfg.Sink.Record.ExtraPlacement = []string{"partitionno"}, []record.Placement{record.PlacePartition}
+	cfg.Sink.Record.TopicRegex, cfg.Sink.Record.TopicReplacement = `(?<type>.*)`, "routed.${type}.events"
 	cfg.OnUpdate = "fatal"
 	// The publication sends UPDATEs from the start: altering it under a running relay stops the
 	// relay by itself (the publication check cannot tell what it left out meanwhile).

@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // Header marks a replayed record; its value is "true".
@@ -33,9 +34,10 @@ const Header = "outbox.replay"
 // would take up. Replayed records are plain idempotent records, visible to read_committed
 // consumers at once, and duplicates by design (same id header).
 func SinkConfig(c sink.Config) sink.Config {
-	c.ExtraHeaders = append(append([]string{}, c.ExtraHeaders...), Header)
-	if c.ExtraPlacement != nil {
-		c.ExtraPlacement = append(append([]sink.Placement{}, c.ExtraPlacement...), sink.PlaceHeader)
+	r := &c.Record
+	r.ExtraHeaders = append(append([]string{}, r.ExtraHeaders...), Header)
+	if r.ExtraPlacement != nil {
+		r.ExtraPlacement = append(append([]record.Placement{}, r.ExtraPlacement...), record.PlaceHeader)
 	}
 	c.Transactions = nil
 	return c

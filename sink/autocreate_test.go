@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // TestSinkWithoutTopicAutoCreation runs against a dedicated broker that does not auto-create
@@ -54,7 +55,7 @@ func TestSinkWithoutTopicAutoCreation(t *testing.T) {
 		// and its dead-lettering waits. Close must give up at its deadline.
 		topic := testenv.UniqueName(t, "small")
 		createTopic(t, k.Brokers(), topic, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "2000"})
-		s2 := readySink(t, k.Brokers(), sink.Config{TopicTemplate: topic, DeadLetterTopic: testenv.UniqueName(t, "missing_dlq")})
+		s2 := readySink(t, k.Brokers(), sink.Config{Record: record.Options{TopicTemplate: topic}, DeadLetterTopic: testenv.UniqueName(t, "missing_dlq")})
 		s2.publish(t, newEvent("big", []byte("Order"), "order-2", "Big", []byte(`"`+strings.Repeat("b", 5000)+`"`)), &acker{})
 		eventually(t, 30*time.Second, "the dead-lettering waits for the missing topic", func() bool {
 			return s2.logs.FilterMessageSnippet("sending it to the dead-letter topic").Len() > 0

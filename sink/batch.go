@@ -38,7 +38,7 @@ type producerState struct {
 
 // encodeRecordSet appends to dst the record set of a produce request for kafka-go's
 // RawRecordSet: the batch's size as an int32, then the batch.
-func encodeRecordSet(dst []byte, batch []*record, ps producerState, compression kafka.Compression) ([]byte, error) {
+func encodeRecordSet(dst []byte, batch []*delivery, ps producerState, compression kafka.Compression) ([]byte, error) {
 	size := 4 + batchHeaderSize
 	for _, rec := range batch {
 		size += recordSize(&rec.msg) // an upper bound of the encoded record, so one allocation suffices
@@ -55,7 +55,7 @@ func encodeRecordSet(dst []byte, batch []*record, ps producerState, compression 
 }
 
 // encodeBatch appends the v2 record batch holding batch's records to dst.
-func encodeBatch(dst []byte, batch []*record, ps producerState, compression kafka.Compression) ([]byte, error) {
+func encodeBatch(dst []byte, batch []*delivery, ps producerState, compression kafka.Compression) ([]byte, error) {
 	start := len(dst)
 	dst = append(dst, make([]byte, batchHeaderSize)...)
 	base := batch[0].msg.Time

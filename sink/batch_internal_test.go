@@ -16,14 +16,14 @@ import (
 // set, for every codec.
 func TestEncodedBatchesDecodeWithKafkaGosReader(t *testing.T) {
 	t0 := time.UnixMilli(1_700_000_000_123)
-	var batch []*record
+	var batch []*delivery
 	for i := range 3 {
 		m := kafka.Message{Key: []byte(fmt.Sprintf("key-%d", i)), Value: bytes.Repeat([]byte("v"), 200*i),
 			Time: t0.Add(time.Duration(i) * time.Millisecond), Headers: []kafka.Header{{Key: "id", Value: []byte(fmt.Sprint(i))}, {Key: "empty", Value: nil}}}
 		if i == 1 {
 			m.Key = nil
 		}
-		batch = append(batch, &record{msg: m})
+		batch = append(batch, &delivery{msg: m})
 	}
 	for _, c := range []kafka.Compression{0, kafka.Gzip, kafka.Snappy, kafka.Lz4, kafka.Zstd} {
 		t.Run(fmt.Sprintf("codec %d", c), func(t *testing.T) {

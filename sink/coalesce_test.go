@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // TestPartitionsOfOneBrokerShareAProduceRequestAndKeepTheirOwnAnswers: records of three partitions
@@ -37,7 +38,7 @@ func TestPartitionsOfOneBrokerShareAProduceRequestAndKeepTheirOwnAnswers(t *test
 	}
 	fb.mu.Unlock()
 	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.addr()}, TopicTemplate: "{aggregate_type}", DeadLetterTopic: "dlq",
+		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
 		Linger: 300 * time.Millisecond, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn,
 	})
 	a := &acker{}
@@ -83,7 +84,7 @@ func TestARequestWithATopicKafkaGoCannotRouteYetSendsTheOthersAlone(t *testing.T
 	t.Parallel()
 	fb := newFakeBroker(t)
 	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.addr()}, TopicTemplate: "{aggregate_type}", DeadLetterTopic: "dlq",
+		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
 		Linger: 300 * time.Millisecond, WriteTimeout: time.Second,
 	})
 	a := &acker{}
@@ -149,7 +150,7 @@ func TestCoalescedRequestsDeliverEveryPartitionCompleteAndInOrder(t *testing.T) 
 				}
 			}
 			cfg := sink.Config{
-				Brokers: []string{k.Brokers()}, TopicTemplate: prefix + ".{aggregate_type}",
+				Brokers: []string{k.Brokers()}, Record: record.Options{TopicTemplate: prefix + ".{aggregate_type}"},
 				DeadLetterTopic: testenv.UniqueName(t, "dlq"), WriteTimeout: 10 * time.Second,
 				Linger: 50 * time.Millisecond,
 			}

@@ -67,6 +67,9 @@ var errTopicRefused = errors.New("under exactly-once its events go to the failur
 // start would abort the same transaction again, for ever).
 var errPositionsRefused = errors.New("kafka refused the relay's principal on the positions topic, so no Kafka transaction can commit")
 
+// errNoSuchPartition is the producer's refusal of a partition the topic does not have.
+var errNoSuchPartition = errors.New("no such partition")
+
 // refusedTopic is the error of a record whose topic the relay may not write, under exactly-once.
 func refusedTopic(topic string, err error) error {
 	return fmt.Errorf("kafka refused the relay's principal on topic %s (%w): %w; grant the principal Write and Describe on the topic", topic, err, errTopicRefused)

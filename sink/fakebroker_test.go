@@ -22,6 +22,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/plain"
 
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // fakeBroker speaks just enough of the Kafka protocol (ApiVersions, Metadata, Produce and SASL
@@ -208,7 +209,7 @@ func (fb *fakeBroker) serve(c net.Conn) {
 							break
 						}
 						for _, h := range rec.Headers {
-							if h.Key == sink.HeaderID {
+							if h.Key == record.HeaderID {
 								ids = append(ids, t.Topic+"/"+string(h.Value))
 								b.ids = append(b.ids, string(h.Value))
 							}
@@ -285,7 +286,7 @@ func TestSinkRetriesBrokerErrorsThatAreNotAboutTheRecord(t *testing.T) {
 			t.Parallel()
 			fb := newFakeBroker(t)
 			s := newSink(t, "", sink.Config{
-				Brokers: []string{fb.addr()}, TopicTemplate: "events", DeadLetterTopic: "dlq",
+				Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
 				SASL: plain.Mechanism{Username: "relay", Password: "secret"}, Linger: -1, WriteTimeout: 5 * time.Second,
 			})
 			fb.script(tt.produce, tt.metadata, tt.auth, tt.code)
@@ -354,7 +355,7 @@ func TestAHaltHoldsAtTheEarliestRefusedRecordWhateverOrderRefusalsArriveIn(t *te
 	}
 	fb.mu.Unlock()
 	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.addr()}, TopicTemplate: "{aggregate_type}", DeadLetterTopic: "dlq",
+		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
 		Policy: sink.Halt, Linger: -1, WriteTimeout: 5 * time.Second,
 	})
 	a := &acker{}

@@ -1,6 +1,9 @@
 package sink
 
-import "github.com/outbox-relay/outbox-relay/decoder"
+import (
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/sink/record"
+)
 
 // held is the memory a record of size bytes (key, value, headers) keeps alive until Kafka
 // acknowledges it, which is what max_in_flight_bytes bounds. The event's fields alias its whole WAL
@@ -8,7 +11,7 @@ import "github.com/outbox-relay/outbox-relay/decoder"
 // record aliases the event, except where the sink encodes a copy: a JSON-string key or value. The
 // record's own size still decides whether Kafka can take it (max_message_bytes).
 func (s *Sink) held(size int64, ev *decoder.Event) int64 {
-	if s.cfg.ValueEncoding == ValueJSONString || s.cfg.KeyEncoding == ValueJSONString {
+	if rc := s.cfg.Record; rc.ValueEncoding == record.JSONString || rc.KeyEncoding == record.JSONString {
 		return size + ev.RawSize
 	}
 	return max(size, ev.RawSize)

@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // stallingDialer dials Kafka directly, but the first `stalls` connections that carry a produce
@@ -105,7 +106,7 @@ func TestIdempotenceKeepsOneCopyOfARequestTheBrokerWroteButNeverAnswered(t *test
 				t.Fatal(err)
 			}
 			s := newSink(t, k.Brokers(), sink.Config{
-				TopicTemplate: topic, DeadLetterTopic: testenv.UniqueName(t, "dlq"),
+				Record: record.Options{TopicTemplate: topic}, DeadLetterTopic: testenv.UniqueName(t, "dlq"),
 				WriteTimeout: 2 * time.Second, Idempotence: tt.idempotence,
 			})
 			d := &stallingDialer{}
@@ -213,7 +214,7 @@ func TestIdempotentProducerAnswersEachSequenceErrorLikeTheJavaProducer(t *testin
 			}
 			fb.mu.Unlock()
 			s := newSink(t, "", sink.Config{
-				Brokers: []string{fb.addr()}, TopicTemplate: "events", DeadLetterTopic: "dlq",
+				Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
 				Linger: -1, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn,
 			})
 			a := &acker{}
@@ -251,7 +252,7 @@ func TestARefusedBatchIsSplitWithConsistentSequences(t *testing.T) {
 	}
 	fb.mu.Unlock()
 	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.addr()}, TopicTemplate: "events", DeadLetterTopic: "dlq",
+		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
 		Linger: 300 * time.Millisecond, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn,
 	})
 	a := &acker{}
@@ -309,7 +310,7 @@ func TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired(t *testing.T) 
 			fb.mu.Lock()
 			fb.idempotent, fb.initCode = tt.offered, int16(tt.code)
 			fb.mu.Unlock()
-			s := newSink(t, "", sink.Config{Brokers: []string{fb.addr()}, TopicTemplate: "events", DeadLetterTopic: "dlq",
+			s := newSink(t, "", sink.Config{Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
 				Linger: -1, WriteTimeout: 5 * time.Second, Idempotence: tt.mode})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

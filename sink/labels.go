@@ -1,6 +1,10 @@
 package sink
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/outbox-relay/outbox-relay/sink/record"
+)
 
 // Topics come from the outbox rows (topic_template over aggregate_type and event_type), so a
 // producer writing bad rows could mint a new topic per event, and each topic label value is a
@@ -31,7 +35,7 @@ func (l *topicLabels) of(topic string) string {
 	if l.known[topic] {
 		return topic
 	}
-	if validTopic(topic) != nil {
+	if record.ValidTopic(topic) != nil {
 		return invalidTopic
 	}
 	if len(l.known) < maxTopicLabels {

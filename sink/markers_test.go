@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // TestLostCommitMarkers runs the scenarios of commit markers lost with a partition's leader on one
@@ -373,7 +374,7 @@ func (c *markerCluster) newMarkerTxn(ctx context.Context, t *testing.T, n, posit
 	createTopicOn(ctx, t, c.client, m.trigger, c.ctrl.NodeID())
 	createTopicOn(ctx, t, c.client, m.positions, positionsNode, kafka.ConfigEntry{ConfigName: "cleanup.policy", ConfigValue: "compact"})
 	m.cfg = sink.Config{
-		Brokers: []string{c.ctrl.Brokers()}, TopicTemplate: base + "_{aggregate_type}", DeadLetterTopic: base + "_dlq",
+		Brokers: []string{c.ctrl.Brokers()}, Record: record.Options{TopicTemplate: base + "_{aggregate_type}"}, DeadLetterTopic: base + "_dlq",
 		WriteTimeout: 5 * time.Second,
 		// Only the (n+1)th event, which fills the transaction, ends it; its records go to the
 		// brokers at once (Config.Linger) all the same.
@@ -742,7 +743,7 @@ func TestAReadOfThePositionMidRunLeavesTheOpenTransactionAlone(t *testing.T) {
 	if _, _, err := a.ReadPosition(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := committedFor(t, k.Brokers(), 2*time.Second, cfgA.TopicTemplate); len(got) != 0 || acks.n.Load() != 0 {
+	if got := committedFor(t, k.Brokers(), 2*time.Second, cfgA.Record.TopicTemplate); len(got) != 0 || acks.n.Load() != 0 {
 		t.Fatalf("after a read of the position mid-run: %d records readable, %d acknowledged; want 0 and 0 (the transaction is open)", len(got), acks.n.Load())
 	}
 	for i := range 5 {
@@ -757,7 +758,7 @@ func TestAReadOfThePositionMidRunLeavesTheOpenTransactionAlone(t *testing.T) {
 	if err := a.Err(); err != nil {
 		t.Fatalf("the sink failed: %v", err)
 	}
-	if got := committedFor(t, k.Brokers(), 2*time.Second, cfgA.TopicTemplate); len(got) != 10 || acks.n.Load() != 10 {
+	if got := committedFor(t, k.Brokers(), 2*time.Second, cfgA.Record.TopicTemplate); len(got) != 10 || acks.n.Load() != 10 {
 		t.Fatalf("after Close: %d records readable, %d acknowledged; want 10 and 10", len(got), acks.n.Load())
 	}
 }

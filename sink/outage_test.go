@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // TestSinkWithABrokerThatGoesAway stops a dedicated broker for 20s while a sink publishes
@@ -28,7 +29,7 @@ func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := readySink(t, k.Brokers(), sink.Config{
-		TopicTemplate:   topic,
+		Record:          record.Options{TopicTemplate: topic},
 		DeadLetterTopic: testenv.UniqueName(t, "dlq"),
 		MaxInFlight:     2000,
 		WriteTimeout:    3 * time.Second,
@@ -40,7 +41,7 @@ func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	tx := readySink(t, k.Brokers(), sink.Config{
-		TopicTemplate: txTopic, DeadLetterTopic: testenv.UniqueName(t, "dlq"), MaxInFlight: 2000, WriteTimeout: 3 * time.Second,
+		Record: record.Options{TopicTemplate: txTopic}, DeadLetterTopic: testenv.UniqueName(t, "dlq"), MaxInFlight: 2000, WriteTimeout: 3 * time.Second,
 		Transactions: &sink.Transactions{ID: testenv.UniqueName(t, "txn"), PositionsTopic: testenv.UniqueName(t, "pos")},
 	})
 	log, txLog := newSent(), newSent()

@@ -9,6 +9,20 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/sink/record"
+)
+
+// Reasons an event cannot be published to its own topic; the label of events_failed_total.
+const (
+	ReasonTooLarge      = "message_too_large"
+	ReasonInvalidTopic  = "invalid_topic"
+	ReasonBadHeaders    = "invalid_headers"
+	ReasonNotAuthorized = "not_authorized" // exactly-once only: a topic the relay may not write (errors.go, refusedTopic)
+	ReasonRejected      = "rejected_by_broker"
+	// ReasonInvalidPartition: the partition column (record.PlacePartition) is not an integer, or
+	// names a partition the topic does not have.
+	ReasonInvalidPartition = "invalid_partition"
 )
 
 // Headers added to a dead-lettered record, next to the event's own.
@@ -23,7 +37,7 @@ const (
 	HeaderDLQPartition = "outbox.dlq.original_partition"
 )
 
-func eventFields(rec *record) []zap.Field {
+func eventFields(rec *delivery) []zap.Field {
 	return []zap.Field{
 		zap.ByteString("event_id", rec.ev.ID),
 		zap.ByteString("event_type", rec.ev.EventType),
@@ -39,7 +53,7 @@ func eventFields(rec *record) []zap.Field {
 // dead-letter topic's partitions (Publish passes its caller's context, the partition goroutines the
 // sink's own, which Close ends); fail returns ctx's error when ctx ended before the record was
 // handed over: it is then neither settled nor failed, and is published again after a restart.
-func (s *Sink) fail(ctx context.Context, rec *record, reason string, err error) error {
+func (s *Sink) fail(ctx context.Context, rec *delivery, reason string, err error) error {
 	if s.takeBack(rec, reason, err) {
 		return nil // the polling mode retries it later, or hands it to Reject once out of attempts
 	}
@@ -65,16 +79,16 @@ func (s *Sink) fail(ctx context.Context, rec *record, reason string, err error) 
 // deadLetterMessage builds the record for the dead-letter topic: same key and headers, the payload
 // as value, and headers saying where the event was going and why it failed. A payload too large for
 // the dead-letter topic too is replaced by a JSON reference to the outbox row.
-func (s *Sink) deadLetterMessage(rec *record, reason string, cause error) kafka.Message {
+func (s *Sink) deadLetterMessage(rec *delivery, reason string, cause error) kafka.Message {
 	ev := rec.ev
 	hs := []kafka.Header{
-		{Key: HeaderID, Value: ev.ID},
-		{Key: HeaderEventType, Value: ev.EventType},
-		{Key: HeaderAggregateType, Value: ev.AggregateType},
+		{Key: record.HeaderID, Value: ev.ID},
+		{Key: record.HeaderEventType, Value: ev.EventType},
+		{Key: record.HeaderAggregateType, Value: ev.AggregateType},
 	}
 	if reason != ReasonBadHeaders {
 		for _, h := range rec.msg.Headers {
-			if h.Key != HeaderID && h.Key != HeaderEventType && h.Key != HeaderAggregateType {
+			if h.Key != record.HeaderID && h.Key != record.HeaderEventType && h.Key != record.HeaderAggregateType {
 				hs = append(hs, h)
 			}
 		}
@@ -114,7 +128,7 @@ func (s *Sink) deadLetterMessage(rec *record, reason string, cause error) kafka.
 }
 
 // deadLettered is the dead-letter producer's report on a batch.
-func (s *Sink) deadLettered(batch []*record, err error) {
+func (s *Sink) deadLettered(batch []*delivery, err error) {
 	if err != nil {
 		for _, rec := range batch {
 			s.halt(rec, reason(err), fmt.Errorf("dead-letter topic %s refused it too: %w", s.cfg.DeadLetterTopic, err))
@@ -132,7 +146,7 @@ func (s *Sink) deadLettered(batch []*record, err error) {
 
 // halt stops the sink for good on rec, which is never acknowledged, so the slot's confirmed position
 // stays before it and nothing after it is lost; an operator fixes the cause and restarts.
-func (s *Sink) halt(rec *record, reason string, err error) {
+func (s *Sink) halt(rec *delivery, reason string, err error) {
 	// The halt holds at the earliest refused record: refusals of several partitions may arrive in
 	// any order (a record retried after a transient error is refused last), and a partition may
 	// send only what comes before the halt.

@@ -522,11 +522,11 @@ func (w *positionsWriter) write(ctx context.Context, pos Position, written map[t
 		return -1, err
 	}
 	now := time.Now()
-	rec := &record{msg: kafka.Message{Topic: w.tp.topic, Partition: w.tp.partition, Key: []byte(tm.id), Value: encodePositionWritten(pos, written), Time: now}}
+	rec := &delivery{msg: kafka.Message{Topic: w.tp.topic, Partition: w.tp.partition, Key: []byte(tm.id), Value: encodePositionWritten(pos, written), Time: now}}
 	rec.size = int64(recordSize(&rec.msg))
 	ps := w.ps
 	for attempt := 0; ; attempt++ {
-		err := tm.s.main.produce(nil, w.tp, []*record{rec}, ps)
+		err := tm.s.main.produce(nil, w.tp, []*delivery{rec}, ps)
 		if err == nil || errors.Is(err, kafka.DuplicateSequenceNumber) {
 			w.ps.seq = nextSequence(ps.seq, 1)
 			return rec.offset, nil

@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // TestANewSinkRefusesAPositionsTopicThatEventsOrDeadLettersShare: the positions partition and an
@@ -31,13 +32,13 @@ func TestANewSinkRefusesAPositionsTopicThatEventsOrDeadLettersShare(t *testing.T
 			[]string{"relay.pos", "dead-letter topic", "positions topic"}},
 		{"the default positions topic as the dead-letter topic", sink.Config{DeadLetterTopic: sink.DefaultPositionsTopic, Transactions: &sink.Transactions{ID: "t"}},
 			[]string{sink.DefaultPositionsTopic, "dead-letter topic"}},
-		{"a fixed topic template", sink.Config{TopicTemplate: "orders", Transactions: &sink.Transactions{ID: "t", PositionsTopic: "orders"}},
+		{"a fixed topic template", sink.Config{Record: record.Options{TopicTemplate: "orders"}, Transactions: &sink.Transactions{ID: "t", PositionsTopic: "orders"}},
 			[]string{"orders", "topic template"}},
-		{"a fixed topic replacement", sink.Config{TopicRegex: ".*", TopicReplacement: "orders", Transactions: &sink.Transactions{ID: "t", PositionsTopic: "orders"}},
+		{"a fixed topic replacement", sink.Config{Record: record.Options{TopicRegex: ".*", TopicReplacement: "orders"}, Transactions: &sink.Transactions{ID: "t", PositionsTopic: "orders"}},
 			[]string{"orders", "topic replacement"}},
-		{"a template with placeholders is checked per event", sink.Config{TopicTemplate: "x.{aggregate_type}", Transactions: &sink.Transactions{ID: "t", PositionsTopic: "x.Order"}}, nil},
-		{"a fixed template is not used with a topic regex", sink.Config{TopicTemplate: "orders", TopicRegex: "(?<routedByValue>.*)", Transactions: &sink.Transactions{ID: "t", PositionsTopic: "orders"}}, nil},
-		{"at-least-once writes no positions", sink.Config{TopicTemplate: sink.DefaultPositionsTopic}, nil},
+		{"a template with placeholders is checked per event", sink.Config{Record: record.Options{TopicTemplate: "x.{aggregate_type}"}, Transactions: &sink.Transactions{ID: "t", PositionsTopic: "x.Order"}}, nil},
+		{"a fixed template is not used with a topic regex", sink.Config{Record: record.Options{TopicTemplate: "orders", TopicRegex: "(?<routedByValue>.*)"}, Transactions: &sink.Transactions{ID: "t", PositionsTopic: "orders"}}, nil},
+		{"at-least-once writes no positions", sink.Config{Record: record.Options{TopicTemplate: sink.DefaultPositionsTopic}}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -73,8 +74,8 @@ func TestAnEventRoutedToThePositionsTopicGoesToTheFailurePolicy(t *testing.T) {
 	t.Parallel()
 	k := testenv.SharedKafka(t)
 	cfg := txnConfig(t, k, 50*time.Millisecond, 100)
-	ordinary := cfg.TopicTemplate
-	cfg.TopicTemplate = "{aggregate_type}"
+	ordinary := cfg.Record.TopicTemplate
+	cfg.Record.TopicTemplate = "{aggregate_type}"
 	s := readySink(t, k.Brokers(), cfg)
 	stream := newPGStream(3)
 	a := &acker{}

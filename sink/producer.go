@@ -34,7 +34,7 @@ type producer struct {
 	linger      time.Duration
 	timeout     time.Duration
 	ctx         context.Context // ends when the sink stops waiting (Close gave up)
-	done        func(batch []*record, err error)
+	done        func(batch []*delivery, err error)
 	retrying    func(topic string, partition int, records int, err error, delay time.Duration)
 	sent        func(records int) // one produce request went out
 	stopAt      func() uint64     // the halted record's position once the sink has halted; nothing at or after it is sent
@@ -179,7 +179,7 @@ func (p *producer) forgetLeaders(topic string) {
 // enqueue assigns rec a partition (murmur2 of the key, as the Java client does) and queues it.
 // It waits, retrying, while the topic's partition count cannot be learned; it returns a permanent
 // error (the topic is invalid or not authorized) or ctx's error.
-func (p *producer) enqueue(ctx context.Context, rec *record) error {
+func (p *producer) enqueue(ctx context.Context, rec *delivery) error {
 	var n int
 	for attempt := 0; ; attempt++ {
 		var err error
@@ -275,7 +275,7 @@ type partitionQueue struct {
 	wake chan struct{}
 
 	mu      sync.Mutex
-	pending []*record
+	pending []*delivery
 	bytes   int // of pending
 	closed  bool
 
@@ -290,7 +290,7 @@ type partitionQueue struct {
 	psReady bool
 }
 
-func (q *partitionQueue) push(rec *record) {
+func (q *partitionQueue) push(rec *delivery) {
 	q.mu.Lock()
 	// Exactly-once: a partition sends from the front only records of the Kafka transaction in
 	// progress (readyLocked). The dead-letter producer is fed from two sides: Publish rejects an
@@ -345,7 +345,7 @@ func (q *partitionQueue) run() {
 // partition's broker is sending a request (it goes along), and at once when the partition closes,
 // its oldest record was flushed (Sink.Flush) or (exactly-once) the Kafka transaction of its records
 // is being committed.
-func (q *partitionQueue) next() []*record {
+func (q *partitionQueue) next() []*delivery {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -437,7 +437,7 @@ func (q *partitionQueue) readyLocked() int {
 	return n
 }
 
-func (q *partitionQueue) takeLocked() []*record {
+func (q *partitionQueue) takeLocked() []*delivery {
 	size, n := 0, 0
 	ready := q.readyLocked()
 	for n < ready && n < q.p.maxRecords {
@@ -447,7 +447,7 @@ func (q *partitionQueue) takeLocked() []*record {
 		}
 		n++
 	}
-	batch := make([]*record, n)
+	batch := make([]*delivery, n)
 	copy(batch, q.pending)
 	for _, rec := range batch {
 		q.bytes -= int(rec.size)
@@ -470,7 +470,7 @@ func (q *partitionQueue) takeLocked() []*record {
 // With idempotence, a batch keeps its records, producer id, epoch and base sequence from its first
 // attempt on: the broker may have written that attempt, and only an identical retry is recognised
 // as the same batch. (Without idempotence a retry is cut at a halt that happened meanwhile.)
-func (q *partitionQueue) send(batch []*record) bool {
+func (q *partitionQueue) send(batch []*delivery) bool {
 	var ps producerState
 	sent, cut := false, false
 	for attempt := 0; ; attempt++ {
@@ -515,7 +515,7 @@ func (q *partitionQueue) send(batch []*record) bool {
 				// time, in order, so only a record refused on its own goes to the failure policy. Once
 				// one of them halts the sink, the rest are withheld.
 				for _, rec := range batch {
-					if !q.send([]*record{rec}) {
+					if !q.send([]*delivery{rec}) {
 						return false
 					}
 				}
@@ -644,7 +644,7 @@ func transactionFailed(err error) bool {
 
 // beforeHalt returns the records of batch that may still be sent: all of them while the sink runs;
 // after a halt, those before the halted record, up to the first one that is not.
-func (p *producer) beforeHalt(batch []*record) []*record {
+func (p *producer) beforeHalt(batch []*delivery) []*delivery {
 	stop := p.stopAt()
 	for i, rec := range batch {
 		if rec.seq >= stop {
@@ -656,7 +656,7 @@ func (p *producer) beforeHalt(batch []*record) []*record {
 
 // produce sends batch, for tp with the producer state ps, in the next request to tp's leader and
 // returns the broker's answer for tp. q is tp's queue, nil for a batch sent outside one.
-func (p *producer) produce(q *partitionQueue, tp topicPartition, batch []*record, ps producerState) error {
+func (p *producer) produce(q *partitionQueue, tp topicPartition, batch []*delivery, ps producerState) error {
 	buf, _ := p.buffers.Get().(*[]byte)
 	if buf == nil {
 		buf = new([]byte)

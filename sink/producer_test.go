@@ -46,7 +46,7 @@ func TestRequestsRespectRecordAndByteLimits(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			q := &partitionQueue{p: &producer{maxRecords: tt.maxRecords, maxBytes: tt.maxBytes}}
 			for _, size := range tt.sizes {
-				q.pending = append(q.pending, &record{size: size})
+				q.pending = append(q.pending, &delivery{size: size})
 			}
 			var got []int
 			for len(q.pending) > 0 {
@@ -76,9 +76,9 @@ func TestAfterAHaltOnlyRecordsBeforeTheHaltedOneAreSent(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := &producer{stopAt: func() uint64 { return tt.stopAt }}
-			var batch []*record
+			var batch []*delivery
 			for _, seq := range tt.seqs {
-				batch = append(batch, &record{seq: seq})
+				batch = append(batch, &delivery{seq: seq})
 			}
 			if got := len(p.beforeHalt(batch)); got != tt.want {
 				t.Fatalf("%d records may be sent, want %d", got, tt.want)

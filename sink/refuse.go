@@ -16,7 +16,7 @@ type Refuser interface {
 
 // takeBack hands rec to its Refuser, if it has one that takes it, and returns the record's
 // in-flight capacity. It reports whether the record is settled that way.
-func (s *Sink) takeBack(rec *record, reason string, err error) bool {
+func (s *Sink) takeBack(rec *delivery, reason string, err error) bool {
 	r, ok := rec.ack.(Refuser)
 	if !ok || !r.Refuse(reason, err) {
 		return false

@@ -29,6 +29,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // Policy says what happens to an event that cannot be published to its topic.
@@ -46,17 +47,13 @@ const (
 // Config configures a Sink. Zero values get the defaults noted.
 type Config struct {
 	Brokers         []string
-	TopicTemplate   string        // default "outbox.event.{aggregate_type}"
-	BuiltinHeaders  []string      // subset of BuiltinHeaders to send; default all
-	ExtraHeaders    []string      // header names for decoder.Event.Extra values, in order
-	ValueEncoding   ValueEncoding // default ValueRaw
-	KeyEncoding     ValueEncoding // default ValueRaw; ValueJSONString matches Connect's JsonConverter keys
-	MaxMessageBytes int           // largest record accepted; default 1048576 (Kafka's max.request.size)
-	BatchSize       int           // records per produce request and partition; default 500
-	Linger          time.Duration // how long a partition's oldest record waits for more before its batch goes; default 15ms, negative for none
-	WriteTimeout    time.Duration // one produce request; default 10s
-	MaxInFlight     int           // events not yet acknowledged; default 10000
-	MaxInFlightSize int64         // bytes not yet acknowledged; default 64 MiB
+	Record          record.Options // how events become records: topic, key, value, headers
+	MaxMessageBytes int            // largest record accepted; default 1048576 (Kafka's max.request.size)
+	BatchSize       int            // records per produce request and partition; default 500
+	Linger          time.Duration  // how long a partition's oldest record waits for more before its batch goes; default 15ms, negative for none
+	WriteTimeout    time.Duration  // one produce request; default 10s
+	MaxInFlight     int            // events not yet acknowledged; default 10000
+	MaxInFlightSize int64          // bytes not yet acknowledged; default 64 MiB
 	Compression     kafka.Compression
 	Policy          Policy // default DeadLetter
 	DeadLetterTopic string // default "outbox.dead-letter"
@@ -65,38 +62,10 @@ type Config struct {
 	ClientID        string        // default "outbox-relay"
 	Idempotence     Idempotence   // default IdempotenceAuto
 	Transactions    *Transactions // exactly-once; nil for at-least-once
-
-	// Debezium's outbox event router options (router.go).
-	// ExtraPlacement says where each Extra value goes, parallel to ExtraHeaders (which names it);
-	// nil puts every one in a header.
-	ExtraPlacement []Placement
-	// TopicRegex, when set, routes by regular expression (route.topic.regex) instead of
-	// TopicTemplate: TopicReplacement (default DefaultTopicReplacement) expanded with the groups of
-	// TopicRegex matched against the aggregate type. See NewTopicRegex.
-	TopicRegex       string
-	TopicReplacement string
-	// TombstoneOnEmptyPayload sends a null value (a tombstone) for a payload that is NULL, empty or
-	// blank (route.tombstone.on.empty.payload); without it only a NULL payload has a null value,
-	// and with an envelope not even that.
-	TombstoneOnEmptyPayload bool
-	// PayloadField names the payload column, for ValueJSONWithSchema (Debezium names the expanded
-	// document's schema after it); default "payload".
-	PayloadField string
 }
 
 func (c *Config) setDefaults() {
-	if c.TopicTemplate == "" {
-		c.TopicTemplate = "outbox.event." + placeholderAggregateType
-	}
-	if c.BuiltinHeaders == nil {
-		c.BuiltinHeaders = BuiltinHeaders
-	}
-	if c.ValueEncoding == "" {
-		c.ValueEncoding = ValueRaw
-	}
-	if c.KeyEncoding == "" {
-		c.KeyEncoding = ValueRaw
-	}
+	c.Record = c.Record.WithDefaults()
 	if c.MaxMessageBytes <= 0 {
 		c.MaxMessageBytes = 1 << 20
 	}
@@ -132,9 +101,6 @@ func (c *Config) setDefaults() {
 		t.setDefaults()
 		c.Transactions = &t
 	}
-	if c.PayloadField == "" {
-		c.PayloadField = "payload"
-	}
 }
 
 // Acker is told when events of one transaction are done. *checkpoint.Txn implements it.
@@ -149,7 +115,7 @@ type Sink struct {
 	log       *zap.Logger
 	m         *metrics.Metrics
 	transport *kafka.Transport
-	router    *router
+	records   *record.Builder
 	limit     *limiter
 	labels    *topicLabels
 
@@ -159,10 +125,8 @@ type Sink struct {
 	ctx        context.Context // ends when Close gives up waiting, or the sink fails for good
 	stop       context.CancelFunc
 
-	halted      atomic.Pointer[haltState]
-	topics      *topicWaits
-	headers     []string // headerNames, built on first use by Publish's goroutine
-	nullHeaders []bool   // which of them stand as a null header when NULL
+	halted atomic.Pointer[haltState]
+	topics *topicWaits
 
 	// seq is the last record's position. Publish, on one goroutine, advances it; Flush reads it.
 	seq atomic.Uint64
@@ -175,8 +139,8 @@ type Sink struct {
 	starting   atomic.Bool  // WaitReady is waiting for Kafka
 }
 
-// record is one event on its way to Kafka.
-type record struct {
+// delivery is one event on its way to Kafka.
+type delivery struct {
 	msg       kafka.Message
 	partition int // chosen by the event (PlacePartition), or -1 for the key's
 	ev        *decoder.Event
@@ -187,6 +151,16 @@ type record struct {
 	seq       uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
 	txn       uint64 // exactly-once: the generation of the Kafka transaction it belongs to
 	offset    int64  // where the broker wrote it, once written; -1 if the broker did not say
+}
+
+// recordSize is the size Kafka counts against max.message.bytes for a record on its own, with the
+// record and batch framing overhead rounded up.
+func recordSize(m *kafka.Message) int {
+	n := len(m.Key) + len(m.Value) + 100 // 61-byte batch header, record header, varints
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value) + 10
+	}
+	return n
 }
 
 type haltState struct {
@@ -203,18 +177,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("sink: no Kafka brokers configured")
 	}
-	for _, enc := range []ValueEncoding{cfg.ValueEncoding, cfg.KeyEncoding} {
-		if enc != ValueRaw && enc != ValueJSONString && enc != ValueJSONWithSchema && enc != ValueJSONExpanded {
-			return nil, fmt.Errorf("sink: unknown encoding %q (want %q, %q, %q or %q)", enc, ValueRaw, ValueJSONString, ValueJSONExpanded, ValueJSONWithSchema)
-		}
-	}
-	if cfg.ValueEncoding == ValueJSONWithSchema && cfg.hasEnvelope() {
-		return nil, fmt.Errorf("sink: value encoding %q with envelope fields is not supported", ValueJSONWithSchema)
-	}
-	for _, h := range cfg.BuiltinHeaders {
-		if h != HeaderID && h != HeaderEventType && h != HeaderAggregateType {
-			return nil, fmt.Errorf("sink: unknown built-in header %q (want some of %v)", h, BuiltinHeaders)
-		}
+	records, err := record.NewBuilder(cfg.Record)
+	if err != nil {
+		return nil, fmt.Errorf("sink: %w", err)
 	}
 	if cfg.Policy != DeadLetter && cfg.Policy != Halt {
 		return nil, fmt.Errorf("sink: unknown failure policy %q (want %q or %q)", cfg.Policy, DeadLetter, Halt)
@@ -232,28 +197,11 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		if cfg.Idempotence == IdempotenceOff {
 			return nil, errors.New("sink: exactly-once delivery needs the idempotent producer; kafka.idempotence is off")
 		}
-		if err := validTopic(t.PositionsTopic); err != nil {
+		if err := record.ValidTopic(t.PositionsTopic); err != nil {
 			return nil, fmt.Errorf("sink: positions topic: %w", err)
 		}
 	}
-	rt, err := newRouter(cfg.TopicTemplate)
-	if err != nil {
-		return nil, fmt.Errorf("sink: topic template: %w", err)
-	}
-	if cfg.TopicRegex != "" {
-		if cfg.TopicReplacement == "" {
-			cfg.TopicReplacement = DefaultTopicReplacement
-		}
-		re, err := NewTopicRegex(cfg.TopicRegex, cfg.TopicReplacement)
-		if err != nil {
-			return nil, fmt.Errorf("sink: %w", err)
-		}
-		rt.regex = &regexRouter{re: re, replacement: cfg.TopicReplacement}
-	}
-	if len(cfg.ExtraPlacement) > 0 && len(cfg.ExtraPlacement) != len(cfg.ExtraHeaders) {
-		return nil, fmt.Errorf("sink: %d extra placements for %d extra columns", len(cfg.ExtraPlacement), len(cfg.ExtraHeaders))
-	}
-	if err := validTopic(cfg.DeadLetterTopic); err != nil {
+	if err := record.ValidTopic(cfg.DeadLetterTopic); err != nil {
 		return nil, fmt.Errorf("sink: dead-letter topic: %w", err)
 	}
 	if t := cfg.Transactions; t != nil {
@@ -264,26 +212,26 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		if t.PositionsTopic == cfg.DeadLetterTopic {
 			return nil, fmt.Errorf("sink: the positions topic and the dead-letter topic are both %s: the positions topic must hold positions only (config keys positions_topic and dead_letter_topic)", t.PositionsTopic)
 		}
-		if cfg.TopicRegex == "" && t.PositionsTopic == cfg.TopicTemplate {
+		if rc := cfg.Record; rc.TopicRegex == "" && t.PositionsTopic == rc.TopicTemplate {
 			return nil, fmt.Errorf("sink: the positions topic and the topic template are both %s: every event would go to the positions topic, which must hold positions only (config keys positions_topic and topic_template)", t.PositionsTopic)
 		}
-		if cfg.TopicRegex != "" && t.PositionsTopic == cfg.TopicReplacement {
+		if rc := cfg.Record; rc.TopicRegex != "" && t.PositionsTopic == rc.TopicReplacement {
 			return nil, fmt.Errorf("sink: the positions topic and the topic replacement are both %s: every event the topic regex matches would go to the positions topic, which must hold positions only (config keys positions_topic and topic_replacement)", t.PositionsTopic)
 		}
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	labels := newTopicLabels()
 	s := &Sink{
-		cfg:    cfg,
-		log:    log,
-		m:      m,
-		router: rt,
-		limit:  newLimiter(int64(cfg.MaxInFlight), cfg.MaxInFlightSize),
-		labels: labels,
-		ctx:    ctx,
-		stop:   stop,
-		topics: &topicWaits{log: log, gauge: m.TopicUnavailable, labels: labels, waiting: make(map[string]*topicWait)},
-		failed: make(chan struct{}),
+		cfg:     cfg,
+		log:     log,
+		m:       m,
+		records: records,
+		limit:   newLimiter(int64(cfg.MaxInFlight), cfg.MaxInFlightSize),
+		labels:  labels,
+		ctx:     ctx,
+		stop:    stop,
+		topics:  &topicWaits{log: log, gauge: m.TopicUnavailable, labels: labels, waiting: make(map[string]*topicWait)},
+		failed:  make(chan struct{}),
 	}
 	s.transport = s.newTransport()
 	s.transport.IdleTimeout = 30 * time.Second
@@ -299,14 +247,14 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	s.dead = s.newProducer(client, s.deadLettered)
 	if s.txn != nil {
 		// Written records are held until their Kafka transaction commits (transactions.go).
-		s.main.done = func(batch []*record, err error) {
+		s.main.done = func(batch []*delivery, err error) {
 			if err != nil {
 				s.completed(batch, err)
 				return
 			}
 			s.txn.written(batch, false)
 		}
-		s.dead.done = func(batch []*record, err error) {
+		s.dead.done = func(batch []*delivery, err error) {
 			if err != nil {
 				s.deadLettered(batch, err)
 				return
@@ -326,7 +274,7 @@ func (s *Sink) newTransport() *kafka.Transport {
 	return &kafka.Transport{ClientID: s.cfg.ClientID, TLS: s.cfg.TLS, SASL: s.cfg.SASL, DialTimeout: 5 * time.Second}
 }
 
-func (s *Sink) newProducer(client *kafka.Client, done func([]*record, error)) *producer {
+func (s *Sink) newProducer(client *kafka.Client, done func([]*delivery, error)) *producer {
 	p := &producer{
 		client:      client,
 		compression: s.cfg.Compression,
@@ -415,17 +363,9 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	rec := &record{ev: ev, ack: ack, seq: s.seq.Add(1)}
-	// The key is encoded before partitioning, so murmur2 hashes the same bytes a Java producer
-	// with the same converter would.
-	rec.msg = kafka.Message{
-		Key:   s.key(ev),
-		Value: s.value(ev),
-		// Set for every path: a dead-lettered record keeps it too (a zero time would be written as
-		// 1970, which time-based retention deletes at once).
-		Time: recordTime(ev, time.Now()),
-	}
-	topic, routeErr := s.router.topic(ev)
+	built := s.records.Build(ev, time.Now())
+	rec := &delivery{ev: ev, ack: ack, seq: s.seq.Add(1), msg: built.Msg, partition: built.Partition}
+	topic, routeErr, hdrErr, partErr := built.Msg.Topic, built.TopicErr, built.HeadersErr, built.PartitionErr
 	if routeErr == nil && topic == s.cfg.DeadLetterTopic {
 		// One partition, one producer: the dead-letter producer's sequence numbers would collide.
 		routeErr = fmt.Errorf("event %s routes to the dead-letter topic %s", ev.ID, topic)
@@ -436,11 +376,7 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		// of the other and never written).
 		routeErr = fmt.Errorf("event %s routes to the positions topic %s (positions_topic), which must hold positions only", ev.ID, topic)
 	}
-	rec.msg.Topic, rec.topic = topic, topic
-	hs, hdrErr := buildHeaders(ev, s.cfg.BuiltinHeaders, s.headerNames(), s.nullHeaders)
-	rec.msg.Headers = traceHeaders(hs, ev.SpanContext)
-	partition, partErr := s.partitionOf(ev)
-	rec.partition = partition
+	rec.topic = topic
 	size := int64(recordSize(&rec.msg))
 	rec.size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
 	if err := s.limit.acquire(ctx, s.failed, rec.size); err != nil {
@@ -506,52 +442,6 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 // that did not commit.
 const abortGrace = 2 * time.Second
 
-// value is the record value: the payload in the value encoding, in an envelope with the envelope
-// columns, or a tombstone (router.go). A NULL payload is a null value (a tombstone) with raw, and
-// the JSON null with the JSON encodings, as Kafka Connect's JsonConverter writes a null value that
-// has a schema.
-func (s *Sink) value(ev *decoder.Event) []byte {
-	switch {
-	case s.cfg.TombstoneOnEmptyPayload && blank(ev.Payload):
-		return nil
-	case ev.Payload == nil && (s.cfg.ValueEncoding == ValueJSONString || s.cfg.ValueEncoding == ValueJSONExpanded) && !s.cfg.hasEnvelope():
-		return []byte("null")
-	case s.cfg.hasEnvelope():
-		return s.envelope(ev)
-	case s.cfg.ValueEncoding == ValueJSONWithSchema:
-		return connectJSONValue(ev.Payload, s.cfg.PayloadField)
-	case s.cfg.ValueEncoding == ValueJSONExpanded:
-		return expandedValue(ev.Payload, s.cfg.PayloadField)
-	}
-	return encodeValue(ev.Payload, s.cfg.ValueEncoding)
-}
-
-// key is the record key in the key encoding.
-func (s *Sink) key(ev *decoder.Event) []byte {
-	if s.cfg.KeyEncoding == ValueJSONWithSchema {
-		return connectJSONKey(ev.AggregateID)
-	}
-	return encodeValue(ev.AggregateID, s.cfg.KeyEncoding)
-}
-
-// headerNames names the extra values that go into headers; the others' names are empty.
-func (s *Sink) headerNames() []string {
-	if s.cfg.ExtraPlacement == nil {
-		return s.cfg.ExtraHeaders
-	}
-	if s.headers == nil {
-		s.headers = make([]string, len(s.cfg.ExtraHeaders))
-		s.nullHeaders = make([]bool, len(s.cfg.ExtraHeaders))
-		for i, p := range s.cfg.ExtraPlacement {
-			if p == PlaceHeader || p == PlaceHeaderOrNull {
-				s.headers[i] = s.cfg.ExtraHeaders[i]
-			}
-			s.nullHeaders[i] = p == PlaceHeaderOrNull
-		}
-	}
-	return s.headers
-}
-
 // backoff grows from 200ms to 2s.
 // A retry against a broker that is down costs one failed dial, so the ceiling is low: the relay
 // notices a broker coming back within seconds.
@@ -562,7 +452,7 @@ func backoff(attempt int) time.Duration {
 
 // completed is the main producer's report on a batch of one partition: acknowledged, or refused
 // for good by the broker (then for a single record).
-func (s *Sink) completed(batch []*record, err error) {
+func (s *Sink) completed(batch []*delivery, err error) {
 	s.answered()
 	if errors.Is(err, errTopicRefused) {
 		s.topics.unavailable(batch[0].msg.Topic, err) // readiness names it until the topic takes a record
@@ -600,7 +490,7 @@ func (s *Sink) completed(batch []*record, err error) {
 
 // settle acknowledges records to their transactions, one call per run of the same transaction,
 // and returns their capacity to the limiter.
-func (s *Sink) settle(batch []*record, bytes int64) {
+func (s *Sink) settle(batch []*delivery, bytes int64) {
 	var run Acker
 	n := 0
 	for _, rec := range batch {

@@ -22,6 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // javaPartitions runs testdata/Murmur2.java against the Kafka client jars: the partition the Java
@@ -96,7 +97,7 @@ func TestSinkPartitionsKeysLikeTheJavaClient(t *testing.T) {
 	if err := k.CreateTopic(context.Background(), topic, partitions); err != nil {
 		t.Fatal(err)
 	}
-	s := readySink(t, k.Brokers(), sink.Config{TopicTemplate: topic, DeadLetterTopic: testenv.UniqueName(t, "dlq")})
+	s := readySink(t, k.Brokers(), sink.Config{Record: record.Options{TopicTemplate: topic}, DeadLetterTopic: testenv.UniqueName(t, "dlq")})
 	var acked atomic.Int64
 	for i, key := range keys {
 		aggID := key
@@ -148,7 +149,7 @@ func TestSinkDeliversEveryEventOnceAckedInKeyOrder(t *testing.T) {
 	aggType := testenv.UniqueName(t, "agg")
 	topic := "outbox.event." + aggType // auto-created: 3 partitions
 	s := readySink(t, k.Brokers(), sink.Config{
-		ExtraHeaders:    []string{"tenant"},
+		Record:          record.Options{ExtraHeaders: []string{"tenant"}},
 		DeadLetterTopic: testenv.UniqueName(t, "dlq"),
 		BatchSize:       100,
 		MaxInFlight:     1000, // the limiter must recycle capacity

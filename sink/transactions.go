@@ -95,7 +95,7 @@ type kafkaTxn struct {
 	records     int       // records that joined it
 	outstanding int       // of those, not yet written or dead-lettered
 	held        []heldBatch
-	last        *record // the written record latest in publish order
+	last        *delivery // the written record latest in publish order
 	sealed      bool
 	// spans is where its records lie in each partition it wrote: its marker must land past them
 	// (landed).
@@ -103,7 +103,7 @@ type kafkaTxn struct {
 }
 
 type heldBatch struct {
-	batch []*record
+	batch []*delivery
 	dead  bool // written to the dead-letter topic
 }
 
@@ -143,7 +143,7 @@ func (tm *txnManager) register(q *partitionQueue) {
 
 // join puts a record being published into the open transaction: the last one, unless it is sealed
 // or full. Publish calls it, on one goroutine, before handing the record over.
-func (tm *txnManager) join(rec *record) {
+func (tm *txnManager) join(rec *delivery) {
 	tm.mu.Lock()
 	t := tm.txns[len(tm.txns)-1]
 	if t.sealed || t.records >= tm.maxEvents {
@@ -165,7 +165,7 @@ func (tm *txnManager) join(rec *record) {
 }
 
 // leave takes back a record that joined but was never handed over (its Publish ended).
-func (tm *txnManager) leave(rec *record) {
+func (tm *txnManager) leave(rec *delivery) {
 	tm.mu.Lock()
 	if t := tm.txn(rec.txn); t != nil {
 		t.records--
@@ -183,7 +183,7 @@ func (tm *txnManager) txn(gen uint64) *kafkaTxn {
 }
 
 // written holds a batch the broker took (inside the transaction) until the transaction commits.
-func (tm *txnManager) written(batch []*record, dead bool) {
+func (tm *txnManager) written(batch []*delivery, dead bool) {
 	tm.mu.Lock()
 	t := tm.txn(batch[0].txn)
 	if t == nil {

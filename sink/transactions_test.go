@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // pgStream makes events the way the decoder does: runs of `size` events share a PostgreSQL
@@ -55,8 +56,8 @@ func txnConfig(t *testing.T, k *devenv.Kafka, interval time.Duration, maxEvents 
 		t.Fatal(err)
 	}
 	return sink.Config{
-		Brokers:       []string{k.Brokers()},
-		TopicTemplate: topic, DeadLetterTopic: testenv.UniqueName(t, "dlq"), WriteTimeout: 5 * time.Second,
+		Brokers: []string{k.Brokers()},
+		Record:  record.Options{TopicTemplate: topic}, DeadLetterTopic: testenv.UniqueName(t, "dlq"), WriteTimeout: 5 * time.Second,
 		Transactions: &sink.Transactions{
 			ID: testenv.UniqueName(t, "txn"), Interval: interval, MaxEvents: maxEvents,
 			PositionsTopic: testenv.UniqueName(t, "pos"),
@@ -105,8 +106,8 @@ func TestTransactionsCommitPrefixesOfTheStreamAndTheirPositions(t *testing.T) {
 	if err != nil || !ok || pos != stream.position() {
 		t.Errorf("ReadPosition = %v %v %v, want %v", pos, ok, err, stream.position())
 	}
-	records := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(n), cfg.TopicTemplate)
-	if dups := log.verify(t, cfg.TopicTemplate, records); dups != 0 {
+	records := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(n), cfg.Record.TopicTemplate)
+	if dups := log.verify(t, cfg.Record.TopicTemplate, records); dups != 0 {
 		t.Errorf("%d duplicates", dups)
 	}
 	txns := s.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "committed")
@@ -150,8 +151,8 @@ func TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo(t *testing.T) {
 	for i := range 50 {
 		s.publish(t, stream.next(fmt.Sprintf("order-%d", i%5)), a)
 	}
-	uncommitted := readBack(t, k.Brokers(), 60*time.Second, atLeast(50), cfg.TopicTemplate)
-	if seen := committedFor(t, k.Brokers(), 2*time.Second, cfg.TopicTemplate); len(seen) != 0 {
+	uncommitted := readBack(t, k.Brokers(), 60*time.Second, atLeast(50), cfg.Record.TopicTemplate)
+	if seen := committedFor(t, k.Brokers(), 2*time.Second, cfg.Record.TopicTemplate); len(seen) != 0 {
 		t.Errorf("a read_committed reader sees %d records of the open transaction", len(seen))
 	}
 	if a.n.Load() != 0 {
@@ -173,7 +174,7 @@ func TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo(t *testing.T) {
 	if _, ok, err := next.ReadPosition(context.Background()); ok || err != nil {
 		t.Errorf("ReadPosition after the abort = ok %v, %v; want nothing committed", ok, err)
 	}
-	publishAndVerify(t, next, k.Brokers(), cfg.TopicTemplate, "second", 20)
+	publishAndVerify(t, next, k.Brokers(), cfg.Record.TopicTemplate, "second", 20)
 	t.Logf("the log holds %d records of the aborted transaction; a read_committed reader saw none of them", len(uncommitted))
 }
 
@@ -193,7 +194,7 @@ func TestASecondProducerWithTheSameTransactionalIDFencesTheFirst(t *testing.T) {
 	for i := range 30 {
 		a.publish(t, stream.next(fmt.Sprintf("order-%d", i%3)), acksA)
 	}
-	readBack(t, k.Brokers(), 30*time.Second, atLeast(30), cfg.TopicTemplate) // written, not committed
+	readBack(t, k.Brokers(), 30*time.Second, atLeast(30), cfg.Record.TopicTemplate) // written, not committed
 
 	b := readySink(t, k.Brokers(), cfg) // InitProducerID: fences A and aborts its transaction
 	select {
@@ -215,7 +216,7 @@ func TestASecondProducerWithTheSameTransactionalIDFencesTheFirst(t *testing.T) {
 	}
 	_ = a.close(context.Background())
 
-	publishAndVerify(t, b, k.Brokers(), cfg.TopicTemplate, "b", 30) // verify also fails on A's ids
+	publishAndVerify(t, b, k.Brokers(), cfg.Record.TopicTemplate, "b", 30) // verify also fails on A's ids
 }
 
 // publishAndVerify publishes n events (ids prefix-0...) through s, closes it, and checks that a
@@ -315,7 +316,7 @@ func TestDeadLetteredEventsAreCommittedInTheSameTransaction(t *testing.T) {
 	if len(dead) != 1 || dead[0].Header("id") != "ev-00007" {
 		t.Errorf("dead-letter topic holds %d records, want ev-00007", len(dead))
 	}
-	if got := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(19), cfg.TopicTemplate); len(got) != 19 {
+	if got := readCommitted(t, k.Brokers(), 60*time.Second, atLeast(19), cfg.Record.TopicTemplate); len(got) != 19 {
 		t.Errorf("%d records on the topic, want 19", len(got))
 	}
 }
@@ -353,7 +354,7 @@ func TestAHaltAbortsTheTransactionThatHoldsTheHaltedEvent(t *testing.T) {
 	if a.n.Load() != 10 {
 		t.Errorf("%d events acknowledged, want the first transaction's 10", a.n.Load())
 	}
-	if got := committedFor(t, k.Brokers(), 3*time.Second, cfg.TopicTemplate); len(got) != 10 {
+	if got := committedFor(t, k.Brokers(), 3*time.Second, cfg.Record.TopicTemplate); len(got) != 10 {
 		t.Errorf("a read_committed reader sees %d records, want 10", len(got))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -382,8 +383,8 @@ func TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced(t *test
 	for i := range 10 {
 		s.publish(t, stream.next(fmt.Sprintf("k%d", i%3)), a)
 	}
-	readBack(t, k.Brokers(), 30*time.Second, atLeast(10), cfg.TopicTemplate) // written, not committed
-	time.Sleep(15 * time.Second)                                             // the coordinator aborts it meanwhile
+	readBack(t, k.Brokers(), 30*time.Second, atLeast(10), cfg.Record.TopicTemplate) // written, not committed
+	time.Sleep(15 * time.Second)                                                    // the coordinator aborts it meanwhile
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	err := s.close(ctx) // tries to commit
@@ -393,7 +394,7 @@ func TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced(t *test
 	if a.n.Load() != 0 {
 		t.Errorf("%d events acknowledged", a.n.Load())
 	}
-	if got := committedFor(t, k.Brokers(), 2*time.Second, cfg.TopicTemplate); len(got) != 0 {
+	if got := committedFor(t, k.Brokers(), 2*time.Second, cfg.Record.TopicTemplate); len(got) != 0 {
 		t.Errorf("a read_committed reader sees %d records", len(got))
 	}
 }

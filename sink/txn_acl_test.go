@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // TestUnderExactlyOnceATopicTheRelayMayNotWriteDoesNotHoldUpTheOthers: a topic the relay's
@@ -42,7 +43,7 @@ func TestUnderExactlyOnceATopicTheRelayMayNotWriteDoesNotHoldUpTheOthers(t *test
 	setup := func(t *testing.T, describe bool) (cfg sink.Config, ok, denied string) {
 		ok, denied = testenv.UniqueName(t, "ok"), testenv.UniqueName(t, "denied")
 		cfg = sink.Config{
-			Brokers: []string{k.SASLBrokers()}, SASL: mechanism, TopicTemplate: "{aggregate_type}",
+			Brokers: []string{k.SASLBrokers()}, SASL: mechanism, Record: record.Options{TopicTemplate: "{aggregate_type}"},
 			DeadLetterTopic: testenv.UniqueName(t, "dlq"), WriteTimeout: 5 * time.Second,
 			Transactions: &sink.Transactions{ID: testenv.UniqueName(t, "txn"), Interval: 50 * time.Millisecond,
 				PositionsTopic: testenv.UniqueName(t, "pos")},

@@ -29,8 +29,8 @@ func TestABrokerRefusalDeadLetteredAfterALaterRejectStillCommits(t *testing.T) {
 	// One Kafka transaction of backlog+1 events: it closes full, never by time.
 	cfg := txnConfig(t, k, 30*time.Second, backlog+1)
 	cfg.Transactions.Linger = cfg.Transactions.Interval
-	cfg.TopicTemplate = testenv.UniqueName(t, "small")
-	createTopic(t, k.Brokers(), cfg.TopicTemplate, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "2000"})
+	cfg.Record.TopicTemplate = testenv.UniqueName(t, "small")
+	createTopic(t, k.Brokers(), cfg.Record.TopicTemplate, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "2000"})
 	createTopic(t, k.Brokers(), cfg.DeadLetterTopic, 1)
 	cfg.BatchSize = 1
 	s := readySink(t, k.Brokers(), cfg)

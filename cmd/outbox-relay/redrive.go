@@ -10,7 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/redrive"
-	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // errStillFailing is the exit status 3 of a redrive that left dead letters behind.
@@ -57,7 +57,7 @@ func runRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		FromOffset:      *fromOffset,
 		ToOffset:        *toOffset,
 		EventIDs:        ids,
-		KeyEncoding:     sink.ValueEncoding(cfg.KeyEncoding),
+		KeyEncoding:     record.Encoding(cfg.KeyEncoding),
 		BuiltinHeaders:  cfg.BuiltinHeaders,
 		WriteTimeout:    cfg.Kafka.WriteTimeout,
 		DryRun:          *dryRun,

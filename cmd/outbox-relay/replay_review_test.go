@@ -22,6 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/replay"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // replayFixture is an outbox table with one row, with a header column, an envelope column and a
@@ -108,7 +109,7 @@ func TestAReplayNextToAnExactlyOnceRelayNeitherFencesItNorMovesItsPosition(t *te
 	positions := testenv.UniqueName(t, "positions")
 
 	// The relay: a transactional sink that has committed a position.
-	relayCfg := sink.Config{Brokers: []string{f.brokers}, TopicTemplate: f.topic,
+	relayCfg := sink.Config{Brokers: []string{f.brokers}, Record: record.Options{TopicTemplate: f.topic},
 		Transactions: &sink.Transactions{ID: txnID, PositionsTopic: positions}}
 	relay, err := sink.New(relayCfg, zaptest.NewLogger(t), metrics.New(nil))
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // loadConfig parses a subcommand's flags and loads its configuration.
@@ -175,12 +176,19 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 		Recovery: &relay.Recovery{Margin: c.SlotRecoveryMargin, CreatedColumn: c.Columns.CreatedAt, OrderColumn: c.BackfillOrder},
 		Decoder:  decoderConfig(c, cols, extraCols),
 		Sink: sink.Config{
-			Brokers:         c.KafkaBrokers,
-			TopicTemplate:   c.TopicTemplate,
-			BuiltinHeaders:  c.BuiltinHeaders,
-			ExtraHeaders:    extraHeaders,
-			ValueEncoding:   sink.ValueEncoding(c.ValueEncoding),
-			KeyEncoding:     sink.ValueEncoding(c.KeyEncoding),
+			Brokers: c.KafkaBrokers,
+			Record: record.Options{
+				TopicTemplate:           c.TopicTemplate,
+				BuiltinHeaders:          c.BuiltinHeaders,
+				ExtraHeaders:            extraHeaders,
+				ValueEncoding:           record.Encoding(c.ValueEncoding),
+				KeyEncoding:             record.Encoding(c.KeyEncoding),
+				ExtraPlacement:          placements,
+				TopicRegex:              c.TopicRegex,
+				TopicReplacement:        c.TopicReplacement,
+				TombstoneOnEmptyPayload: c.TombstoneOnEmptyPayload,
+				PayloadField:            c.Columns.Payload,
+			},
 			MaxMessageBytes: c.MaxMessageBytes,
 			BatchSize:       c.Kafka.BatchSize,
 			Linger:          linger(c.Kafka.Linger),
@@ -195,12 +203,6 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			ClientID:        c.Kafka.ClientID,
 			Transactions:    transactions(c),
 			Idempotence:     sink.Idempotence(c.Kafka.Idempotence),
-
-			ExtraPlacement:          placements,
-			TopicRegex:              c.TopicRegex,
-			TopicReplacement:        c.TopicReplacement,
-			TombstoneOnEmptyPayload: c.TombstoneOnEmptyPayload,
-			PayloadField:            c.Columns.Payload,
 		},
 		OnUpdate:          c.OnUpdate,
 		ShutdownTimeout:   c.ShutdownTimeout,
@@ -225,13 +227,13 @@ func transactions(c *config.Config) *sink.Transactions {
 // extraColumns lists the further columns (or message members) that travel with an event: those of
 // extra_headers (column[:header]) as headers, then those of extra_fields (column:placement[:alias]),
 // each with the name it is sent under and its placement.
-func extraColumns(c *config.Config) (cols, names []string, placements []sink.Placement) {
+func extraColumns(c *config.Config) (cols, names []string, placements []record.Placement) {
 	for _, e := range c.ExtraHeaders {
 		col, header, ok := strings.Cut(e, ":")
 		if !ok {
 			header = col
 		}
-		cols, names, placements = append(cols, col), append(names, header), append(placements, sink.PlaceHeader)
+		cols, names, placements = append(cols, col), append(names, header), append(placements, record.PlaceHeader)
 	}
 	for _, f := range c.ExtraFields {
 		parts := strings.Split(f, ":") // checked by config
@@ -239,12 +241,12 @@ func extraColumns(c *config.Config) (cols, names []string, placements []sink.Pla
 		if len(parts) == 3 {
 			alias = parts[2]
 		}
-		p := sink.PlaceHeaderOrNull // as Debezium's router: a NULL column is a header with a null value
+		p := record.PlaceHeaderOrNull // as Debezium's router: a NULL column is a header with a null value
 		switch parts[1] {
 		case "envelope":
-			p = sink.PlaceEnvelope
+			p = record.PlaceEnvelope
 		case "partition":
-			p = sink.PlacePartition
+			p = record.PlacePartition
 		}
 		cols, names, placements = append(cols, parts[0]), append(names, alias), append(placements, p)
 	}

@@ -1,4 +1,4 @@
-package sink
+package record
 
 import (
 	"bytes"
@@ -10,25 +10,25 @@ import (
 	"strings"
 )
 
-// ValueJSONWithSchema writes what Debezium's outbox router writes with table.expand.json.payload
+// JSONWithSchema writes what Debezium's outbox router writes with table.expand.json.payload
 // and Kafka Connect's JsonConverter with schemas.enable=true: an envelope {"schema": ..., "payload":
 // ...} whose schema is the Connect schema Debezium infers from the payload document
 // (io.debezium.transforms.outbox.JsonSchemaData) and whose payload is the document as Connect data.
 // A payload that is not a JSON object, or that Debezium cannot expand (an array mixing types),
 // stays a string, with the schema of Debezium's jsonb column
 // (io.debezium.data.Json). For a key (key_encoding), the string schema of a NOT NULL text column.
-const ValueJSONWithSchema ValueEncoding = "json-with-schema"
+const JSONWithSchema Encoding = "json-with-schema"
 
 // jsonSchemaOfJSONColumn is the Connect schema Debezium gives a nullable json or jsonb column, as
 // JsonConverter writes it.
 const jsonSchemaOfJSONColumn = `{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1}`
 
-// ValueJSONExpanded writes what Debezium's outbox router writes with table.expand.json.payload and
+// JSONExpanded writes what Debezium's outbox router writes with table.expand.json.payload and
 // JsonConverter with schemas.enable=false: a JSON object payload as the Connect data Debezium makes
 // of it (members in document order, null members and empty arrays left out, numbers as Connect's
 // int32, int64 or double), compactly; any other payload (or one Debezium cannot expand) as a JSON
 // string of its text.
-const ValueJSONExpanded ValueEncoding = "json-expanded"
+const JSONExpanded Encoding = "json-expanded"
 
 // expand is Debezium's JSON expansion of a payload: the inferred schema and the document as
 // Connect data, or ok false where Debezium keeps the payload a string. name is the payload column's
@@ -56,7 +56,7 @@ func expand(payload []byte, name string) (s *schema, data []byte, ok bool) {
 	return s, data, true
 }
 
-// expandedValue encodes a payload as ValueJSONExpanded; NULL stays NULL.
+// expandedValue encodes a payload as JSONExpanded; NULL stays NULL.
 func expandedValue(payload []byte, name string) []byte {
 	if payload == nil {
 		return nil
@@ -67,7 +67,7 @@ func expandedValue(payload []byte, name string) []byte {
 	return appendJSONString(make([]byte, 0, len(payload)+16), validUTF8(payload))
 }
 
-// connectJSONValue encodes a payload as ValueJSONWithSchema. A NULL payload is a null payload in
+// connectJSONValue encodes a payload as JSONWithSchema. A NULL payload is a null payload in
 // the envelope, as JsonConverter writes a null value with a schema.
 func connectJSONValue(payload []byte, name string) []byte {
 	b := make([]byte, 0, 2*len(payload)+128)

@@ -1,9 +1,8 @@
-package sink
+package record
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -28,15 +27,11 @@ import (
 type Placement uint8
 
 const (
-	PlaceHeader       Placement = iota // a header named by Config.ExtraHeaders, left out when NULL (the default)
-	PlaceEnvelope                      // a member of the value's envelope object, named by Config.ExtraHeaders
+	PlaceHeader       Placement = iota // a header named by Options.ExtraHeaders, left out when NULL (the default)
+	PlaceEnvelope                      // a member of the value's envelope object, named by Options.ExtraHeaders
 	PlacePartition                     // the record's partition: an integer column
 	PlaceHeaderOrNull                  // a header, with a null value when NULL (Debezium's header placement)
 )
-
-// ReasonInvalidPartition: the partition column (PlacePartition) is not an integer, or names a
-// partition the topic does not have.
-const ReasonInvalidPartition = "invalid_partition"
 
 // DefaultTopicReplacement is Debezium's route.topic.replacement.
 const DefaultTopicReplacement = "outbox.event.${routedByValue}"
@@ -111,26 +106,23 @@ func recordTime(ev *decoder.Event, now time.Time) time.Time {
 
 // partitionOf returns the partition an extra column names (PlacePartition), or -1 when none does
 // or its value is NULL (the key's partition, as Debezium leaves a null partition to the producer).
-func (s *Sink) partitionOf(ev *decoder.Event) (int, error) {
-	for i, p := range s.cfg.ExtraPlacement {
+func (b *Builder) partitionOf(ev *decoder.Event) (int, error) {
+	for i, p := range b.o.ExtraPlacement {
 		if p != PlacePartition || i >= len(ev.Extra) || ev.Extra[i] == nil {
 			continue
 		}
 		n, err := strconv.ParseInt(string(ev.Extra[i]), 10, 32)
 		if err != nil || n < 0 {
-			return -1, fmt.Errorf("partition column %s is %.40q, not a partition number", s.cfg.ExtraHeaders[i], ev.Extra[i])
+			return -1, fmt.Errorf("partition column %s is %.40q, not a partition number", b.o.ExtraHeaders[i], ev.Extra[i])
 		}
 		return int(n), nil
 	}
 	return -1, nil
 }
 
-// errNoSuchPartition is the producer's refusal of a partition the topic does not have.
-var errNoSuchPartition = errors.New("no such partition")
-
-// hasEnvelope reports whether any extra column goes into the value's envelope.
-func (c *Config) hasEnvelope() bool {
-	for _, p := range c.ExtraPlacement {
+// HasEnvelope reports whether any extra column goes into the value's envelope.
+func (o Options) HasEnvelope() bool {
+	for _, p := range o.ExtraPlacement {
 		if p == PlaceEnvelope {
 			return true
 		}
@@ -145,24 +137,24 @@ func (c *Config) hasEnvelope() bool {
 // jsonb column), or expanded as Debezium's table.expand.json.payload expands it (raw or
 // json-expanded: a JSON object as Connect data, anything else a string). A column value is a
 // number, a boolean or a string by its column type (decoder.Event.ExtraKinds).
-func (s *Sink) envelope(ev *decoder.Event) []byte {
-	b := make([]byte, 0, len(ev.Payload)+64)
-	b = append(b, `{"payload":`...)
+func (b *Builder) envelope(ev *decoder.Event) []byte {
+	out := make([]byte, 0, len(ev.Payload)+64)
+	out = append(out, `{"payload":`...)
 	switch {
 	case ev.Payload == nil:
-		b = append(b, "null"...)
-	case s.cfg.ValueEncoding == ValueJSONString:
-		b = appendJSONString(b, validUTF8(ev.Payload))
+		out = append(out, "null"...)
+	case b.o.ValueEncoding == JSONString:
+		out = appendJSONString(out, validUTF8(ev.Payload))
 	default:
-		b = append(b, expandedValue(ev.Payload, s.cfg.PayloadField)...)
+		out = append(out, expandedValue(ev.Payload, b.o.PayloadField)...)
 	}
-	for i, p := range s.cfg.ExtraPlacement {
+	for i, p := range b.o.ExtraPlacement {
 		if p != PlaceEnvelope {
 			continue
 		}
-		b = append(b, ',')
-		b = appendJSONString(b, []byte(s.cfg.ExtraHeaders[i]))
-		b = append(b, ':')
+		out = append(out, ',')
+		out = appendJSONString(out, []byte(b.o.ExtraHeaders[i]))
+		out = append(out, ':')
 		var v []byte
 		kind := decoder.KindString
 		if i < len(ev.Extra) {
@@ -171,9 +163,9 @@ func (s *Sink) envelope(ev *decoder.Event) []byte {
 		if i < len(ev.ExtraKinds) {
 			kind = ev.ExtraKinds[i]
 		}
-		b = appendJSONValue(b, v, kind)
+		out = appendJSONValue(out, v, kind)
 	}
-	return append(b, '}')
+	return append(out, '}')
 }
 
 // appendJSONValue writes a column value as the JSON value of its kind; NULL is null, and a value

@@ -1,16 +1,13 @@
-package sink
+package record
 
 import (
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
-	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
-	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
 // The golden records below are what Debezium 3.6.1 (PostgreSQL connector, outbox event router,
@@ -24,14 +21,13 @@ var goldenPayloads = map[string]string{
 	"nested":  `{"a": {"b": {"c": [{"d": 1.5}, {"d": 2.5, "e": "x"}]}}, "empty": {}}`,
 }
 
-func newUnitSink(t *testing.T, cfg Config) *Sink {
+func newBuilder(t *testing.T, o Options) *Builder {
 	t.Helper()
-	cfg.Brokers = []string{"127.0.0.1:9"} // New does not connect
-	s, err := New(cfg, zap.NewNop(), metrics.New(prometheus.NewRegistry()))
+	b, err := NewBuilder(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return b
 }
 
 func payloadEvent(name string) *decoder.Event {
@@ -77,7 +73,7 @@ func TestValuesAreTheRecordsDebeziumWrites(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newUnitSink(t, Config{ValueEncoding: ValueEncoding(tt.encoding), TombstoneOnEmptyPayload: tt.tombstone})
+			s := newBuilder(t, Options{ValueEncoding: Encoding(tt.encoding), TombstoneOnEmptyPayload: tt.tombstone})
 			got := s.value(payloadEvent(tt.payload))
 			if tt.tombstone {
 				if got != nil {
@@ -93,7 +89,7 @@ func TestValuesAreTheRecordsDebeziumWrites(t *testing.T) {
 }
 
 func TestKeyWithSchemaIsDebeziumsKey(t *testing.T) {
-	s := newUnitSink(t, Config{KeyEncoding: ValueJSONWithSchema})
+	s := newBuilder(t, Options{KeyEncoding: JSONWithSchema})
 	if got := string(s.key(payloadEvent("created"))); got != `{"schema":{"type":"string","optional":false},"payload":"o-1"}` {
 		t.Errorf("key %s", got)
 	}
@@ -109,7 +105,7 @@ func TestEnvelopePlacementIsDebeziumsEnvelope(t *testing.T) {
 		e.ExtraKinds = []decoder.ValueKind{decoder.KindString, decoder.KindNumber, decoder.KindBool}
 		return e
 	}
-	cfg := Config{ExtraHeaders: []string{"eventType", "amount", "flag"}, ExtraPlacement: []Placement{PlaceEnvelope, PlaceEnvelope, PlaceEnvelope}}
+	cfg := Options{ExtraHeaders: []string{"eventType", "amount", "flag"}, ExtraPlacement: []Placement{PlaceEnvelope, PlaceEnvelope, PlaceEnvelope}}
 	tests := []struct {
 		name, encoding string
 		ev             *decoder.Event
@@ -129,12 +125,12 @@ func TestEnvelopePlacementIsDebeziumsEnvelope(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := cfg
-			c.ValueEncoding = ValueEncoding(tt.encoding)
-			s := newUnitSink(t, c)
+			c.ValueEncoding = Encoding(tt.encoding)
+			s := newBuilder(t, c)
 			if got := string(s.value(tt.ev)); got != tt.want {
 				t.Errorf("value\n got %s\nwant %s", got, tt.want)
 			}
-			hs, err := buildHeaders(tt.ev, s.cfg.BuiltinHeaders, s.headerNames(), s.nullHeaders)
+			hs, err := buildHeaders(tt.ev, s.o.BuiltinHeaders, s.headers, s.nullHeaders)
 			if err != nil || len(hs) != 3 {
 				t.Errorf("headers %v (%v): envelope columns must not be headers too", hs, err)
 			}
@@ -149,7 +145,7 @@ func TestTombstoneOnEmptyPayload(t *testing.T) {
 		tombstone bool
 	}{{nil, true}, {[]byte(""), true}, {[]byte("   "), true}, {[]byte("\t\n"), true}, {[]byte("  y  "), false}, {[]byte("x"), false}} {
 		for _, on := range []bool{false, true} {
-			s := newUnitSink(t, Config{TombstoneOnEmptyPayload: on})
+			s := newBuilder(t, Options{TombstoneOnEmptyPayload: on})
 			got := s.value(&decoder.Event{Payload: tt.payload})
 			want := tt.payload
 			if on && tt.tombstone {
@@ -197,7 +193,7 @@ func TestTopicRegexRoutesLikeDebeziumsRegexRouter(t *testing.T) {
 }
 
 func TestPartitionColumn(t *testing.T) {
-	s := newUnitSink(t, Config{ExtraHeaders: []string{"tenant", "partitionno"}, ExtraPlacement: []Placement{PlaceHeaderOrNull, PlacePartition}})
+	s := newBuilder(t, Options{ExtraHeaders: []string{"tenant", "partitionno"}, ExtraPlacement: []Placement{PlaceHeaderOrNull, PlacePartition}})
 	for _, tt := range []struct {
 		value []byte
 		want  int
@@ -208,7 +204,7 @@ func TestPartitionColumn(t *testing.T) {
 			t.Errorf("partition column %q: %d (%v), want %d (error %t)", tt.value, got, err, tt.want, tt.err)
 		}
 	}
-	hs, _ := buildHeaders(&decoder.Event{ID: []byte("e"), Extra: [][]byte{nil, []byte("2")}}, nil, s.headerNames(), s.nullHeaders)
+	hs, _ := buildHeaders(&decoder.Event{ID: []byte("e"), Extra: [][]byte{nil, []byte("2")}}, nil, s.headers, s.nullHeaders)
 	if len(hs) != 1 || hs[0].Key != "tenant" || hs[0].Value != nil {
 		t.Errorf("headers %v: want a null-valued tenant header (Debezium's for a NULL column) and no partition header", hs)
 	}

@@ -1,10 +1,16 @@
-package sink
+// Package record turns an outbox event into the Kafka record that carries it: the topic it is
+// routed to, its key, its value in the chosen encoding, its headers, its timestamp and, when a
+// column says so, its partition; byte for byte what Debezium's outbox event router writes for the
+// same row where the two share an option (docs/migrating-from-debezium.md). It does no I/O: what
+// happens to a record that cannot be built, or that Kafka refuses, is the sink's policy.
+package record
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
@@ -12,14 +18,170 @@ import (
 	"github.com/outbox-relay/outbox-relay/decoder"
 )
 
-// Reasons an event cannot be published to its own topic; the label of events_failed_total.
-const (
-	ReasonTooLarge      = "message_too_large"
-	ReasonInvalidTopic  = "invalid_topic"
-	ReasonBadHeaders    = "invalid_headers"
-	ReasonNotAuthorized = "not_authorized" // exactly-once only: a topic the relay may not write (errors.go, refusedTopic)
-	ReasonRejected      = "rejected_by_broker"
-)
+// Options says how events become records. Zero values get the defaults noted.
+type Options struct {
+	TopicTemplate  string   // default "outbox.event.{aggregate_type}"
+	BuiltinHeaders []string // subset of BuiltinHeaders to send; default all
+	ExtraHeaders   []string // names of decoder.Event.Extra values, in order
+	ValueEncoding  Encoding // default Raw
+	KeyEncoding    Encoding // default Raw; JSONString matches Connect's JsonConverter keys
+
+	// Debezium's outbox event router options (debezium.go).
+	// ExtraPlacement says where each Extra value goes, parallel to ExtraHeaders (which names it);
+	// nil puts every one in a header.
+	ExtraPlacement []Placement
+	// TopicRegex, when set, routes by regular expression (route.topic.regex) instead of
+	// TopicTemplate: TopicReplacement (default DefaultTopicReplacement) expanded with the groups of
+	// TopicRegex matched against the aggregate type. See NewTopicRegex.
+	TopicRegex       string
+	TopicReplacement string
+	// TombstoneOnEmptyPayload sends a null value (a tombstone) for a payload that is NULL, empty or
+	// blank (route.tombstone.on.empty.payload); without it only a NULL payload has a null value,
+	// and with an envelope not even that.
+	TombstoneOnEmptyPayload bool
+	// PayloadField names the payload column, for JSONWithSchema (Debezium names the expanded
+	// document's schema after it); default "payload".
+	PayloadField string
+}
+
+// WithDefaults returns o with its zero values replaced by the defaults.
+func (o Options) WithDefaults() Options {
+	if o.TopicTemplate == "" {
+		o.TopicTemplate = "outbox.event." + placeholderAggregateType
+	}
+	if o.BuiltinHeaders == nil {
+		o.BuiltinHeaders = BuiltinHeaders
+	}
+	if o.ValueEncoding == "" {
+		o.ValueEncoding = Raw
+	}
+	if o.KeyEncoding == "" {
+		o.KeyEncoding = Raw
+	}
+	if o.TopicRegex != "" && o.TopicReplacement == "" {
+		o.TopicReplacement = DefaultTopicReplacement
+	}
+	if o.PayloadField == "" {
+		o.PayloadField = "payload"
+	}
+	return o
+}
+
+// Builder builds records. Build is called from one goroutine: its caches are not locked.
+type Builder struct {
+	o           Options
+	router      *router
+	headers     []string // the extra values that go into headers by name; the others' names are empty
+	nullHeaders []bool   // which of them stand as a null header when NULL
+}
+
+// NewBuilder checks o and returns a Builder for it.
+func NewBuilder(o Options) (*Builder, error) {
+	o = o.WithDefaults()
+	for _, enc := range []Encoding{o.ValueEncoding, o.KeyEncoding} {
+		if enc != Raw && enc != JSONString && enc != JSONWithSchema && enc != JSONExpanded {
+			return nil, fmt.Errorf("unknown encoding %q (want %q, %q, %q or %q)", enc, Raw, JSONString, JSONExpanded, JSONWithSchema)
+		}
+	}
+	if o.ValueEncoding == JSONWithSchema && o.HasEnvelope() {
+		return nil, fmt.Errorf("value encoding %q with envelope fields is not supported", JSONWithSchema)
+	}
+	for _, h := range o.BuiltinHeaders {
+		if h != HeaderID && h != HeaderEventType && h != HeaderAggregateType {
+			return nil, fmt.Errorf("unknown built-in header %q (want some of %v)", h, BuiltinHeaders)
+		}
+	}
+	if len(o.ExtraPlacement) > 0 && len(o.ExtraPlacement) != len(o.ExtraHeaders) {
+		return nil, fmt.Errorf("%d extra placements for %d extra columns", len(o.ExtraPlacement), len(o.ExtraHeaders))
+	}
+	rt, err := newRouter(o.TopicTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("topic template: %w", err)
+	}
+	if o.TopicRegex != "" {
+		re, err := NewTopicRegex(o.TopicRegex, o.TopicReplacement)
+		if err != nil {
+			return nil, err
+		}
+		rt.regex = &regexRouter{re: re, replacement: o.TopicReplacement}
+	}
+	b := &Builder{o: o, router: rt, headers: o.ExtraHeaders}
+	if o.ExtraPlacement != nil {
+		b.headers = make([]string, len(o.ExtraHeaders))
+		b.nullHeaders = make([]bool, len(o.ExtraHeaders))
+		for i, p := range o.ExtraPlacement {
+			if p == PlaceHeader || p == PlaceHeaderOrNull {
+				b.headers[i] = o.ExtraHeaders[i]
+			}
+			b.nullHeaders[i] = p == PlaceHeaderOrNull
+		}
+	}
+	return b, nil
+}
+
+// Record is an event as a Kafka record, with what keeps it from going to its topic as it is. The
+// message's values alias the event's buffers.
+type Record struct {
+	Msg       kafka.Message // Topic is the routed name, also when TopicErr says it is not valid
+	Partition int           // chosen by the event (PlacePartition), or -1 for the key's
+
+	TopicErr     error // no topic, or one Kafka does not allow
+	HeadersErr   error // the headers column, or the aggregate version, is not what a header can be
+	PartitionErr error // the partition column is not a partition number
+}
+
+// Build builds ev's record; now is its timestamp when the event has neither its own nor a commit
+// time.
+func (b *Builder) Build(ev *decoder.Event, now time.Time) Record {
+	var r Record
+	// The key is encoded before partitioning, so murmur2 hashes the same bytes a Java producer
+	// with the same converter would.
+	r.Msg = kafka.Message{
+		Key:   b.key(ev),
+		Value: b.value(ev),
+		// Set for every path: a dead-lettered record keeps it too (a zero time would be written as
+		// 1970, which time-based retention deletes at once).
+		Time: recordTime(ev, now),
+	}
+	r.Msg.Topic, r.TopicErr = b.router.topic(ev)
+	var hs []kafka.Header
+	hs, r.HeadersErr = buildHeaders(ev, b.o.BuiltinHeaders, b.headers, b.nullHeaders)
+	r.Msg.Headers = traceHeaders(hs, ev.SpanContext)
+	r.Partition, r.PartitionErr = b.partitionOf(ev)
+	return r
+}
+
+// value is the record value: the payload in the value encoding, in an envelope with the envelope
+// columns, or a tombstone (debezium.go). A NULL payload is a null value (a tombstone) with raw, and
+// the JSON null with the JSON encodings, as Kafka Connect's JsonConverter writes a null value that
+// has a schema.
+func (b *Builder) value(ev *decoder.Event) []byte {
+	switch {
+	case b.o.TombstoneOnEmptyPayload && blank(ev.Payload):
+		return nil
+	case ev.Payload == nil && (b.o.ValueEncoding == JSONString || b.o.ValueEncoding == JSONExpanded) && !b.o.HasEnvelope():
+		return []byte("null")
+	case b.o.HasEnvelope():
+		return b.envelope(ev)
+	case b.o.ValueEncoding == JSONWithSchema:
+		return connectJSONValue(ev.Payload, b.o.PayloadField)
+	case b.o.ValueEncoding == JSONExpanded:
+		return expandedValue(ev.Payload, b.o.PayloadField)
+	}
+	return encodeValue(ev.Payload, b.o.ValueEncoding)
+}
+
+// key is the record key in the key encoding.
+func (b *Builder) key(ev *decoder.Event) []byte { return EncodeKey(ev.AggregateID, b.o.KeyEncoding) }
+
+// EncodeKey encodes a raw aggregate id as record keys are encoded with enc, for tools that
+// publish records the relay would have published (redrive).
+func EncodeKey(aggregateID []byte, enc Encoding) []byte {
+	if enc == JSONWithSchema {
+		return connectJSONKey(aggregateID)
+	}
+	return encodeValue(aggregateID, enc)
+}
 
 // Header names set on every record.
 const (
@@ -48,7 +210,7 @@ type router struct {
 
 func newRouter(template string) (*router, error) {
 	if !strings.Contains(template, placeholderAggregateType) && !strings.Contains(template, placeholderEventType) {
-		if err := validTopic(template); err != nil {
+		if err := ValidTopic(template); err != nil {
 			return nil, err
 		}
 	}
@@ -78,7 +240,7 @@ func (r *router) topic(ev *decoder.Event) (string, error) {
 		t = strings.NewReplacer(placeholderAggregateType, string(ev.AggregateType),
 			placeholderEventType, string(ev.EventType)).Replace(r.template)
 	}
-	if err := validTopic(t); err != nil {
+	if err := ValidTopic(t); err != nil {
 		// The name still goes back with the error: the dead-letter record and the halt log report
 		// it as the event's original topic.
 		return t, err
@@ -90,9 +252,9 @@ func (r *router) topic(ev *decoder.Event) (string, error) {
 	return t, nil
 }
 
-// validTopic applies Kafka's rules for topic names, so a bad aggregate type is caught before it
+// ValidTopic applies Kafka's rules for topic names, so a bad aggregate type is caught before it
 // reaches the producer.
-func validTopic(t string) error {
+func ValidTopic(t string) error {
 	if t == "" || t == "." || t == ".." {
 		return fmt.Errorf("topic name %q is not allowed", t)
 	}
@@ -108,7 +270,7 @@ func validTopic(t string) error {
 	return nil
 }
 
-// BuiltinHeaders are the headers every record carries unless Config.BuiltinHeaders narrows them.
+// BuiltinHeaders are the headers every record carries unless Options.BuiltinHeaders narrows them.
 var BuiltinHeaders = []string{HeaderID, HeaderEventType, HeaderAggregateType}
 
 // headers builds a record's headers with every built-in header.
@@ -340,21 +502,21 @@ func decodeJSONHeaders(hs []kafka.Header, obj []byte) ([]kafka.Header, error) {
 	return hs, nil
 }
 
-// ValueEncoding says how the payload column becomes the record value.
-type ValueEncoding string
+// Encoding says how the payload column becomes the record value.
+type Encoding string
 
 const (
-	// ValueRaw sends the payload bytes exactly as PostgreSQL outputs them.
-	ValueRaw ValueEncoding = "raw"
-	// ValueJSONString sends the payload as a JSON string literal, which is what Debezium's
+	// Raw sends the payload bytes exactly as PostgreSQL outputs them.
+	Raw Encoding = "raw"
+	// JSONString sends the payload as a JSON string literal, which is what Debezium's
 	// JsonConverter with schemas disabled produces for a jsonb column: consumers of a Debezium
 	// deployment that used it see byte-identical values.
-	ValueJSONString ValueEncoding = "json-string"
+	JSONString Encoding = "json-string"
 )
 
-// encodeValue applies the value encoding. NULL stays NULL.
-func encodeValue(payload []byte, enc ValueEncoding) []byte {
-	if enc != ValueJSONString || payload == nil {
+// encodeValue applies the raw and JSONString encodings. NULL stays NULL.
+func encodeValue(payload []byte, enc Encoding) []byte {
+	if enc != JSONString || payload == nil {
 		return payload
 	}
 	return appendJSONString(make([]byte, 0, len(payload)+len(payload)/8+2), payload)
@@ -388,14 +550,4 @@ func appendJSONString(dst, s []byte) []byte {
 		}
 	}
 	return append(dst, '"')
-}
-
-// recordSize is the size Kafka counts against max.message.bytes for a record on its own, with the
-// record and batch framing overhead rounded up.
-func recordSize(m *kafka.Message) int {
-	n := len(m.Key) + len(m.Value) + 100 // 61-byte batch header, record header, varints
-	for _, h := range m.Headers {
-		n += len(h.Key) + len(h.Value) + 10
-	}
-	return n
 }

@@ -1,4 +1,4 @@
-package sink
+package record
 
 import (
 	"strconv"
@@ -34,9 +34,9 @@ func TestValidTopic(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := validTopic(tt.topic)
+			err := ValidTopic(tt.topic)
 			if (err == nil) != tt.ok {
-				t.Fatalf("validTopic(%q) = %v, want ok=%v", tt.topic, err, tt.ok)
+				t.Fatalf("ValidTopic(%q) = %v, want ok=%v", tt.topic, err, tt.ok)
 			}
 			if err != nil && err.Error() == "" {
 				t.Fatal("empty error message")
