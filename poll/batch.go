@@ -47,6 +47,12 @@ func (p *Poller) batch(stop, hard context.Context, conn *pgx.Conn, log *zap.Logg
 	if len(rows) == 0 {
 		return result{busy: busy}, tx.Commit(hard)
 	}
+	if err := awaitStandbys(stop, tx, log); err != nil {
+		if stop.Err() != nil {
+			return result{}, nil
+		}
+		return result{}, p.errorf("%w", err)
+	}
 	p.m.PollClaims.Inc()
 	p.m.PollClaimedRows.Add(float64(len(rows)))
 
