@@ -41,7 +41,11 @@ type Options struct {
 	Rate      float64       // transactions per second per writer; 10
 	Kinds     []string      // fault kinds to draw from; all (FaultKinds)
 	Mean      time.Duration // mean time between fault starts; 4s
-	Drain     time.Duration // how long the consumers may take to read everything at the end; 3m
+	// Drain bounds the wait at the end for the consumers to read everything: 30m. They are waited
+	// for as long as they read something new within DrainStall (2m): a source that is still
+	// working through a backlog (a poller after big transactions) is given the time it needs,
+	// one that stopped delivering is not.
+	Drain, DrainStall time.Duration
 	// Short makes faults cheaper (small big transactions), for the short schedules of make test.
 	Short bool
 	Log   func(format string, args ...any)
@@ -205,7 +209,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		o.Kinds = FaultKinds()
 	}
 	o.Mean = orDefault(o.Mean, 4*time.Second)
-	o.Drain = orDefault(o.Drain, 3*time.Minute)
+	o.Drain = orDefault(o.Drain, 30*time.Minute)
+	o.DrainStall = orDefault(o.DrainStall, 2*time.Minute)
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
 	}
@@ -765,12 +770,28 @@ func (t *modeTail) finish(ctx context.Context, r *runner) {
 		}
 	}
 	dctx, cancel := context.WithTimeout(ctx, r.opts.Drain)
+	drained := time.Now()
+	var unread bool
 	for _, c := range m.consumers {
-		if err := c.WaitFor(dctx, want, 2*time.Second); err != nil {
+		if err := c.Drain(dctx, want, 2*time.Second, r.opts.DrainStall); err != nil {
+			unread = true
 			r.note("%s: %v", m.mode.Name, err)
 		}
 	}
 	cancel()
+	r.logf("%s: drained in %s", m.mode.Name, time.Since(drained).Round(time.Second))
+	if m.mode.Poll && unread {
+		// Whether what was not read is still pending (the pollers had not reached it) or was
+		// marked processed (lost): the table knows.
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		pending, rows, err := r.cluster.Pending(pctx, m.db, m.table)
+		cancel()
+		if err != nil {
+			r.note("%s: %v", m.mode.Name, err)
+		} else {
+			r.note("%s: %d of the table's %d rows still pending at the end of the drain", m.mode.Name, pending, rows)
+		}
+	}
 	// A quiet moment for duplicates that are still on their way, then the timed stops.
 	sleep(ctx, 2*time.Second)
 	var wg sync.WaitGroup

@@ -380,6 +380,22 @@ func keepLog(src, dst string) {
 	_ = os.WriteFile(dst, b, 0o644)
 }
 
+// Pending counts the rows of a polled outbox table (maybe schema-qualified) on the current
+// primary that no poller has marked processed yet, and all of its rows.
+func (c *Cluster) Pending(ctx context.Context, database, table string) (pending, rows int64, err error) {
+	conn, err := pgx.Connect(ctx, c.Primary().DSN(database))
+	if err != nil {
+		return 0, 0, fmt.Errorf("cluster pending rows: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	err = conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FILTER (WHERE processed_at IS NULL), count(*) FROM %s",
+		pgx.Identifier(strings.Split(table, ".")).Sanitize())).Scan(&pending, &rows)
+	if err != nil {
+		return 0, 0, fmt.Errorf("cluster pending rows of %s: %w", table, err)
+	}
+	return pending, rows, nil
+}
+
 // Exec runs sql on database of the current primary.
 func (c *Cluster) Exec(ctx context.Context, database, sql string) error {
 	return c.Primary().Exec(ctx, database, sql)

@@ -83,26 +83,49 @@ func (c *Consumer) Delivered() int {
 // WaitFor returns once every id in ids has been read and then quiet has passed (so that late
 // duplicates are recorded too), or when ctx ends: then with an error naming how many are missing.
 func (c *Consumer) WaitFor(ctx context.Context, ids map[string]bool, quiet time.Duration) error {
+	return c.Drain(ctx, ids, quiet, 0)
+}
+
+// Drain is WaitFor that also gives up once stall passes with no new event read (0: never): a
+// source still working through a backlog is waited for as long as it makes progress, one that
+// stopped is not.
+func (c *Consumer) Drain(ctx context.Context, ids map[string]bool, quiet, stall time.Duration) error {
+	var stalled <-chan time.Time // nil, never ready, without a stall bound
+	var timer *time.Timer
+	if stall > 0 {
+		timer = time.NewTimer(stall)
+		defer timer.Stop()
+		stalled = timer.C
+	}
 	for {
-		c.mu.Lock()
-		missing := 0
-		for id := range ids {
-			if !c.ids[id] {
-				missing++
-			}
-		}
-		ch, lastErr := c.changed, c.lastErr
-		c.mu.Unlock()
+		missing, ch, lastErr := c.missing(ids)
 		if missing == 0 {
 			_ = sleep(ctx, quiet)
 			return nil
 		}
 		select {
 		case <-ch:
+			if timer != nil {
+				timer.Reset(stall)
+			}
+		case <-stalled:
+			return fmt.Errorf("workload: consumer %s: %d of %d events not read, and nothing new for %s (last error: %v)", c.name, missing, len(ids), stall, lastErr)
 		case <-ctx.Done():
 			return fmt.Errorf("workload: consumer %s: %d of %d events not read (last error: %v): %w", c.name, missing, len(ids), lastErr, ctx.Err())
 		}
 	}
+}
+
+// missing counts the ids not read yet; ch is closed when something new is read.
+func (c *Consumer) missing(ids map[string]bool) (n int, ch chan struct{}, lastErr error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id := range ids {
+		if !c.ids[id] {
+			n++
+		}
+	}
+	return n, c.changed, c.lastErr
 }
 
 // Stop stops reading and returns every record read, in read order.

@@ -3,6 +3,7 @@ package workload_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,8 +116,17 @@ func TestConsumerReadsEveryRecordOnce(t *testing.T) {
 	p.produce(ctx, t, topics, 200)
 	p.produce(ctx, t, topics, 50)
 	for _, c := range consumers {
-		if err := c.WaitFor(ctx, p.ids(), 200*time.Millisecond); err != nil {
+		if err := c.Drain(ctx, p.ids(), 200*time.Millisecond, 20*time.Second); err != nil {
 			t.Fatal(err)
+		}
+		// An id that never comes: the drain gives up once nothing new was read for the stall
+		// bound, long before ctx ends.
+		never := map[string]bool{"never-written": true}
+		started := time.Now()
+		if err := c.Drain(ctx, never, 0, 500*time.Millisecond); err == nil || !strings.Contains(err.Error(), "nothing new for 500ms") {
+			t.Errorf("Drain of an id never written = %v, want the stall error", err)
+		} else if took := time.Since(started); took > 5*time.Second {
+			t.Errorf("the stalled drain took %s", took)
 		}
 		if c.Delivered() != 250 {
 			t.Errorf("Delivered() = %d, want 250", c.Delivered())

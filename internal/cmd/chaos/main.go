@@ -41,6 +41,7 @@ func run() int {
 	kinds := fs.String("kinds", os.Getenv("KINDS"), "fault kinds to draw from, comma-separated (all when empty): "+strings.Join(chaos.FaultKinds(), ", "))
 	pgVersion := fs.String("pg-version", envOr("PG_VERSION", "18"), "PostgreSQL major version (failovers need 17 or later)")
 	dir := fs.String("dir", os.Getenv("CHAOS_DIR"), "where logs, histories and reports go (.local/chaos/<time>-<seed> when empty)")
+	drain := fs.Duration("drain", 30*time.Minute, "the longest the drain at the end may take; it gives up sooner once nothing new is read for 2 minutes")
 	relays := fs.Int("relays", 3, "relay processes per mode")
 	rate := fs.Float64("rate", 10, "transactions per second per writer (3 writers per mode)")
 	relayBin := fs.String("relay-bin", "", "the outbox-relay binary (built from ./cmd/outbox-relay when empty)")
@@ -100,7 +101,7 @@ func run() int {
 	logf("chaos: SEED=%d DURATION=%s MODE=%s (reproduce: make chaos SEED=%d DURATION=%s MODE=%s); output in %s", s, *duration, *modeList, s, *duration, *modeList, *dir)
 	res, err := chaos.Run(ctx, chaos.Options{
 		Seed: s, Duration: *duration, Modes: ms, Dir: *dir, RelayBin: *relayBin, PGVersion: *pgVersion,
-		Relays: *relays, Rate: *rate, Kinds: kindList, Log: logf,
+		Relays: *relays, Rate: *rate, Kinds: kindList, Drain: *drain, Log: logf,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
