@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
 func TestPermanentAndReason(t *testing.T) {
@@ -31,7 +33,7 @@ func TestPermanentAndReason(t *testing.T) {
 		{"an unsupported message format is permanent", kafka.UnsupportedForMessageFormat, true, ReasonRejected},
 		{"a policy violation is permanent", kafka.PolicyViolation, true, ReasonRejected},
 		{"a topic authorization failure (an ACL rotation) is retried", kafka.TopicAuthorizationFailed, false, ""},
-		{"under exactly-once, a topic the relay may not write is permanent for its record", refusedTopic("orders", kafka.TopicAuthorizationFailed), true, ReasonNotAuthorized},
+		{"under exactly-once, a topic the relay may not write is permanent for its record", producer.RefusedTopic("orders", kafka.TopicAuthorizationFailed), true, ReasonNotAuthorized},
 		{"a cluster authorization failure is retried", kafka.ClusterAuthorizationFailed, false, ""},
 		{"a SASL authentication failure (a credential rotation) is retried", kafka.SASLAuthenticationFailed, false, ""},
 		{"a wrapped SASL authentication failure is retried", fmt.Errorf("dial: %w", kafka.SASLAuthenticationFailed), false, ""},
@@ -65,8 +67,8 @@ func TestPermanentAndReason(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := permanent(tt.err); got != tt.permanent {
-				t.Fatalf("permanent(%v) = %v, want %v", tt.err, got, tt.permanent)
+			if got := producer.Permanent(tt.err); got != tt.permanent {
+				t.Fatalf("producer.Permanent(%v) = %v, want %v", tt.err, got, tt.permanent)
 			}
 			if tt.reason != "" {
 				if got := reason(tt.err); got != tt.reason {
@@ -74,23 +76,6 @@ func TestPermanentAndReason(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func TestBackoff(t *testing.T) {
-	prev := backoff(0)
-	if prev != 200e6 {
-		t.Fatalf("backoff(0) = %v, want 200ms", prev)
-	}
-	for attempt := 1; attempt < 100; attempt++ {
-		d := backoff(attempt)
-		if d < prev || d > 2e9 {
-			t.Fatalf("backoff(%d) = %v after %v: want non-decreasing and at most 2s", attempt, d, prev)
-		}
-		prev = d
-	}
-	if prev != 2e9 {
-		t.Fatalf("backoff tops out at %v, want 2s", prev)
 	}
 }
 
@@ -117,7 +102,7 @@ func TestTLSProblemsAreExplainedAndNeverPermanent(t *testing.T) {
 			if ok != (tt.want != "") || !strings.Contains(line, tt.want) {
 				t.Fatalf("tlsProblem(%v) = %q, %v; want one naming %q", tt.err, line, ok, tt.want)
 			}
-			if permanent(tt.err) {
+			if producer.Permanent(tt.err) {
 				t.Fatalf("%v is permanent: it would go to the failure policy", tt.err)
 			}
 		})

@@ -5,20 +5,22 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
-// Idempotence says whether the producer asks Kafka for a producer id and numbers its batches, so
-// the broker drops a batch it already wrote when a retry brings it again.
-type Idempotence string
+// Idempotence says whether the producer asks Kafka for a producer id and numbers its batches
+// (producer.Idempotence).
+type Idempotence = producer.Idempotence
 
 const (
 	// IdempotenceAuto is on where the broker allows it: a broker that denies IDEMPOTENT_WRITE
 	// gets the plain producer, with a warning.
-	IdempotenceAuto Idempotence = "auto"
+	IdempotenceAuto = producer.IdempotenceAuto
 	// IdempotenceOn refuses to start when the broker denies it.
-	IdempotenceOn Idempotence = "on"
+	IdempotenceOn = producer.IdempotenceOn
 	// IdempotenceOff never asks: every retry of a request the broker already wrote is a duplicate.
-	IdempotenceOff Idempotence = "off"
+	IdempotenceOff = producer.IdempotenceOff
 )
 
 // Transactions turns on exactly-once delivery: records go to Kafka in transactions that also

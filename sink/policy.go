@@ -11,6 +11,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/sink/record"
+
+	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
 // Reasons an event cannot be published to its own topic; the label of events_failed_total.
@@ -18,7 +20,7 @@ const (
 	ReasonTooLarge      = "message_too_large"
 	ReasonInvalidTopic  = "invalid_topic"
 	ReasonBadHeaders    = "invalid_headers"
-	ReasonNotAuthorized = "not_authorized" // exactly-once only: a topic the relay may not write (errors.go, refusedTopic)
+	ReasonNotAuthorized = "not_authorized" // exactly-once only: a topic the relay may not write (producer.RefusedTopic)
 	ReasonRejected      = "rejected_by_broker"
 	// ReasonInvalidPartition: the partition column (record.PlacePartition) is not an integer, or
 	// names a partition the topic does not have.
@@ -64,10 +66,10 @@ func (s *Sink) fail(ctx context.Context, rec *delivery, reason string, err error
 	}
 	s.log.Error("event cannot be published to its topic; sending it to the dead-letter topic",
 		append(eventFields(rec), zap.String("reason", reason), zap.String("dead_letter_topic", s.cfg.DeadLetterTopic), zap.Error(err))...)
-	rec.msg = s.deadLetterMessage(rec, reason, err)
-	rec.partition = -1        // the dead-letter topic's partition is the key's, whatever the event named
-	rec.enqueued = time.Now() // for the linger and the publish latency; the record keeps the event's timestamp
-	if err := s.dead.enqueue(ctx, rec); err != nil {
+	rec.Msg = s.deadLetterMessage(rec, reason, err)
+	rec.Partition = -1        // the dead-letter topic's partition is the key's, whatever the event named
+	rec.Enqueued = time.Now() // for the linger and the publish latency; the record keeps the event's timestamp
+	if err := s.dead.Enqueue(ctx, &rec.Record); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -87,7 +89,7 @@ func (s *Sink) deadLetterMessage(rec *delivery, reason string, cause error) kafk
 		{Key: record.HeaderAggregateType, Value: ev.AggregateType},
 	}
 	if reason != ReasonBadHeaders {
-		for _, h := range rec.msg.Headers {
+		for _, h := range rec.Msg.Headers {
 			if h.Key != record.HeaderID && h.Key != record.HeaderEventType && h.Key != record.HeaderAggregateType {
 				hs = append(hs, h)
 			}
@@ -100,17 +102,17 @@ func (s *Sink) deadLetterMessage(rec *delivery, reason string, cause error) kafk
 		kafka.Header{Key: HeaderDLQError, Value: []byte(cause.Error())},
 		kafka.Header{Key: HeaderDLQLSN, Value: []byte(ev.LSN.String())},
 	)
-	if rec.partition >= 0 {
-		hs = append(hs, kafka.Header{Key: HeaderDLQPartition, Value: []byte(strconv.Itoa(rec.partition))})
+	if rec.Partition >= 0 {
+		hs = append(hs, kafka.Header{Key: HeaderDLQPartition, Value: []byte(strconv.Itoa(rec.Partition))})
 	}
 	m := kafka.Message{
 		Topic:   s.cfg.DeadLetterTopic,
 		Key:     ev.AggregateID,
-		Value:   rec.msg.Value,
+		Value:   rec.Msg.Value,
 		Headers: hs,
-		Time:    rec.msg.Time,
+		Time:    rec.Msg.Time,
 	}
-	if recordSize(&m) > s.cfg.MaxMessageBytes {
+	if producer.RecordSize(&m) > s.cfg.MaxMessageBytes {
 		ref, _ := json.Marshal(struct {
 			EventID       string `json:"event_id"`
 			AggregateType string `json:"aggregate_type"`
@@ -138,7 +140,7 @@ func (s *Sink) deadLettered(batch []*delivery, err error) {
 	s.topics.available(s.cfg.DeadLetterTopic)
 	var bytes int64
 	for _, rec := range batch {
-		bytes += rec.size
+		bytes += rec.Size
 		s.m.EventsDeadLettered.WithLabelValues(s.labels.of(rec.topic)).Inc()
 	}
 	s.settle(batch, bytes)
@@ -150,11 +152,11 @@ func (s *Sink) halt(rec *delivery, reason string, err error) {
 	// The halt holds at the earliest refused record: refusals of several partitions may arrive in
 	// any order (a record retried after a transient error is refused last), and a partition may
 	// send only what comes before the halt.
-	next := &haltState{seq: rec.seq, txn: rec.txn, EventID: string(rec.ev.ID), Reason: reason, Err: err}
+	next := &haltState{seq: rec.Seq, txn: rec.Txn, EventID: string(rec.ev.ID), Reason: reason, Err: err}
 	earliest := false
 	for {
 		cur := s.halted.Load()
-		if cur != nil && cur.seq <= rec.seq {
+		if cur != nil && cur.seq <= rec.Seq {
 			break
 		}
 		if s.halted.CompareAndSwap(cur, next) {
@@ -164,7 +166,7 @@ func (s *Sink) halt(rec *delivery, reason string, err error) {
 	}
 	s.m.Halted.Set(1)
 	if s.txn != nil {
-		s.txn.signal() // the committer aborts the transaction holding rec
+		s.txn.c.Wake() // the committer aborts the transaction holding rec
 	}
 	msg := "halted: event cannot be published; the slot will not advance past it until the cause is fixed and the relay restarted"
 	if !earliest {

@@ -1,6 +1,10 @@
 package sink
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/sink/producer"
+)
 
 func TestAPositionValueKeepsItsOriginAndAnOldOneReadsAsUnknown(t *testing.T) {
 	tests := []struct {
@@ -38,7 +42,7 @@ func TestAPositionValueKeepsItsOriginAndAnOldOneReadsAsUnknown(t *testing.T) {
 
 func TestAPositionValueKeepsWhereItsTransactionWrote(t *testing.T) {
 	pos := Position{CommitLSN: 0x5000000, Events: 4, SystemID: "7714668250760685997", Timeline: 3}
-	written := map[topicPartition]span{{"orders", 2}: {30, 41}, {"orders", 0}: {7, 7}, {"dlq", 0}: {1, 3}, {"lost", 1}: {-1, -1}}
+	written := map[producer.TopicPartition]producer.Span{{Topic: "orders", Partition: 2}: {First: 30, Last: 41}, {Topic: "orders", Partition: 0}: {First: 7, Last: 7}, {Topic: "dlq", Partition: 0}: {First: 1, Last: 3}, {Topic: "lost", Partition: 1}: {First: -1, Last: -1}}
 	value := encodePositionWritten(pos, written)
 	const want = `{"v":2,"system_identifier":"7714668250760685997","timeline":3,"commit_lsn":"0/5000000","events":4,"written":[{"topic":"dlq","partition":0,"first":1,"last":3},{"topic":"orders","partition":0,"first":7,"last":7},{"topic":"orders","partition":2,"first":30,"last":41}]}`
 	if string(value) != want {
@@ -48,7 +52,7 @@ func TestAPositionValueKeepsWhereItsTransactionWrote(t *testing.T) {
 	if err != nil || got != pos {
 		t.Fatalf("decodes to %+v, %v; want %+v", got, err, pos)
 	}
-	delete(written, topicPartition{"lost", 1})
+	delete(written, producer.TopicPartition{Topic: "lost", Partition: 1})
 	if len(gotWritten) != len(written) {
 		t.Fatalf("written decodes to %v; want %v", gotWritten, written)
 	}
@@ -68,29 +72,5 @@ func TestAPositionValueKeepsWhereItsTransactionWrote(t *testing.T) {
 	// A position written before it carried this has none.
 	if _, w, err := decodePositionWritten([]byte(`{"v":2,"system_identifier":"7","timeline":1,"commit_lsn":"0/10","events":1}`)); err != nil || w != nil {
 		t.Errorf("an older value decodes with written %v, %v; want nil", w, err)
-	}
-}
-
-func TestATransactionsSpanInAPartitionCoversEveryBatch(t *testing.T) {
-	tp := topicPartition{"orders", 1}
-	tests := []struct {
-		name  string
-		spans []span
-		want  span
-	}{
-		{"one batch", []span{{10, 19}}, span{10, 19}},
-		{"batches in any order", []span{{20, 29}, {10, 19}, {30, 30}}, span{10, 30}},
-		{"a batch whose place is unknown makes it unknown", []span{{10, 19}, {-1, -1}, {20, 29}}, span{-1, -1}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var txn kafkaTxn
-			for _, sp := range tt.spans {
-				txn.wrote(tp, sp)
-			}
-			if got := txn.spans[tp]; got != tt.want {
-				t.Errorf("span %v; want %v", got, tt.want)
-			}
-		})
 	}
 }

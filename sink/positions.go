@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -16,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
+	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
 // The positions topic holds, per transactional id (the record key), the Position each committed
@@ -44,7 +46,7 @@ type positionValue struct {
 	Events    int    `json:"events"`
 	// Written is where the records of the position's Kafka transaction lie: the offsets of its
 	// first and last record in each partition it wrote. A start checks that they were committed
-	// (txnManager.settle). Readers that predate it ignore it.
+	// (producer.Committer.Settle). Readers that predate it ignore it.
 	Written []writtenValue `json:"written,omitempty"`
 }
 
@@ -59,14 +61,14 @@ func encodePosition(p Position) []byte { return encodePositionWritten(p, nil) }
 
 // encodePositionWritten encodes p with where its transaction's records lie (spans not known are
 // left out).
-func encodePositionWritten(p Position, written map[topicPartition]span) []byte {
+func encodePositionWritten(p Position, written map[producer.TopicPartition]producer.Span) []byte {
 	v := positionValue{V: 1, CommitLSN: p.CommitLSN.String(), Events: p.Events}
 	if p.SystemID != "" && p.Timeline != 0 {
 		v.V, v.SystemID, v.Timeline = 2, p.SystemID, p.Timeline
 	}
 	for tp, sp := range written {
-		if sp.known() {
-			v.Written = append(v.Written, writtenValue{Topic: tp.topic, Partition: tp.partition, First: sp.first, Last: sp.last})
+		if sp.Known() {
+			v.Written = append(v.Written, writtenValue{Topic: tp.Topic, Partition: tp.Partition, First: sp.First, Last: sp.Last})
 		}
 	}
 	slices.SortFunc(v.Written, func(a, b writtenValue) int {
@@ -82,20 +84,20 @@ func decodePosition(b []byte) (Position, error) {
 }
 
 // decodePositionWritten decodes a position record and where its transaction's records lie.
-func decodePositionWritten(b []byte) (Position, map[topicPartition]span, error) {
+func decodePositionWritten(b []byte) (Position, map[producer.TopicPartition]producer.Span, error) {
 	pos, v, err := decodePositionValue(b)
 	if err != nil {
 		return Position{}, nil, err
 	}
-	var written map[topicPartition]span
+	var written map[producer.TopicPartition]producer.Span
 	for _, w := range v.Written {
 		if w.First < 0 || w.Last < w.First {
 			return Position{}, nil, fmt.Errorf("position record %.80q: bad offsets written in %s/%d", b, w.Topic, w.Partition)
 		}
 		if written == nil {
-			written = make(map[topicPartition]span, len(v.Written))
+			written = make(map[producer.TopicPartition]producer.Span, len(v.Written))
 		}
-		written[topicPartition{w.Topic, w.Partition}] = span{w.First, w.Last}
+		written[producer.TopicPartition{Topic: w.Topic, Partition: w.Partition}] = producer.Span{First: w.First, Last: w.Last}
 	}
 	return pos, written, nil
 }
@@ -141,7 +143,7 @@ func positionsPartition(ctx context.Context, client *kafka.Client, topic, key st
 			t := md.Topics[0]
 			switch {
 			case t.Error == nil && len(t.Partitions) > 0:
-				return int((murmur2([]byte(key)) & 0x7fffffff) % uint32(len(t.Partitions))), created, nil
+				return int((producer.Murmur2([]byte(key)) & 0x7fffffff) % uint32(len(t.Partitions))), created, nil
 			case t.Error == nil || errors.Is(t.Error, kafka.LeaderNotAvailable):
 				err = kafka.LeaderNotAvailable // just created: no partitions yet
 			case errors.Is(t.Error, kafka.UnknownTopicOrPartition):
@@ -168,7 +170,7 @@ func positionsPartition(ctx context.Context, client *kafka.Client, topic, key st
 		if err == nil {
 			err = errors.New("metadata does not list the topic")
 		}
-		if werr := wait(ctx, attempt, log, "positions topic not available yet; retrying", err); werr != nil {
+		if werr := producer.Wait(ctx, attempt, log, "positions topic not available yet; retrying", err); werr != nil {
 			return 0, false, fmt.Errorf("sink: positions topic %s: %w", topic, werr)
 		}
 	}
@@ -241,7 +243,7 @@ func checkPositionsTopic(ctx context.Context, client *kafka.Client, topic string
 				"(grant the relay's principal DescribeConfigs on it to have it checked)", zap.String("topic", topic), zap.Error(err))
 			return nil
 		}
-		if werr := wait(ctx, attempt, log, "retrying reading the positions topic's configuration", err); werr != nil {
+		if werr := producer.Wait(ctx, attempt, log, "retrying reading the positions topic's configuration", err); werr != nil {
 			return fmt.Errorf("sink: positions topic %s: %w", topic, werr)
 		}
 	}
@@ -318,7 +320,7 @@ func readPosition(ctx context.Context, client *kafka.Client, topic, key string, 
 
 // readPositionWritten is readPosition, with where the position's Kafka transaction wrote its
 // records (nil when the position does not say).
-func readPositionWritten(ctx context.Context, client *kafka.Client, topic, key string, bound time.Duration, log *zap.Logger) (Position, map[topicPartition]span, bool, error) {
+func readPositionWritten(ctx context.Context, client *kafka.Client, topic, key string, bound time.Duration, log *zap.Logger) (Position, map[producer.TopicPartition]producer.Span, bool, error) {
 	partition, created, err := positionsPartition(ctx, client, topic, key, log)
 	if err != nil || created {
 		return Position{}, nil, false, err
@@ -385,10 +387,10 @@ func readPositionWritten(ctx context.Context, client *kafka.Client, topic, key s
 func waitStable(ctx context.Context, client *kafka.Client, topic string, partition int, bound time.Duration, log *zap.Logger) (first, stable int64, err error) {
 	var high int64
 	for attempt := 0; ; attempt++ {
-		if high, err = highWatermark(ctx, client, topic, partition); err == nil {
+		if high, err = producer.HighWatermark(ctx, client, topic, partition); err == nil {
 			break
 		}
-		if werr := wait(ctx, attempt, log, "retrying reading the positions topic", err); werr != nil {
+		if werr := producer.Wait(ctx, attempt, log, "retrying reading the positions topic", err); werr != nil {
 			return 0, 0, fmt.Errorf("sink: positions topic %s: %w", topic, werr)
 		}
 	}
@@ -396,10 +398,10 @@ func waitStable(ctx context.Context, client *kafka.Client, topic string, partiti
 	delay := 50 * time.Millisecond
 	logged := false
 	for attempt := 0; ; attempt++ {
-		first, stable, err = offsets(ctx, client, topic, partition)
+		first, stable, err = producer.Offsets(ctx, client, topic, partition)
 		switch {
 		case err != nil:
-			if werr := wait(ctx, attempt, log, "retrying reading the positions topic", err); werr != nil {
+			if werr := producer.Wait(ctx, attempt, log, "retrying reading the positions topic", err); werr != nil {
 				return 0, 0, fmt.Errorf("sink: positions topic %s: %w", topic, werr)
 			}
 			continue
@@ -424,85 +426,47 @@ func waitStable(ctx context.Context, client *kafka.Client, topic string, partiti
 	}
 }
 
-// highWatermark returns the partition's end offset (read_uncommitted): records of open
-// transactions included.
-func highWatermark(ctx context.Context, client *kafka.Client, topic string, partition int) (int64, error) {
-	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
-		Topics:         map[string][]kafka.OffsetRequest{topic: {kafka.LastOffsetOf(partition)}},
-		IsolationLevel: kafka.ReadUncommitted,
-	})
-	if err != nil {
-		return 0, err
-	}
-	for _, p := range res.Topics[topic] {
-		if p.Partition != partition {
-			continue
-		}
-		if p.Error != nil {
-			return 0, p.Error
-		}
-		return p.LastOffset, nil
-	}
-	return 0, errors.New("list offsets: the response does not hold the partition")
-}
-
-// offsets returns the partition's first offset and its last stable offset (read_committed end).
-func offsets(ctx context.Context, client *kafka.Client, topic string, partition int) (first, stable int64, err error) {
-	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
-		Topics: map[string][]kafka.OffsetRequest{topic: {
-			kafka.FirstOffsetOf(partition), kafka.LastOffsetOf(partition),
-		}},
-		IsolationLevel: kafka.ReadCommitted,
-	})
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, p := range res.Topics[topic] {
-		if p.Partition != partition {
-			continue
-		}
-		if p.Error != nil {
-			return 0, 0, p.Error
-		}
-		return p.FirstOffset, p.LastOffset, nil
-	}
-	return 0, 0, errors.New("list offsets: the response does not hold the partition")
-}
-
 // positionsWriter writes the position record of each Kafka transaction.
 type positionsWriter struct {
-	tm    *txnManager
-	tp    topicPartition
+	e         *exactlyOnce
+	topic, id string // the positions topic; the transactional id, the records' key
+
+	mu    sync.Mutex
+	tp    producer.TopicPartition
 	ready bool
-	ps    producerState
+	ps    producer.State // the next position record's; only the committer uses it once ready
+}
+
+// partition returns the positions partition once resolved.
+func (w *positionsWriter) partition() (producer.TopicPartition, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.tp, w.ready
 }
 
 // resolve learns the positions partition (creating the topic if it is missing) and the producer
 // state it starts from.
 func (w *positionsWriter) resolve(ctx context.Context) error {
-	tm := w.tm
-	tm.mu.Lock()
-	ready := w.ready
-	tm.mu.Unlock()
-	if ready {
+	if _, ready := w.partition(); ready {
 		return nil
 	}
-	partition, _, err := positionsPartition(ctx, tm.client, tm.cfg.PositionsTopic, tm.id, tm.log)
+	s := w.e.s
+	partition, _, err := positionsPartition(ctx, s.client, w.topic, w.id, s.log)
 	if err != nil {
 		return err
 	}
-	if err := checkPositionsTopic(ctx, tm.client, tm.cfg.PositionsTopic, tm.log); err != nil {
+	if err := checkPositionsTopic(ctx, s.client, w.topic, s.log); err != nil {
 		return err
 	}
-	ps, err := tm.ident.get(ctx)
+	ps, err := s.ident.Get(ctx)
 	if err != nil {
 		return err
 	}
-	tm.mu.Lock()
+	w.mu.Lock()
 	if !w.ready {
-		w.tp, w.ps, w.ready = topicPartition{tm.cfg.PositionsTopic, partition}, ps, true
+		w.tp, w.ps, w.ready = producer.TopicPartition{Topic: w.topic, Partition: partition}, ps, true
 	}
-	tm.mu.Unlock()
+	w.mu.Unlock()
 	return nil
 }
 
@@ -510,41 +474,55 @@ func (w *positionsWriter) resolve(ctx context.Context) error {
 // the record's offset (-1 if the broker did not say). written is where the transaction's records
 // lie, kept with the position for the next start to check (Sink.settle). Only the committer calls
 // it.
-func (w *positionsWriter) write(ctx context.Context, pos Position, written map[topicPartition]span) (int64, error) {
-	tm := w.tm
+func (w *positionsWriter) write(ctx context.Context, pos Position, written map[producer.TopicPartition]producer.Span) (int64, error) {
+	s := w.e.s
 	if err := w.resolve(ctx); err != nil {
 		return -1, err
 	}
-	if err := tm.add(ctx, w.tp); err != nil {
-		if errors.Is(err, errTopicRefused) {
-			return -1, positionsRefused(w.tp.topic, err)
+	if err := w.e.c.Add(ctx, w.tp); err != nil {
+		if errors.Is(err, producer.ErrTopicRefused) {
+			return -1, positionsRefused(w.tp.Topic, err)
 		}
 		return -1, err
 	}
 	now := time.Now()
-	rec := &delivery{msg: kafka.Message{Topic: w.tp.topic, Partition: w.tp.partition, Key: []byte(tm.id), Value: encodePositionWritten(pos, written), Time: now}}
-	rec.size = int64(recordSize(&rec.msg))
+	rec := &producer.Record{Msg: kafka.Message{Topic: w.tp.Topic, Partition: w.tp.Partition, Key: []byte(w.id), Value: encodePositionWritten(pos, written), Time: now}}
+	rec.Size = int64(producer.RecordSize(&rec.Msg))
 	ps := w.ps
 	for attempt := 0; ; attempt++ {
-		err := tm.s.main.produce(nil, w.tp, []*delivery{rec}, ps)
+		err := s.main.Produce(w.tp, []*producer.Record{rec}, ps)
 		if err == nil || errors.Is(err, kafka.DuplicateSequenceNumber) {
-			w.ps.seq = nextSequence(ps.seq, 1)
-			return rec.offset, nil
+			w.ps.Seq = producer.NextSequence(ps.Seq, 1)
+			return rec.Offset, nil
 		}
 		if errors.Is(err, kafka.TopicAuthorizationFailed) {
-			return -1, positionsRefused(w.tp.topic, err)
+			return -1, positionsRefused(w.tp.Topic, err)
 		}
-		if permanent(err) || sequenceLost(err) || producerRefused(err) || transactionFailed(err) {
-			return -1, fmt.Errorf("write the position to %s: %w", w.tp.topic, err)
+		if producer.Permanent(err) || producer.SequenceLost(err) || producer.ProducerRefused(err) || producer.TransactionFailed(err) {
+			return -1, fmt.Errorf("write the position to %s: %w", w.tp.Topic, err)
 		}
-		delay := backoff(attempt)
-		tm.s.retrying(w.tp.topic, w.tp.partition, 1, err, delay)
+		delay := producer.Backoff(attempt)
+		s.retrying(w.tp.Topic, w.tp.Partition, 1, err, delay)
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
 			return -1, ctx.Err()
 		}
 	}
+}
+
+// commitOwnOpen commits what this producer may have left open in the positions partition: a
+// position whose commit marker was lost holds the partition's last stable offset down until this
+// producer's next transaction there, and a start waits for it (waitStable). Call it after fencing.
+func (e *exactlyOnce) commitOwnOpen(ctx context.Context) error {
+	if err := e.positions.resolve(ctx); err != nil {
+		return err
+	}
+	tp, _ := e.positions.partition()
+	if err := e.c.CommitOpen(ctx, tp); err != nil {
+		return fmt.Errorf("positions topic %w", err)
+	}
+	return nil
 }
 
 // ReadPosition is the package's ReadPosition for this sink's transactional id, after fencing
@@ -556,7 +534,7 @@ func (s *Sink) ReadPosition(ctx context.Context) (Position, bool, error) {
 	if s.txn == nil {
 		return Position{}, false, errors.New("sink: ReadPosition needs exactly-once delivery (Config.Transactions)")
 	}
-	if _, err := s.ident.get(ctx); err != nil {
+	if _, err := s.ident.Get(ctx); err != nil {
 		return Position{}, false, err
 	}
 	// What an earlier producer left is settled once, before this sink's first transaction: later
@@ -570,13 +548,13 @@ func (s *Sink) ReadPosition(ctx context.Context) (Position, bool, error) {
 			return Position{}, false, fmt.Errorf("sink: commit what this producer left open in the positions topic: %w", err)
 		}
 	}
-	pos, written, found, err := readPositionWritten(ctx, s.txn.client, s.cfg.Transactions.PositionsTopic, s.cfg.Transactions.ID, s.txn.stableWait, s.log)
+	pos, written, found, err := readPositionWritten(ctx, s.client, s.cfg.Transactions.PositionsTopic, s.cfg.Transactions.ID, s.txn.stableWait, s.log)
 	if err != nil || !settle {
 		return pos, found, err
 	}
 	trusted := true
 	if found {
-		if trusted, err = s.txn.settle(ctx, written); err != nil {
+		if trusted, err = s.txn.c.Settle(ctx, written); err != nil {
 			return Position{}, false, fmt.Errorf("sink: check the Kafka transaction of the committed position: %w", err)
 		}
 	}

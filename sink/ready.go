@@ -9,6 +9,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
 // WaitReady blocks until the Kafka cluster answers a metadata request, logging each failed attempt
@@ -49,7 +51,7 @@ func (s *Sink) WaitReady(ctx context.Context) error {
 		if line, ok := tlsProblem(err); ok {
 			return fmt.Errorf("kafka at %v: %s", s.cfg.Brokers, line)
 		}
-		delay := backoff(attempt)
+		delay := producer.Backoff(attempt)
 		s.log.Warn("kafka unreachable; the relay waits for it before streaming",
 			zap.Strings("brokers", s.cfg.Brokers), zap.Int("attempt", attempt+1),
 			zap.Duration("retry_in", delay), zap.Error(err))
@@ -85,8 +87,8 @@ func (s *Sink) adoptBrokerLimit(ctx context.Context, client *kafka.Client, broke
 			s.log.Info("using the broker's smaller record size limit",
 				zap.Int("message.max.bytes", limit), zap.Int("max_message_bytes", s.cfg.MaxMessageBytes))
 			s.cfg.MaxMessageBytes = limit
-			s.main.maxBytes = limit
-			s.dead.maxBytes = limit
+			s.main.SetMaxBytes(limit)
+			s.dead.SetMaxBytes(limit)
 		}
 	}
 }
@@ -95,7 +97,7 @@ func (s *Sink) adoptBrokerLimit(ctx context.Context, client *kafka.Client, broke
 // transactional id, which fences every earlier producer with it) and makes sure the positions
 // topic exists, so that what cannot work fails the start with an error naming the setting.
 func (s *Sink) startProducer(ctx context.Context) error {
-	if _, err := s.ident.get(ctx); err != nil {
+	if _, err := s.ident.Get(ctx); err != nil {
 		if ctx.Err() == nil {
 			s.fatal(err)
 		}

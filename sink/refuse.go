@@ -21,8 +21,8 @@ func (s *Sink) takeBack(rec *delivery, reason string, err error) bool {
 	if !ok || !r.Refuse(reason, err) {
 		return false
 	}
-	s.limit.release(1, rec.size)
+	s.limit.release(1, rec.Size)
 	s.m.InFlightEvents.Dec()
-	s.m.InFlightBytes.Sub(float64(rec.size))
+	s.m.InFlightBytes.Sub(float64(rec.Size))
 	return true
 }

@@ -1,16 +1,11 @@
 // Package sink publishes outbox events to Kafka and reports each one back once Kafka has
-// acknowledged it (acks=all) or the failure policy has settled it.
-//
-// Ordering: each partition has one goroutine and at most one batch in flight, and a failed batch
-// is retried in place (producer.go), so a later record of a partition never overtakes an earlier
-// one. The batches of partitions led by the same broker that are ready together share one Produce
-// request (coalesce.go). Keys are partitioned with murmur2 exactly like the Java client, so a
-// topic written by Debezium keeps its key-to-partition mapping.
-//
-// The producer is idempotent where the broker allows it (idempotence.go): a retried request the
-// broker already wrote is not written twice. With Config.Transactions it is transactional
-// (transactions.go): records are acknowledged only once the Kafka transaction holding them, and
-// the Position it reaches (positions.go), committed.
+// acknowledged it (acks=all) or the failure policy has settled it. It is the policy on top of two
+// rooms below it: package record makes an event a Kafka record (topic, key, headers, value), and
+// package producer sends records in order, one batch in flight per partition, idempotent where the
+// broker allows it. The sink adds what only an outbox relay needs: the in-flight window, the
+// failure policy (dead letters, halt), refusals, readiness, and with Config.Transactions the Kafka
+// transactions (transactions.go), whose records are acknowledged only once the transaction
+// holding them, and the Position it reaches (positions.go), committed.
 package sink
 
 import (
@@ -30,6 +25,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/sink/record"
+
+	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
 // Policy says what happens to an event that cannot be published to its topic.
@@ -119,9 +116,10 @@ type Sink struct {
 	limit     *limiter
 	labels    *topicLabels
 
-	main, dead *producer
-	ident      *identity       // producer id and epoch
-	txn        *txnManager     // nil unless exactly-once
+	main, dead *producer.Producer
+	ident      *producer.Identity // producer id and epoch
+	txn        *exactlyOnce       // nil unless exactly-once
+	client     *kafka.Client
 	ctx        context.Context // ends when Close gives up waiting, or the sink fails for good
 	stop       context.CancelFunc
 
@@ -141,26 +139,22 @@ type Sink struct {
 
 // delivery is one event on its way to Kafka.
 type delivery struct {
-	msg       kafka.Message
-	partition int // chosen by the event (PlacePartition), or -1 for the key's
-	ev        *decoder.Event
-	ack       Acker
-	size      int64
-	enqueued  time.Time
-	topic     string // the event's own topic, kept when it is dead-lettered
-	seq       uint64 // position in publish (WAL) order, from 1; a halt stops everything at or after it
-	txn       uint64 // exactly-once: the generation of the Kafka transaction it belongs to
-	offset    int64  // where the broker wrote it, once written; -1 if the broker did not say
+	// Record is what the producer needs: Partition is the event's own (PlacePartition) or -1 for
+	// the key's, Seq its position in publish (WAL) order, from 1 (a halt stops everything at or
+	// after it), Txn (exactly-once) the generation of its Kafka transaction; Owner is the delivery.
+	producer.Record
+	ev    *decoder.Event
+	ack   Acker
+	topic string // the event's own topic, kept when it is dead-lettered
 }
 
-// recordSize is the size Kafka counts against max.message.bytes for a record on its own, with the
-// record and batch framing overhead rounded up.
-func recordSize(m *kafka.Message) int {
-	n := len(m.Key) + len(m.Value) + 100 // 61-byte batch header, record header, varints
-	for _, h := range m.Headers {
-		n += len(h.Key) + len(h.Value) + 10
+// deliveries are the records of a batch the producer answered for, as the sink made them.
+func deliveries(batch []*producer.Record) []*delivery {
+	out := make([]*delivery, len(batch))
+	for i, r := range batch {
+		out[i] = r.Owner.(*delivery)
 	}
-	return n
+	return out
 }
 
 type haltState struct {
@@ -238,30 +232,41 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	// A short TTL also bounds how long an error cached during an outage outlives the outage.
 	s.transport.MetadataTTL = 5 * time.Second
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport, Timeout: cfg.WriteTimeout}
-	s.ident = &identity{client: client, log: log, mode: cfg.Idempotence}
+	s.client = client
+	var txnID string
+	var txnTimeout time.Duration
 	if t := cfg.Transactions; t != nil {
-		s.ident.txnID, s.ident.txnTimeout = t.ID, t.Timeout
-		s.txn = newTxnManager(s, client, s.ident)
+		txnID, txnTimeout = t.ID, t.Timeout
 	}
-	s.main = s.newProducer(client, s.completed)
-	s.dead = s.newProducer(client, s.deadLettered)
+	s.ident = producer.NewIdentity(client, log, cfg.Idempotence, txnID, txnTimeout)
+	completed := func(batch []*producer.Record, err error) { s.completed(deliveries(batch), err) }
+	deadLettered := func(batch []*producer.Record, err error) { s.deadLettered(deliveries(batch), err) }
+	mainDone, deadDone := completed, deadLettered
+	if t := cfg.Transactions; t != nil {
+		s.txn = newExactlyOnce(s, *t, s.ident)
+		// Written records are held until their Kafka transaction commits, then acknowledged.
+		mainCommitted := func(batch []*producer.Record) { completed(batch, nil) }
+		deadCommitted := func(batch []*producer.Record) { deadLettered(batch, nil) }
+		mainDone = func(batch []*producer.Record, err error) {
+			if err != nil {
+				completed(batch, err)
+				return
+			}
+			s.txn.c.Written(batch, mainCommitted)
+		}
+		deadDone = func(batch []*producer.Record, err error) {
+			if err != nil {
+				deadLettered(batch, err)
+				return
+			}
+			s.txn.c.Written(batch, deadCommitted)
+		}
+	}
+	s.main = s.newProducer(client, mainDone)
+	s.dead = s.newProducer(client, deadDone)
 	if s.txn != nil {
-		// Written records are held until their Kafka transaction commits (transactions.go).
-		s.main.done = func(batch []*delivery, err error) {
-			if err != nil {
-				s.completed(batch, err)
-				return
-			}
-			s.txn.written(batch, false)
-		}
-		s.dead.done = func(batch []*delivery, err error) {
-			if err != nil {
-				s.deadLettered(batch, err)
-				return
-			}
-			s.txn.written(batch, true)
-		}
-		go s.txn.run()
+		s.txn.c.Producers(s.main, s.dead)
+		go s.txn.c.Run(s.ctx)
 	}
 	return s, nil
 }
@@ -274,31 +279,29 @@ func (s *Sink) newTransport() *kafka.Transport {
 	return &kafka.Transport{ClientID: s.cfg.ClientID, TLS: s.cfg.TLS, SASL: s.cfg.SASL, DialTimeout: 5 * time.Second}
 }
 
-func (s *Sink) newProducer(client *kafka.Client, done func([]*delivery, error)) *producer {
-	p := &producer{
-		client:      client,
-		compression: s.cfg.Compression,
-		maxBytes:    s.cfg.MaxMessageBytes,
-		maxRecords:  s.cfg.BatchSize,
-		linger:      s.cfg.Linger,
-		timeout:     s.cfg.WriteTimeout,
-		ctx:         s.ctx,
-		done:        done,
-		retrying:    s.retrying,
-		sent: func(records int) {
+func (s *Sink) newProducer(client *kafka.Client, done func([]*producer.Record, error)) *producer.Producer {
+	cfg := producer.Config{
+		Client:      client,
+		Compression: s.cfg.Compression,
+		MaxBytes:    s.cfg.MaxMessageBytes,
+		MaxRecords:  s.cfg.BatchSize,
+		Linger:      s.cfg.Linger,
+		Timeout:     s.cfg.WriteTimeout,
+		Identity:    s.ident,
+		Log:         s.log,
+		Done:        done,
+		Retrying:    s.retrying,
+		Sent: func(records int) {
 			s.m.ProduceRequests.Inc()
 			s.m.RequestRecords.Observe(float64(records))
 		},
-		stopAt: s.stopAt,
-		failed: s.fatal,
-		ident:  s.ident,
-		txn:    s.txn,
-		log:    s.log,
-		parts:  make(map[topicPartition]*partitionQueue),
-		topics: make(map[string]topicInfo),
+		StopAt: s.stopAt,
+		Failed: s.fatal,
 	}
-	p.requests = newRequests(p)
-	return p
+	if s.txn != nil {
+		cfg.Transactions, cfg.TransactionalID = s.txn.c, s.cfg.Transactions.ID
+	}
+	return producer.New(s.ctx, cfg)
 }
 
 // retrying logs a transient failure. The messages are constant, so the log sampler collapses an
@@ -346,8 +349,8 @@ func (s *Sink) Publish(ctx context.Context, ev *decoder.Event, ack Acker) error 
 // delays the acknowledgements.
 func (s *Sink) Flush() {
 	seq := s.seq.Load()
-	s.main.flush(seq)
-	s.dead.flush(seq)
+	s.main.Flush(seq)
+	s.dead.Flush(seq)
 }
 
 // submit is Publish, or, with a reject reason, Reject: both take a position in publish order and
@@ -364,7 +367,8 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		return ctx.Err()
 	}
 	built := s.records.Build(ev, time.Now())
-	rec := &delivery{ev: ev, ack: ack, seq: s.seq.Add(1), msg: built.Msg, partition: built.Partition}
+	rec := &delivery{Record: producer.Record{Seq: s.seq.Add(1), Msg: built.Msg, Partition: built.Partition}, ev: ev, ack: ack}
+	rec.Owner = rec
 	topic, routeErr, hdrErr, partErr := built.Msg.Topic, built.TopicErr, built.HeadersErr, built.PartitionErr
 	if routeErr == nil && topic == s.cfg.DeadLetterTopic {
 		// One partition, one producer: the dead-letter producer's sequence numbers would collide.
@@ -377,19 +381,19 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		routeErr = fmt.Errorf("event %s routes to the positions topic %s (positions_topic), which must hold positions only", ev.ID, topic)
 	}
 	rec.topic = topic
-	size := int64(recordSize(&rec.msg))
-	rec.size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
-	if err := s.limit.acquire(ctx, s.failed, rec.size); err != nil {
+	size := int64(producer.RecordSize(&rec.Msg))
+	rec.Size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
+	if err := s.limit.acquire(ctx, s.failed, rec.Size); err != nil {
 		if ctx.Err() == nil && s.Err() != nil {
 			return s.Err()
 		}
 		return err
 	}
 	if s.txn != nil {
-		s.txn.join(rec)
+		s.txn.c.Join(&rec.Record)
 	}
 	s.m.InFlightEvents.Inc()
-	s.m.InFlightBytes.Add(float64(rec.size))
+	s.m.InFlightBytes.Add(float64(rec.Size))
 	// The waits below (for a topic's partitions, the dead-letter topic's included) end with ctx: a
 	// stop must never hang on a topic that cannot be learned. An event not handed over then gives
 	// its capacity back; it was never acknowledged, so it is published again after a restart.
@@ -400,7 +404,7 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 			rec.topic = "" // the dead-letter headers name the event's topic only when there is one
 		}
 		if hdrErr != nil {
-			rec.msg.Headers = nil
+			rec.Msg.Headers = nil
 		}
 		err = s.fail(ctx, rec, reject, cause)
 	case routeErr != nil:
@@ -413,9 +417,9 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		err = s.fail(ctx, rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
 			size, s.cfg.MaxMessageBytes))
 	default:
-		rec.enqueued = time.Now()
-		if err = s.main.enqueue(ctx, rec); err != nil && ctx.Err() == nil {
-			if errors.Is(err, errTopicRefused) {
+		rec.Enqueued = time.Now()
+		if err = s.main.Enqueue(ctx, &rec.Record); err != nil && ctx.Err() == nil {
+			if errors.Is(err, producer.ErrTopicRefused) {
 				s.topics.unavailable(topic, err)
 			} else {
 				err = fmt.Errorf("topic %s: %w", topic, err)
@@ -425,11 +429,11 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	}
 	if err != nil {
 		if s.txn != nil {
-			s.txn.leave(rec)
+			s.txn.c.Leave(&rec.Record)
 		}
-		s.limit.release(1, rec.size)
+		s.limit.release(1, rec.Size)
 		s.m.InFlightEvents.Dec()
-		s.m.InFlightBytes.Sub(float64(rec.size))
+		s.m.InFlightBytes.Sub(float64(rec.Size))
 		if ctx.Err() == nil && s.Err() != nil {
 			return s.Err()
 		}
@@ -442,22 +446,14 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 // that did not commit.
 const abortGrace = 2 * time.Second
 
-// backoff grows from 200ms to 2s.
-// A retry against a broker that is down costs one failed dial, so the ceiling is low: the relay
-// notices a broker coming back within seconds.
-func backoff(attempt int) time.Duration {
-	d := 200 * time.Millisecond << min(attempt, 6)
-	return min(d, 2*time.Second)
-}
-
 // completed is the main producer's report on a batch of one partition: acknowledged, or refused
 // for good by the broker (then for a single record).
 func (s *Sink) completed(batch []*delivery, err error) {
 	s.answered()
-	if errors.Is(err, errTopicRefused) {
-		s.topics.unavailable(batch[0].msg.Topic, err) // readiness names it until the topic takes a record
+	if errors.Is(err, producer.ErrTopicRefused) {
+		s.topics.unavailable(batch[0].Msg.Topic, err) // readiness names it until the topic takes a record
 	} else {
-		s.topics.available(batch[0].msg.Topic) // the broker answered for the topic
+		s.topics.available(batch[0].Msg.Topic) // the broker answered for the topic
 	}
 	if err != nil {
 		for _, rec := range batch {
@@ -470,14 +466,14 @@ func (s *Sink) completed(batch []*delivery, err error) {
 	var bytes int64
 	var newest time.Time
 	for _, rec := range batch {
-		bytes += rec.size
-		s.m.PublishLatency.Observe(now.Sub(rec.enqueued).Seconds())
+		bytes += rec.Size
+		s.m.PublishLatency.Observe(now.Sub(rec.Enqueued).Seconds())
 		s.m.EndToEndLatency.Observe(now.Sub(rec.ev.Tx.CommitTime).Seconds())
 		if rec.ev.Tx.CommitTime.After(newest) {
 			newest = rec.ev.Tx.CommitTime
 		}
 	}
-	s.m.EventsPublished.WithLabelValues(s.labels.of(batch[0].msg.Topic)).Add(float64(len(batch)))
+	s.m.EventsPublished.WithLabelValues(s.labels.of(batch[0].Msg.Topic)).Add(float64(len(batch)))
 	s.settle(batch, bytes)
 	s.m.BytesPublished.Add(float64(bytes))
 	s.m.LastAckTimestamp.Set(float64(now.UnixNano()) / 1e9)
@@ -549,14 +545,16 @@ func (s *Sink) Close(ctx context.Context) error {
 	var txnErr error
 	if s.txn != nil {
 		// Commit what was published; the producers then hold nothing and close at once.
-		txnErr = s.txn.flush(ctx)
+		if txnErr = s.txn.c.Flush(ctx); errors.Is(txnErr, producer.ErrStopped) {
+			txnErr = s.Err()
+		}
 	}
 	done := make(chan struct{})
 	go func() {
 		// The main producer may still dead-letter records, so the dead-letter producer closes
 		// only after it.
-		s.main.close()
-		s.dead.close()
+		s.main.Close()
+		s.dead.Close()
 		close(done)
 	}()
 	var err error
@@ -572,7 +570,7 @@ func (s *Sink) Close(ctx context.Context) error {
 		// held at it until the transaction timeout. Best effort, and bounded: the next producer
 		// with the transactional id aborts it too.
 		select {
-		case <-s.txn.done:
+		case <-s.txn.c.Done():
 		case <-time.After(abortGrace):
 		}
 		if err == nil && txnErr != nil {

@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
 // A topic the relay cannot write to (missing while the brokers do not auto-create topics, or not
@@ -88,7 +90,7 @@ func (w *topicWaits) unavailable(topic string, err error) {
 		return
 	}
 	fields := []zap.Field{zap.String("topic", topic), zap.Duration("waiting_for", now.Sub(since).Round(time.Second)), zap.Error(err)}
-	if errors.Is(err, errTopicRefused) {
+	if errors.Is(err, producer.ErrTopicRefused) {
 		w.log.Error("not authorized to write to the topic: under exactly-once its events go to the failure policy (dead-letter topic, or halt), "+
 			"since every Kafka transaction would wait for them; grant the relay's principal Write and Describe on the topic", fields...)
 		return
@@ -153,7 +155,7 @@ func (w *topicWaits) stalled() (string, bool) {
 	t := topics[0]
 	what := "it does not exist and the brokers do not create topics; every event waits behind it"
 	switch err := w.waiting[t].err; {
-	case errors.Is(err, errTopicRefused):
+	case errors.Is(err, producer.ErrTopicRefused):
 		what = "the relay is not authorized to write to it; under exactly-once its events go to the failure policy"
 	case errors.Is(err, kafka.TopicAuthorizationFailed):
 		what = "the relay is not authorized to write to it; every event waits behind it"

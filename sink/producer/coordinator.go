@@ -1,4 +1,4 @@
-package sink
+package producer
 
 import (
 	"context"
@@ -78,8 +78,14 @@ func coordinatorBroker(c protocol.Cluster, id int32) (protocol.Broker, error) {
 	return b, nil
 }
 
-// coordinator caches the transaction coordinator of a transactional id.
-type coordinator struct {
+// NewCoordinator returns the coordinator of transactional id id, looked up at the first request.
+func NewCoordinator(client *kafka.Client, id string) *Coordinator {
+	return &Coordinator{client: withTransport(client), id: id}
+}
+
+// Coordinator sends the transactional requests of one transactional id to its coordinator, which
+// it looks up once and again only after it moved.
+type Coordinator struct {
 	client *kafka.Client
 	id     string
 
@@ -89,7 +95,7 @@ type coordinator struct {
 }
 
 // get returns the coordinator's broker id, asking for it when it is not known.
-func (c *coordinator) get(ctx context.Context) (int32, error) {
+func (c *Coordinator) get(ctx context.Context) (int32, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.known {
@@ -108,7 +114,7 @@ func (c *coordinator) get(ctx context.Context) (int32, error) {
 
 // forget drops the cached coordinator after err, when err says it may have moved: the broker
 // said so, or the request did not get an answer.
-func (c *coordinator) forget(err error) {
+func (c *Coordinator) forget(err error) {
 	var kerr kafka.Error
 	if errors.As(err, &kerr) && kerr != kafka.NotCoordinatorForGroup && kerr != kafka.GroupCoordinatorNotAvailable {
 		return
@@ -118,22 +124,22 @@ func (c *coordinator) forget(err error) {
 	c.mu.Unlock()
 }
 
-// addPartitions sends AddPartitionsToTxn to the coordinator once.
-func (c *coordinator) addPartitions(ctx context.Context, ps producerState, tps map[topicPartition]bool) error {
+// AddPartitions sends AddPartitionsToTxn to the coordinator once.
+func (c *Coordinator) AddPartitions(ctx context.Context, ps State, tps map[TopicPartition]bool) error {
 	node, err := c.get(ctx)
 	if err != nil {
 		return err
 	}
-	req := &addPartitionsRequest{TransactionalID: c.id, ProducerID: ps.id, ProducerEpoch: ps.epoch, coordinator: node}
+	req := &addPartitionsRequest{TransactionalID: c.id, ProducerID: ps.ID, ProducerEpoch: ps.Epoch, coordinator: node}
 	byTopic := make(map[string]int)
 	for tp := range tps {
-		i, ok := byTopic[tp.topic]
+		i, ok := byTopic[tp.Topic]
 		if !ok {
 			i = len(req.Topics)
-			byTopic[tp.topic] = i
-			req.Topics = append(req.Topics, addpartitionstotxn.RequestTopic{Name: tp.topic})
+			byTopic[tp.Topic] = i
+			req.Topics = append(req.Topics, addpartitionstotxn.RequestTopic{Name: tp.Topic})
 		}
-		req.Topics[i].Partitions = append(req.Topics[i].Partitions, int32(tp.partition))
+		req.Topics[i].Partitions = append(req.Topics[i].Partitions, int32(tp.Partition))
 	}
 	m, err := c.client.Transport.RoundTrip(ctx, c.client.Addr, req)
 	if err == nil {
@@ -145,14 +151,14 @@ func (c *coordinator) addPartitions(ctx context.Context, ps producerState, tps m
 	return err
 }
 
-// endTxn sends EndTxn to the coordinator once.
-func (c *coordinator) endTxn(ctx context.Context, ps producerState, commit bool) error {
+// EndTxn sends EndTxn to the coordinator once.
+func (c *Coordinator) EndTxn(ctx context.Context, ps State, commit bool) error {
 	node, err := c.get(ctx)
 	if err != nil {
 		return err
 	}
 	m, err := c.client.Transport.RoundTrip(ctx, c.client.Addr, &endTxnRequest{
-		TransactionalID: c.id, ProducerID: ps.id, ProducerEpoch: ps.epoch, Committed: commit, coordinator: node,
+		TransactionalID: c.id, ProducerID: ps.ID, ProducerEpoch: ps.Epoch, Committed: commit, coordinator: node,
 	})
 	if err == nil {
 		if code := m.(*endtxn.Response).ErrorCode; code != 0 {
@@ -165,20 +171,20 @@ func (c *coordinator) endTxn(ctx context.Context, ps producerState, commit bool)
 	return err
 }
 
-// topicsRefusedError is an AddPartitionsToTxn answer refusing topics the relay may not write
+// TopicsRefusedError is an AddPartitionsToTxn answer refusing topics the relay may not write
 // (TOPIC_AUTHORIZATION_FAILED); the broker attempted none of the request's other partitions.
-type topicsRefusedError struct{ topics map[string]bool }
+type TopicsRefusedError struct{ Topics map[string]bool }
 
-func (e *topicsRefusedError) Error() string {
-	names := make([]string, 0, len(e.topics))
-	for t := range e.topics {
+func (e *TopicsRefusedError) Error() string {
+	names := make([]string, 0, len(e.Topics))
+	for t := range e.Topics {
 		names = append(names, t)
 	}
 	sort.Strings(names)
 	return fmt.Sprintf("%v (topics %s)", kafka.TopicAuthorizationFailed, strings.Join(names, ", "))
 }
 
-func (e *topicsRefusedError) Unwrap() error { return kafka.TopicAuthorizationFailed }
+func (e *TopicsRefusedError) Unwrap() error { return kafka.TopicAuthorizationFailed }
 
 // addResult is the error of an AddPartitionsToTxn answer: the topics refused for authorization,
 // or the first error, OPERATION_NOT_ATTEMPTED (the others were not tried because of it) last.
@@ -197,7 +203,7 @@ func addResult(res *addpartitionstotxn.Response) error {
 					refused = make(map[string]bool)
 				}
 				refused[t.Name] = true
-			case err == errOperationNotAttempted:
+			case err == ErrOperationNotAttempted:
 				notAttempted = err
 			case first == nil:
 				first = err
@@ -208,7 +214,7 @@ func addResult(res *addpartitionstotxn.Response) error {
 	case first != nil:
 		return first
 	case refused != nil:
-		return &topicsRefusedError{topics: refused}
+		return &TopicsRefusedError{Topics: refused}
 	}
 	return notAttempted
 }

@@ -1,4 +1,4 @@
-package sink
+package producer
 
 import (
 	"bytes"
@@ -16,18 +16,18 @@ import (
 // set, for every codec.
 func TestEncodedBatchesDecodeWithKafkaGosReader(t *testing.T) {
 	t0 := time.UnixMilli(1_700_000_000_123)
-	var batch []*delivery
+	var batch []*Record
 	for i := range 3 {
 		m := kafka.Message{Key: []byte(fmt.Sprintf("key-%d", i)), Value: bytes.Repeat([]byte("v"), 200*i),
 			Time: t0.Add(time.Duration(i) * time.Millisecond), Headers: []kafka.Header{{Key: "id", Value: []byte(fmt.Sprint(i))}, {Key: "empty", Value: nil}}}
 		if i == 1 {
 			m.Key = nil
 		}
-		batch = append(batch, &delivery{msg: m})
+		batch = append(batch, &Record{Msg: m})
 	}
 	for _, c := range []kafka.Compression{0, kafka.Gzip, kafka.Snappy, kafka.Lz4, kafka.Zstd} {
 		t.Run(fmt.Sprintf("codec %d", c), func(t *testing.T) {
-			buf, err := encodeRecordSet(nil, batch, producerState{id: 4711, epoch: 3, seq: 42, transactional: true}, c)
+			buf, err := encodeRecordSet(nil, batch, State{ID: 4711, Epoch: 3, Seq: 42, Transactional: true}, c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -54,7 +54,7 @@ func TestEncodedBatchesDecodeWithKafkaGosReader(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := batch[i].msg
+				want := batch[i].Msg
 				key, _ := readAll(r.Key)
 				value, _ := readAll(r.Value)
 				if r.Offset != int64(i) || !r.Time.Equal(want.Time) || !bytes.Equal(key, want.Key) || (want.Key == nil) != (r.Key == nil) ||
@@ -79,8 +79,8 @@ func TestSequencesWrapAtTheLargestInt32ToZero(t *testing.T) {
 		n    int
 		want int32
 	}{{0, 5, 5}, {0x7fffffff - 5, 5, 0x7fffffff}, {0x7fffffff - 5, 6, 0}, {0x7fffffff, 1, 0}, {0x7fffffff - 1, 10, 8}} {
-		if got := nextSequence(tt.seq, tt.n); got != tt.want {
-			t.Errorf("nextSequence(%d, %d) = %d, want %d", tt.seq, tt.n, got, tt.want)
+		if got := NextSequence(tt.seq, tt.n); got != tt.want {
+			t.Errorf("NextSequence(%d, %d) = %d, want %d", tt.seq, tt.n, got, tt.want)
 		}
 	}
 }

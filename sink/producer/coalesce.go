@@ -1,4 +1,4 @@
-package sink
+package producer
 
 import (
 	"bytes"
@@ -17,9 +17,9 @@ import (
 // Per-broker request coalescing, as the Java client's Sender does it: when one partition's batch
 // is ready (full, lingered, flushed), every partition led by the same broker that holds records
 // and has no request in flight sends its batch now, in the same Produce request. A broker's cost
-// is mostly per request and per append, not per record: at 10,000 events/s over nine partitions,
+// is mostly per request and per append, not per record: at 10,000 records/s over nine partitions,
 // one request per kafka.linger instead of one per partition and round trip is what makes the
-// relay as cheap for the broker as a tuned Java producer.
+// producer as cheap for the broker as a tuned Java one.
 //
 // Each partition still has at most one batch in flight and runs its own send loop (producer.go):
 // it encodes its batch with its own producer id, epoch and sequence, hands it to the request
@@ -37,7 +37,7 @@ import (
 
 // requests assembles the produce requests of one producer, per broker.
 type requests struct {
-	p *producer
+	p *Producer
 
 	mu      sync.Mutex
 	brokers map[int32]*brokerRequests
@@ -63,7 +63,7 @@ type produceCall struct {
 
 // producePart is one partition's batch in a request, and the broker's answer for it.
 type producePart struct {
-	tp      topicPartition
+	tp      TopicPartition
 	set     []byte // the encoded record set, kafka-go's RawRecordSet form
 	records int
 	err     error
@@ -80,7 +80,7 @@ type producePart struct {
 // kafka-go routes (and refuses) as it would a single-partition request.
 const noLeader int32 = -1
 
-func newRequests(p *producer) *requests {
+func newRequests(p *Producer) *requests {
 	return &requests{p: p, brokers: make(map[int32]*brokerRequests)}
 }
 
@@ -172,7 +172,7 @@ func (r *requests) gatheredLocked(b *brokerRequests, c *produceCall) {
 // returns whether set may be reused (the broker answered), the offset of its first record (-1 if
 // unknown) and the broker's answer for tp. q is the partition's queue, nil for a batch sent outside
 // one (the position record of a Kafka transaction).
-func (r *requests) produce(ctx context.Context, q *partitionQueue, tp topicPartition, set []byte, records int) (answered bool, base int64, err error) {
+func (r *requests) produce(ctx context.Context, q *partitionQueue, tp TopicPartition, set []byte, records int) (answered bool, base int64, err error) {
 	leader := r.p.leader(tp)
 	part := &producePart{tp: tp, set: set, records: records, base: -1, done: make(chan struct{})}
 	r.mu.Lock()
@@ -227,7 +227,7 @@ func (r *requests) produce(ctx context.Context, q *partitionQueue, tp topicParti
 	}
 }
 
-func (c *produceCall) has(tp topicPartition) bool {
+func (c *produceCall) has(tp TopicPartition) bool {
 	for _, p := range c.parts {
 		if p.tp == tp {
 			return true
@@ -263,7 +263,7 @@ func (r *requests) send(ctx context.Context, b *brokerRequests, c *produceCall) 
 		// (just auto-created) or leaders that differ from what this producer knew. Nothing was
 		// sent, so each partition goes on its own, and only the one kafka-go cannot route fails.
 		for _, part := range parts {
-			r.p.forgetLeaders(part.tp.topic)
+			r.p.forgetLeaders(part.tp.Topic)
 			if err := r.roundTrip(ctx, []*producePart{part}); err != nil {
 				part.err = err
 			}
@@ -285,21 +285,21 @@ func (r *requests) roundTrip(ctx context.Context, parts []*producePart) error {
 	p := r.p
 	records := 0
 	req := &rawproduce.Request{Acks: int16(kafka.RequireAll), Timeout: int32(p.timeout.Milliseconds())}
-	if p.txn != nil {
-		req.TransactionalID = p.txn.id
+	if p.txns != nil {
+		req.TransactionalID = p.transactionalID
 	}
 	for _, part := range parts {
 		records += part.records
 		rp := rawproduce.RequestPartition{
-			Partition: int32(part.tp.partition),
+			Partition: int32(part.tp.Partition),
 			RecordSet: protocol.RawRecordSet{Reader: bytes.NewReader(part.set)},
 		}
 		i := 0
-		for i < len(req.Topics) && req.Topics[i].Topic != part.tp.topic {
+		for i < len(req.Topics) && req.Topics[i].Topic != part.tp.Topic {
 			i++
 		}
 		if i == len(req.Topics) {
-			req.Topics = append(req.Topics, rawproduce.RequestTopic{Topic: part.tp.topic})
+			req.Topics = append(req.Topics, rawproduce.RequestTopic{Topic: part.tp.Topic})
 		}
 		req.Topics[i].Partitions = append(req.Topics[i].Partitions, rp)
 	}
@@ -316,12 +316,12 @@ func (r *requests) roundTrip(ctx context.Context, parts []*producePart) error {
 	}
 	for _, part := range parts {
 		part.answered = true
-		part.err = fmt.Errorf("produce: the broker's answer does not mention partition %d of %s", part.tp.partition, part.tp.topic)
+		part.err = fmt.Errorf("produce: the broker's answer does not mention partition %d of %s", part.tp.Partition, part.tp.Topic)
 	}
 	for _, t := range res.Topics {
 		for _, rp := range t.Partitions {
 			for _, part := range parts {
-				if part.tp.topic == t.Topic && part.tp.partition == int(rp.Partition) {
+				if part.tp.Topic == t.Topic && part.tp.Partition == int(rp.Partition) {
 					part.err = partitionError(rp.ErrorCode, rp.ErrorMessage)
 					if part.err == nil {
 						part.base = rp.BaseOffset

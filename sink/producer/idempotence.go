@@ -1,4 +1,4 @@
-package sink
+package producer
 
 import (
 	"context"
@@ -34,15 +34,29 @@ import (
 // The partitions of one sink share the producer id but keep their own epoch after a local bump:
 // the broker tracks producer state per partition, so that is all it checks.
 
-// Error codes kafka-go does not name (or names after what they meant before Kafka 1.0).
+// Idempotence says whether the producer asks Kafka for a producer id and numbers its batches, so
+// the broker drops a batch it already wrote when a retry brings it again.
+type Idempotence string
+
 const (
-	errOperationNotAttempted kafka.Error = 55  // OPERATION_NOT_ATTEMPTED; kafka-go: BrokerAuthorizationFailed
-	errTransactionAbortable  kafka.Error = 120 // TRANSACTION_ABORTABLE (KIP-890)
+	// IdempotenceAuto is on where the broker allows it: a broker that denies IDEMPOTENT_WRITE
+	// gets the plain producer, with a warning.
+	IdempotenceAuto Idempotence = "auto"
+	// IdempotenceOn refuses to start when the broker denies it.
+	IdempotenceOn Idempotence = "on"
+	// IdempotenceOff never asks: every retry of a request the broker already wrote is a duplicate.
+	IdempotenceOff Idempotence = "off"
 )
 
-// identity is the producer id and epoch of a sink's batches, asked for once (lazily, or by
-// WaitReady) and shared by its producers.
-type identity struct {
+// Error codes kafka-go does not name (or names after what they meant before Kafka 1.0).
+const (
+	ErrOperationNotAttempted kafka.Error = 55  // OPERATION_NOT_ATTEMPTED; kafka-go: BrokerAuthorizationFailed
+	ErrTransactionAbortable  kafka.Error = 120 // TRANSACTION_ABORTABLE (KIP-890)
+)
+
+// Identity is the producer id and epoch of the batches of one or more producers, asked for once,
+// lazily or by an early Get.
+type Identity struct {
 	client     *kafka.Client
 	log        *zap.Logger
 	mode       Idempotence
@@ -57,11 +71,17 @@ type identity struct {
 	err      error // a start error: asking again would not help
 }
 
-// get returns the producer state a partition starts from: the id and epoch, sequence 0; id
-// noProducerID when idempotence is off. It asks Kafka the first time, retrying what can heal,
+// NewIdentity returns the identity of producers with idempotence mode and, for a transactional
+// producer, transactional id txnID (empty otherwise) and its transaction timeout.
+func NewIdentity(client *kafka.Client, log *zap.Logger, mode Idempotence, txnID string, txnTimeout time.Duration) *Identity {
+	return &Identity{client: client, log: log, mode: mode, txnID: txnID, txnTimeout: txnTimeout}
+}
+
+// Get returns the producer state a partition starts from: the id and epoch, sequence 0; id
+// NoProducerID when idempotence is off. It asks Kafka the first time, retrying what can heal,
 // and returns an error that retrying cannot fix (a denied IDEMPOTENT_WRITE with idempotence on, an
 // unauthorized transactional id) or ctx's error.
-func (i *identity) get(ctx context.Context) (producerState, error) {
+func (i *Identity) Get(ctx context.Context) (State, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	if !i.resolved && i.err == nil {
@@ -69,21 +89,21 @@ func (i *identity) get(ctx context.Context) (producerState, error) {
 		if i.err != nil && ctx.Err() != nil {
 			err := i.err
 			i.err = nil // ended by the caller, not by Kafka: ask again next time
-			return producerState{}, err
+			return State{}, err
 		}
 		i.resolved = i.err == nil
 	}
 	if i.err != nil {
-		return producerState{}, i.err
+		return State{}, i.err
 	}
 	if !i.enabled {
-		return producerState{id: noProducerID, epoch: -1, seq: -1}, nil
+		return State{ID: NoProducerID, Epoch: -1, Seq: -1}, nil
 	}
-	return producerState{id: i.id, epoch: i.epoch, transactional: i.txnID != ""}, nil
+	return State{ID: i.id, Epoch: i.epoch, Transactional: i.txnID != ""}, nil
 }
 
 // resolve runs InitProducerID; i.mu is held.
-func (i *identity) resolve(ctx context.Context) error {
+func (i *Identity) resolve(ctx context.Context) error {
 	if i.mode == IdempotenceOff {
 		return nil
 	}
@@ -94,7 +114,7 @@ func (i *identity) resolve(ctx context.Context) error {
 	if !supported {
 		return i.denied(errors.New("the brokers do not offer InitProducerId"))
 	}
-	id, epoch, err := i.initProducerID(ctx, -1, -1)
+	id, epoch, err := i.InitProducerID(ctx, -1, -1)
 	if err != nil {
 		var kerr kafka.Error
 		if errors.As(err, &kerr) && (kerr == kafka.ClusterAuthorizationFailed || kerr == kafka.TransactionalIDAuthorizationFailed) {
@@ -116,7 +136,7 @@ func (i *identity) resolve(ctx context.Context) error {
 }
 
 // denied handles a broker that will not give the relay a producer id.
-func (i *identity) denied(err error) error {
+func (i *Identity) denied(err error) error {
 	switch {
 	case i.txnID != "":
 		var kerr kafka.Error
@@ -134,7 +154,7 @@ func (i *identity) denied(err error) error {
 }
 
 // supported reports whether the brokers offer what the mode needs.
-func (i *identity) supported(ctx context.Context) (bool, error) {
+func (i *Identity) supported(ctx context.Context) (bool, error) {
 	for attempt := 0; ; attempt++ {
 		res, err := i.client.ApiVersions(ctx, &kafka.ApiVersionsRequest{})
 		if err == nil {
@@ -150,17 +170,17 @@ func (i *identity) supported(ctx context.Context) (bool, error) {
 			_, end := offered["EndTxn"]
 			return init && offered["InitProducerId"] >= 3 && add && end, nil
 		}
-		if err := wait(ctx, attempt, i.log, "kafka unreachable; retrying the producer id request", err); err != nil {
+		if err := Wait(ctx, attempt, i.log, "kafka unreachable; retrying the producer id request", err); err != nil {
 			return false, err
 		}
 	}
 }
 
-// initProducerID asks for a producer id: a new one with id -1 and epoch -1, else the next epoch of
+// InitProducerID asks for a producer id: a new one with id -1 and epoch -1, else the next epoch of
 // the given one (KIP-360: the coordinator answers PRODUCER_FENCED or INVALID_PRODUCER_EPOCH when
 // another producer took the transactional id since). It retries what heals: coordinator moves and
 // loads, a transaction of an earlier producer still being aborted, the network.
-func (i *identity) initProducerID(ctx context.Context, id int64, epoch int16) (int64, int16, error) {
+func (i *Identity) InitProducerID(ctx context.Context, id int64, epoch int16) (int64, int16, error) {
 	for attempt := 0; ; attempt++ {
 		res, err := i.client.InitProducerID(ctx, &kafka.InitProducerIDRequest{
 			TransactionalID:      i.txnID,
@@ -174,7 +194,7 @@ func (i *identity) initProducerID(ctx context.Context, id int64, epoch int16) (i
 		if err == nil {
 			return int64(res.Producer.ProducerID), int16(res.Producer.ProducerEpoch), nil
 		}
-		if !retriableCoordinatorError(err) {
+		if !RetriableCoordinatorError(err) {
 			return 0, 0, err
 		}
 		msg := "retrying the producer id request"
@@ -184,16 +204,16 @@ func (i *identity) initProducerID(ctx context.Context, id int64, epoch int16) (i
 			msg = "the transaction coordinator stays unavailable; retrying. If the cluster has fewer brokers than " +
 				"transaction.state.log.replication.factor (default 3), lower it and transaction.state.log.min.isr in the brokers' settings"
 		}
-		if err := wait(ctx, attempt, i.log, msg, err); err != nil {
+		if err := Wait(ctx, attempt, i.log, msg, err); err != nil {
 			return 0, 0, err
 		}
 	}
 }
 
-// retriableCoordinatorError reports whether a request to the transaction coordinator may simply be
+// RetriableCoordinatorError reports whether a request to the transaction coordinator may simply be
 // sent again: the coordinator is moving or loading, an earlier transaction is still completing,
 // or the network failed (anything that is not a Kafka error code).
-func retriableCoordinatorError(err error) bool {
+func RetriableCoordinatorError(err error) bool {
 	var kerr kafka.Error
 	if !errors.As(err, &kerr) {
 		return true
@@ -202,20 +222,20 @@ func retriableCoordinatorError(err error) bool {
 	case kafka.GroupCoordinatorNotAvailable, kafka.NotCoordinatorForGroup, kafka.GroupLoadInProgress,
 		kafka.ConcurrentTransactions, kafka.RequestTimedOut, kafka.NetworkException, kafka.NotEnoughReplicas,
 		kafka.NotEnoughReplicasAfterAppend, kafka.UnknownTopicOrPartition, kafka.LeaderNotAvailable,
-		kafka.NotLeaderForPartition, errOperationNotAttempted, kafka.KafkaStorageError, kafka.BrokerNotAvailable:
+		kafka.NotLeaderForPartition, ErrOperationNotAttempted, kafka.KafkaStorageError, kafka.BrokerNotAvailable:
 		return true
 	}
 	return false
 }
 
-// fresh returns a new producer id for a partition of the plain idempotent producer whose epoch
+// Fresh returns a new producer id for a partition of the plain idempotent producer whose epoch
 // cannot go on (the broker refused it, or it reached the largest epoch).
-func (i *identity) fresh(ctx context.Context) (producerState, error) {
-	id, epoch, err := i.initProducerID(ctx, -1, -1)
+func (i *Identity) Fresh(ctx context.Context) (State, error) {
+	id, epoch, err := i.InitProducerID(ctx, -1, -1)
 	if err != nil {
-		return producerState{}, err
+		return State{}, err
 	}
-	return producerState{id: id, epoch: epoch}, nil
+	return State{ID: id, Epoch: epoch}, nil
 }
 
 // concurrentTransactionsBackoff is how long a request answered CONCURRENT_TRANSACTIONS waits:
@@ -223,9 +243,9 @@ func (i *identity) fresh(ctx context.Context) (producerState, error) {
 // transaction's first AddPartitionsToTxn meets it after nearly every commit.
 const concurrentTransactionsBackoff = 5 * time.Millisecond
 
-// wait logs a failed attempt and sleeps the backoff; it returns ctx's error when ctx ends first.
-func wait(ctx context.Context, attempt int, log *zap.Logger, msg string, err error) error {
-	delay := backoff(attempt)
+// Wait logs a failed attempt and sleeps the backoff; it returns ctx's error when ctx ends first.
+func Wait(ctx context.Context, attempt int, log *zap.Logger, msg string, err error) error {
+	delay := Backoff(attempt)
 	switch {
 	case errors.Is(err, kafka.ConcurrentTransactions):
 		delay = concurrentTransactionsBackoff

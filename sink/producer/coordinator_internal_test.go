@@ -1,4 +1,4 @@
-package sink
+package producer
 
 import (
 	"errors"
@@ -24,9 +24,9 @@ func TestAnAddPartitionsAnswerNamesTheTopicsItRefused(t *testing.T) {
 	}{
 		{"all added", []addpartitionstotxn.ResponseResult{result("a", 0), result("b", 0)}, nil, nil},
 		{"one topic refused, the other not attempted",
-			[]addpartitionstotxn.ResponseResult{result("a", errOperationNotAttempted), result("denied", kafka.TopicAuthorizationFailed)}, []string{"denied"}, kafka.TopicAuthorizationFailed},
+			[]addpartitionstotxn.ResponseResult{result("a", ErrOperationNotAttempted), result("denied", kafka.TopicAuthorizationFailed)}, []string{"denied"}, kafka.TopicAuthorizationFailed},
 		{"another error wins", []addpartitionstotxn.ResponseResult{result("denied", kafka.TopicAuthorizationFailed), result("b", kafka.ProducerFenced)}, nil, kafka.ProducerFenced},
-		{"not attempted alone", []addpartitionstotxn.ResponseResult{result("a", errOperationNotAttempted)}, nil, errOperationNotAttempted},
+		{"not attempted alone", []addpartitionstotxn.ResponseResult{result("a", ErrOperationNotAttempted)}, nil, ErrOperationNotAttempted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -34,12 +34,12 @@ func TestAnAddPartitionsAnswerNamesTheTopicsItRefused(t *testing.T) {
 			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
 				t.Fatalf("addResult = %v, want %v", err, tt.want)
 			}
-			var refused *topicsRefusedError
+			var refused *TopicsRefusedError
 			if errors.As(err, &refused) != (tt.refused != nil) {
 				t.Fatalf("addResult = %v (%T), refused topics want %v", err, err, tt.refused)
 			}
 			for _, topic := range tt.refused {
-				if !refused.topics[topic] || !strings.Contains(err.Error(), topic) {
+				if !refused.Topics[topic] || !strings.Contains(err.Error(), topic) {
 					t.Errorf("%v does not name %s", err, topic)
 				}
 			}

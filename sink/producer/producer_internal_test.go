@@ -1,4 +1,4 @@
-package sink
+package producer
 
 import (
 	"fmt"
@@ -23,7 +23,7 @@ func TestMurmur2MatchesKafkaGo(t *testing.T) {
 			key[i] = byte(rng.IntN(256))
 		}
 		want := kafka.Murmur2Balancer{Consistent: true}.Balance(kafka.Message{Key: key}, partitions...)
-		if got := int((murmur2(key) & 0x7fffffff) % 7); got != want {
+		if got := int((Murmur2(key) & 0x7fffffff) % 7); got != want {
 			t.Fatalf("key %x: partition %d, kafka-go says %d", key, got, want)
 		}
 	}
@@ -44,9 +44,9 @@ func TestRequestsRespectRecordAndByteLimits(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			q := &partitionQueue{p: &producer{maxRecords: tt.maxRecords, maxBytes: tt.maxBytes}}
+			q := &partitionQueue{p: &Producer{maxRecords: tt.maxRecords, maxBytes: tt.maxBytes}}
 			for _, size := range tt.sizes {
-				q.pending = append(q.pending, &delivery{size: size})
+				q.pending = append(q.pending, &Record{Size: size})
 			}
 			var got []int
 			for len(q.pending) > 0 {
@@ -75,10 +75,10 @@ func TestAfterAHaltOnlyRecordsBeforeTheHaltedOneAreSent(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := &producer{stopAt: func() uint64 { return tt.stopAt }}
-			var batch []*delivery
+			p := &Producer{stopAt: func() uint64 { return tt.stopAt }}
+			var batch []*Record
 			for _, seq := range tt.seqs {
-				batch = append(batch, &delivery{seq: seq})
+				batch = append(batch, &Record{Seq: seq})
 			}
 			if got := len(p.beforeHalt(batch)); got != tt.want {
 				t.Fatalf("%d records may be sent, want %d", got, tt.want)

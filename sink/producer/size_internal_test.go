@@ -1,4 +1,4 @@
-package sink
+package producer
 
 import (
 	"strings"
@@ -28,7 +28,7 @@ func TestRecordSize(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a, b := recordSize(tt.smaller), recordSize(tt.more)
+			a, b := RecordSize(tt.smaller), RecordSize(tt.more)
 			if a >= b {
 				t.Fatalf("recordSize = %d then %d, want strictly growing", a, b)
 			}
@@ -37,7 +37,7 @@ func TestRecordSize(t *testing.T) {
 				for _, h := range m.Headers {
 					n += len(h.Key) + len(h.Value)
 				}
-				if got := recordSize(m); got < n {
+				if got := RecordSize(m); got < n {
 					t.Fatalf("recordSize = %d, less than the %d bytes of key, value and headers", got, n)
 				}
 			}

@@ -1,4 +1,4 @@
-package sink
+package producer
 
 import (
 	"context"
@@ -30,13 +30,13 @@ func TestACommitWithNoTransactionInProgressIsAnsweredWithSuccess(t *testing.T) {
 	}
 	client := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 10 * time.Second, Transport: &kafka.Transport{}}
 	id := testenv.UniqueName(t, "txn")
-	ident := &identity{client: client, log: zap.NewNop(), mode: IdempotenceOn, txnID: id, txnTimeout: time.Minute}
-	pid, epoch, err := ident.initProducerID(ctx, -1, -1)
+	ident := &Identity{client: client, log: zap.NewNop(), mode: IdempotenceOn, txnID: id, txnTimeout: time.Minute}
+	pid, epoch, err := ident.InitProducerID(ctx, -1, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := producerState{id: pid, epoch: epoch, transactional: true}
-	c := &coordinator{client: client, id: id}
+	ps := State{ID: pid, Epoch: epoch, Transactional: true}
+	c := NewCoordinator(client, id)
 	retry := func(what string, f func() error) {
 		t.Helper()
 		for attempt := 0; ; attempt++ {
@@ -44,15 +44,15 @@ func TestACommitWithNoTransactionInProgressIsAnsweredWithSuccess(t *testing.T) {
 			if err == nil {
 				return
 			}
-			if attempt == 50 || !retriableCoordinatorError(err) {
+			if attempt == 50 || !RetriableCoordinatorError(err) {
 				t.Fatalf("%s: %v", what, err)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	retry("add the partition", func() error { return c.addPartitions(ctx, ps, map[topicPartition]bool{{topic, 0}: true}) })
-	retry("commit the transaction", func() error { return c.endTxn(ctx, ps, true) })
+	retry("add the partition", func() error { return c.AddPartitions(ctx, ps, map[TopicPartition]bool{{topic, 0}: true}) })
+	retry("commit the transaction", func() error { return c.EndTxn(ctx, ps, true) })
 	// Nothing added since: no transaction is in progress, and a commit is still answered NONE
 	// (once the markers of the one before are written; CONCURRENT_TRANSACTIONS until then).
-	retry("commit with no transaction in progress", func() error { return c.endTxn(ctx, ps, true) })
+	retry("commit with no transaction in progress", func() error { return c.EndTxn(ctx, ps, true) })
 }

@@ -1,4 +1,4 @@
-package sink
+package producer
 
 import (
 	"context"
@@ -22,17 +22,17 @@ import (
 // partition's records then stay in an open transaction that the producer's next transaction on it
 // decides, its commit taking them in, its abort (a restart, a fence) throwing them away. A broker
 // stopped or fenced while it leads the only replica (a single broker, replication factor 1, a
-// whole-cluster outage) is enough. So the relay does not take EndTxn's answer as the commit:
+// whole-cluster outage) is enough. So the committer does not take EndTxn's answer as the commit:
 //
 //   - after each commit it waits until the transaction is decided in every partition it wrote (the
-//     partition's last stable offset past its first record there: landed), and only then
-//     acknowledges the records: the slot is confirmed only past events a read_committed consumer
+//     partition's last stable offset past its first record there: landed), and only then hands
+//     the records back: the relay confirms its slot only past events a read_committed consumer
 //     can read;
 //   - a partition whose last stable offset stays at the transaction's first record there for
 //     markerWait has lost its marker: an empty transaction of the same producer holding just those
 //     partitions is committed (repair), and its marker commits the records left open;
-//   - each position records where its transaction's records lie (positionValue.Written), and a start
-//     checks them (settle): records left open by a relay that died before its repair are committed,
+//   - the relay's position records where its transaction's records lie, and a start checks them
+//     (Settle): records left open by a relay that died before its repair are committed,
 //     and a position whose records were thrown away meanwhile is not trusted (everything from the
 //     slot is published again: duplicates, never a loss).
 
@@ -59,11 +59,12 @@ const missingWait = 30 * time.Second
 // marker was lost and a later abort discarded them.
 var errRecordsDiscarded = errors.New("records of a committed Kafka transaction were discarded after its commit marker was lost")
 
-// span is where a Kafka transaction's records lie in one partition: the offsets of its first and
+// Span is where a Kafka transaction's records lie in one partition: the offsets of its first and
 // last record there, -1 when the broker did not say (it answered a retry as a duplicate).
-type span struct{ first, last int64 }
+type Span struct{ First, Last int64 }
 
-func (sp span) known() bool { return sp.first >= 0 && sp.last >= sp.first }
+// Known reports whether the broker said where the records lie.
+func (sp Span) Known() bool { return sp.First >= 0 && sp.Last >= sp.First }
 
 // landed waits until the transaction is decided in every partition of spans, repairing lost
 // markers, and reports whether it repaired any. A partition's last stable offset (LSO) is the first
@@ -78,21 +79,21 @@ func (sp span) known() bool { return sp.first >= 0 && sp.last >= sp.first }
 // unwaited is a partition where another producer's older open transaction does not hold this up:
 // the positions partition, which every relay shares and a paused one would hold for its whole
 // transaction timeout. What a lost marker leaves open there is taken in by the next commit, or
-// committed at the next start (commitOwnOpen); the events' records are what must not be lost.
-func (tm *txnManager) landed(ctx context.Context, spans map[topicPartition]span, commit bool, unwaited topicPartition) (repaired bool, err error) {
+// committed at the next start (CommitOpen); the events' records are what must not be lost.
+func (tm *Committer) landed(ctx context.Context, spans map[TopicPartition]Span, commit bool, unwaited TopicPartition) (repaired bool, err error) {
 	if len(spans) == 0 {
 		return false, nil
 	}
 	pending := maps.Clone(spans)
-	approx := make(map[topicPartition]bool)
-	missing := make(map[topicPartition]time.Time) // since when each answers that it does not exist
+	approx := make(map[TopicPartition]bool)
+	missing := make(map[TopicPartition]time.Time) // since when each answers that it does not exist
 	since, told := time.Now(), time.Now()
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if err := tm.resolveUnknown(ctx, pending, approx); err != nil {
 			return repaired, err
 		}
 		stable, errs := tm.stableOffsets(ctx, slices.Collect(maps.Keys(pending)))
-		var stuck, behind []topicPartition
+		var stuck, behind []TopicPartition
 		for tp, sp := range pending {
 			lso, ok := stable[tp]
 			if gone := errors.Is(errs[tp], kafka.UnknownTopicOrPartition); !gone {
@@ -106,13 +107,13 @@ func (tm *txnManager) landed(ctx context.Context, spans map[topicPartition]span,
 				tm.log.Warn("a partition of a Kafka transaction no longer exists; not waiting for its marker",
 					zap.String("transactional_id", tm.id), zap.Stringer("partition", tp))
 				delete(pending, tp)
-			case !ok || !sp.known():
+			case !ok || !sp.Known():
 				// No leader, or where it wrote is still unknown: ask again.
-			case lso > sp.last || (lso > sp.first && !approx[tp]):
+			case lso > sp.Last || (lso > sp.First && !approx[tp]):
 				delete(pending, tp)
-			case tp == unwaited && (approx[tp] || lso < sp.first):
+			case tp == unwaited && (approx[tp] || lso < sp.First):
 				delete(pending, tp)
-			case lso == sp.first || approx[tp]:
+			case lso == sp.First || approx[tp]:
 				stuck = append(stuck, tp)
 			default:
 				behind = append(behind, tp)
@@ -127,7 +128,7 @@ func (tm *txnManager) landed(ctx context.Context, spans map[topicPartition]span,
 			if err := tm.repair(ctx, stuck, commit); err != nil {
 				return repaired, fmt.Errorf("repair the markers of %v: %w", stuck, err)
 			}
-			tm.s.m.KafkaTransactions.WithLabelValues("repaired").Inc()
+			tm.owner.Count("repaired")
 			repaired, since = true, time.Now()
 			continue
 		}
@@ -149,17 +150,17 @@ func (tm *txnManager) landed(ctx context.Context, spans map[topicPartition]span,
 // resolveUnknown gives the spans the broker did not tell (a retry answered as a duplicate) the
 // partition's high watermark less one, which is at or above the records, and marks them approx:
 // only a last stable offset at the high watermark then says they are decided.
-func (tm *txnManager) resolveUnknown(ctx context.Context, spans map[topicPartition]span, approx map[topicPartition]bool) error {
+func (tm *Committer) resolveUnknown(ctx context.Context, spans map[TopicPartition]Span, approx map[TopicPartition]bool) error {
 	for tp, sp := range spans {
-		if sp.known() {
+		if sp.Known() {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
-		hw, err := highWatermark(rctx, tm.client, tp.topic, tp.partition)
+		rctx, cancel := context.WithTimeout(ctx, tm.timeout)
+		hw, err := HighWatermark(rctx, tm.client, tp.Topic, tp.Partition)
 		cancel()
 		switch {
 		case err == nil && hw > 0:
-			spans[tp], approx[tp] = span{hw - 1, hw - 1}, true
+			spans[tp], approx[tp] = Span{hw - 1, hw - 1}, true
 		case err == nil:
 			delete(spans, tp) // an empty partition holds nothing of it
 		case ctx.Err() != nil:
@@ -171,15 +172,15 @@ func (tm *txnManager) resolveUnknown(ctx context.Context, spans map[topicPartiti
 
 // stableOffsets returns the last stable offset of each of tps that answers, and the error of each
 // that answers with one; a partition without a leader is in neither.
-func (tm *txnManager) stableOffsets(ctx context.Context, tps []topicPartition) (map[topicPartition]int64, map[topicPartition]error) {
-	out := make(map[topicPartition]int64, len(tps))
-	errs := make(map[topicPartition]error)
-	ask := func(tps []topicPartition) error {
+func (tm *Committer) stableOffsets(ctx context.Context, tps []TopicPartition) (map[TopicPartition]int64, map[TopicPartition]error) {
+	out := make(map[TopicPartition]int64, len(tps))
+	errs := make(map[TopicPartition]error)
+	ask := func(tps []TopicPartition) error {
 		req := &kafka.ListOffsetsRequest{Topics: make(map[string][]kafka.OffsetRequest), IsolationLevel: kafka.ReadCommitted}
 		for _, tp := range tps {
-			req.Topics[tp.topic] = append(req.Topics[tp.topic], kafka.LastOffsetOf(tp.partition))
+			req.Topics[tp.Topic] = append(req.Topics[tp.Topic], kafka.LastOffsetOf(tp.Partition))
 		}
-		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
+		rctx, cancel := context.WithTimeout(ctx, tm.timeout)
 		defer cancel()
 		res, err := tm.client.ListOffsets(rctx, req)
 		if err != nil {
@@ -188,9 +189,9 @@ func (tm *txnManager) stableOffsets(ctx context.Context, tps []topicPartition) (
 		for topic, parts := range res.Topics {
 			for _, p := range parts {
 				if p.Error == nil {
-					out[topicPartition{topic, p.Partition}] = p.LastOffset
+					out[TopicPartition{Topic: topic, Partition: p.Partition}] = p.LastOffset
 				} else {
-					errs[topicPartition{topic, p.Partition}] = p.Error
+					errs[TopicPartition{Topic: topic, Partition: p.Partition}] = p.Error
 				}
 			}
 		}
@@ -207,8 +208,8 @@ func (tm *txnManager) stableOffsets(ctx context.Context, tps []topicPartition) (
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
-			_, stable, err := offsets(rctx, tm.client, tp.topic, tp.partition)
+			rctx, cancel := context.WithTimeout(ctx, tm.timeout)
+			_, stable, err := Offsets(rctx, tm.client, tp.Topic, tp.Partition)
 			cancel()
 			mu.Lock()
 			if err == nil {
@@ -227,30 +228,30 @@ func (tm *txnManager) stableOffsets(ctx context.Context, tps []topicPartition) (
 // this producer left open in each of them the same way. The EndTxn is sent even when ctx ends
 // between the two requests (within one request's time): an open repair would otherwise be aborted
 // by the next producer, and its abort would discard the records a commit is there to commit.
-func (tm *txnManager) repair(ctx context.Context, tps []topicPartition, commit bool) error {
-	ps, err := tm.ident.get(ctx)
+func (tm *Committer) repair(ctx context.Context, tps []TopicPartition, commit bool) error {
+	ps, err := tm.ident.Get(ctx)
 	if err != nil {
 		return err
 	}
-	set := make(map[topicPartition]bool, len(tps))
+	set := make(map[TopicPartition]bool, len(tps))
 	for _, tp := range tps {
 		set[tp] = true
 	}
 	for attempt := 0; ; attempt++ {
-		rctx, cancel := context.WithTimeout(ctx, tm.s.cfg.WriteTimeout)
-		err := tm.coord.addPartitions(rctx, ps, set)
+		rctx, cancel := context.WithTimeout(ctx, tm.timeout)
+		err := tm.coord.AddPartitions(rctx, ps, set)
 		cancel()
 		if err == nil {
 			break
 		}
-		if !retriableCoordinatorError(err) {
+		if !RetriableCoordinatorError(err) {
 			return fmt.Errorf("add partitions to the repair transaction: %w", err)
 		}
-		if err := wait(ctx, attempt, tm.log, "retrying adding partitions to the repair transaction", err); err != nil {
+		if err := Wait(ctx, attempt, tm.log, "retrying adding partitions to the repair transaction", err); err != nil {
 			return err
 		}
 	}
-	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*tm.s.cfg.WriteTimeout)
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*tm.timeout)
 	defer cancel()
 	return tm.endTxn(ectx, commit)
 }
@@ -258,12 +259,12 @@ func (tm *txnManager) repair(ctx context.Context, tps []topicPartition, commit b
 // readable checks that the last record of each partition of spans is readable by a read_committed
 // consumer (committed, not discarded). Reading needs the Read permission on the topic, which a
 // relay's principal may lack: then it says so and takes the records for committed.
-func (tm *txnManager) readable(ctx context.Context, spans map[topicPartition]span) error {
+func (tm *Committer) readable(ctx context.Context, spans map[TopicPartition]Span) error {
 	for tp, sp := range spans {
-		if !sp.known() {
+		if !sp.Known() {
 			continue
 		}
-		end := sp.last
+		end := sp.Last
 		ok, err := committedAt(ctx, tm.client, tp, end)
 		if errors.Is(err, kafka.OffsetOutOfRange) || errors.Is(err, kafka.UnknownTopicOrPartition) {
 			tm.log.Warn("cannot check that the records of a Kafka transaction are committed: they are gone (retention, or the topic was deleted)",
@@ -287,8 +288,8 @@ func (tm *txnManager) readable(ctx context.Context, spans map[topicPartition]spa
 
 // committedAt reports whether the record at offset of tp is committed (a read_committed read
 // from it returns it).
-func committedAt(ctx context.Context, client *kafka.Client, tp topicPartition, offset int64) (bool, error) {
-	res, err := readcommitted.Fetch(ctx, client, tp.topic, tp.partition, offset, 64<<10, 100*time.Millisecond)
+func committedAt(ctx context.Context, client *kafka.Client, tp TopicPartition, offset int64) (bool, error) {
+	res, err := readcommitted.Fetch(ctx, client, tp.Topic, tp.Partition, offset, 64<<10, 100*time.Millisecond)
 	if err != nil {
 		return false, err
 	}
@@ -300,14 +301,12 @@ func committedAt(ctx context.Context, client *kafka.Client, tp topicPartition, o
 	return false, nil
 }
 
-func (tp topicPartition) String() string { return fmt.Sprintf("%s/%d", tp.topic, tp.partition) }
-
-// settle checks, at a start, the Kafka transaction of the committed position: written is where
-// its records lie. Records left open by a lost marker are committed (repair); it reports false
-// when some were discarded meanwhile (a repair aborted by a relay's death), so the position
-// covers events that are not in Kafka and must not be trusted.
-func (tm *txnManager) settle(ctx context.Context, written map[topicPartition]span) (bool, error) {
-	if _, err := tm.landed(ctx, written, true, topicPartition{}); err != nil {
+// Settle checks, at a start, the Kafka transaction of a committed position: written is where its
+// records lie. Records left open by a lost marker are committed (repair); it reports false when
+// some were discarded meanwhile (a repair aborted by a producer's death), so the position covers
+// records that are not in Kafka and must not be trusted.
+func (tm *Committer) Settle(ctx context.Context, written map[TopicPartition]Span) (bool, error) {
+	if _, err := tm.landed(ctx, written, true, TopicPartition{}); err != nil {
 		return false, err
 	}
 	err := tm.readable(ctx, written)
@@ -319,25 +318,66 @@ func (tm *txnManager) settle(ctx context.Context, written map[topicPartition]spa
 	return err == nil, err
 }
 
-// commitOwnOpen commits what this producer may have left open in the positions partition: a
-// position whose commit marker was lost holds the partition's last stable offset down until this
-// producer's next transaction there, and a start waits for it (waitStable). The empty transaction
-// changes nothing when nothing of this producer's is open. Call it after fencing.
-func (tm *txnManager) commitOwnOpen(ctx context.Context) error {
-	if err := tm.positions.resolve(ctx); err != nil {
-		return err
-	}
-	tp := tm.positions.tp
-	_, stable, err := offsets(ctx, tm.client, tp.topic, tp.partition)
+// CommitOpen commits what this producer may have left open in tp (the relay's positions
+// partition): a record whose commit marker was lost holds the partition's last stable offset down
+// until this producer's next transaction there. The empty transaction changes nothing when
+// nothing of this producer's is open. Call it after fencing (Identity.Get).
+func (tm *Committer) CommitOpen(ctx context.Context, tp TopicPartition) error {
+	_, stable, err := Offsets(ctx, tm.client, tp.Topic, tp.Partition)
 	if err != nil {
-		return fmt.Errorf("positions topic %s: %w", tp.topic, err)
+		return fmt.Errorf("%s: %w", tp.Topic, err)
 	}
-	hw, err := highWatermark(ctx, tm.client, tp.topic, tp.partition)
+	hw, err := HighWatermark(ctx, tm.client, tp.Topic, tp.Partition)
 	if err != nil {
-		return fmt.Errorf("positions topic %s: %w", tp.topic, err)
+		return fmt.Errorf("%s: %w", tp.Topic, err)
 	}
 	if stable >= hw {
 		return nil
 	}
-	return tm.repair(ctx, []topicPartition{tp}, true)
+	return tm.repair(ctx, []TopicPartition{tp}, true)
+}
+
+// HighWatermark returns the partition's end offset (read_uncommitted): records of open
+// transactions included.
+func HighWatermark(ctx context.Context, client *kafka.Client, topic string, partition int) (int64, error) {
+	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics:         map[string][]kafka.OffsetRequest{topic: {kafka.LastOffsetOf(partition)}},
+		IsolationLevel: kafka.ReadUncommitted,
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Partition != partition {
+			continue
+		}
+		if p.Error != nil {
+			return 0, p.Error
+		}
+		return p.LastOffset, nil
+	}
+	return 0, errors.New("list offsets: the response does not hold the partition")
+}
+
+// Offsets returns the partition's first offset and its last stable offset (read_committed end).
+func Offsets(ctx context.Context, client *kafka.Client, topic string, partition int) (first, stable int64, err error) {
+	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics: map[string][]kafka.OffsetRequest{topic: {
+			kafka.FirstOffsetOf(partition), kafka.LastOffsetOf(partition),
+		}},
+		IsolationLevel: kafka.ReadCommitted,
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Partition != partition {
+			continue
+		}
+		if p.Error != nil {
+			return 0, 0, p.Error
+		}
+		return p.FirstOffset, p.LastOffset, nil
+	}
+	return 0, 0, errors.New("list offsets: the response does not hold the partition")
 }

@@ -1,4 +1,4 @@
-package sink
+package producer
 
 import (
 	"bytes"
@@ -23,25 +23,25 @@ const (
 	batchHeaderSize   = 61
 	batchCRCOffset    = 17 // where the crc sits; it covers the bytes from batchCRCOffset+4 on
 	attrTransactional = 0x10
-	noProducerID      = -1 // producer id, epoch and sequence of a batch sent without idempotence
+	NoProducerID      = -1 // producer id, epoch and sequence of a batch sent without idempotence
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// producerState is what a batch carries in its header for idempotence.
-type producerState struct {
-	id            int64 // noProducerID without idempotence
-	epoch         int16
-	seq           int32 // base sequence
-	transactional bool
+// State is what a batch carries in its header for idempotence.
+type State struct {
+	ID            int64 // NoProducerID without idempotence
+	Epoch         int16
+	Seq           int32 // base sequence
+	Transactional bool
 }
 
 // encodeRecordSet appends to dst the record set of a produce request for kafka-go's
 // RawRecordSet: the batch's size as an int32, then the batch.
-func encodeRecordSet(dst []byte, batch []*delivery, ps producerState, compression kafka.Compression) ([]byte, error) {
+func encodeRecordSet(dst []byte, batch []*Record, ps State, compression kafka.Compression) ([]byte, error) {
 	size := 4 + batchHeaderSize
 	for _, rec := range batch {
-		size += recordSize(&rec.msg) // an upper bound of the encoded record, so one allocation suffices
+		size += RecordSize(&rec.Msg) // an upper bound of the encoded record, so one allocation suffices
 	}
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
@@ -55,18 +55,18 @@ func encodeRecordSet(dst []byte, batch []*delivery, ps producerState, compressio
 }
 
 // encodeBatch appends the v2 record batch holding batch's records to dst.
-func encodeBatch(dst []byte, batch []*delivery, ps producerState, compression kafka.Compression) ([]byte, error) {
+func encodeBatch(dst []byte, batch []*Record, ps State, compression kafka.Compression) ([]byte, error) {
 	start := len(dst)
 	dst = append(dst, make([]byte, batchHeaderSize)...)
-	base := batch[0].msg.Time
+	base := batch[0].Msg.Time
 	maxTime := base
 	for _, rec := range batch {
-		if rec.msg.Time.After(maxTime) {
-			maxTime = rec.msg.Time
+		if rec.Msg.Time.After(maxTime) {
+			maxTime = rec.Msg.Time
 		}
 	}
 	var attrs int16
-	if ps.transactional {
+	if ps.Transactional {
 		attrs |= attrTransactional
 	}
 	if compression != 0 {
@@ -77,7 +77,7 @@ func encodeBatch(dst []byte, batch []*delivery, ps producerState, compression ka
 		attrs |= int16(codec.Code())
 		var raw []byte
 		for i, rec := range batch {
-			raw = appendRecord(raw, &rec.msg, i, base)
+			raw = appendRecord(raw, &rec.Msg, i, base)
 		}
 		var buf bytes.Buffer
 		w := codec.NewWriter(&buf)
@@ -90,7 +90,7 @@ func encodeBatch(dst []byte, batch []*delivery, ps producerState, compression ka
 		dst = append(dst, buf.Bytes()...)
 	} else {
 		for i, rec := range batch {
-			dst = appendRecord(dst, &rec.msg, i, base)
+			dst = appendRecord(dst, &rec.Msg, i, base)
 		}
 	}
 	h := dst[start : start+batchHeaderSize]
@@ -103,9 +103,9 @@ func encodeBatch(dst []byte, batch []*delivery, ps producerState, compression ka
 	be.PutUint32(h[23:], uint32(len(batch)-1))     // lastOffsetDelta
 	be.PutUint64(h[27:], uint64(millis(base)))     // baseTimestamp
 	be.PutUint64(h[35:], uint64(millis(maxTime)))  // maxTimestamp
-	be.PutUint64(h[43:], uint64(ps.id))            // producerId
-	be.PutUint16(h[51:], uint16(ps.epoch))         // producerEpoch
-	be.PutUint32(h[53:], uint32(ps.seq))           // baseSequence
+	be.PutUint64(h[43:], uint64(ps.ID))            // producerId
+	be.PutUint16(h[51:], uint16(ps.Epoch))         // producerEpoch
+	be.PutUint32(h[53:], uint32(ps.Seq))           // baseSequence
 	be.PutUint32(h[57:], uint32(len(batch)))       // recordCount
 	be.PutUint32(h[batchCRCOffset:], crc32.Checksum(dst[start+batchCRCOffset+4:], castagnoli))
 	return dst, nil
@@ -170,9 +170,9 @@ func millis(t time.Time) int64 {
 	return t.UnixMilli()
 }
 
-// nextSequence is seq advanced by n, wrapping at the largest int32 to 0 as Kafka does
+// NextSequence is seq advanced by n, wrapping at the largest int32 to 0 as Kafka does
 // (DefaultRecordBatch.incrementSequence).
-func nextSequence(seq int32, n int) int32 {
+func NextSequence(seq int32, n int) int32 {
 	if int64(seq)+int64(n) > 0x7fffffff {
 		return int32(int64(n) - (0x7fffffff - int64(seq)) - 1)
 	}
