@@ -58,7 +58,7 @@ test-faults: tools kafka-lib pg-lib
 # the fault kinds. Exit 1 when a rule was broken (the seed reproduces it).
 .PHONY: chaos
 chaos: tools kafka-lib pg-lib
-	SEED='$(SEED)' DURATION='$(DURATION)' MODE='$(MODE)' KINDS='$(KINDS)' PG_VERSION='$(PG_VERSION)' $(GO) run ./internal/cmd/chaos
+	SEED='$(SEED)' DURATION='$(DURATION)' MODE='$(MODE)' KINDS='$(KINDS)' PG_VERSION='$(PG_VERSION)' DRAIN='$(DRAIN)' $(GO) run ./internal/cmd/chaos
 
 # The relay's records against Debezium's own (Kafka Connect with the PostgreSQL connector and the
 # outbox event router, jars from bench/debezium-lib.sh) for the router options it supports

@@ -5,8 +5,9 @@
 // Settings come from flags or, as make passes them, from the environment: SEED (random when
 // empty, printed either way), DURATION (of the faults; 5m), MODE (a comma-separated list of
 // modes, or all), KINDS (fault kinds to draw from; all), PG_VERSION (18), CHAOS_DIR (where logs,
-// histories and reports go). It exits 1 when a rule was broken, 2 when the run could not be
-// carried out, and leaves nothing running.
+// histories and reports go), DRAIN (the longest wait at the end for every event to be read;
+// 30m). It exits 1 when a rule was broken, 2 when the run could not be carried out, and leaves
+// nothing running.
 package main
 
 import (
@@ -41,7 +42,7 @@ func run() int {
 	kinds := fs.String("kinds", os.Getenv("KINDS"), "fault kinds to draw from, comma-separated (all when empty): "+strings.Join(chaos.FaultKinds(), ", "))
 	pgVersion := fs.String("pg-version", envOr("PG_VERSION", "18"), "PostgreSQL major version (failovers need 17 or later)")
 	dir := fs.String("dir", os.Getenv("CHAOS_DIR"), "where logs, histories and reports go (.local/chaos/<time>-<seed> when empty)")
-	drain := fs.Duration("drain", 30*time.Minute, "the longest the drain at the end may take; it gives up sooner once nothing new is read for 2 minutes")
+	drain := fs.Duration("drain", envDuration("DRAIN", 30*time.Minute), "the longest the drain at the end may take; it gives up sooner once nothing new is read for 2 minutes")
 	relays := fs.Int("relays", 3, "relay processes per mode")
 	rate := fs.Float64("rate", 10, "transactions per second per writer (3 writers per mode)")
 	relayBin := fs.String("relay-bin", "", "the outbox-relay binary (built from ./cmd/outbox-relay when empty)")
