@@ -44,6 +44,19 @@ func (s *Stream) readSlotFailover(ctx context.Context) (slotFailoverState, error
 	return slotFailoverState{failover: string(row[0]) == "t", synced: string(row[1]) == "t"}, nil
 }
 
+// resumesSynced reports whether a session starts from a slot this server synchronised as a standby
+// before its promotion: the slot says it was synchronised, and the server is on a later timeline
+// than the one the session before streamed on (newTimeline) or than the one the ledger recorded at
+// the last stream start. The ledger's side covers a first session on the new timeline that ended
+// (a fence, a lost connection) between IDENTIFY_SYSTEM and here: the process then remembers the
+// new timeline, but nothing streamed from it yet.
+func resumesSynced(st slotFailoverState, newTimeline bool, ledger, current Identity) bool {
+	if !st.synced {
+		return false
+	}
+	return newTimeline || ledger.SystemID == current.SystemID && ledger.Timeline != 0 && ledger.Timeline < current.Timeline
+}
+
 // ensureFailover makes an existing slot a failover slot when the configuration asks for one, and
 // says when the relay resumes from a slot synchronised to a promoted standby.
 func (s *Stream) ensureFailover(ctx context.Context, newTimeline bool) error {
@@ -54,7 +67,7 @@ func (s *Stream) ensureFailover(ctx context.Context, newTimeline bool) error {
 	if err != nil {
 		return err
 	}
-	if st.synced && newTimeline {
+	if resumesSynced(st, newTimeline, s.ledgerIdentity, s.identity) {
 		s.log.Info("resuming from the failover slot this server kept as a standby: its position is the last one synchronised from the old primary, so events published after it are published again",
 			zap.String("slot", s.cfg.Slot))
 	}
