@@ -71,11 +71,11 @@ func (d *Decoder) message(r *reader, walStart pglogrepl.LSN, size int) (Change, 
 // readContent fills ev from a message's content. Values alias content where they can; copies (a
 // string with escapes, a base64 payload) are added to ev.RawSize.
 func (d *Decoder) readContent(ev *Event, content []byte) error {
-	if !json.Valid(content) {
-		return fmt.Errorf("content is not valid JSON: %.60q", content)
-	}
 	start := skipSpace(content, 0)
-	if content[start] != '{' {
+	if start == len(content) || content[start] != '{' {
+		if !validJSON(content) {
+			return fmt.Errorf("content is not valid JSON: %.60q", content)
+		}
 		return fmt.Errorf("content must be a JSON object, got %.60s", content)
 	}
 	c := d.cfg.Columns
@@ -104,7 +104,7 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 		values = make([][]byte, 0, len(names))
 	}
 	values = values[:len(names)]
-	eachMember(content, start, func(name []byte, escaped bool, value []byte) {
+	end := eachMember(content, start, func(name []byte, escaped bool, value []byte) {
 		key := unsafeString(name)
 		if escaped {
 			var s string
@@ -119,6 +119,10 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 			}
 		}
 	})
+	if end < 0 || skipSpace(content, end) != len(content) {
+		// Nothing is read from content that is not JSON, though the members before the fault were.
+		return fmt.Errorf("content is not valid JSON: %.60q", content)
+	}
 	str(c.ID, &ev.ID, values[0], true)
 	if ev.ID != nil && len(ev.ID) == 0 {
 		problems = append(problems, fmt.Sprintf("member %q is empty", c.ID))
@@ -246,22 +250,43 @@ func (d *Decoder) memberNames() []string {
 // unsafeString views b as a string without copying, for a comparison that does not keep it.
 func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
-// eachMember calls fn for every member of the JSON object that starts at obj[i] (obj is valid JSON:
-// json.Valid said so), with the member's name as written between its quotes (escaped says whether
-// it holds escapes to decode) and its value's bytes.
-func eachMember(obj []byte, i int, fn func(name []byte, escaped bool, value []byte)) {
+// eachMember calls fn for every member of the JSON object that starts at obj[i], with the member's
+// name as written between its quotes (escaped says whether it holds escapes to decode) and its
+// value's bytes, and returns the index just past the object. It checks the object as it goes: -1
+// says obj holds no valid JSON object there (fn saw the members before the fault).
+func eachMember(obj []byte, i int, fn func(name []byte, escaped bool, value []byte)) int {
 	i = skipSpace(obj, i+1) // past '{'
-	for i < len(obj) && obj[i] == '"' {
-		end := skipValue(obj, i)
+	if i < len(obj) && obj[i] == '}' {
+		return i + 1
+	}
+	for {
+		if i >= len(obj) || obj[i] != '"' {
+			return -1
+		}
+		end := scanJSONString(obj, i)
+		if end < 0 {
+			return -1
+		}
 		name := obj[i+1 : end-1]
-		escaped := bytes.IndexByte(name, '\\') >= 0
-		i = skipSpace(obj, end)
-		i = skipSpace(obj, i+1) // past ':'
-		vend := skipValue(obj, i)
-		fn(name, escaped, obj[i:vend:vend])
-		i = skipSpace(obj, vend)
-		if i < len(obj) && obj[i] == ',' {
+		if i = skipSpace(obj, end); i >= len(obj) || obj[i] != ':' {
+			return -1
+		}
+		i = skipSpace(obj, i+1)
+		vend := scanJSON(obj, i, 1)
+		if vend < 0 {
+			return -1
+		}
+		fn(name, bytes.IndexByte(name, '\\') >= 0, obj[i:vend:vend])
+		if i = skipSpace(obj, vend); i >= len(obj) {
+			return -1
+		}
+		switch obj[i] {
+		case '}':
+			return i + 1
+		case ',':
 			i = skipSpace(obj, i+1)
+		default:
+			return -1
 		}
 	}
 }
@@ -271,41 +296,4 @@ func skipSpace(b []byte, i int) int {
 		i++
 	}
 	return i
-}
-
-// skipValue returns the index just past the JSON value that starts at b[i], in valid JSON.
-func skipValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		for j := i + 1; j < len(b); j++ {
-			switch b[j] {
-			case '\\':
-				j++
-			case '"':
-				return j + 1
-			}
-		}
-		return len(b)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(b); j++ {
-			switch b[j] {
-			case '"':
-				j = skipValue(b, j) - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return j + 1
-				}
-			}
-		}
-		return len(b)
-	}
-	j := i
-	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
-		j++
-	}
-	return j
 }

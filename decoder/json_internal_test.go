@@ -1,0 +1,44 @@
+package decoder
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+var jsonSeeds = []string{
+	``, ` `, `{}`, ` { } `, `[]`, `[1,2]`, `{"a":1}`, `{"a":1,}`, `{"a" 1}`, `{a:1}`, `{"a":1}x`, `{"a":1}}`,
+	`"x"`, `"\u00e9\n\"\\\/\b\f\r\t"`, `"\u00zz"`, `"\x"`, `"a` + "\x01" + `b"`, "\"\xff\xfe\"", `"unterminated`, `"\`,
+	`0`, `-0`, `01`, `-`, `1.`, `1.5`, `.5`, `1e5`, `1E+5`, `1e`, `1e+`, `-1.5e-7`, `+1`, `0x1`, `1 2`,
+	`true`, `false`, `null`, `tru`, `nul`, `nulll`, `True`,
+	`{"id":"1","payload":{"items":[{"sku":"a","qty":2}],"total":45.47},"headers":{"t":"x"}}`,
+	`{"id":"1","payload":{"items":[{"sku":"a","qty":2}],"total":45.47,},"headers":{}}`,
+	`[[[[]]]]`, `[[[[]]]`, `{"a":[1,{"b":null}]}`, `{"a":[1,{"b":nul}]}`, "{\"a\":\t\n1\r}",
+	strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth),
+	strings.Repeat("[", maxJSONDepth+1) + strings.Repeat("]", maxJSONDepth+1),
+	`{"a":` + strings.Repeat("[", maxJSONDepth-1) + strings.Repeat("]", maxJSONDepth-1) + `}`,
+	`{"a":` + strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth) + `}`,
+}
+
+// FuzzValidJSONMatchesEncodingJSON holds the decoder's own JSON check to json.Valid, the check it
+// replaced on the table-free outbox's hot path: the same verdict for any bytes, and for an object,
+// the same verdict from the member scan that reads a message's content.
+func FuzzValidJSONMatchesEncodingJSON(f *testing.F) {
+	for _, s := range jsonSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		want := json.Valid(b)
+		if got := validJSON(b); got != want {
+			t.Fatalf("validJSON(%q) = %v, json.Valid says %v", b, got, want)
+		}
+		start := skipSpace(b, 0)
+		if start == len(b) || b[start] != '{' {
+			return
+		}
+		end := eachMember(b, start, func([]byte, bool, []byte) {})
+		if got := end >= 0 && skipSpace(b, end) == len(b); got != want {
+			t.Fatalf("eachMember of %q says valid %v, json.Valid says %v", b, got, want)
+		}
+	})
+}
