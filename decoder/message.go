@@ -120,7 +120,7 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 		}
 	})
 	if end < 0 || skipSpace(content, end) != len(content) {
-		// Nothing is read from content that is not JSON, though the members before the fault were.
+		// Nothing of content that is not JSON reaches ev: the members before the fault were only scanned.
 		return fmt.Errorf("content is not valid JSON: %.60q", content)
 	}
 	str(c.ID, &ev.ID, values[0], true)
