@@ -3,6 +3,7 @@ package poll
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,12 +26,7 @@ func awaitStandbys(ctx context.Context, tx pgx.Tx, log *zap.Logger) error {
 		Scan(&setting, &lsn); err != nil {
 		return fmt.Errorf("read synchronized_standby_slots and the WAL position: %w", err)
 	}
-	var names []string
-	for _, n := range strings.Split(setting, ",") {
-		if n = strings.Trim(strings.TrimSpace(n), `"`); n != "" {
-			names = append(names, n)
-		}
-	}
+	names := standbySlotNames(setting)
 	if len(names) == 0 {
 		return nil
 	}
@@ -59,4 +55,24 @@ func awaitStandbys(ctx context.Context, tx pgx.Tx, log *zap.Logger) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// standbySlotNames are the slots synchronized_standby_slots lists, each once, named as PostgreSQL
+// reads the list (SplitIdentifierString): an unquoted name in lower case, a quoted one as written.
+// The wait counts the named slots that caught up, so a name kept as written ('Standby1' for slot
+// standby1) or listed twice would never be caught up.
+func standbySlotNames(setting string) []string {
+	var names []string
+	for _, n := range strings.Split(setting, ",") {
+		n = strings.TrimSpace(n)
+		if len(n) >= 2 && n[0] == '"' && n[len(n)-1] == '"' {
+			n = strings.ReplaceAll(n[1:len(n)-1], `""`, `"`)
+		} else {
+			n = strings.ToLower(n)
+		}
+		if n != "" && !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	return names
 }
