@@ -51,3 +51,48 @@ func TestAStoppingStreamDoesNotBlameTheLedger(t *testing.T) {
 		t.Fatalf("a stopping stream logged %q", logs.All()[0].Message)
 	}
 }
+
+// TestALaterTermKnowsWhatTheLedgerHolds: a term of the process begins with the server an earlier
+// term reached. When that earlier term reached a promoted standby but ended before streaming (the
+// old primary's death also cut the leader lock), only the ledger, which still names the old
+// timeline, says that the next term resumes from the slot the standby synchronised: the relay
+// must say so (faults.TestFailoverToAStandbyWithTheFailoverSlot missed it in a CI run).
+func TestALaterTermKnowsWhatTheLedgerHolds(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	slot := testenv.UniqueName(t, "slot")
+	old := Identity{SystemID: "7", Timeline: 1}
+	promoted := Identity{SystemID: "7", Timeline: 2}
+	first := &Stream{cfg: Config{DSN: dsn, Slot: slot}, log: zaptest.NewLogger(t), ledger: NewLedger("public"), identity: old}
+	if err := first.recordSlot(ctx, 0x1234); err != nil {
+		t.Fatal(err)
+	}
+	first.recordIdentity(ctx)
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, tt := range []struct {
+		name         string
+		remembered   Identity // what the process knew when the Stream began
+		wantRecorded Identity // what a first session compares with
+	}{
+		{"the process's first term", Identity{}, old},
+		{"a later term after one that reached the promoted standby", promoted, Identity{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &Stream{cfg: Config{DSN: dsn, Slot: slot}, log: zaptest.NewLogger(t), ledger: NewLedger("public"), identity: tt.remembered}
+			if got := s.readLedgerIdentity(ctx, conn); got != tt.wantRecorded {
+				t.Errorf("recorded = %+v, want %+v", got, tt.wantRecorded)
+			}
+			if s.ledgerIdentity != old {
+				t.Errorf("ledgerIdentity = %+v, want %+v", s.ledgerIdentity, old)
+			}
+			if !resumesSynced(slotFailoverState{failover: true, synced: true}, false, s.ledgerIdentity, promoted) {
+				t.Error("a session on the promoted standby's synchronised slot would not say it resumes from it")
+			}
+		})
+	}
+}

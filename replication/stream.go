@@ -552,16 +552,7 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var c checked
-	if s.identity == (Identity{}) {
-		recorded, known, err := s.ledger.Identity(ctx, conn, s.cfg.Slot)
-		switch {
-		case err != nil:
-			// Like the rest of the ledger, optional: without it only the in-process comparison remains.
-			s.log.Warn("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
-		case known:
-			s.ledgerIdentity, c.recorded = recorded, recorded
-		}
-	}
+	c.recorded = s.readLedgerIdentity(ctx, conn)
 	// pg_control_system() is executable by PUBLIC by default; where it was revoked, the comparison
 	// on the replication connection (IDENTIFY_SYSTEM) still refuses another cluster, only later.
 	if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&c.systemID); err != nil {
@@ -586,6 +577,32 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 		}
 	}
 	return c, nil
+}
+
+// readLedgerIdentity learns the server the ledger says the slot was last streamed from, until
+// this Stream knows it, and returns it when the process streamed nothing before (the identity a
+// first session compares with; zero otherwise). A later term of the process reads it too: its
+// Stream starts with the server the process remembers, which may be a promoted standby an earlier
+// term reached but never streamed from, so only the ledger says whether this term resumes from
+// that server's synchronised slot (resumesSynced).
+func (s *Stream) readLedgerIdentity(ctx context.Context, conn *pgx.Conn) Identity {
+	if s.ledgerIdentity != (Identity{}) {
+		return Identity{}
+	}
+	recorded, known, err := s.ledger.Identity(ctx, conn, s.cfg.Slot)
+	switch {
+	case err != nil && s.identity == (Identity{}):
+		// Like the rest of the ledger, optional: without it only the in-process comparison remains.
+		s.log.Warn("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
+	case err != nil:
+		s.log.Debug("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
+	case known:
+		s.ledgerIdentity = recorded
+		if s.identity == (Identity{}) {
+			return recorded
+		}
+	}
+	return Identity{}
 }
 
 // confirmedOnStreamServer reads the slot's confirmed position over the replication connection. The
