@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
 )
 
 // Result is one side's drain of a backlog.
@@ -352,12 +353,11 @@ func (b *bench) startDebezium(name string, tuned bool, slot, prefix string) (*ch
 }
 
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := devenv.FreePorts(1)
 	if err != nil {
 		return 0, fmt.Errorf("reserve a port: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
 }
 
 // SteadyResult is one side under a constant write rate.

@@ -103,12 +103,11 @@ func newSecureEnv(t *testing.T) *secureEnv {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := devenv.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports[0]
 }
 
 // pgDSN is a verify-full URL to database as user, without a password, with extra parameters.

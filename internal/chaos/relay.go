@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -48,12 +47,11 @@ func newRelay(name, bin string, args, env []string, logPath string) (*relay, err
 }
 
 func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := devenv.FreeAddr()
 	if err != nil {
 		return "", fmt.Errorf("chaos: free port: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return addr, nil
 }
 
 // start starts the process unless it runs.

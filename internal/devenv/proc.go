@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -214,17 +215,63 @@ func descendants(pid int) []int {
 
 // freePorts reserves n distinct free ports on 127.0.0.1; all listeners stay open until every port
 // is picked so the kernel cannot hand out one twice.
-func freePorts(n int) ([]int, error) {
+func freePorts(n int) ([]int, error) { return FreePorts(n) }
+
+// FreePorts returns n distinct TCP ports nobody listens on right now on 127.0.0.1, for servers
+// that bind them later. They come from below the kernel's ephemeral range when there is room: a
+// port the kernel handed out for a listen on port 0 is also a port it may hand to the next outgoing
+// connection's local end, and a server started on it a moment later then fails to bind ("Address
+// already in use"; seen when three test packages ran at once).
+func FreePorts(n int) ([]int, error) {
 	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("reserve free port: %w", err)
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			l.Close()
 		}
-		defer l.Close()
+	}()
+	lo, hi := belowEphemeral()
+	for range n {
+		var l net.Listener
+		var err error
+		for try := 0; l == nil && try < 200 && hi > lo; try++ {
+			l, err = net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(lo+rand.IntN(hi-lo)))
+		}
+		if l == nil {
+			// No room below the ephemeral range (or all of it taken): let the kernel choose.
+			if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+				return nil, fmt.Errorf("reserve free port: %w", err)
+			}
+		}
+		held = append(held, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// FreeAddr is FreePorts' one port as a 127.0.0.1 address.
+func FreeAddr() (string, error) {
+	ports, err := FreePorts(1)
+	if err != nil {
+		return "", err
+	}
+	return "127.0.0.1:" + strconv.Itoa(ports[0]), nil
+}
+
+// belowEphemeral is the range of ports [lo, hi) that outgoing connections never take: from 20000 up
+// to the start of the kernel's ephemeral range (net.ipv4.ip_local_port_range), empty when that
+// starts lower.
+func belowEphemeral() (lo, hi int) {
+	const floor = 20000
+	hi = 32768 // Linux's default
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				hi = v
+			}
+		}
+	}
+	return floor, max(hi, floor)
 }
 
 // serviceUser is who runs PostgreSQL: the OS user postgres when we are root (the server refuses
