@@ -127,13 +127,13 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 			a = newDB(t, cluster, 2)
 		}
 		sd := &outageSide{name: fmt.Sprintf("PostgreSQL %d", a.major), a: a}
-		sd.ra = a.startRelay(fb.brokers, false, "--kafka.write-timeout=3s", "--status-interval=200ms")
+		sd.ra = a.startRelay(fb.brokers, "--kafka.write-timeout=3s", "--status-interval=200ms")
 		if i == 0 {
 			sd.b = newMessagesDB(t, pg, 2, 1) // messages only
-			sd.rb = sd.b.startRelay(fb.brokers, false, "--shutdown-timeout=2s")
+			sd.rb = sd.b.startRelay(fb.brokers, "--shutdown-timeout=2s")
 			// Relay C rides the outage out like A, with exactly-once delivery.
 			sd.c = newDB(t, pg, 2)
-			sd.rc = sd.c.startRelay(fb.brokers, false, "--kafka.write-timeout=3s", "--status-interval=200ms", "--delivery=exactly-once")
+			sd.rc = sd.c.startRelay(fb.brokers, "--kafka.write-timeout=3s", "--status-interval=200ms", "--delivery=exactly-once")
 		}
 		sides = append(sides, sd)
 	}
@@ -179,7 +179,7 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 		} else {
 			t.Logf("%s: relay B stopped during the outage with exit status %d", sd.name, code)
 		}
-		sd.rb2 = sd.b.startRelay(fb.brokers, false)
+		sd.rb2 = sd.b.startRelay(fb.brokers)
 	}
 	for _, sd := range sides {
 		if sd.b != nil {
@@ -294,7 +294,7 @@ func testStalledBrokerConnection(t *testing.T, fb *faultBroker) {
 	const writeTimeout = 3 * time.Second
 	ctx := context.Background()
 	d := newDB(t, testenv.SharedPostgres(t), 2)
-	r := d.startRelay(fb.brokers, false, "--kafka.write-timeout="+writeTimeout.String(), "--status-interval=200ms")
+	r := d.startRelay(fb.brokers, "--kafka.write-timeout="+writeTimeout.String(), "--status-interval=200ms")
 	r.waitSessions(1, 90*time.Second)
 	load := harness.StartLoad(d.outbox, harness.LoadConfig{Types: d.types, Writers: 2, MaxPerTx: 4, TxPerSecond: 30, Seed: 51})
 	eventually(t, time.Minute, "events to flow before the stall", func() bool {

@@ -57,7 +57,7 @@ func testEmptyTransactionsWithPausedBroker(t *testing.T, fb *faultBroker) {
 			t.Fatal(err)
 		}
 	}
-	r := d.startRelay(fb.brokers, true) // no race detector: its shadow memory would be measured too
+	r := d.startRelay(fb.brokers)
 	r.waitSessions(1, 90*time.Second)
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "warm-up"}); err != nil {
 		t.Fatal(err)

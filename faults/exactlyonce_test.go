@@ -40,7 +40,7 @@ func TestKill9TwelveTimesExactlyOnceDeliversEveryEventOnce(t *testing.T) {
 
 	var relays []*relay
 	start := func(extra ...string) *relay {
-		r := d.startRelay(brokers, true, append(slices.Clone(args), extra...)...)
+		r := d.startRelay(brokers, append(slices.Clone(args), extra...)...)
 		relays = append(relays, r)
 		return r
 	}

@@ -121,7 +121,7 @@ func (c *cluster) waitStandbyCaughtUp() {
 // through the same dsn, so that they follow a promotion too.
 func (c *cluster) run(brokers, dsn string, seed uint64, args ...string) (*relay, *harness.Outbox, *harness.Load) {
 	c.t.Helper()
-	r := c.d.startRelay(brokers, false, append([]string{"--pg-dsn=" + dsn}, args...)...)
+	r := c.d.startRelay(brokers, append([]string{"--pg-dsn=" + dsn}, args...)...)
 	r.waitSessions(1, time.Minute)
 	ob, err := harness.NewOutbox(context.Background(), dsn, "public.outbox_events")
 	if err != nil {
@@ -430,7 +430,7 @@ func TestPromotionWithoutAFailoverSlotIsRefusedAndRecoveredByBackfill(t *testing
 	}
 	refused(r, "the running relay")
 	phase("the running relay stopped")
-	refused(d.startRelay(brokers, false, "--pg-dsn="+dsn), "a restarted relay")
+	refused(d.startRelay(brokers, "--pg-dsn="+dsn), "a restarted relay")
 	phase("a restarted relay refused")
 
 	// The recovery of docs/operations.md.
@@ -439,7 +439,7 @@ func TestPromotionWithoutAFailoverSlotIsRefusedAndRecoveredByBackfill(t *testing
 	if code != 0 || !strings.Contains(out, "forgot lost slot") {
 		t.Fatalf("forget-slot exited %d:\n%s", code, out)
 	}
-	recovered := d.startRelay(brokers, false, "--pg-dsn="+dsn, "--backfill=true", "--backfill-since="+since.Format(time.RFC3339))
+	recovered := d.startRelay(brokers, "--pg-dsn="+dsn, "--backfill=true", "--backfill-since="+since.Format(time.RFC3339))
 	if _, ok := recovered.waitLog(0, "backfill complete", 2*time.Minute); !ok {
 		t.Fatalf("the recovering relay did not complete its backfill:\n%s", recovered.Output())
 	}

@@ -49,7 +49,7 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 	rng := rand.New(rand.NewPCG(seed, 1))
 
 	// The first instance creates the slot; only transactions committed after that are streamed.
-	first := d.startRelay(brokers, false, args...)
+	first := d.startRelay(brokers, args...)
 	first.waitSessions(1, 90*time.Second)
 	load := harness.StartLoad(d.outbox, harness.LoadConfig{
 		Types: d.types, Writers: 3, Aggregates: 12, MaxPerTx: maxPerTx, TxPerSecond: 50,
@@ -78,7 +78,7 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 	for i := range kills {
 		r := first
 		if i > 0 {
-			r = d.startRelay(brokers, false, args...)
+			r = d.startRelay(brokers, args...)
 		}
 		started := time.Now()
 		acks := logAcks(r, samplePeriod)
@@ -105,7 +105,7 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 	}
 	<-bigDone
 
-	final := d.startRelay(brokers, false, args...)
+	final := d.startRelay(brokers, args...)
 	final.waitSessions(1, 90*time.Second)
 	time.Sleep(time.Second) // the last instance also drains while writers are busy
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -174,7 +174,7 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string, args ...
 	)
 	ackWindow := 2*statusInterval + samplePeriod
 	d := newDB(t, pg, 2)
-	r := d.startRelay(brokers, false, append([]string{"--status-interval=" + statusInterval.String(), fmt.Sprintf("--max-in-flight-events=%d", maxInFlight)}, args...)...)
+	r := d.startRelay(brokers, append([]string{"--status-interval=" + statusInterval.String(), fmt.Sprintf("--max-in-flight-events=%d", maxInFlight)}, args...)...)
 	r.waitSessions(1, 90*time.Second)
 
 	load := harness.StartLoad(d.outbox, harness.LoadConfig{

@@ -93,7 +93,7 @@ func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 		return err
 	}
 	for _, sd := range sides {
-		sd.r = sd.d.startRelay(fb.brokers, true) // no race detector: its shadow memory would be measured too
+		sd.r = sd.d.startRelay(fb.brokers)
 	}
 	for _, sd := range sides {
 		sd.r.waitSessions(1, 90*time.Second)
@@ -326,7 +326,7 @@ func testHugeRowsWithPausedBroker(t *testing.T, fb *faultBroker) {
 	ctx := context.Background()
 	d := newDB(t, testenv.SharedPostgres(t), 1)
 	pool := d.outbox.Pool()
-	r := d.startRelay(fb.brokers, true, // no race detector: its shadow memory would be measured too
+	r := d.startRelay(fb.brokers,
 		fmt.Sprintf("--max-in-flight-bytes=%d", maxInFlightBytes), "--max-message-bytes=16MiB")
 	r.waitSessions(1, 90*time.Second)
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "warm-up"}); err != nil {

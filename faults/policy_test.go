@@ -33,7 +33,7 @@ func TestDeadLetterPolicyParksUnpublishableEventsAndKeepsGoing(t *testing.T) {
 	brokers := testenv.SharedKafka(t).Brokers()
 	d := newDB(t, testenv.SharedPostgres(t), 1)
 	dlq := testenv.UniqueName(t, "dlq")
-	r := d.startRelay(brokers, false, "--on-failure=dead-letter", "--dead-letter-topic="+dlq, "--status-interval=200ms")
+	r := d.startRelay(brokers, "--on-failure=dead-letter", "--dead-letter-topic="+dlq, "--status-interval=200ms")
 	r.waitSessions(1, 90*time.Second)
 
 	typ := d.types[0]
@@ -189,7 +189,7 @@ func TestHaltPolicyStopsAtTheEventAndKeepsTheProcessUp(t *testing.T) {
 				every = 1
 			}
 			d := newDBOf(t, testenv.SharedPostgres(t), 1, every)
-			r := d.startRelay(brokers, false, "--on-failure=halt", "--status-interval=200ms")
+			r := d.startRelay(brokers, "--on-failure=halt", "--status-interval=200ms")
 			r.waitSessions(1, 90*time.Second)
 			if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "a-1"}); err != nil {
 				t.Fatal(err)

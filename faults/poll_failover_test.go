@@ -26,7 +26,7 @@ func TestAPollerWaitsForTheStandbysOfSynchronizedStandbySlots(t *testing.T) {
 	if code, out := relayproc.Run(t, relayproc.Options{Subcommand: "migrate", Env: env}, time.Minute); code != 0 {
 		t.Fatalf("migrate --source poll: exit %d, output:\n%s", code, out)
 	}
-	r := c.d.startRelay(brokers, false, "--source=poll", "--poll-interval=100ms")
+	r := c.d.startRelay(brokers, "--source=poll", "--poll-interval=100ms")
 	if _, ok := r.waitLog(0, `"msg":"polling"`, 90*time.Second); !ok {
 		t.Fatalf("the poller did not start:\n%s", r.Output())
 	}

@@ -44,7 +44,7 @@ func TestKill9OfThreePollersLosesNothingKeepsOrderAndBoundsDuplicates(t *testing
 	// Started one after the other: each takes a free port for its metrics, and two started at once
 	// could be handed the same one.
 	start := func() *relay {
-		r := d.startRelay(brokers, false, args...)
+		r := d.startRelay(brokers, args...)
 		if _, ok := r.waitLog(0, `"msg":"serving metrics"`, 60*time.Second); !ok {
 			t.Fatalf("relay pid %d did not serve its metrics:\n%s", r.PID(), r.Output())
 		}

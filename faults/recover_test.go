@@ -112,7 +112,7 @@ func testLostSlotRecovered(t *testing.T, pg *devenv.Postgres, commitTimestamps b
 		}
 	}
 
-	r := d.startRelay(brokers, false, args...)
+	r := d.startRelay(brokers, args...)
 	r.waitSessions(1, 90*time.Second)
 	write("early", 40)
 	early := len(d.outbox.Written())
@@ -154,7 +154,7 @@ func testLostSlotRecovered(t *testing.T, pg *devenv.Postgres, commitTimestamps b
 
 	loseSlot(t, d, lose)
 
-	r2 := d.startRelay(brokers, false, args...)
+	r2 := d.startRelay(brokers, args...)
 	r2.waitSessions(1, 2*time.Minute)
 	write("after", 20)
 	written := d.outbox.Written()
@@ -220,7 +220,7 @@ func TestAKilledRecoveryIsFinishedByTheStandby(t *testing.T) {
 	pool := d.outbox.Pool()
 	brokers := testenv.SharedKafka(t).Brokers()
 	args := []string{"--on-slot-lost=recover", "--status-interval=200ms", "--leader-retry-interval=200ms"}
-	a := d.startRelay(brokers, false, args...)
+	a := d.startRelay(brokers, args...)
 	a.waitSessions(1, 90*time.Second)
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
 		t.Fatal(err)
@@ -243,11 +243,11 @@ func TestAKilledRecoveryIsFinishedByTheStandby(t *testing.T) {
 	}
 	loseSlot(t, d, "wal_removed")
 
-	leader := d.startRelay(brokers, false, args...)
+	leader := d.startRelay(brokers, args...)
 	if !leader.WaitFor(ctx, "recovering a lost slot's gap from the outbox table", 2*time.Minute) {
 		t.Fatalf("the relay did not begin the recovery:\n%s", leader.Output())
 	}
-	standby := d.startRelay(brokers, false, args...)
+	standby := d.startRelay(brokers, args...)
 	leader.Kill()
 	var underWay *time.Time
 	if err := pool.QueryRow(ctx, "SELECT recovery_since FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&underWay); err != nil {
@@ -294,7 +294,7 @@ func TestALostSlotOfAMessagesOutboxStopsTheRelay(t *testing.T) {
 	d := newMessagesDB(t, pg, 1, 1)
 	brokers := testenv.SharedKafka(t).Brokers()
 	args := []string{"--on-slot-lost=recover", "--status-interval=200ms"}
-	r := d.startRelay(brokers, false, args...)
+	r := d.startRelay(brokers, args...)
 	r.waitSessions(1, 90*time.Second)
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
 		t.Fatal(err)
@@ -309,7 +309,7 @@ func TestALostSlotOfAMessagesOutboxStopsTheRelay(t *testing.T) {
 	}
 	loseSlot(t, d, "wal_removed")
 
-	r2 := d.startRelay(brokers, false, args...)
+	r2 := d.startRelay(brokers, args...)
 	code, ok := r2.Wait(time.Minute)
 	if !ok {
 		t.Fatal("the relay kept running on a lost slot of a messages outbox")
@@ -337,7 +337,7 @@ func TestASlotDroppedUnderARunningRelayIsRecoveredWhileWritersGoOn(t *testing.T)
 	d := newDB(t, testenv.SharedPostgres(t), 3)
 	pool := d.outbox.Pool()
 	brokers := testenv.SharedKafka(t).Brokers()
-	r := d.startRelay(brokers, false, "--on-slot-lost=recover", "--slot-recovery-margin=5s", "--status-interval=200ms")
+	r := d.startRelay(brokers, "--on-slot-lost=recover", "--slot-recovery-margin=5s", "--status-interval=200ms")
 	r.waitSessions(1, 90*time.Second)
 
 	stop := make(chan struct{})
@@ -450,7 +450,7 @@ func TestAPartlyPrunedGapStopsTheRelay(t *testing.T) {
 	pool := d.outbox.Pool()
 	brokers := testenv.SharedKafka(t).Brokers()
 	args := []string{"--on-slot-lost=recover", "--slot-recovery-margin=1s", "--status-interval=200ms"}
-	r := d.startRelay(brokers, false, args...)
+	r := d.startRelay(brokers, args...)
 	r.waitSessions(1, 90*time.Second)
 	write := func(prefix string, n int) {
 		t.Helper()
@@ -485,7 +485,7 @@ func TestAPartlyPrunedGapStopsTheRelay(t *testing.T) {
 	loseSlot(t, d, "wal_removed")
 
 	for start := 1; start <= 2; start++ {
-		r2 := d.startRelay(brokers, false, args...)
+		r2 := d.startRelay(brokers, args...)
 		code, ok := r2.Wait(time.Minute)
 		if !ok {
 			t.Fatalf("start %d: the relay kept running on a lost slot whose gap was partly pruned:\n%s", start, r2.Output())

@@ -36,7 +36,7 @@ func TestSigtermUnderLoadStopsWithinSecondsWithoutDuplicates(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 2))
 
-	r := d.startRelay(brokers, false, args...)
+	r := d.startRelay(brokers, args...)
 	r.waitSessions(1, 90*time.Second)
 	// Unpaced one-event transactions keep the stream busy, so a stop rarely finds the relay between
 	// transactions.
@@ -48,7 +48,7 @@ func TestSigtermUnderLoadStopsWithinSecondsWithoutDuplicates(t *testing.T) {
 	var took []string
 	for i := range stops {
 		if i > 0 {
-			r = d.startRelay(brokers, false, args...)
+			r = d.startRelay(brokers, args...)
 			r.waitSessions(1, 90*time.Second)
 		}
 		before := r.mustMetric("events_published_total", "")
@@ -76,7 +76,7 @@ func TestSigtermUnderLoadStopsWithinSecondsWithoutDuplicates(t *testing.T) {
 	}
 	t.Logf("exit after SIGTERM took %s", strings.Join(took, ", "))
 
-	final := d.startRelay(brokers, false, args...)
+	final := d.startRelay(brokers, args...)
 	final.waitSessions(1, 90*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -35,7 +35,7 @@ func TestHeartbeatKeepsTheSlotMovingWhileItsDatabaseIsIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := d.outbox.Pool()
-	r := d.startRelay(testenv.SharedKafka(t).Brokers(), false, "--heartbeat-interval=200ms", "--status-interval=200ms")
+	r := d.startRelay(testenv.SharedKafka(t).Brokers(), "--heartbeat-interval=200ms", "--status-interval=200ms")
 	r.waitSessions(1, 90*time.Second)
 
 	// Another database writes; this one is idle.
@@ -83,7 +83,7 @@ func testSlotLostWhileBrokerDown(t *testing.T, fb *faultBroker) {
 	if _, err := pool.Exec(ctx, "CREATE TABLE filler (id bigserial PRIMARY KEY, pad text)"); err != nil {
 		t.Fatal(err)
 	}
-	r := d.startRelay(fb.brokers, false, "--status-interval=200ms")
+	r := d.startRelay(fb.brokers, "--status-interval=200ms")
 	r.waitSessions(1, 90*time.Second)
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ func testSlotLostWhileBrokerDown(t *testing.T, fb *faultBroker) {
 
 	// The next start, with Kafka back, refuses too and leaves the slot alone.
 	fb.proxy.Up(t)
-	r2 := d.startRelay(fb.brokers, false)
+	r2 := d.startRelay(fb.brokers)
 	code, ok = r2.Wait(time.Minute)
 	if !ok {
 		t.Fatal("a relay started on a lost slot kept running")
@@ -162,7 +162,7 @@ func TestDroppedSlotStopsTheRelayAndIsNotRecreated(t *testing.T) {
 	d := newDB(t, testenv.SharedPostgres(t), 1)
 	pool := d.outbox.Pool()
 	brokers := testenv.SharedKafka(t).Brokers()
-	r := d.startRelay(brokers, false)
+	r := d.startRelay(brokers)
 	r.waitSessions(1, 90*time.Second)
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ func TestSIGTERMWhileTheDeadLetterTopicIsMissing(t *testing.T) {
 	d := newDB(t, testenv.SharedPostgres(t), 1)
 	dlq := testenv.UniqueName(t, "dlq")
 	const shutdownTimeout = 2 * time.Second
-	r := d.startRelay(k.Brokers(), false, "--dead-letter-topic="+dlq, "--shutdown-timeout="+shutdownTimeout.String())
+	r := d.startRelay(k.Brokers(), "--dead-letter-topic="+dlq, "--shutdown-timeout="+shutdownTimeout.String())
 	r.waitSessions(1, 90*time.Second)
 	if err := d.outbox.WriteTx(context.Background(), harness.Spec{AggregateType: badAggregateType, AggregateID: "b-1"}); err != nil {
 		t.Fatal(err)

@@ -102,9 +102,9 @@ func Start(t testing.TB, opts Options) *Proc {
 	if sub == "" {
 		sub = "run"
 	}
-	bin := Binary(t)
+	bin, raced := Binary(t), raceEnabled
 	if opts.Plain {
-		bin = PlainBinary(t)
+		bin, raced = PlainBinary(t), false
 	}
 	cmd := exec.Command(bin, append([]string{sub}, opts.Args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir()}
@@ -125,6 +125,11 @@ func Start(t testing.TB, opts Options) *Proc {
 	}()
 	t.Cleanup(func() {
 		p.Kill()
+		// A race-built relay reports a race on its output and goes on (its exit code says so only
+		// if it exits by itself, which a killed relay never does): look for the report.
+		if raced && strings.Contains(p.Output(), "WARNING: DATA RACE") {
+			t.Errorf("the relay (pid %d) reported a data race", cmd.Process.Pid)
+		}
 		if t.Failed() {
 			t.Logf("relay (pid %d) output:\n%s", cmd.Process.Pid, tail(p.Output(), 150))
 		}
