@@ -389,3 +389,49 @@ func TestAHaltHoldsAtTheEarliestRefusedRecordWhateverOrderRefusalsArriveIn(t *te
 	defer cancel()
 	_ = s.close(ctx)
 }
+
+// TestAHaltedSinkClosesWithoutWaitingForARecordBehindTheHalt: a record published after the one
+// the sink halts on may already be on its way to another partition, and be retried there (under
+// exactly-once the halt aborts its transaction, and the broker refuses the retry for ever). It is
+// never acknowledged (the slot stays before the halted record), so nothing waits for it: Close
+// returns at once, where it waited for its whole deadline (a halted relay's stop took its
+// shutdown_timeout).
+func TestAHaltedSinkClosesWithoutWaitingForARecordBehindTheHalt(t *testing.T) {
+	fb := newFakeBroker(t)
+	fb.mu.Lock()
+	fb.plan = func(ids []string) int16 {
+		switch {
+		case slices.Contains(ids, "A/a1"):
+			return int16(kafka.InvalidRecord) // refused for good: the halt
+		case slices.Contains(ids, "B/b1"):
+			return int16(kafka.NotEnoughReplicas) // transient, for ever: retried in place
+		}
+		return 0
+	}
+	fb.mu.Unlock()
+	s := newSink(t, "", sink.Config{
+		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
+		Policy: sink.Halt, Linger: -1, WriteTimeout: 5 * time.Second,
+	})
+	a := &acker{}
+	s.publish(t, newEvent("a1", []byte("A"), "J", "X", []byte(`{}`)), a)
+	s.publish(t, newEvent("b1", []byte("B"), "K", "X", []byte(`{}`)), a)
+	deadline := time.Now().Add(10 * time.Second)
+	for _, _, _, halted := s.Halted(); !halted; _, _, _, halted = s.Halted() {
+		if time.Now().After(deadline) {
+			t.Fatal("the sink did not halt on a1 within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // b1 is retried meanwhile, or withheld
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_ = s.close(ctx)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Close of the halted sink took %s: it waited for b1, which is behind the halt", took.Round(time.Millisecond))
+	}
+	if n := a.n.Load(); n != 0 {
+		t.Errorf("%d events acknowledged, want none: a1 is the halted one and b1 is behind it", n)
+	}
+}

@@ -446,6 +446,26 @@ func (q *partitionQueue) close() {
 	q.signal()
 }
 
+// waitClosed waits, once the partition may send nothing more (a halt at or before its next
+// record, a transaction that is over), until the producer closes or its context ends: sending on
+// would put later records ahead of the withheld ones, and a Close has nothing left here to send,
+// so it need not wait for the context (a halted relay's stop did, for its whole timeout).
+func (q *partitionQueue) waitClosed() {
+	for {
+		q.mu.Lock()
+		closed := q.closed
+		q.mu.Unlock()
+		if closed {
+			return
+		}
+		select {
+		case <-q.wake:
+		case <-q.p.ctx.Done():
+			return
+		}
+	}
+}
+
 func (q *partitionQueue) signal() {
 	select {
 	case q.wake <- struct{}{}:
@@ -464,7 +484,7 @@ func (q *partitionQueue) run() {
 		ok := q.send(batch)
 		q.p.requests.settle(q) // a batch withheld before it went out: nobody waits for it
 		if !ok {
-			<-q.p.ctx.Done() // halted: sending more would put later records ahead of the failed one
+			q.waitClosed()
 			return
 		}
 	}
@@ -668,6 +688,15 @@ func (q *partitionQueue) send(batch []*Record) bool {
 				q.p.txns.Fail(err)
 				return false
 			}
+		}
+		if batch[0].Seq >= q.p.stopAt() {
+			// The caller halted at or before this batch while it was retried: it is never
+			// acknowledged (replayed after the restart), and nothing behind it on this partition is
+			// sent any more, so its sequence numbers matter to nobody. Under exactly-once its
+			// transaction was aborted at the halt, and a retry, in no transaction, is refused for
+			// ever (NOT_ENOUGH_REPLICAS: "Unable to verify the partition has been added to the
+			// transaction").
+			return false
 		}
 		delay := Backoff(attempt)
 		if q.p.txns != nil && errors.Is(err, kafka.NotEnoughReplicas) && attempt < verificationRetries {
