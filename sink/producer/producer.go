@@ -689,8 +689,9 @@ func (q *partitionQueue) send(batch []*Record) bool {
 				return false
 			}
 		}
-		if batch[0].Seq >= q.p.stopAt() {
-			// The caller halted at or before this batch while it was retried: it is never
+		if stop := q.p.stopAt(); !slices.ContainsFunc(batch, func(r *Record) bool { return r.Seq < stop }) {
+			// The caller halted at or before every record of this batch while it was retried (a
+			// dead-letter queue is not in publish order, so each record is looked at): it is never
 			// acknowledged (replayed after the restart), and nothing behind it on this partition is
 			// sent any more, so its sequence numbers matter to nobody. Under exactly-once its
 			// transaction was aborted at the halt, and a retry, in no transaction, is refused for
