@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -398,13 +399,17 @@ func TestAHaltHoldsAtTheEarliestRefusedRecordWhateverOrderRefusalsArriveIn(t *te
 // shutdown_timeout).
 func TestAHaltedSinkClosesWithoutWaitingForARecordBehindTheHalt(t *testing.T) {
 	fb := newFakeBroker(t)
+	var b1Sent atomic.Bool
 	fb.mu.Lock()
 	fb.plan = func(ids []string) int16 {
 		switch {
-		case slices.Contains(ids, "A/a1"):
-			return int16(kafka.InvalidRecord) // refused for good: the halt
 		case slices.Contains(ids, "B/b1"):
+			b1Sent.Store(true)
 			return int16(kafka.NotEnoughReplicas) // transient, for ever: retried in place
+		case slices.Contains(ids, "A/a1") && b1Sent.Load():
+			return int16(kafka.InvalidRecord) // refused for good: the halt, once b1 is out
+		case slices.Contains(ids, "A/a1"):
+			return int16(kafka.NotEnoughReplicas) // until then, a Publish of b1 is not held by the halt
 		}
 		return 0
 	}
