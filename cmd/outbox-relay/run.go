@@ -98,12 +98,26 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	// The slot monitor and the readiness gauge outlive ctx, so they keep reporting through the
 	// graceful drain; they stop when the relay has.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopBG()
+	monDone := make(chan struct{})
+	defer func() {
+		stopBG()
+		// The monitor says nothing once it sees the cancellation: waiting for it keeps its
+		// warnings ahead of the line that ends the relay (an error's, which must be the last).
+		select {
+		case <-monDone:
+		case <-time.After(2 * time.Second):
+		}
+	}()
 	if cfg.Source == "wal" {
 		// The polling source reads its own gauges (package poll); there is no slot to watch.
 		mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, PasswordFile: cfg.PGPasswordFile, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
 			StandbyDSN: cfg.FailoverStandbyDSN, OnPoll: state.PostgresPolled}, log.Named("slotmon"), m)
-		go mon.Run(bg)
+		go func() {
+			defer close(monDone)
+			mon.Run(bg)
+		}()
+	} else {
+		close(monDone)
 	}
 	go publishReadiness(bg, state, m)
 	stopReporting := context.AfterFunc(ctx, state.Stopping)
