@@ -12,16 +12,16 @@ import (
 // packages running at once).
 func TestFreePortsAreDistinctBindableAndNeverEphemeral(t *testing.T) {
 	lo, hi := belowEphemeral()
-	if hi-lo < 1000 {
-		t.Skipf("the ephemeral range starts at %d: no room below it here", hi)
-	}
+	// Where the ephemeral range leaves no room below it, FreePorts lets the kernel choose: the
+	// ports must still be distinct and bindable, only the range is not checked.
+	roomBelow := hi-lo >= 1000
 	ports, err := FreePorts(20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	seen := map[int]bool{}
 	for _, p := range ports {
-		if seen[p] || p < lo || p >= hi {
+		if seen[p] || roomBelow && (p < lo || p >= hi) {
 			t.Fatalf("ports %v: %d repeated or outside [%d, %d)", ports, p, lo, hi)
 		}
 		seen[p] = true
