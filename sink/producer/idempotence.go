@@ -243,16 +243,32 @@ func (i *Identity) Fresh(ctx context.Context) (State, error) {
 // transaction's first AddPartitionsToTxn meets it after nearly every commit.
 const concurrentTransactionsBackoff = 5 * time.Millisecond
 
-// Wait logs a failed attempt and sleeps the backoff; it returns ctx's error when ctx ends first.
-func Wait(ctx context.Context, attempt int, log *zap.Logger, msg string, err error) error {
-	delay := Backoff(attempt)
+// loadingBackoff is the first wait after COORDINATOR_LOAD_IN_PROGRESS; it doubles up to Backoff's.
+// A broker answers it to the first InitProducerId after it started, while it fetches a block of
+// producer ids from the controller (milliseconds), and while it loads a transaction state partition
+// it has just come to lead (longer: hence the doubling). Backoff's 200ms here was most of a
+// start's time to its first record.
+const loadingBackoff = 10 * time.Millisecond
+
+// loadingQuietAttempts is how many COORDINATOR_LOAD_IN_PROGRESS answers in a row are retried
+// without a warning: together about Backoff(0), a load that ends as expected says nothing.
+const loadingQuietAttempts = 4
+
+// retryDelay is how long Wait sleeps after attempt failed with err, and whether to say so.
+func retryDelay(attempt int, err error) (delay time.Duration, warn bool) {
 	switch {
 	case errors.Is(err, kafka.ConcurrentTransactions):
-		delay = concurrentTransactionsBackoff
-		if attempt >= 100 {
-			log.Warn(msg, zap.Int("attempt", attempt+1), zap.Duration("retry_in", delay), zap.Error(err))
-		}
-	case attempt > 0:
+		return concurrentTransactionsBackoff, attempt >= 100
+	case errors.Is(err, kafka.GroupLoadInProgress):
+		return min(loadingBackoff<<min(attempt, 8), Backoff(attempt)), attempt >= loadingQuietAttempts
+	}
+	return Backoff(attempt), attempt > 0
+}
+
+// Wait logs a failed attempt and sleeps the backoff; it returns ctx's error when ctx ends first.
+func Wait(ctx context.Context, attempt int, log *zap.Logger, msg string, err error) error {
+	delay, warn := retryDelay(attempt, err)
+	if warn {
 		log.Warn(msg, zap.Int("attempt", attempt+1), zap.Duration("retry_in", delay), zap.Error(err))
 	}
 	select {
