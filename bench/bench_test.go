@@ -19,7 +19,7 @@ import (
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay_vs_debezium=(n/a|\d+\.\d) p99_ms=(\d+) rss_mb=(\d+) big_tx_rss_mb=(\d+) ` +
-	`exactly_once_vs_relay=(\d+\.\d\d) exactly_once_p99_ms=(\d+) msg_write_x=(\d+\.\d) msg_wal_x=(\d+\.\d) msg_relay_vs_ceiling=(\d+\.\d\d)$`)
+	`exactly_once_vs_relay=(\d+\.\d\d) exactly_once_p99_ms=(\d+) first_record_s=(\d+\.\d\d) msg_write_x=(\d+\.\d) msg_wal_x=(\d+\.\d) msg_relay_vs_ceiling=(\d+\.\d\d)$`)
 
 // The smoke run goes through the same code as `make bench` with a tiny backlog: the ceiling and the
 // relay drain it, the relay runs a short steady state and a large transaction, an in-process
@@ -39,7 +39,7 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 		Events: 2000, Partitions: 2, Rate: 400, SteadyFor: 3 * time.Second, BigTx: 3000,
 		Sides: []string{sideCeiling, sideRelay, sideRelayEOS, sidePoll, sideRecover}, Steady: []string{sideRelay, sideRelayEOS, sidePoll},
 		RelayBin: relayproc.PlainBinary(t), ProfileDir: profiles, WorkDir: t.TempDir(),
-		Log: t.Output(), DrainTimeout: time.Minute, Messages: true, ProducerFor: time.Second,
+		Log: t.Output(), DrainTimeout: time.Minute, Messages: true, ProducerFor: time.Second, Rounds: 2,
 	}
 	rep, err := Run(ctx, cfg, &Services{PG: pg, Kafka: k, DSN: dsn})
 	if err != nil {
@@ -51,9 +51,10 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	table, summary := rep.Table(), rep.Summary()
 	t.Logf("\n%s\n%s", table, summary)
 
-	for _, want := range []string{"| ceiling (pg_recvlogical) |", "| outbox-relay |", "| outbox-relay, exactly-once |", "| outbox-relay, source poll |",
+	for _, want := range []string{"| ceiling (pg_recvlogical) (round 1) |", "| outbox-relay (round 1) |", "| outbox-relay, exactly-once (round 1) |", "| outbox-relay, source poll |",
 		"| outbox-relay, lost-slot recovery from the table |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events",
-		"| messages |", "| ceiling (pg_recvlogical, messages) |", "| outbox-relay, messages |"} {
+		"| messages |", "| ceiling (pg_recvlogical, messages) (round 2) |", "| outbox-relay, messages (round 2) |",
+		"| outbox-relay (round 2) |", "| outbox-relay, exactly-once (round 2) |", "Interleaved drains", "| table-free drain / its ceiling |"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q", want)
 		}
@@ -77,7 +78,8 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 		{fmt.Sprintf("large-transaction RSS %d MB is between 5 MB and 1 GB", bigRSS), bigRSS >= 5 && bigRSS < 1024},
 		{fmt.Sprintf("exactly_once_vs_relay %s is above 0", m[6]), m[6] != "0.00"},
 		{fmt.Sprintf("exactly-once p99 %s ms is below 10 s", m[7]), len(m[7]) < 5},
-		{"the message mode's numbers are there", m[8] != "" && m[9] != "" && m[10] != ""},
+		{fmt.Sprintf("first_record_s %s is below 10 s", m[8]), len(m[8]) < 5},
+		{"the message mode's numbers are there", m[9] != "" && m[10] != "" && m[11] != ""},
 	}
 	for _, c := range checks {
 		if !c.ok {
@@ -243,7 +245,7 @@ func TestSummaryMarksWhatWasNotMeasured(t *testing.T) {
 		},
 		Steady: []SteadyResult{{Side: sideRelay, P99: 12400 * time.Microsecond, PeakRSS: 30 << 20}},
 	}
-	want := "bench: relay_vs_ceiling=0.80 relay_vs_debezium=n/a p99_ms=12 rss_mb=30 big_tx_rss_mb=n/a exactly_once_vs_relay=n/a exactly_once_p99_ms=n/a msg_write_x=n/a msg_wal_x=n/a msg_relay_vs_ceiling=n/a"
+	want := "bench: relay_vs_ceiling=0.80 relay_vs_debezium=n/a p99_ms=12 rss_mb=30 big_tx_rss_mb=n/a exactly_once_vs_relay=n/a exactly_once_p99_ms=n/a first_record_s=n/a msg_write_x=n/a msg_wal_x=n/a msg_relay_vs_ceiling=n/a"
 	if got := rep.Summary(); got != want {
 		t.Errorf("summary\n got %s\nwant %s", got, want)
 	}
@@ -261,5 +263,39 @@ func TestSummaryReportsTheMessageMode(t *testing.T) {
 	want := "msg_write_x=2.5 msg_wal_x=3.0 msg_relay_vs_ceiling=0.80"
 	if got := rep.Summary(); !strings.HasSuffix(got, want) {
 		t.Errorf("summary\n got %s\nwant it to end with %s", got, want)
+	}
+}
+
+// Rounds compare each side with the sides of its own round; the summary gives the median of those
+// ratios, not the ratio of medians, and a failed round leaves only its own ratios out.
+func TestRoundsReportTheMedianOfEachRoundsRatio(t *testing.T) {
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	drain := func(side string, round int, wall, first float64) Result {
+		return Result{Side: side, Round: round, Events: 1000, Wall: sec(wall), First: sec(first), OnKafka: sec(wall)}
+	}
+	rep := &Report{
+		Config: Config{Rounds: 4},
+		Drains: []Result{
+			drain(sideCeiling, 0, 1, 0), drain(sideRelay, 0, 1.25, 0.3), drain(sideRelayEOS, 0, 2.5, 0.4), // 0.80, 0.50
+			drain(sideCeiling, 1, 2, 0), drain(sideRelay, 1, 2, 0.1), drain(sideRelayEOS, 1, 2.5, 0.2), // 1.00, 0.80
+			drain(sideCeiling, 2, 1, 0), drain(sideRelay, 2, 2, 0.2), drain(sideRelayEOS, 2, 2.5, 0.3), // 0.50, 0.80
+			{Side: sideCeiling, Round: 3, Err: errors.New("pg_recvlogical failed")}, drain(sideRelay, 3, 1, 0.2), drain(sideRelayEOS, 3, 1.1, 0.2), // -, 0.91
+		},
+	}
+	summary, table := rep.Summary(), rep.Table()
+	for _, want := range []string{"relay_vs_ceiling=0.80 ", "exactly_once_vs_relay=0.80 ", "first_record_s=0.20 "} {
+		if !strings.Contains(summary, want) {
+			t.Errorf("summary %q lacks %q", summary, want)
+		}
+	}
+	for _, want := range []string{
+		"| relay drain / ceiling (start-up included) | 0.80 (0.50-1.00) | 0.80, 1.00, 0.50 |",
+		"| exactly-once drain / at-least-once | 0.80 (0.50-0.91) | 0.50, 0.80, 0.80, 0.91 |",
+		"| outbox-relay (round 2) | 500 | 0.0 | 1.00 | 1.00 |",
+		"| outbox-relay, exactly-once (round 4) | 909 | 0.0 | - | 0.91 |",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
 	}
 }

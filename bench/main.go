@@ -107,13 +107,14 @@ func parseFlags(args []string, stderr io.Writer) (Config, int, error) {
 	kafkaHeap := fs.Int("kafka-heap-mb", envInt("BENCH_KAFKA_HEAP_MB", 1024), "Kafka broker heap (BENCH_KAFKA_HEAP_MB)")
 	messages := fs.Bool("messages", envStr("BENCH_MESSAGES", "true") == "true", "measure the table-free outbox too: the backlog as logical decoding messages, drained by pg_recvlogical and the relay (BENCH_MESSAGES)")
 	producerFor := fs.Duration("producer", envDuration("BENCH_PRODUCER", 10*time.Second), "how long each client-side producer (outbox.Write, outbox.Emit) commits one-event transactions, 0 to skip (BENCH_PRODUCER)")
+	rounds := fs.Int("rounds", envInt("BENCH_ROUNDS", 3), "drains of the ceiling, the relay, exactly-once and the message mode, interleaved; the ratios are medians over them (BENCH_ROUNDS)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, 0, err
 	}
 	cfg := Config{
 		Events: *events, Partitions: *partitions, Rate: *rate, SteadyFor: *steadyFor, BigTx: *bigTx,
 		Sides: splitList(*sides), Steady: splitList(*steady), RelayBin: *relayBin, RelayArgs: strings.Fields(*relayArgs), DebeziumLib: *dbzLib,
-		ProfileDir: *profile, WorkDir: *work, Log: stderr, Messages: *messages, ProducerFor: *producerFor,
+		ProfileDir: *profile, WorkDir: *work, Log: stderr, Messages: *messages, ProducerFor: *producerFor, Rounds: *rounds,
 	}
 	if cfg.BigTx < 0 {
 		cfg.BigTx = cfg.Events

@@ -51,29 +51,27 @@ func (p ProducerResult) rate() float64 {
 	return float64(p.Events) / p.Wall.Seconds()
 }
 
-func (m *MessagesResult) drain(side string) *Result {
-	for i := range m.Drains {
-		if m.Drains[i].Side == side && m.Drains[i].Err == nil {
-			return &m.Drains[i]
-		}
-	}
-	return nil
-}
+func (m *MessagesResult) drain(side string) *Result { return drains(m.Drains).median(side) }
 
 // messages runs the message mode's measurements, after the table's drains (whose slots are gone,
 // so none of them decodes this backlog) and before the steady state.
 func (b *bench) messages(ctx context.Context) *MessagesResult {
 	res := &MessagesResult{}
-	for _, side := range []string{sideMsgCeiling, sideMsgRelay} {
-		if err := createSlot(ctx, b.pool, b.slot(side)); err != nil {
+	defer func() { b.round = 0 }()
+	for round := range b.rounds() {
+		b.round = round
+		for _, side := range []string{sideMsgCeiling, sideMsgRelay} {
+			if err := createSlot(ctx, b.pool, b.slot(side)); err != nil {
+				res.Err = err
+				return res
+			}
+		}
+		if err := b.createTopics(ctx, sideMsgRelay); err != nil {
 			res.Err = err
 			return res
 		}
 	}
-	if err := b.createTopics(ctx, sideMsgRelay); err != nil {
-		res.Err = err
-		return res
-	}
+	b.round = 0
 	b.logf("writing the backlog of %d events again, as logical decoding messages with prefix %s", b.cfg.Events, b.prefix)
 	from, err := currentLSN(ctx, b.pool)
 	if err != nil {
@@ -95,21 +93,26 @@ func (b *bench) messages(ctx context.Context) *MessagesResult {
 	b.logf("message backlog written in %s (%.0f events/s), %.0f WAL bytes per event", res.BacklogWrite.Round(time.Millisecond),
 		float64(b.cfg.Events)/res.BacklogWrite.Seconds(), float64(res.BacklogWAL)/float64(b.cfg.Events))
 
-	for _, side := range []string{sideMsgCeiling, sideMsgRelay} {
-		r := b.drainWith(ctx, side, func() Result {
-			if side == sideMsgCeiling {
-				return b.recvlogical(ctx, side, end, "messages=true")
+	for round := range b.rounds() {
+		b.round = round
+		for _, side := range []string{sideMsgCeiling, sideMsgRelay} {
+			r := b.drainWith(ctx, side, func() Result {
+				if side == sideMsgCeiling {
+					return b.recvlogical(ctx, side, end, "messages=true")
+				}
+				return b.drainProc(ctx, side, func() (*child, error) {
+					return b.startRelay(side, b.slot(side), b.topicPrefix(side), "--outbox-shape=messages", "--messages-prefix="+b.prefix)
+				}, end)
+			})
+			r.Round = round
+			res.Drains = append(res.Drains, r)
+			b.logf("%s", r.line())
+			if ctx.Err() != nil {
+				return res
 			}
-			return b.drainProc(ctx, side, func() (*child, error) {
-				return b.startRelay(side, b.slot(side), b.topicPrefix(side), "--outbox-shape=messages", "--messages-prefix="+b.prefix)
-			}, end)
-		})
-		res.Drains = append(res.Drains, r)
-		b.logf("%s", r.line())
-		if ctx.Err() != nil {
-			return res
 		}
 	}
+	b.round = 0
 
 	if b.cfg.ProducerFor > 0 {
 		for _, mode := range []string{"table", "messages"} {
@@ -244,13 +247,15 @@ func (r *Report) messagesTable(b *strings.Builder) {
 	b.WriteString("| side | events/s | vs table ceiling | vs message ceiling | vs table relay | wall s | first record s | CPU s | CPU µs/event | peak RSS MB | walsender CPU s | broker CPU s |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	labels := map[string]string{sideMsgCeiling: "ceiling (pg_recvlogical, messages)", sideMsgRelay: "outbox-relay, messages"}
-	tableCeiling, tableRelay, msgCeiling := r.drain(sideCeiling), r.drain(sideRelay), m.drain(sideMsgCeiling)
+	table := drains(r.Drains)
 	for _, d := range m.Drains {
+		// Against the same round's drains.
+		tableCeiling, tableRelay, msgCeiling := table.in(sideCeiling, d.Round), table.in(sideRelay, d.Round), drains(m.Drains).in(sideMsgCeiling, d.Round)
 		if d.Err != nil {
 			fmt.Fprintf(b, "| %s | failed: %s |||||||||||\n", labels[d.Side], oneLine(d.Err))
 			continue
 		}
-		name := labels[d.Side]
+		name := labels[d.Side] + r.roundLabel(d)
 		if d.Partial {
 			name += fmt.Sprintf(" (stopped after %.0f s with %d of %d events)", d.Wall.Seconds(), d.Events, d.Target)
 		}
@@ -278,9 +283,7 @@ func (r *Report) messagesSummary() string {
 		if m.BacklogWAL > 0 && r.BacklogWAL > 0 {
 			wal = fmt.Sprintf("%.1f", float64(r.BacklogWAL)/float64(m.BacklogWAL))
 		}
-		if relay, ceiling := m.drain(sideMsgRelay), m.drain(sideMsgCeiling); relay != nil && ceiling != nil {
-			vs = fmt.Sprintf("%.2f", relay.rate()/ceiling.rate())
-		}
+		vs = r.ratioMedian(messagesVsCeiling)
 	}
 	return fmt.Sprintf("msg_write_x=%s msg_wal_x=%s msg_relay_vs_ceiling=%s", write, wal, vs)
 }

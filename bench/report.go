@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -39,13 +41,80 @@ func label(side string) string {
 	return side
 }
 
-func (r *Report) drain(side string) *Result {
-	for i := range r.Drains {
-		if r.Drains[i].Side == side && r.Drains[i].Err == nil {
-			return &r.Drains[i]
+// drain is side's drain: the round with the median rate when it drained more than once.
+func (r *Report) drain(side string) *Result { return drains(r.Drains).median(side) }
+
+// drains are a run's drain results, every round's.
+type drains []Result
+
+// in returns side's successful drain of round, if any.
+func (ds drains) in(side string, round int) *Result {
+	for i := range ds {
+		if ds[i].Side == side && ds[i].Round == round && ds[i].Err == nil {
+			return &ds[i]
 		}
 	}
 	return nil
+}
+
+// median returns side's successful drain with the median rate (the lower one of the two middle
+// ones for an even count).
+func (ds drains) median(side string) *Result {
+	var ok []*Result
+	for i := range ds {
+		if ds[i].Side == side && ds[i].Err == nil {
+			ok = append(ok, &ds[i])
+		}
+	}
+	if len(ok) == 0 {
+		return nil
+	}
+	slices.SortStableFunc(ok, func(a, b *Result) int { return cmp.Compare(a.rate(), b.rate()) })
+	return ok[(len(ok)-1)/2]
+}
+
+// ratios returns, round by round, what of returns for side's drain against base's drain of the
+// same round (rounds where either failed are left out).
+func (ds drains) ratios(side, base string, of func(d, base *Result) float64) []float64 {
+	var out []float64
+	for round := 0; ; round++ {
+		if !slices.ContainsFunc(ds, func(d Result) bool { return d.Round == round }) {
+			return out
+		}
+		if d, b := ds.in(side, round), ds.in(base, round); d != nil && b != nil {
+			out = append(out, of(d, b))
+		}
+	}
+}
+
+// rateRatio is side's rate over base's.
+func rateRatio(d, base *Result) float64 { return d.rate() / base.rate() }
+
+// spread is the median, smallest and largest of values; ok is false when there are none.
+type spread struct {
+	median, min, max float64
+	n                int
+}
+
+func spreadOf(values []float64) (spread, bool) {
+	if len(values) == 0 {
+		return spread{}, false
+	}
+	v := slices.Clone(values)
+	slices.Sort(v)
+	m := v[len(v)/2]
+	if len(v)%2 == 0 {
+		m = (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	return spread{median: m, min: v[0], max: v[len(v)-1], n: len(v)}, true
+}
+
+// format renders the median with, when there were several values, their range.
+func (s spread) format(verb string) string {
+	if s.n <= 1 {
+		return fmt.Sprintf(verb, s.median)
+	}
+	return fmt.Sprintf(verb+" ("+verb+"-"+verb+")", s.median, s.min, s.max)
 }
 
 func (r *Report) steady(side string) *SteadyResult {
@@ -69,7 +138,7 @@ func (r *Report) Table() string {
 	fmt.Fprintf(&b, "Backlog: %d events, %.0f-byte payloads on average (%.1f MB), %d aggregates of %d types, transactions of 1-%d events, %d partitions per topic; written in %s.\n\n",
 		r.Config.Events, r.AvgPayload, float64(r.PayloadBytes)/1e6, 1000, len(aggregateTypes), maxTxEvents, r.Config.Partitions,
 		r.BacklogWrite.Round(100*time.Millisecond))
-	ceiling, relay := r.drain(sideCeiling), r.drain(sideRelay)
+	ds := drains(r.Drains)
 	b.WriteString("| side | events/s | MB/s | vs ceiling | vs outbox-relay | wall s | first record s | all on Kafka s | events/s after first record | CPU s | CPU µs/event | CPU µs/event after first record | peak RSS MB | walsender CPU s | broker CPU s | broker CPU µs/event |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, d := range r.Drains {
@@ -77,9 +146,14 @@ func (r *Report) Table() string {
 			fmt.Fprintf(&b, "| %s | failed: %s |||||||||||||||\n", label(d.Side), oneLine(d.Err))
 			continue
 		}
-		name := label(d.Side)
+		name := label(d.Side) + r.roundLabel(d)
 		if d.Partial {
 			name += fmt.Sprintf(" (stopped after %.0f s with %d of %d events)", d.Wall.Seconds(), d.Events, d.Target)
+		}
+		ceiling, relay := r.drain(sideCeiling), r.drain(sideRelay)
+		if interleaved(d.Side) {
+			// Against the same round's: those ran next to it.
+			ceiling, relay = ds.in(sideCeiling, d.Round), ds.in(sideRelay, d.Round)
 		}
 		fmt.Fprintf(&b, "| %s | %.0f | %.1f | %s | %s | %.2f | %s | %s | %s | %.2f | %.1f | %s | %.0f | %.2f | %.2f | %.1f |\n",
 			name, d.rate(), float64(d.Bytes)/1e6/d.Wall.Seconds(), ratio(d, ceiling, "%.2f"), ratio(d, relay, "%.2f"),
@@ -87,6 +161,7 @@ func (r *Report) Table() string {
 			float64(d.CPU.Microseconds())/float64(d.Events), microsOrDash(d.cpuPerEventAfterFirst()), mb(d.PeakRSS), d.SenderCPU.Seconds(), d.BrokerCPU.Seconds(),
 			float64(d.BrokerCPU.Microseconds())/float64(max(d.Events, 1)))
 	}
+	r.roundsTable(&b)
 	if len(r.Steady) > 0 {
 		fmt.Fprintf(&b, "\nSteady state: %d events/s for %s, latency from just before the writer sends the commit to the consumer receiving the record.\n\n",
 			r.Config.Rate, r.Config.SteadyFor)
@@ -129,14 +204,104 @@ func (r *Report) Table() string {
 	return b.String()
 }
 
+// roundLabel names the round of an interleaved side's row when there were several.
+func (r *Report) roundLabel(d Result) string {
+	if r.Config.Rounds <= 1 || !interleaved(d.Side) {
+		return ""
+	}
+	return fmt.Sprintf(" (round %d)", d.Round+1)
+}
+
+// comparison is one ratio the rounds measure: side against base, round by round.
+type comparison struct {
+	name       string
+	side, base string
+	messages   bool // both sides are the message mode's drains
+	of         func(d, base *Result) float64
+}
+
+var (
+	relayVsCeiling     = comparison{name: "relay drain / ceiling (start-up included)", side: sideRelay, base: sideCeiling, of: rateRatio}
+	exactlyOnceVsRelay = comparison{name: "exactly-once drain / at-least-once", side: sideRelayEOS, base: sideRelay, of: rateRatio}
+	messagesVsCeiling  = comparison{name: "table-free drain / its ceiling", side: sideMsgRelay, base: sideMsgCeiling, messages: true, of: rateRatio}
+	comparisons        = []comparison{
+		relayVsCeiling,
+		{name: "relay drain after its first record / ceiling", side: sideRelay, base: sideCeiling,
+			of: func(d, base *Result) float64 { return d.streamRate() / base.rate() }},
+		exactlyOnceVsRelay,
+		{name: "exactly-once broker CPU per event / at-least-once", side: sideRelayEOS, base: sideRelay,
+			of: func(d, base *Result) float64 { return brokerPerEvent(d) / brokerPerEvent(base) }},
+		messagesVsCeiling,
+	}
+)
+
+func brokerPerEvent(d *Result) float64 { return d.BrokerCPU.Seconds() / float64(max(d.Events, 1)) }
+
+// ratioValues returns c's ratio round by round.
+func (r *Report) ratioValues(c comparison) []float64 {
+	ds := drains(r.Drains)
+	if c.messages {
+		if r.Messages == nil {
+			return nil
+		}
+		ds = r.Messages.Drains
+	}
+	return ds.ratios(c.side, c.base, c.of)
+}
+
+// ratioMedian is c's median over the rounds, "n/a" when it was not measured.
+func (r *Report) ratioMedian(c comparison) string {
+	if sp, ok := spreadOf(r.ratioValues(c)); ok {
+		return fmt.Sprintf("%.2f", sp.median)
+	}
+	return "n/a"
+}
+
+// firstRecords are side's times to its first record on Kafka, round by round, in seconds.
+func (r *Report) firstRecords(side string) []float64 {
+	var v []float64
+	for _, d := range r.Drains {
+		if d.Side == side && d.Err == nil && d.First > 0 {
+			v = append(v, d.First.Seconds())
+		}
+	}
+	return v
+}
+
+// roundsTable renders the ratios of the interleaved rounds: median, range, and each round's.
+func (r *Report) roundsTable(b *strings.Builder) {
+	if r.Config.Rounds <= 1 {
+		return
+	}
+	fmt.Fprintf(b, "\nInterleaved drains: each ratio round by round (the sides of a round ran one after the other, the rounds in turn), median (range) over %d rounds.\n\n", r.Config.Rounds)
+	b.WriteString("| ratio | median (range) | per round |\n|---|---:|---|\n")
+	row := func(name string, sp spread, values []float64, verb string) {
+		var per []string
+		for _, v := range values {
+			per = append(per, fmt.Sprintf(verb, v))
+		}
+		fmt.Fprintf(b, "| %s | %s | %s |\n", name, sp.format(verb), strings.Join(per, ", "))
+	}
+	for _, c := range comparisons {
+		values := r.ratioValues(c)
+		if sp, ok := spreadOf(values); ok {
+			row(c.name, sp, values, "%.2f")
+		}
+	}
+	for _, side := range []string{sideRelay, sideRelayEOS} {
+		values := r.firstRecords(side)
+		if sp, ok := spreadOf(values); ok {
+			row(label(side)+": first record on Kafka, s", sp, values, "%.2f")
+		}
+	}
+}
+
 // Summary is the last line: the headline numbers for scripts. Values that were not measured are
-// n/a.
+// n/a. Ratios of interleaved sides are the medians over the rounds.
 func (r *Report) Summary() string {
 	relay := r.drain(sideRelay)
 	vsCeiling, vsDbz := "n/a", "n/a"
-	if c := r.drain(sideCeiling); relay != nil && c != nil {
-		vsCeiling = fmt.Sprintf("%.2f", relay.rate()/c.rate())
-	}
+	vsCeiling = r.ratioMedian(relayVsCeiling)
 	if d := r.drain(sideDbzTuned); relay != nil && d != nil {
 		vsDbz = fmt.Sprintf("%.1f", relay.rate()/d.rate())
 	}
@@ -149,14 +314,16 @@ func (r *Report) Summary() string {
 		big = fmt.Sprintf("%.0f", mb(r.BigTx.PeakRSS))
 	}
 	eosVsRelay, eosP99 := "n/a", "n/a"
-	if e := r.drain(sideRelayEOS); relay != nil && e != nil {
-		eosVsRelay = fmt.Sprintf("%.2f", e.rate()/relay.rate())
-	}
+	eosVsRelay = r.ratioMedian(exactlyOnceVsRelay)
 	if s := r.steady(sideRelayEOS); s != nil {
 		eosP99 = fmt.Sprintf("%.0f", msf(s.P99))
 	}
-	return fmt.Sprintf("bench: relay_vs_ceiling=%s relay_vs_debezium=%s p99_ms=%s rss_mb=%s big_tx_rss_mb=%s exactly_once_vs_relay=%s exactly_once_p99_ms=%s %s",
-		vsCeiling, vsDbz, p99, rss, big, eosVsRelay, eosP99, r.messagesSummary())
+	first := "n/a"
+	if sp, ok := spreadOf(r.firstRecords(sideRelay)); ok {
+		first = fmt.Sprintf("%.2f", sp.median)
+	}
+	return fmt.Sprintf("bench: relay_vs_ceiling=%s relay_vs_debezium=%s p99_ms=%s rss_mb=%s big_tx_rss_mb=%s exactly_once_vs_relay=%s exactly_once_p99_ms=%s first_record_s=%s %s",
+		vsCeiling, vsDbz, p99, rss, big, eosVsRelay, eosP99, first, r.messagesSummary())
 }
 
 // Failed lists the measurements that failed.

@@ -62,12 +62,30 @@ type Config struct {
 	// ProducerFor is how long each client-side producer run (outbox.Write, outbox.Emit) commits
 	// one-event transactions; 0 skips them.
 	ProducerFor time.Duration
+	// Rounds is how many times the compared drain sides run, interleaved (A B A B ...), each round
+	// on slots created before the backlog, so that one noisy minute cannot decide a ratio: the
+	// ceiling, the relay and the exactly-once relay, and the message mode's two drains. The
+	// report gives the median and range of each ratio over the rounds. Debezium, the poller and
+	// the lost-slot recovery drain once (their gaps to the relay are large). 0 means 1.
+	Rounds int
+}
+
+// interleaved reports whether side drains once per round (Config.Rounds).
+func interleaved(side string) bool {
+	switch side {
+	case sideCeiling, sideRelay, sideRelayEOS, sideMsgCeiling, sideMsgRelay:
+		return true
+	}
+	return false
 }
 
 func (c *Config) validate() error {
 	var errs []error
 	if c.Events < 1 {
 		errs = append(errs, fmt.Errorf("events must be positive, got %d", c.Events))
+	}
+	if c.Rounds < 0 {
+		errs = append(errs, fmt.Errorf("rounds must not be negative, got %d", c.Rounds))
 	}
 	if c.Partitions < 1 {
 		errs = append(errs, fmt.Errorf("partitions must be positive, got %d", c.Partitions))
@@ -116,16 +134,32 @@ type bench struct {
 	prefix  string // messages_prefix of the message backlog
 	logw    io.Writer
 	profile *Profile // the in-process profile runs, when ProfileDir is set
+	// round is the drain round being set up or measured (Config.Rounds): the first one's slots,
+	// topics and logs carry the side's name alone, later ones a suffix.
+	round int
+}
+
+// rounds is Config.Rounds, at least 1.
+func (b *bench) rounds() int { return max(b.cfg.Rounds, 1) }
+
+// roundSuffix tells apart the slots, topics and logs of the rounds after the first.
+func (b *bench) roundSuffix(sep string) string {
+	if b.round == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%sr%d", sep, b.round+1)
 }
 
 func (b *bench) logf(format string, args ...any) {
 	fmt.Fprintf(b.logw, "bench: "+format+"\n", args...)
 }
 
-func (b *bench) slot(side string) string { return b.run + "_" + strings.ReplaceAll(side, "-", "_") }
+func (b *bench) slot(side string) string {
+	return b.run + "_" + strings.ReplaceAll(side, "-", "_") + b.roundSuffix("_")
+}
 
 // topics are <run>.<side>.<aggregate type>.
-func (b *bench) topicPrefix(side string) string { return b.run + "." + side }
+func (b *bench) topicPrefix(side string) string { return b.run + "." + side + b.roundSuffix("-") }
 
 func (b *bench) topics(side string) []string {
 	var out []string
@@ -184,28 +218,19 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 	if err := setupDatabase(ctx, b.svc.DSN, b.pub); err != nil {
 		return nil, err
 	}
-	// One slot per side, all created before the backlog, so every side decodes identical WAL.
+	// One slot per side and round, all created before the backlog, so every side decodes identical
+	// WAL.
 	sides := slices.Clone(b.cfg.Sides)
 	if b.cfg.ProfileDir != "" {
 		sides = append(sides, "profile")
 	}
-	for _, s := range sides {
-		if s == sideRecover {
-			// The lost slot: recorded in the ledger, acknowledged up to now, and gone.
-			if err := recordLostSlot(ctx, b.pool, b.slot(s)); err != nil {
-				return nil, err
-			}
-		} else if s != sidePoll {
-			if err := createSlot(ctx, b.pool, b.slot(s)); err != nil {
-				return nil, err
-			}
-		}
-		if s != sideCeiling {
-			if err := b.createTopics(ctx, s); err != nil {
-				return nil, err
-			}
+	for round := range b.rounds() {
+		b.round = round
+		if err := b.prepareSides(ctx, sides); err != nil {
+			return nil, err
 		}
 	}
+	b.round = 0
 
 	b.logf("writing a backlog of %d events in transactions of 1-%d", b.cfg.Events, maxTxEvents)
 	startLSN, err := currentLSN(ctx, b.pool)
@@ -230,17 +255,26 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 	b.logf("backlog written in %s (%.0f events/s), %.0f-byte payloads on average", rep.BacklogWrite.Round(time.Millisecond),
 		float64(b.cfg.Events)/rep.BacklogWrite.Seconds(), avg)
 
-	if err := b.warmBroker(ctx, 200_000); err != nil {
+	// 200,000 records warm the broker's produce path; a small backlog (the smoke test) needs less.
+	if err := b.warmBroker(ctx, min(200_000, max(20_000, 10*b.cfg.Events))); err != nil {
 		return nil, err
 	}
-	for _, s := range b.cfg.Sides {
-		r := b.drain(ctx, s)
-		rep.Drains = append(rep.Drains, r)
-		b.logf("%s", r.line())
-		if ctx.Err() != nil {
-			return rep, ctx.Err()
+	for round := range b.rounds() {
+		b.round = round
+		for _, s := range b.cfg.Sides {
+			if round > 0 && !interleaved(s) {
+				continue
+			}
+			r := b.drain(ctx, s)
+			r.Round = round
+			rep.Drains = append(rep.Drains, r)
+			b.logf("%s", r.line())
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
 		}
 	}
+	b.round = 0
 	// The profiled drain runs after every side has drained and dropped its slot... except its own:
 	// the steady-state and large-transaction writes below would otherwise land in it.
 	if b.cfg.ProfileDir != "" {
@@ -293,6 +327,31 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 	return rep, ctx.Err()
 }
 
+// prepareSides creates the slots (or the lost slot's record) and topics of this round's sides.
+func (b *bench) prepareSides(ctx context.Context, sides []string) error {
+	for _, s := range sides {
+		if b.round > 0 && !interleaved(s) {
+			continue
+		}
+		if s == sideRecover {
+			// The lost slot: recorded in the ledger, acknowledged up to now, and gone.
+			if err := recordLostSlot(ctx, b.pool, b.slot(s)); err != nil {
+				return err
+			}
+		} else if s != sidePoll {
+			if err := createSlot(ctx, b.pool, b.slot(s)); err != nil {
+				return err
+			}
+		}
+		if s != sideCeiling {
+			if err := b.createTopics(ctx, s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 func (b *bench) drainTimeout() time.Duration {
 	if b.cfg.DrainTimeout > 0 {
 		return b.cfg.DrainTimeout
@@ -313,5 +372,5 @@ func loadAverage() string {
 }
 
 func (b *bench) logPath(name string) string {
-	return filepath.Join(b.work, name+".log")
+	return filepath.Join(b.work, name+b.roundSuffix("-")+".log")
 }

@@ -32,6 +32,7 @@ type Result struct {
 	// its rate is what it achieved, start-up included.
 	Partial bool
 	Target  int64 // events it had to publish
+	Round   int   // the drain round (Config.Rounds), from 0
 	Err     error
 }
 
