@@ -642,9 +642,12 @@ func TestExactlyOnceSettings(t *testing.T) {
 		{"a backfill is refused, naming both keys and the way to do it", with(required(), "OUTBOX_DELIVERY", "exactly-once", "OUTBOX_BACKFILL", "true"), nil,
 			[]string{"backfill", "delivery", "OUTBOX_BACKFILL", "at-least-once"}},
 		{"a transaction larger than the in-flight window is refused", required(),
-			[]string{"--delivery=exactly-once", "--transaction-max-events=20000"},
+			[]string{"--delivery=exactly-once", "--transaction-max-events=50000"},
 			[]string{"transaction_max_events", "max_in_flight_events", "--transaction-max-events"}},
-		{"the window check applies only to exactly-once", required(), []string{"--transaction-max-events=20000"}, nil},
+		{"a transaction larger than a window set lower is refused", required(),
+			[]string{"--delivery=exactly-once", "--transaction-max-events=20000", "--max-in-flight-events=15000"},
+			[]string{"transaction_max_events", "max_in_flight_events", "--transaction-max-events", "--max-in-flight-events"}},
+		{"the window check applies only to exactly-once", required(), []string{"--transaction-max-events=50000"}, nil},
 		{"the idempotent producer cannot be turned off", with(required(), "OUTBOX_KAFKA_IDEMPOTENCE", "off"), []string{"--delivery=exactly-once"},
 			[]string{"kafka.idempotence", "OUTBOX_KAFKA_IDEMPOTENCE", "delivery", "--delivery"}},
 		{"polling has no slot position to record", required(), []string{"--delivery=exactly-once", "--source=poll"},
@@ -693,6 +696,43 @@ func TestExactlyOnceSettings(t *testing.T) {
 	if !c.ExactlyOnce() || c.TransactionalID != "orders-relay" || c.TransactionInterval != 250*time.Millisecond ||
 		c.TransactionMaxEvents != 500 || c.PositionsTopic != "relay.positions" {
 		t.Fatalf("flags not applied: %+v", c)
+	}
+}
+
+// Exactly-once holds events until their Kafka transaction commits, so its in-flight window and
+// its transactions are larger by default; a value set anywhere wins, and a transaction never
+// defaults to more than the window.
+func TestExactlyOnceWindowDefaults(t *testing.T) {
+	tests := []struct {
+		name              string
+		args              []string
+		inFlight, txnSize int
+	}{
+		{"at-least-once", nil, 10000, 10000},
+		{"exactly-once", []string{"--delivery=exactly-once"}, 40000, 40000},
+		{"exactly-once with a window set", []string{"--delivery=exactly-once", "--max-in-flight-events=20000"}, 20000, 20000},
+		{"exactly-once with a larger window set", []string{"--delivery=exactly-once", "--max-in-flight-events=100000"}, 100000, 40000},
+		{"exactly-once with a transaction size set", []string{"--delivery=exactly-once", "--transaction-max-events=500"}, 40000, 500},
+		{"at-least-once with a window set (its transaction size is unused)", []string{"--max-in-flight-events=20000"}, 20000, 20000},
+		{"auto, said so", []string{"--delivery=exactly-once", "--max-in-flight-events=auto", "--transaction-max-events=AUTO"}, 40000, 40000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _, err := load(t, "", required(), tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.MaxInFlight != tt.inFlight || c.TransactionMaxEvents != tt.txnSize {
+				t.Errorf("max_in_flight_events %d, transaction_max_events %d; want %d, %d", c.MaxInFlight, c.TransactionMaxEvents, tt.inFlight, tt.txnSize)
+			}
+		})
+	}
+	c, _, err := load(t, "max_in_flight_events: 30000\n", with(required(), "OUTBOX_DELIVERY", "exactly-once"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxInFlight != 30000 || c.TransactionMaxEvents != 30000 {
+		t.Errorf("a window from the file: max_in_flight_events %d, transaction_max_events %d; want 30000 for both", c.MaxInFlight, c.TransactionMaxEvents)
 	}
 }
 

@@ -34,6 +34,7 @@ const (
 	kindDuration kind = "duration"
 	kindSize     kind = "size"
 	kindList     kind = "list"
+	kindIntAuto  kind = "int|auto"
 )
 
 func choices(allowed ...string) kind { return kind(strings.Join(allowed, "|")) }

@@ -101,7 +101,7 @@ func TestHelpShowsEachKeyWithItsType(t *testing.T) {
 	for _, want := range []string{
 		"\n  --failover\n", "\n  --kafka.tls.enabled\n", "\n  --create-slot\n",
 		"\n  --kafka.linger duration\n", "\n  --max-in-flight-bytes size\n", "\n  --kafka-brokers list\n",
-		"\n  --delivery at-least-once|exactly-once\n", "\n  --max-in-flight-events int\n", "\n  --table [schema.]table\n",
+		"\n  --delivery at-least-once|exactly-once\n", "\n  --max-in-flight-events int|auto\n", "\n  --poll-workers int\n", "\n  --table [schema.]table\n",
 		"(default true) [OUTBOX_CREATE_SLOT]",
 	} {
 		if !strings.Contains(help.String(), want) {
