@@ -51,8 +51,6 @@ func (p ProducerResult) rate() float64 {
 	return float64(p.Events) / p.Wall.Seconds()
 }
 
-func (m *MessagesResult) drain(side string) *Result { return drains(m.Drains).median(side) }
-
 // messages runs the message mode's measurements, after the table's drains (whose slots are gone,
 // so none of them decodes this backlog) and before the steady state.
 func (b *bench) messages(ctx context.Context) *MessagesResult {
@@ -247,10 +245,10 @@ func (r *Report) messagesTable(b *strings.Builder) {
 	b.WriteString("| side | events/s | vs table ceiling | vs message ceiling | vs table relay | wall s | first record s | CPU s | CPU µs/event | peak RSS MB | walsender CPU s | broker CPU s |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	labels := map[string]string{sideMsgCeiling: "ceiling (pg_recvlogical, messages)", sideMsgRelay: "outbox-relay, messages"}
-	table := drains(r.Drains)
+	// Against the table's medians (its rounds ran before any of these) and this round's ceiling.
+	tableCeiling, tableRelay := r.drain(sideCeiling), r.drain(sideRelay)
 	for _, d := range m.Drains {
-		// Against the same round's drains.
-		tableCeiling, tableRelay, msgCeiling := table.in(sideCeiling, d.Round), table.in(sideRelay, d.Round), drains(m.Drains).in(sideMsgCeiling, d.Round)
+		msgCeiling := drains(m.Drains).in(sideMsgCeiling, d.Round)
 		if d.Err != nil {
 			fmt.Fprintf(b, "| %s | failed: %s |||||||||||\n", labels[d.Side], oneLine(d.Err))
 			continue

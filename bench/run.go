@@ -70,6 +70,9 @@ type Config struct {
 	Rounds int
 }
 
+// maxRounds keeps the slots of every round within the bench server's max_replication_slots.
+const maxRounds = 10
+
 // interleaved reports whether side drains once per round (Config.Rounds).
 func interleaved(side string) bool {
 	switch side {
@@ -84,8 +87,8 @@ func (c *Config) validate() error {
 	if c.Events < 1 {
 		errs = append(errs, fmt.Errorf("events must be positive, got %d", c.Events))
 	}
-	if c.Rounds < 0 {
-		errs = append(errs, fmt.Errorf("rounds must not be negative, got %d", c.Rounds))
+	if c.Rounds < 0 || c.Rounds > maxRounds {
+		errs = append(errs, fmt.Errorf("rounds must be between 0 and %d (each takes a replication slot per interleaved side), got %d", maxRounds, c.Rounds))
 	}
 	if c.Partitions < 1 {
 		errs = append(errs, fmt.Errorf("partitions must be positive, got %d", c.Partitions))

@@ -37,7 +37,8 @@ func (b *bench) warmBroker(ctx context.Context, records int) error {
 		return fmt.Errorf("warm up the broker: %w", err)
 	}
 	if slices.Contains(b.cfg.Sides, sideRelayEOS) || slices.Contains(b.cfg.Steady, sideRelayEOS) {
-		cfg.Transactions = &sink.Transactions{ID: b.run + "-warmup", PositionsTopic: b.run + ".warmup-positions"}
+		// The sides' positions topic: created here, not by the first exactly-once round's start.
+		cfg.Transactions = &sink.Transactions{ID: b.run + "-warmup", PositionsTopic: b.run + ".positions"}
 		if err := b.publishBurst(ctx, cfg, records/4, "warm-eos"); err != nil {
 			return fmt.Errorf("warm up the broker's transactions: %w", err)
 		}

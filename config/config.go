@@ -405,7 +405,7 @@ var settings = []setting{
 		apply: minDuration(time.Millisecond, func(c *Config) *time.Duration { return &c.SlotBusyWait })},
 	{key: "shutdown_timeout", group: GroupOperations, kind: kindDuration, def: "30s", help: "upper bound on a stop: finishing the open transaction, Kafka acknowledgements and the final position report",
 		apply: minDuration(time.Millisecond, func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
-	{key: "max_in_flight_events", group: GroupDelivery, kind: kindIntAuto, def: "auto", help: "events handed to Kafka and not yet acknowledged, at most; auto: 10000, and 40000 with delivery exactly-once, where events wait for their Kafka transaction's commit and a backlog's transactions grow as large as this lets them (max_in_flight_bytes bounds the memory either way)",
+	{key: "max_in_flight_events", group: GroupDelivery, kind: kindIntAuto, def: "auto", help: "events handed to Kafka and not yet acknowledged, at most; auto: 10000, and 40000 with delivery exactly-once, where events wait for their Kafka transaction's commit and a backlog's transactions grow to half of this (max_in_flight_bytes bounds the memory either way)",
 		apply: integerOrAuto(func(c *Config) *int { return &c.MaxInFlight })},
 	{key: "max_in_flight_bytes", group: GroupDelivery, kind: kindSize, def: "64MiB", help: "bytes handed to Kafka and not yet acknowledged, at most",
 		apply: size(func(c *Config) *int64 { return &c.MaxInFlightBytes })},
@@ -479,7 +479,7 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.TransactionalID })},
 	{key: "transaction_interval", group: GroupDelivery, kind: kindDuration, def: "100ms", help: "exactly-once: how long a Kafka transaction stays open at most; it is committed sooner when the one before has committed and its first event waited kafka.linger (read_committed consumers see events at most about this much later)",
 		apply: minDuration(10*time.Millisecond, func(c *Config) *time.Duration { return &c.TransactionInterval })},
-	{key: "transaction_max_events", group: GroupDelivery, kind: kindIntAuto, def: "auto", help: "exactly-once: a Kafka transaction is committed once it holds this many events, sooner than transaction_interval; auto: max_in_flight_events, at most 40000",
+	{key: "transaction_max_events", group: GroupDelivery, kind: kindIntAuto, def: "auto", help: "exactly-once: a Kafka transaction is committed once it holds this many events, sooner than transaction_interval, and at most half of max_in_flight_events (one transaction fills while the one before commits); auto: that half, at most 20000",
 		apply: integerOrAuto(func(c *Config) *int { return &c.TransactionMaxEvents })},
 	{key: "positions_topic", group: GroupDelivery, kind: kindString, def: "__outbox_relay_positions", help: "exactly-once: compacted topic where each Kafka transaction records the position it reached, keyed by transactional_id (created if missing; an existing one must have cleanup.policy=compact); positions only: not dead_letter_topic, not topic_template",
 		apply: str(func(c *Config) *string { return &c.PositionsTopic })},
@@ -696,12 +696,14 @@ func flatten(prefix string, v any, out map[string]string) error {
 }
 
 // The in-flight window max_in_flight_events: auto means. Exactly-once acknowledges events only
-// once their Kafka transaction commits, and every commit is a pause in production: in a backlog the
-// transactions are as large as the window lets them grow, and larger ones drain faster (0.67-0.70
-// of at-least-once's rate at 10,000, 0.83-0.87 at 40,000: docs/benchmarks.md).
+// once their Kafka transaction commits, and every commit is a pause in production: in a backlog a
+// transaction grows to half the window (the sink keeps the other half for the next one, filling
+// while it commits), and larger ones drain faster (0.67-0.70 of at-least-once's rate with a 10,000
+// window, 0.78-0.89 with 40,000: docs/benchmarks.md).
 const (
 	autoInFlight            = 10000
 	autoInFlightExactlyOnce = 40000
+	autoTransactionMax      = autoInFlightExactlyOnce / 2
 )
 
 // resolveAuto gives the keys set to auto their value for the delivery mode.
@@ -713,7 +715,7 @@ func (c *Config) resolveAuto() {
 		}
 	}
 	if c.TransactionMaxEvents == 0 {
-		c.TransactionMaxEvents = min(c.MaxInFlight, autoInFlightExactlyOnce)
+		c.TransactionMaxEvents = max(1, min(c.MaxInFlight/2, autoTransactionMax))
 	}
 }
 

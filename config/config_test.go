@@ -101,7 +101,7 @@ func TestDefaultsLoadWithOnlyTheRequiredKeys(t *testing.T) {
 		{"delivery", c.Delivery, "at-least-once"},
 		{"transactional_id is derived at start", c.TransactionalID, ""},
 		{"transaction_interval", c.TransactionInterval, 100 * time.Millisecond},
-		{"transaction_max_events", c.TransactionMaxEvents, 10000},
+		{"transaction_max_events", c.TransactionMaxEvents, 5000},
 		{"positions_topic", c.PositionsTopic, "__outbox_relay_positions"},
 		{"leader_dsn is empty: the lock uses pg_dsn", c.LeaderDSN, ""},
 		{"leader_kafka_timeout", c.LeaderKafkaTimeout, time.Minute},
@@ -700,21 +700,22 @@ func TestExactlyOnceSettings(t *testing.T) {
 }
 
 // Exactly-once holds events until their Kafka transaction commits, so its in-flight window and
-// its transactions are larger by default; a value set anywhere wins, and a transaction never
-// defaults to more than the window.
+// its transactions are larger by default; a value set anywhere wins, and a transaction defaults to
+// half the window (the sink's own cap: one fills while the one before commits).
 func TestExactlyOnceWindowDefaults(t *testing.T) {
 	tests := []struct {
 		name              string
 		args              []string
 		inFlight, txnSize int
 	}{
-		{"at-least-once", nil, 10000, 10000},
-		{"exactly-once", []string{"--delivery=exactly-once"}, 40000, 40000},
-		{"exactly-once with a window set", []string{"--delivery=exactly-once", "--max-in-flight-events=20000"}, 20000, 20000},
-		{"exactly-once with a larger window set", []string{"--delivery=exactly-once", "--max-in-flight-events=100000"}, 100000, 40000},
+		{"at-least-once", nil, 10000, 5000},
+		{"exactly-once", []string{"--delivery=exactly-once"}, 40000, 20000},
+		{"exactly-once with a window set", []string{"--delivery=exactly-once", "--max-in-flight-events=20000"}, 20000, 10000},
+		{"exactly-once with a larger window set", []string{"--delivery=exactly-once", "--max-in-flight-events=100000"}, 100000, 20000},
+		{"exactly-once with a window of one", []string{"--delivery=exactly-once", "--max-in-flight-events=1"}, 1, 1},
 		{"exactly-once with a transaction size set", []string{"--delivery=exactly-once", "--transaction-max-events=500"}, 40000, 500},
-		{"at-least-once with a window set (its transaction size is unused)", []string{"--max-in-flight-events=20000"}, 20000, 20000},
-		{"auto, said so", []string{"--delivery=exactly-once", "--max-in-flight-events=auto", "--transaction-max-events=AUTO"}, 40000, 40000},
+		{"at-least-once with a window set (its transaction size is unused)", []string{"--max-in-flight-events=20000"}, 20000, 10000},
+		{"auto, said so", []string{"--delivery=exactly-once", "--max-in-flight-events=auto", "--transaction-max-events=AUTO"}, 40000, 20000},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -731,8 +732,8 @@ func TestExactlyOnceWindowDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.MaxInFlight != 30000 || c.TransactionMaxEvents != 30000 {
-		t.Errorf("a window from the file: max_in_flight_events %d, transaction_max_events %d; want 30000 for both", c.MaxInFlight, c.TransactionMaxEvents)
+	if c.MaxInFlight != 30000 || c.TransactionMaxEvents != 15000 {
+		t.Errorf("a window from the file: max_in_flight_events %d, transaction_max_events %d; want 30000 and 15000", c.MaxInFlight, c.TransactionMaxEvents)
 	}
 }
 

@@ -92,7 +92,8 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.ExactlyOnce() {
 		log.Info("exactly-once delivery: events are published in Kafka transactions; consumers must read with isolation.level=read_committed",
 			zap.String("transactional_id", cfg.TransactionalID), zap.String("positions_topic", cfg.PositionsTopic),
-			zap.Duration("transaction_interval", cfg.TransactionInterval), zap.Int("transaction_max_events", cfg.TransactionMaxEvents))
+			zap.Duration("transaction_interval", cfg.TransactionInterval), zap.Int("transaction_max_events", min(cfg.TransactionMaxEvents, max(1, cfg.MaxInFlight/2))), // the sink's cap: half the window
+			zap.Int("max_in_flight_events", cfg.MaxInFlight))
 	}
 
 	// The slot monitor and the readiness gauge outlive ctx, so they keep reporting through the
