@@ -32,3 +32,28 @@ func TestFreePortsAreDistinctBindableAndNeverEphemeral(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestAPortHandedOutIsNotHandedOutAgain: a server stopped for a while (a broker outage) must find
+// its port free when it starts again; a fault test's broker failed to restart because the port had
+// been handed to another server meanwhile. A claim is a lock on a file shared by every process of
+// the machine, held for the process's life.
+func TestAPortHandedOutIsNotHandedOutAgain(t *testing.T) {
+	ports, err := FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ports {
+		// Nothing listens on it now, and a search of a range holding only it must not find it.
+		again, err := freePortsIn(p, p+1, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again[0] == p {
+			t.Errorf("port %d handed out twice", p)
+		}
+		// Another open of its claim file (what another test process does) cannot take the lock.
+		if claimPort(p) {
+			t.Errorf("port %d claimed twice", p)
+		}
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -221,8 +222,17 @@ func freePorts(n int) ([]int, error) { return FreePorts(n) }
 // that bind them later. They come from below the kernel's ephemeral range when there is room: a
 // port the kernel handed out for a listen on port 0 is also a port it may hand to the next outgoing
 // connection's local end, and a server started on it a moment later then fails to bind ("Address
-// already in use"; seen when three test packages ran at once).
+// already in use"; seen when three test packages ran at once). Each port is claimed for the rest of
+// the process (claimPort): a server stopped for a while (a broker outage of the fault tests) finds
+// its port free when it starts again, not handed meanwhile to another server of this process or of
+// another test process (a fault test's broker failed to restart so).
 func FreePorts(n int) ([]int, error) {
+	lo, hi := belowEphemeral()
+	return freePortsIn(lo, hi, n)
+}
+
+// freePortsIn is FreePorts from [lo, hi), falling back to the kernel's choice when it has none left.
+func freePortsIn(lo, hi, n int) ([]int, error) {
 	var ports []int
 	var held []net.Listener
 	defer func() {
@@ -230,15 +240,21 @@ func FreePorts(n int) ([]int, error) {
 			l.Close()
 		}
 	}()
-	lo, hi := belowEphemeral()
 	for range n {
 		var l net.Listener
-		var err error
 		for try := 0; l == nil && try < 200 && hi > lo; try++ {
-			l, err = net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(lo+rand.IntN(hi-lo)))
+			port := lo + rand.IntN(hi-lo)
+			if !claimPort(port) {
+				continue
+			}
+			var err error
+			if l, err = net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err != nil {
+				l = nil // bound by someone outside the claims; the claim keeps us off it
+			}
 		}
 		if l == nil {
 			// No room below the ephemeral range (or all of it taken): let the kernel choose.
+			var err error
 			if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 				return nil, fmt.Errorf("reserve free port: %w", err)
 			}
@@ -247,6 +263,39 @@ func FreePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// portClaims holds, for the life of the process, the files whose locks claim the ports FreePorts
+// handed out. It is the one piece of package state: a claim must outlive the server it was for
+// (stopped and started again on the same port), and the kernel drops the locks when the process
+// ends, however it ends, so nothing needs cleaning up.
+var portClaims struct {
+	mu    sync.Mutex
+	files []*os.File
+}
+
+// claimPort takes an exclusive lock on a file named after port in a directory every test process
+// of the machine shares; false when another claim holds it (this process's or another's), or the
+// file cannot be locked.
+func claimPort(port int) bool {
+	dir := filepath.Join(os.TempDir(), "outbox-devenv-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return false
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return false
+	}
+	// flock locks belong to the open file: a second open of the same file, in this process or
+	// another, cannot take it while this one holds it.
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return false
+	}
+	portClaims.mu.Lock()
+	portClaims.files = append(portClaims.files, f)
+	portClaims.mu.Unlock()
+	return true
 }
 
 // FreeAddr is FreePorts' one port as a 127.0.0.1 address.
