@@ -54,7 +54,8 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	for _, want := range []string{"| ceiling (pg_recvlogical) (round 1) |", "| outbox-relay (round 1) |", "| outbox-relay, exactly-once (round 1) |", "| outbox-relay, source poll |",
 		"| outbox-relay, lost-slot recovery from the table |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events",
 		"| messages |", "| ceiling (pg_recvlogical, messages) (round 2) |", "| outbox-relay, messages (round 2) |",
-		"| outbox-relay (round 2) |", "| outbox-relay, exactly-once (round 2) |", "Interleaved drains", "| table-free drain / its ceiling |"} {
+		"| outbox-relay (round 2) |", "| outbox-relay, exactly-once (round 2) |", "Interleaved drains", "| table-free drain / its ceiling |",
+		"| steady: exactly-once broker CPU per event / at-least-once |", "Against the targets (medians over the rounds):"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q", want)
 		}
@@ -270,6 +271,9 @@ func TestSummaryReportsTheMessageMode(t *testing.T) {
 // ratios, not the ratio of medians, and a failed round leaves only its own ratios out.
 func TestRoundsReportTheMedianOfEachRoundsRatio(t *testing.T) {
 	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	steady := func(side string, round int, p99ms, brokerSeconds float64) SteadyResult {
+		return SteadyResult{Side: side, Round: round, Written: 1000, Rate: 10000, P99: time.Duration(p99ms * 1e6), BrokerCPU: sec(brokerSeconds), Window: sec(1)}
+	}
 	drain := func(side string, round int, wall, first float64) Result {
 		return Result{Side: side, Round: round, Events: 1000, Wall: sec(wall), First: sec(first), OnKafka: sec(wall)}
 	}
@@ -281,9 +285,15 @@ func TestRoundsReportTheMedianOfEachRoundsRatio(t *testing.T) {
 			drain(sideCeiling, 2, 1, 0), drain(sideRelay, 2, 2, 0.2), drain(sideRelayEOS, 2, 2.5, 0.3), // 0.50, 0.80
 			{Side: sideCeiling, Round: 3, Err: errors.New("pg_recvlogical failed")}, drain(sideRelay, 3, 1, 0.2), drain(sideRelayEOS, 3, 1.1, 0.2), // -, 0.91
 		},
+		Steady: []SteadyResult{
+			steady(sideRelay, 0, 20, 1), steady(sideRelayEOS, 0, 35, 3), steady(sideDbzTuned, 0, 900, 1),
+			steady(sideRelay, 1, 30, 2), steady(sideRelayEOS, 1, 45, 3), steady(sideDbzTuned, 1, 800, 1),
+			steady(sideRelay, 2, 25, 1), steady(sideRelayEOS, 2, 38, 1.5), {Side: sideDbzTuned, Round: 2, Err: errors.New("connect")},
+			steady(sideRelay, 3, 22, 1), steady(sideRelayEOS, 3, 33, 2),
+		},
 	}
 	summary, table := rep.Summary(), rep.Table()
-	for _, want := range []string{"relay_vs_ceiling=0.80 ", "exactly_once_vs_relay=0.80 ", "first_record_s=0.20 "} {
+	for _, want := range []string{"relay_vs_ceiling=0.80 ", "exactly_once_vs_relay=0.80 ", "first_record_s=0.20 ", "p99_ms=22 ", "exactly_once_p99_ms=35 "} {
 		if !strings.Contains(summary, want) {
 			t.Errorf("summary %q lacks %q", summary, want)
 		}
@@ -293,6 +303,13 @@ func TestRoundsReportTheMedianOfEachRoundsRatio(t *testing.T) {
 		"| exactly-once drain / at-least-once | 0.80 (0.50-0.91) | 0.50, 0.80, 0.80, 0.91 |",
 		"| outbox-relay (round 2) | 500 | 0.0 | 1.00 | 1.00 |",
 		"| outbox-relay, exactly-once (round 4) | 909 | 0.0 | - | 0.91 |",
+		"| steady: at-least-once broker CPU per event / tuned Debezium | 1.50 (1.00-2.00) | 1.00, 2.00 |",
+		"| steady: exactly-once broker CPU per event / at-least-once | 1.75 (1.50-3.00) | 3.00, 1.50, 1.50, 2.00 |",
+		"| steady: at-least-once p99, ms | 23.5 (20.0-30.0) | 20.0, 30.0, 25.0, 22.0 |",
+		"| outbox-relay (round 3) | 1000 | 10000 |",
+		"| exactly-once drain vs at-least-once | 0.80 (0.50-0.91) | >= 0.92 | no |",
+		"| steady p99, at-least-once, ms | 23.5 (20.0-30.0) | <= 30.0 | yes |",
+		"| time to the first record on Kafka when a backlog waits, s | 0.20 (0.10-0.30) | <= 0.10 | no |",
 	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)

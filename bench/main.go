@@ -95,7 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, int, error) {
 	events := fs.Int("events", envInt("BENCH_EVENTS", 1_000_000), "backlog size (BENCH_EVENTS)")
 	partitions := fs.Int("partitions", envInt("BENCH_PARTITIONS", 3), "partitions per topic (BENCH_PARTITIONS)")
 	rate := fs.Int("rate", envInt("BENCH_RATE", 10_000), "steady-state events per second (BENCH_RATE)")
-	steadyFor := fs.Duration("steady", envDuration("BENCH_STEADY", time.Minute), "steady-state duration (BENCH_STEADY)")
+	steadyFor := fs.Duration("steady", envDuration("BENCH_STEADY", 20*time.Second), "steady-state duration of each round (BENCH_STEADY)")
 	bigTx := fs.Int("big-tx", envInt("BENCH_BIG_TX", -1), "events in the large transaction, 0 to skip (BENCH_BIG_TX; default: the backlog size)")
 	sides := fs.String("sides", envStr("BENCH_SIDES", strings.Join(allDrainSides, ",")), "drain sides, in order (BENCH_SIDES)")
 	steady := fs.String("steady-sides", envStr("BENCH_STEADY_SIDES", strings.Join(allSteadySides, ",")), "steady-state sides (BENCH_STEADY_SIDES)")

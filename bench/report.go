@@ -117,13 +117,52 @@ func (s spread) format(verb string) string {
 	return fmt.Sprintf(verb+" ("+verb+"-"+verb+")", s.median, s.min, s.max)
 }
 
+// steady is side's steady state: the round with the median p99 when it ran more than once.
 func (r *Report) steady(side string) *SteadyResult {
+	var ok []*SteadyResult
 	for i := range r.Steady {
 		if r.Steady[i].Side == side && r.Steady[i].Err == nil {
-			return &r.Steady[i]
+			ok = append(ok, &r.Steady[i])
+		}
+	}
+	if len(ok) == 0 {
+		return nil
+	}
+	slices.SortStableFunc(ok, func(a, b *SteadyResult) int { return cmp.Compare(a.P99, b.P99) })
+	return ok[(len(ok)-1)/2]
+}
+
+// steadyIn returns side's successful steady state of round, if any.
+func (r *Report) steadyIn(side string, round int) *SteadyResult {
+	for i := range r.Steady {
+		if s := &r.Steady[i]; s.Side == side && s.Round == round && s.Err == nil {
+			return s
 		}
 	}
 	return nil
+}
+
+// steadyRatios returns, round by round, what of returns for side's steady state against base's of
+// the same round.
+func (r *Report) steadyRatios(side, base string, of func(s, base *SteadyResult) float64) []float64 {
+	var out []float64
+	for round := range max(r.Config.Rounds, 1) {
+		if s, b := r.steadyIn(side, round), r.steadyIn(base, round); s != nil && b != nil {
+			out = append(out, of(s, b))
+		}
+	}
+	return out
+}
+
+// steadyP99s are side's steady-state p99 latencies in ms, round by round.
+func (r *Report) steadyP99s(side string) []float64 {
+	var out []float64
+	for _, s := range r.Steady {
+		if s.Side == side && s.Err == nil {
+			out = append(out, msf(s.P99))
+		}
+	}
+	return out
 }
 
 // Table renders the results as Markdown tables, ready for docs/benchmarks.md.
@@ -173,6 +212,9 @@ func (r *Report) Table() string {
 				continue
 			}
 			name := label(s.Side)
+			if r.Config.Rounds > 1 && interleavedSteady(s.Side) {
+				name += fmt.Sprintf(" (round %d)", s.Round+1)
+			}
 			if s.Rate < 0.95*float64(r.Config.Rate) {
 				name += " (the writer fell behind: lower offered load)"
 			}
@@ -194,6 +236,7 @@ func (r *Report) Table() string {
 		}
 	}
 	r.messagesTable(&b)
+	r.targetsTable(&b)
 	if p := r.Profile; p != nil {
 		if p.Err != nil {
 			fmt.Fprintf(&b, "\nProfiled in-process relay: failed: %s\n", oneLine(p.Err))
@@ -294,6 +337,70 @@ func (r *Report) roundsTable(b *strings.Builder) {
 			row(label(side)+": first record on Kafka, s", sp, values, "%.2f")
 		}
 	}
+	for _, m := range r.steadyMetrics() {
+		if sp, ok := spreadOf(m.values); ok {
+			row(m.name, sp, m.values, m.verb)
+		}
+	}
+}
+
+// metric is one measured quantity over the rounds.
+type metric struct {
+	name   string
+	values []float64
+	verb   string
+}
+
+// steadyMetrics are the steady state's compared quantities, round by round.
+func (r *Report) steadyMetrics() []metric {
+	broker := func(s, base *SteadyResult) float64 { return s.brokerPerEvent() / base.brokerPerEvent() }
+	return []metric{
+		{"steady: at-least-once broker CPU per event / tuned Debezium", r.steadyRatios(sideRelay, sideDbzTuned, broker), "%.2f"},
+		{"steady: exactly-once broker CPU per event / at-least-once", r.steadyRatios(sideRelayEOS, sideRelay, broker), "%.2f"},
+		{"steady: at-least-once p99, ms", r.steadyP99s(sideRelay), "%.1f"},
+		{"steady: exactly-once p99, ms", r.steadyP99s(sideRelayEOS), "%.1f"},
+	}
+}
+
+// target is one goal of issue 26: a quantity's median against a bound.
+type target struct {
+	what   string
+	values []float64
+	bound  float64
+	atMost bool // the median must be at most bound, else at least
+	verb   string
+}
+
+// targetsTable renders the medians against issue 26's targets (docs/benchmarks.md).
+func (r *Report) targetsTable(b *strings.Builder) {
+	steady := r.steadyMetrics()
+	targets := []target{
+		{"table-free drain vs its ceiling (pg_recvlogical with messages)", r.ratioValues(messagesVsCeiling), 0.85, false, "%.2f"},
+		{"exactly-once drain vs at-least-once", r.ratioValues(exactlyOnceVsRelay), 0.92, false, "%.2f"},
+		{"broker CPU per event, steady, at-least-once vs tuned Debezium", steady[0].values, 1.2, true, "%.2f"},
+		{"broker CPU per event, steady, exactly-once vs at-least-once", steady[1].values, 1.5, true, "%.2f"},
+		{"time to the first record on Kafka when a backlog waits, s", r.firstRecords(sideRelay), 0.1, true, "%.2f"},
+		{"table drain vs ceiling, start-up included", r.ratioValues(relayVsCeiling), 0.92, false, "%.2f"},
+		{"steady p99, at-least-once, ms", steady[2].values, 30, true, "%.1f"},
+		{"steady p99, exactly-once (read_committed), ms", steady[3].values, 40, true, "%.1f"},
+	}
+	b.WriteString("\nAgainst the targets (medians over the rounds):\n\n| what | median (range) | target | met |\n|---|---:|---:|---|\n")
+	for _, t := range targets {
+		sp, ok := spreadOf(t.values)
+		if !ok {
+			continue
+		}
+		met := sp.median >= t.bound
+		bound := ">= " + fmt.Sprintf(t.verb, t.bound)
+		if t.atMost {
+			met, bound = sp.median <= t.bound, "<= "+fmt.Sprintf(t.verb, t.bound)
+		}
+		yes := "no"
+		if met {
+			yes = "yes"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", t.what, sp.format(t.verb), bound, yes)
+	}
 }
 
 // Summary is the last line: the headline numbers for scripts. Values that were not measured are
@@ -307,7 +414,7 @@ func (r *Report) Summary() string {
 	}
 	p99, rss, big := "n/a", "n/a", "n/a"
 	if s := r.steady(sideRelay); s != nil {
-		p99 = fmt.Sprintf("%.0f", msf(s.P99))
+		p99 = fmt.Sprintf("%.0f", msf(s.P99)) // the round with the median p99
 		rss = fmt.Sprintf("%.0f", mb(s.PeakRSS))
 	}
 	if r.BigTx != nil && r.BigTx.Err == nil {

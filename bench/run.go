@@ -62,13 +62,18 @@ type Config struct {
 	// ProducerFor is how long each client-side producer run (outbox.Write, outbox.Emit) commits
 	// one-event transactions; 0 skips them.
 	ProducerFor time.Duration
-	// Rounds is how many times the compared drain sides run, interleaved (A B A B ...), each round
-	// on slots created before the backlog, so that one noisy minute cannot decide a ratio: the
-	// ceiling, the relay and the exactly-once relay, and the message mode's two drains. The
-	// report gives the median and range of each ratio over the rounds. Debezium, the poller and
-	// the lost-slot recovery drain once (their gaps to the relay are large). 0 means 1.
+	// Rounds is how many times the compared sides run, interleaved (A B A B ...), so that one noisy
+	// minute cannot decide a ratio: the drains of the ceiling, the relay and the exactly-once relay
+	// (each round on slots created before the backlog) and the message mode's two, then the steady
+	// states of the relay in both modes and tuned Debezium (SteadyFor each). The report gives the
+	// median and range of each ratio over the rounds. Debezium's drains, the poller and the
+	// lost-slot recovery run once (their gaps to the relay are large). 0 means 1.
 	Rounds int
 }
+
+// interleavedSteady reports whether a steady-state side runs once per round: the relay in both
+// delivery modes and tuned Debezium, whose broker cost and latency are compared; the poller once.
+func interleavedSteady(side string) bool { return side != sidePoll }
 
 // maxRounds keeps the slots of every round within the bench server's max_replication_slots.
 const maxRounds = 10
@@ -306,14 +311,22 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 			return rep, err
 		}
 	}
-	for _, s := range b.cfg.Steady {
-		r := b.steady(ctx, s)
-		rep.Steady = append(rep.Steady, r)
-		b.logf("%s", r.line())
-		if ctx.Err() != nil {
-			return rep, ctx.Err()
+	for round := range b.rounds() {
+		b.round = round
+		for _, s := range b.cfg.Steady {
+			if round > 0 && !interleavedSteady(s) {
+				continue
+			}
+			r := b.steady(ctx, s)
+			r.Round = round
+			rep.Steady = append(rep.Steady, r)
+			b.logf("%s", r.line())
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
 		}
 	}
+	b.round = 0
 	if b.cfg.ProfileDir != "" && rep.Profile.Err == nil && len(b.cfg.Steady) > 0 {
 		if _, err := b.profileRelay(ctx, true); err != nil {
 			rep.Profile.Err = err

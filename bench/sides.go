@@ -330,7 +330,7 @@ func (b *bench) startDebezium(name string, tuned bool, slot, prefix string) (*ch
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(b.work, name)
+	dir := filepath.Join(b.work, name+b.roundSuffix("-")) // each round its own offsets file and connector name
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -373,7 +373,12 @@ type SteadyResult struct {
 	BrokerCPU     time.Duration // the Kafka broker's, during the measured window
 	Window        time.Duration
 	PeakRSS       int64 // over the side's whole life (start-up, warm-up, window)
+	Round         int   // the round (Config.Rounds), from 0
 	Err           error
+}
+
+func (r SteadyResult) brokerPerEvent() float64 {
+	return r.BrokerCPU.Seconds() / float64(max(r.Written, 1))
 }
 
 func (r SteadyResult) line() string {
