@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -314,5 +315,36 @@ func TestRoundsReportTheMedianOfEachRoundsRatio(t *testing.T) {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
+	}
+}
+
+// Each round drains on its own slot, into its own topics, logs to its own file and gives Debezium
+// its own Connect directory: a later round that shared the first one's offsets file resumed from
+// them and never streamed its slot. The first round keeps the names of a run without rounds.
+func TestEachRoundHasItsOwnSlotTopicsLogAndConnectDirectory(t *testing.T) {
+	b := &bench{run: "b1", work: "/w", cfg: Config{Rounds: 3}}
+	type names struct{ slot, topics, log, connect string }
+	at := func(round int) names {
+		b.round = round
+		return names{b.slot(sideDbzTuned), b.topicPrefix(sideDbzTuned), b.logPath(sideDbzTuned), b.connectDir(sideDbzTuned)}
+	}
+	if got, want := at(0), (names{"b1_debezium_tuned", "b1.debezium-tuned", "/w/debezium-tuned.log", "/w/debezium-tuned"}); got != want {
+		t.Errorf("round 1: %+v, want %+v", got, want)
+	}
+	first, second, third := at(0), at(1), at(2)
+	for _, pair := range [][2]names{{first, second}, {second, third}, {first, third}} {
+		a, c := pair[0], pair[1]
+		if a.slot == c.slot || a.topics == c.topics || a.log == c.log || a.connect == c.connect {
+			t.Errorf("two rounds share a name: %+v and %+v", a, c)
+		}
+	}
+	var ran []string
+	if err := b.eachRound(context.Background(), []string{sideCeiling, sideDbzTuned}, interleaved, func(s string) {
+		ran = append(ran, fmt.Sprintf("%s@%d", s, b.round))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ceiling@0", "debezium-tuned@0", "ceiling@1", "ceiling@2"}; !slices.Equal(ran, want) || b.round != 0 {
+		t.Errorf("ran %v (round left at %d), want %v and round 0", ran, b.round, want)
 	}
 }

@@ -267,22 +267,14 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 	if err := b.warmBroker(ctx, min(200_000, max(20_000, 10*b.cfg.Events))); err != nil {
 		return nil, err
 	}
-	for round := range b.rounds() {
-		b.round = round
-		for _, s := range b.cfg.Sides {
-			if round > 0 && !interleaved(s) {
-				continue
-			}
-			r := b.drain(ctx, s)
-			r.Round = round
-			rep.Drains = append(rep.Drains, r)
-			b.logf("%s", r.line())
-			if ctx.Err() != nil {
-				return rep, ctx.Err()
-			}
-		}
+	if err := b.eachRound(ctx, b.cfg.Sides, interleaved, func(s string) {
+		r := b.drain(ctx, s)
+		r.Round = b.round
+		rep.Drains = append(rep.Drains, r)
+		b.logf("%s", r.line())
+	}); err != nil {
+		return rep, err
 	}
-	b.round = 0
 	// The profiled drain runs after every side has drained and dropped its slot... except its own:
 	// the steady-state and large-transaction writes below would otherwise land in it.
 	if b.cfg.ProfileDir != "" {
@@ -311,22 +303,14 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 			return rep, err
 		}
 	}
-	for round := range b.rounds() {
-		b.round = round
-		for _, s := range b.cfg.Steady {
-			if round > 0 && !interleavedSteady(s) {
-				continue
-			}
-			r := b.steady(ctx, s)
-			r.Round = round
-			rep.Steady = append(rep.Steady, r)
-			b.logf("%s", r.line())
-			if ctx.Err() != nil {
-				return rep, ctx.Err()
-			}
-		}
+	if err := b.eachRound(ctx, b.cfg.Steady, interleavedSteady, func(s string) {
+		r := b.steady(ctx, s)
+		r.Round = b.round
+		rep.Steady = append(rep.Steady, r)
+		b.logf("%s", r.line())
+	}); err != nil {
+		return rep, err
 	}
-	b.round = 0
 	if b.cfg.ProfileDir != "" && rep.Profile.Err == nil && len(b.cfg.Steady) > 0 {
 		if _, err := b.profileRelay(ctx, true); err != nil {
 			rep.Profile.Err = err
@@ -341,6 +325,25 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 		b.logf("%s", r.line())
 	}
 	return rep, ctx.Err()
+}
+
+// eachRound runs every side once per round, in turn (A B A B ...), with b.round set; after the
+// first round only the sides repeat names. It stops when ctx ends, and leaves b.round at 0.
+func (b *bench) eachRound(ctx context.Context, sides []string, repeat func(string) bool, run func(side string)) error {
+	defer func() { b.round = 0 }()
+	for round := range b.rounds() {
+		b.round = round
+		for _, s := range sides {
+			if round > 0 && !repeat(s) {
+				continue
+			}
+			run(s)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+		}
+	}
+	return nil
 }
 
 // prepareSides creates the slots (or the lost slot's record) and topics of this round's sides.

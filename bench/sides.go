@@ -335,13 +335,17 @@ func (b *bench) startRelay(name, slot, prefix string, extra ...string) (*child, 
 	}, b.cfg.RelayBin, args...)
 }
 
+// connectDir holds a Debezium side's Connect configuration and offsets file, one per round: a
+// round that found the one before's offsets resumed from them and never streamed its own slot.
+func (b *bench) connectDir(name string) string { return filepath.Join(b.work, name+b.roundSuffix("-")) }
+
 // startDebezium writes a Connect worker and connector configuration and starts the worker.
 func (b *bench) startDebezium(name string, tuned bool, slot, prefix string) (*child, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(b.work, name+b.roundSuffix("-")) // each round its own offsets file and connector name
+	dir := b.connectDir(name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}

@@ -50,29 +50,49 @@ func (b *bench) warmBroker(ctx context.Context, records int) error {
 // publishBurst publishes n events as fast as an in-process sink takes them and waits for Kafka's
 // acknowledgements.
 func (b *bench) publishBurst(ctx context.Context, cfg sink.Config, n int, prefix string) error {
-	s, err := sink.New(cfg, zap.NewNop(), metrics.New(prometheus.NewRegistry()))
+	s, err := openWarmSink(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	if err := s.WaitReady(ctx); err != nil {
-		_ = s.Close(ctx)
-		return err
-	}
-	payload := []byte(`{"note":"` + strings.Repeat("x", 280) + `"}`)
 	for i := range n {
-		ev := &decoder.Event{
-			ID: fmt.Appendf(nil, "%s-%d", prefix, i), AggregateType: []byte(aggregateTypes[i%len(aggregateTypes)]),
-			AggregateID: fmt.Appendf(nil, "agg-%d", i%1000), EventType: []byte("Warm"), Payload: payload,
-			Tx: decoder.TxInfo{CommitLSN: pglogrepl.LSN(i/20 + 1), CommitTime: time.Now()},
-		}
-		if err := s.Publish(ctx, ev, noAck{}); err != nil {
+		if err := s.Publish(ctx, warmEvent(prefix, i, i/20), noAck{}); err != nil { // 20 events per commit
 			_ = s.Close(ctx)
 			return err
 		}
 	}
+	return closeWarmSink(ctx, s)
+}
+
+// openWarmSink starts an in-process sink for the warm-ups.
+func openWarmSink(ctx context.Context, cfg sink.Config) (*sink.Sink, error) {
+	s, err := sink.New(cfg, zap.NewNop(), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.WaitReady(ctx); err != nil {
+		_ = s.Close(ctx)
+		return nil, err
+	}
+	return s, nil
+}
+
+// closeWarmSink waits (a minute at most) for Kafka to acknowledge what the warm-up published.
+func closeWarmSink(ctx context.Context, s *sink.Sink) error {
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return s.Close(cctx)
+}
+
+// warmPayload is a warm-up event's payload, about the size of the backlog's.
+var warmPayload = []byte(`{"note":"` + strings.Repeat("x", 280) + `"}`)
+
+// warmEvent is the warm-ups' n-th event, of the PostgreSQL transaction tx.
+func warmEvent(prefix string, n, tx int) *decoder.Event {
+	return &decoder.Event{
+		ID: fmt.Appendf(nil, "%s-%d", prefix, n), AggregateType: []byte(aggregateTypes[n%len(aggregateTypes)]),
+		AggregateID: fmt.Appendf(nil, "agg-%d", n%1000), EventType: []byte("Warm"), Payload: warmPayload,
+		Tx: decoder.TxInfo{CommitLSN: pglogrepl.LSN(tx + 1), CommitTime: time.Now()},
+	}
 }
 
 // warmSteady runs the steady state's kind of traffic through throwaway topics before the first
@@ -111,36 +131,23 @@ func (b *bench) warmSteady(ctx context.Context, d time.Duration) error {
 
 // publishFor publishes events at the steady rate through an in-process sink for d.
 func (b *bench) publishFor(ctx context.Context, cfg sink.Config, d time.Duration) error {
-	s, err := sink.New(cfg, zap.NewNop(), metrics.New(prometheus.NewRegistry()))
+	s, err := openWarmSink(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	if err := s.WaitReady(ctx); err != nil {
-		_ = s.Close(ctx)
-		return err
-	}
-	payload := []byte(`{"note":"` + strings.Repeat("x", 280) + `"}`)
 	start, n := time.Now(), 0
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for time.Since(start) < d && ctx.Err() == nil {
 		<-tick.C
 		for due := int(time.Since(start).Seconds() * float64(b.cfg.Rate)); n < due; n++ {
-			typ := aggregateTypes[n%len(aggregateTypes)]
-			ev := &decoder.Event{
-				ID: fmt.Appendf(nil, "warm-%d", n), AggregateType: []byte(typ), AggregateID: fmt.Appendf(nil, "agg-%d", n%1000),
-				EventType: []byte("Warm"), Payload: payload,
-				Tx: decoder.TxInfo{CommitLSN: pglogrepl.LSN(n + 1), CommitTime: time.Now()},
-			}
-			if err := s.Publish(ctx, ev, noAck{}); err != nil {
+			if err := s.Publish(ctx, warmEvent("warm", n, n), noAck{}); err != nil {
 				_ = s.Close(ctx)
 				return err
 			}
 		}
 	}
-	cctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	return s.Close(cctx)
+	return closeWarmSink(ctx, s)
 }
 
 type noAck struct{}

@@ -355,10 +355,7 @@ func TestAHaltHoldsAtTheEarliestRefusedRecordWhateverOrderRefusalsArriveIn(t *te
 		return 0
 	}
 	fb.mu.Unlock()
-	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
-		Policy: sink.Halt, Linger: -1, WriteTimeout: 5 * time.Second,
-	})
+	s := newHaltingSink(t, fb)
 	a := &acker{}
 	s.publish(t, newEvent("b1", []byte("B"), "K", "X", []byte(`{}`)), a)
 	time.Sleep(50 * time.Millisecond)
@@ -414,10 +411,7 @@ func TestAHaltedSinkClosesWithoutWaitingForARecordBehindTheHalt(t *testing.T) {
 		return 0
 	}
 	fb.mu.Unlock()
-	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
-		Policy: sink.Halt, Linger: -1, WriteTimeout: 5 * time.Second,
-	})
+	s := newHaltingSink(t, fb)
 	a := &acker{}
 	s.publish(t, newEvent("a1", []byte("A"), "J", "X", []byte(`{}`)), a)
 	s.publish(t, newEvent("b1", []byte("B"), "K", "X", []byte(`{}`)), a)
@@ -439,4 +433,13 @@ func TestAHaltedSinkClosesWithoutWaitingForARecordBehindTheHalt(t *testing.T) {
 	if n := a.n.Load(); n != 0 {
 		t.Errorf("%d events acknowledged, want none: a1 is the halted one and b1 is behind it", n)
 	}
+}
+
+// newHaltingSink is a sink on fb that halts on a refused record, topics named by aggregate type,
+// every record sent at once.
+func newHaltingSink(t *testing.T, fb *fakeBroker) *testSink {
+	return newSink(t, "", sink.Config{
+		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
+		Policy: sink.Halt, Linger: -1, WriteTimeout: 5 * time.Second,
+	})
 }
