@@ -105,10 +105,11 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 			t.Errorf("implausible steady state of %s: %+v", side, s)
 		}
 	}
-	if p := rep.Profile; p == nil || p.Drain.AllocsPerEvent <= 0 || p.Steady == nil || p.Steady.AllocsPerEvent <= 0 || p.Drain.PeakHeap == 0 {
+	if p := rep.Profile; p == nil || p.Drain.AllocsPerEvent <= 0 || p.Steady == nil || p.Steady.AllocsPerEvent <= 0 || p.Drain.PeakHeap == 0 ||
+		p.Messages == nil || p.Messages.AllocsPerEvent <= 0 || p.Messages.Wall <= 0 {
 		t.Errorf("no profile stats: %+v", rep.Profile)
 	}
-	for _, phase := range []string{"drain", "steady"} {
+	for _, phase := range []string{"drain", "messages", "steady"} {
 		for _, name := range []string{"cpu", "allocs", "mutex", "block"} {
 			file := phase + "-" + name + ".pprof"
 			if fi, err := os.Stat(filepath.Join(profiles, file)); err != nil || fi.Size() == 0 {

@@ -24,6 +24,7 @@ import (
 const (
 	sideMsgCeiling = "msg-ceiling"
 	sideMsgRelay   = "msg-relay"
+	sideMsgProfile = "msg-profile" // the in-process relay under pprof (BENCH_PROFILE)
 )
 
 // MessagesResult is the message mode's part of a run.
@@ -70,6 +71,16 @@ func (b *bench) messages(ctx context.Context) *MessagesResult {
 		}
 	}
 	b.round = 0
+	if b.cfg.ProfileDir != "" {
+		if err := createSlot(ctx, b.pool, b.slot(sideMsgProfile)); err != nil {
+			res.Err = err
+			return res
+		}
+		if err := b.createTopics(ctx, sideMsgProfile); err != nil {
+			res.Err = err
+			return res
+		}
+	}
 	b.logf("writing the backlog of %d events again, as logical decoding messages with prefix %s", b.cfg.Events, b.prefix)
 	from, err := currentLSN(ctx, b.pool)
 	if err != nil {
@@ -111,6 +122,16 @@ func (b *bench) messages(ctx context.Context) *MessagesResult {
 		}
 	}
 	b.round = 0
+	if b.cfg.ProfileDir != "" {
+		err := b.profileMessages(ctx, b.slot(sideMsgProfile), end)
+		_ = dropSlot(ctx, b.pool, b.slot(sideMsgProfile)) // the producers' writes below would land in it
+		if err != nil {
+			b.logf("%v", err)
+			if b.profile != nil && b.profile.Err == nil {
+				b.profile.Err = err
+			}
+		}
+	}
 
 	if b.cfg.ProducerFor > 0 {
 		for _, mode := range []string{"table", "messages"} {

@@ -27,10 +27,11 @@ import (
 // Profile is what the in-process relay measured besides its pprof files: once draining the
 // backlog, once under the steady-state rate.
 type Profile struct {
-	Dir    string
-	Drain  ProfileRun
-	Steady *ProfileRun
-	Err    error
+	Dir      string
+	Drain    ProfileRun
+	Messages *ProfileRun // the table-free outbox's drain (messages-*.pprof), when messages are measured
+	Steady   *ProfileRun
+	Err      error
 }
 
 // ProfileRun is one profiled phase. Allocation counts cover the whole process, so the harness's
@@ -58,6 +59,9 @@ func (p ProfileRun) line() string {
 
 func (p Profile) line() string {
 	s := "drain: " + p.Drain.line()
+	if p.Messages != nil {
+		s += "; table-free drain: " + p.Messages.line()
+	}
 	if p.Steady != nil {
 		s += "; steady state: " + p.Steady.line()
 	}
@@ -108,6 +112,38 @@ func (b *bench) profileRelay(ctx context.Context, steady bool) (*Profile, error)
 		return p, fmt.Errorf("profiled steady state: %w", err)
 	}
 	return p, nil
+}
+
+// profileMessages drains the message backlog (up to end) with an in-process relay in the
+// table-free mode, over slot, created before the backlog: messages-*.pprof.
+func (b *bench) profileMessages(ctx context.Context, slot string, end uint64) error {
+	if err := os.MkdirAll(b.cfg.ProfileDir, 0o755); err != nil {
+		return err
+	}
+	if b.profile == nil {
+		b.profile = &Profile{Dir: b.cfg.ProfileDir}
+	}
+	b.profile.Messages = &ProfileRun{}
+	b.logf("draining the message backlog with an in-process relay under pprof")
+	err := b.profiled("messages", int64(b.cfg.Events), b.profile.Messages, func() error {
+		cfg := b.relayConfig(slot, b.topicPrefix(sideMsgProfile))
+		cfg.Decoder.MessagePrefix, cfg.Decoder.NoTable = b.prefix, true
+		r, err := startInProcess(cfg)
+		if err != nil {
+			return err
+		}
+		defer r.stop(time.Minute)
+		res := b.waitDrained(ctx, r, sideMsgProfile, b.topics(sideMsgProfile), int64(b.cfg.Events), end)
+		b.profile.Messages.Wall = res.Wall
+		if res.Partial {
+			return fmt.Errorf("in-process relay published only %d of %d messages in %s", res.Events, b.cfg.Events, b.drainTimeout())
+		}
+		return res.Err
+	})
+	if err != nil {
+		return fmt.Errorf("profiled table-free drain: %w", err)
+	}
+	return nil
 }
 
 // profiled runs phase with CPU, mutex and block profiling on and records allocations and memory.

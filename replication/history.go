@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 )
@@ -257,20 +258,19 @@ func (s *Stream) checkSlotPosition(c slotCheck) error {
 // the column, or that the role may not write, is optional like the rest of the ledger (no relay
 // of that role records anything, so a later term only warns). Any other failure ends the session,
 // to be retried: a stale record naming this process while another relay confirmed further would
-// make this process's next term stop for nothing.
-func (s *Stream) recordHolder(ctx context.Context) error {
+// make this process's next term stop for nothing. conn is the checks' connection, if still open.
+func (s *Stream) recordHolder(ctx context.Context, conn *pgx.Conn) error {
 	if s.mem == nil || s.holderRecorded {
 		return nil
 	}
-	conn, err := s.cfg.Connect(ctx)
-	if err != nil {
-		return fmt.Errorf("record in the slot ledger that this process streams slot %q: %w", s.cfg.Slot, err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	exists, err := s.ledger.Exists(ctx, conn)
-	if err == nil && exists {
-		err = s.ledger.RecordHolder(ctx, conn, s.cfg.Slot, s.mem.token)
-	}
+	var exists bool
+	err := s.onLedgerConn(ctx, conn, func(conn *pgx.Conn) error {
+		var err error
+		if exists, err = s.ledger.Exists(ctx, conn); err == nil && exists {
+			err = s.ledger.RecordHolder(ctx, conn, s.cfg.Slot, s.mem.token)
+		}
+		return err
+	})
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil && !exists:

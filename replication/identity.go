@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 )
 
@@ -95,20 +96,20 @@ func (s *Stream) supersededError(id, prev, recorded Identity) error {
 
 // recordIdentity notes the server in the ledger, so that a restart still recognises another
 // cluster or a failover. Like the rest of the ledger it is optional: failing is worth a warning.
-func (s *Stream) recordIdentity(ctx context.Context) {
+func (s *Stream) recordIdentity(ctx context.Context, conn *pgx.Conn) {
 	if ctx.Err() != nil {
 		return // stopping: the next session records it (and a warning now would blame the ledger)
 	}
-	conn, err := s.cfg.Connect(ctx)
-	if err == nil {
-		defer conn.Close(context.WithoutCancel(ctx))
-		var exists bool
-		if exists, err = s.ledger.Exists(ctx, conn); err == nil && !exists {
-			return // recordSlot warned when it created the slot
-		}
-		if err == nil {
+	exists := true
+	err := s.onLedgerConn(ctx, conn, func(conn *pgx.Conn) error {
+		var err error
+		if exists, err = s.ledger.Exists(ctx, conn); err == nil && exists {
 			err = s.ledger.RecordIdentity(ctx, conn, s.cfg.Slot, s.identity)
 		}
+		return err
+	})
+	if err == nil && !exists {
+		return // recordSlot warned when it created the slot
 	}
 	if err != nil {
 		// Every session tries again (a passing outage heals), but says so once per server: a
@@ -140,4 +141,21 @@ func (s *Stream) confirmable() pglogrepl.LSN {
 		safe = min(safe, s.serverEnd)
 	}
 	return max(safe, s.floor)
+}
+
+// onLedgerConn runs fn, a write to the slot ledger, on conn (the checks' connection, kept open for
+// the start's writes: a connection saved is a handshake saved), or on a connection of its own when
+// conn is nil or failed under fn: a long BeforeStream (a backfill) may have outlived it.
+func (s *Stream) onLedgerConn(ctx context.Context, conn *pgx.Conn, fn func(*pgx.Conn) error) error {
+	if conn != nil && !conn.IsClosed() {
+		if err := fn(conn); err == nil || ctx.Err() != nil || !conn.IsClosed() {
+			return err // the connection is alive: a fresh one would get the same answer
+		}
+	}
+	conn, err := s.cfg.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return fn(conn)
 }

@@ -46,7 +46,7 @@ func TestAStoppingStreamDoesNotBlameTheLedger(t *testing.T) {
 		identity: Identity{SystemID: "1", Timeline: 1}}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	s.recordIdentity(ctx)
+	s.recordIdentity(ctx, nil)
 	if logs.Len() != 0 {
 		t.Fatalf("a stopping stream logged %q", logs.All()[0].Message)
 	}
@@ -67,7 +67,7 @@ func TestALaterTermKnowsWhatTheLedgerHolds(t *testing.T) {
 	if err := first.recordSlot(ctx, 0x1234); err != nil {
 		t.Fatal(err)
 	}
-	first.recordIdentity(ctx)
+	first.recordIdentity(ctx, nil)
 
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
@@ -99,4 +99,67 @@ func TestALaterTermKnowsWhatTheLedgerHolds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAStartsLedgerWritesOutliveTheChecksConnection: the start writes the server's identity and
+// its holder to the ledger on the checks' connection, kept open for them, which a long
+// BeforeStream (a backfill) may outlive: closed, or ended by the server. The writes then go
+// through a connection of their own; a holder left unrecorded would end the session.
+func TestAStartsLedgerWritesOutliveTheChecksConnection(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, tt := range []struct {
+		name string
+		conn func(t *testing.T) *pgx.Conn // the checks' connection as the writes find it
+	}{
+		{"open", func(t *testing.T) *pgx.Conn { return connect(t, dsn) }},
+		{"none", func(t *testing.T) *pgx.Conn { return nil }},
+		{"closed by the relay", func(t *testing.T) *pgx.Conn {
+			c := connect(t, dsn)
+			c.Close(ctx)
+			return c
+		}},
+		{"ended by the server", func(t *testing.T) *pgx.Conn {
+			c := connect(t, dsn)
+			if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", c.PgConn().PID()); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			slot := testenv.UniqueName(t, "slot")
+			id := Identity{SystemID: "7", Timeline: 3}
+			s := &Stream{cfg: Config{DSN: dsn, Slot: slot}, log: zaptest.NewLogger(t), ledger: NewLedger("public"), identity: id, mem: NewMemory()}
+			if err := s.recordSlot(ctx, 0x1234); err != nil {
+				t.Fatal(err)
+			}
+			conn := tt.conn(t)
+			s.recordIdentity(ctx, conn)
+			if err := s.recordHolder(ctx, conn); err != nil {
+				t.Fatalf("recordHolder: %v", err)
+			}
+			if recorded, known, err := s.ledger.Identity(ctx, admin, slot); err != nil || !known || recorded != id {
+				t.Errorf("ledger identity %+v (known %v, %v), want %+v", recorded, known, err, id)
+			}
+			if holder, ok, err := s.ledger.Holder(ctx, admin, slot); err != nil || !ok || holder != s.mem.token {
+				t.Errorf("ledger holder %q (ok %v, %v), want this process's %q", holder, ok, err, s.mem.token)
+			}
+		})
+	}
+}
+
+func connect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
 }

@@ -399,33 +399,23 @@ func backoff(attempt int) time.Duration {
 
 // session runs one replication connection from its checks to its end.
 func (s *Stream) session(ctx context.Context, out chan<- Message) error {
-	checked, err := s.prepare(ctx)
-	if err != nil {
-		return err
-	}
-	slot := checked.slot
 	conf, err := s.cfg.ConnConfig()
 	if err != nil {
 		return Fatal(err)
 	}
-	rcfg := &conf.Config
-	rcfg.RuntimeParams["replication"] = "database"
-	// pgoutput sends values in their text form, which for bytea follows the session's bytea_output,
-	// and ALTER DATABASE/ROLE ... SET bytea_output = 'escape' reaches the walsender too: the
-	// decoder reads hex. Startup options win over database and role settings.
-	rcfg.RuntimeParams["bytea_output"] = "hex"
-	// Timestamps (columns.timestamp) are read in the ISO format, whatever DateStyle the database
-	// or role sets.
-	rcfg.RuntimeParams["DateStyle"] = "ISO"
-	// pgproto3 reads the socket 8 KiB at a time; a busy stream is tens of MB/s, so read it in
-	// larger pieces and spare the syscalls.
-	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		return pgproto3.NewFrontend(bufio.NewReaderSize(r, 256<<10), w)
+	// The replication connection is dialled while the checks run: a connection's handshake (a
+	// backend forked, SCRAM) is the larger part of a start. Nothing is asked on it before they pass.
+	dialled := s.dialReplication(ctx, conf)
+	checked, err := s.prepare(ctx)
+	if err != nil {
+		dialled.discard()
+		return err
 	}
-	if _, ok := rcfg.RuntimeParams["application_name"]; !ok {
-		rcfg.RuntimeParams["application_name"] = "outbox-relay"
-	}
-	s.conn, err = pgconn.ConnectConfig(ctx, rcfg)
+	// The checks' connection then serves the ledger's writes of this start, and closes once the
+	// session streams.
+	defer checked.closeConn(ctx)
+	slot := checked.slot
+	s.conn, err = dialled.wait(ctx)
 	if err != nil {
 		return classifyConnect(err, "replication")
 	}
@@ -472,7 +462,7 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		}
 	}
 	if s.identity != s.ledgerIdentity {
-		s.recordIdentity(ctx)
+		s.recordIdentity(ctx, checked.conn)
 	}
 	if s.cfg.BeforeStream != nil && !s.streamed {
 		// The exported snapshot stays valid until the next command on this connection, so the hook
@@ -515,9 +505,10 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	s.setup(nil)
 	s.streamed = true
 	s.mem.note(s.cfg.Slot, s.identity, s.serverEnd, s.floor, 0, false)
-	if err := s.recordHolder(ctx); err != nil {
+	if err := s.recordHolder(ctx, checked.conn); err != nil {
 		return err
 	}
+	checked.closeConn(ctx)
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
 		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval),
 		zap.Duration("receive_timeout", s.receiveTimeout))
@@ -530,6 +521,8 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 
 // checked is what prepare learned on the checks' ordinary connection.
 type checked struct {
+	// conn is the checks' connection, still open (closeConn closes it).
+	conn *pgx.Conn
 	slot SlotInfo
 	// recorded is, on the process's first session, the server the ledger says the slot was last
 	// streamed from (zero when it recorded nothing).
@@ -550,8 +543,13 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 	if err != nil {
 		return checked{}, classifyConnect(err, "checks")
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var c checked
+	c := checked{conn: conn}
+	ok := false
+	defer func() {
+		if !ok {
+			c.closeConn(ctx)
+		}
+	}()
 	c.recorded = s.readLedgerIdentity(ctx, conn)
 	// pg_control_system() is executable by PUBLIC by default; where it was revoked, the comparison
 	// on the replication connection (IDENTIFY_SYSTEM) still refuses another cluster, only later.
@@ -576,7 +574,75 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 			c.holderOK = false
 		}
 	}
+	ok = true
 	return c, nil
+}
+
+// closeConn closes the checks' connection, if still open.
+func (c *checked) closeConn(ctx context.Context) {
+	if c.conn != nil {
+		c.conn.Close(context.WithoutCancel(ctx))
+		c.conn = nil
+	}
+}
+
+// dialling is a replication connection being opened (dialReplication).
+type dialling struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	conn   *pgconn.PgConn
+	err    error
+}
+
+// dialReplication opens the replication connection in the background.
+func (s *Stream) dialReplication(ctx context.Context, conf *pgx.ConnConfig) *dialling {
+	rcfg := &conf.Config
+	rcfg.RuntimeParams["replication"] = "database"
+	// pgoutput sends values in their text form, which for bytea follows the session's bytea_output,
+	// and ALTER DATABASE/ROLE ... SET bytea_output = 'escape' reaches the walsender too: the
+	// decoder reads hex. Startup options win over database and role settings.
+	rcfg.RuntimeParams["bytea_output"] = "hex"
+	// Timestamps (columns.timestamp) are read in the ISO format, whatever DateStyle the database
+	// or role sets.
+	rcfg.RuntimeParams["DateStyle"] = "ISO"
+	// pgproto3 reads the socket 8 KiB at a time; a busy stream is tens of MB/s, so read it in
+	// larger pieces and spare the syscalls.
+	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return pgproto3.NewFrontend(bufio.NewReaderSize(r, 256<<10), w)
+	}
+	if _, ok := rcfg.RuntimeParams["application_name"]; !ok {
+		rcfg.RuntimeParams["application_name"] = "outbox-relay"
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	d := &dialling{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		d.conn, d.err = pgconn.ConnectConfig(ctx, rcfg)
+	}()
+	return d
+}
+
+// wait returns the connection once it is open.
+func (d *dialling) wait(ctx context.Context) (*pgconn.PgConn, error) {
+	defer d.cancel()
+	select {
+	case <-d.done:
+		return d.conn, d.err
+	case <-ctx.Done():
+		d.discard()
+		return nil, ctx.Err()
+	}
+}
+
+// discard gives the connection up: the dial ends at once, and what it opened is closed.
+func (d *dialling) discard() {
+	d.cancel()
+	<-d.done // the dial honours its cancelled context
+	if d.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second) // an unused connection: the goodbye goes out at once
+		defer cancel()
+		d.conn.Close(ctx)
+	}
 }
 
 // readLedgerIdentity learns the server the ledger says the slot was last streamed from, until

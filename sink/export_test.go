@@ -25,3 +25,6 @@ func OpenPositionTransaction(ctx context.Context, s *Sink, pos Position) error {
 // SetStableWait sets how long ReadPosition waits for other producers' open transactions in the
 // positions partition to end.
 func SetStableWait(s *Sink, d time.Duration) { s.txn.stableWait = d }
+
+// PrestartDone is closed once Prestart's attempt has ended.
+func PrestartDone(s *Sink) <-chan struct{} { return s.early.done }

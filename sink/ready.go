@@ -18,27 +18,29 @@ import (
 // returns an error only for a problem retrying cannot fix (failed authentication, a certificate the
 // relay does not trust or the broker refused) or when ctx ends.
 // It also lowers the record size limit to the broker's message.max.bytes when that is smaller.
+// After Prestart, its first attempt is the one Prestart made.
 func (s *Sink) WaitReady(ctx context.Context) error {
 	s.starting.Store(true)
 	defer s.starting.Store(false)
 	for attempt := 0; ; attempt++ {
-		// A fresh transport per attempt: a pooled one would answer from state cached while the
-		// brokers were down.
-		probe := s.newTransport()
-		client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: probe, Timeout: 10 * time.Second}
-		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
-		if err == nil && len(md.Brokers) > 0 {
-			s.answered()
-			s.adoptBrokerLimit(ctx, client, md.Brokers[0].ID)
-			probe.CloseIdleConnections()
+		var err error
+		if e := s.early; attempt == 0 && e != nil {
+			select {
+			case <-e.done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if err = e.err; err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+				err = s.reach(ctx) // Prestart's context ended, not this one: that was no attempt
+			}
+		} else {
+			err = s.reach(ctx)
+		}
+		if err == nil {
 			if attempt > 0 {
 				s.log.Info("kafka reachable", zap.Strings("brokers", s.cfg.Brokers))
 			}
 			return s.startProducer(ctx)
-		}
-		probe.CloseIdleConnections()
-		if err == nil {
-			err = errors.New("metadata lists no brokers")
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -61,6 +63,56 @@ func (s *Sink) WaitReady(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// reach asks the brokers for their metadata once, and on an answer adopts their record size limit.
+func (s *Sink) reach(ctx context.Context) error {
+	// A fresh transport per attempt: a pooled one would answer from state cached while the
+	// brokers were down.
+	probe := s.newTransport()
+	defer probe.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: probe, Timeout: 10 * time.Second}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
+	if err != nil {
+		return err
+	}
+	if len(md.Brokers) == 0 {
+		return errors.New("metadata lists no brokers")
+	}
+	s.answered()
+	s.adoptBrokerLimit(ctx, client, md.Brokers[0].ID)
+	return nil
+}
+
+// earlyStart is WaitReady's first attempt, made by Prestart.
+type earlyStart struct {
+	done chan struct{}
+	err  error // of the metadata request; nil: the brokers answered, and the producer id was asked for
+}
+
+// Prestart makes WaitReady's first attempt in the background: the brokers' metadata and record
+// size limit, then the producer id (InitProducerId; with exactly-once, with the transactional id,
+// which fences every earlier producer with it) and the positions topic. The relay calls it once it
+// leads, so these round trips overlap its PostgreSQL checks instead of following them. It decides
+// nothing: WaitReady takes its result, so a broker that is down is reported, and a refusal ends the
+// start, where they were before (after the slot exists, so a first start during a Kafka outage
+// misses nothing). The producer id is cached, refusal included, for WaitReady to report. Call it at
+// most once, before WaitReady, with a ctx that ends when the relay stops; Close waits for it.
+func (s *Sink) Prestart(ctx context.Context) {
+	e := &earlyStart{done: make(chan struct{})}
+	s.early = e
+	go func() {
+		defer close(e.done)
+		if e.err = s.reach(ctx); e.err != nil {
+			return
+		}
+		if _, err := s.ident.Get(ctx); err != nil {
+			return
+		}
+		if s.txn != nil {
+			_ = s.txn.positions.resolve(ctx) // resolved is kept; a failure is asked again
+		}
+	}()
 }
 
 // adoptBrokerLimit reads the broker's message.max.bytes so oversize records are caught before they

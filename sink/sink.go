@@ -135,6 +135,7 @@ type Sink struct {
 
 	lastAnswer atomic.Int64 // unix nanoseconds of the last answer of a broker (LastAnswer)
 	starting   atomic.Bool  // WaitReady is waiting for Kafka
+	early      *earlyStart  // WaitReady's first attempt, when Prestart made it
 }
 
 // delivery is one event on its way to Kafka.
@@ -542,6 +543,12 @@ func (s *Sink) InFlight() (events, bytes int64) { return s.limit.inFlight() }
 // Whatever is still unacknowledged then is abandoned: it was never confirmed to PostgreSQL, so it
 // is published again after a restart. Publish must not be called concurrently with or after Close.
 func (s *Sink) Close(ctx context.Context) error {
+	if e := s.early; e != nil {
+		select { // its context has ended: it stops at its next round trip's end
+		case <-e.done:
+		case <-ctx.Done():
+		}
+	}
 	var txnErr error
 	if s.txn != nil {
 		// Commit what was published; the producers then hold nothing and close at once.
