@@ -9,7 +9,8 @@ package relay
 // the committed position and gives it to the tracker as a floor: what it covers is acknowledged
 // without being published, and the slot moves past it.
 //
-// Order matters at a start: the sink's InitProducerID (in WaitReady, before the first session)
+// Order matters at a start: the sink's InitProducerID (in WaitReady, after the checks found the
+// slot free, never in Prestart, and before the first session)
 // fences every earlier producer with the transactional id and ends its open transaction, so the
 // position read afterwards cannot move any more except by this relay's own commits.
 

@@ -2,13 +2,19 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -101,5 +107,59 @@ func TestExactlyOnceConfirmsNothingOfAKafkaTransactionBeforeItCommits(t *testing
 			t.Fatalf("the slot was not confirmed past the transaction within a minute (confirmed %s, committed %v)", confirmed, committed)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestARelayThatFindsTheSlotStreamedFencesNothing: a relay that starts while another streams its
+// slot (one run without the leader election, a second instance misconfigured onto the same slot)
+// is refused by the checks; before them it must not have asked Kafka for the transactional id's
+// producer, which would fence the relay that streams (it would stop with ErrSuperseded, and its
+// open transaction would be aborted). The start's Kafka round trips that run alongside the checks
+// (sink.Prestart) leave the transactional id alone.
+func TestARelayThatFindsTheSlotStreamedFencesNothing(t *testing.T) {
+	k := testenv.SharedKafka(t)
+	f := newFixture(t, testenv.SharedPostgres(t), k.Brokers(), 1)
+	cfg := f.config()
+	cfg.Sink.Transactions = &sink.Transactions{ID: f.slot, Interval: 200 * time.Millisecond, PositionsTopic: testenv.UniqueName(t, "positions")}
+	cfg.Replication.SlotBusyWait = time.Second
+	stop := f.start(cfg)
+	ctx := context.Background()
+	if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	f.verifyCommitted(30 * time.Second)
+
+	second, err := relay.New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := second.Run(rctx); !errors.Is(err, replication.ErrSlotActive) {
+		t.Fatalf("the second relay ended with %v, want %v", err, replication.ErrSlotActive)
+	}
+	if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: "after"}); err != nil {
+		t.Fatal(err)
+	}
+	f.verifyCommitted(30 * time.Second) // the first relay still publishes
+	if err := stop(); err != nil {
+		t.Errorf("the relay streaming the slot ended with %v", err)
+	}
+}
+
+// verifyCommitted reads every topic as a read_committed consumer until each written event arrived
+// (or timeout), and checks that each did once, in order.
+func (f *fixture) verifyCommitted(timeout time.Duration) {
+	f.t.Helper()
+	written := f.outbox.Written()
+	c := harness.NewCommittedConsumer(f.brokers, harness.Topics(written, nil)...)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := c.ReadUntil(ctx, time.Second, func(recs []harness.Record) bool {
+		return harness.Verify(written, recs, nil).Missing == 0
+	})
+	if rep := harness.Verify(written, c.Records(), nil); err != nil || !rep.OK() || rep.Duplicates > 0 {
+		f.t.Fatalf("delivery check failed (read error: %v): %s", err, rep)
 	}
 }

@@ -253,11 +253,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		piped <- err
 	}()
 
-	if !r.kafkaReady {
-		// Kafka's part of the start (metadata, producer id) overlaps PostgreSQL's checks; the
-		// verdict stays in beforeStream, after the slot exists.
-		r.sink.Prestart(reading)
-	}
+	// Kafka's part of the start (metadata, the idempotent producer's id) overlaps PostgreSQL's
+	// checks; the verdict stays in beforeStream, after the slot exists.
+	r.sink.Prestart(reading)
 	streamErr := r.stream.Run(reading, msgs)
 	if streamErr == nil {
 		// Keep reporting while Kafka acknowledges what is in flight, then report the final position.

@@ -472,8 +472,14 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		if s.lost != nil {
 			exported = ""
 		}
+		waited := time.Now()
 		if err := s.cfg.BeforeStream(ctx, exported); err != nil {
 			return err
+		}
+		if time.Since(waited) > checksConnIdle {
+			// A long wait (Kafka down, a backfill): a connection idle that long may have been cut
+			// silently on the way (a NAT's idle timeout), and a write on it would hang.
+			checked.closeConn(ctx)
 		}
 	}
 	if s.lost != nil {
@@ -577,6 +583,10 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 	ok = true
 	return c, nil
 }
+
+// checksConnIdle is how long the checks' connection may have idled for the start's last ledger
+// write to reuse it (a connection costs a backend fork and a handshake: a tenth of a start).
+const checksConnIdle = 10 * time.Second
 
 // closeConn closes the checks' connection, if still open.
 func (c *checked) closeConn(ctx context.Context) {

@@ -30,8 +30,10 @@ func (s *Sink) WaitReady(ctx context.Context) error {
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-			if err = e.err; err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-				err = s.reach(ctx) // Prestart's context ended, not this one: that was no attempt
+			if err = e.err; err != nil && (e.stopped || time.Since(e.ended) > earlyFresh) {
+				// Prestart's context ended (that was no attempt), or its failure is old news (a
+				// session that failed on PostgreSQL's side is retried after a while).
+				err = s.reach(ctx)
 			}
 		} else {
 			err = s.reach(ctx)
@@ -86,31 +88,34 @@ func (s *Sink) reach(ctx context.Context) error {
 
 // earlyStart is WaitReady's first attempt, made by Prestart.
 type earlyStart struct {
-	done chan struct{}
-	err  error // of the metadata request; nil: the brokers answered, and the producer id was asked for
+	done    chan struct{}
+	err     error     // of the metadata request; nil: the brokers answered
+	stopped bool      // Prestart's context had ended
+	ended   time.Time // when the attempt ended
 }
 
+// earlyFresh is how long Prestart's failure stands for WaitReady's first attempt.
+const earlyFresh = time.Second
+
 // Prestart makes WaitReady's first attempt in the background: the brokers' metadata and record
-// size limit, then the producer id (InitProducerId; with exactly-once, with the transactional id,
-// which fences every earlier producer with it) and the positions topic. The relay calls it once it
-// leads, so these round trips overlap its PostgreSQL checks instead of following them. It decides
-// nothing: WaitReady takes its result, so a broker that is down is reported, and a refusal ends the
-// start, where they were before (after the slot exists, so a first start during a Kafka outage
-// misses nothing). The producer id is cached, refusal included, for WaitReady to report. Call it at
-// most once, before WaitReady, with a ctx that ends when the relay stops; Close waits for it.
+// size limit, then, at least once, the idempotent producer's id. The relay calls it once it leads,
+// so these round trips overlap its PostgreSQL checks instead of following them. What it meets is
+// WaitReady's to report: a broker that is down is logged, and a refusal ends the start, where
+// they were before (after the slot exists, so a first start during a Kafka outage misses nothing);
+// the producer id is cached, refusal included. A transactional producer's id is left to
+// WaitReady: InitProducerId with the transactional id fences every other producer with it, and
+// must wait until the checks have found the slot this relay's (not streamed by another relay with
+// the same transactional id). Call it at most once, before WaitReady, with a ctx that ends when
+// the relay stops; Close waits for it.
 func (s *Sink) Prestart(ctx context.Context) {
 	e := &earlyStart{done: make(chan struct{})}
 	s.early = e
 	go func() {
 		defer close(e.done)
-		if e.err = s.reach(ctx); e.err != nil {
-			return
-		}
-		if _, err := s.ident.Get(ctx); err != nil {
-			return
-		}
-		if s.txn != nil {
-			_ = s.txn.positions.resolve(ctx) // resolved is kept; a failure is asked again
+		e.err = s.reach(ctx)
+		e.stopped, e.ended = ctx.Err() != nil, time.Now()
+		if e.err == nil && s.txn == nil {
+			_, _ = s.ident.Get(ctx) // kept for WaitReady, a refusal too
 		}
 	}()
 }
