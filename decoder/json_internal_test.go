@@ -1,6 +1,7 @@
 package decoder
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -41,4 +42,25 @@ func FuzzValidJSONMatchesEncodingJSON(f *testing.F) {
 			t.Fatalf("eachMember of %q says valid %v, json.Valid says %v", b, got, want)
 		}
 	})
+}
+
+// TestNeedsLookFindsEveryByteThatNeedsOne: the eight-bytes-at-a-time scan may skip a word only
+// when none of its bytes is a quote, a backslash or a control character, whatever the others are
+// (bytes of 0x80 and above, as UTF-8 has, included).
+func TestNeedsLookFindsEveryByteThatNeedsOne(t *testing.T) {
+	for _, fill := range []byte{'a', ' ', 0x7f, 0x80, 0xc3, 0xff, '!', '#', '[', ']'} {
+		for pos := range 8 {
+			for c := range 256 {
+				var w [8]byte
+				for i := range w {
+					w[i] = fill
+				}
+				w[pos] = byte(c)
+				want := c == '"' || c == '\\' || c < 0x20
+				if got := needsLook(binary.LittleEndian.Uint64(w[:])); got != want {
+					t.Fatalf("needsLook(%q) = %v, want %v", w, got, want)
+				}
+			}
+		}
+	}
 }

@@ -181,7 +181,7 @@ func TestStatusIsDueOnTheIntervalOrSoonAfterTheCheckpointMoves(t *testing.T) {
 			g := &horizon{}
 			g.verified.Store(uint64(tt.verified))
 			s := &Stream{ck: fixedCheckpoint(tt.safe), guard: g, reported: tt.reported, lastStatus: tt.lastStatus, nextStatus: tt.nextStatus}
-			if got := s.statusDue(); got != tt.want {
+			if got := s.statusDue(now); got != tt.want {
 				t.Fatalf("statusDue = %v, want %v", got, tt.want)
 			}
 		})

@@ -918,6 +918,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 	defer interruptOnDone(ctx, netConn)() // before the deadline is cleared: see interruptOnDone
 	var deadline time.Time
 	lastHeard := time.Now()
+	heard := false // the last round received a message
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -925,7 +926,12 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 		if err := s.serverStopping(); err != nil {
 			return err
 		}
-		if s.statusDue() {
+		// One clock reading a round: at a hundred thousand messages a second, each reading counts.
+		now := time.Now()
+		if heard {
+			lastHeard = now // the message, and the time spent waiting for the consumer, are not server silence
+		}
+		if s.statusDue(now) {
 			// The server sends keepalives only when it has not heard from the relay for half its
 			// wal_sender_timeout (never when that is 0) or has sent what the relay has not
 			// confirmed, so an idle server says nothing while status updates arrive. Once it has
@@ -936,7 +942,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 				return err
 			}
 		}
-		if now := time.Now(); !now.Before(deadline) {
+		if !now.Before(deadline) {
 			// Wake up for the next status update; while received events await confirmation, sooner,
 			// so the position is confirmed promptly once the stream goes quiet.
 			deadline = s.nextStatus
@@ -946,6 +952,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 			netConn.SetReadDeadline(deadline)
 		}
 		raw, err := s.conn.ReceiveMessage(context.Background())
+		heard = err == nil
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -958,13 +965,11 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 			}
 			return fmt.Errorf("receive from PostgreSQL: %w", err)
 		}
-		lastHeard = time.Now()
 		switch msg := raw.(type) {
 		case *pgproto3.CopyData:
 			if err := s.handleCopyData(ctx, out, msg.Data); err != nil {
 				return err
 			}
-			lastHeard = time.Now() // time spent waiting for the consumer is not server silence
 		case *pgproto3.ErrorResponse:
 			return s.streamError(pgconn.ErrorResponseToPgError(msg))
 		case *pgproto3.CopyDone:
@@ -979,8 +984,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 const eagerStatusGap = 100 * time.Millisecond
 
 // statusDue reports whether a status update should go out now.
-func (s *Stream) statusDue() bool {
-	now := time.Now()
+func (s *Stream) statusDue(now time.Time) bool {
 	if !now.Before(s.nextStatus) {
 		return true
 	}
