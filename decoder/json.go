@@ -79,22 +79,25 @@ func scanJSON(b []byte, i, depth int) int {
 
 // scanJSONString returns the index just past the string that starts at b[i] (a quote), or -1.
 func scanJSONString(b []byte, i int) int {
-	for j := i + 1; j < len(b); {
-		// Past a string's first sixteen bytes, eight at a time up to the next one that needs a
-		// look: a long text (a description, a blob) is then scanned at several bytes a cycle,
-		// while the many short strings of a payload (names, ids) are spared the words' set-up.
-		if j-i > 16 {
-			for j+8 <= len(b) && !needsLook(binary.LittleEndian.Uint64(b[j:])) {
-				j += 8
-			}
-			if j >= len(b) {
-				break
-			}
+	j := i + 1
+	for {
+		// Eight bytes at a time up to the word holding the next byte that needs a look, then
+		// byte by byte (a table lookup each) to that byte, at most eight on: a long text (a
+		// description, a blob) goes at several bytes a cycle, and a short name or id costs one
+		// word's test and a lookup a byte.
+		for j+8 <= len(b) && !needsLook(binary.LittleEndian.Uint64(b[j:])) {
+			j += 8
 		}
-		switch c := b[j]; {
-		case c == '"':
+		for j < len(b) && plainInString[b[j]] {
+			j++
+		}
+		if j >= len(b) {
+			return -1
+		}
+		switch b[j] {
+		case '"':
 			return j + 1
-		case c == '\\':
+		case '\\':
 			if j+1 >= len(b) {
 				return -1
 			}
@@ -109,14 +112,21 @@ func scanJSONString(b []byte, i int) int {
 			default:
 				return -1
 			}
-		case c < 0x20:
+		default: // a control character
 			return -1
-		default:
-			j++
 		}
 	}
-	return -1
 }
+
+// plainInString tells the bytes a JSON string may hold as they are: all but the quote, the
+// backslash and the control characters. A table, read-only once built, because one load is what
+// the byte-wise part of scanJSONString can afford per byte.
+var plainInString = func() (t [256]bool) {
+	for c := 0x20; c < 256; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // needsLook reports whether any of the eight bytes in w is a quote, a backslash or a control
 // character (below 0x20). The tests are the classic "has a zero byte" and "has a byte less than"

@@ -19,6 +19,12 @@ var jsonSeeds = []string{
 	strings.Repeat("[", maxJSONDepth+1) + strings.Repeat("]", maxJSONDepth+1),
 	`{"a":` + strings.Repeat("[", maxJSONDepth-1) + strings.Repeat("]", maxJSONDepth-1) + `}`,
 	`{"a":` + strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth) + `}`,
+	// Strings whose special byte falls in a word, at its edge, or in the bytes after the last
+	// whole word (scanJSONString goes eight at a time, then byte by byte).
+	`"` + strings.Repeat("a", 7) + `"`, `"` + strings.Repeat("a", 8) + `"`, `"` + strings.Repeat("a", 9) + `"`,
+	`"` + strings.Repeat("a", 23) + `\n` + strings.Repeat("b", 13) + `"`, `"` + strings.Repeat("a", 16) + `\u00e9"`,
+	`"` + strings.Repeat("a", 16) + "\x1f" + `"`, `"` + strings.Repeat("a", 16) + `\"`, `"` + strings.Repeat("a", 31),
+	`"` + strings.Repeat("\xc3\xa9", 12) + `"`,
 }
 
 // FuzzValidJSONMatchesEncodingJSON holds the decoder's own JSON check to json.Valid, the check it

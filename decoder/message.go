@@ -39,15 +39,15 @@ var ErrInvalidMessage = errors.New("invalid outbox message")
 func (d *Decoder) message(r *reader, walStart pglogrepl.LSN, size int) (Change, error) {
 	transactional := r.u8()&1 == 1
 	lsn := r.lsn()
-	prefix := r.cstring()
+	prefix := r.cbytes()
 	content := r.take(int(r.u32()))
 	if r.err != nil {
 		return Change{}, nil
 	}
 	if !transactional {
-		return Change{Kind: Message, LSN: lsn, Prefix: prefix}, nil
+		return Change{Kind: Message, LSN: lsn, Prefix: string(prefix)}, nil
 	}
-	if d.cfg.MessagePrefix == "" || prefix != d.cfg.MessagePrefix {
+	if d.cfg.MessagePrefix == "" || string(prefix) != d.cfg.MessagePrefix {
 		return Change{}, nil // another application's message, or messages are not an outbox source
 	}
 	if !d.inTx {
@@ -292,7 +292,8 @@ func eachMember(obj []byte, i int, fn func(name []byte, escaped bool, value []by
 }
 
 func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+	// b[i] <= ' ' first: most calls find no space at all, and one comparison tells.
+	for i < len(b) && b[i] <= ' ' && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
 		i++
 	}
 	return i

@@ -1,6 +1,7 @@
 package decoder
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -75,18 +76,22 @@ func (r *reader) time() time.Time {
 
 // cstring reads a NUL-terminated string.
 func (r *reader) cstring() string {
+	return string(r.cbytes())
+}
+
+// cbytes is cstring without the copy: the bytes alias the message, so they are for comparing
+// (a message's prefix, once a message), not for keeping.
+func (r *reader) cbytes() []byte {
 	if r.err != nil {
-		return ""
+		return nil
 	}
-	for i, c := range r.buf {
-		if c == 0 {
-			s := string(r.buf[:i])
-			r.buf = r.buf[i+1:]
-			return s
-		}
+	if i := bytes.IndexByte(r.buf, 0); i >= 0 {
+		b := r.buf[:i:i]
+		r.buf = r.buf[i+1:]
+		return b
 	}
 	r.err = errShort
-	return ""
+	return nil
 }
 
 // Tuple column kinds in TupleData.
