@@ -219,14 +219,18 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	helpers.Go(func() { r.watchHalt(ctx, abandon, giveUp) })
 	// A sink that failed for good (exactly-once: fenced by a newer producer, or a Kafka transaction
-	// aborted) acknowledges nothing more: stop at once, like a fence, without waiting for anything.
+	// aborted; either mode: a producer the broker refused for good) acknowledges nothing more: stop
+	// at once, like a fence, without waiting for anything.
+	failedMsg := "the Kafka producer stopped for good; stopping at once: nothing more is published, and what Kafka had not acknowledged is not confirmed to PostgreSQL (the next start publishes it again)"
+	if r.exactlyOnce() {
+		failedMsg = "exactly-once: the Kafka producer stopped for good; stopping at once: nothing more is published, what its open transaction held is invisible to read_committed consumers and never confirmed to PostgreSQL"
+	}
 	var sinkErr error
 	helpers.Go(func() {
 		select {
 		case <-r.sink.Failed():
 			sinkErr = sinkFailed(r.sink.Err())
-			r.log.Error("exactly-once: the Kafka producer stopped for good; stopping at once: nothing more is published, what its open transaction held is invisible to read_committed consumers and never confirmed to PostgreSQL",
-				zap.Error(r.sink.Err()))
+			r.log.Error(failedMsg, zap.Error(r.sink.Err()))
 			stopAll(sinkErr)
 		case <-hard.Done():
 		}
