@@ -48,3 +48,27 @@ func TestFlushSendsWhatWasPublishedWithoutWaitingForTheLinger(t *testing.T) {
 		t.Fatalf("after Close, %d of %d events published after Flush acknowledged", got, n)
 	}
 }
+
+// TestARecordThatWaitedForTheWindowStillLingers: the linger counts from when a record is handed
+// to the producer, not from when Publish began: a record that first waited for room in the
+// in-flight window (a backlog, a Kafka outage) lingers like any other once it has the room,
+// rather than going alone in a request of its own the moment the window frees.
+func TestARecordThatWaitedForTheWindowStillLingers(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	aggType := testenv.UniqueName(t, "agg")
+	const linger = 400 * time.Millisecond
+	s := readySink(t, k.Brokers(), sink.Config{Linger: linger, MaxInFlight: 1})
+	// A first event makes the topic and its partitions known, so nothing below waits for them.
+	warm, first, second := &acker{}, &acker{}, &acker{}
+	s.publish(t, newEvent(aggType+"-0", []byte(aggType), "agg-1", "Changed", []byte(`{}`)), warm)
+	eventually(t, 30*time.Second, "the first event is acknowledged", func() bool { return warm.n.Load() == 1 })
+	s.publish(t, newEvent(aggType+"-1", []byte(aggType), "agg-1", "Changed", []byte(`{}`)), first)
+	s.publish(t, newEvent(aggType+"-2", []byte(aggType), "agg-1", "Changed", []byte(`{}`)), second) // waits for the one before
+	handed := time.Now()
+	eventually(t, 30*time.Second, "the event that waited is acknowledged", func() bool { return second.n.Load() == 1 })
+	if waited := time.Since(handed); waited < linger/2 {
+		t.Fatalf("the event that waited for the window was acknowledged %s after it was handed over: it skipped its %s linger", waited.Round(time.Millisecond), linger)
+	}
+	s.mustClose(t)
+}

@@ -367,8 +367,7 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	now := time.Now()
-	built := s.records.Build(ev, now)
+	built := s.records.Build(ev, time.Now())
 	rec := &delivery{Record: producer.Record{Seq: s.seq.Add(1), Msg: built.Msg, Partition: built.Partition}, ev: ev, ack: ack}
 	rec.Owner = rec
 	topic, routeErr, hdrErr, partErr := built.Msg.Topic, built.TopicErr, built.HeadersErr, built.PartitionErr
@@ -419,7 +418,9 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		err = s.fail(ctx, rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
 			size, s.cfg.MaxMessageBytes))
 	default:
-		rec.Enqueued = now // the linger counts from here: what lies between is microseconds
+		// The linger counts from here, after the wait for room in the window: a record that waited
+		// lingers like any other (TestARecordThatWaitedForTheWindowStillLingers).
+		rec.Enqueued = time.Now()
 		if err = s.main.Enqueue(ctx, &rec.Record); err != nil && ctx.Err() == nil {
 			if errors.Is(err, producer.ErrTopicRefused) {
 				s.topics.unavailable(topic, err)

@@ -123,3 +123,29 @@ func headerList(hs []kafka.Header) []string {
 	}
 	return out
 }
+
+// TestHeadersHoldLittleMoreThanTheyUse: the headers are allocated at once at the size the headers
+// column suggests, and they are kept until Kafka acknowledges the event, outside what the in-flight
+// window counts: colons in the values must not make that size grow beyond a few spare slots.
+func TestHeadersHoldLittleMoreThanTheyUse(t *testing.T) {
+	tests := []struct {
+		name    string
+		headers string
+	}{
+		{"jsonb's own format", `{"a": "1", "b": "2", "c": "3"}`},
+		{"colons in a value", `{"url": "` + strings.Repeat("a:b:", 500) + `"}`},
+		{"escaped quotes and colons in a value", `{"v": "` + strings.Repeat(`\":`, 500) + `"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev := &decoder.Event{ID: []byte("e1"), Headers: []byte(tt.headers)}
+			hs, err := buildHeaders(ev, []string{HeaderID}, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if spare := cap(hs) - len(hs); spare > 16 {
+				t.Fatalf("%d headers in a slice of %d: %d slots spare", len(hs), cap(hs), spare)
+			}
+		})
+	}
+}
