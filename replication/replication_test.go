@@ -187,3 +187,36 @@ func TestStatusIsDueOnTheIntervalOrSoonAfterTheCheckpointMoves(t *testing.T) {
 		})
 	}
 }
+
+// TestTheReadDeadlineComesForwardWhenEventsAwaitConfirmation: the receive loop's read deadline
+// is the next status update, or sooner (eagerStatusGap) while received events await
+// confirmation. A message that arrives after a quiet spell, with the deadline a status interval
+// away, brings it forward, so its confirmation does not wait for the interval; on a busy stream it
+// stays put until it passes.
+func TestTheReadDeadlineComesForwardWhenEventsAwaitConfirmation(t *testing.T) {
+	now := time.Now()
+	nextStatus := now.Add(900 * time.Millisecond)
+	soon := now.Add(eagerStatusGap)
+	tests := []struct {
+		name               string
+		received, reported pglogrepl.LSN
+		deadline           time.Time
+		want               time.Time
+		move               bool
+	}{
+		{"quiet, nothing awaits confirmation: the deadline stays the next status update", 10, 10, nextStatus, nextStatus, false},
+		{"a message after a quiet spell: the deadline comes forward", 20, 10, nextStatus, soon, true},
+		{"a busy stream: the earlier deadline stays until it passes", 20, 10, now.Add(50 * time.Millisecond), soon, false},
+		{"the deadline passed with events awaiting confirmation", 20, 10, now, soon, true},
+		{"the deadline passed, nothing awaits confirmation", 10, 10, now.Add(-time.Millisecond), nextStatus, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &Stream{received: tt.received, reported: tt.reported, nextStatus: nextStatus}
+			got, move := s.readDeadline(now, tt.deadline)
+			if move != tt.move || (move && !got.Equal(tt.want)) {
+				t.Fatalf("readDeadline = %v, %v; want %v, %v", got.Sub(now), move, tt.want.Sub(now), tt.move)
+			}
+		})
+	}
+}

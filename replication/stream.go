@@ -942,13 +942,8 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 				return err
 			}
 		}
-		if !now.Before(deadline) {
-			// Wake up for the next status update; while received events await confirmation, sooner,
-			// so the position is confirmed promptly once the stream goes quiet.
-			deadline = s.nextStatus
-			if soon := now.Add(eagerStatusGap); s.received > s.reported && soon.Before(deadline) {
-				deadline = soon
-			}
+		if next, move := s.readDeadline(now, deadline); move {
+			deadline = next
 			netConn.SetReadDeadline(deadline)
 		}
 		raw, err := s.conn.ReceiveMessage(context.Background())
@@ -982,6 +977,22 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 // than because the interval passed): confirming soon after Kafka acknowledges keeps the window of
 // events replayed after a crash small, at the cost of one small message per gap.
 const eagerStatusGap = 100 * time.Millisecond
+
+// readDeadline says when the receive loop should wake up if nothing arrives, and whether that
+// moves the deadline it has: for the next status update, and while received events await
+// confirmation sooner, so the position goes out soon after it becomes confirmable (Kafka has
+// acknowledged it and the publication check has verified it: see horizon) once the stream goes
+// quiet. The deadline moves when it has passed or when an earlier one is wanted (the first message
+// after a quiet spell: with the deadline left at the next status update, its confirmation waited
+// for that even once confirmable), never later on a busy stream, where moving it at every message
+// would cost a system call each.
+func (s *Stream) readDeadline(now, deadline time.Time) (time.Time, bool) {
+	next := s.nextStatus
+	if soon := now.Add(eagerStatusGap); s.received > s.reported && soon.Before(next) {
+		next = soon
+	}
+	return next, !now.Before(deadline) || next.Before(deadline)
+}
 
 // statusDue reports whether a status update should go out now.
 func (s *Stream) statusDue(now time.Time) bool {
