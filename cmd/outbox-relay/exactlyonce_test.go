@@ -258,8 +258,9 @@ func TestAPositionsTopicDeletedStopsTheRelayWithTheFix(t *testing.T) {
 func TestExactlyOnceAgainstABrokerThatRefusesItIsAClearErrorNeverAFallback(t *testing.T) {
 	t.Parallel()
 	// A broker of its own with SCRAM users and an authorizer: the relay's principal may do
-	// everything no ACL mentions; the test denies it one transactional id and one topic.
-	k := testenv.Kafka(t, devenv.KafkaOptions{SCRAMUsers: map[string]string{scramUser: scramPassword}, Settings: map[string]string{
+	// everything no ACL mentions; the test denies it one transactional id and one topic, and a
+	// second principal (rotorUser, unused here otherwise) the idempotent producer.
+	k := testenv.Kafka(t, devenv.KafkaOptions{SCRAMUsers: map[string]string{scramUser: scramPassword, rotorUser: rotorPassword}, Settings: map[string]string{
 		"authorizer.class.name":          "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
 		"super.users":                    "User:ANONYMOUS",
 		"allow.everyone.if.no.acl.found": "true",
@@ -277,9 +278,12 @@ func TestExactlyOnceAgainstABrokerThatRefusesItIsAClearErrorNeverAFallback(t *te
 	}
 	w.Close()
 	admin := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 30 * time.Second}
-	acl := func(perm kafka.ACLPermissionType, typ kafka.ResourceType, name string, op kafka.ACLOperationType) kafka.ACLEntry {
+	aclFor := func(user string, perm kafka.ACLPermissionType, typ kafka.ResourceType, name string, op kafka.ACLOperationType) kafka.ACLEntry {
 		return kafka.ACLEntry{ResourceType: typ, ResourceName: name, ResourcePatternType: kafka.PatternTypeLiteral,
-			Principal: "User:" + scramUser, Host: "*", Operation: op, PermissionType: perm}
+			Principal: "User:" + user, Host: "*", Operation: op, PermissionType: perm}
+	}
+	acl := func(perm kafka.ACLPermissionType, typ kafka.ResourceType, name string, op kafka.ACLOperationType) kafka.ACLEntry {
+		return aclFor(scramUser, perm, typ, name, op)
 	}
 	// The positions topic may be described and written, not read: once a resource has an ACL,
 	// allow.everyone.if.no.acl.found no longer applies to it.
@@ -288,6 +292,10 @@ func TestExactlyOnceAgainstABrokerThatRefusesItIsAClearErrorNeverAFallback(t *te
 		acl(kafka.ACLPermissionTypeAllow, kafka.ResourceTypeTopic, unreadable, kafka.ACLOperationTypeDescribe),
 		acl(kafka.ACLPermissionTypeAllow, kafka.ResourceTypeTopic, unreadable, kafka.ACLOperationTypeWrite),
 		acl(kafka.ACLPermissionTypeDeny, kafka.ResourceTypeTopic, unreadable, kafka.ACLOperationTypeRead),
+		// The idempotent producer needs IDEMPOTENT_WRITE on the cluster or WRITE on some topic
+		// (KIP-679): the second principal has neither.
+		aclFor(rotorUser, kafka.ACLPermissionTypeDeny, kafka.ResourceTypeCluster, "kafka-cluster", kafka.ACLOperationTypeIdempotentWrite),
+		aclFor(rotorUser, kafka.ACLPermissionTypeDeny, kafka.ResourceTypeTopic, "*", kafka.ACLOperationTypeWrite),
 	}})
 	if err == nil {
 		err = errors.Join(res.Errors...)
@@ -300,19 +308,28 @@ func TestExactlyOnceAgainstABrokerThatRefusesItIsAClearErrorNeverAFallback(t *te
 		"OUTBOX_KAFKA_SASL_USERNAME": scramUser, "OUTBOX_KAFKA_SASL_PASSWORD": scramPassword,
 	}
 	tests := []struct {
-		name  string
-		extra map[string]string
-		want  []string
+		name        string
+		atLeastOnce bool
+		extra       map[string]string
+		want        []string
 	}{
-		{"a transactional id the relay may not use", map[string]string{"OUTBOX_TRANSACTIONAL_ID": deniedID},
+		{"a transactional id the relay may not use", false, map[string]string{"OUTBOX_TRANSACTIONAL_ID": deniedID},
 			[]string{deniedID, "TransactionalId"}},
-		{"a positions topic the relay may not read", map[string]string{"OUTBOX_POSITIONS_TOPIC": unreadable},
+		{"a positions topic the relay may not read", false, map[string]string{"OUTBOX_POSITIONS_TOPIC": unreadable},
 			[]string{unreadable, "positions_topic", "Read"}},
+		// At-least-once too: and a producer stopped for good is not said to be exactly-once's,
+		// with an open transaction it never had.
+		{"at least once, an idempotent producer the relay may not use", true,
+			map[string]string{"OUTBOX_KAFKA_IDEMPOTENCE": "on", "OUTBOX_KAFKA_SASL_USERNAME": rotorUser, "OUTBOX_KAFKA_SASL_PASSWORD": rotorPassword},
+			[]string{"kafka.idempotence", "IDEMPOTENT_WRITE"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+" ends the relay with the fix", func(t *testing.T) {
 			f.slot = testenv.UniqueName(t, "slot")
 			env := f.eosRunEnv("relay-denied", sasl)
+			if tt.atLeastOnce {
+				env = f.env("relay-denied", sasl)
+			}
 			for k, v := range tt.extra {
 				env[k] = v
 			}
@@ -329,8 +346,11 @@ func TestExactlyOnceAgainstABrokerThatRefusesItIsAClearErrorNeverAFallback(t *te
 			if strings.Contains(out, `"msg":"streaming"`) {
 				t.Errorf("the relay streamed before refusing:\n%s", out)
 			}
-			if strings.Contains(out, scramPassword) {
-				t.Error("output reveals the SASL password")
+			if tt.atLeastOnce && strings.Contains(out, "exactly-once") {
+				t.Errorf("an at-least-once relay's output speaks of exactly-once:\n%s", out)
+			}
+			if strings.Contains(out, scramPassword) || strings.Contains(out, rotorPassword) {
+				t.Error("output reveals a SASL password")
 			}
 			t.Logf("fatal line: %s", last)
 		})
