@@ -761,6 +761,32 @@ func TestTheKubernetesManifestsAreConsistent(t *testing.T) {
 		}
 	})
 
+	t.Run("the memory request holds what the relay keeps in flight, and the limit its peak", func(t *testing.T) {
+		// docs/guarantees.md, "Bounded memory": expect roughly 22 MB + 2 to 3 x max_in_flight_bytes
+		// (exactly-once's backlog drains peaked at 115-151 MB with the defaults). A request below
+		// that lets the scheduler place the relay where it is evicted or OOM-killed mid-drain.
+		const base = 22 << 20
+		request := memoryQuantity(t, "requests.memory", ctr.Resources.Requests["memory"])
+		limit := memoryQuantity(t, "limits.memory", ctr.Resources.Limits["memory"])
+		if want := base + 2*cfg.MaxInFlightBytes; request < want {
+			t.Errorf("memory request %s is below 22 MB + 2 x max_in_flight_bytes (%d MiB)", ctr.Resources.Requests["memory"], want>>20)
+		}
+		if want := base + 3*cfg.MaxInFlightBytes; limit < want {
+			t.Errorf("memory limit %s is below 22 MB + 3 x max_in_flight_bytes (%d MiB)", ctr.Resources.Limits["memory"], want>>20)
+		}
+		for _, e := range ctr.Env {
+			if e.Name != "GOMEMLIMIT" {
+				continue
+			}
+			// The runtime collects harder as it nears GOMEMLIMIT: below the request it would spend
+			// the drain collecting, at or above the limit it would never act before the OOM kill.
+			if soft := memoryQuantity(t, "GOMEMLIMIT", e.Value); soft < request || soft >= limit {
+				t.Errorf("GOMEMLIMIT %s: want it between the memory request %s and the limit %s",
+					e.Value, ctr.Resources.Requests["memory"], ctr.Resources.Limits["memory"])
+			}
+		}
+	})
+
 	t.Run("the probes and the Service use the metrics port", func(t *testing.T) {
 		port := metricsPort(t, cfg.MetricsAddr)
 		var portName string
@@ -1443,4 +1469,30 @@ func flagValue(words []string, name string) string {
 		return words[i+1]
 	}
 	return ""
+}
+
+// memoryQuantity reads a Kubernetes memory quantity (128Mi, 1G, 1048576) or a GOMEMLIMIT value
+// (400MiB), in bytes.
+func memoryQuantity(t *testing.T, what, v string) int64 {
+	t.Helper()
+	units := []struct {
+		suffix string
+		factor int64
+	}{
+		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40},
+		{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"B", 1},
+	}
+	num, factor := v, int64(1)
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			num, factor = n, u.factor
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s %q is not a memory quantity this test reads", what, v)
+	}
+	return n * factor
 }
