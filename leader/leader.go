@@ -583,13 +583,13 @@ func serverMajor(conn *pgx.Conn) int {
 type Term struct {
 	conn *pgx.Conn
 
-	lost      chan struct{}
-	lostErr   error
-	stop      chan struct{}
-	cancel    context.CancelFunc // ends a check in flight when the term is released
-	done      chan struct{}
-	pid       uint32
-	streaming atomic.Pointer[func() bool]
+	lost    chan struct{}
+	lostErr error
+	stop    chan struct{}
+	cancel  context.CancelFunc // ends a check in flight when the term is released
+	done    chan struct{}
+	pid     uint32
+	session atomic.Pointer[func() uint64]
 	// standbys is how many other sessions held the candidate lock at the last check.
 	standbys atomic.Int32
 }
@@ -612,12 +612,32 @@ func newTerm(conn *pgx.Conn, cfg Config, log *zap.Logger, sent time.Time, pid ui
 // connection's own PID is one the pooler made up).
 func (t *Term) PID() uint32 { return t.pid }
 
-// PublishWalsender tells the term how to know that this leader streams the slot. While streaming
-// says so, each check also publishes the slot's walsender PID in the lock session's
-// application_name (" walsender=<pid>" appended), so that the next leader ends exactly that
-// walsender should this one be cut off. It publishes a walsender only of the lock session's role
-// and client address, started after the lock session.
-func (t *Term) PublishWalsender(streaming func() bool) { t.streaming.Store(&streaming) }
+// PublishWalsender tells the term how to know that this leader streams the slot: session is the
+// number of its current replication session (from 1, a new one after each reconnection), or 0
+// while it streams none. While it is not 0, each check also publishes the slot's walsender PID in
+// the lock session's application_name (" walsender=<pid>" appended), so that the next leader ends
+// exactly that walsender should this one be cut off. A new session is published at once (within
+// publishPoll), not at the next check: a leader that stalled in between (a pause, a frozen VM)
+// would leave the next leader a walsender it does not know to end, and the slot busy until
+// wal_sender_timeout (60s by default). It publishes a walsender only of the lock session's role and
+// client address, started after the lock session.
+func (t *Term) PublishWalsender(session func() uint64) { t.session.Store(&session) }
+
+// currentSession is what the function given to PublishWalsender says, 0 without one.
+func (t *Term) currentSession() uint64 {
+	if f := t.session.Load(); f != nil {
+		return (*f)()
+	}
+	return 0
+}
+
+// publishPoll is how often the term looks for a replication session it has not published, and
+// publishTries how many checks it runs for one before leaving it to the regular checks (the
+// slot may show another role's walsender, which is never published).
+const (
+	publishPoll  = 50 * time.Millisecond
+	publishTries = 10
+)
 
 // Lost is closed when the lock connection failed: the lock may already belong to another instance.
 func (t *Term) Lost() <-chan struct{} { return t.lost }
@@ -655,11 +675,27 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND classid::bigint = $3 AND objid::bigint = $4)`
 	ticker := time.NewTicker(cfg.CheckInterval)
 	defer ticker.Stop()
+	poll := time.NewTicker(publishPoll)
+	defer poll.Stop()
+	var published, trying uint64 // the session a check last published, the one early checks are for
+	tries := 0
 	for {
 		select {
 		case <-t.stop:
 			return
 		case <-ticker.C:
+		case <-poll.C:
+			s := t.currentSession()
+			if s == 0 || s == published {
+				continue
+			}
+			if s != trying {
+				trying, tries = s, 0
+			}
+			if tries >= publishTries {
+				continue // the regular checks go on trying
+			}
+			tries++
 		}
 		start := time.Now()
 		deadline := start.Add(cfg.CheckTimeout)
@@ -667,7 +703,8 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 			deadline = end
 		}
 		query, args := `SELECT pg_backend_pid(), `+heldByBackend(1, 2)+`, `+standbys, []any{hi, lo, chi, clo}
-		if f := t.streaming.Load(); f != nil && (*f)() {
+		session := t.currentSession()
+		if session != 0 {
 			query = `SELECT pg_backend_pid(), ` + heldByBackend(1, 2) + `, ` + standbys + `, (SELECT set_config('application_name', left($6::text, 63 - length($7::text || w.pid::text)) || $7::text || w.pid::text, false)
 				FROM pg_replication_slots s JOIN pg_stat_activity w ON w.pid = s.active_pid
 				JOIN pg_stat_activity me ON me.pid = pg_backend_pid()
@@ -677,10 +714,10 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 		}
 		cctx, cancel := context.WithDeadline(ctx, deadline)
 		var pid, waiting int32
-		var held, published bool
+		var held, pub bool
 		var err error
 		if len(args) > 4 {
-			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting, &published)
+			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting, &pub)
 		} else {
 			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting)
 		}
@@ -707,6 +744,9 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 			return
 		}
 		t.standbys.Store(waiting)
+		if pub {
+			published = session
+		}
 		sent = start
 		if took > cfg.CheckTimeout/2 {
 			cfg.OnSlowCheck(took)

@@ -3,6 +3,7 @@ package leader_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -88,8 +89,12 @@ func (f *slotFixture) activePID(t *testing.T) int32 {
 
 // waitPublished waits until the lock holder shows the walsender it published.
 func (f *slotFixture) waitPublished(t *testing.T, want int32) {
+	f.waitPublishedWithin(t, want, 10*time.Second)
+}
+
+func (f *slotFixture) waitPublishedWithin(t *testing.T, want int32, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(within)
 	for {
 		h, held, err := leader.LockHolder(context.Background(), f.admin, f.slot)
 		if err != nil {
@@ -102,7 +107,7 @@ func (f *slotFixture) waitPublished(t *testing.T, want int32) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the leader did not publish its walsender %d within 10s: holder %+v (held %v)", want, h, held)
+			t.Fatalf("the leader did not publish its walsender %d within %s: holder %+v (held %v)", want, within, h, held)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -155,7 +160,11 @@ func TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished(t *testing.T) 
 			cfg := leader.Config{DSN: f.dsn, Slot: f.slot, RetryInterval: 100 * time.Millisecond, CheckTimeout: 2 * time.Second}
 			termA := campaign(t, context.Background(), leader.New(cfg, zaptest.NewLogger(t).Named("a")))
 			walsender := f.stream(t)
-			termA.PublishWalsender(func() bool { return tc.published })
+			var session uint64 // 0: it streams no session of its own
+			if tc.published {
+				session = 1
+			}
+			termA.PublishWalsender(func() uint64 { return session })
 			if tc.published {
 				f.waitPublished(t, walsender)
 			} else {
@@ -190,6 +199,46 @@ func TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished(t *testing.T) 
 	}
 }
 
+// TestALeaderPublishesEachNewWalsenderAtOnce: a leader publishes the walsender of a replication
+// session as soon as the session starts, and again after a reconnection, not at its next check
+// (here 30s away). A leader that stalled before its next check (a pause, a frozen VM) left the next
+// leader a walsender it did not know to end, and the slot busy until wal_sender_timeout (60s by
+// default): cmd/outbox-relay's TestAZombieLeaderIsFencedByKafkaAndWritesNothingAReadCommittedConsumerSees
+// failed so when its relay was paused within a second of streaming.
+func TestALeaderPublishesEachNewWalsenderAtOnce(t *testing.T) {
+	f := newSlotFixture(t)
+	term := campaign(t, context.Background(), leader.New(leader.Config{DSN: f.dsn, Slot: f.slot, CheckInterval: 30 * time.Second,
+		CheckTimeout: 2 * time.Second}, zaptest.NewLogger(t)))
+	defer term.Release()
+	var session atomic.Uint64
+	term.PublishWalsender(session.Load)
+	time.Sleep(200 * time.Millisecond) // no session yet: nothing to publish
+
+	first := f.stream(t)
+	session.Store(1)
+	f.waitPublishedWithin(t, first, 2*time.Second)
+
+	// The session ends (a reconnection) and the next one streams from another walsender.
+	if _, err := f.admin.Exec(context.Background(), "SELECT pg_terminate_backend($1, 5000)", first); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for f.activePID(t) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("walsender %d still streams 10s after it was ended", first)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	second := f.stream(t)
+	session.Store(2)
+	f.waitPublishedWithin(t, second, 2*time.Second)
+	select {
+	case <-term.Lost():
+		t.Fatalf("the term was lost: %v", term.Err())
+	default:
+	}
+}
+
 // TestCampaignNeverReturnsATermWhoseLockIsGone: the new leader's server answers slowly (700ms a
 // response, leader_check_timeout 2s) and the previous leader's walsender does not exit when told
 // to (it is stopped). Ending it must fit in the lease, so that the term Campaign returns holds the
@@ -199,7 +248,7 @@ func TestCampaignNeverReturnsATermWhoseLockIsGone(t *testing.T) {
 	termA := campaign(t, context.Background(), leader.New(leader.Config{DSN: f.dsn, Slot: f.slot, CheckTimeout: time.Second},
 		zaptest.NewLogger(t).Named("a")))
 	walsender := f.stream(t)
-	termA.PublishWalsender(func() bool { return true })
+	termA.PublishWalsender(func() uint64 { return 1 })
 	f.waitPublished(t, walsender)
 	// The walsender cannot act on SIGTERM for now, like one stuck on a dead network.
 	if err := syscall.Kill(int(walsender), syscall.SIGSTOP); err != nil {

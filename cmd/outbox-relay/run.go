@@ -311,7 +311,7 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 	if term != nil {
 		lost = term.Lost()
 		// The next leader ends exactly this relay's walsender should this one be cut off.
-		term.PublishWalsender(r.Streaming)
+		term.PublishWalsender(r.Session)
 		if kafkaTimeout > 0 {
 			wctx, stopWatch := context.WithCancel(ctx)
 			defer stopWatch()
