@@ -623,12 +623,13 @@ func (t *Term) PID() uint32 { return t.pid }
 // client address, started after the lock session.
 func (t *Term) PublishWalsender(session func() uint64) { t.session.Store(&session) }
 
-// currentSession is what the function given to PublishWalsender says, 0 without one.
-func (t *Term) currentSession() uint64 {
+// currentSession is what the function given to PublishWalsender says (0 without one), and that
+// function: a new one (the relay replaced within the term) numbers its sessions afresh.
+func (t *Term) currentSession() (uint64, *func() uint64) {
 	if f := t.session.Load(); f != nil {
-		return (*f)()
+		return (*f)(), f
 	}
-	return 0
+	return 0, nil
 }
 
 // publishPoll is how often the term looks for a replication session it has not published, and
@@ -678,14 +679,21 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 	poll := time.NewTicker(publishPoll)
 	defer poll.Stop()
 	var published, trying uint64 // the session a check last published, the one early checks are for
+	var source *func() uint64    // what numbers them
 	tries := 0
+	seen := func(f *func() uint64) {
+		if f != source {
+			source, published, trying = f, 0, 0
+		}
+	}
 	for {
 		select {
 		case <-t.stop:
 			return
 		case <-ticker.C:
 		case <-poll.C:
-			s := t.currentSession()
+			s, f := t.currentSession()
+			seen(f)
 			if s == 0 || s == published {
 				continue
 			}
@@ -703,7 +711,8 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 			deadline = end
 		}
 		query, args := `SELECT pg_backend_pid(), `+heldByBackend(1, 2)+`, `+standbys, []any{hi, lo, chi, clo}
-		session := t.currentSession()
+		session, f := t.currentSession()
+		seen(f)
 		if session != 0 {
 			query = `SELECT pg_backend_pid(), ` + heldByBackend(1, 2) + `, ` + standbys + `, (SELECT set_config('application_name', left($6::text, 63 - length($7::text || w.pid::text)) || $7::text || w.pid::text, false)
 				FROM pg_replication_slots s JOIN pg_stat_activity w ON w.pid = s.active_pid

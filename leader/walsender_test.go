@@ -200,10 +200,11 @@ func TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished(t *testing.T) 
 }
 
 // TestALeaderPublishesEachNewWalsenderAtOnce: a leader publishes the walsender of a replication
-// session as soon as the session starts, and again after a reconnection, not at its next check
-// (here 30s away). A leader that stalled before its next check (a pause, a frozen VM) left the next
-// leader a walsender it did not know to end, and the slot busy until wal_sender_timeout (60s by
-// default): cmd/outbox-relay's TestAZombieLeaderIsFencedByKafkaAndWritesNothingAReadCommittedConsumerSees
+// session as soon as the session starts, again after a reconnection, and again when a new relay
+// in the same term numbers its sessions from 1, not at its next check (here 30s away). A leader
+// that stalled before its next check (a pause, a frozen VM) left the next leader a walsender it
+// did not know to end, and the slot busy until wal_sender_timeout (60s by default):
+// cmd/outbox-relay's TestAZombieLeaderIsFencedByKafkaAndWritesNothingAReadCommittedConsumerSees
 // failed so when its relay was paused within a second of streaming.
 func TestALeaderPublishesEachNewWalsenderAtOnce(t *testing.T) {
 	f := newSlotFixture(t)
@@ -212,26 +213,40 @@ func TestALeaderPublishesEachNewWalsenderAtOnce(t *testing.T) {
 	defer term.Release()
 	var session atomic.Uint64
 	term.PublishWalsender(session.Load)
-	time.Sleep(200 * time.Millisecond) // no session yet: nothing to publish
+	time.Sleep(300 * time.Millisecond)
+	if h, _, err := leader.LockHolder(context.Background(), f.admin, f.slot); err != nil || h.WalsenderPID != 0 {
+		t.Fatalf("no session streams, yet the holder shows %+v (%v)", h, err)
+	}
 
+	// end ends a walsender, as a reconnection or a relay's stop does.
+	end := func(pid int32) {
+		t.Helper()
+		if _, err := f.admin.Exec(context.Background(), "SELECT pg_terminate_backend($1, 5000)", pid); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for f.activePID(t) != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("walsender %d still streams 10s after it was ended", pid)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	first := f.stream(t)
 	session.Store(1)
 	f.waitPublishedWithin(t, first, 2*time.Second)
 
-	// The session ends (a reconnection) and the next one streams from another walsender.
-	if _, err := f.admin.Exec(context.Background(), "SELECT pg_terminate_backend($1, 5000)", first); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for f.activePID(t) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("walsender %d still streams 10s after it was ended", first)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	end(first) // the relay is replaced within the term: the new one's sessions start at 1 again
+	var next atomic.Uint64
+	term.PublishWalsender(next.Load)
 	second := f.stream(t)
-	session.Store(2)
+	next.Store(1)
 	f.waitPublishedWithin(t, second, 2*time.Second)
+
+	end(second) // a reconnection: the next session streams from another walsender
+	third := f.stream(t)
+	next.Store(2)
+	f.waitPublishedWithin(t, third, 2*time.Second)
 	select {
 	case <-term.Lost():
 		t.Fatalf("the term was lost: %v", term.Err())

@@ -59,10 +59,10 @@ type Relay struct {
 	stream  *replication.Stream
 	poller  *poll.Poller // the polling source instead of stream
 
-	// fenced ends when Fence is called; sessions counts the replication sessions started.
-	fenced   context.Context
-	fence    context.CancelFunc
-	sessions atomic.Uint64
+	// fenced ends when Fence is called; streaming is set once a replication session has started.
+	fenced    context.Context
+	fence     context.CancelFunc
+	streaming atomic.Bool
 	// kafkaReady is set by the stream's goroutine once Kafka has answered.
 	kafkaReady bool
 
@@ -149,12 +149,17 @@ func (r *Relay) Streaming() bool {
 	if r.poller != nil {
 		return r.poller.Polling()
 	}
-	return r.sessions.Load() > 0
+	return r.streaming.Load()
 }
 
-// Session is the number of the replication session streaming now, from 1 (a new one after each
-// reconnection), or 0 before the first; always 0 when polling (no walsender).
-func (r *Relay) Session() uint64 { return r.sessions.Load() }
+// Session is the number of the replication session streaming now (see replication.Stream.Session),
+// 0 before the first; always 0 when polling, which has no walsender.
+func (r *Relay) Session() uint64 {
+	if r.poller != nil {
+		return 0
+	}
+	return r.stream.Session()
+}
 
 // ErrFenced is what Run returns after Fence.
 var ErrFenced = errors.New("relay fenced: stopped streaming without draining")
@@ -463,7 +468,7 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 		}
 		switch msg.Kind {
 		case replication.Session:
-			r.sessions.Add(1)
+			r.streaming.Store(true)
 			r.dec.Reset()
 			// Events carry the server they come from into the positions committed in Kafka.
 			r.dec.SetOrigin(msg.SystemID, msg.Timeline)

@@ -16,6 +16,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -263,6 +264,8 @@ type Stream struct {
 	// copying is set while the connection is in copy mode (START_REPLICATION succeeded): only then
 	// is there a copy stream for Finish to end.
 	copying bool
+	// sessions counts the sessions whose START_REPLICATION succeeded (Session).
+	sessions atomic.Uint64
 	// streamingSince is when the session's START_REPLICATION succeeded; stopSigns watches its
 	// keepalives. Both tell when the server shuts down (shutdown.go).
 	streamingSince time.Time
@@ -293,6 +296,12 @@ func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream
 		ahead: newReadAhead(cfg.BufferBytes), guard: guard, mem: mem, identity: known.identity,
 		stopping: make(chan struct{})}
 }
+
+// Session is the number of the session streaming now, from 1, counted as its START_REPLICATION
+// succeeds (so the slot shows its walsender from then on), or 0 before the first. A reconnection
+// starts a new one. Safe to call from any goroutine: the leader publishes the walsender of each new
+// session (leader.Term.PublishWalsender) as soon as it sees the number change.
+func (s *Stream) Session() uint64 { return s.sessions.Load() }
 
 // StopReconnecting tells Run that a stop was requested: a session that is streaming goes on until
 // ctx ends (the consumer finishes its transaction), but none is started any more, one still being
@@ -506,6 +515,7 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		return s.streamError(err)
 	}
 	s.copying = true
+	s.sessions.Add(1)
 	s.streamingSince, s.stopSigns = time.Now(), stopSigns{}
 	// Streaming: from here on only ctx ends the session, so a stop can finish the transaction.
 	s.setup(nil)
