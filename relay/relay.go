@@ -59,10 +59,9 @@ type Relay struct {
 	stream  *replication.Stream
 	poller  *poll.Poller // the polling source instead of stream
 
-	// fenced ends when Fence is called; streaming is set once a replication session has started.
-	fenced    context.Context
-	fence     context.CancelFunc
-	streaming atomic.Bool
+	// fenced ends when Fence is called.
+	fenced context.Context
+	fence  context.CancelFunc
 	// kafkaReady is set by the stream's goroutine once Kafka has answered.
 	kafkaReady bool
 
@@ -149,7 +148,7 @@ func (r *Relay) Streaming() bool {
 	if r.poller != nil {
 		return r.poller.Polling()
 	}
-	return r.streaming.Load()
+	return r.stream.Session() > 0
 }
 
 // Session is the number of the replication session streaming now (see replication.Stream.Session),
@@ -468,7 +467,6 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 		}
 		switch msg.Kind {
 		case replication.Session:
-			r.streaming.Store(true)
 			r.dec.Reset()
 			// Events carry the server they come from into the positions committed in Kafka.
 			r.dec.SetOrigin(msg.SystemID, msg.Timeline)
