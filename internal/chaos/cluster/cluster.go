@@ -168,6 +168,11 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if err := cmp.Or(pgErr, kafkaErr); err != nil {
 		return nil, err
 	}
+	// Both may have been up before ctx ended (the log hook may end it): a Start whose context
+	// ended fails all the same, and stops them.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("cluster: start: %w", context.Cause(ctx))
+	}
 	for listener, name := range listeners {
 		p := c.clients[name]
 		p.kafka.serve(c.kafka.ListenerAddr(listener))
