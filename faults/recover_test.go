@@ -359,14 +359,7 @@ func TestASlotDroppedUnderARunningRelayIsRecoveredWhileWritersGoOn(t *testing.T)
 		}
 	}()
 	time.Sleep(2 * time.Second)
-	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", d.slot); err != nil {
-		t.Fatal(err)
-	}
-	// The relay reconnects after a backoff of 250ms; the slot is free in between.
-	eventually(t, 10*time.Second, "the slot to be dropped", func() bool {
-		_, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", d.slot)
-		return err == nil
-	})
+	dropActiveSlot(ctx, t, pool, d.slot)
 	if !r.WaitFor(ctx, "recovered the lost slot's gap", time.Minute) {
 		t.Fatalf("the relay did not recover the dropped slot:\n%s", r.Output())
 	}

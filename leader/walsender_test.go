@@ -11,7 +11,10 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/leader"
@@ -273,13 +276,29 @@ func TestCampaignNeverReturnsATermWhoseLockIsGone(t *testing.T) {
 
 	proxied, p := viaProxy(t, f.dsn)
 	p.DelayResponses(700 * time.Millisecond)
+	obs, logs := observer.New(zap.InfoLevel)
+	logB := zaptest.NewLogger(t).WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewTee(c, obs) }))
 	got := campaignInBackground(t, leader.New(leader.Config{DSN: proxied, Slot: f.slot, CheckTimeout: 2 * time.Second,
-		RetryInterval: 200 * time.Millisecond}, zaptest.NewLogger(t).Named("b")))
-	time.Sleep(6 * time.Second) // b connects, slowly, and sees a as the holder
+		RetryInterval: 200 * time.Millisecond}, logB.Named("b")))
+	// b connects, slowly (about 7 s through the proxy), and must see a hold the lock: a b that
+	// first looks after a's release takes a free lock and never ends the walsender, the path this
+	// test is for.
+	sawA := func() bool {
+		return logs.FilterMessageSnippet("another instance holds the leader lock").
+			FilterField(zap.Int32("leader_pid", int32(termA.PID()))).Len() > 0
+	}
+	for deadline := time.Now().Add(time.Minute); !sawA(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("b did not see a hold the lock within a minute")
+		}
+	}
 	termA.Release()
 	termB := receive(t, got, 30*time.Second)
 	defer termB.Release()
 	returned := time.Now()
+	if logs.FilterMessageSnippet("the previous leader's walsender").Len() == 0 {
+		t.Fatal("b took the lock without trying to end a's walsender")
+	}
 	if h, held, err := leader.LockHolder(context.Background(), f.admin, f.slot); err != nil || !held || uint32(h.PID) != termB.PID() {
 		t.Fatalf("Campaign returned a term of backend %d, but the lock holder is %+v (held %v, %v)", termB.PID(), h, held, err)
 	}

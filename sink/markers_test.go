@@ -758,7 +758,7 @@ func TestAReadOfThePositionMidRunLeavesTheOpenTransactionAlone(t *testing.T) {
 	if err := a.Err(); err != nil {
 		t.Fatalf("the sink failed: %v", err)
 	}
-	if got := committedFor(t, k.Brokers(), 2*time.Second, cfgA.Record.TopicTemplate); len(got) != 10 || acks.n.Load() != 10 {
+	if got := readCommitted(t, k.Brokers(), 30*time.Second, atLeast(10), cfgA.Record.TopicTemplate); len(got) != 10 || acks.n.Load() != 10 {
 		t.Fatalf("after Close: %d records readable, %d acknowledged; want 10 and 10", len(got), acks.n.Load())
 	}
 }

@@ -189,6 +189,12 @@ func TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder(t *testing.
 	major := f.serverMajor(t)
 	checkVersionedColumns(t, major, out, true)
 	r.stop(t)
+	// The walsender leaves the slot as it exits, a moment after the relay.
+	waitFor(t, 30*time.Second, "the slot to be inactive", func() bool {
+		var active bool
+		err := f.pool.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
+		return err == nil && !active
+	})
 
 	code, out = f.status(t, "--json")
 	if code != 0 {
