@@ -72,9 +72,10 @@ func (m *Memory) recall(slot string) slotMemory {
 	return slotMemory{}
 }
 
-// note updates what the process knows of slot as streamed from id: seen and confirmed only rise,
-// and start over when id is another server history than the one remembered.
-func (m *Memory) note(slot string, id Identity, seen, confirmed pglogrepl.LSN, xid uint32, hasXid bool) {
+// note updates what the process knows of slot on the server history id, and that it streamed the
+// slot when streamed: seen and confirmed only rise, and start over when id is another server
+// history than the one remembered.
+func (m *Memory) note(slot string, id Identity, streamed bool, seen, confirmed pglogrepl.LSN, xid uint32, hasXid bool) {
 	if m == nil || id == (Identity{}) {
 		return
 	}
@@ -86,7 +87,7 @@ func (m *Memory) note(slot string, id Identity, seen, confirmed pglogrepl.LSN, x
 		m.slots[slot] = sm
 		sm.identity = id
 	}
-	sm.streamed = true
+	sm.streamed = sm.streamed || streamed
 	sm.seen = max(sm.seen, seen, confirmed)
 	sm.confirmed = max(sm.confirmed, confirmed)
 	if hasXid && (!sm.hasXid || xidAfter(xid, sm.xid)) {
@@ -143,7 +144,10 @@ func (s *Stream) remember() {
 	if s.mem == nil || s.identity == (Identity{}) {
 		return
 	}
-	s.mem.note(s.cfg.Slot, s.identity, max(s.serverEnd, s.received), s.reported, s.maxXid, s.hasXid)
+	// A session that ended before it streamed (one that failed creating the slot, say) saw the
+	// server's history, but did not stream the slot: taken for streamed, the slot it never
+	// created would be taken for lost by the next session.
+	s.mem.note(s.cfg.Slot, s.identity, s.streamed, max(s.serverEnd, s.received), s.reported, s.maxXid, s.hasXid)
 }
 
 // restoredError says that the server's history went back behind what the relay saw on the same

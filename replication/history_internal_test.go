@@ -35,7 +35,7 @@ func TestTransactionIDsAreOrderedModulo2To32AndReadFromBegin(t *testing.T) {
 func TestASlotAheadOfWhatTheProcessConfirmedStopsOnlyWhenNobodyElseStreamedIt(t *testing.T) {
 	id := Identity{SystemID: "1", Timeline: 1}
 	mem := NewMemory()
-	mem.note("s", id, 0x2000, 0x1000, 0, false)
+	mem.note("s", id, true, 0x2000, 0x1000, 0, false)
 	for _, tt := range []struct {
 		name     string
 		streamed bool

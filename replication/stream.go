@@ -520,7 +520,7 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	// Streaming: from here on only ctx ends the session, so a stop can finish the transaction.
 	s.setup(nil)
 	s.streamed = true
-	s.mem.note(s.cfg.Slot, s.identity, s.serverEnd, s.floor, 0, false)
+	s.mem.note(s.cfg.Slot, s.identity, true, s.serverEnd, s.floor, 0, false)
 	if err := s.recordHolder(ctx, checked.conn); err != nil {
 		return err
 	}
@@ -1126,7 +1126,7 @@ func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 	}
 	// Remembered before it is sent: a server that read a status update the relay saw fail has
 	// confirmed it all the same.
-	s.mem.note(s.cfg.Slot, s.identity, max(s.serverEnd, s.received), flush, s.maxXid, s.hasXid)
+	s.mem.note(s.cfg.Slot, s.identity, true, max(s.serverEnd, s.received), flush, s.maxXid, s.hasXid)
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: max(s.received, flush),
 		WALFlushPosition: flush,
