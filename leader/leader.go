@@ -503,9 +503,10 @@ func (e *Elector) begin(ctx context.Context, conn *pgx.Conn, sent time.Time, pre
 // keeps the slot active for it until wal_sender_timeout (60s by default) while the new leader
 // cannot stream. That leader has fenced itself before its lease ended (unless its process was
 // paused through it, see the package comment), so that walsender serves nobody. A leader publishes
-// its walsender's PID in its lock session's application_name once it streams; this ends exactly
-// that backend, and only while it is still the slot's active one, in one statement: the walsender
-// of anything outside the election (a relay with leader_election off, Debezium) is left alone.
+// its walsender's PID in its lock session's application_name before it uses the slot
+// (PublishWalsender); this ends exactly that backend, and only while it is still the slot's active
+// one, in one statement: the walsender of anything outside the election (a relay with
+// leader_election off, Debezium) is left alone.
 // Without the right to end it (another role's backend needs pg_signal_backend; a superuser's,
 // superuser) the new leader waits for the slot as for any busy one.
 //
@@ -518,7 +519,7 @@ func (e *Elector) begin(ctx context.Context, conn *pgx.Conn, sent time.Time, pre
 func (e *Elector) endStaleWalsender(ctx context.Context, conn *pgx.Conn, prev Holder, lockSent time.Time) (answered time.Time, err error) {
 	pid := prev.WalsenderPID
 	if pid == 0 {
-		return time.Time{}, nil // it published none: it never streamed, or its role's name hid it
+		return time.Time{}, nil // it published none: no replication session yet, or one of another role or host
 	}
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(ctx, sent.Add(e.cfg.CheckTimeout))
@@ -589,7 +590,7 @@ type Term struct {
 	cancel  context.CancelFunc // ends a check in flight when the term is released
 	done    chan struct{}
 	pid     uint32
-	session atomic.Pointer[func() uint64]
+	publish chan publication // PublishWalsender's requests, served by watch
 	// standbys is how many other sessions held the candidate lock at the last check.
 	standbys atomic.Int32
 }
@@ -603,7 +604,7 @@ func (t *Term) Standbys() int { return int(t.standbys.Load()) }
 func newTerm(conn *pgx.Conn, cfg Config, log *zap.Logger, sent time.Time, pid uint32) *Term {
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Term{conn: conn, lost: make(chan struct{}), stop: make(chan struct{}), cancel: cancel,
-		done: make(chan struct{}), pid: pid}
+		done: make(chan struct{}), pid: pid, publish: make(chan publication)}
 	go t.watch(ctx, cfg, log, sent)
 	return t
 }
@@ -612,33 +613,52 @@ func newTerm(conn *pgx.Conn, cfg Config, log *zap.Logger, sent time.Time, pid ui
 // connection's own PID is one the pooler made up).
 func (t *Term) PID() uint32 { return t.pid }
 
-// PublishWalsender tells the term how to know that this leader streams the slot: session is the
-// number of its current replication session (from 1, a new one after each reconnection), or 0
-// while it streams none. While it is not 0, each check also publishes the slot's walsender PID in
-// the lock session's application_name (" walsender=<pid>" appended), so that the next leader ends
-// exactly that walsender should this one be cut off. A new session is published at once (within
-// publishPoll), not at the next check: a leader that stalled in between (a pause, a frozen VM)
-// would leave the next leader a walsender it does not know to end, and the slot busy until
-// wal_sender_timeout (60s by default). It publishes a walsender only of the lock session's role and
-// client address, started after the lock session.
-func (t *Term) PublishWalsender(session func() uint64) { t.session.Store(&session) }
-
-// currentSession is what the function given to PublishWalsender says (0 without one), and that
-// function: a new one (the relay replaced within the term) numbers its sessions afresh.
-func (t *Term) currentSession() (uint64, *func() uint64) {
-	if f := t.session.Load(); f != nil {
-		return (*f)(), f
+// PublishWalsender publishes pid, the backend of this leader's replication connection, in the
+// lock session's application_name (" walsender=<pid>" appended), so that the next leader ends
+// exactly that walsender should this one be cut off, and returns once it is published. Call it
+// in each replication session before the session uses the slot (replication.Config.OnWalsender):
+// a leader that stalls at any moment after (a pause, a frozen VM) leaves the next leader the
+// walsender it is to end, instead of a slot busy until wal_sender_timeout (60s by default). It
+// publishes only a walsender of the lock session's role and client address, started after the lock
+// session; another is left unpublished, with a warning. The publication is a check of the lock
+// too: it fails when the term is lost or released, and the caller must then not stream.
+func (t *Term) PublishWalsender(ctx context.Context, pid int32) error {
+	p := publication{pid: pid, done: make(chan error, 1)}
+	select {
+	case t.publish <- p:
+	case <-t.done:
+		return t.ended()
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	return 0, nil
+	select {
+	case err := <-p.done:
+		return err
+	case <-t.done:
+		select {
+		case err := <-p.done:
+			return err
+		default:
+			return t.ended()
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-// publishPoll is how often the term looks for a replication session it has not published, and
-// publishTries how many checks it runs for one before leaving it to the regular checks (the
-// slot may show another role's walsender, which is never published).
-const (
-	publishPoll  = 50 * time.Millisecond
-	publishTries = 10
-)
+// publication is a request of PublishWalsender; done gets its outcome.
+type publication struct {
+	pid  int32
+	done chan error
+}
+
+// ended is why a term whose watch has returned publishes nothing.
+func (t *Term) ended() error {
+	if err := t.Err(); err != nil {
+		return fmt.Errorf("leader term lost: %w", err)
+	}
+	return errors.New("leader term released")
+}
 
 // Lost is closed when the lock connection failed: the lock may already belong to another instance.
 func (t *Term) Lost() <-chan struct{} { return t.lost }
@@ -676,34 +696,15 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND classid::bigint = $3 AND objid::bigint = $4)`
 	ticker := time.NewTicker(cfg.CheckInterval)
 	defer ticker.Stop()
-	poll := time.NewTicker(publishPoll)
-	defer poll.Stop()
-	var published, trying uint64 // the session a check last published, the one early checks are for
-	var source *func() uint64    // what numbers them
-	tries := 0
-	seen := func(f *func() uint64) {
-		if f != source {
-			source, published, trying = f, 0, 0
-		}
-	}
+	warned := false // of a walsender it could not publish
 	for {
+		var pub *publication // a check that also publishes a walsender
 		select {
 		case <-t.stop:
 			return
 		case <-ticker.C:
-		case <-poll.C:
-			s, f := t.currentSession()
-			seen(f)
-			if s == 0 || s == published {
-				continue
-			}
-			if s != trying {
-				trying, tries = s, 0
-			}
-			if tries >= publishTries {
-				continue // the regular checks go on trying
-			}
-			tries++
+		case p := <-t.publish:
+			pub = &p
 		}
 		start := time.Now()
 		deadline := start.Add(cfg.CheckTimeout)
@@ -711,22 +712,19 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 			deadline = end
 		}
 		query, args := `SELECT pg_backend_pid(), `+heldByBackend(1, 2)+`, `+standbys, []any{hi, lo, chi, clo}
-		session, f := t.currentSession()
-		seen(f)
-		if session != 0 {
-			query = `SELECT pg_backend_pid(), ` + heldByBackend(1, 2) + `, ` + standbys + `, (SELECT set_config('application_name', left($6::text, 63 - length($7::text || w.pid::text)) || $7::text || w.pid::text, false)
-				FROM pg_replication_slots s JOIN pg_stat_activity w ON w.pid = s.active_pid
-				JOIN pg_stat_activity me ON me.pid = pg_backend_pid()
-				WHERE s.slot_name = $5 AND s.database = current_database() AND w.usesysid = me.usesysid
+		if pub != nil {
+			query += `, (SELECT set_config('application_name', left($6::text, 63 - length($7::text || w.pid::text)) || $7::text || w.pid::text, false)
+				FROM pg_stat_activity w JOIN pg_stat_activity me ON me.pid = pg_backend_pid()
+				WHERE w.pid = $5 AND w.backend_type = 'walsender' AND w.usesysid = me.usesysid
 				  AND w.client_addr IS NOT DISTINCT FROM me.client_addr AND w.backend_start >= me.backend_start) IS NOT NULL`
-			args = append(args, cfg.Slot, app, walsenderTag)
+			args = append(args, pub.pid, app, walsenderTag)
 		}
 		cctx, cancel := context.WithDeadline(ctx, deadline)
 		var pid, waiting int32
-		var held, pub bool
+		var held, published bool
 		var err error
-		if len(args) > 4 {
-			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting, &pub)
+		if pub != nil {
+			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting, &published)
 		} else {
 			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting)
 		}
@@ -750,13 +748,21 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 		}
 		if t.lostErr != nil {
 			close(t.lost)
+			if pub != nil {
+				pub.done <- t.ended()
+			}
 			return
 		}
 		t.standbys.Store(waiting)
-		if pub {
-			published = session
-		}
 		sent = start
+		if pub != nil {
+			if !published && !warned {
+				warned = true
+				log.Warn("the replication connection's walsender was not published as this leader's: it is not of the leader lock session's role and client address (pg_dsn and leader_dsn differ in user or host). Should this leader be cut off, the next one waits for the slot until PostgreSQL ends this walsender (wal_sender_timeout)",
+					zap.Int32("walsender_pid", pub.pid), zap.Uint32("lock_pid", t.pid))
+			}
+			pub.done <- nil
+		}
 		if took > cfg.CheckTimeout/2 {
 			cfg.OnSlowCheck(took)
 			log.Warn("the leader lock check was slow: a check that takes leader_check_timeout fences this leader; raise it if the database is often this slow",

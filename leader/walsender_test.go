@@ -3,7 +3,6 @@ package leader_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -54,12 +53,11 @@ func newSlotFixture(t *testing.T) *slotFixture {
 	return f
 }
 
-// stream starts a walsender on the slot, connecting as the relay does (from 127.0.0.1, with the
-// relay's default application_name), and returns its backend PID once the slot shows it active.
-func (f *slotFixture) stream(t *testing.T) int32 {
+// replicationConn opens a replication connection as the relay does (from 127.0.0.1, with the
+// relay's default application_name): a walsender that does not stream yet.
+func (f *slotFixture) replicationConn(t *testing.T) *pgconn.PgConn {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgconn.Connect(ctx, f.dsn+"&replication=database&application_name=outbox-relay")
+	conn, err := pgconn.Connect(context.Background(), f.dsn+"&replication=database&application_name=outbox-relay")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +66,14 @@ func (f *slotFixture) stream(t *testing.T) int32 {
 		defer cancel()
 		conn.Close(ctx)
 	})
-	if err := pglogrepl.StartReplication(ctx, conn, f.slot, 0, pglogrepl.StartReplicationOptions{}); err != nil {
+	return conn
+}
+
+// stream starts a walsender on the slot and returns its backend PID once the slot shows it active.
+func (f *slotFixture) stream(t *testing.T) int32 {
+	t.Helper()
+	conn := f.replicationConn(t)
+	if err := pglogrepl.StartReplication(context.Background(), conn, f.slot, 0, pglogrepl.StartReplicationOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if pid := f.activePID(t); pid != int32(conn.PID()) {
@@ -163,12 +168,10 @@ func TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished(t *testing.T) 
 			cfg := leader.Config{DSN: f.dsn, Slot: f.slot, RetryInterval: 100 * time.Millisecond, CheckTimeout: 2 * time.Second}
 			termA := campaign(t, context.Background(), leader.New(cfg, zaptest.NewLogger(t).Named("a")))
 			walsender := f.stream(t)
-			var session uint64 // 0: it streams no session of its own
 			if tc.published {
-				session = 1
-			}
-			termA.PublishWalsender(func() uint64 { return session })
-			if tc.published {
+				if err := termA.PublishWalsender(context.Background(), walsender); err != nil {
+					t.Fatal(err)
+				}
 				f.waitPublished(t, walsender)
 			} else {
 				time.Sleep(2 * time.Second) // checks run, and must publish nothing
@@ -202,58 +205,60 @@ func TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished(t *testing.T) 
 	}
 }
 
-// TestALeaderPublishesEachNewWalsenderAtOnce: a leader publishes the walsender of a replication
-// session as soon as the session starts, again after a reconnection, and again when a new relay
-// in the same term numbers its sessions from 1, not at its next check (here 30s away). A leader
-// that stalled before its next check (a pause, a frozen VM) left the next leader a walsender it
-// did not know to end, and the slot busy until wal_sender_timeout (60s by default):
-// cmd/outbox-relay's TestAZombieLeaderIsFencedByKafkaAndWritesNothingAReadCommittedConsumerSees
-// failed so when its relay was paused within a second of streaming.
-func TestALeaderPublishesEachNewWalsenderAtOnce(t *testing.T) {
+// TestPublishWalsenderReturnsOnceTheNextLeaderCanSeeIt: the relay publishes each replication
+// session's walsender before the session uses the slot (replication.Config.OnWalsender), so
+// PublishWalsender must return only once the lock holder shows it, not at the next check (here 30s
+// away): a leader that stalled in between (a pause, a frozen VM) would leave the next leader a
+// walsender it does not know to end, and the slot busy until wal_sender_timeout (60s by default).
+// A reconnection's walsender replaces the last; a backend that is no walsender is not published;
+// a released term publishes nothing.
+func TestPublishWalsenderReturnsOnceTheNextLeaderCanSeeIt(t *testing.T) {
+	ctx := context.Background()
 	f := newSlotFixture(t)
-	term := campaign(t, context.Background(), leader.New(leader.Config{DSN: f.dsn, Slot: f.slot, CheckInterval: 30 * time.Second,
+	term := campaign(t, ctx, leader.New(leader.Config{DSN: f.dsn, Slot: f.slot, CheckInterval: 30 * time.Second,
 		CheckTimeout: 2 * time.Second}, zaptest.NewLogger(t)))
-	defer term.Release()
-	var session atomic.Uint64
-	term.PublishWalsender(session.Load)
-	time.Sleep(300 * time.Millisecond)
-	if h, _, err := leader.LockHolder(context.Background(), f.admin, f.slot); err != nil || h.WalsenderPID != 0 {
-		t.Fatalf("no session streams, yet the holder shows %+v (%v)", h, err)
-	}
-
-	// end ends a walsender, as a reconnection or a relay's stop does.
-	end := func(pid int32) {
+	released := false
+	defer func() {
+		if !released {
+			term.Release()
+		}
+	}()
+	holder := func() leader.Holder {
 		t.Helper()
-		if _, err := f.admin.Exec(context.Background(), "SELECT pg_terminate_backend($1, 5000)", pid); err != nil {
-			t.Fatal(err)
+		h, held, err := leader.LockHolder(ctx, f.admin, f.slot)
+		if err != nil || !held {
+			t.Fatalf("LockHolder: %+v held %v (%v)", h, held, err)
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for f.activePID(t) != 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("walsender %d still streams 10s after it was ended", pid)
-			}
-			time.Sleep(20 * time.Millisecond)
+		return h
+	}
+	if h := holder(); h.WalsenderPID != 0 {
+		t.Fatalf("nothing published, yet the holder shows %+v", h)
+	}
+	for i := range 2 { // the first session's walsender, then a reconnection's
+		pid := int32(f.replicationConn(t).PID())
+		if err := term.PublishWalsender(ctx, pid); err != nil {
+			t.Fatalf("session %d: PublishWalsender: %v", i+1, err)
+		}
+		if h := holder(); h.WalsenderPID != pid || h.ApplicationName != "outbox-relay" {
+			t.Fatalf("session %d: PublishWalsender(%d) returned, and the holder shows %+v", i+1, pid, h)
 		}
 	}
-	first := f.stream(t)
-	session.Store(1)
-	f.waitPublishedWithin(t, first, 2*time.Second)
-
-	end(first) // the relay is replaced within the term: the new one's sessions start at 1 again
-	var next atomic.Uint64
-	term.PublishWalsender(next.Load)
-	second := f.stream(t)
-	next.Store(1)
-	f.waitPublishedWithin(t, second, 2*time.Second)
-
-	end(second) // a reconnection: the next session streams from another walsender
-	third := f.stream(t)
-	next.Store(2)
-	f.waitPublishedWithin(t, third, 2*time.Second)
+	last := holder().WalsenderPID
+	if err := term.PublishWalsender(ctx, int32(f.admin.PgConn().PID())); err != nil {
+		t.Fatalf("PublishWalsender of an ordinary backend: %v", err)
+	}
+	if h := holder(); h.WalsenderPID != last {
+		t.Fatalf("an ordinary backend was published: the holder shows %+v, want walsender %d still", h, last)
+	}
 	select {
 	case <-term.Lost():
 		t.Fatalf("the term was lost: %v", term.Err())
 	default:
+	}
+	term.Release()
+	released = true
+	if err := term.PublishWalsender(ctx, last); err == nil {
+		t.Fatal("a released term published a walsender")
 	}
 }
 
@@ -266,7 +271,9 @@ func TestCampaignNeverReturnsATermWhoseLockIsGone(t *testing.T) {
 	termA := campaign(t, context.Background(), leader.New(leader.Config{DSN: f.dsn, Slot: f.slot, CheckTimeout: time.Second},
 		zaptest.NewLogger(t).Named("a")))
 	walsender := f.stream(t)
-	termA.PublishWalsender(func() uint64 { return 1 })
+	if err := termA.PublishWalsender(context.Background(), walsender); err != nil {
+		t.Fatal(err)
+	}
 	f.waitPublished(t, walsender)
 	// The walsender cannot act on SIGTERM for now, like one stuck on a dead network.
 	if err := syscall.Kill(int(walsender), syscall.SIGSTOP); err != nil {

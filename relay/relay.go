@@ -151,15 +151,6 @@ func (r *Relay) Streaming() bool {
 	return r.stream.Session() > 0
 }
 
-// Session is the number of the replication session streaming now (see replication.Stream.Session),
-// 0 before the first; always 0 when polling, which has no walsender.
-func (r *Relay) Session() uint64 {
-	if r.poller != nil {
-		return 0
-	}
-	return r.stream.Session()
-}
-
 // ErrFenced is what Run returns after Fence.
 var ErrFenced = errors.New("relay fenced: stopped streaming without draining")
 

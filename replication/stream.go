@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,6 +73,12 @@ type Config struct {
 	// created the slot with ExportSnapshot (the rows it shows are exactly those committed before the
 	// slot's consistent point); it is "" when the slot already existed.
 	BeforeStream func(ctx context.Context, snapshot string) error
+	// OnWalsender, when set, runs in each session as soon as the replication connection is up,
+	// before the session creates, recovers or streams the slot, with that connection's backend
+	// PID: the walsender that will hold the slot. The leader publishes it there
+	// (leader.Term.PublishWalsender), so the next leader knows which walsender to end before the
+	// slot can show it active. An error ends the session, which is retried.
+	OnWalsender func(ctx context.Context, pid int32) error
 	// ExportSnapshot creates a missing slot with an exported snapshot, for BeforeStream.
 	ExportSnapshot bool
 	// Failover makes the slot a failover slot (PostgreSQL 17+; a fatal error on older servers):
@@ -298,9 +305,8 @@ func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream
 }
 
 // Session is the number of the session streaming now, from 1, counted as its START_REPLICATION
-// succeeds (so the slot shows its walsender from then on), or 0 before the first. A reconnection
-// starts a new one. Safe to call from any goroutine: the leader publishes the walsender of each new
-// session (leader.Term.PublishWalsender) as soon as it sees the number change.
+// succeeds, or 0 before the first. A reconnection starts a new one. Safe to call from any
+// goroutine.
 func (s *Stream) Session() uint64 { return s.sessions.Load() }
 
 // StopReconnecting tells Run that a stop was requested: a session that is streaming goes on until
@@ -447,6 +453,15 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	if s.cfg.Failover {
 		if err := checkFailoverSupported(serverMajor(s.conn.ParameterStatus("server_version"))); err != nil {
 			return err
+		}
+	}
+	if s.cfg.OnWalsender != nil {
+		pid, err := s.backendPID(ctx)
+		if err != nil {
+			return err
+		}
+		if err := s.cfg.OnWalsender(ctx, pid); err != nil {
+			return fmt.Errorf("before using slot %q from walsender PID %d: %w", s.cfg.Slot, pid, err)
 		}
 	}
 	snapshot := ""
@@ -698,6 +713,23 @@ func (s *Stream) readLedgerIdentity(ctx context.Context, conn *pgx.Conn) Identit
 // have led to another server than the one streamed from; the floor confirmed to the server must be
 // that server's own. walEnd is that server's flushed end of WAL, read after the slot (the view
 // reads every slot before the target list runs), so a slot beyond it was confirmed beyond it.
+// backendPID is the replication connection's backend, the walsender, as the server numbers it
+// (behind a pooler, the PID the connection was given is the pooler's own).
+func (s *Stream) backendPID(ctx context.Context) (int32, error) {
+	results, err := s.conn.Exec(ctx, "SELECT pg_catalog.pg_backend_pid()").ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("read the replication connection's backend PID: %w", err)
+	}
+	if len(results) != 1 || len(results[0].Rows) != 1 {
+		return 0, errors.New("read the replication connection's backend PID: no row")
+	}
+	pid, err := strconv.ParseInt(string(results[0].Rows[0][0]), 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("the replication connection's backend PID %q: %w", results[0].Rows[0][0], err)
+	}
+	return int32(pid), nil
+}
+
 func (s *Stream) confirmedOnStreamServer(ctx context.Context) (confirmed, walEnd pglogrepl.LSN, err error) {
 	// A replication=database connection runs simple-protocol SQL.
 	results, err := s.conn.Exec(ctx, "SELECT confirmed_flush_lsn, pg_catalog.pg_current_wal_flush_lsn() FROM pg_catalog.pg_replication_slots WHERE slot_name = "+quoteLiteral(s.cfg.Slot)).ReadAll()

@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -401,6 +402,50 @@ func TestTwoInstancesOneStreamsAndTheStandbyTakesOverWithinTheBoundAfterKill9(t 
 	rep := f.verify(t, f.brokers)
 	t.Logf("across the takeover: %s", rep)
 	b.stop(t)
+}
+
+// TestTheSlotNeverShowsAWalsenderItsLeaderHasNotPublished: at any moment the slot shows a leader's
+// walsender active, the leader's lock session already names it, in the first session and in every
+// reconnection's. A leader that stalls at any moment (a pause, a frozen VM) so leaves the next leader
+// the walsender to end; one that published it only once streaming began left a window in which the
+// next leader waited for wal_sender_timeout (60 s). The slot and the holder are read every few
+// milliseconds, the slot first: a walsender the slot shows must be published when the holder is
+// read after.
+func TestTheSlotNeverShowsAWalsenderItsLeaderHasNotPublished(t *testing.T) {
+	f := newHAFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+	ctx := context.Background()
+	a := f.start("relay-a", nil)
+	const sessions = 5
+	var last int32
+	for i := 0; i < sessions; {
+		if a.Exited() {
+			t.Fatalf("relay-a exited:\n%s", a.Output())
+		}
+		var active *int32
+		err := f.pool.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		if active == nil || *active == last {
+			time.Sleep(2 * time.Millisecond)
+			continue
+		}
+		h, held, err := leader.LockHolder(ctx, f.pool, f.slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !held || h.WalsenderPID != *active {
+			t.Fatalf("session %d: the slot shows walsender %d active, and the leader lock holder publishes %d (held %v, %+v)", i+1, *active, h.WalsenderPID, held, h)
+		}
+		i, last = i+1, *active
+		if i < sessions {
+			// A reconnection: its walsender is new.
+			if _, err := f.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", last); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	a.stop(t)
 }
 
 func TestALeaderWhoseLockConnectionIsKilledStopsStreamingAndLeadsAgain(t *testing.T) {

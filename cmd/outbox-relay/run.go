@@ -296,6 +296,11 @@ func supersededTerm(ctx context.Context, term *leader.Term, err error, log *zap.
 // runRelayOnce builds a relay and runs it until ctx ends or, with a term, until the term is lost or
 // (kafkaTimeout > 0) Kafka has not answered for kafkaTimeout while events waited (handover.go).
 func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State, kafkaTimeout time.Duration) error {
+	if term != nil {
+		// The next leader ends exactly this relay's walsender should this one be cut off: each
+		// session publishes it before it uses the slot.
+		rcfg.Replication.OnWalsender = term.PublishWalsender
+	}
 	r, err := relay.New(rcfg, log, m)
 	if err != nil {
 		return err
@@ -310,8 +315,6 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 	var silent <-chan time.Duration
 	if term != nil {
 		lost = term.Lost()
-		// The next leader ends exactly this relay's walsender should this one be cut off.
-		term.PublishWalsender(r.Session)
 		if kafkaTimeout > 0 {
 			wctx, stopWatch := context.WithCancel(ctx)
 			defer stopWatch()
