@@ -716,15 +716,16 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 			query += `, (SELECT set_config('application_name', left($6::text, 63 - length($7::text || w.pid::text)) || $7::text || w.pid::text, false)
 				FROM pg_stat_activity w JOIN pg_stat_activity me ON me.pid = pg_backend_pid()
 				WHERE w.pid = $5 AND w.backend_type = 'walsender' AND w.usesysid = me.usesysid
-				  AND w.client_addr IS NOT DISTINCT FROM me.client_addr AND w.backend_start >= me.backend_start) IS NOT NULL`
+				  AND w.client_addr IS NOT DISTINCT FROM me.client_addr AND w.backend_start >= me.backend_start) IS NOT NULL,
+				EXISTS (SELECT FROM pg_stat_activity WHERE pid = $5 AND backend_type = 'walsender')`
 			args = append(args, pub.pid, app, walsenderTag)
 		}
 		cctx, cancel := context.WithDeadline(ctx, deadline)
 		var pid, waiting int32
-		var held, published bool
+		var held, published, exists bool
 		var err error
 		if pub != nil {
-			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting, &published)
+			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting, &published, &exists)
 		} else {
 			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting)
 		}
@@ -756,9 +757,10 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 		t.standbys.Store(waiting)
 		sent = start
 		if pub != nil {
-			if !published && !warned {
+			// A walsender already gone (its connection cut meanwhile) fails its session anyway.
+			if !published && exists && !warned {
 				warned = true
-				log.Warn("the replication connection's walsender was not published as this leader's: it is not of the leader lock session's role and client address (pg_dsn and leader_dsn differ in user or host). Should this leader be cut off, the next one waits for the slot until PostgreSQL ends this walsender (wal_sender_timeout)",
+				log.Warn("the replication connection's walsender was not published as this leader's: it is not of the leader lock session's role and client address (leader_dsn with another user than pg_dsn, or through a pooler on another host). Should this leader be cut off, the next one waits for the slot until PostgreSQL ends this walsender (wal_sender_timeout)",
 					zap.Int32("walsender_pid", pub.pid), zap.Uint32("lock_pid", t.pid))
 			}
 			pub.done <- nil

@@ -43,7 +43,7 @@ type slotMemory struct {
 	pubCluster  string
 	pubAt       time.Time
 
-	streamed  bool
+	streamed  bool // the process streamed the slot, or created it
 	identity  Identity
 	seen      pglogrepl.LSN // the furthest WAL position the server showed: IDENTIFY_SYSTEM, data, keepalives
 	confirmed pglogrepl.LSN // the furthest position sent to the server as confirmed
@@ -144,9 +144,9 @@ func (s *Stream) remember() {
 	if s.mem == nil || s.identity == (Identity{}) {
 		return
 	}
-	// A session that ended before it streamed (one that failed creating the slot, say) saw the
-	// server's history, but did not stream the slot: taken for streamed, the slot it never
-	// created would be taken for lost by the next session.
+	// A session that ended before it streamed saw the server's history, but owns the slot only if
+	// it created it (createSlot notes that): one cut short while creating it owns none, and taken
+	// for streamed, the slot it never created would be taken for lost by the next session.
 	s.mem.note(s.cfg.Slot, s.identity, s.streamed, max(s.serverEnd, s.received), s.reported, s.maxXid, s.hasXid)
 }
 

@@ -84,3 +84,48 @@ func TestASlotCreationCutShortIsRetriedNotTakenForALostSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestASlotCreatedButNeverStreamedIsLostWhenItVanishes: a session that created the slot and ended
+// before it streamed (BeforeStream failed: Kafka down, say) owns it all the same. Should the slot
+// vanish before the next session, that session must take it for lost, even without a ledger to
+// ask, not for a first start: a new slot would skip what was committed in between.
+func TestASlotCreatedButNeverStreamedIsLostWhenItVanishes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, slot := testenv.OutboxDatabase(t, testenv.SharedPostgres(t)), testenv.UniqueName(t, "slot")
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "DROP TABLE IF EXISTS public."+replication.LedgerTable); err != nil { // no ledger to ask
+		t.Fatal(err)
+	}
+	calls := 0
+	cfg := replication.Config{DSN: dsn, Slot: slot, Publication: slot, Table: "outbox_events", CreateSlot: true, CreatePublication: true,
+		BeforeStream: func(ctx context.Context, _ string) error {
+			calls++
+			if calls > 1 {
+				return nil
+			}
+			// The slot vanishes while the session that created it waits (dropped by hand, say).
+			if _, err := admin.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+				t.Errorf("drop the slot: %v", err)
+			}
+			return errors.New("kafka is down")
+		}}
+	log, logs := observed(t)
+	_, stop, ended := runStreamConfig(t, cfg, log)
+	defer stop()
+	select {
+	case <-ended:
+	case <-time.After(time.Minute):
+		t.Fatal("the stream went on after the slot it created vanished")
+	}
+	if err := stop(); !errors.Is(err, replication.ErrSlotLost) {
+		t.Fatalf("Run = %v, want ErrSlotLost", err)
+	}
+	if n := logs.FilterMessage("created replication slot").Len(); n != 1 {
+		t.Fatalf("the slot was created %d times, want once", n)
+	}
+}

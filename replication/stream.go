@@ -708,11 +708,6 @@ func (s *Stream) readLedgerIdentity(ctx context.Context, conn *pgx.Conn) Identit
 	return Identity{}
 }
 
-// confirmedOnStreamServer reads the slot's confirmed position over the replication connection. The
-// checks read it on their own connection, which a multi-host pg_dsn (or a host name that moved) may
-// have led to another server than the one streamed from; the floor confirmed to the server must be
-// that server's own. walEnd is that server's flushed end of WAL, read after the slot (the view
-// reads every slot before the target list runs), so a slot beyond it was confirmed beyond it.
 // backendPID is the replication connection's backend, the walsender, as the server numbers it
 // (behind a pooler, the PID the connection was given is the pooler's own).
 func (s *Stream) backendPID(ctx context.Context) (int32, error) {
@@ -730,6 +725,11 @@ func (s *Stream) backendPID(ctx context.Context) (int32, error) {
 	return int32(pid), nil
 }
 
+// confirmedOnStreamServer reads the slot's confirmed position over the replication connection. The
+// checks read it on their own connection, which a multi-host pg_dsn (or a host name that moved) may
+// have led to another server than the one streamed from; the floor confirmed to the server must be
+// that server's own. walEnd is that server's flushed end of WAL, read after the slot (the view
+// reads every slot before the target list runs), so a slot beyond it was confirmed beyond it.
 func (s *Stream) confirmedOnStreamServer(ctx context.Context) (confirmed, walEnd pglogrepl.LSN, err error) {
 	// A replication=database connection runs simple-protocol SQL.
 	results, err := s.conn.Exec(ctx, "SELECT confirmed_flush_lsn, pg_catalog.pg_current_wal_flush_lsn() FROM pg_catalog.pg_replication_slots WHERE slot_name = "+quoteLiteral(s.cfg.Slot)).ReadAll()
@@ -870,6 +870,10 @@ func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string
 	}
 	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn), zap.Bool("failover", s.cfg.Failover),
 		zap.Bool("replaces_a_lost_slot", s.lost != nil))
+	// The process owns the slot from here on, as if it had streamed it: should the session end
+	// before it streams (Kafka down for BeforeStream, say) and the slot vanish, the next session or
+	// term must take it for lost, ledger or not, not for a first start that skips the gap.
+	s.mem.note(s.cfg.Slot, s.identity, true, s.serverEnd, 0, 0, false)
 	if err := s.recordSlot(ctx, lsn); err != nil && s.lost != nil {
 		// A replacement's recovery is ended only for the slot the ledger names: without the
 		// record, another process's replacement could end it.
