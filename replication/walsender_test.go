@@ -57,7 +57,7 @@ func TestOnWalsenderNamesTheWalsenderBeforeItUsesTheSlot(t *testing.T) {
 			}
 			return nil
 		}}
-	log, _ := observed(t)
+	log, logs := observed(t)
 	_, stop, ended := runStreamConfig(t, cfg, log)
 	defer stop()
 
@@ -83,17 +83,26 @@ func TestOnWalsenderNamesTheWalsenderBeforeItUsesTheSlot(t *testing.T) {
 	if c := next(); c.slotExists {
 		t.Fatal("the slot existed before the first session's hook, which creates it")
 	}
-	if c := next(); c.slotExists {
+	c := next()
+	if c.slotExists {
 		t.Fatal("a session whose hook failed went on to create the slot")
-	} else if got := walsenderPID(t, dsn, slot); int32(got) != c.pid {
+	}
+	if got := walsenderPID(t, dsn, slot); int32(got) != c.pid {
 		t.Fatalf("the slot streams from %d, OnWalsender was given %d", got, c.pid)
 	}
 
-	// A reconnection's walsender is named too, before it streams.
-	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", slot); err != nil {
+	// A reconnection's walsender is named too, before it streams. Ended once it streams (ended
+	// while it creates the slot, the next session would create it) and by its PID: the slot shows
+	// none for a moment between its creation and START_REPLICATION.
+	for deadline := time.Now().Add(time.Minute); logs.FilterMessage("streaming").Len() == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream does not stream within a minute")
+		}
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1, 10000)", c.pid); err != nil {
 		t.Fatal(err)
 	}
-	c := next()
+	c = next()
 	if !c.slotExists {
 		t.Fatal("the slot is gone after a reconnection")
 	}
