@@ -632,15 +632,8 @@ func (t *Term) PublishWalsender(ctx context.Context, pid int32) error {
 		return ctx.Err()
 	}
 	select {
-	case err := <-p.done:
+	case err := <-p.done: // watch answers every request it takes, also as it returns
 		return err
-	case <-t.done:
-		select {
-		case err := <-p.done:
-			return err
-		default:
-			return t.ended()
-		}
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -699,6 +692,11 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 	warned := false // of a walsender it could not publish
 	for {
 		var pub *publication // a check that also publishes a walsender
+		answer := func(err error) {
+			if pub != nil {
+				pub.done <- err
+			}
+		}
 		select {
 		case <-t.stop:
 			return
@@ -733,6 +731,7 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 		took := time.Since(start)
 		select {
 		case <-t.stop:
+			answer(t.ended())
 			return // released: the check was cut short on purpose
 		default:
 		}
@@ -749,22 +748,18 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 		}
 		if t.lostErr != nil {
 			close(t.lost)
-			if pub != nil {
-				pub.done <- t.ended()
-			}
+			answer(t.ended())
 			return
 		}
 		t.standbys.Store(waiting)
 		sent = start
-		if pub != nil {
-			// A walsender already gone (its connection cut meanwhile) fails its session anyway.
-			if !published && exists && !warned {
-				warned = true
-				log.Warn("the replication connection's walsender was not published as this leader's: it is not of the leader lock session's role and client address (leader_dsn with another user than pg_dsn, or through a pooler on another host). Should this leader be cut off, the next one waits for the slot until PostgreSQL ends this walsender (wal_sender_timeout)",
-					zap.Int32("walsender_pid", pub.pid), zap.Uint32("lock_pid", t.pid))
-			}
-			pub.done <- nil
+		// A walsender already gone (its connection cut meanwhile) fails its session anyway.
+		if pub != nil && !published && exists && !warned {
+			warned = true
+			log.Warn("the replication connection's walsender was not published as this leader's: it is not of the leader lock session's role and client address (leader_dsn with another user than pg_dsn, or through a pooler on another host). Should this leader be cut off, the next one waits for the slot until PostgreSQL ends this walsender (wal_sender_timeout)",
+				zap.Int32("walsender_pid", pub.pid), zap.Uint32("lock_pid", t.pid))
 		}
+		answer(nil)
 		if took > cfg.CheckTimeout/2 {
 			cfg.OnSlowCheck(took)
 			log.Warn("the leader lock check was slow: a check that takes leader_check_timeout fences this leader; raise it if the database is often this slow",

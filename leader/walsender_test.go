@@ -329,3 +329,28 @@ func TestCampaignNeverReturnsATermWhoseLockIsGone(t *testing.T) {
 	default:
 	}
 }
+
+// TestPublishWalsenderInFlightEndsWithTheTerm: a publication whose check is in flight when the
+// term is released returns at once with an error, instead of waiting for an answer nobody gives.
+func TestPublishWalsenderInFlightEndsWithTheTerm(t *testing.T) {
+	f := newSlotFixture(t)
+	proxied, p := viaProxy(t, f.dsn)
+	term := campaign(t, context.Background(), leader.New(leader.Config{DSN: proxied, Slot: f.slot, CheckInterval: 30 * time.Second,
+		CheckTimeout: 20 * time.Second}, zaptest.NewLogger(t)))
+	pid := int32(f.replicationConn(t).PID())
+	p.DelayResponses(10 * time.Second)
+	done := make(chan error, 1)
+	go func() { done <- term.PublishWalsender(context.Background(), pid) }()
+	time.Sleep(500 * time.Millisecond) // its check is in flight
+	released := time.Now()
+	term.Release()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a publication cut short by Release succeeded")
+		}
+		t.Logf("returned %s after Release: %v", time.Since(released).Round(time.Millisecond), err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("PublishWalsender did not return within 5 s of Release")
+	}
+}

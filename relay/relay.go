@@ -148,7 +148,7 @@ func (r *Relay) Streaming() bool {
 	if r.poller != nil {
 		return r.poller.Polling()
 	}
-	return r.stream.Session() > 0
+	return r.stream.Streamed()
 }
 
 // ErrFenced is what Run returns after Fence.

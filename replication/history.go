@@ -117,7 +117,7 @@ func (m *Memory) notePublication(slot, cluster string, mb membership, at time.Ti
 // between would have checked (and stopped on) a change itself, and its own changes are no
 // business of this process's memory.
 func (s *Stream) carryPublication(c slotCheck) error {
-	if s.mem == nil || s.streamed || !c.holderOK || c.holder != s.mem.token {
+	if s.mem == nil || s.streamed.Load() || !c.holderOK || c.holder != s.mem.token {
 		return nil
 	}
 	known := s.mem.recall(s.cfg.Slot)
@@ -147,7 +147,7 @@ func (s *Stream) remember() {
 	// A session that ended before it streamed saw the server's history, but owns the slot only if
 	// it created it (createSlot notes that): one cut short while creating it owns none, and taken
 	// for streamed, the slot it never created would be taken for lost by the next session.
-	s.mem.note(s.cfg.Slot, s.identity, s.streamed, max(s.serverEnd, s.received), s.reported, s.maxXid, s.hasXid)
+	s.mem.note(s.cfg.Slot, s.identity, s.streamed.Load(), max(s.serverEnd, s.received), s.reported, s.maxXid, s.hasXid)
 }
 
 // restoredError says that the server's history went back behind what the relay saw on the same
@@ -241,7 +241,7 @@ func (s *Stream) checkSlotPosition(c slotCheck) error {
 		return nil
 	}
 	switch {
-	case s.streamed || c.holderOK && c.holder == s.mem.token:
+	case s.streamed.Load() || c.holderOK && c.holder == s.mem.token:
 		return fmt.Errorf("%w: slot %q is confirmed at %s, but the relay confirmed it only up to %s and nothing else streamed it since: it was advanced by someone (pg_replication_slot_advance, pg_logical_slot_get_changes) or dropped and created anew, so the outbox events committed between the two positions were never streamed. The relay confirms nothing more. %s",
 			ErrSlotLost, s.cfg.Slot, c.confirmed, known.confirmed, s.recovery())
 	case c.holderOK:

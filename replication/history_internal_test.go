@@ -50,7 +50,8 @@ func TestASlotAheadOfWhatTheProcessConfirmedStopsOnlyWhenNobodyElseStreamedIt(t 
 		{"a slot beyond the server's end of WAL", false, slotCheck{confirmed: 0x1000, walEnd: 0x0900}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &Stream{cfg: Config{Slot: "s"}, log: zap.NewNop(), ledger: NewLedger("public"), mem: mem, identity: id, streamed: tt.streamed}
+			s := &Stream{cfg: Config{Slot: "s"}, log: zap.NewNop(), ledger: NewLedger("public"), mem: mem, identity: id}
+			s.streamed.Store(tt.streamed)
 			err := s.checkSlotPosition(tt.check)
 			if (err != nil) != tt.fatal || err != nil && !IsFatal(err) {
 				t.Fatalf("checkSlotPosition = %v, want fatal %v", err, tt.fatal)

@@ -90,7 +90,7 @@ func (s *Stream) replaceLost(ctx context.Context, conn *pgx.Conn, slot SlotInfo,
 		if reason = lostReason(slot); reason == "" {
 			return slot, nil
 		}
-	case s.streamed || streamedHere:
+	case s.streamed.Load() || streamedHere:
 		reason = "it no longer exists (dropped, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on)"
 	case !st.SlotCreated.IsZero():
 		reason = "it no longer exists, although the slot ledger records that the relay created it (dropped, invalidated and removed, or the server is a promoted standby or a restore)"
@@ -148,7 +148,7 @@ func (s *Stream) replaceLost(ctx context.Context, conn *pgx.Conn, slot SlotInfo,
 // complete. An error leaves it under way in the ledger: the next session begins it again.
 func (s *Stream) recover(ctx context.Context, out chan<- Message, slot SlotInfo, snapshot string) error {
 	lost := *s.lost
-	if s.streamed {
+	if s.streamed.Load() {
 		// Lost while streaming: what the lost slot streamed may still be on its way to the sink
 		// (buffered, or in the consumer's hands). The gap repeats those events; published after
 		// them it leaves every aggregate at its latest event, published before them it would not.

@@ -134,7 +134,8 @@ func TestStreamErrorsMapToWhatTheCallerActsOn(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &Stream{streamed: tt.streamed, cfg: Config{Publication: "p", Schema: "public", Table: "outbox"}}
+			s := &Stream{cfg: Config{Publication: "p", Schema: "public", Table: "outbox"}}
+			s.streamed.Store(tt.streamed)
 			msg := "x"
 			if strings.HasPrefix(tt.name, "a dropped publication") {
 				msg = `publication "p" does not exist`

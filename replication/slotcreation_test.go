@@ -21,17 +21,9 @@ func TestASlotCreationCutShortIsRetriedNotTakenForALostSlot(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn, slot := testenv.OutboxDatabase(t, testenv.SharedPostgres(t)), testenv.UniqueName(t, "slot")
-	admin, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := connectTo(t, dsn)
 	// An open transaction with an id: creating a logical slot waits for it to end.
-	blocker, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Close(ctx)
+	blocker := connectTo(t, dsn)
 	tx, err := blocker.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -93,11 +85,7 @@ func TestASlotCreatedButNeverStreamedIsLostWhenItVanishes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn, slot := testenv.OutboxDatabase(t, testenv.SharedPostgres(t)), testenv.UniqueName(t, "slot")
-	admin, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := connectTo(t, dsn)
 	if _, err := admin.Exec(ctx, "DROP TABLE IF EXISTS public."+replication.LedgerTable); err != nil { // no ledger to ask
 		t.Fatal(err)
 	}
@@ -128,4 +116,15 @@ func TestASlotCreatedButNeverStreamedIsLostWhenItVanishes(t *testing.T) {
 	if n := logs.FilterMessage("created replication slot").Len(); n != 1 {
 		t.Fatalf("the slot was created %d times, want once", n)
 	}
+}
+
+// connectTo opens an ordinary connection to dsn, closed when the test ends.
+func connectTo(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }

@@ -242,7 +242,7 @@ type Stream struct {
 	floor      pglogrepl.LSN // the slot's confirmed position when the session started
 	received   pglogrepl.LSN
 	reported   pglogrepl.LSN
-	streamed   bool // a session reached START_REPLICATION at least once
+	streamed   atomic.Bool // a session reached START_REPLICATION at least once (Streamed)
 	ahead      *readAhead
 	// mem is the process's memory of the slot (history.go). serverEnd is the server's end of WAL
 	// as this session knows it (IDENTIFY_SYSTEM, then data and keepalives): nothing beyond it is
@@ -271,8 +271,6 @@ type Stream struct {
 	// copying is set while the connection is in copy mode (START_REPLICATION succeeded): only then
 	// is there a copy stream for Finish to end.
 	copying bool
-	// sessions counts the sessions whose START_REPLICATION succeeded (Session).
-	sessions atomic.Uint64
 	// streamingSince is when the session's START_REPLICATION succeeded; stopSigns watches its
 	// keepalives. Both tell when the server shuts down (shutdown.go).
 	streamingSince time.Time
@@ -304,10 +302,9 @@ func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream
 		stopping: make(chan struct{})}
 }
 
-// Session is the number of the session streaming now, from 1, counted as its START_REPLICATION
-// succeeds, or 0 before the first. A reconnection starts a new one. Safe to call from any
-// goroutine.
-func (s *Stream) Session() uint64 { return s.sessions.Load() }
+// Streamed reports whether a session has reached START_REPLICATION (it stays set across
+// reconnections). Safe to call from any goroutine.
+func (s *Stream) Streamed() bool { return s.streamed.Load() }
 
 // StopReconnecting tells Run that a stop was requested: a session that is streaming goes on until
 // ctx ends (the consumer finishes its transaction), but none is started any more, one still being
@@ -384,7 +381,7 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) (err error) {
 			}
 			return nil
 		}
-		if errors.Is(err, ErrSlotActive) && !s.streamed {
+		if errors.Is(err, ErrSlotActive) && !s.streamed.Load() {
 			if busySince.IsZero() {
 				busySince = started
 			}
@@ -488,7 +485,7 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	if s.identity != s.ledgerIdentity {
 		s.recordIdentity(ctx, checked.conn)
 	}
-	if s.cfg.BeforeStream != nil && !s.streamed {
+	if s.cfg.BeforeStream != nil && !s.streamed.Load() {
 		// The exported snapshot stays valid until the next command on this connection, so the hook
 		// runs before START_REPLICATION. A replacement slot's snapshot is the recovery's: a
 		// first start's backfill does not read it.
@@ -530,11 +527,10 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		return s.streamError(err)
 	}
 	s.copying = true
-	s.sessions.Add(1)
 	s.streamingSince, s.stopSigns = time.Now(), stopSigns{}
 	// Streaming: from here on only ctx ends the session, so a stop can finish the transaction.
 	s.setup(nil)
-	s.streamed = true
+	s.streamed.Store(true)
 	s.mem.note(s.cfg.Slot, s.identity, true, s.serverEnd, s.floor, 0, false)
 	if err := s.recordHolder(ctx, checked.conn); err != nil {
 		return err
@@ -792,7 +788,7 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 		}
 	}
 	switch {
-	case !slot.Exists && (s.streamed || known.streamed):
+	case !slot.Exists && (s.streamed.Load() || known.streamed):
 		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed after its last confirmed position %s would be skipped. %s",
 			ErrSlotLost, s.cfg.Slot, max(s.reported, known.confirmed), s.recovery())
 	case !slot.Exists && !s.cfg.CreateSlot:
@@ -933,10 +929,10 @@ func (s *Stream) streamError(err error) error {
 			return fatalf("%s: publication %q was dropped while the relay was streaming, so outbox rows written since are not in the replication stream: recreate it (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)), republish the rows written meanwhile (backfill_since), and restart",
 				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize(), s.cfg.qualifiedTable())
 		}
-		if s.streamed && s.cfg.OnSlotLost == SlotLostRecover {
+		if s.streamed.Load() && s.cfg.OnSlotLost == SlotLostRecover {
 			return fmt.Errorf("%w: %s", errSlotGone, pgErr.Message)
 		}
-		if s.streamed {
+		if s.streamed.Load() {
 			return fmt.Errorf("%w: %s", ErrSlotLost, pgErr.Message)
 		}
 		return fatalf("%s: check the slot and publication settings", pgErr.Message)

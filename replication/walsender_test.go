@@ -21,11 +21,7 @@ func TestOnWalsenderNamesTheWalsenderBeforeItUsesTheSlot(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn, slot := testenv.OutboxDatabase(t, testenv.SharedPostgres(t)), testenv.UniqueName(t, "slot")
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectTo(t, dsn)
 
 	type call struct {
 		pid         int32
