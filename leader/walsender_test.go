@@ -97,12 +97,8 @@ func (f *slotFixture) activePID(t *testing.T) int32 {
 
 // waitPublished waits until the lock holder shows the walsender it published.
 func (f *slotFixture) waitPublished(t *testing.T, want int32) {
-	f.waitPublishedWithin(t, want, 10*time.Second)
-}
-
-func (f *slotFixture) waitPublishedWithin(t *testing.T, want int32, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		h, held, err := leader.LockHolder(context.Background(), f.admin, f.slot)
 		if err != nil {
@@ -115,7 +111,7 @@ func (f *slotFixture) waitPublishedWithin(t *testing.T, want int32, within time.
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the leader did not publish its walsender %d within %s: holder %+v (held %v)", want, within, h, held)
+			t.Fatalf("the leader did not publish its walsender %d within 10s: holder %+v (held %v)", want, h, held)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
