@@ -393,7 +393,7 @@ var settings = []setting{
 		apply: oneOf(func(c *Config) *string { return &c.OnUpdate }, "warn", "error", "fatal")},
 	{key: "on_slot_lost", group: GroupPostgres, kind: choices("stop", "recover"), def: "stop", help: "what a lost replication slot (invalidated, or missing where the relay streamed it) makes the relay do: stop (an operator recovers by hand) or recover (replace the slot and publish, from the outbox table, the rows committed after the last event Kafka acknowledged, at least once; needs migrate and outbox rows kept until they are relayed)",
 		apply: oneOf(func(c *Config) *string { return &c.OnSlotLost }, "stop", "recover")},
-	{key: "slot_recovery_margin", group: GroupPostgres, kind: kindDuration, def: "0s", help: "on_slot_lost: recover without track_commit_timestamp: how long the longest transaction may run; the gap is read from rows created this long before the last acknowledged commit (duplicates, never a loss). 0 derives it from transaction_timeout or idle_in_transaction_session_timeout, else 1h. Pruning keeps rows this recent",
+	{key: "slot_recovery_margin", group: GroupPostgres, kind: kindDuration, def: "0s", help: "on_slot_lost: recover: your bound on the longest transaction writing the outbox, used only where nothing PostgreSQL recorded bounds a lost slot's gap (no horizon in the slot ledger, no track_commit_timestamp): the gap is then read from rows created this long before the last acknowledged commit, and a longer or prepared transaction escapes it. 0: no such bound, and such a gap stops the relay. Pruning keeps rows this recent (0: 1h)",
 		apply: duration(func(c *Config) *time.Duration { return &c.SlotRecoveryMargin })},
 	{key: "on_failure", group: GroupDelivery, kind: choices("dead-letter", "halt"), def: "dead-letter", help: "what to do with an event Kafka cannot take: dead-letter or halt",
 		apply: oneOf(func(c *Config) *string { return &c.OnFailure }, "dead-letter", "halt")},
@@ -420,7 +420,7 @@ var settings = []setting{
 		}},
 	{key: "heartbeat_interval", group: GroupPostgres, kind: kindDuration, def: "0s", help: "emit a pg_logical_emit_message heartbeat this often; 0 disables",
 		apply: duration(func(c *Config) *time.Duration { return &c.HeartbeatInterval })},
-	{key: "prune_interval", group: GroupOperations, kind: kindDuration, def: "0s", help: "delete outbox rows older than prune_older_than this often (always safe: delivery reads the WAL, not the table); 0 disables, else at least 1s",
+	{key: "prune_interval", group: GroupOperations, kind: kindDuration, def: "0s", help: "delete outbox rows older than prune_older_than this often (streaming reads the WAL, not the table; a backfill, a lost slot's recovery and polling read the table: see docs/operations.md); 0 disables, else at least 1s",
 		apply: func(c *Config, v string) error {
 			// 0 (off) or at least a second: a tiny interval would delete in a busy loop.
 			if d, err := time.ParseDuration(v); err == nil && d == 0 {
@@ -887,7 +887,7 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 		bad("on_slot_lost", "is recover, but source (from %s) is poll: there is no slot to lose", from("source"))
 	}
 	if c.SlotRecoveryMargin < 0 {
-		bad("slot_recovery_margin", "is %s; want 0 (derived from the server) or more", c.SlotRecoveryMargin)
+		bad("slot_recovery_margin", "is %s; want 0 (none) or more", c.SlotRecoveryMargin)
 	}
 	if c.LeaderDSN != "" {
 		if err := checkDSN(c.LeaderDSN); err != nil {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
@@ -191,7 +193,7 @@ func testLostSlotRecovered(t *testing.T, pg *devenv.Postgres, commitTimestamps b
 	if err := pool.QueryRow(ctx, "SELECT recovered_events, recovered_rule FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&recovered, &rule); err != nil {
 		t.Fatalf("read the recovery from the slot ledger: %v", err)
 	}
-	wantRule := "created_at"
+	wantRule := "xmin" // the horizon recorded with the acknowledged commit, not the margin
 	if commitTimestamps {
 		wantRule = "commit_time"
 	}
@@ -497,6 +499,249 @@ func TestAPartlyPrunedGapStopsTheRelay(t *testing.T) {
 	for _, w := range gap {
 		if counts[w.ID] != 0 {
 			t.Errorf("event %s of the partly pruned gap was published %d times", w.ID, counts[w.ID])
+		}
+	}
+}
+
+// TestALostSlotsGapIsBoundedByWhatPostgreSQLRecorded: without track_commit_timestamp and without
+// slot_recovery_margin, on a server whose idle_in_transaction_session_timeout is 2 s (which says
+// nothing of a transaction that runs statements, waits on a lock, or is prepared), on PostgreSQL
+// 16 and 18 (each its own cluster: prepared transactions need max_prepared_transactions):
+//   - three transactions write an event each and stay open across the last acknowledged commit C
+//     (one running statements, one waiting on a lock, one prepared), commit while no relay runs,
+//     and the slot is dropped: the recovery must publish all three (the horizon recorded with C
+//     bounds the gap, not a timeout), and warn, before publishing, about acknowledged rows that
+//     were rewritten since (an UPDATE gives them a new transaction id) and come again;
+//   - a ledger that records neither an acknowledged commit nor a horizon (written by an older
+//     version, its row's creation time rewritten later) bounds nothing: the relay must stop saying
+//     so, at every start, and publish nothing of the gap.
+func TestALostSlotsGapIsBoundedByWhatPostgreSQLRecorded(t *testing.T) {
+	t.Parallel()
+	for _, version := range []string{"16", "18"} {
+		t.Run("PostgreSQL"+version, func(t *testing.T) {
+			t.Parallel()
+			pg := testenv.Postgres(t, devenv.PostgresOptions{Version: version, Settings: map[string]string{
+				"max_prepared_transactions":           "4",
+				"idle_in_transaction_session_timeout": "2s",
+			}})
+			t.Run("TransactionsOpenAcrossTheLastAcknowledgedCommitArePublished", func(t *testing.T) {
+				t.Parallel()
+				testOpenAcrossTheAcknowledgedCommit(t, pg)
+			})
+			t.Run("ALedgerThatBoundsNothingStopsTheRelay", func(t *testing.T) {
+				t.Parallel()
+				testALedgerThatBoundsNothing(t, pg)
+			})
+		})
+	}
+}
+
+// startStreamingThenStop runs a relay until it has delivered what d has written, then stops it
+// cleanly (its last act records the acknowledged point in the ledger).
+func startStreamingThenStop(t *testing.T, d *db, brokers string, args []string, during func()) {
+	t.Helper()
+	r := d.startRelay(brokers, args...)
+	r.waitSessions(1, 90*time.Second)
+	during()
+	deliver(t, brokers, d.outbox.Written(), time.Minute, r)
+	r.Terminate()
+	if code, ok := r.Wait(time.Minute); !ok || code != 0 {
+		t.Fatalf("the relay did not stop cleanly (exit %d, exited %v):\n%s", code, ok, r.Output())
+	}
+}
+
+// dropInactiveSlot drops d's slot once no walsender uses it.
+func dropInactiveSlot(t *testing.T, d *db) {
+	t.Helper()
+	eventually(t, 30*time.Second, "the stopped relay's slot to be dropped", func() bool {
+		_, err := d.outbox.Pool().Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", d.slot)
+		return err == nil
+	})
+}
+
+func testOpenAcrossTheAcknowledgedCommit(t *testing.T, pg *devenv.Postgres) {
+	ctx := context.Background()
+	d := newDB(t, pg, 1)
+	pool := d.outbox.Pool()
+	brokers := testenv.SharedKafka(t).Brokers()
+	args := []string{"--on-slot-lost=recover", "--status-interval=200ms"}
+	spec := func(id string) harness.Spec { return harness.Spec{AggregateType: d.types[0], AggregateID: id} }
+	connect := func() *pgx.Conn {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, d.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		return conn
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE released (at timestamptz)"); err != nil {
+		t.Fatal(err)
+	}
+	holder := connect()
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock(38)"); err != nil {
+		t.Fatal(err)
+	}
+	gid := d.slot + "_prepared"
+	t.Cleanup(func() { pool.Exec(context.Background(), "ROLLBACK PREPARED '"+gid+"'") })
+
+	type open struct {
+		tx     pgx.Tx
+		commit func()
+		done   chan error // the statement the transaction runs across C
+	}
+	var running, waiting open
+	var prepared func()
+	startStreamingThenStop(t, d, brokers, args, func() {
+		if err := d.outbox.WriteTx(ctx, spec("before"), spec("before")); err != nil {
+			t.Fatal(err)
+		}
+		begin := func(id, statement string) open {
+			t.Helper()
+			tx, err := connect().Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := open{tx: tx, done: make(chan error, 1)}
+			if o.commit, err = d.outbox.WriteIn(ctx, tx, spec(id)); err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				_, err := tx.Exec(ctx, statement)
+				o.done <- err
+			}()
+			return o
+		}
+		// Never idle in transaction: it runs statements until released.
+		running = begin("running", "DO $$ BEGIN WHILE NOT EXISTS (SELECT FROM released) LOOP PERFORM pg_sleep(0.05); END LOOP; END $$")
+		waiting = begin("waiting", "SELECT pg_advisory_xact_lock(38)")
+		tx, err := connect().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prepared, err = d.outbox.WriteIn(ctx, tx, spec("prepared")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "PREPARE TRANSACTION '"+gid+"'"); err != nil {
+			t.Fatal(err)
+		}
+		// Longer than idle_in_transaction_session_timeout (2 s), which the relay took for the
+		// longest transaction: the three were created further than that before C.
+		time.Sleep(3 * time.Second)
+		if err := d.outbox.WriteTx(ctx, spec("acknowledged")); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	// C is behind the relay. The three commit, and rows Kafka holds are rewritten.
+	if _, err := pool.Exec(ctx, "INSERT INTO released VALUES (now())"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_unlock(38)"); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []open{running, waiting} {
+		if err := <-o.done; err != nil {
+			t.Fatalf("a transaction open across C: %v", err)
+		}
+		if err := o.tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		o.commit()
+	}
+	if _, err := pool.Exec(ctx, "COMMIT PREPARED '"+gid+"'"); err != nil {
+		t.Fatal(err)
+	}
+	prepared()
+	tag, err := pool.Exec(ctx, "UPDATE outbox_events SET created_at = created_at - interval '2 hours' WHERE aggregate_id = 'before'")
+	if err != nil || tag.RowsAffected() != 2 {
+		t.Fatalf("rewrite the acknowledged rows: %v (%d rows)", err, tag.RowsAffected())
+	}
+	if err := d.outbox.WriteTx(ctx, spec("gap")); err != nil {
+		t.Fatal(err)
+	}
+	dropInactiveSlot(t, d)
+
+	r := d.startRelay(brokers, args...)
+	if !r.WaitFor(ctx, "recovered the lost slot's gap", 2*time.Minute) {
+		t.Fatalf("the relay did not recover the lost slot:\n%s", r.Output())
+	}
+	rep := deliver(t, brokers, d.outbox.Written(), time.Minute, r)
+	if rep.Missing != 0 || rep.OrderViolations != 0 {
+		t.Fatalf("after the recovery (the log says it succeeded): %s\n%s", rep, r.Output())
+	}
+	var rule string
+	if err := pool.QueryRow(ctx, "SELECT recovered_rule FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&rule); err != nil || rule != "xmin" {
+		t.Errorf("the ledger records the recovery's rule %q (%v); want xmin", rule, err)
+	}
+	var warned string
+	for _, line := range strings.Split(r.Output(), "\n") {
+		if strings.Contains(line, "rows of the lost slot's gap were created long before the last acknowledged commit") {
+			warned = line
+		}
+	}
+	if !strings.Contains(warned, `"rows":2,`) || strings.Index(r.Output(), warned) > strings.Index(r.Output(), "recovering a lost slot's gap") {
+		t.Errorf("want a warning, before the gap is published, of the 2 rewritten rows; got %q:\n%s", warned, r.Output())
+	}
+	t.Logf("%s; %s", rep, warned)
+}
+
+func testALedgerThatBoundsNothing(t *testing.T, pg *devenv.Postgres) {
+	ctx := context.Background()
+	d := newDB(t, pg, 1)
+	pool := d.outbox.Pool()
+	brokers := testenv.SharedKafka(t).Brokers()
+	args := []string{"--on-slot-lost=recover", "--status-interval=200ms"}
+	spec := func(id string) harness.Spec { return harness.Spec{AggregateType: d.types[0], AggregateID: id} }
+	startStreamingThenStop(t, d, brokers, args, func() {
+		if err := d.outbox.WriteTx(ctx, spec("before")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	acknowledged := len(d.outbox.Written())
+	for range 5 {
+		if err := d.outbox.WriteTx(ctx, spec("gap")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Longer than idle_in_transaction_session_timeout (2 s), before the row's creation time is
+	// rewritten: the gap's rows were created further than that before it.
+	time.Sleep(3 * time.Second)
+	// What a relay from before the recorded commit time and horizon leaves, its row rewritten
+	// since (an identity or holder write of an older version sets it to now()).
+	forget := "confirmed_commit_time = NULL, confirmed_end_lsn = NULL, created_at = now()"
+	var horizon bool
+	if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox_relay_slots' AND column_name = 'confirmed_xmin')").Scan(&horizon); err != nil {
+		t.Fatal(err)
+	}
+	if horizon {
+		forget += ", confirmed_xmin = NULL"
+	}
+	if _, err := pool.Exec(ctx, "UPDATE outbox_relay_slots SET "+forget+" WHERE slot = $1", d.slot); err != nil {
+		t.Fatal(err)
+	}
+	dropInactiveSlot(t, d)
+
+	for start := 1; start <= 2; start++ {
+		r := d.startRelay(brokers, args...)
+		code, ok := r.Wait(time.Minute)
+		if !ok {
+			r.Kill()
+		}
+		lines := strings.Split(strings.TrimSpace(r.Output()), "\n")
+		last := lines[len(lines)-1]
+		t.Logf("start %d: exit %d: %s", start, code, last)
+		for _, want := range []string{d.slot, "nothing PostgreSQL recorded bounds its gap", "Nothing of the gap was published", "slot_recovery_margin", "forget-slot"} {
+			if !ok || code == 0 || !strings.Contains(last, want) {
+				t.Errorf("start %d: exit %d (exited %v); want a non-zero exit and a last line that says %q:\n%s", start, code, ok, want, r.Output())
+				break
+			}
+		}
+	}
+	counts := deliveries(t, brokers, d.outbox.Written())
+	for _, w := range d.outbox.Written()[acknowledged:] {
+		if counts[w.ID] != 0 {
+			t.Errorf("event %s of a gap nothing bounds was published %d times", w.ID, counts[w.ID])
 		}
 	}
 }

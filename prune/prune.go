@@ -1,10 +1,12 @@
 // Package prune deletes old outbox rows in small batches.
 //
-// The relay reads events from the WAL, never from the table: once a transaction has committed, its
+// Streaming reads events from the WAL, not from the table: once a transaction has committed, its
 // INSERTs are in the WAL and the replication slot keeps that WAL until the relay has confirmed them,
-// whatever happens to the rows. Deleting rows, even right after commit, therefore never affects
-// delivery; the table only grows unless something deletes them. (Only a first-start backfill reads
-// the table, and only rows it is configured to include: keep rows at least as long as that window.)
+// whatever happens to the rows. What reads the table is not so indifferent: a first-start backfill
+// (keep rows at least as long as its window), polling (Options.OnlyProcessed), and a lost slot's
+// recovery (on_slot_lost: recover), which publishes the gap from the rows: Options.Keep keeps
+// those created within a margin of the last acknowledged commit, and a transaction that ran longer
+// than the margin and committed after that commit can still lose rows to pruning.
 //
 // Each batch is one short statement in its own transaction that locks only the rows it deletes and
 // skips rows another transaction has locked, so pruning never waits behind, or holds up, producers.

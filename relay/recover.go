@@ -9,9 +9,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
@@ -22,18 +24,28 @@ import (
 
 // Recovery configures how a lost slot's gap is read from the outbox table (on_slot_lost: recover).
 type Recovery struct {
-	// Margin covers the longest transaction the database allows: without commit timestamps, the
-	// gap is the rows created from Margin before the last acknowledged commit. Zero derives it
-	// from the server's transaction_timeout or idle_in_transaction_session_timeout, else
-	// DefaultRecoveryMargin.
+	// Margin, set by hand (slot_recovery_margin), is the operator's word for the longest
+	// transaction that writes the outbox: where nothing PostgreSQL recorded bounds the gap (no
+	// horizon in the ledger, no commit timestamps), the gap is the rows created from Margin before
+	// the last acknowledged commit. Zero: no margin, and such a gap stops the relay. Pruning
+	// keeps rows created from Margin (else DefaultRecoveryMargin) before it.
 	Margin time.Duration
 	// CreatedColumn and OrderColumn are as for Backfill.
 	CreatedColumn, OrderColumn string
 }
 
-// DefaultRecoveryMargin is the margin when neither the configuration nor the server bounds a
-// transaction's length.
+// DefaultRecoveryMargin is how long before the last acknowledged commit pruning keeps rows when
+// slot_recovery_margin is not set, and the age beyond which a recovery warns about the rows of its
+// gap (rewritten rows, or a transaction that long).
 const DefaultRecoveryMargin = time.Hour
+
+// keepMargin is the margin pruning keeps rows for: the configured one, else the default.
+func keepMargin(configured time.Duration) time.Duration {
+	if configured > 0 {
+		return configured
+	}
+	return DefaultRecoveryMargin
+}
 
 // commitSkew is how much earlier than a transaction before it in the WAL a transaction's commit
 // time may be: PostgreSQL takes the time before it inserts the commit record, and transactions
@@ -66,33 +78,53 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 	if err != nil {
 		return replication.Recovery{}, err
 	}
-	margin, err := recoveryMargin(ctx, tx, rc.Margin)
+	// The snapshot's next transaction id (its xmax, a full id): the xmin rule maps each row's
+	// 32-bit xmin to a full id below it.
+	var tracked, next string
+	if err := tx.QueryRow(ctx, "SELECT current_setting('track_commit_timestamp'), pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&tracked, &next); err != nil {
+		return replication.Recovery{}, fmt.Errorf("read track_commit_timestamp and the snapshot's next transaction id: %w", err)
+	}
+	nextXid, err := strconv.ParseUint(next, 10, 64)
 	if err != nil {
-		return replication.Recovery{}, err
+		return replication.Recovery{}, fmt.Errorf("read the snapshot's next transaction id %q: %w", next, err)
 	}
-	var tracked string
-	if err := tx.QueryRow(ctx, "SELECT current_setting('track_commit_timestamp')").Scan(&tracked); err != nil {
-		return replication.Recovery{}, fmt.Errorf("read track_commit_timestamp: %w", err)
+	g, err := gapQuery(t, lost, rc.Margin, tracked == "on", nextXid)
+	if err != nil {
+		return replication.Recovery{}, replication.Fatal(err)
 	}
-	g := gapQuery(t, lost, margin, tracked == "on")
+
+	// Counted before anything is published: what the rule chooses, how much of it Kafka may hold
+	// already, and how much of it was created before any transaction the relay's pruning keeps
+	// rows for (a transaction that long, or rows rewritten since their commit).
+	var left, acknowledged, old int64
+	var oldestRow *time.Time
+	counted := append(append([]any{}, g.args...), g.oldest)
+	if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*), count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s < $%d), min(%s) FROM %s WHERE %s",
+		g.duplicate, t.created, len(counted), t.created, t.name, g.where), counted...).Scan(&left, &acknowledged, &old, &oldestRow); err != nil {
+		return replication.Recovery{}, fmt.Errorf("count the gap's rows: %w", err)
+	}
 
 	// The relay's own pruning never deletes the gap's rows (run.go guards it by the ledger), but
 	// one from before that guard, or one run without the ledger, may have: a gap read from a table
 	// that lost some of it would pass a partial gap off as whole.
 	if lost.PrunedThrough.After(g.oldest) {
-		// The duplicate flag is counted too, only so that the statement uses every argument.
-		var left, acknowledged int64
-		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*), count(*) FILTER (WHERE %s) FROM %s WHERE %s", g.duplicate, t.name, g.where), g.args...).Scan(&left, &acknowledged); err != nil {
-			return replication.Recovery{}, fmt.Errorf("count the gap's rows: %w", err)
-		}
 		return replication.Recovery{}, replication.Fatal(fmt.Errorf("%w: slot %q is lost (%s), and its gap cannot be recovered whole from the outbox table: pruning deleted rows created before %s, and the gap's rows may have been created from %s on. %d rows of the gap are left (besides %d that Kafka acknowledged before the loss, which the rule reads again); how many were deleted the table cannot say. Nothing of the gap was published. Publish what is left by hand if that is acceptable (stop every instance, run outbox-relay forget-slot, start once with backfill: true and backfill_since: %s), and keep rows longer than the relay may be down",
 			replication.ErrSlotLost, lost.Slot, lost.Reason, lost.PrunedThrough.Format(time.RFC3339), g.oldest.Format(time.RFC3339), left-acknowledged, acknowledged, g.oldest.Format(time.RFC3339)))
 	}
 
+	if old > 0 {
+		// Not left out: a row the rule chooses may be a long transaction's, which only costs a
+		// duplicate if it is not. Said before publishing, so that an operator sees why a recovery
+		// publishes much more than the gap.
+		r.log.Warn("rows of the lost slot's gap were created long before the last acknowledged commit: rows rewritten since their commit (an UPDATE, pg_repack, a rewriting ALTER TABLE, a move between partitions) carry a new transaction id and count as committed after it, so they are published again; a transaction that ran that long is the other cause",
+			zap.String("slot", lost.Slot), zap.Int64("rows", old), zap.Time("created_before", g.oldest), zap.Timep("oldest_created", oldestRow),
+			zap.Int64("gap_rows", left), zap.String("rule", g.rule))
+	}
 	r.log.Warn("recovering a lost slot's gap from the outbox table: the events of transactions committed after the last one Kafka acknowledged",
 		zap.String("slot", lost.Slot), zap.String("reason", lost.Reason), zap.Time("after", lost.Since),
-		zap.String("rule", g.rule), zap.Duration("margin", g.margin), zap.Stringer("new_slot_consistent_point", lost.ConsistentLSN),
-		zap.Bool("again", lost.Again))
+		zap.String("rule", g.rule), zap.Duration("margin", g.margin), zap.Uint64("xmin_horizon", lost.Xmin),
+		zap.Int64("rows", left), zap.Int64("may_be_duplicates", acknowledged),
+		zap.Stringer("new_slot_consistent_point", lost.ConsistentLSN), zap.Bool("again", lost.Again))
 	q := rowQuery{where: []string{g.where}, args: g.args, flag: g.duplicate}
 	if r.exactlyOnce() {
 		// Exactly-once positions order events by the stream's LSNs, which table rows do not have:
@@ -125,61 +157,79 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 // gap is the WHERE clause that chooses a lost slot's gap.
 type gap struct {
 	rule      string
-	margin    time.Duration
+	margin    time.Duration // of the creation time rule, for the log (0: none used)
 	where     string
 	args      []any
 	duplicate string    // true for a row that may have been published before the loss
-	oldest    time.Time // no row of the gap was created before it
+	oldest    time.Time // the relay's pruning keeps the rows created from here on
 }
 
-// gapQuery chooses the rows committed after lost.Since. With commit timestamps, by commit time
-// alone (a transaction may have created its rows long before it committed); a row whose time is
-// unknown (frozen, or from before the setting) falls back to the creation rule. Without them, by
-// creation time from margin before.
-func gapQuery(t outboxTable, lost replication.LostSlot, margin time.Duration, commitTimestamps bool) gap {
+// gapQuery chooses the rows committed after the last acknowledged point, by what PostgreSQL
+// recorded (docs/guarantees.md, "Lost slot, no lost events"):
+//   - with commit timestamps, by commit time (a transaction may have created its rows long before
+//     it committed); a row whose commit time is unknown (frozen, or from before the setting) by
+//     the recorded horizon, else by creation time with a margin set by hand, else it is chosen;
+//   - else by the recorded horizon (RuleXmin): the rows of transactions with an id from the
+//     horizon's on, whenever they began or were prepared;
+//   - else by creation time from margin before, only with a margin set by hand.
+//
+// Where none applies it returns an error wrapping replication.ErrSlotLost: a guess would pass a
+// partial gap off as whole. next is the reading snapshot's next full transaction id.
+func gapQuery(t outboxTable, lost replication.LostSlot, margin time.Duration, commitTimestamps bool, next uint64) (gap, error) {
+	oldest := lost.Since.Add(-commitSkew - keepMargin(margin))
 	created := lost.Since.Add(-margin)
-	if !commitTimestamps || lost.FromSlotCreation {
+	var byXmin string
+	if lost.Xmin != 0 {
+		// A row's xmin is 32 bits: its full id is the one below next with those low bits, for
+		// every id within 2^31 of next (PostgreSQL stops assigning ids before an unfrozen row
+		// gets older). A frozen row from before that may map into the gap: a duplicate, never a
+		// row left out.
+		if next < lost.Xmin || next-lost.Xmin >= 1<<31 {
+			return gap{}, fmt.Errorf("%w: slot %q is lost (%s), and the horizon recorded with the last acknowledged commit (transaction id %d) is not within 2^31 transactions before the server's next one (%d): the ledger is from another cluster or a restore, so which rows the slot had not delivered cannot be told. Nothing of the gap was published. Recover by hand: stop every instance, run outbox-relay forget-slot, and start once with backfill: true and backfill_since: %s",
+				replication.ErrSlotLost, lost.Slot, lost.Reason, lost.Xmin, next, lost.Since.Add(-DefaultRecoveryMargin).Format(time.RFC3339))
+		}
+		byXmin = fmt.Sprintf("((%d - xmin::text::bigint + 4294967296) %% 4294967296) <= %d", next&0xffffffff, next-lost.Xmin)
+	}
+	switch {
+	case commitTimestamps && !lost.FromSlotCreation:
+		from := lost.Since.Add(-commitSkew)
+		unknown, rule := "true", replication.RuleCommitTime
+		switch {
+		case byXmin != "":
+			unknown = byXmin
+		case margin > 0:
+			unknown = fmt.Sprintf("%s >= $3", t.created)
+		}
 		return gap{
-			rule: replication.RuleCreatedAt, margin: margin, oldest: created,
+			rule: rule, margin: margin, oldest: oldest,
+			where:     fmt.Sprintf("(pg_xact_commit_timestamp(xmin) >= $1 OR (pg_xact_commit_timestamp(xmin) IS NULL AND %s))", unknown),
+			args:      []any{from, lost.Since, created},
+			duplicate: fmt.Sprintf("coalesce(pg_xact_commit_timestamp(xmin) <= $2, %s < $2) AND $3::timestamptz IS NOT NULL", t.created),
+		}, nil
+	case byXmin != "":
+		return gap{
+			rule: replication.RuleXmin, oldest: oldest,
+			where:     byXmin,
+			args:      []any{lost.Since},
+			duplicate: fmt.Sprintf("%s < $1", t.created),
+		}, nil
+	case margin > 0:
+		return gap{
+			rule: replication.RuleCreatedAt, margin: margin, oldest: oldest,
 			where:     fmt.Sprintf("%s >= $1", t.created),
 			args:      []any{created, lost.Since},
 			duplicate: fmt.Sprintf("%s < $2", t.created),
+		}, nil
+	}
+	why := "the slot ledger records nothing as acknowledged for it (a relay from before migration 0007 streamed it, or it was lost in its first seconds)"
+	if !lost.FromSlotCreation {
+		why = "the slot ledger holds no horizon with the last acknowledged commit (recorded since migration 0008: relays of an older version did not)"
+		if !commitTimestamps {
+			why += ", and track_commit_timestamp is off"
 		}
 	}
-	from := lost.Since.Add(-commitSkew)
-	return gap{
-		// oldest bounds only the rows of unknown commit time, and the rows the relay's pruning
-		// keeps: a long transaction's rows can be older still (docs/operations.md).
-		rule: replication.RuleCommitTime, margin: margin, oldest: from.Add(-margin),
-		where: fmt.Sprintf("(pg_xact_commit_timestamp(xmin) >= $1 OR (pg_xact_commit_timestamp(xmin) IS NULL AND %s >= $2))",
-			t.created),
-		args:      []any{from, created, lost.Since},
-		duplicate: fmt.Sprintf("coalesce(pg_xact_commit_timestamp(xmin) <= $3, %s < $3)", t.created),
-	}
-}
-
-// recoveryMargin is the configured margin, or the longest transaction the server allows, or the
-// default.
-func recoveryMargin(ctx context.Context, tx querier, configured time.Duration) (time.Duration, error) {
-	if configured > 0 {
-		return configured, nil
-	}
-	// transaction_timeout is PostgreSQL 17's; missing_ok reads NULL before that. Milliseconds.
-	var txTimeout, idleTimeout *int64
-	if err := tx.QueryRow(ctx, `SELECT (extract(epoch FROM nullif(current_setting('transaction_timeout', true), '')::interval) * 1000)::bigint,
-		(extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint`).Scan(&txTimeout, &idleTimeout); err != nil {
-		return 0, fmt.Errorf("read transaction_timeout and idle_in_transaction_session_timeout: %w", err)
-	}
-	var m time.Duration
-	for _, v := range []*int64{txTimeout, idleTimeout} {
-		if v != nil && *v > 0 {
-			m = max(m, time.Duration(*v)*time.Millisecond)
-		}
-	}
-	if m == 0 {
-		return DefaultRecoveryMargin, nil
-	}
-	return m, nil
+	return gap{}, fmt.Errorf("%w: slot %q is lost (%s), and nothing PostgreSQL recorded bounds its gap: %s, so which rows of the outbox table it had not delivered cannot be told (a transaction's creation time says nothing of when it committed). Nothing of the gap was published. Either set slot_recovery_margin to the longest a transaction writing the outbox can run and start again (rows created from that long before %s are published; a longer or prepared transaction, or an application that sets %s itself, escapes it), or recover by hand: stop every instance, run outbox-relay forget-slot, and start once with backfill: true and backfill_since: a time before the oldest transaction open at %s",
+		replication.ErrSlotLost, lost.Slot, lost.Reason, why, lost.Since.Format(time.RFC3339), t.created, lost.Since.Format(time.RFC3339))
 }
 
 // confirmedRecorder writes to the slot ledger the commit time and position of the last transaction
@@ -189,19 +239,37 @@ type confirmedRecorder struct {
 	r      *Relay
 	ledger replication.Ledger
 
-	mu       sync.Mutex
-	conn     *pgx.Conn
-	recorded time.Time
-	warned   bool
-	gaveUp   bool // no ledger, or not migrated, or no right to write it: until a restart
+	mu           sync.Mutex
+	conn         *pgx.Conn
+	recorded     time.Time
+	recordedXmin uint64
+	// samples are horizons taken on the server, oldest first, each with the WAL's insert
+	// position just after it: one becomes the recorded horizon once the tracker's acknowledged
+	// position reaches its LSN (every transaction below its xmin had written its commit record
+	// before that LSN, so Kafka holds their events).
+	samples []horizonSample
+	warned  bool
+	gaveUp  bool // no ledger, or not migrated, or no right to write it: until a restart
 }
+
+// horizonSample is a snapshot's xmin (a full transaction id) and the WAL's insert position read
+// after the snapshot was taken.
+type horizonSample struct {
+	xmin uint64
+	lsn  pglogrepl.LSN
+}
+
+// maxHorizonSamples bounds the samples kept while Kafka acknowledges nothing: past it the newest
+// is replaced, which only makes the recorded horizon older (more duplicates), never wrong.
+const maxHorizonSamples = 64
 
 func (r *Relay) newConfirmedRecorder() *confirmedRecorder {
 	return &confirmedRecorder{r: r, ledger: replication.NewLedger(r.cfg.Replication.Schema)}
 }
 
-// run records every confirmedEvery until ctx ends.
+// run records every confirmedEvery until ctx ends, beginning with a horizon sample at once.
 func (c *confirmedRecorder) run(ctx context.Context) {
+	c.write(ctx)
 	tick := time.NewTicker(confirmedEvery)
 	defer tick.Stop()
 	for {
@@ -214,15 +282,18 @@ func (c *confirmedRecorder) run(ctx context.Context) {
 	}
 }
 
-// write records the tracker's acknowledged point if it moved.
+// write records the tracker's acknowledged point, and the newest horizon it passed, if either
+// moved; then samples the horizon again.
 func (c *confirmedRecorder) write(ctx context.Context) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := c.r
-	at := r.tracker.SafeTime()
-	if c.gaveUp || at.IsZero() || !at.After(c.recorded) {
+	if c.gaveUp {
 		return
 	}
+	at, safe := r.tracker.SafeTime(), r.tracker.Safe()
+	xmin := c.passed(safe)
+	moved := !at.IsZero() && at.After(c.recorded)
 	if c.conn == nil {
 		conn, err := r.cfg.Replication.Connect(ctx)
 		if err != nil {
@@ -231,9 +302,17 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 		}
 		c.conn = conn
 	}
-	err := c.ledger.RecordConfirmed(ctx, c.conn, r.cfg.Replication.Slot, replication.Confirmed{CommitTime: at, EndLSN: r.tracker.Safe()})
+	if !moved && xmin <= c.recordedXmin {
+		c.sample(ctx) // nothing new to record
+		return
+	}
+	err := c.ledger.RecordConfirmed(ctx, c.conn, r.cfg.Replication.Slot, replication.Confirmed{CommitTime: at, EndLSN: safe, Xmin: xmin})
 	if err == nil {
-		c.recorded = at
+		if moved {
+			c.recorded = at
+		}
+		c.recordedXmin = max(c.recordedXmin, xmin)
+		c.sample(ctx)
 		return
 	}
 	var pgErr *pgconn.PgError
@@ -247,6 +326,48 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 		c.warned = true
 	}
 	c.closeLocked(ctx)
+}
+
+// passed returns the xmin of the newest sample whose LSN safe has reached (0: none), forgetting
+// the samples older than it.
+func (c *confirmedRecorder) passed(safe pglogrepl.LSN) uint64 {
+	i := -1
+	for j, s := range c.samples {
+		if s.lsn <= safe {
+			i = j
+		}
+	}
+	if i < 0 {
+		return 0
+	}
+	xmin := c.samples[i].xmin
+	c.samples = c.samples[i+1:]
+	return xmin
+}
+
+// sample takes a horizon on the server: the statement's snapshot is taken before its target list
+// is evaluated, so the insert position is read after the snapshot. A failure only delays the
+// next recorded horizon.
+func (c *confirmedRecorder) sample(ctx context.Context) {
+	var xmin, lsn string
+	if err := c.conn.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, pg_current_wal_insert_lsn()::text").Scan(&xmin, &lsn); err != nil {
+		c.r.log.Debug("sample the transaction horizon for the slot ledger", zap.Error(err))
+		return
+	}
+	x, err := strconv.ParseUint(xmin, 10, 64)
+	if err != nil {
+		return
+	}
+	l, err := pglogrepl.ParseLSN(lsn)
+	if err != nil {
+		return
+	}
+	s := horizonSample{xmin: x, lsn: l}
+	if len(c.samples) == maxHorizonSamples {
+		c.samples[len(c.samples)-1] = s
+		return
+	}
+	c.samples = append(c.samples, s)
 }
 
 // close closes the recorder's connection, within ctx.
@@ -270,7 +391,9 @@ type querier interface {
 
 // KeepFrom is the creation time from which outbox rows must stay for a recovery of slot's gap (the
 // ledger's last acknowledged commit, or the recovery under way, or the slot's creation, less the
-// margin and the commit skew): the guard on pruning. ok is false when the ledger cannot say (no
+// margin, else DefaultRecoveryMargin, and the commit skew): the guard on pruning. A transaction
+// that ran longer than that and committed after the acknowledged point has rows older than it,
+// which pruning may delete (docs/operations.md). ok is false when the ledger cannot say (no
 // ledger, not migrated, no entry): pruning then goes by its age alone.
 //
 // strict (on_slot_lost: recover) makes a ledger the role may not read an error: pruning by age
@@ -299,10 +422,7 @@ func KeepFrom(ctx context.Context, q querier, schema, slot string, margin time.D
 	if since.IsZero() {
 		return time.Time{}, false, nil
 	}
-	if margin, err = recoveryMargin(ctx, q, margin); err != nil {
-		return time.Time{}, false, err
-	}
-	return since.Add(-commitSkew - margin), true, nil
+	return since.Add(-commitSkew - keepMargin(margin)), true, nil
 }
 
 // RecordPruned notes in the slot ledger that pruning deleted rows created before before, so that a

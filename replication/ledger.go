@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -240,23 +241,48 @@ func (l Ledger) RecordHolder(ctx context.Context, q queryExecer, slot, holder st
 type Confirmed struct {
 	CommitTime time.Time
 	EndLSN     pglogrepl.LSN
+	// Xmin is a horizon PostgreSQL reported (0: none recorded): the xmin of a snapshot taken while
+	// the WAL's insert position was at or before EndLSN, a full transaction id. Every transaction
+	// with a lower id had ended then, so Kafka holds its events; every row of a lost slot's gap
+	// was written by a transaction with this id or a later one (migration 0008).
+	Xmin uint64
 }
 
 // RecordConfirmed notes c for slot. The recorded commit time never moves back: a later write with
-// an earlier time (a process that started from an older position) leaves it.
+// an earlier time (a process that started from an older position) leaves it. The horizon never
+// moves back either, and is recorded also without a commit time (a slot whose outbox is idle): a
+// horizon is valid for every later point, so the newest one recorded is the tightest.
 func (l Ledger) RecordConfirmed(ctx context.Context, q queryExecer, slot string, c Confirmed) error {
-	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s AS l (slot, confirmed_commit_time, confirmed_end_lsn) VALUES ($1, $2, $3::pg_lsn)
-		ON CONFLICT (slot) DO UPDATE SET confirmed_commit_time = EXCLUDED.confirmed_commit_time, confirmed_end_lsn = EXCLUDED.confirmed_end_lsn
-		WHERE l.confirmed_commit_time IS NULL OR l.confirmed_commit_time < EXCLUDED.confirmed_commit_time`, l.table),
-		slot, c.CommitTime, c.EndLSN.String())
+	var commit *time.Time
+	var end, xmin *string
+	if !c.CommitTime.IsZero() {
+		s := c.EndLSN.String()
+		commit, end = &c.CommitTime, &s
+	}
+	if c.Xmin != 0 {
+		s := strconv.FormatUint(c.Xmin, 10)
+		xmin = &s
+	}
+	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s AS l (slot, confirmed_commit_time, confirmed_end_lsn, confirmed_xmin) VALUES ($1, $2, $3::pg_lsn, $4::xid8)
+		ON CONFLICT (slot) DO UPDATE SET
+			confirmed_commit_time = CASE WHEN `+newerCommit+` THEN EXCLUDED.confirmed_commit_time ELSE l.confirmed_commit_time END,
+			confirmed_end_lsn = CASE WHEN `+newerCommit+` THEN EXCLUDED.confirmed_end_lsn ELSE l.confirmed_end_lsn END,
+			confirmed_xmin = greatest(l.confirmed_xmin, EXCLUDED.confirmed_xmin)
+		WHERE `+newerCommit+` OR EXCLUDED.confirmed_xmin > l.confirmed_xmin OR (l.confirmed_xmin IS NULL AND EXCLUDED.confirmed_xmin IS NOT NULL)`, l.table),
+		slot, commit, end, xmin)
 	return notMigrated(err)
 }
+
+// newerCommit is true when a RecordConfirmed's commit time is later than the recorded one.
+const newerCommit = `(EXCLUDED.confirmed_commit_time IS NOT NULL AND (l.confirmed_commit_time IS NULL OR l.confirmed_commit_time < EXCLUDED.confirmed_commit_time))`
 
 // RecoveryState is what the ledger knows that a lost slot's recovery needs, and what the last
 // recovery did.
 type RecoveryState struct {
 	// Confirmed is zero when nothing was recorded (a slot that never had an event acknowledged,
-	// or streamed only by relays from before migration 0007).
+	// or streamed only by relays from before migration 0007); Confirmed.Xmin is zero when no
+	// horizon was recorded (relays from before migration 0008, or a loss in a slot's first
+	// seconds).
 	Confirmed Confirmed
 	// Since is set while a recovery is under way: the commit time its gap starts from. A process
 	// that finds it set starts that recovery again from the same point. SinceCreation says Since
@@ -284,23 +310,27 @@ type Recovery struct {
 const (
 	// RuleCommitTime chooses rows by their transaction's commit time (track_commit_timestamp).
 	RuleCommitTime = "commit_time"
-	// RuleCreatedAt chooses rows by their creation time, from a margin before the gap.
+	// RuleCreatedAt chooses rows by their creation time, from a margin before the gap: only with
+	// slot_recovery_margin set, when nothing PostgreSQL recorded bounds the gap.
 	RuleCreatedAt = "created_at"
+	// RuleXmin chooses rows by their transaction id, from the horizon recorded with the last
+	// acknowledged commit (Confirmed.Xmin).
+	RuleXmin = "xmin"
 )
 
 // Recovery reads slot's recovery state. An error wraps ErrLedgerNotMigrated when the table predates
-// migration 0007.
+// migration 0008.
 func (l Ledger) Recovery(ctx context.Context, q queryExecer, slot string) (RecoveryState, error) {
 	var st RecoveryState
 	var commit, since, created, pruned, at, from *time.Time
-	var endLSN, rule *string
+	var endLSN, rule, xmin *string
 	var events *int64
 	var took *time.Duration
 	var fromCreation *bool
-	err := q.QueryRow(ctx, fmt.Sprintf(`SELECT confirmed_commit_time, confirmed_end_lsn::text, recovery_since, recovery_from_creation, created_at, pruned_through,
+	err := q.QueryRow(ctx, fmt.Sprintf(`SELECT confirmed_commit_time, confirmed_end_lsn::text, confirmed_xmin::text, recovery_since, recovery_from_creation, created_at, pruned_through,
 			recovered_at, recovered_events, recovered_from, recovered_rule, recovered_took
 		FROM %s WHERE slot = $1`, l.table), slot).
-		Scan(&commit, &endLSN, &since, &fromCreation, &created, &pruned, &at, &events, &from, &rule, &took)
+		Scan(&commit, &endLSN, &xmin, &since, &fromCreation, &created, &pruned, &at, &events, &from, &rule, &took)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RecoveryState{}, nil
 	}
@@ -321,6 +351,11 @@ func (l Ledger) Recovery(ctx context.Context, q queryExecer, slot string) (Recov
 	st.SinceCreation = fromCreation != nil && *fromCreation
 	if endLSN != nil {
 		st.Confirmed.EndLSN, _ = pglogrepl.ParseLSN(*endLSN)
+	}
+	if xmin != nil {
+		if st.Confirmed.Xmin, err = strconv.ParseUint(*xmin, 10, 64); err != nil {
+			return RecoveryState{}, fmt.Errorf("read %s: confirmed_xmin %q: %w", l.table, *xmin, err)
+		}
 	}
 	if events != nil {
 		st.Last.Events = *events

@@ -38,6 +38,9 @@ type LostSlot struct {
 	// FromSlotCreation: nothing was ever recorded as acknowledged, so Since is the time the lost
 	// slot was created, and only the creation time rule can bound the gap.
 	FromSlotCreation bool
+	// Xmin is the horizon recorded with the last acknowledged point (0: none): every row of the
+	// gap was written by a transaction with this full id or a later one (Confirmed.Xmin).
+	Xmin uint64
 	// PrunedThrough is the newest creation time the relay's pruning deleted (zero: none recorded).
 	PrunedThrough time.Time
 	// Again: an earlier recovery of this gap was under way and did not complete.
@@ -106,13 +109,15 @@ func (s *Stream) replaceLost(ctx context.Context, conn *pgx.Conn, slot SlotInfo,
 			ErrSlotLost, s.cfg.Slot, reason, what, timeOrUnknown(st.Confirmed.CommitTime), s.ledger.Table(), quoteLiteral(s.cfg.Slot))
 	}
 	lost := LostSlot{Slot: s.cfg.Slot, Reason: reason, Since: st.Since, FromSlotCreation: st.SinceCreation,
-		SinceLSN: st.Confirmed.EndLSN, PrunedThrough: st.PrunedThrough, Again: !st.Since.IsZero()}
+		SinceLSN: st.Confirmed.EndLSN, Xmin: st.Confirmed.Xmin, PrunedThrough: st.PrunedThrough, Again: !st.Since.IsZero()}
 	if lost.Since.IsZero() {
 		lost.Since = st.Confirmed.CommitTime
 	}
 	if lost.Since.IsZero() {
-		// Nothing was ever recorded as acknowledged: from the lost slot's creation, which only the
-		// creation time rule can bound (the rows committed just after it were created before it).
+		// Nothing was ever recorded as acknowledged: from the lost slot's creation, for the log;
+		// only a recorded horizon, or the creation time rule with a margin set by hand, can bound
+		// the gap (the ledger's creation time is when the relay wrote its row, not the slot's
+		// consistent point).
 		if st.SlotCreated.IsZero() {
 			return SlotInfo{}, fmt.Errorf("%w: slot %q is lost: %s, and the slot ledger %s records neither what Kafka acknowledged nor when the slot was created, so where its gap starts is unknown and on_slot_lost: recover cannot recover it. %s",
 				ErrSlotLost, s.cfg.Slot, reason, s.ledger.Table(), s.recovery())

@@ -86,7 +86,7 @@ type Config struct {
 	Failover bool
 	// OnSlotLost is what a lost slot makes the stream do: SlotLostStop (the default) or
 	// SlotLostRecover, which replaces the slot and calls Recover with the replacement's exported
-	// snapshot before streaming from it (recovery.go). It needs the slot ledger at migration 0007.
+	// snapshot before streaming from it (recovery.go). It needs the slot ledger at migration 0008.
 	OnSlotLost string
 	// MessageEvents: events also come as logical decoding messages, which are stored nowhere but
 	// the WAL, so a lost slot's gap cannot be recovered whole (with NoTable, not at all).

@@ -17,8 +17,9 @@ import (
 )
 
 // runPrune deletes outbox rows older than --older-than (default: prune_older_than) in batches and
-// prints how many. Delivery never needs the rows after commit (the relay reads the WAL), so this is
-// safe to run at any time, next to a running relay, from cron or a Kubernetes CronJob.
+// prints how many. Streaming never needs the rows after commit (it reads the WAL), so it may run
+// next to a running relay, from cron or a Kubernetes CronJob; what reads the table (a backfill, a
+// lost slot's recovery: guardPrune keeps its rows within the margin) is docs/operations.md's.
 func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, loader := newFlags("prune", stderr)
 	olderThan := fs.Duration("older-than", 0, "delete rows created more than this long ago, e.g. 24h or 30m; 0 deletes every committed row (default: prune_older_than)")
