@@ -180,15 +180,16 @@ func gapQuery(t outboxTable, lost replication.LostSlot, margin time.Duration, co
 	created := lost.Since.Add(-margin)
 	var byXmin string
 	if lost.Xmin != 0 {
-		// A row's xmin is 32 bits: its full id is the one below next with those low bits, for
-		// every id within 2^31 of next (PostgreSQL stops assigning ids before an unfrozen row
-		// gets older). A frozen row from before that may map into the gap: a duplicate, never a
-		// row left out.
+		// A row's xmin is 32 bits: its full id is the one below next (next itself is not yet
+		// assigned) with those low bits, for every id within 2^31 of next (PostgreSQL stops
+		// assigning ids before an unfrozen row gets older). A frozen row from before that may map
+		// into the gap: a duplicate, never a row left out. Below: (next-1 - id) mod 2^32 is how
+		// far below next-1 the row's full id is.
 		if next < lost.Xmin || next-lost.Xmin >= 1<<31 {
 			return gap{}, fmt.Errorf("%w: slot %q is lost (%s), and the horizon recorded with the last acknowledged commit (transaction id %d) is not within 2^31 transactions before the server's next one (%d): the ledger is from another cluster or a restore, so which rows the slot had not delivered cannot be told. Nothing of the gap was published. Recover by hand: stop every instance, run outbox-relay forget-slot, and start once with backfill: true and backfill_since: %s",
 				replication.ErrSlotLost, lost.Slot, lost.Reason, lost.Xmin, next, lost.Since.Add(-DefaultRecoveryMargin).Format(time.RFC3339))
 		}
-		byXmin = fmt.Sprintf("((%d - xmin::text::bigint + 4294967296) %% 4294967296) <= %d", next&0xffffffff, next-lost.Xmin)
+		byXmin = fmt.Sprintf("((%d - xmin::text::bigint + 4294967296) %% 4294967296) < %d", (next-1)&0xffffffff, next-lost.Xmin)
 	}
 	switch {
 	case commitTimestamps && !lost.FromSlotCreation:

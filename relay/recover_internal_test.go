@@ -1,0 +1,105 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// TestTheXminRuleChoosesTheRowsAtOrPastTheHorizonAcrossAnEpoch evaluates the xmin rule's clause
+// in PostgreSQL on 32-bit ids around an epoch boundary: a row's id is the full id below the
+// snapshot's next one with its low bits, so ids from the horizon on (in either epoch) are chosen,
+// older ones are not, and an id at or past next (only a frozen row from long ago can show one)
+// maps to the previous epoch and is left to the older rows.
+func TestTheXminRuleChoosesTheRowsAtOrPastTheHorizonAcrossAnEpoch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.SharedPostgres(t)
+	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	const epoch = 1 << 32
+	next := uint64(epoch + 5)     // epoch 1, low bits 5
+	horizon := uint64(epoch - 10) // epoch 0, low bits 4294967286
+	g, err := gapQuery(outboxTable{name: "t", created: "created_at"}, replication.LostSlot{Slot: "s", Xmin: horizon, Since: time.Now()}, 0, false, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.rule != replication.RuleXmin {
+		t.Fatalf("rule %q, want %q", g.rule, replication.RuleXmin)
+	}
+	for _, tc := range []struct {
+		name string
+		xmin uint32
+		want bool
+	}{
+		{"the horizon itself is in the gap", epoch - 10, true},
+		{"an id just below the horizon is not", epoch - 11, false},
+		{"the last id of the previous epoch is in the gap", epoch - 1, true},
+		{"an id of the next epoch below next is in the gap", 3, true},
+		{"next itself, not yet assigned, maps to the previous epoch", 5, false},
+		{"an old id far below the horizon is not", 1000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			where := strings.ReplaceAll(g.where, "xmin", "$1::text::xid")
+			var got bool
+			if err := conn.QueryRow(ctx, "SELECT "+where, fmt.Sprint(tc.xmin)).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("xmin %d with next %d and horizon %d: in the gap %v, want %v (%s)", tc.xmin, next, horizon, got, tc.want, g.where)
+			}
+		})
+	}
+}
+
+// TestAGapNothingBoundsIsASlotLostError: gapQuery's choice of rule, and its refusals.
+func TestAGapNothingBoundsIsASlotLostError(t *testing.T) {
+	t.Parallel()
+	tbl := outboxTable{name: "t", created: "created_at"}
+	since := time.Now()
+	for _, tc := range []struct {
+		name             string
+		lost             replication.LostSlot
+		margin           time.Duration
+		commitTimestamps bool
+		rule             string // "" : refused
+	}{
+		{"commit timestamps with an acknowledged commit choose by commit time", replication.LostSlot{Since: since}, 0, true, replication.RuleCommitTime},
+		{"a horizon without commit timestamps chooses by transaction id", replication.LostSlot{Since: since, Xmin: 900}, 0, false, replication.RuleXmin},
+		{"a horizon wins over a margin set by hand", replication.LostSlot{Since: since, Xmin: 900}, time.Minute, false, replication.RuleXmin},
+		{"a margin set by hand is used where nothing else bounds the gap", replication.LostSlot{Since: since}, time.Minute, false, replication.RuleCreatedAt},
+		{"no horizon, no commit timestamps and no margin is refused", replication.LostSlot{Since: since}, 0, false, ""},
+		{"a slot lost before anything was acknowledged is refused without a horizon", replication.LostSlot{Since: since, FromSlotCreation: true}, 0, true, ""},
+		{"a slot lost before anything was acknowledged goes by a horizon", replication.LostSlot{Since: since, FromSlotCreation: true, Xmin: 900}, 0, true, replication.RuleXmin},
+		{"a horizon more than 2^31 ids old is refused", replication.LostSlot{Since: since, Xmin: 900}, time.Minute, false, "far"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			next := uint64(1000)
+			if tc.rule == "far" {
+				next = 900 + 1<<31
+			}
+			g, err := gapQuery(tbl, tc.lost, tc.margin, tc.commitTimestamps, next)
+			switch {
+			case tc.rule == "" || tc.rule == "far":
+				if !errors.Is(err, replication.ErrSlotLost) {
+					t.Fatalf("rule %q, error %v; want ErrSlotLost", g.rule, err)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case g.rule != tc.rule:
+				t.Errorf("rule %q, want %q", g.rule, tc.rule)
+			}
+		})
+	}
+}
