@@ -509,9 +509,10 @@ func TestAPartlyPrunedGapStopsTheRelay(t *testing.T) {
 // 16 and 18 (each its own cluster: prepared transactions need max_prepared_transactions):
 //   - three transactions write an event each and stay open across the last acknowledged commit C
 //     (one running statements, one waiting on a lock, one prepared), commit while no relay runs,
-//     and the slot is dropped: the recovery must publish all three (the horizon recorded with C
-//     bounds the gap, not a timeout), and warn, before publishing, about acknowledged rows that
-//     were rewritten since (an UPDATE gives them a new transaction id) and come again;
+//     and the slot is dropped: pruning with a margin shorter than they ran must keep their rows,
+//     and the recovery must publish all three (the horizon recorded with C bounds the gap, not a
+//     timeout), and warn, before publishing, about acknowledged rows that were rewritten since (an
+//     UPDATE gives them a new transaction id) and come again;
 //   - a ledger that records neither an acknowledged commit nor a horizon (written by an older
 //     version, its row's creation time rewritten later) bounds nothing: the relay must stop saying
 //     so, at every start, and publish nothing of the gap.
@@ -659,6 +660,17 @@ func testOpenAcrossTheAcknowledgedCommit(t *testing.T, pg *devenv.Postgres) {
 	}
 	if err := d.outbox.WriteTx(ctx, spec("gap")); err != nil {
 		t.Fatal(err)
+	}
+	// Pruning with a margin shorter than the three ran: the horizon keeps their rows.
+	code, out := relayproc.Run(t, relayproc.Options{Subcommand: "prune",
+		Args: []string{"--older-than=0s", "--slot=" + d.slot, "--on-slot-lost=recover", "--slot-recovery-margin=1s"},
+		Env:  map[string]string{"OUTBOX_PG_DSN": d.dsn}}, time.Minute)
+	if code != 0 {
+		t.Fatalf("outbox-relay prune: exit %d\n%s", code, out)
+	}
+	var kept int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE aggregate_id IN ('running', 'waiting', 'prepared')").Scan(&kept); err != nil || kept != 3 {
+		t.Fatalf("pruning left %d of the 3 rows of transactions open across the acknowledged commit (%v); %s", kept, err, out)
 	}
 	dropInactiveSlot(t, d)
 

@@ -5,8 +5,9 @@
 // whatever happens to the rows. What reads the table is not so indifferent: a first-start backfill
 // (keep rows at least as long as its window), polling (Options.OnlyProcessed), and a lost slot's
 // recovery (on_slot_lost: recover), which publishes the gap from the rows: Options.Keep keeps
-// those created within a margin of the last acknowledged commit, and a transaction that ran longer
-// than the margin and committed after that commit can still lose rows to pruning.
+// those created within a margin of the last acknowledged commit and Options.KeepXmin those of
+// transactions from the recorded horizon on; without a horizon, a transaction that ran longer than
+// the margin and committed after that commit can still lose rows to pruning.
 //
 // Each batch is one short statement in its own transaction that locks only the rows it deletes and
 // skips rows another transaction has locked, so pruning never waits behind, or holds up, producers.
@@ -16,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,6 +54,11 @@ type Options struct {
 	// OlderThan says (ok false: no such bound): the relay keeps what a lost slot's recovery would
 	// read. An error fails the run: pruning waits rather than guess.
 	Keep func(ctx context.Context) (from time.Time, ok bool, err error)
+	// KeepXmin, when set, is asked once per run for a full transaction id from which rows stay
+	// whatever their age (ok false: none): the rows of the transactions a lost slot's recovery
+	// counts as not acknowledged, which a long transaction may have created long ago. An error
+	// fails the run.
+	KeepXmin func(ctx context.Context) (xmin uint64, ok bool, err error)
 	// Pruned, when set, is called after a run that deleted rows with the cutoff it applied: every
 	// row it deleted was created before it.
 	Pruned func(ctx context.Context, before time.Time) error
@@ -63,7 +70,13 @@ const defaultBatch = 1000
 // BatchSize (rows locked by other transactions are left for the next run). It returns how many it
 // deleted, also when ctx ends or a batch fails part way.
 func Prune(ctx context.Context, db DB, o Options) (deleted int64, err error) {
-	del, err := o.statement()
+	keep := ""
+	if o.KeepXmin != nil {
+		if keep, err = keepXmin(ctx, db, o); err != nil {
+			return 0, err
+		}
+	}
+	del, err := o.statement(keep)
 	if err != nil {
 		return 0, err
 	}
@@ -113,10 +126,32 @@ func Prune(ctx context.Context, db DB, o Options) (deleted int64, err error) {
 	}
 }
 
+// keepXmin is the condition that keeps the rows of transactions from o.KeepXmin's id on ("" when
+// it has none). A row's 32-bit xmin is mapped to the full id below the server's next one with
+// those low bits: exact within 2^31 ids of next, beyond which PostgreSQL assigns none.
+func keepXmin(ctx context.Context, db DB, o Options) (string, error) {
+	xmin, ok, err := o.KeepXmin(ctx)
+	if err != nil || !ok {
+		return "", err
+	}
+	var next string
+	if err := db.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&next); err != nil {
+		return "", fmt.Errorf("prune %s: read the next transaction id: %w", o.Table, err)
+	}
+	n, err := strconv.ParseUint(next, 10, 64)
+	if err != nil {
+		return "", fmt.Errorf("prune %s: read the next transaction id %q: %w", o.Table, next, err)
+	}
+	if n < xmin || n-xmin >= 1<<31 {
+		return "", fmt.Errorf("prune %s: the transaction id %d to keep rows from is not within 2^31 ids below the server's next one (%d): the slot ledger is from another cluster or a restore; pruning waits", o.Table, xmin, n)
+	}
+	return fmt.Sprintf(" AND ((%d - xmin::text::bigint + 4294967296) %% 4294967296) >= %d", (n-1)&0xffffffff, n-xmin), nil
+}
+
 // statement applies the defaults and builds the batch DELETE: the oldest rows first (so an
 // interrupted run still removed the oldest), found by the index, locked with SKIP LOCKED, deleted
-// by ctid (a TID scan, no second index lookup).
-func (o *Options) statement() (string, error) {
+// by ctid (a TID scan, no second index lookup). keep is ANDed to the rows' choice.
+func (o *Options) statement(keep string) (string, error) {
 	if o.Table == "" {
 		o.Table = "public.outbox_events"
 	}
@@ -134,9 +169,9 @@ func (o *Options) statement() (string, error) {
 		return "", fmt.Errorf("prune: table %q: want table or schema.table", o.Table)
 	}
 	table, col := pgx.Identifier(parts).Sanitize(), pgx.Identifier{o.Column}.Sanitize()
-	processed := ""
+	processed := keep
 	if o.OnlyProcessed {
-		processed = " AND processed_at IS NOT NULL"
+		processed += " AND processed_at IS NOT NULL"
 	}
 	return fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
 		SELECT ctid FROM %[1]s WHERE %[2]s < $1%[3]s ORDER BY %[2]s LIMIT $2 FOR UPDATE SKIP LOCKED))`, table, col, processed), nil

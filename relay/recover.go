@@ -426,6 +426,27 @@ func KeepFrom(ctx context.Context, q querier, schema, slot string, margin time.D
 	return since.Add(-commitSkew - keepMargin(margin)), true, nil
 }
 
+// KeepXmin is the horizon recorded with slot's last acknowledged commit: rows of transactions from
+// it on may be a lost slot's gap whatever their age, so pruning keeps them. ok is false when the
+// ledger cannot say (no ledger, not migrated, no entry, no horizon); strict is as for KeepFrom.
+func KeepXmin(ctx context.Context, q querier, schema, slot string, strict bool) (xmin uint64, ok bool, err error) {
+	ledger := replication.NewLedger(schema)
+	if exists, err := ledger.Exists(ctx, q); err != nil || !exists {
+		return 0, false, err
+	}
+	st, err := ledger.Recovery(ctx, q, slot)
+	if strict && (errors.Is(err, replication.ErrLedgerNotMigrated) || denied(err)) {
+		return 0, false, fmt.Errorf("on_slot_lost is recover, so pruning keeps what a lost slot's recovery needs, but it cannot read the slot ledger %s (run outbox-relay migrate; GRANT SELECT, UPDATE ON it to the pruning role): %w", ledger.Table(), err)
+	}
+	if errors.Is(err, replication.ErrLedgerNotMigrated) || denied(err) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	return st.Confirmed.Xmin, st.Confirmed.Xmin != 0, nil
+}
+
 // RecordPruned notes in the slot ledger that pruning deleted rows created before before, so that a
 // recovery knows whether its gap is whole. Without a ledger (or one not migrated) it does nothing.
 func RecordPruned(ctx context.Context, q querier, schema, slot string, before time.Time, strict bool) error {

@@ -76,7 +76,8 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 // guardPrune keeps, with the WAL source, the rows a lost slot's recovery could need (the slot
-// ledger says from when), whatever the age limit says, and records what pruning deleted.
+// ledger says from when, and from which transaction id), whatever the age limit says, and records
+// what pruning deleted.
 func guardPrune(opts *prune.Options, cfg *config.Config, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -86,6 +87,9 @@ func guardPrune(opts *prune.Options, cfg *config.Config, db interface {
 	}
 	opts.Keep = func(ctx context.Context) (time.Time, bool, error) {
 		return relay.KeepFrom(ctx, db, cfg.Schema, cfg.Slot, cfg.SlotRecoveryMargin, cfg.OnSlotLost == "recover")
+	}
+	opts.KeepXmin = func(ctx context.Context) (uint64, bool, error) {
+		return relay.KeepXmin(ctx, db, cfg.Schema, cfg.Slot, cfg.OnSlotLost == "recover")
 	}
 	opts.Pruned = func(ctx context.Context, before time.Time) error {
 		return relay.RecordPruned(ctx, db, cfg.Schema, cfg.Slot, before, cfg.OnSlotLost == "recover")
