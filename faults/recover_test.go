@@ -634,6 +634,12 @@ func testOpenAcrossTheAcknowledgedCommit(t *testing.T, pg *devenv.Postgres) {
 		}
 	})
 
+	code, out := relayproc.Run(t, relayproc.Options{Subcommand: "status", Args: []string{"--slot=" + d.slot},
+		Env: map[string]string{"OUTBOX_PG_DSN": d.dsn}}, time.Minute)
+	if !strings.Contains(out, "Kafka holds the events of every transaction below id") {
+		t.Errorf("status (exit %d) does not show the horizon recorded with the acknowledged commit:\n%s", code, out)
+	}
+
 	// C is behind the relay. The three commit, and rows Kafka holds are rewritten.
 	if _, err := pool.Exec(ctx, "INSERT INTO released VALUES (now())"); err != nil {
 		t.Fatal(err)
@@ -662,7 +668,7 @@ func testOpenAcrossTheAcknowledgedCommit(t *testing.T, pg *devenv.Postgres) {
 		t.Fatal(err)
 	}
 	// Pruning with a margin shorter than the three ran: the horizon keeps their rows.
-	code, out := relayproc.Run(t, relayproc.Options{Subcommand: "prune",
+	code, out = relayproc.Run(t, relayproc.Options{Subcommand: "prune",
 		Args: []string{"--older-than=0s", "--slot=" + d.slot, "--on-slot-lost=recover", "--slot-recovery-margin=1s"},
 		Env:  map[string]string{"OUTBOX_PG_DSN": d.dsn}}, time.Minute)
 	if code != 0 {

@@ -348,11 +348,12 @@ func (c *confirmedRecorder) passed(safe pglogrepl.LSN) uint64 {
 
 // sample takes a horizon on the server: the statement's snapshot is taken before its target list
 // is evaluated, so the insert position is read after the snapshot. A failure only delays the
-// next recorded horizon.
+// next recorded horizon; the connection is opened afresh at the next write.
 func (c *confirmedRecorder) sample(ctx context.Context) {
 	var xmin, lsn string
 	if err := c.conn.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, pg_current_wal_insert_lsn()::text").Scan(&xmin, &lsn); err != nil {
 		c.r.log.Debug("sample the transaction horizon for the slot ledger", zap.Error(err))
+		c.closeLocked(ctx)
 		return
 	}
 	x, err := strconv.ParseUint(xmin, 10, 64)

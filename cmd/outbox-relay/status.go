@@ -57,6 +57,10 @@ type recoveryReport struct {
 	// AcknowledgedCommitTime is the commit time of the last transaction Kafka held with every one
 	// before it, as last recorded: a lost slot's gap starts after it.
 	AcknowledgedCommitTime *time.Time `json:"acknowledged_commit_time"`
+	// AcknowledgedXmin is the horizon recorded with it: Kafka holds the events of every
+	// transaction with a lower full id, and a lost slot's gap is the rows of this id on. Null
+	// when none is recorded (then only commit timestamps or slot_recovery_margin bound the gap).
+	AcknowledgedXmin *uint64 `json:"acknowledged_xmin"`
 	// UnderWaySince is set while a recovery is under way (the gap starts after it).
 	UnderWaySince *time.Time    `json:"under_way_since,omitempty"`
 	Last          *lastRecovery `json:"last,omitempty"`
@@ -88,6 +92,9 @@ func recoveryStatus(ctx context.Context, conn *pgx.Conn, schema, slot string, re
 	r := &recoveryReport{}
 	if t := st.Confirmed.CommitTime; !t.IsZero() {
 		r.AcknowledgedCommitTime = &t
+	}
+	if x := st.Confirmed.Xmin; x != 0 {
+		r.AcknowledgedXmin = &x
 	}
 	if t := st.Since; !t.IsZero() {
 		r.UnderWaySince = &t
@@ -351,6 +358,9 @@ func printStatus(w io.Writer, rep statusReport) {
 	if r := rep.Recovery; r != nil {
 		if r.AcknowledgedCommitTime != nil {
 			fmt.Fprintf(tw, "acknowledged\tKafka holds every event committed up to %s (a lost slot's gap starts there)\n", r.AcknowledgedCommitTime.UTC().Format(time.RFC3339Nano))
+		}
+		if r.AcknowledgedXmin != nil {
+			fmt.Fprintf(tw, "horizon\tKafka holds the events of every transaction below id %d (a lost slot's gap is the rows of that id on)\n", *r.AcknowledgedXmin)
 		}
 		if r.UnderWaySince != nil {
 			fmt.Fprintf(tw, "RECOVERY UNDER WAY\tthe gap of a lost slot (rows committed after %s) is being published\n", r.UnderWaySince.UTC().Format(time.RFC3339))
