@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -162,4 +163,42 @@ func connect(t *testing.T, dsn string) *pgx.Conn {
 	}
 	t.Cleanup(func() { c.Close(context.Background()) })
 	return c
+}
+
+// TestRecordConfirmedNeverMovesTheCommitTimeOrTheHorizonBack: a horizon is valid for every later
+// point, so the ledger keeps the newest of each, records a horizon without a commit time (an idle
+// outbox), and a write from a process behind another changes neither.
+func TestRecordConfirmedNeverMovesTheCommitTimeOrTheHorizonBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	l, slot := NewLedger("public"), testenv.UniqueName(t, "slot")
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, step := range []struct {
+		name string
+		rec  Confirmed
+		want Confirmed
+	}{
+		{"a horizon alone is recorded", Confirmed{Xmin: 1000}, Confirmed{Xmin: 1000}},
+		{"a commit time is recorded and the horizon moves on", Confirmed{CommitTime: t0, EndLSN: 0x100, Xmin: 2000}, Confirmed{CommitTime: t0, EndLSN: 0x100, Xmin: 2000}},
+		{"an older commit time and horizon change nothing", Confirmed{CommitTime: t0.Add(-time.Second), EndLSN: 0x80, Xmin: 1500}, Confirmed{CommitTime: t0, EndLSN: 0x100, Xmin: 2000}},
+		{"a newer commit time without a horizon keeps the horizon", Confirmed{CommitTime: t0.Add(time.Second), EndLSN: 0x200}, Confirmed{CommitTime: t0.Add(time.Second), EndLSN: 0x200, Xmin: 2000}},
+		{"a newer horizon with an older commit time moves only the horizon", Confirmed{CommitTime: t0, EndLSN: 0x100, Xmin: 5_000_000_000}, Confirmed{CommitTime: t0.Add(time.Second), EndLSN: 0x200, Xmin: 5_000_000_000}},
+	} {
+		if err := l.RecordConfirmed(ctx, conn, slot, step.rec); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		st, err := l.Recovery(ctx, conn, slot)
+		if err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if !st.Confirmed.CommitTime.Equal(step.want.CommitTime) || st.Confirmed.EndLSN != step.want.EndLSN || st.Confirmed.Xmin != step.want.Xmin {
+			t.Errorf("%s: the ledger holds %+v, want %+v", step.name, st.Confirmed, step.want)
+		}
+	}
 }
