@@ -248,16 +248,19 @@ type confirmedRecorder struct {
 	// position just after it: one becomes the recorded horizon once the tracker's acknowledged
 	// position reaches its LSN (every transaction below its xmin had written its commit record
 	// before that LSN, so Kafka holds their events).
-	samples []horizonSample
-	warned  bool
-	gaveUp  bool // no ledger, or not migrated, or no right to write it: until a restart
+	samples     []horizonSample
+	sawTimeline bool // the tracker has reported a timeline: samples are stamped with it
+	warned      bool
+	gaveUp      bool // no ledger, or not migrated, or no right to write it: until a restart
 }
 
 // horizonSample is a snapshot's xmin (a full transaction id) and the WAL's insert position read
-// after the snapshot was taken.
+// after the snapshot was taken, on the timeline the tracker was on. A sample from another
+// timeline is never used: a promoted standby may assign again ids its old primary had used.
 type horizonSample struct {
-	xmin uint64
-	lsn  pglogrepl.LSN
+	xmin     uint64
+	lsn      pglogrepl.LSN
+	timeline uint32
 }
 
 // maxHorizonSamples bounds the samples kept while Kafka acknowledges nothing: past it the newest
@@ -292,8 +295,9 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 	if c.gaveUp {
 		return
 	}
+	timeline := r.tracker.Timeline() // before Safe, as the stream reads them
 	at, safe := r.tracker.SafeTime(), r.tracker.Safe()
-	xmin := c.passed(safe)
+	xmin := c.passed(safe, timeline)
 	moved := !at.IsZero() && at.After(c.recorded)
 	if c.conn == nil {
 		conn, err := r.cfg.Replication.Connect(ctx)
@@ -304,7 +308,7 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 		c.conn = conn
 	}
 	if !moved && xmin <= c.recordedXmin {
-		c.sample(ctx) // nothing new to record
+		c.sample(ctx, timeline) // nothing new to record
 		return
 	}
 	err := c.ledger.RecordConfirmed(ctx, c.conn, r.cfg.Replication.Slot, replication.Confirmed{CommitTime: at, EndLSN: safe, Xmin: xmin})
@@ -313,7 +317,7 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 			c.recorded = at
 		}
 		c.recordedXmin = max(c.recordedXmin, xmin)
-		c.sample(ctx)
+		c.sample(ctx, timeline)
 		return
 	}
 	var pgErr *pgconn.PgError
@@ -329,9 +333,22 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 	c.closeLocked(ctx)
 }
 
-// passed returns the xmin of the newest sample whose LSN safe has reached (0: none), forgetting
-// the samples older than it.
-func (c *confirmedRecorder) passed(safe pglogrepl.LSN) uint64 {
+// passed returns the xmin of the newest sample of timeline whose LSN safe has reached (0: none),
+// forgetting the samples older than it and those of other timelines.
+func (c *confirmedRecorder) passed(safe pglogrepl.LSN, timeline uint32) uint64 {
+	kept := c.samples[:0]
+	for _, s := range c.samples {
+		if s.timeline == 0 && timeline != 0 && !c.sawTimeline {
+			// Taken before the first session learned the server's timeline: the server the
+			// process started on, which the first session streams.
+			s.timeline = timeline
+		}
+		if s.timeline == timeline {
+			kept = append(kept, s)
+		}
+	}
+	c.sawTimeline = c.sawTimeline || timeline != 0
+	c.samples = kept
 	i := -1
 	for j, s := range c.samples {
 		if s.lsn <= safe {
@@ -349,7 +366,7 @@ func (c *confirmedRecorder) passed(safe pglogrepl.LSN) uint64 {
 // sample takes a horizon on the server: the statement's snapshot is taken before its target list
 // is evaluated, so the insert position is read after the snapshot. A failure only delays the
 // next recorded horizon; the connection is opened afresh at the next write.
-func (c *confirmedRecorder) sample(ctx context.Context) {
+func (c *confirmedRecorder) sample(ctx context.Context, timeline uint32) {
 	var xmin, lsn string
 	if err := c.conn.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, pg_current_wal_insert_lsn()::text").Scan(&xmin, &lsn); err != nil {
 		c.r.log.Debug("sample the transaction horizon for the slot ledger", zap.Error(err))
@@ -364,7 +381,7 @@ func (c *confirmedRecorder) sample(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	s := horizonSample{xmin: x, lsn: l}
+	s := horizonSample{xmin: x, lsn: l, timeline: timeline}
 	if len(c.samples) == maxHorizonSamples {
 		c.samples[len(c.samples)-1] = s
 		return
@@ -395,7 +412,7 @@ type querier interface {
 // ledger's last acknowledged commit, or the recovery under way, or the slot's creation, less the
 // margin, else DefaultRecoveryMargin, and the commit skew): the guard on pruning. A transaction
 // that ran longer than that and committed after the acknowledged point has rows older than it,
-// which pruning may delete (docs/operations.md). ok is false when the ledger cannot say (no
+// which only KeepXmin keeps (docs/operations.md). ok is false when the ledger cannot say (no
 // ledger, not migrated, no entry): pruning then goes by its age alone.
 //
 // strict (on_slot_lost: recover) makes a ledger the role may not read an error: pruning by age

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -99,6 +100,36 @@ func TestAGapNothingBoundsIsASlotLostError(t *testing.T) {
 				t.Fatal(err)
 			case g.rule != tc.rule:
 				t.Errorf("rule %q, want %q", g.rule, tc.rule)
+			}
+		})
+	}
+}
+
+// TestTheRecordedHorizonIsTheNewestSampleTheAcknowledgedPositionPassedOnItsTimeline: a sample
+// counts once Kafka's acknowledged position reaches the WAL position read after it, on the
+// timeline it was taken on; samples taken before the first session are the first timeline's.
+func TestTheRecordedHorizonIsTheNewestSampleTheAcknowledgedPositionPassedOnItsTimeline(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		samples  []horizonSample
+		saw      bool
+		safe     uint64
+		timeline uint32
+		want     uint64
+		left     int
+	}{
+		{"no sample passed", []horizonSample{{xmin: 10, lsn: 100, timeline: 1}}, true, 99, 1, 0, 1},
+		{"the newest passed of several", []horizonSample{{10, 100, 1}, {20, 200, 1}, {30, 300, 1}}, true, 250, 1, 20, 1},
+		{"a sample of another timeline is never used", []horizonSample{{10, 100, 1}, {20, 200, 2}}, true, 250, 2, 20, 0},
+		{"a sample of the old timeline is dropped after a failover", []horizonSample{{10, 100, 1}}, true, 250, 2, 0, 0},
+		{"a sample from before the first session is the first timeline's", []horizonSample{{10, 100, 0}}, false, 250, 3, 10, 0},
+		{"a sample stamped 0 after a timeline was seen is not", []horizonSample{{10, 100, 0}}, true, 250, 3, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &confirmedRecorder{samples: append([]horizonSample(nil), tc.samples...), sawTimeline: tc.saw}
+			if got := c.passed(pglogrepl.LSN(tc.safe), tc.timeline); got != tc.want || len(c.samples) != tc.left {
+				t.Errorf("passed(%d, timeline %d) = %d with %d samples left, want %d with %d left", tc.safe, tc.timeline, got, len(c.samples), tc.want, tc.left)
 			}
 		})
 	}
