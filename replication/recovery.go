@@ -298,6 +298,17 @@ func (s *Stream) ownRecovery(ctx context.Context) (*recoveryOwner, error) {
 			return nil, fmt.Errorf("take the recovery lock of slot %q: %w", s.cfg.Slot, err)
 		}
 		if got {
+			// The lock must be this session's: behind a pooler in transaction mode it stays on
+			// whichever server connection ran the statement, and EndRecovery, which requires it,
+			// would never succeed.
+			hi, lo := lockArgs(o.key)
+			var mine bool
+			if err := conn.QueryRow(ctx, "SELECT "+owns("$1", "$2"), hi, lo).Scan(&mine); err != nil {
+				return nil, fmt.Errorf("check the recovery lock of slot %q: %w", s.cfg.Slot, err)
+			}
+			if !mine {
+				return nil, fatalf("the recovery lock of slot %q was taken, but its session does not hold it: pg_dsn goes through a pooler in transaction mode, which a lost slot's recovery cannot work through; point pg_dsn at PostgreSQL directly or at a session-mode pool", s.cfg.Slot)
+			}
 			if !waitingSince.IsZero() {
 				s.log.Info("the other process's recovery of the lost slot ended; this one owns it now and decides again from the slot and the ledger",
 					zap.String("slot", s.cfg.Slot), zap.Duration("waited", time.Since(waitingSince).Round(time.Millisecond)))
