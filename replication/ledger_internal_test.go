@@ -280,3 +280,29 @@ func TestASecondProcessWaitsForTheRecoverysOwnerAndSaysWho(t *testing.T) {
 		t.Fatal("the second process did not take the recovery lock within 30s of its release")
 	}
 }
+
+// TestAnOwnerWhoseLockConnectionEndsStopsPublishingTheGap: once the recovery lock's connection is
+// gone, another process may own the recovery and publish the gap again; the publication under the
+// lost lock must stop at once, saying why, before it records anything.
+func TestAnOwnerWhoseLockConnectionEndsStopsPublishingTheGap(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	s := &Stream{cfg: Config{DSN: dsn, Slot: testenv.UniqueName(t, "slot")}, log: zaptest.NewLogger(t), ledger: NewLedger("public")}
+	o, err := s.ownRecovery(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.close(ctx)
+	publishing, stop := o.watch(ctx)
+	if _, err := connect(t, dsn).Exec(ctx, "SELECT pg_terminate_backend($1)", o.conn.PgConn().PID()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-publishing.Done():
+	case <-time.After(ownerCheckInterval + ownerCheckTimeout + 5*time.Second):
+		t.Fatal("the publication went on after the recovery lock's connection ended")
+	}
+	if err := stop(); !errors.Is(err, errOwnershipLost) || !errors.Is(context.Cause(publishing), errOwnershipLost) {
+		t.Fatalf("stop() = %v, cause %v; want errOwnershipLost", err, context.Cause(publishing))
+	}
+}

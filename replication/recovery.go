@@ -246,6 +246,7 @@ func RecoveryLockKey(slot string) int64 {
 // a connection of its own.
 type recoveryOwner struct {
 	conn *pgx.Conn
+	slot string
 	key  int64
 	log  *zap.Logger
 }
@@ -277,7 +278,7 @@ func (s *Stream) ownRecovery(ctx context.Context) (*recoveryOwner, error) {
 	if err != nil {
 		return nil, classifyConnect(err, "recovery lock")
 	}
-	o := &recoveryOwner{conn: conn, key: RecoveryLockKey(s.cfg.Slot), log: s.log}
+	o := &recoveryOwner{conn: conn, slot: s.cfg.Slot, key: RecoveryLockKey(s.cfg.Slot), log: s.log}
 	ok := false
 	defer func() {
 		if !ok {
@@ -378,7 +379,8 @@ func (o *recoveryOwner) watch(ctx context.Context) (context.Context, func() erro
 			ccancel()
 			if err != nil && wctx.Err() == nil {
 				lost = fmt.Errorf("%w: %v", errOwnershipLost, err)
-				o.log.Error("lost the recovery lock while publishing the lost slot's gap; stopping the publication before recording anything", zap.Error(err))
+				o.log.Error("lost the recovery lock while publishing the lost slot's gap; stopping the publication before recording anything",
+					zap.String("slot", o.slot), zap.Error(err))
 				cancel(lost)
 				return
 			}
