@@ -120,7 +120,7 @@ func testPausedRecoveryOwner(t *testing.T, fb *faultBroker, pg *devenv.Postgres)
 	ctx := context.Background()
 	d := newDB(t, pg, 2)
 	pool := d.outbox.Pool()
-	args := append([]string{"--leader-retry-interval=200ms", "--leader-check-timeout=1500ms"}, recoveryArgs...)
+	args := append([]string{"--leader-retry-interval=200ms", "--leader-check-timeout=2s"}, recoveryArgs...)
 	loseSlotWithGap(t, d, fb.brokers, args...)
 
 	fb.proxy.Throttle(gapThrottle)
