@@ -359,10 +359,12 @@ var errOwnershipLost = errors.New("lost the recovery lock: its connection to Pos
 
 // watch returns a context for the gap's publication that ends when the owner's connection fails
 // a check, and stop, which ends the checks and returns errOwnershipLost (wrapped) if one failed.
-// The connection is the checks' alone until stop returns.
+// The connection is the checks' alone until stop returns. stop never cancels a check in progress
+// (pgx closes a connection whose query is cancelled, and the lock with it, which EndRecovery
+// needs next): it waits for it. Only ctx's end (the session's) cuts one short.
 func (o *recoveryOwner) watch(ctx context.Context) (context.Context, func() error) {
 	wctx, cancel := context.WithCancelCause(ctx)
-	done := make(chan struct{})
+	quit, done := make(chan struct{}), make(chan struct{})
 	var lost error
 	go func() {
 		defer close(done)
@@ -370,14 +372,16 @@ func (o *recoveryOwner) watch(ctx context.Context) (context.Context, func() erro
 		defer tick.Stop()
 		for {
 			select {
+			case <-quit:
+				return
 			case <-wctx.Done():
 				return
 			case <-tick.C:
 			}
-			cctx, ccancel := context.WithTimeout(wctx, ownerCheckTimeout)
+			cctx, ccancel := context.WithTimeout(ctx, ownerCheckTimeout)
 			err := o.conn.Ping(cctx)
 			ccancel()
-			if err != nil && wctx.Err() == nil {
+			if err != nil && ctx.Err() == nil {
 				lost = fmt.Errorf("%w: %v", errOwnershipLost, err)
 				o.log.Error("lost the recovery lock while publishing the lost slot's gap; stopping the publication before recording anything",
 					zap.String("slot", o.slot), zap.Error(err))
@@ -387,8 +391,9 @@ func (o *recoveryOwner) watch(ctx context.Context) (context.Context, func() erro
 		}
 	}()
 	return wctx, func() error {
-		cancel(nil)
+		close(quit)
 		<-done
+		cancel(nil)
 		return lost
 	}
 }
