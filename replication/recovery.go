@@ -268,11 +268,11 @@ const (
 // ownRecovery takes the recovery lock of the slot on a new connection, waiting (and saying so)
 // while another process holds it, until ctx ends.
 //
-// The lock lives as long as its session. A process that is paused (SIGSTOP, a frozen VM) keeps it,
-// and the others wait for it to resume or end: its kernel answers TCP keepalives, and the session
-// is exempt from idle_session_timeout, so nothing else can take over a recovery it is in the
-// middle of. A host that is gone stops answering keepalives: the server ends the session within
-// about 20 s (tcp_keepalives_*), and the lock is free.
+// The lock lives as long as its session. A process that is paused (SIGSTOP) keeps it, and the
+// others wait for it to resume or end: its kernel answers TCP keepalives, and the session is
+// exempt from idle_session_timeout, so nothing else can take over a recovery it is in the middle
+// of. A host that is gone, or frozen whole (a frozen VM), stops answering keepalives: the server
+// ends the session within about 20 s (tcp_keepalives_*), and the lock is free.
 func (s *Stream) ownRecovery(ctx context.Context) (*recoveryOwner, error) {
 	conn, err := s.cfg.Connect(ctx)
 	if err != nil {
