@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -499,4 +500,100 @@ func TestAPartlyPrunedGapStopsTheRelay(t *testing.T) {
 			t.Errorf("event %s of the partly pruned gap was published %d times", w.ID, counts[w.ID])
 		}
 	}
+}
+
+// TestARecoveryOutlastsTheRelayRolesStatementTimeout: the relay's role has statement_timeout =
+// 1s, and the lost slot's gap takes longer than that to read at Kafka's pace (large events, a
+// small in-flight window). The recovery's read must not be cancelled and begun again for ever: it
+// completes once (one recovery begun, slot_recoveries_total 1, the ledger records it ended), every
+// event arrives in per-aggregate order, and only what Kafka acknowledged before the loss may come
+// twice.
+func TestARecoveryOutlastsTheRelayRolesStatementTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDB(t, testenv.SharedPostgres(t), 3)
+	pool := d.outbox.Pool()
+	brokers := testenv.SharedKafka(t).Brokers()
+	args := []string{"--on-slot-lost=recover", "--slot-recovery-margin=1s", "--status-interval=200ms", "--max-in-flight-events=4"}
+	r := d.startRelay(brokers, args...)
+	r.waitSessions(1, 90*time.Second)
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	deliver(t, brokers, d.outbox.Written(), time.Minute, r)
+	r.Terminate()
+	if code, ok := r.Wait(time.Minute); !ok || code != 0 {
+		t.Fatalf("the relay did not stop cleanly (exit %d, exited %v):\n%s", code, ok, r.Output())
+	}
+	acknowledged := len(d.outbox.Written())
+
+	// The gap: 1500 events of 16 KiB, more than the sockets between PostgreSQL and the relay
+	// hold, so the server's statement lasts as long as Kafka takes to acknowledge most of them.
+	for i := range 75 {
+		specs := make([]harness.Spec, 20)
+		for j := range specs {
+			specs[j] = harness.Spec{AggregateType: d.types[j%len(d.types)], AggregateID: fmt.Sprintf("gap-%d", j%11), PadBytes: 16 << 10}
+		}
+		if err := d.outbox.WriteTx(ctx, specs...); err != nil {
+			t.Fatalf("transaction %d: %v", i, err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", d.slot); err != nil {
+		t.Fatal(err)
+	}
+	// The role's setting in this database only: the shared cluster's other tests keep theirs.
+	if _, err := pool.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER ROLE %I IN DATABASE %I SET statement_timeout = %L', current_user, current_database(), '1s'); END $$`); err != nil {
+		t.Fatal(err)
+	}
+
+	r2 := d.startRelay(brokers, args...)
+	eventually(t, 2*time.Minute, "the recovery to complete, or the role's statement_timeout to cancel it", func() bool {
+		out := r2.Output()
+		return strings.Contains(out, "recovered the lost slot's gap") || strings.Contains(out, "statement timeout") || r2.Exited()
+	})
+	out := r2.Output()
+	if !strings.Contains(out, "recovered the lost slot's gap") {
+		t.Fatalf("the relay did not complete the recovery:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		var rec struct {
+			Msg  string  `json:"msg"`
+			Took float64 `json:"took"` // seconds
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Msg, "recovered the lost slot's gap") && rec.Took <= 1 {
+			t.Fatalf("the gap was published in %.1fs, within the role's statement_timeout: the test needs a larger gap to prove anything", rec.Took)
+		}
+	}
+	if n := strings.Count(out, "recovering a lost slot's gap from the outbox table"); n != 1 {
+		t.Errorf("the recovery was begun %d times, want once:\n%s", n, out)
+	}
+	if strings.Contains(out, "statement timeout") {
+		t.Errorf("the role's statement_timeout cancelled the recovery's read:\n%s", out)
+	}
+	if n := r2.mustMetric("slot_recoveries_total", ""); n != 1 {
+		t.Errorf("slot_recoveries_total = %v, want 1", n)
+	}
+	var underWay *time.Time
+	var recovered int64
+	if err := pool.QueryRow(ctx, "SELECT recovery_since, recovered_events FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&underWay, &recovered); err != nil {
+		t.Fatal(err)
+	}
+	if underWay != nil || recovered < 1500 {
+		t.Errorf("the ledger records a recovery under way since %v with %d events recovered; want it ended, with at least the gap's 1500", underWay, recovered)
+	}
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "after"}); err != nil {
+		t.Fatal(err)
+	}
+	written := d.outbox.Written()
+	rep := deliver(t, brokers, written, 2*time.Minute, r2)
+	if rep.Missing != 0 || rep.OrderViolations != 0 {
+		t.Fatalf("after the recovery: %s", rep)
+	}
+	counts := deliveries(t, brokers, written)
+	for _, w := range written[acknowledged:] {
+		if counts[w.ID] > 1 {
+			t.Errorf("event %s of the gap or after it arrived %d times: the gap was published more than once", w.ID, counts[w.ID])
+		}
+	}
+	t.Logf("%d events, %d duplicates", rep.Expected, rep.Duplicates)
 }
