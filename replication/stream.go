@@ -847,7 +847,9 @@ func describeBackend(ctx context.Context, conn *pgx.Conn, pid int32) string {
 const ledgerWriteTimeout = 10 * time.Second
 
 func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string, err error) {
+	stopWatch := s.watchSlotCreation(ctx, int32(s.conn.PID()))
 	res, err := pglogrepl.ParseCreateReplicationSlot(s.conn.Exec(ctx, s.createSlotCommand()))
+	stopWatch()
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
