@@ -70,7 +70,7 @@ func (r *Relay) backfill(ctx context.Context, snapshot string) error {
 
 	started := time.Now()
 	n, err := r.publishRows(ctx, conn, snapshot, b)
-	if err := r.cancelledReads.note(ctx, "backfill", err); err != nil {
+	if err := r.cancelledReads.note(ctx, "the backfill's rows", err); err != nil {
 		return err
 	}
 	if err := ledger.RecordBackfill(ctx, conn, rc.Slot, n); err != nil {
@@ -155,7 +155,7 @@ type cancelledReads struct {
 // one-off; three is a rule.
 const maxCancelledReads = 3
 
-// note is called with the outcome of a read of the outbox table (what: which, for the line); it
+// note is called with the outcome of a read of the outbox table (what: of what, for the line); it
 // returns err, made fatal once cancellations repeat. A success starts the count again.
 func (c *cancelledReads) note(ctx context.Context, what string, err error) error {
 	c.mu.Lock()
@@ -179,7 +179,7 @@ func (c *cancelledReads) note(ctx context.Context, what string, err error) error
 	if c.n < maxCancelledReads {
 		return err
 	}
-	return replication.Fatal(fmt.Errorf("%s: PostgreSQL cancelled the read of the outbox table %d times in a row (%s, SQLSTATE %s), although the relay clears statement_timeout, transaction_timeout and idle_in_transaction_session_timeout for it: something else cancels the relay's long statements (a watchdog calling pg_cancel_backend, a setting the role cannot lift). Exempt the relay's role from it and start again; nothing past what Kafka acknowledged is confirmed, and the next start begins the read again: %w",
+	return replication.Fatal(fmt.Errorf("PostgreSQL cancelled the read of %s from the outbox table %d times in a row (%s, SQLSTATE %s), although the relay clears statement_timeout, transaction_timeout and idle_in_transaction_session_timeout for it: something else cancels the relay's long statements (a watchdog calling pg_cancel_backend, a setting the role cannot lift). Exempt the relay's role from it and start again; nothing past what Kafka acknowledged is confirmed, and the next start begins the read again: %w",
 		what, c.n, pgErr.Message, pgErr.Code, err))
 }
 

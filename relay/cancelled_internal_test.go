@@ -12,9 +12,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
-// TestCancelledReadsOfTheOutboxTableEndTheRelayOnceTheyRepeat pins the counting alone; that the
-// role's timeouts no longer cancel the read is faults' TestARecoveryOutlastsTheRelayRolesStatementTimeout,
-// against real servers.
+// TestCancelledReadsOfTheOutboxTableEndTheRelayOnceTheyRepeat pins the counting's corners; against
+// real servers, faults' TestARecoveryOutlastsTheRelayRolesStatementTimeout (the role's timeouts no
+// longer cancel the read) and TestARecoveryCancelledAgainAndAgainStopsTheRelay (a watchdog's).
 func TestCancelledReadsOfTheOutboxTableEndTheRelayOnceTheyRepeat(t *testing.T) {
 	cancelled := fmt.Errorf("publish the gap: %w", &pgconn.PgError{Code: "57014", Message: "canceling statement due to user request"})
 	idle := &pgconn.PgError{Code: "25P03", Message: "terminating connection due to idle-in-transaction timeout"}
@@ -39,14 +39,14 @@ func TestCancelledReadsOfTheOutboxTableEndTheRelayOnceTheyRepeat(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var c cancelledReads
 			for i, s := range tc.steps {
-				err := c.note(s.ctx, `recovery of lost slot "s"`, s.err)
+				err := c.note(s.ctx, "the lost slot's gap", s.err)
 				if !errors.Is(err, s.err) {
 					t.Fatalf("step %d: note returned %v, want it to wrap %v", i, err, s.err)
 				}
 				if got := replication.IsFatal(err); got != s.fatal {
 					t.Fatalf("step %d: fatal %v, want %v (%v)", i, got, s.fatal, err)
 				}
-				if s.fatal && !strings.Contains(err.Error(), "cancelled the read of the outbox table 3 times in a row") {
+				if s.fatal && !strings.Contains(err.Error(), "cancelled the read of the lost slot's gap from the outbox table 3 times in a row") {
 					t.Errorf("step %d: the fatal line does not say what repeats: %v", i, err)
 				}
 			}

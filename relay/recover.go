@@ -109,7 +109,7 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 	if err != nil {
 		err = fmt.Errorf("publish the gap (%d events published so far; the next start publishes it all again): %w", n, err)
 	}
-	if err := r.cancelledReads.note(ctx, fmt.Sprintf("recovery of lost slot %q", lost.Slot), err); err != nil {
+	if err := r.cancelledReads.note(ctx, "the lost slot's gap", err); err != nil {
 		return replication.Recovery{}, err
 	}
 	took := time.Since(started)
