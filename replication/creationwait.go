@@ -128,23 +128,27 @@ func FindSlotCreationWait(ctx context.Context, q rowQuerier, slot string) (w Cre
 // When the watcher of a slot's creation looks, and how often it repeats its line while the
 // creation waits. A creation that waits for nothing takes milliseconds; the first look is late
 // enough to leave those alone, early enough that an operator watching a start sees why it hangs.
-const (
-	creationWaitFirstLook = 2 * time.Second
-	creationWaitPoll      = 2 * time.Second
-	creationWaitLogEvery  = 15 * time.Second
-)
+var defaultCreationWaitTimes = creationWaitTimes{first: 2 * time.Second, poll: 2 * time.Second, logEvery: 15 * time.Second}
+
+// creationWaitTimes are the watcher's first look, its polling interval, and how often it repeats
+// its line while the creation waits for the same transaction.
+type creationWaitTimes struct{ first, poll, logEvery time.Duration }
 
 // watchSlotCreation watches, on an ordinary connection, what the walsender with PID walsender
-// waits for while it creates the slot: a WARN line naming the transaction within
-// creationWaitFirstLook, again every creationWaitLogEvery (and whenever it waits for another),
-// and the gauge outbox_relay_slot_creation_wait_seconds. The returned stop ends the watcher and
-// waits for it; call it when the creation returns.
+// waits for while it creates the slot: a WARN line naming the transaction at the first look,
+// again every logEvery (and whenever it waits for another), and the gauge
+// outbox_relay_slot_creation_wait_seconds. The returned stop ends the watcher and waits for it;
+// call it when the creation returns.
 func (s *Stream) watchSlotCreation(ctx context.Context, walsender int32) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	times := s.creationWaitTimes
+	if times == (creationWaitTimes{}) {
+		times = defaultCreationWaitTimes
+	}
 	go func() {
 		defer close(done)
-		s.watchCreation(ctx, walsender, time.Now())
+		s.watchCreation(ctx, walsender, time.Now(), times)
 	}()
 	return func() {
 		cancel()
@@ -152,7 +156,7 @@ func (s *Stream) watchSlotCreation(ctx context.Context, walsender int32) (stop f
 	}
 }
 
-func (s *Stream) watchCreation(ctx context.Context, walsender int32, began time.Time) {
+func (s *Stream) watchCreation(ctx context.Context, walsender int32, began time.Time, times creationWaitTimes) {
 	defer s.m.SlotCreationWait.Set(0)
 	var conn *pgx.Conn
 	defer func() {
@@ -162,7 +166,7 @@ func (s *Stream) watchCreation(ctx context.Context, walsender int32, began time.
 	}()
 	var logged time.Time
 	var last string
-	timer := time.NewTimer(creationWaitFirstLook)
+	timer := time.NewTimer(times.first)
 	defer timer.Stop()
 	for {
 		select {
@@ -170,7 +174,7 @@ func (s *Stream) watchCreation(ctx context.Context, walsender int32, began time.
 			return
 		case <-timer.C:
 		}
-		timer.Reset(creationWaitPoll)
+		timer.Reset(times.poll)
 		if conn == nil {
 			c, err := s.cfg.Connect(ctx)
 			if err != nil {
@@ -194,7 +198,7 @@ func (s *Stream) watchCreation(ctx context.Context, walsender int32, began time.
 		}
 		now := time.Now()
 		s.m.SlotCreationWait.Set(now.Sub(began).Seconds())
-		if w.XID == last && now.Sub(logged) < creationWaitLogEvery {
+		if w.XID == last && now.Sub(logged) < times.logEvery {
 			continue
 		}
 		logged, last = now, w.XID
