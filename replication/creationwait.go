@@ -159,9 +159,16 @@ func (s *Stream) watchSlotCreation(ctx context.Context, walsender int32) (stop f
 func (s *Stream) watchCreation(ctx context.Context, walsender int32, began time.Time, times creationWaitTimes) {
 	defer s.m.SlotCreationWait.Set(0)
 	var conn *pgx.Conn
+	closeConn := func() {
+		// ctx has ended, or the connection failed: a goodbye bounded in time, then the socket.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		conn.Close(cctx)
+		conn = nil
+	}
 	defer func() {
 		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
+			closeConn()
 		}
 	}()
 	var logged time.Time
@@ -188,8 +195,7 @@ func (s *Stream) watchCreation(ctx context.Context, walsender int32, began time.
 			if ctx.Err() == nil {
 				s.log.Debug("cannot look at what the slot's creation waits for", zap.Error(err))
 			}
-			conn.Close(context.WithoutCancel(ctx))
-			conn = nil
+			closeConn()
 			continue
 		}
 		if !ok {
