@@ -277,13 +277,13 @@ type Stream struct {
 	stopSigns      stopSigns
 	// stopping is closed by StopReconnecting. setupMu guards cancelSetup, which ends the session
 	// in progress while it has not started streaming.
-	stopping chan struct{}
-	stopOnce sync.Once
+	stopping    chan struct{}
+	stopOnce    sync.Once
+	setupMu     sync.Mutex
+	cancelSetup context.CancelFunc
 	// creationWaitTimes paces the watcher of a slot's creation (creationwait.go); zero: the
 	// defaults. Tests shorten it.
 	creationWaitTimes creationWaitTimes
-	setupMu           sync.Mutex
-	cancelSetup       context.CancelFunc
 }
 
 // New returns a Stream that reports ck.Safe() as its confirmed position.
