@@ -107,7 +107,10 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 	}
 	n, dups, err := r.publishSelected(ctx, tx, t, q)
 	if err != nil {
-		return replication.Recovery{}, fmt.Errorf("publish the gap (%d events published so far; the next start publishes it all again): %w", n, err)
+		err = fmt.Errorf("publish the gap (%d events published so far; the next start publishes it all again): %w", n, err)
+	}
+	if err := r.cancelledReads.note(ctx, "the lost slot's gap", err); err != nil {
+		return replication.Recovery{}, err
 	}
 	took := time.Since(started)
 	r.m.SlotRecoveries.Inc()

@@ -284,6 +284,9 @@ type Stream struct {
 	stopOnce    sync.Once
 	setupMu     sync.Mutex
 	cancelSetup context.CancelFunc
+	// creationWaitTimes paces the watcher of a slot's creation (creationwait.go); zero: the
+	// defaults. Tests shorten it.
+	creationWaitTimes creationWaitTimes
 }
 
 // New returns a Stream that reports ck.Safe() as its confirmed position.
@@ -852,7 +855,9 @@ func describeBackend(ctx context.Context, conn *pgx.Conn, pid int32) string {
 const ledgerWriteTimeout = 10 * time.Second
 
 func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string, err error) {
+	stopWatch := s.watchSlotCreation(ctx, int32(s.conn.PID()))
 	res, err := pglogrepl.ParseCreateReplicationSlot(s.conn.Exec(ctx, s.createSlotCommand()))
+	stopWatch()
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
