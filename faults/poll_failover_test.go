@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -68,5 +69,45 @@ func TestAPollerWaitsForTheStandbysOfSynchronizedStandbySlots(t *testing.T) {
 	rep := deliver(t, brokers, c.d.outbox.Written(), 2*time.Minute, r)
 	if rep.Missing != 0 || rep.OrderViolations != 0 {
 		t.Fatalf("after the standby's return: %s", rep)
+	}
+
+	// The wait costs the standbys' round trip, not a pause per batch: on a quiet primary, the WAL
+	// a claim inserts (its own row locks) is flushed by nothing until some transaction commits,
+	// the next running-transactions record up to 15 s later, and a wait for it stalled every
+	// batch that long (a backlog drained at about 34 rows/s). The bounds are a tenth of that
+	// stall, and many times what the drain takes.
+	published := func() float64 { return r.mustMetric("events_published_total", "") }
+	waitPublished := func(what string, n float64, within time.Duration) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for published() < n {
+			if time.Since(start) > within {
+				t.Fatalf("%s: %v published of %v after %v; a claimed batch waits for WAL that nothing flushes:\n%s", what, published(), n, within, r.Output())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return time.Since(start)
+	}
+	for i := range 3 {
+		want := published() + 1
+		write(fmt.Sprintf("alone-%d", i))
+		took := waitPublished("an event written alone on a quiet primary", want, 5*time.Second)
+		t.Logf("an event written alone on a quiet primary published in %v", took)
+	}
+	// One transaction, so that the whole backlog is there before the first claim: claims that
+	// interleave with the writers' commits have their WAL flushed by them.
+	const backlog = 3000
+	want := published() + backlog
+	specs := make([]harness.Spec, backlog)
+	for i := range specs {
+		specs[i] = harness.Spec{AggregateType: c.d.types[i%len(c.d.types)], AggregateID: fmt.Sprintf("backlog-%d", i%50)}
+	}
+	if err := c.d.outbox.WriteTx(ctx, specs...); err != nil {
+		t.Fatal(err)
+	}
+	took := waitPublished("a backlog on a quiet primary", want, 30*time.Second)
+	t.Logf("a backlog of %d rows drained in %v", backlog, took)
+	if rep := deliver(t, brokers, c.d.outbox.Written(), time.Minute, r); !rep.OK() {
+		t.Fatalf("after the backlog: %s", rep)
 	}
 }

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -500,6 +501,170 @@ func TestAPartlyPrunedGapStopsTheRelay(t *testing.T) {
 		if counts[w.ID] != 0 {
 			t.Errorf("event %s of the partly pruned gap was published %d times", w.ID, counts[w.ID])
 		}
+	}
+}
+
+// slowGap stops a streaming relay on a new database of the shared cluster, writes a gap that takes
+// seconds to publish at Kafka's pace (1500 events of 16 KiB, more than the sockets between
+// PostgreSQL and the relay hold, so the server's statement lasts as long as Kafka takes to
+// acknowledge most of them with args' small in-flight window) and drops the slot. It returns
+// how many events Kafka acknowledged before the gap.
+func slowGap(t *testing.T, args []string) (d *db, acknowledged int) {
+	t.Helper()
+	ctx := context.Background()
+	d = newDB(t, testenv.SharedPostgres(t), 3)
+	brokers := testenv.SharedKafka(t).Brokers()
+	r := d.startRelay(brokers, args...)
+	r.waitSessions(1, 90*time.Second)
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	deliver(t, brokers, d.outbox.Written(), time.Minute, r)
+	r.Terminate()
+	if code, ok := r.Wait(time.Minute); !ok || code != 0 {
+		t.Fatalf("the relay did not stop cleanly (exit %d, exited %v):\n%s", code, ok, r.Output())
+	}
+	acknowledged = len(d.outbox.Written())
+	for i := range 75 {
+		specs := make([]harness.Spec, 20)
+		for j := range specs {
+			specs[j] = harness.Spec{AggregateType: d.types[j%len(d.types)], AggregateID: fmt.Sprintf("gap-%d", j%11), PadBytes: 16 << 10}
+		}
+		if err := d.outbox.WriteTx(ctx, specs...); err != nil {
+			t.Fatalf("transaction %d: %v", i, err)
+		}
+	}
+	if _, err := d.outbox.Pool().Exec(ctx, "SELECT pg_drop_replication_slot($1)", d.slot); err != nil {
+		t.Fatal(err)
+	}
+	return d, acknowledged
+}
+
+// TestARecoveryOutlastsTheRelayRolesStatementTimeout: the relay's role has statement_timeout =
+// 1s, and the lost slot's gap takes longer than that to read at Kafka's pace (large events, a
+// small in-flight window). The recovery's read must not be cancelled and begun again for ever: it
+// completes once (one recovery begun, slot_recoveries_total 1, the ledger records it ended), every
+// event arrives in per-aggregate order, and only what Kafka acknowledged before the loss may come
+// twice.
+func TestARecoveryOutlastsTheRelayRolesStatementTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := testenv.SharedKafka(t).Brokers()
+	args := []string{"--on-slot-lost=recover", "--slot-recovery-margin=1s", "--status-interval=200ms", "--max-in-flight-events=4"}
+	d, acknowledged := slowGap(t, args)
+	pool := d.outbox.Pool()
+	// The role's setting in this database only: the shared cluster's other tests keep theirs.
+	if _, err := pool.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER ROLE %I IN DATABASE %I SET statement_timeout = %L', current_user, current_database(), '1s'); END $$`); err != nil {
+		t.Fatal(err)
+	}
+
+	r2 := d.startRelay(brokers, args...)
+	eventually(t, 2*time.Minute, "the recovery to complete, or the role's statement_timeout to cancel it", func() bool {
+		out := r2.Output()
+		return strings.Contains(out, "recovered the lost slot's gap") || strings.Contains(out, "statement timeout") || r2.Exited()
+	})
+	out := r2.Output()
+	if !strings.Contains(out, "recovered the lost slot's gap") {
+		t.Fatalf("the relay did not complete the recovery:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		var rec struct {
+			Msg  string  `json:"msg"`
+			Took float64 `json:"took"` // seconds
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Msg, "recovered the lost slot's gap") && rec.Took <= 1 {
+			t.Fatalf("the gap was published in %.1fs, within the role's statement_timeout: the test needs a larger gap to prove anything", rec.Took)
+		}
+	}
+	if n := strings.Count(out, "recovering a lost slot's gap from the outbox table"); n != 1 {
+		t.Errorf("the recovery was begun %d times, want once:\n%s", n, out)
+	}
+	if strings.Contains(out, "statement timeout") {
+		t.Errorf("the role's statement_timeout cancelled the recovery's read:\n%s", out)
+	}
+	if n := r2.mustMetric("slot_recoveries_total", ""); n != 1 {
+		t.Errorf("slot_recoveries_total = %v, want 1", n)
+	}
+	var underWay *time.Time
+	var recovered int64
+	if err := pool.QueryRow(ctx, "SELECT recovery_since, recovered_events FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&underWay, &recovered); err != nil {
+		t.Fatal(err)
+	}
+	if underWay != nil || recovered < 1500 {
+		t.Errorf("the ledger records a recovery under way since %v with %d events recovered; want it ended, with at least the gap's 1500", underWay, recovered)
+	}
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "after"}); err != nil {
+		t.Fatal(err)
+	}
+	written := d.outbox.Written()
+	rep := deliver(t, brokers, written, 2*time.Minute, r2)
+	if rep.Missing != 0 || rep.OrderViolations != 0 {
+		t.Fatalf("after the recovery: %s", rep)
+	}
+	counts := deliveries(t, brokers, written)
+	for _, w := range written[acknowledged:] {
+		if counts[w.ID] > 1 {
+			t.Errorf("event %s of the gap or after it arrived %d times: the gap was published more than once", w.ID, counts[w.ID])
+		}
+	}
+	t.Logf("%d events, %d duplicates", rep.Expected, rep.Duplicates)
+}
+
+// TestARecoveryCancelledAgainAndAgainStopsTheRelay: something outside the relay (here a watchdog
+// calling pg_cancel_backend) cancels every read of the lost slot's gap. Each session would drop the
+// replacement slot and publish the gap again from its start, for ever; after three cancellations
+// in a row the relay must stop with a line naming the cause, the recovery left under way in the
+// ledger for the next start.
+func TestARecoveryCancelledAgainAndAgainStopsTheRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := testenv.SharedKafka(t).Brokers()
+	args := []string{"--on-slot-lost=recover", "--slot-recovery-margin=1s", "--status-interval=200ms", "--max-in-flight-events=4"}
+	d, _ := slowGap(t, args)
+	pool := d.outbox.Pool()
+
+	watchdog, stop := context.WithCancel(ctx)
+	defer stop()
+	cancelled := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { cancelled <- n }()
+		for watchdog.Err() == nil {
+			var c int
+			err := pool.QueryRow(watchdog, `SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity
+				WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()
+				AND query LIKE '%FROM "public"."outbox_events" WHERE true%'`).Scan(&c)
+			if err == nil {
+				n += c
+			}
+			time.Sleep(50 * time.Millisecond) // the watchdog's own pace
+		}
+	}()
+
+	r := d.startRelay(brokers, args...)
+	code, ok := r.Wait(2 * time.Minute)
+	stop()
+	if !ok {
+		t.Fatalf("the relay kept recovering a gap whose read is cancelled every time:\n%s", r.Output())
+	}
+	t.Logf("the watchdog cancelled %d reads", <-cancelled)
+	lines := strings.Split(strings.TrimSpace(r.Output()), "\n")
+	last := lines[len(lines)-1]
+	t.Logf("exit %d: %s", code, last)
+	for _, want := range []string{"recover the gap of lost slot", d.slot, "cancelled the read of the lost slot's gap from the outbox table 3 times in a row", "canceling statement due to user request"} {
+		if code == 0 || !strings.Contains(last, want) {
+			t.Errorf("exit %d; want a non-zero exit and a last line that says %q: %s", code, want, last)
+		}
+	}
+	if n := strings.Count(r.Output(), "recovering a lost slot's gap from the outbox table"); n != 3 {
+		t.Errorf("the recovery was begun %d times, want 3", n)
+	}
+	var underWay *time.Time
+	if err := pool.QueryRow(ctx, "SELECT recovery_since FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&underWay); err != nil {
+		t.Fatal(err)
+	}
+	if underWay == nil {
+		t.Error("the ledger no longer records the recovery under way: the next start would not publish the gap")
 	}
 }
 

@@ -88,6 +88,9 @@ type Metrics struct {
 	// (on_slot_lost: recover) and the events published from it.
 	SlotRecoveries      prometheus.Counter
 	SlotRecoveredEvents prometheus.Counter
+	// SlotCreationWait is how long the slot's creation has waited for other transactions to end
+	// while one still holds it up; 0 otherwise.
+	SlotCreationWait prometheus.Gauge
 }
 
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
@@ -206,6 +209,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			"Lost replication slots this process replaced and whose gap it published from the outbox table (on_slot_lost: recover)."),
 		SlotRecoveredEvents: f.counter("slot_recovered_events_total",
 			"Events a lost slot's recovery published from the outbox table; some may be duplicates (see the recovery's log line)."),
+		SlotCreationWait: f.gauge("slot_creation_wait_seconds",
+			"Seconds the replication slot's creation has waited while a transaction that began before it (one holding a transaction id, or a prepared transaction) had not ended; 0 when no creation waits. The relay's log names the transaction."),
 	}
 }
 

@@ -2,11 +2,14 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
@@ -67,7 +70,7 @@ func (r *Relay) backfill(ctx context.Context, snapshot string) error {
 
 	started := time.Now()
 	n, err := r.publishRows(ctx, conn, snapshot, b)
-	if err != nil {
+	if err := r.cancelledReads.note(ctx, "the backfill's rows", err); err != nil {
 		return err
 	}
 	if err := ledger.RecordBackfill(ctx, conn, rc.Slot, n); err != nil {
@@ -121,6 +124,63 @@ func snapshotTx(ctx context.Context, conn *pgx.Conn, snapshot string) (pgx.Tx, e
 		return nil, fmt.Errorf("set DateStyle: %w", err)
 	}
 	return tx, nil
+}
+
+// clearTimeouts lifts, for the rest of tx, the timeouts the relay's role may carry. The read of
+// the rows runs at Kafka's pace, as long as they take to publish: statement_timeout or
+// transaction_timeout would cancel it midway (idle_in_transaction_session_timeout, the wait
+// for the last acknowledgements), and every session would begin the backfill or the recovery
+// again, to be cancelled again. A recovery clears them before it counts its gap (a whole-table
+// scan), too.
+// transaction_timeout exists from PostgreSQL 17 on; SET LOCAL of it stops its running timer.
+func clearTimeouts(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', '0', true), set_config('idle_in_transaction_session_timeout', '0', true),
+		CASE WHEN current_setting('transaction_timeout', true) IS NOT NULL THEN set_config('transaction_timeout', '0', true) END`); err != nil {
+		return fmt.Errorf("clear statement_timeout, transaction_timeout and idle_in_transaction_session_timeout for the read of the outbox table: %w", err)
+	}
+	return nil
+}
+
+// cancelledReads counts the reads of the outbox table (a backfill, a lost slot's recovery) that
+// PostgreSQL cancelled in a row. With the role's timeouts cleared, what still cancels one is
+// outside the relay (a watchdog's pg_cancel_backend, a timeout the role cannot lift): every
+// session would begin the read again from its start, duplicates growing, for ever. After
+// maxCancelledReads the relay stops instead, saying so.
+type cancelledReads struct {
+	mu sync.Mutex
+	n  int
+}
+
+// maxCancelledReads is how many cancellations in a row end the relay: one may be a DBA's
+// one-off; three is a rule.
+const maxCancelledReads = 3
+
+// note is called with the outcome of a read of the outbox table (what: of what, for the line); it
+// returns err, made fatal once cancellations repeat. A success starts the count again.
+func (c *cancelledReads) note(ctx context.Context, what string, err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil {
+		c.n = 0
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if ctx.Err() != nil || !errors.As(err, &pgErr) {
+		return err // a stop cancels the read too (pgx sends a cancel request): not counted
+	}
+	switch pgErr.Code {
+	case "57014", // query_canceled: statement_timeout, pg_cancel_backend
+		"25P03", // idle_in_transaction_session_timeout
+		"25P04": // transaction_timeout
+	default:
+		return err
+	}
+	c.n++
+	if c.n < maxCancelledReads {
+		return err
+	}
+	return replication.Fatal(fmt.Errorf("PostgreSQL cancelled the read of %s from the outbox table %d times in a row (%s, SQLSTATE %s), although the relay clears statement_timeout, transaction_timeout and idle_in_transaction_session_timeout for it: something else cancels the relay's long statements (a watchdog calling pg_cancel_backend, a setting the role cannot lift). Exempt the relay's role from it and start again; nothing past what Kafka acknowledged is confirmed, and the next start begins the read again: %w",
+		what, c.n, pgErr.Message, pgErr.Code, err))
 }
 
 // outboxTable is the outbox table as a read of its rows needs it, every name quoted.
@@ -180,6 +240,9 @@ func (r *Relay) publishSelected(ctx context.Context, tx pgx.Tx, t outboxTable, q
 	}
 	query := fmt.Sprintf("SELECT %s, %s, coalesce(%s, false) FROM %s WHERE %s ORDER BY %s",
 		strings.Join(quoted, ", "), t.created, flag, t.name, strings.Join(where, " AND "), t.order)
+	if err := clearTimeouts(ctx, tx); err != nil {
+		return 0, 0, err
+	}
 	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryExecModeSimpleProtocol}, q.args...)...)
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the outbox table: %w", err)

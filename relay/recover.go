@@ -95,13 +95,18 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 
 	// Counted before anything is published: what the rule chooses, how much of it Kafka may hold
 	// already, and how much of it was created before any transaction the relay's pruning keeps
-	// rows for (a transaction that long, or rows rewritten since their commit).
+	// rows for (a transaction that long, or rows rewritten since their commit). A scan of the
+	// whole table, so without the role's timeouts, like the read.
+	if err := clearTimeouts(ctx, tx); err != nil {
+		return replication.Recovery{}, err
+	}
 	var left, acknowledged, old int64
 	var oldestRow *time.Time
 	counted := append(append([]any{}, g.args...), g.oldest)
 	if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*), count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s < $%d), min(%s) FROM %s WHERE %s",
 		g.duplicate, t.created, len(counted), t.created, t.name, g.where), counted...).Scan(&left, &acknowledged, &old, &oldestRow); err != nil {
-		return replication.Recovery{}, fmt.Errorf("count the gap's rows: %w", err)
+		// A cancellation counts as one of the read's: repeated, it ends the relay.
+		return replication.Recovery{}, r.cancelledReads.note(ctx, "the lost slot's gap", fmt.Errorf("count the gap's rows: %w", err))
 	}
 
 	// The relay's own pruning never deletes the gap's rows (run.go guards it by the ledger), but
@@ -139,7 +144,10 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 	}
 	n, dups, err := r.publishSelected(ctx, tx, t, q)
 	if err != nil {
-		return replication.Recovery{}, fmt.Errorf("publish the gap (%d events published so far; the next start publishes it all again): %w", n, err)
+		err = fmt.Errorf("publish the gap (%d events published so far; the next start publishes it all again): %w", n, err)
+	}
+	if err := r.cancelledReads.note(ctx, "the lost slot's gap", err); err != nil {
+		return replication.Recovery{}, err
 	}
 	took := time.Since(started)
 	r.m.SlotRecoveries.Inc()

@@ -79,6 +79,8 @@ type Relay struct {
 	recordFirstPosition atomic.Bool
 	// updatesChecked: checkUpdatesPublished ran (once per relay).
 	updatesChecked bool
+	// cancelledReads ends the relay when reads of the outbox table are cancelled again and again.
+	cancelledReads cancelledReads
 }
 
 // New builds a relay. Nothing is contacted until Run.

@@ -379,37 +379,76 @@ func (l Ledger) BeginRecovery(ctx context.Context, q queryExecer, slot string, s
 	return notMigrated(err)
 }
 
-// EndRecovery notes that the recovery under way completed as r, with the replacement slot that
-// starts at consistentLSN. It reports false, recording nothing, when the ledger says another slot
-// replaced that one meanwhile (another process began the recovery again).
-func (l Ledger) EndRecovery(ctx context.Context, q queryExecer, slot string, consistentLSN pglogrepl.LSN, r Recovery) (bool, error) {
+// Replacement identifies the slot a recovery created to replace a lost one: where it starts and
+// when the ledger recorded its creation (RecordReplacementSlot). Two replacements of one slot
+// never share both.
+type Replacement struct {
+	ConsistentLSN pglogrepl.LSN
+	Created       time.Time
+}
+
+// ErrNotRecoveryOwner means the session writing a recovery's outcome does not hold the recovery's
+// lock (RecoveryLockKey): its connection is not the one that took it (a pooler in transaction
+// mode), or the lock was given up.
+var ErrNotRecoveryOwner = errors.New("this process no longer owns the recovery: its lock session does not hold the recovery lock")
+
+// owns is an SQL condition true in the session that holds the recovery lock, whose key's halves
+// (lockArgs) are the parameters hi and lo.
+func owns(hi, lo string) string {
+	return fmt.Sprintf(`EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+		AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1)`, hi, lo)
+}
+
+// lockArgs are key's halves as pg_locks shows a one-key advisory lock: classid the high 32 bits,
+// objid the low ones, both unsigned.
+func lockArgs(key int64) (hi, lo int64) {
+	return int64(uint64(key) >> 32), int64(uint32(key))
+}
+
+// EndRecovery notes that the recovery under way completed as r, with the replacement slot
+// created: the session q must hold the recovery lock (lockKey), checked in the same statement.
+// It reports false, recording nothing, when the ledger names another replacement (another process
+// began the recovery again), and an error wrapping ErrNotRecoveryOwner when q does not hold the
+// lock.
+func (l Ledger) EndRecovery(ctx context.Context, q queryExecer, slot string, created Replacement, lockKey int64, r Recovery) (bool, error) {
+	hi, lo := lockArgs(lockKey)
 	tag, err := q.Exec(ctx, fmt.Sprintf(`UPDATE %s SET recovery_since = NULL, recovery_from_creation = NULL, recovered_at = now(),
 			recovered_events = $3, recovered_from = $4, recovered_rule = $5, recovered_took = $6
-		WHERE slot = $1 AND consistent_lsn = $2::pg_lsn AND recovery_since IS NOT NULL`, l.table),
-		slot, consistentLSN.String(), r.Events, r.From, r.Rule, r.Took)
+		WHERE slot = $1 AND consistent_lsn = $2::pg_lsn AND created_at = $7 AND recovery_since IS NOT NULL AND %s`, l.table, owns("$8", "$9")),
+		slot, created.ConsistentLSN.String(), r.Events, r.From, r.Rule, r.Took, created.Created, hi, lo)
 	if err != nil {
 		return false, notMigrated(err)
 	}
 	if tag.RowsAffected() == 1 {
 		return true, nil
 	}
-	// Already ended for this slot (a reply lost after the UPDATE committed) counts as done.
-	var ended bool
-	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT recovery_since IS NULL FROM %s WHERE slot = $1 AND consistent_lsn = $2::pg_lsn`, l.table),
-		slot, consistentLSN.String()).Scan(&ended)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+	var owned bool
+	var ended *bool
+	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT %s,
+			(SELECT recovery_since IS NULL FROM %s WHERE slot = $1 AND consistent_lsn = $2::pg_lsn AND created_at = $5)`, owns("$3", "$4"), l.table),
+		slot, created.ConsistentLSN.String(), hi, lo, created.Created).Scan(&owned, &ended)
+	switch {
+	case err != nil:
+		return false, err
+	case ended != nil && *ended:
+		// Already ended for this slot (a reply lost after the UPDATE committed) counts as done.
+		return true, nil
+	case !owned:
+		return false, ErrNotRecoveryOwner
 	}
-	return ended, err
+	return false, nil
 }
 
-// RecordReplacementSlot notes the slot created at lsn to replace a lost one. Unlike RecordSlot it
-// keeps the record of the first start's backfill: the replacement's gap is the recovery's, not a
-// first start's.
-func (l Ledger) RecordReplacementSlot(ctx context.Context, q queryExecer, slot string, lsn pglogrepl.LSN) error {
-	_, err := q.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, consistent_lsn) VALUES ($1, $2::pg_lsn)
-		ON CONFLICT (slot) DO UPDATE SET consistent_lsn = EXCLUDED.consistent_lsn, created_at = now()`, l.table), slot, lsn.String())
-	return err
+// RecordReplacementSlot notes the slot created at lsn to replace a lost one, and returns the
+// creation time recorded, which with lsn identifies the replacement to EndRecovery. Unlike
+// RecordSlot it keeps the record of the first start's backfill: the replacement's gap is the
+// recovery's, not a first start's.
+func (l Ledger) RecordReplacementSlot(ctx context.Context, q queryExecer, slot string, lsn pglogrepl.LSN) (time.Time, error) {
+	var created time.Time
+	err := q.QueryRow(ctx, fmt.Sprintf(`INSERT INTO %s (slot, consistent_lsn) VALUES ($1, $2::pg_lsn)
+		ON CONFLICT (slot) DO UPDATE SET consistent_lsn = EXCLUDED.consistent_lsn, created_at = now()
+		RETURNING created_at`, l.table), slot, lsn.String()).Scan(&created)
+	return created, err
 }
 
 // RecordPruned notes that the relay's pruning deleted rows created up to through.

@@ -2,9 +2,13 @@ package replication
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -163,6 +167,144 @@ func connect(t *testing.T, dsn string) *pgx.Conn {
 	}
 	t.Cleanup(func() { c.Close(context.Background()) })
 	return c
+}
+
+// TestARecoveryIsEndedOnlyByItsOwnerForTheReplacementItCreated: a recovery recorded as ended
+// makes the next start stream the replacement slot from its consistent point, so only the
+// process that owns the recovery (its session holds the recovery lock) may end it, and only for
+// the replacement it created: another process's replacement, even at the same position, starts
+// after a gap this one did not publish.
+func TestARecoveryIsEndedOnlyByItsOwnerForTheReplacementItCreated(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	ledger := NewLedger("public")
+	for _, tt := range []struct {
+		name    string
+		locked  bool // the ending session holds the recovery lock
+		other   bool // another replacement at the same position was recorded meanwhile
+		want    bool
+		wantErr error
+	}{
+		{"the owner ends the recovery of its replacement", true, false, true, nil},
+		{"a session without the recovery lock ends nothing", false, false, false, ErrNotRecoveryOwner},
+		{"the owner ends nothing once another replacement is recorded, even at the same position", true, true, false, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			slot := testenv.UniqueName(t, "slot")
+			conn := connect(t, dsn)
+			if err := ledger.BeginRecovery(ctx, conn, slot, time.Now().Add(-time.Minute), false); err != nil {
+				t.Fatal(err)
+			}
+			const lsn = pglogrepl.LSN(0x1234)
+			created, err := ledger.RecordReplacementSlot(ctx, conn, slot, lsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.other {
+				if _, err := ledger.RecordReplacementSlot(ctx, connect(t, dsn), slot, lsn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tt.locked {
+				if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", RecoveryLockKey(slot)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ended, err := ledger.EndRecovery(ctx, conn, slot, Replacement{ConsistentLSN: lsn, Created: created}, RecoveryLockKey(slot),
+				Recovery{Events: 3, From: time.Now().Add(-time.Minute), Rule: RuleCreatedAt, Took: time.Second})
+			if ended != tt.want || !errors.Is(err, tt.wantErr) {
+				t.Fatalf("EndRecovery = %v, %v; want %v, %v", ended, err, tt.want, tt.wantErr)
+			}
+			st, err := ledger.Recovery(ctx, conn, slot)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if underWay := !st.Since.IsZero(); underWay == tt.want {
+				t.Errorf("recovery under way %v after EndRecovery returned %v", underWay, ended)
+			}
+		})
+	}
+}
+
+// TestASecondProcessWaitsForTheRecoverysOwnerAndSaysWho: while one process owns a lost slot's
+// recovery, another one that finds the slot lost waits for the recovery lock, naming the owner's
+// backend, and takes it only once the owner's session ends.
+func TestASecondProcessWaitsForTheRecoverysOwnerAndSaysWho(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	slot := testenv.UniqueName(t, "slot")
+	owner := &Stream{cfg: Config{DSN: dsn, Slot: slot}, log: zaptest.NewLogger(t), ledger: NewLedger("public")}
+	first, err := owner.ownRecovery(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	waiter := &Stream{cfg: Config{DSN: dsn, Slot: slot}, log: zap.New(core), ledger: NewLedger("public")}
+	type result struct {
+		o   *recoveryOwner
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		o, err := waiter.ownRecovery(ctx)
+		got <- result{o, err}
+	}()
+	want := fmt.Sprintf("PostgreSQL backend PID %d", first.conn.PgConn().PID())
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		waiting := logs.FilterMessageSnippet("another process owns the recovery").All()
+		if len(waiting) > 0 {
+			if owner := waiting[0].ContextMap()["owner"]; !strings.Contains(fmt.Sprint(owner), want) {
+				t.Errorf("the waiting line names the owner %q; want %q", owner, want)
+			}
+			break
+		}
+		select {
+		case r := <-got:
+			t.Fatalf("the second process took the recovery lock while the first held it (%v)", r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second process did not say that it waits for the recovery's owner")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	first.close(ctx)
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("the second process did not take the recovery lock once it was free: %v", r.err)
+		}
+		r.o.close(ctx)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second process did not take the recovery lock within 30s of its release")
+	}
+}
+
+// TestAnOwnerWhoseLockConnectionEndsStopsPublishingTheGap: once the recovery lock's connection is
+// gone, another process may own the recovery and publish the gap again; the publication under the
+// lost lock must stop at once, saying why, before it records anything.
+func TestAnOwnerWhoseLockConnectionEndsStopsPublishingTheGap(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	s := &Stream{cfg: Config{DSN: dsn, Slot: testenv.UniqueName(t, "slot")}, log: zaptest.NewLogger(t), ledger: NewLedger("public")}
+	o, err := s.ownRecovery(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.close(ctx)
+	publishing, stop := o.watch(ctx)
+	if _, err := connect(t, dsn).Exec(ctx, "SELECT pg_terminate_backend($1)", o.conn.PgConn().PID()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-publishing.Done():
+	case <-time.After(ownerCheckInterval + ownerCheckTimeout + 5*time.Second):
+		t.Fatal("the publication went on after the recovery lock's connection ended")
+	}
+	if err := stop(); !errors.Is(err, errOwnershipLost) || !errors.Is(context.Cause(publishing), errOwnershipLost) {
+		t.Fatalf("stop() = %v, cause %v; want errOwnershipLost", err, context.Cause(publishing))
+	}
 }
 
 // TestRecordConfirmedNeverMovesTheCommitTimeOrTheHorizonBack: a horizon is valid for every later

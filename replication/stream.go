@@ -235,7 +235,10 @@ type Stream struct {
 	ledger Ledger
 	// lost is the lost slot being replaced, from the checks that found it until its gap is
 	// published (recovery.go); nil otherwise.
-	lost       *LostSlot
+	lost *LostSlot
+	// owner holds the recovery lock from before a lost slot is dropped until its recovery is
+	// recorded as ended or the session ends (recovery.go); nil otherwise.
+	owner      *recoveryOwner
 	interval   time.Duration // status interval for the current session
 	nextStatus time.Time
 	lastStatus time.Time
@@ -281,6 +284,9 @@ type Stream struct {
 	stopOnce    sync.Once
 	setupMu     sync.Mutex
 	cancelSetup context.CancelFunc
+	// creationWaitTimes paces the watcher of a slot's creation (creationwait.go); zero: the
+	// defaults. Tests shorten it.
+	creationWaitTimes creationWaitTimes
 }
 
 // New returns a Stream that reports ck.Safe() as its confirmed position.
@@ -411,6 +417,8 @@ func backoff(attempt int) time.Duration {
 
 // session runs one replication connection from its checks to its end.
 func (s *Stream) session(ctx context.Context, out chan<- Message) error {
+	// A recovery this session owns but does not complete is left under way, for the next owner.
+	defer s.releaseRecovery(ctx)
 	conf, err := s.cfg.ConnConfig()
 	if err != nil {
 		return Fatal(err)
@@ -847,7 +855,9 @@ func describeBackend(ctx context.Context, conn *pgx.Conn, pid int32) string {
 const ledgerWriteTimeout = 10 * time.Second
 
 func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string, err error) {
+	stopWatch := s.watchSlotCreation(ctx, int32(s.conn.PID()))
 	res, err := pglogrepl.ParseCreateReplicationSlot(s.conn.Exec(ctx, s.createSlotCommand()))
+	stopWatch()
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
@@ -891,6 +901,17 @@ func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string
 func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
 	defer cancel()
+	if s.lost != nil && s.owner != nil {
+		// A replacement is recorded by the recovery's owner, on the connection that holds the
+		// recovery lock; its recorded creation identifies it to EndRecovery.
+		created, err := s.ledger.RecordReplacementSlot(ctx, s.owner.conn, s.cfg.Slot, lsn)
+		if err != nil {
+			s.log.Warn("cannot record the replacement slot in the ledger", zap.String("table", LedgerTable), zap.Error(err))
+			return err
+		}
+		s.lost.Created = created
+		return nil
+	}
 	conn, err := s.cfg.Connect(ctx)
 	if err == nil {
 		defer conn.Close(context.WithoutCancel(ctx))
@@ -899,9 +920,7 @@ func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) error {
 			s.log.Warn("the slot ledger table does not exist (run outbox-relay migrate); if this slot is ever lost, a restart cannot tell and creates a new one", zap.String("table", LedgerTable))
 			return errors.New("the slot ledger table does not exist")
 		}
-		if err == nil && s.lost != nil {
-			err = s.ledger.RecordReplacementSlot(ctx, conn, s.cfg.Slot, lsn)
-		} else if err == nil {
+		if err == nil {
 			err = s.ledger.RecordSlot(ctx, conn, s.cfg.Slot, lsn)
 		}
 	}

@@ -46,8 +46,11 @@ type statusReport struct {
 	// Recovery is what the slot ledger says of lost-slot recovery: how far Kafka acknowledged,
 	// a recovery under way, the last one. Null without a ledger at migration 0007.
 	Recovery *recoveryReport `json:"recovery"`
-	OK       bool            `json:"ok"`
-	Problems []string        `json:"problems"`
+	// CreationWait is set while a walsender creates the slot and waits for a transaction that
+	// began before it (an open or a prepared one) to end.
+	CreationWait *replication.CreationWait `json:"slot_creation_waits_for,omitempty"`
+	OK           bool                      `json:"ok"`
+	Problems     []string                  `json:"problems"`
 	// Warnings do not change the exit code: the slot streams, but a failover would cost something.
 	Warnings []string `json:"warnings"`
 }
@@ -201,6 +204,17 @@ func slotStatus(ctx context.Context, cfg *config.Config, slot string) (statusRep
 	if err := recoveryStatus(ctx, conn, cfg.Schema, slot, &rep); err != nil {
 		return statusReport{}, fmt.Errorf("read the slot ledger: %w", err)
 	}
+	// A slot being created shows in pg_replication_slots already, active, confirmed at 0/0; its
+	// creation may wait for ever on a transaction nobody ends.
+	w, waits, err := replication.FindSlotCreationWait(ctx, conn, slot)
+	if err != nil {
+		return statusReport{}, err
+	}
+	if waits {
+		rep.CreationWait = &w
+		rep.OK = false
+		rep.Problems = append(rep.Problems, fmt.Sprintf("the creation of replication slot %q (walsender PID %d) waits for %s", slot, w.Walsender, w.Describe(time.Now())))
+	}
 	switch reason := st.Invalidated(); {
 	case !st.Exists:
 		rep.OK = false
@@ -342,6 +356,9 @@ func printStatus(w io.Writer, rep statusReport) {
 			fmt.Fprintf(tw, "AHEAD OF WAL\t%s: the slot is confirmed beyond the server's end of WAL (a data directory restored from an earlier copy?); transactions below it are skipped: docs/operations.md, \"Recovering a lost or missing slot\"\n", bytesText(rep.AheadOfWALBytes))
 		}
 		fmt.Fprintf(tw, "retained WAL\t%s (current - restart_lsn %s)\n", bytesText(rep.RetainedBytes), rep.RestartLSN)
+	}
+	if w := rep.CreationWait; w != nil {
+		fmt.Fprintf(tw, "CREATION WAITS\tfor %s\n", w.Describe(time.Now()))
 	}
 	if rep.Leader != nil {
 		since := ""

@@ -1,0 +1,245 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// TestARecoveryHasOneOwnerForItsWholeLength: a lost slot's recovery replaces the slot and then
+// publishes the gap over an ordinary connection, the replacement inactive all the while. Whoever
+// recovers must own the recovery until it is recorded as ended: nobody else may drop the
+// replacement, publish a second copy of the gap or end the recovery meanwhile. The gap goes out
+// through a slowed broker, so that the recovery lasts seconds.
+func TestARecoveryHasOneOwnerForItsWholeLength(t *testing.T) {
+	t.Parallel()
+	fb := newFaultBroker(t)
+	pg := testenv.SharedPostgres(t)
+	for _, sc := range []struct {
+		name string
+		run  func(*testing.T, *faultBroker, *devenv.Postgres)
+	}{
+		{"a leader paused mid-gap past its lease keeps the recovery: the next leader waits for it, nothing of the gap is lost and every aggregate ends at its latest event", testPausedRecoveryOwner},
+		{"two instances without leader election find the slot lost at once: one recovers, the other waits saying so; the gap is published once", testTwoRecoveriesAtOnce},
+	} {
+		fb.heal(t)
+		t.Run(sc.name, func(t *testing.T) { sc.run(t, fb, pg) })
+	}
+}
+
+// recoveryArgs are the flags of the relays of TestARecoveryHasOneOwnerForItsWholeLength: small
+// produce requests, so that the throttled gap goes out request by request.
+var recoveryArgs = []string{"--on-slot-lost=recover", "--slot-recovery-margin=1s", "--status-interval=200ms",
+	"--kafka.batch-size=5", "--kafka.linger=5ms"}
+
+// gapThrottle slows each connection to the broker while a gap is published: about 8 s for
+// gapEvents events of gapPad bytes.
+const (
+	gapThrottle = 16 << 10
+	gapEvents   = 60
+	gapPad      = 2 << 10
+)
+
+// loseSlotWithGap runs a relay until it streams and Kafka holds a first event, stops it, writes
+// the gap and drops the slot: the next start finds it lost (the ledger records its creation).
+func loseSlotWithGap(t *testing.T, d *db, brokers string, args ...string) (gap []harness.Written) {
+	t.Helper()
+	ctx := context.Background()
+	r := d.startRelay(brokers, args...)
+	r.waitSessions(1, 90*time.Second)
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	deliver(t, brokers, d.outbox.Written(), time.Minute, r)
+	r.Terminate()
+	if code, ok := r.Wait(time.Minute); !ok || code != 0 {
+		t.Fatalf("the relay did not stop cleanly (exit %d, exited %v):\n%s", code, ok, r.Output())
+	}
+	before := len(d.outbox.Written())
+	for i := range gapEvents {
+		spec := harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("gap-%d", i%5), PadBytes: gapPad}
+		if err := d.outbox.WriteTx(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d.outbox.Pool().Exec(ctx, "SELECT pg_drop_replication_slot($1)", d.slot); err != nil {
+		t.Fatal(err)
+	}
+	return d.outbox.Written()[before:]
+}
+
+// lastCopyOrder returns the aggregates whose events, each counted where its last copy arrived,
+// are not in the order they were written: a consumer that applies every record ends such an
+// aggregate on an older event (e3 then e1).
+func lastCopyOrder(records []harness.Record, written []harness.Written) []string {
+	byID := make(map[string]harness.Written, len(written))
+	for _, w := range written {
+		byID[w.ID] = w
+	}
+	last := make(map[string]map[int]int) // aggregate -> seq -> index of its last copy
+	for i, r := range records {
+		w, ok := byID[r.Header("id")]
+		if !ok {
+			continue
+		}
+		agg := w.AggregateType + "/" + w.AggregateID
+		if last[agg] == nil {
+			last[agg] = make(map[int]int)
+		}
+		last[agg][w.Seq] = i
+	}
+	var bad []string
+	for agg, at := range last {
+		seqs := make([]int, 0, len(at))
+		for seq := range at {
+			seqs = append(seqs, seq)
+		}
+		sort.Slice(seqs, func(i, j int) bool { return at[seqs[i]] < at[seqs[j]] })
+		if !sort.IntsAreSorted(seqs) {
+			bad = append(bad, fmt.Sprintf("%s: last copies in the order %v", agg, seqs))
+		}
+	}
+	sort.Strings(bad)
+	return bad
+}
+
+// testPausedRecoveryOwner: the leader is paused (SIGSTOP) while it publishes the gap, for longer
+// than its lease; the standby takes the leader lock. The standby must not drop the paused
+// leader's replacement nor publish the gap itself: it waits, saying so, until the paused
+// leader resumes and gives the recovery up (it is fenced) or ends it. Then every event arrives,
+// and every aggregate's last copies are in order.
+func testPausedRecoveryOwner(t *testing.T, fb *faultBroker, pg *devenv.Postgres) {
+	ctx := context.Background()
+	d := newDB(t, pg, 2)
+	pool := d.outbox.Pool()
+	args := append([]string{"--leader-retry-interval=200ms", "--leader-check-timeout=2s"}, recoveryArgs...)
+	loseSlotWithGap(t, d, fb.brokers, args...)
+
+	fb.proxy.Throttle(gapThrottle)
+	a := d.startRelay(fb.brokers, args...)
+	if !a.WaitFor(ctx, "recovering a lost slot's gap from the outbox table", 2*time.Minute) {
+		t.Fatalf("the relay did not begin the recovery:\n%s", a.Output())
+	}
+	if err := syscall.Kill(a.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	paused := true
+	resume := func() {
+		if paused {
+			paused = false
+			if err := syscall.Kill(a.PID(), syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer resume()
+	var replacement string
+	if err := pool.QueryRow(ctx, "SELECT consistent_lsn::text || ' ' || created_at::text FROM outbox_relay_slots WHERE slot = $1 AND recovery_since IS NOT NULL", d.slot).Scan(&replacement); err != nil {
+		t.Fatalf("the paused leader's recovery is not under way in the ledger (did it end before the pause? the gap must be larger): %v\n%s", err, a.Output())
+	}
+
+	b := d.startRelay(fb.brokers, args...)
+	const waits, beganAgain = "another process owns the recovery of the lost slot's gap", "starting it again with a new slot"
+	eventually(t, 2*time.Minute, "the standby to take the leader lock and find the recovery under way", func() bool {
+		out := b.Output()
+		return strings.Contains(out, waits) || strings.Contains(out, beganAgain)
+	})
+	if strings.Contains(b.Output(), beganAgain) {
+		t.Errorf("the next leader began the recovery again while its owner was paused, dropping the owner's replacement slot")
+		// What that costs: the paused leader, resumed after the other's copy, publishes the
+		// rest of its own behind it.
+		if !b.WaitFor(ctx, "recovered the lost slot's gap", 2*time.Minute) {
+			t.Fatalf("the next leader did not finish its recovery:\n%s", b.Output())
+		}
+	}
+	var now string
+	if err := pool.QueryRow(ctx, "SELECT consistent_lsn::text || ' ' || created_at::text FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	if now != replacement {
+		t.Errorf("while its owner was paused, the ledger's replacement slot changed from %s to %s", replacement, now)
+	}
+	resume()
+
+	// The resumed leader finds its term lost and stops (or ends its recovery first); the new
+	// leader then finishes what is left and streams.
+	b.waitSessions(1, 2*time.Minute)
+	fb.proxy.Throttle(0)
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "after"}); err != nil {
+		t.Fatal(err)
+	}
+	written := d.outbox.Written()
+	rep := deliver(t, fb.brokers, written, 2*time.Minute, a, b)
+	if rep.Missing != 0 {
+		t.Fatalf("after the pause: %s", rep)
+	}
+	if bad := lastCopyOrder(readAll(t, fb.brokers, written), written); len(bad) > 0 {
+		t.Errorf("aggregates whose last copies are out of order (a consumer ends them on an older event):\n%s", strings.Join(bad, "\n"))
+	}
+	t.Logf("%d events, %d duplicates", rep.Expected, rep.Duplicates)
+}
+
+// testTwoRecoveriesAtOnce: two relays without leader election start at once on a lost slot. One
+// owns the recovery; the other must wait for it, saying so, then find the slot replaced and
+// healthy, and publish nothing of the gap: every gap event arrives exactly once, every event
+// arrives, and every aggregate's last copies are in order.
+func testTwoRecoveriesAtOnce(t *testing.T, fb *faultBroker, pg *devenv.Postgres) {
+	ctx := context.Background()
+	d := newDB(t, pg, 2)
+	args := append([]string{"--leader-election=false"}, recoveryArgs...)
+	gap := loseSlotWithGap(t, d, fb.brokers, args...)
+
+	fb.proxy.Throttle(gapThrottle)
+	relays := []*relay{d.startRelay(fb.brokers, args...), d.startRelay(fb.brokers, args...)}
+	const recovering, waits = "recovering a lost slot's gap from the outbox table", "another process owns the recovery of the lost slot's gap"
+	eventually(t, 2*time.Minute, "the recovery to be published and streamed from", func() bool {
+		return strings.Contains(relays[0].Output()+relays[1].Output(), `"msg":"streaming"`)
+	})
+	fb.proxy.Throttle(0)
+	recovered := 0
+	for _, r := range relays {
+		if strings.Contains(r.Output(), recovering) {
+			recovered++
+		}
+	}
+	if recovered != 1 {
+		t.Errorf("%d relays published the gap; want 1, the other waiting for it", recovered)
+	}
+	if !strings.Contains(relays[0].Output()+relays[1].Output(), waits) {
+		t.Errorf("no relay said it waited for the other's recovery (%q)", waits)
+	}
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "after"}); err != nil {
+		t.Fatal(err)
+	}
+	written := d.outbox.Written()
+	rep := deliver(t, fb.brokers, written, 2*time.Minute, relays...)
+	if rep.Missing != 0 {
+		t.Fatalf("after the recovery: %s", rep)
+	}
+	records := readAll(t, fb.brokers, written)
+	if bad := lastCopyOrder(records, written); len(bad) > 0 {
+		t.Errorf("aggregates whose last copies are out of order (a consumer ends them on an older event):\n%s", strings.Join(bad, "\n"))
+	}
+	counts := make(map[string]int)
+	for _, rec := range records {
+		counts[rec.Header("id")]++
+	}
+	twice := 0
+	for _, w := range gap {
+		if counts[w.ID] != 1 {
+			twice++
+		}
+	}
+	if twice > 0 {
+		t.Errorf("%d of the gap's %d events arrived other than once: the gap was published more than once", twice, len(gap))
+	}
+	t.Logf("%d events, %d duplicates", rep.Expected, rep.Duplicates)
+}
