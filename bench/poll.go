@@ -9,10 +9,12 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
-// pollReady prepares the table for the polling side: its migration (once; every row then pending,
+// pollReady prepares the table for a polling side: its migration (once; every row then pending,
 // which for the drain is exactly the backlog), the NOTIFY trigger on, and, for a steady state,
-// every row marked processed so the poller starts with nothing to do. The trigger is dropped again
-// after each poll side (pollTrigger), so the WAL sides' writers never pay for its NOTIFY.
+// every row marked processed so the poller starts with nothing to do. A drain after another
+// poller's (poll-standby after poll) finds the backlog processed and marks it pending again, from
+// a vacuumed table, so both drain the same backlog. The trigger is dropped again after each poll
+// side (pollTrigger), so the WAL sides' writers never pay for its NOTIFY.
 //
 // The cluster runs without autovacuum (pgSettings: the WAL sides only insert). A poller updates
 // every row it publishes, and each update leaves a dead entry in the pending index that every
@@ -30,10 +32,15 @@ func (b *bench) pollReady(ctx context.Context, processed bool) error {
 	if _, err := migrations.ApplyPoll(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
 		return fmt.Errorf("poll side: migrate: %w", err)
 	}
-	if processed {
-		if _, err := conn.Exec(ctx, "UPDATE public.outbox_events SET processed_at = now() WHERE processed_at IS NULL"); err != nil {
-			return fmt.Errorf("poll side: mark the table processed: %w", err)
-		}
+	mark, what := "UPDATE public.outbox_events SET processed_at = now() WHERE processed_at IS NULL", "processed"
+	if !processed {
+		mark, what = "UPDATE public.outbox_events SET processed_at = NULL WHERE processed_at IS NOT NULL", "pending"
+	}
+	tag, err := conn.Exec(ctx, mark)
+	if err != nil {
+		return fmt.Errorf("poll side: mark the table %s: %w", what, err)
+	}
+	if processed || tag.RowsAffected() > 0 {
 		if _, err := conn.Exec(ctx, "VACUUM (ANALYZE) public.outbox_events"); err != nil {
 			return fmt.Errorf("poll side: vacuum: %w", err)
 		}
