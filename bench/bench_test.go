@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -357,5 +358,48 @@ func TestEachRoundHasItsOwnSlotTopicsLogAndConnectDirectory(t *testing.T) {
 	}
 	if want := []string{"ceiling@0", "debezium-tuned@0", "ceiling@1", "ceiling@2"}; !slices.Equal(ran, want) || b.round != 0 {
 		t.Errorf("ran %v (round left at %d), want %v and round 0", ran, b.round, want)
+	}
+}
+
+// poll-standby starts a standby and needs PostgreSQL 17+, while the bench's cluster is by default
+// the PATH's PostgreSQL: a run measures it only when it is named, on the version it is given.
+func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
+	for _, key := range []string{"BENCH_SIDES", "BENCH_STEADY_SIDES", "BENCH_PG_VERSION"} {
+		t.Setenv(key, "")
+		os.Unsetenv(key)
+	}
+	tests := []struct {
+		name              string
+		args              []string
+		wantSides         []string
+		wantSteady        []string
+		wantPGVersion     string
+		wantConfigIsValid bool
+	}{
+		{
+			name:       "the defaults leave it out",
+			args:       nil,
+			wantSides:  []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sidePoll, sideRecover},
+			wantSteady: []string{sideRelay, sideRelayEOS, sideDbzTuned, sidePoll},
+		},
+		{
+			name:              "named, it runs in the drain and the steady state on the PostgreSQL asked for",
+			args:              []string{"--sides", "poll,poll-standby", "--steady-sides", "poll-standby", "--pg-version", "18", "--relay-bin", "/bin/true"},
+			wantSides:         []string{sidePoll, sidePollStandby},
+			wantSteady:        []string{sidePollStandby},
+			wantPGVersion:     "18",
+			wantConfigIsValid: true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, svc, err := parseFlags(tt.args, io.Discard)
+			if tt.wantConfigIsValid && err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(cfg.Sides, tt.wantSides) || !slices.Equal(cfg.Steady, tt.wantSteady) || svc.PGVersion != tt.wantPGVersion {
+				t.Errorf("sides %v, steady %v, PostgreSQL %q; want %v, %v, %q", cfg.Sides, cfg.Steady, svc.PGVersion, tt.wantSides, tt.wantSteady, tt.wantPGVersion)
+			}
+		})
 	}
 }
