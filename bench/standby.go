@@ -20,7 +20,7 @@ const standbyTimeout = 2 * time.Minute
 // standby is a physical standby of the bench's cluster, streaming from a physical slot that the
 // primary's synchronized_standby_slots lists: with it, a poller's claimed batch goes to Kafka only
 // once the standby has flushed the WAL of the claim's commits (poll/standby.go), which costs each
-// claim a flush of that WAL and the standby's round trip.
+// claim at most one flush of that WAL and the standby's round trip.
 type standby struct {
 	pg   *devenv.Postgres
 	slot string
@@ -119,9 +119,9 @@ func (s *standby) synchronize(ctx context.Context, slots string) error {
 	})
 }
 
-// close resets synchronized_standby_slots before it stops the standby (the other sides' walsenders
-// would otherwise wait for it), then drops the standby's slot, which would hold WAL for ever (once
-// its walsender has gone: dropSlot waits for that).
+// close resets synchronized_standby_slots before it stops the standby (a later poller, and the
+// walsender of any failover slot, would otherwise wait for it for ever), then drops the standby's
+// slot, which would hold WAL for ever (once its walsender has gone: dropSlot waits for that).
 func (s *standby) close(ctx context.Context) error {
 	err := s.synchronize(ctx, "")
 	if s.pg != nil {
