@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,6 +27,9 @@ var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay
 // relay drain it, the relay runs a short steady state and a large transaction, an in-process
 // relay writes profiles, and the table-free outbox's backlog and producers are measured. Debezium is not run (a Connect JVM costs more than the rest of this test
 // and its jars are fetched by `make bench`, not `make test`); its configuration is tested below.
+// On PostgreSQL 17+ the poller drains once more with a standby listed in synchronized_standby_slots
+// (a few seconds), and the poller's steady state after it shows that the setting was reset: its
+// claims would otherwise wait for ever for the removed standby's slot.
 func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	pg := testenv.SharedPostgres(t)
 	k := testenv.SharedKafka(t)
@@ -35,10 +39,17 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sides, extraRows := []string{sideCeiling, sideRelay, sideRelayEOS, sidePoll, sideRecover}, []string(nil)
+	if v, err := pg.Version(); err != nil {
+		t.Fatal(err)
+	} else if major, _ := strconv.Atoi(v); major >= 17 {
+		sides = slices.Insert(sides, 4, sidePollStandby)
+		extraRows = append(extraRows, "| outbox-relay, source poll, synchronized_standby_slots |")
+	}
 	profiles := t.TempDir()
 	cfg := Config{
 		Events: 2000, Partitions: 2, Rate: 400, SteadyFor: 3 * time.Second, BigTx: 3000,
-		Sides: []string{sideCeiling, sideRelay, sideRelayEOS, sidePoll, sideRecover}, Steady: []string{sideRelay, sideRelayEOS, sidePoll},
+		Sides: sides, Steady: []string{sideRelay, sideRelayEOS, sidePoll},
 		RelayBin: relayproc.PlainBinary(t), ProfileDir: profiles, WorkDir: t.TempDir(),
 		Log: t.Output(), DrainTimeout: time.Minute, Messages: true, ProducerFor: time.Second, Rounds: 2,
 	}
@@ -52,11 +63,11 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	table, summary := rep.Table(), rep.Summary()
 	t.Logf("\n%s\n%s", table, summary)
 
-	for _, want := range []string{"| ceiling (pg_recvlogical) (round 1) |", "| outbox-relay (round 1) |", "| outbox-relay, exactly-once (round 1) |", "| outbox-relay, source poll |",
+	for _, want := range append([]string{"| ceiling (pg_recvlogical) (round 1) |", "| outbox-relay (round 1) |", "| outbox-relay, exactly-once (round 1) |", "| outbox-relay, source poll |",
 		"| outbox-relay, lost-slot recovery from the table |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events",
 		"| messages |", "| ceiling (pg_recvlogical, messages) (round 2) |", "| outbox-relay, messages (round 2) |",
 		"| outbox-relay (round 2) |", "| outbox-relay, exactly-once (round 2) |", "Interleaved drains", "| table-free drain / its ceiling |",
-		"| steady: exactly-once broker CPU per event / at-least-once |", "Against the targets (medians over the rounds):"} {
+		"| steady: exactly-once broker CPU per event / at-least-once |", "Against the targets (medians over the rounds):"}, extraRows...) {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q", want)
 		}
@@ -347,5 +358,48 @@ func TestEachRoundHasItsOwnSlotTopicsLogAndConnectDirectory(t *testing.T) {
 	}
 	if want := []string{"ceiling@0", "debezium-tuned@0", "ceiling@1", "ceiling@2"}; !slices.Equal(ran, want) || b.round != 0 {
 		t.Errorf("ran %v (round left at %d), want %v and round 0", ran, b.round, want)
+	}
+}
+
+// poll-standby starts a standby and needs PostgreSQL 17+, while the bench's cluster is by default
+// the PATH's PostgreSQL: a run measures it only when it is named, on the version it is given.
+func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
+	for _, key := range []string{"BENCH_SIDES", "BENCH_STEADY_SIDES", "BENCH_PG_VERSION"} {
+		t.Setenv(key, "")
+		os.Unsetenv(key)
+	}
+	tests := []struct {
+		name              string
+		args              []string
+		wantSides         []string
+		wantSteady        []string
+		wantPGVersion     string
+		wantConfigIsValid bool
+	}{
+		{
+			name:       "the defaults leave it out",
+			args:       nil,
+			wantSides:  []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sidePoll, sideRecover},
+			wantSteady: []string{sideRelay, sideRelayEOS, sideDbzTuned, sidePoll},
+		},
+		{
+			name:              "named, it runs in the drain and the steady state on the PostgreSQL asked for",
+			args:              []string{"--sides", "poll,poll-standby", "--steady-sides", "poll-standby", "--pg-version", "18", "--relay-bin", "/bin/true"},
+			wantSides:         []string{sidePoll, sidePollStandby},
+			wantSteady:        []string{sidePollStandby},
+			wantPGVersion:     "18",
+			wantConfigIsValid: true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, svc, err := parseFlags(tt.args, io.Discard)
+			if tt.wantConfigIsValid && err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(cfg.Sides, tt.wantSides) || !slices.Equal(cfg.Steady, tt.wantSteady) || svc.PGVersion != tt.wantPGVersion {
+				t.Errorf("sides %v, steady %v, PostgreSQL %q; want %v, %v, %q", cfg.Sides, cfg.Steady, svc.PGVersion, tt.wantSides, tt.wantSteady, tt.wantPGVersion)
+			}
+		})
 	}
 }

@@ -39,7 +39,7 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
-	cfg, kafkaHeap, err := parseFlags(args, stderr)
+	cfg, svcOpts, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
 	}
@@ -61,7 +61,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	fmt.Fprintln(stderr, "bench: starting PostgreSQL and Kafka")
-	svc, err := StartServices(ctx, kafkaHeap)
+	svc, err := StartServices(ctx, svcOpts)
 	if err != nil {
 		return err
 	}
@@ -89,7 +89,7 @@ func needsRelay(c Config) bool {
 	return len(c.Sides) > 0 || len(c.Steady) > 0 || c.BigTx > 0 || c.Messages
 }
 
-func parseFlags(args []string, stderr io.Writer) (Config, int, error) {
+func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	events := fs.Int("events", envInt("BENCH_EVENTS", 1_000_000), "backlog size (BENCH_EVENTS)")
@@ -97,20 +97,24 @@ func parseFlags(args []string, stderr io.Writer) (Config, int, error) {
 	rate := fs.Int("rate", envInt("BENCH_RATE", 10_000), "steady-state events per second (BENCH_RATE)")
 	steadyFor := fs.Duration("steady", envDuration("BENCH_STEADY", 20*time.Second), "steady-state duration of each round (BENCH_STEADY)")
 	bigTx := fs.Int("big-tx", envInt("BENCH_BIG_TX", -1), "events in the large transaction, 0 to skip (BENCH_BIG_TX; default: the backlog size)")
-	sides := fs.String("sides", envStr("BENCH_SIDES", strings.Join(allDrainSides, ",")), "drain sides, in order (BENCH_SIDES)")
-	steady := fs.String("steady-sides", envStr("BENCH_STEADY_SIDES", strings.Join(allSteadySides, ",")), "steady-state sides (BENCH_STEADY_SIDES)")
+	sides := fs.String("sides", envStr("BENCH_SIDES", strings.Join(byDefault(allDrainSides), ",")),
+		fmt.Sprintf("drain sides, in order, of %s; %s runs only when named (BENCH_SIDES)", strings.Join(allDrainSides, ","), sidePollStandby))
+	steady := fs.String("steady-sides", envStr("BENCH_STEADY_SIDES", strings.Join(byDefault(allSteadySides), ",")),
+		fmt.Sprintf("steady-state sides of %s; %s runs only when named (BENCH_STEADY_SIDES)", strings.Join(allSteadySides, ","), sidePollStandby))
 	relayArgs := fs.String("relay-args", os.Getenv("BENCH_RELAY_ARGS"), "extra relay flags, space-separated, e.g. --kafka.linger=20ms (BENCH_RELAY_ARGS)")
 	relayBin := fs.String("relay-bin", os.Getenv("BENCH_RELAY_BIN"), "outbox-relay binary; built from this module when empty (BENCH_RELAY_BIN)")
 	dbzLib := fs.String("debezium-lib", DefaultDebeziumLib(), "Kafka Connect + Debezium jars (OUTBOX_DEBEZIUM_LIB)")
 	profile := fs.String("profile", os.Getenv("BENCH_PROFILE"), "directory for pprof profiles of the relay run in-process (a drain and, with steady-state sides, a steady state); empty skips them (BENCH_PROFILE)")
 	work := fs.String("work", os.Getenv("BENCH_WORK"), "keep the sides' logs and configuration here; a temp dir removed at the end when empty (BENCH_WORK)")
 	kafkaHeap := fs.Int("kafka-heap-mb", envInt("BENCH_KAFKA_HEAP_MB", 1024), "Kafka broker heap (BENCH_KAFKA_HEAP_MB)")
+	pgVersion := fs.String("pg-version", os.Getenv("BENCH_PG_VERSION"), "PostgreSQL major version of the bench's cluster, 14 to 18 (make pg-lib fetches them; "+sidePollStandby+" needs 17 or later); empty: the server binaries on PATH (BENCH_PG_VERSION)")
 	messages := fs.Bool("messages", envStr("BENCH_MESSAGES", "true") == "true", "measure the table-free outbox too: the backlog as logical decoding messages, drained by pg_recvlogical and the relay (BENCH_MESSAGES)")
 	producerFor := fs.Duration("producer", envDuration("BENCH_PRODUCER", 10*time.Second), "how long each client-side producer (outbox.Write, outbox.Emit) commits one-event transactions, 0 to skip (BENCH_PRODUCER)")
 	rounds := fs.Int("rounds", envInt("BENCH_ROUNDS", 3), "drains of the ceiling, the relay, exactly-once and the message mode, interleaved; the ratios are medians over them (BENCH_ROUNDS)")
 	if err := fs.Parse(args); err != nil {
-		return Config{}, 0, err
+		return Config{}, ServiceOptions{}, err
 	}
+	svcOpts := ServiceOptions{KafkaHeapMB: *kafkaHeap, PGVersion: *pgVersion}
 	cfg := Config{
 		Events: *events, Partitions: *partitions, Rate: *rate, SteadyFor: *steadyFor, BigTx: *bigTx,
 		Sides: splitList(*sides), Steady: splitList(*steady), RelayBin: *relayBin, RelayArgs: strings.Fields(*relayArgs), DebeziumLib: *dbzLib,
@@ -122,11 +126,11 @@ func parseFlags(args []string, stderr io.Writer) (Config, int, error) {
 	if cfg.RelayBin != "" {
 		abs, err := filepath.Abs(cfg.RelayBin)
 		if err != nil {
-			return Config{}, 0, err
+			return Config{}, ServiceOptions{}, err
 		}
 		cfg.RelayBin = abs
 	}
-	return cfg, *kafkaHeap, cfg.validate()
+	return cfg, svcOpts, cfg.validate()
 }
 
 func splitList(s string) []string {

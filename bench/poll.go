@@ -9,10 +9,15 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
-// pollReady prepares the table for the polling side: its migration (once; every row then pending,
-// which for the drain is exactly the backlog), the NOTIFY trigger on, and, for a steady state,
-// every row marked processed so the poller starts with nothing to do. The trigger is dropped again
-// after each poll side (pollTrigger), so the WAL sides' writers never pay for its NOTIFY.
+// pollReady prepares the table for a polling side: its migration (once), the NOTIFY trigger on,
+// and every row marked pending for a drain (the backlog) or processed for a steady state (so the
+// poller starts with nothing to do). The trigger is dropped again after each poll side
+// (pollTrigger), so the WAL sides' writers never pay for its NOTIFY.
+//
+// Every drain marks every row pending by an UPDATE and vacuums, also the first one (the migration
+// leaves the rows pending without writing them), so that poll and poll-standby drain a table in
+// the same state whichever runs first: not one just written by the backlog for the first and one
+// updated by a drain and vacuumed for the second.
 //
 // The cluster runs without autovacuum (pgSettings: the WAL sides only insert). A poller updates
 // every row it publishes, and each update leaves a dead entry in the pending index that every
@@ -30,13 +35,15 @@ func (b *bench) pollReady(ctx context.Context, processed bool) error {
 	if _, err := migrations.ApplyPoll(ctx, conn, migrations.Target{Schema: "public", Table: "outbox_events"}); err != nil {
 		return fmt.Errorf("poll side: migrate: %w", err)
 	}
-	if processed {
-		if _, err := conn.Exec(ctx, "UPDATE public.outbox_events SET processed_at = now() WHERE processed_at IS NULL"); err != nil {
-			return fmt.Errorf("poll side: mark the table processed: %w", err)
-		}
-		if _, err := conn.Exec(ctx, "VACUUM (ANALYZE) public.outbox_events"); err != nil {
-			return fmt.Errorf("poll side: vacuum: %w", err)
-		}
+	mark, what := "UPDATE public.outbox_events SET processed_at = now() WHERE processed_at IS NULL", "processed"
+	if !processed {
+		mark, what = "UPDATE public.outbox_events SET processed_at = NULL", "pending"
+	}
+	if _, err := conn.Exec(ctx, mark); err != nil {
+		return fmt.Errorf("poll side: mark the table %s: %w", what, err)
+	}
+	if _, err := conn.Exec(ctx, "VACUUM (ANALYZE) public.outbox_events"); err != nil {
+		return fmt.Errorf("poll side: vacuum: %w", err)
 	}
 	return b.pollTrigger(ctx, true)
 }

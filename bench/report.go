@@ -25,13 +25,14 @@ type Report struct {
 }
 
 var sideLabels = map[string]string{
-	sideCeiling:    "ceiling (pg_recvlogical)",
-	sideRelay:      "outbox-relay",
-	sideRelayEOS:   "outbox-relay, exactly-once",
-	sideDbzDefault: "Debezium 3.6.1, defaults",
-	sideDbzTuned:   "Debezium 3.6.1, tuned",
-	sidePoll:       "outbox-relay, source poll",
-	sideRecover:    "outbox-relay, lost-slot recovery from the table",
+	sideCeiling:     "ceiling (pg_recvlogical)",
+	sideRelay:       "outbox-relay",
+	sideRelayEOS:    "outbox-relay, exactly-once",
+	sideDbzDefault:  "Debezium 3.6.1, defaults",
+	sideDbzTuned:    "Debezium 3.6.1, tuned",
+	sidePoll:        "outbox-relay, source poll",
+	sidePollStandby: "outbox-relay, source poll, synchronized_standby_slots",
+	sideRecover:     "outbox-relay, lost-slot recovery from the table",
 }
 
 func label(side string) string {

@@ -26,18 +26,30 @@ const (
 	sideDbzTuned   = "debezium-tuned"
 	// sidePoll is the relay with source poll: it reads the table, not a slot (bench/poll.go).
 	sidePoll = "poll"
+	// sidePollStandby is the poller with a physical standby of the bench's cluster listed in its
+	// synchronized_standby_slots (PostgreSQL 17+): each claim waits for the standby (bench/standby.go).
+	sidePollStandby = "poll-standby"
 	// sideRecover is the relay recovering a lost slot (on_slot_lost: recover): the backlog is the
 	// gap, read from the outbox table; its slot is missing where the ledger says it was created.
 	sideRecover = "relay-recover"
 )
 
-var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sidePoll, sideRecover}
-var allSteadySides = []string{sideRelay, sideRelayEOS, sideDbzTuned, sidePoll}
+var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sidePoll, sidePollStandby, sideRecover}
+var allSteadySides = []string{sideRelay, sideRelayEOS, sideDbzTuned, sidePoll, sidePollStandby}
+
+// byDefault are the sides a run measures unless told which: all but poll-standby, which starts a
+// standby and needs PostgreSQL 17 or later, where the bench's cluster is by default the PATH's.
+func byDefault(sides []string) []string {
+	return slices.DeleteFunc(slices.Clone(sides), func(s string) bool { return s == sidePollStandby })
+}
 
 // isRelay says whether side runs the relay binary.
 func isRelay(side string) bool {
-	return side == sideRelay || side == sideRelayEOS || side == sidePoll || side == sideRecover
+	return side == sideRelay || side == sideRelayEOS || isPoll(side) || side == sideRecover
 }
+
+// isPoll says whether side runs the relay with source poll (no slot of its own).
+func isPoll(side string) bool { return side == sidePoll || side == sidePollStandby }
 
 // Config says what one benchmark run measures.
 type Config struct {
@@ -72,8 +84,8 @@ type Config struct {
 }
 
 // interleavedSteady reports whether a steady-state side runs once per round: the relay in both
-// delivery modes and tuned Debezium, whose broker cost and latency are compared; the poller once.
-func interleavedSteady(side string) bool { return side != sidePoll }
+// delivery modes and tuned Debezium, whose broker cost and latency are compared; the pollers once.
+func interleavedSteady(side string) bool { return !isPoll(side) }
 
 // maxRounds keeps the slots of every round within the bench server's max_replication_slots.
 const maxRounds = 10
@@ -223,6 +235,9 @@ func Run(ctx context.Context, cfg Config, svc *Services) (*Report, error) {
 func (b *bench) measure(ctx context.Context) (*Report, error) {
 	rep := &Report{Config: b.cfg, LoadBefore: loadAverage()}
 	defer func() { rep.LoadAfter = loadAverage() }()
+	if err := b.checkStandbyVersion(ctx); err != nil {
+		return nil, err
+	}
 	if err := setupDatabase(ctx, b.svc.DSN, b.pub); err != nil {
 		return nil, err
 	}
@@ -357,7 +372,7 @@ func (b *bench) prepareSides(ctx context.Context, sides []string) error {
 			if err := recordLostSlot(ctx, b.pool, b.slot(s)); err != nil {
 				return err
 			}
-		} else if s != sidePoll {
+		} else if !isPoll(s) {
 			if err := createSlot(ctx, b.pool, b.slot(s)); err != nil {
 				return err
 			}

@@ -38,13 +38,19 @@ var pgSettings = map[string]string{
 	// in the walsender as it would in production.
 }
 
+// ServiceOptions say which PostgreSQL and Kafka StartServices starts.
+type ServiceOptions struct {
+	KafkaHeapMB int
+	PGVersion   string // PostgreSQL major version; empty: the server binaries on PATH
+}
+
 // StartServices starts a PostgreSQL cluster and a Kafka broker for one run.
-func StartServices(ctx context.Context, kafkaHeapMB int) (*Services, error) {
-	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{Settings: pgSettings, Database: "bench"})
+func StartServices(ctx context.Context, opts ServiceOptions) (*Services, error) {
+	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{Settings: pgSettings, Database: "bench", Version: opts.PGVersion})
 	if err != nil {
 		return nil, err
 	}
-	k, err := devenv.StartKafka(ctx, devenv.KafkaOptions{HeapMB: kafkaHeapMB, Settings: map[string]string{
+	k, err := devenv.StartKafka(ctx, devenv.KafkaOptions{HeapMB: opts.KafkaHeapMB, Settings: map[string]string{
 		"auto.create.topics.enable": "false", // every topic is created up front with the same partitions
 	}})
 	if err != nil {

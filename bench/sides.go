@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,14 +93,20 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 			return b.drainProc(ctx, side, func() (*child, error) {
 				return b.startRelay(side, b.slot(side), b.topicPrefix(side), "--on-slot-lost=recover", "--slot-recovery-margin=1s")
 			}, 0)
-		case sidePoll:
+		case sidePoll, sidePollStandby:
+			stopStandby := func() error { return nil }
 			r := b.drainProc(ctx, side, func() (*child, error) {
 				if err := b.pollReady(ctx, false); err != nil {
 					return nil, err
 				}
+				stop, err := b.standbyFor(ctx, side)
+				if err != nil {
+					return nil, err
+				}
+				stopStandby = stop
 				return b.startRelay(side, "", b.topicPrefix(side), "--source=poll")
 			}, 0)
-			if err := b.pollTrigger(ctx, false); err != nil && r.Err == nil {
+			if err := errors.Join(stopStandby(), b.pollTrigger(ctx, false)); err != nil && r.Err == nil {
 				r.Err = err
 			}
 			return r
@@ -409,14 +416,22 @@ func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f'
 // steady measures a side under a constant write rate.
 func (b *bench) steady(ctx context.Context, side string) SteadyResult {
 	name := "steady-" + side
-	if side == sidePoll {
+	if isPoll(side) {
 		if err := b.pollReady(ctx, true); err != nil {
 			return SteadyResult{Side: side, Err: err}
 		}
 		defer b.pollTrigger(ctx, false)
-		return b.steadyWith(ctx, side, name, func(string) (runner, error) {
+		stopStandby, err := b.standbyFor(ctx, side)
+		if err != nil {
+			return SteadyResult{Side: side, Err: err}
+		}
+		r := b.steadyWith(ctx, side, name, func(string) (runner, error) {
 			return b.startRelay(name, "", b.topicPrefix(name), "--source=poll")
 		})
+		if err := stopStandby(); err != nil && r.Err == nil {
+			r.Err = err
+		}
+		return r
 	}
 	return b.steadyWith(ctx, side, name, func(slot string) (runner, error) {
 		if isRelay(side) {
@@ -431,7 +446,7 @@ func (b *bench) steady(ctx context.Context, side string) SteadyResult {
 func (b *bench) steadyWith(ctx context.Context, side, name string, start func(slot string) (runner, error)) SteadyResult {
 	res := SteadyResult{Side: side}
 	slot := b.slot(name)
-	if side != sidePoll {
+	if !isPoll(side) {
 		if err := createSlot(ctx, b.pool, slot); err != nil {
 			res.Err = err
 			return res
@@ -453,7 +468,7 @@ func (b *bench) steadyWith(ctx context.Context, side, name string, start func(sl
 		return res
 	}
 	defer c.stop(30 * time.Second)
-	if side != sidePoll { // a poller is ready when the warm-up below arrives
+	if !isPoll(side) { // a poller is ready when the warm-up below arrives
 		if err := waitSlotActive(ctx, b.pool, slot, c, 2*time.Minute); err != nil {
 			res.Err = err
 			return res
