@@ -339,6 +339,7 @@ func (b *bench) startRelay(name, slot, prefix string, extra ...string) (*child, 
 	return startChild("outbox-relay", b.logPath(name), []string{
 		"OUTBOX_PG_DSN=" + b.svc.DSN,
 		"OUTBOX_KAFKA_BROKERS=" + b.svc.Kafka.Brokers(),
+		"OUTBOX_KAFKA_AUTO_CREATE_TOPICS=true", // the benchmark's topics are created as they are used
 	}, b.cfg.RelayBin, args...)
 }
 

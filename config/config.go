@@ -70,9 +70,14 @@ type Config struct {
 	PayloadEncoding string // messages' payload member: "json" or "base64"
 
 	// Debezium's outbox event router options.
-	ExtraFields             []string // column:placement[:alias], placement header, envelope or partition
-	TopicRegex              string
-	TopicReplacement        string
+	ExtraFields           []string // column:placement[:alias], placement header, envelope or partition
+	TopicRegex            string
+	TopicReplacement      string
+	TopicRegexPassthrough bool
+	// The topics outbox rows may reach: TopicAllow (empty: derived from the routing, see
+	// record.DefaultTopicAllow) minus TopicDeny.
+	TopicAllow              []string
+	TopicDeny               []string
 	TombstoneOnEmptyPayload bool
 	OnUpdate                string // warn, error or fatal
 	OnSlotLost              string // stop or recover
@@ -123,9 +128,11 @@ type Kafka struct {
 	WriteTimeout time.Duration
 	Compression  string
 	Idempotence  string // auto, on or off
-	ClientID     string
-	TLS          TLS
-	SASL         SASL
+	// AutoCreateTopics asks the brokers to create a missing event topic.
+	AutoCreateTopics bool
+	ClientID         string
+	TLS              TLS
+	SASL             SASL
 }
 
 // TLS configures encryption to the brokers.
@@ -387,6 +394,22 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.TopicRegex })},
 	{key: "topic_replacement", group: GroupRouting, kind: kindString, def: "outbox.event.${routedByValue}", help: "the topic for topic_regex, with ${name} or $1 for its groups (Go's syntax: $$ for a dollar)",
 		apply: str(func(c *Config) *string { return &c.TopicReplacement })},
+	{key: "topic_regex_passthrough", group: GroupRouting, kind: kindBool, def: "false", help: "with topic_regex: an aggregate type the regex does not match is the topic itself, as Debezium's router does (any row then chooses its topic within topic_allow: set topic_allow to the topics rows may reach); off refuses such an event (failure policy, reason topic_not_allowed)",
+		apply: boolean(func(c *Config) *bool { return &c.TopicRegexPassthrough })},
+	{key: "topic_allow", group: GroupRouting, kind: kindList, help: "the topics outbox rows may reach, comma-separated names or patterns where * stands for any characters; empty: the routing's literal prefix (outbox.event.* for the default template), or the fixed topic; required when the routing starts with a placeholder ('*' allows any name but the reserved ones). Other routes go to the failure policy (reason topic_not_allowed)",
+		apply: func(c *Config, v string) error {
+			if err := list(func(c *Config) *[]string { return &c.TopicAllow })(c, v); err != nil {
+				return err
+			}
+			for _, p := range c.TopicAllow {
+				if err := record.CheckTopicPattern(p); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+	{key: "topic_deny", group: GroupRouting, kind: kindList, def: "connect-configs,connect-offsets,connect-status", help: "topics no outbox row may reach whatever topic_allow says (Kafka Connect's and other platforms' internal topics); names starting with _ and the relay's dead_letter_topic and positions_topic are always refused",
+		apply: list(func(c *Config) *[]string { return &c.TopicDeny })},
 	{key: "tombstone_on_empty_payload", group: GroupRouting, kind: kindBool, def: "false", help: "a NULL, empty or blank payload gives a tombstone (a null value) even with envelope fields (Debezium's route.tombstone.on.empty.payload)",
 		apply: boolean(func(c *Config) *bool { return &c.TombstoneOnEmptyPayload })},
 	{key: "on_update", group: GroupOutbox, kind: choices("warn", "error", "fatal"), def: "warn", help: "what an UPDATE of the outbox table does, when the publication publishes UPDATEs: warn, error (logged at that level and skipped) or fatal (the relay stops before it); Debezium's table.op.invalid.behavior",
@@ -518,6 +541,8 @@ var settings = []setting{
 		apply: oneOf(func(c *Config) *string { return &c.Kafka.Compression }, "none", "gzip", "snappy", "lz4", "zstd")},
 	{key: "kafka.idempotence", group: GroupKafka, kind: choices("auto", "on", "off"), def: "auto", help: "idempotent producer (the broker drops a retried batch it already wrote): auto (on, or off with a warning when the broker denies IDEMPOTENT_WRITE), on (a denial stops the start) or off",
 		apply: oneOf(func(c *Config) *string { return &c.Kafka.Idempotence }, "auto", "on", "off")},
+	{key: "kafka.auto_create_topics", group: GroupKafka, kind: kindBool, def: "false", help: "ask the brokers to create a missing event topic (where auto.create.topics.enable lets them); off, a missing topic stalls the relay until it is created, and a row that invents an aggregate type creates nothing",
+		apply: boolean(func(c *Config) *bool { return &c.Kafka.AutoCreateTopics })},
 	{key: "kafka.client_id", group: GroupKafka, kind: kindString, def: "outbox-relay", help: "Kafka client id",
 		apply: str(func(c *Config) *string { return &c.Kafka.ClientID })},
 	{key: "kafka.tls.enabled", group: GroupKafka, kind: kindBool, def: "false", help: "connect to the brokers with TLS",
@@ -836,6 +861,18 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 			bad("topic_regex", "%v", err)
 		}
 	}
+	if c.TopicRegex == "" && c.TopicRegexPassthrough {
+		bad("topic_regex_passthrough", "applies with topic_regex only")
+	}
+	if len(c.TopicAllow) == 0 {
+		if allow := record.DefaultTopicAllow(c.recordRouting()); len(allow) == 1 && allow[0] == "*" {
+			route := "topic_template " + c.TopicTemplate
+			if c.TopicRegex != "" {
+				route = "topic_replacement " + c.TopicReplacement
+			}
+			bad("topic_allow", "must be set: %s starts with a placeholder, so any outbox row would choose its topic; list the topics rows may reach (e.g. orders.*,customers.*), or '*' for any name but the reserved ones", route)
+		}
+	}
 	if c.TopicRegex == "" && from("topic_replacement") != "default" && c.TopicReplacement != record.DefaultTopicReplacement {
 		bad("topic_replacement", "applies with topic_regex only; for a fixed pattern use topic_template")
 	}
@@ -917,6 +954,11 @@ const (
 	DeliveryAtLeastOnce = "at-least-once"
 	DeliveryExactlyOnce = "exactly-once"
 )
+
+// recordRouting is the routing part of the record options, for the topics it implies.
+func (c *Config) recordRouting() record.Options {
+	return record.Options{TopicTemplate: c.TopicTemplate, TopicRegex: c.TopicRegex, TopicReplacement: c.TopicReplacement}
+}
 
 // ExactlyOnce reports whether delivery is exactly-once.
 func (c *Config) ExactlyOnce() bool { return c.Delivery == DeliveryExactlyOnce }

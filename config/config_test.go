@@ -499,6 +499,14 @@ func TestCrossKeyChecks(t *testing.T) {
 			with(required(), "OUTBOX_TOPIC_REGEX", "(?<routedByValue>.*)", "OUTBOX_TOPIC_TEMPLATE", "x.{aggregate_type}"), "topic_regex (from OUTBOX_TOPIC_REGEX): and topic_template (from OUTBOX_TOPIC_TEMPLATE) both route"},
 		{"a topic replacement without a regex does nothing, so it is refused",
 			with(required(), "OUTBOX_TOPIC_REPLACEMENT", "x.${routedByValue}"), "topic_replacement"},
+		{"a template that starts with the aggregate type needs an allowlist",
+			with(required(), "OUTBOX_TOPIC_TEMPLATE", "{aggregate_type}"), "topic_allow (from default): must be set: topic_template {aggregate_type} starts with a placeholder"},
+		{"a replacement that starts with a group needs an allowlist",
+			with(required(), "OUTBOX_TOPIC_REGEX", "(?<t>.*)", "OUTBOX_TOPIC_REPLACEMENT", "${t}"), "topic_allow (from default): must be set: topic_replacement ${t}"},
+		{"the regex passthrough without a regex does nothing, so it is refused",
+			with(required(), "OUTBOX_TOPIC_REGEX_PASSTHROUGH", "true"), "topic_regex_passthrough"},
+		{"an allowlist entry that is no topic name is refused",
+			with(required(), "OUTBOX_TOPIC_ALLOW", "orders.*,bad name"), "topic_allow"},
 		{"json-with-schema cannot carry envelope fields",
 			with(required(), "OUTBOX_VALUE_ENCODING", "json-with-schema", "OUTBOX_EXTRA_FIELDS", "type:envelope"), "value_encoding"},
 		{"messages only: there is nothing to prune",
@@ -563,6 +571,10 @@ func TestRouterOptions(t *testing.T) {
 	if c.TopicReplacement != "outbox.event.${routedByValue}" || c.TopicTemplate != "outbox.event.{aggregate_type}" || len(c.ExtraFields) != 3 ||
 		c.Columns.Timestamp != "ts" || c.Columns.TracingSpanContext != "tracingspancontext" || !c.TombstoneOnEmptyPayload || c.OnUpdate != "fatal" {
 		t.Errorf("loaded %+v", c)
+	}
+	b, _, err := load(t, "", with(required(), "OUTBOX_TOPIC_TEMPLATE", "{aggregate_type}", "OUTBOX_TOPIC_ALLOW", "orders.*, customers"))
+	if err != nil || len(b.TopicAllow) != 2 || b.TopicAllow[1] != "customers" || len(b.TopicDeny) != 3 {
+		t.Errorf("a bare template with an allowlist: %v, allow %q, deny %q", err, b.TopicAllow, b.TopicDeny)
 	}
 	d, _, err := load(t, "", required())
 	if err != nil || d.OnUpdate != "warn" || d.TombstoneOnEmptyPayload || d.Columns.Timestamp != "" || d.TopicRegex != "" {

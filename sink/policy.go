@@ -25,6 +25,10 @@ const (
 	// ReasonInvalidPartition: the partition column (record.PlacePartition) is not an integer, or
 	// names a partition the topic does not have.
 	ReasonInvalidPartition = "invalid_partition"
+	// ReasonTopicNotAllowed: the event routes to a topic outbox rows may not reach (outside
+	// topic_allow, reserved, or not matched by topic_regex). Redrive refuses these: publishing one
+	// would write where the row had no right to.
+	ReasonTopicNotAllowed = "topic_not_allowed"
 )
 
 // Headers added to a dead-lettered record, next to the event's own.

@@ -90,7 +90,7 @@ func TestAnEventRoutedToThePositionsTopicGoesToTheFailurePolicy(t *testing.T) {
 	eventually(t, 60*time.Second, "every event acknowledged", func() bool { return a.n.Load() == 6 })
 	s.mustClose(t)
 	dead := readCommitted(t, k.Brokers(), 30*time.Second, atLeast(1), cfg.DeadLetterTopic)
-	if len(dead) != 1 || dead[0].Header("id") != "ev-00004" || dead[0].Header("outbox.dlq.reason") != sink.ReasonInvalidTopic ||
+	if len(dead) != 1 || dead[0].Header("id") != "ev-00004" || dead[0].Header("outbox.dlq.reason") != sink.ReasonTopicNotAllowed ||
 		!strings.Contains(dead[0].Header("outbox.dlq.error"), "positions topic") {
 		for _, r := range dead {
 			t.Logf("dead letter %s: %s (%s)", r.Header("id"), r.Header("outbox.dlq.reason"), r.Header("outbox.dlq.error"))

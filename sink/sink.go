@@ -59,6 +59,11 @@ type Config struct {
 	ClientID        string        // default "outbox-relay"
 	Idempotence     Idempotence   // default IdempotenceAuto
 	Transactions    *Transactions // exactly-once; nil for at-least-once
+	// NoAutoCreateTopics stops the sink asking the brokers to create a missing event topic: with
+	// auto-creation, every new aggregate type a row invents would create a topic. The dead-letter
+	// topic, a fixed name, is still created when missing (where the brokers allow it). The
+	// relay's default (config key kafka.auto_create_topics false).
+	NoAutoCreateTopics bool
 }
 
 func (c *Config) setDefaults() {
@@ -172,6 +177,11 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("sink: no Kafka brokers configured")
 	}
+	// No event may reach the relay's own topics, whatever the routing and the allowlist say.
+	cfg.Record.TopicDeny = append(append([]string(nil), cfg.Record.TopicDeny...), cfg.DeadLetterTopic)
+	if t := cfg.Transactions; t != nil {
+		cfg.Record.TopicDeny = append(cfg.Record.TopicDeny, t.PositionsTopic)
+	}
 	records, err := record.NewBuilder(cfg.Record)
 	if err != nil {
 		return nil, fmt.Errorf("sink: %w", err)
@@ -263,8 +273,8 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 			s.txn.c.Written(batch, deadCommitted)
 		}
 	}
-	s.main = s.newProducer(client, mainDone)
-	s.dead = s.newProducer(client, deadDone)
+	s.main = s.newProducer(client, mainDone, !cfg.NoAutoCreateTopics)
+	s.dead = s.newProducer(client, deadDone, true)
 	if s.txn != nil {
 		s.txn.c.Producers(s.main, s.dead)
 		go s.txn.c.Run(s.ctx)
@@ -280,18 +290,19 @@ func (s *Sink) newTransport() *kafka.Transport {
 	return &kafka.Transport{ClientID: s.cfg.ClientID, TLS: s.cfg.TLS, SASL: s.cfg.SASL, DialTimeout: 5 * time.Second}
 }
 
-func (s *Sink) newProducer(client *kafka.Client, done func([]*producer.Record, error)) *producer.Producer {
+func (s *Sink) newProducer(client *kafka.Client, done func([]*producer.Record, error), autoCreate bool) *producer.Producer {
 	cfg := producer.Config{
-		Client:      client,
-		Compression: s.cfg.Compression,
-		MaxBytes:    s.cfg.MaxMessageBytes,
-		MaxRecords:  s.cfg.BatchSize,
-		Linger:      s.cfg.Linger,
-		Timeout:     s.cfg.WriteTimeout,
-		Identity:    s.ident,
-		Log:         s.log,
-		Done:        done,
-		Retrying:    s.retrying,
+		AutoCreateTopics: autoCreate,
+		Client:           client,
+		Compression:      s.cfg.Compression,
+		MaxBytes:         s.cfg.MaxMessageBytes,
+		MaxRecords:       s.cfg.BatchSize,
+		Linger:           s.cfg.Linger,
+		Timeout:          s.cfg.WriteTimeout,
+		Identity:         s.ident,
+		Log:              s.log,
+		Done:             done,
+		Retrying:         s.retrying,
 		Sent: func(records int) {
 			s.m.ProduceRequests.Inc()
 			s.m.RequestRecords.Observe(float64(records))
@@ -371,16 +382,11 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	rec := &delivery{Record: producer.Record{Seq: s.seq.Add(1), Msg: built.Msg, Partition: built.Partition}, ev: ev, ack: ack}
 	rec.Owner = rec
 	topic, routeErr, hdrErr, partErr := built.Msg.Topic, built.TopicErr, built.HeadersErr, built.PartitionErr
-	if routeErr == nil && topic == s.cfg.DeadLetterTopic {
-		// One partition, one producer: the dead-letter producer's sequence numbers would collide.
-		routeErr = fmt.Errorf("event %s routes to the dead-letter topic %s", ev.ID, topic)
-	}
-	if routeErr == nil && s.txn != nil && topic == s.cfg.Transactions.PositionsTopic {
-		// The positions partition has its own sequence numbers under the same producer id and
-		// epoch: an event written there would collide with a position (one taken for a duplicate
-		// of the other and never written).
-		routeErr = fmt.Errorf("event %s routes to the positions topic %s (positions_topic), which must hold positions only", ev.ID, topic)
-	}
+	// An event never reaches the dead-letter or the positions topic (New puts them in the
+	// builder's TopicDeny): one partition written by two producers, or by an event and a position
+	// under one producer id and epoch, would have its sequence numbers collide (one record taken
+	// for a duplicate of the other and never written), and a position a row could write would be
+	// trusted by the next start.
 	rec.topic = topic
 	size := int64(producer.RecordSize(&rec.Msg))
 	rec.Size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
@@ -408,6 +414,8 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 			rec.Msg.Headers = nil
 		}
 		err = s.fail(ctx, rec, reject, cause)
+	case errors.Is(routeErr, record.ErrTopicNotAllowed):
+		err = s.fail(ctx, rec, ReasonTopicNotAllowed, routeErr)
 	case routeErr != nil:
 		err = s.fail(ctx, rec, ReasonInvalidTopic, routeErr)
 	case hdrErr != nil:

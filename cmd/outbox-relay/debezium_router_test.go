@@ -145,7 +145,9 @@ func TestDebeziumRouterOptionsGiveDebeziumsRecords(t *testing.T) {
 			replacement = "dbz" + strings.TrimPrefix(c.smt["transforms.outbox.route.topic.replacement"], "SIDE")
 			relayArgs = []string{"--profile=debezium", "--table=public." + table, "--publication=" + pub, "--create-publication=false",
 				"--topic-regex=" + c.smt["transforms.outbox.route.topic.regex"],
-				"--topic-replacement=rly" + strings.TrimPrefix(c.smt["transforms.outbox.route.topic.replacement"], "SIDE")}
+				"--topic-replacement=rly" + strings.TrimPrefix(c.smt["transforms.outbox.route.topic.replacement"], "SIDE"),
+				// Debezium's fall-through, which the relay takes only on request and within an allowlist.
+				"--topic-regex-passthrough=true", "--topic-allow=rly.*," + regexOther}
 		} else {
 			for _, tp := range []string{dtopic, rtopic} {
 				if err := k.CreateTopic(ctx, tp, 4); err != nil {

@@ -212,6 +212,8 @@ func relayEnv(kv ...string) []string {
 			env = append(env, v)
 		}
 	}
+	// Tests publish to topics they do not create; a test of the default overrides it in kv.
+	env = append(env, "OUTBOX_KAFKA_AUTO_CREATE_TOPICS=true")
 	if _, ok := os.LookupEnv("GORACE"); !ok {
 		// A race-enabled binary sleeps 1s before exiting by default; that would hide how long a
 		// stop really takes.

@@ -188,6 +188,11 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 				TopicReplacement:        c.TopicReplacement,
 				TombstoneOnEmptyPayload: c.TombstoneOnEmptyPayload,
 				PayloadField:            c.Columns.Payload,
+				TopicRegexPassthrough:   c.TopicRegexPassthrough,
+				TopicAllow:              c.TopicAllow,
+				// The positions topic is refused in every delivery mode: a position written by a
+				// row would be trusted once exactly-once is turned on.
+				TopicDeny: append(append([]string(nil), c.TopicDeny...), c.PositionsTopic),
 			},
 			MaxMessageBytes: c.MaxMessageBytes,
 			BatchSize:       c.Kafka.BatchSize,
@@ -203,6 +208,8 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			ClientID:        c.Kafka.ClientID,
 			Transactions:    transactions(c),
 			Idempotence:     sink.Idempotence(c.Kafka.Idempotence),
+			// Only on request: a row inventing aggregate types would otherwise create topics.
+			NoAutoCreateTopics: !c.Kafka.AutoCreateTopics,
 		},
 		OnUpdate:          c.OnUpdate,
 		ShutdownTimeout:   c.ShutdownTimeout,

@@ -67,7 +67,8 @@ func (r *relay) start() error {
 	}
 	fmt.Fprintf(log, "=== chaos: start %s at %s\n", r.name, time.Now().UTC().Format(time.RFC3339Nano))
 	cmd := exec.Command(r.bin, append([]string{"run"}, r.args...)...)
-	cmd.Env = append(os.Environ(), r.env...)
+	// The nemesis's topics are the ones the relay creates as it goes (the default is not to).
+	cmd.Env = append(append(os.Environ(), "OUTBOX_KAFKA_AUTO_CREATE_TOPICS=true"), r.env...)
 	cmd.Stdout, cmd.Stderr = log, log
 	// The relay dies with the harness, whatever ends it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -107,7 +107,9 @@ func Start(t testing.TB, opts Options) *Proc {
 		bin, raced = PlainBinary(t), false
 	}
 	cmd := exec.Command(bin, append([]string{sub}, opts.Args...)...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir()}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir(),
+		// Tests publish to topics they do not create; a test of the default sets it (opts.Env wins).
+		"OUTBOX_KAFKA_AUTO_CREATE_TOPICS=true"}
 	for k, v := range opts.Env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}

@@ -84,6 +84,9 @@ type Config struct {
 	Transactions    Transactions
 	TransactionalID string
 	Log             *zap.Logger
+	// AutoCreateTopics asks the brokers to create a missing topic (where auto.create.topics.enable
+	// lets them) when its partitions are learned.
+	AutoCreateTopics bool
 
 	// Done is told of every batch of one partition: acknowledged (err nil), or refused for good
 	// (Permanent(err), or the records were never sent: the transaction refused their topic). It
@@ -118,6 +121,7 @@ type Producer struct {
 	roundRobin      atomic.Uint32
 	failed          func(error) // stops the caller for good (a start error of the idempotent producer)
 	ident           *Identity   // producer id and epoch (idempotence)
+	autoCreate      bool        // ask the brokers to create a missing topic
 	buffers         sync.Pool   // *[]byte: encoded record sets
 	txns            Transactions
 	transactionalID string
@@ -141,7 +145,7 @@ func New(ctx context.Context, cfg Config) *Producer {
 		client: withTransport(cfg.Client), compression: cfg.Compression, maxBytes: cfg.MaxBytes, maxRecords: cfg.MaxRecords,
 		linger: cfg.Linger, timeout: cfg.Timeout, ctx: ctx, done: cfg.Done, retrying: cfg.Retrying, sent: cfg.Sent,
 		stopAt: cfg.StopAt, failed: cfg.Failed, ident: cfg.Identity, txns: cfg.Transactions, transactionalID: cfg.TransactionalID,
-		log: cfg.Log, parts: make(map[TopicPartition]*partitionQueue), topics: make(map[string]topicInfo),
+		log: cfg.Log, autoCreate: cfg.AutoCreateTopics, parts: make(map[TopicPartition]*partitionQueue), topics: make(map[string]topicInfo),
 	}
 	p.requests = newRequests(p)
 	return p
@@ -184,8 +188,8 @@ const metadataTTL = time.Minute
 // batch.
 const leadersTTL = 5 * time.Second
 
-// partitions returns the topic's partition count, asking the brokers (and letting them auto-create
-// the topic) when it is not known or stale.
+// partitions returns the topic's partition count, asking the brokers (and, with AutoCreateTopics,
+// letting them auto-create the topic) when it is not known or stale.
 func (p *Producer) partitions(ctx context.Context, topic string) (int, error) {
 	p.mu.Lock()
 	info, ok := p.topics[topic]
@@ -197,7 +201,7 @@ func (p *Producer) partitions(ctx context.Context, topic string) (int, error) {
 	defer cancel()
 	res, err := p.client.Transport.RoundTrip(rctx, p.client.Addr, &metadataAPI.Request{
 		TopicNames:             []string{topic},
-		AllowAutoTopicCreation: true,
+		AllowAutoTopicCreation: p.autoCreate,
 	})
 	if err != nil {
 		if ok {

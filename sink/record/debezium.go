@@ -38,11 +38,13 @@ const DefaultTopicReplacement = "outbox.event.${routedByValue}"
 
 // regexRouter routes like Debezium's EventRouter with route.topic.regex: the aggregate type is the
 // routed-by value; when the expression matches all of it, the topic is the replacement with the
-// expression's groups expanded; when it does not, the aggregate type itself is the topic (Kafka
-// Connect's RegexRouter leaves a topic it does not match alone).
+// expression's groups expanded; when it does not, the event is refused, or with passthrough the
+// aggregate type itself is the topic (Kafka Connect's RegexRouter leaves a topic it does not match
+// alone; a row then chooses its topic, within the allowed ones).
 type regexRouter struct {
 	re          *regexp.Regexp
 	replacement string
+	passthrough bool
 }
 
 // NewTopicRegex checks a route.topic.regex-style expression and replacement: Go syntax, where
@@ -72,12 +74,14 @@ func NewTopicRegex(expr, replacement string) (*regexp.Regexp, error) {
 	return re, nil
 }
 
-func (r *regexRouter) route(value string) string {
+// route returns the topic for value; ok is false when the expression does not match and the value
+// does not pass through (the value is then returned as the name the event asked for).
+func (r *regexRouter) route(value string) (topic string, ok bool) {
 	m := r.re.FindStringSubmatchIndex(value)
 	if m == nil {
-		return value
+		return value, r.passthrough
 	}
-	return string(r.re.ExpandString(nil, r.replacement, value, m))
+	return string(r.re.ExpandString(nil, r.replacement, value, m)), true
 }
 
 // blank reports whether a payload counts as empty for route.tombstone.on.empty.payload: NULL, or

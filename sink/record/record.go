@@ -42,6 +42,16 @@ type Options struct {
 	// PayloadField names the payload column, for JSONWithSchema (Debezium names the expanded
 	// document's schema after it); default "payload".
 	PayloadField string
+
+	// The topics a row may reach (topics.go). TopicAllow lists names, or patterns where * stands
+	// for any run of characters; nil derives it from the routing (DefaultTopicAllow). TopicDeny
+	// names topics no event may reach whatever TopicAllow says; a name starting with '_' (Kafka's
+	// and the platforms' internal topics) is always refused. TopicRegexPassthrough makes an
+	// aggregate type the regex does not match the topic itself, as Debezium's router does;
+	// without it such an event is refused.
+	TopicAllow            []string
+	TopicDeny             []string
+	TopicRegexPassthrough bool
 }
 
 // WithDefaults returns o with its zero values replaced by the defaults.
@@ -103,7 +113,10 @@ func NewBuilder(o Options) (*Builder, error) {
 		if err != nil {
 			return nil, err
 		}
-		rt.regex = &regexRouter{re: re, replacement: o.TopicReplacement}
+		rt.regex = &regexRouter{re: re, replacement: o.TopicReplacement, passthrough: o.TopicRegexPassthrough}
+	}
+	if rt.allow, err = newTopicAllow(o); err != nil {
+		return nil, err
 	}
 	b := &Builder{o: o, router: rt, headers: o.ExtraHeaders}
 	if o.ExtraPlacement != nil {
@@ -205,6 +218,7 @@ type router struct {
 	template string
 	byEvent  bool         // the template uses {event_type}, so the cache key must include it
 	regex    *regexRouter // routes instead of the template when set (route.topic.regex)
+	allow    *topicAllow  // the topics a row may reach
 	cache    map[string]string
 }
 
@@ -234,7 +248,11 @@ func (r *router) topic(ev *decoder.Event) (string, error) {
 	}
 	var t string
 	if r.regex != nil {
-		t = r.regex.route(string(ev.AggregateType))
+		var ok bool
+		if t, ok = r.regex.route(string(ev.AggregateType)); !ok {
+			return t, fmt.Errorf("event %s: aggregate type %q does not match topic_regex, and topic_regex_passthrough is off: %w",
+				ev.ID, ev.AggregateType, ErrTopicNotAllowed)
+		}
 	} else {
 		// One pass, so a type that spells a placeholder ("{event_type}") is not expanded again.
 		t = strings.NewReplacer(placeholderAggregateType, string(ev.AggregateType),
@@ -244,6 +262,9 @@ func (r *router) topic(ev *decoder.Event) (string, error) {
 		// The name still goes back with the error: the dead-letter record and the halt log report
 		// it as the event's original topic.
 		return t, err
+	}
+	if err := r.allow.check(t); err != nil {
+		return t, fmt.Errorf("event %s routes to %w", ev.ID, err)
 	}
 	// Cache only by aggregate type, and only so many: a bad producer could invent a type per event.
 	if !r.byEvent && len(r.cache) < 10000 {
