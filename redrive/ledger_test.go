@@ -3,6 +3,8 @@ package redrive
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,5 +83,69 @@ func TestADeadLetterAtAnOffsetTheLedgerHoldsForAnotherEventIsRedriven(t *testing
 	// And now it is recorded: a second run skips it.
 	if res, err := Run(ctx, cfg); err != nil || res.Redriven != 0 || res.Already != 1 {
 		t.Fatalf("second run: %+v, %v; want it skipped", res, err)
+	}
+}
+
+// TestNothingIsRedrivenToATopicTheRelayTrustsOrARowMayNotReach is the forged position of issue
+// 46 at redrive: a dead letter naming the positions topic as its original topic, keyed like a
+// position, goes nowhere; nor does a route the relay refused, nor one the current routing refuses.
+// A dead letter the routing allows goes where the routing sends it now.
+func TestNothingIsRedrivenToATopicTheRelayTrustsOrARowMayNotReach(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, topic, w := topics(ctx, t)
+	positions := "_" + topic + "_positions"
+	if err := testenv.SharedKafka(t).CreateTopic(ctx, positions, 1); err != nil {
+		t.Fatal(err)
+	}
+	forged := deadLetter(cfg.DeadLetterTopic, positions, "e-forged")
+	forged.Key = []byte("victim-transactional-id")
+	forged.Value = []byte(`{"v":1,"commit_lsn":"FFFFFFFF/0","events":0}`)
+	refused := deadLetter(cfg.DeadLetterTopic, "connect-configs", "e-refused")
+	refused.Headers = append(refused.Headers, kafka.Header{Key: sink.HeaderDLQReason, Value: []byte(sink.ReasonTopicNotAllowed)})
+	outside := deadLetter(cfg.DeadLetterTopic, topic, "e-outside")
+	outside.Headers = append(outside.Headers, kafka.Header{Key: record.HeaderAggregateType, Value: []byte("connect-configs")})
+	good := deadLetter(cfg.DeadLetterTopic, topic, "e-good")
+	good.Headers = append(good.Headers, kafka.Header{Key: record.HeaderAggregateType, Value: []byte(topic)})
+	if err := w.WriteMessages(ctx, forged, refused, outside, good); err != nil {
+		t.Fatal(err)
+	}
+	cfg.PositionsTopic = positions
+
+	t.Run("without the routing, a reserved original topic is refused", func(t *testing.T) {
+		c := cfg
+		c.EventIDs = []string{"e-forged"}
+		res, err := Run(ctx, c)
+		if err != nil || res.Redriven != 0 || len(res.Failed) != 1 || !strings.Contains(res.Failed[0].Err.Error(), "reserved") {
+			t.Fatalf("Run = %+v, %v; want the forged position refused as reserved", res, err)
+		}
+	})
+	t.Run("with the routing, only what it allows goes back, to where it routes", func(t *testing.T) {
+		c := cfg
+		c.Route = &record.Options{TopicTemplate: "{aggregate_type}", TopicAllow: []string{topic}}
+		res, err := Run(ctx, c)
+		if err != nil || res.Redriven != 1 || len(res.Failed) != 3 {
+			t.Fatalf("Run = %+v, %v; want e-good redriven, the others refused", res, err)
+		}
+		for _, f := range res.Failed {
+			if f.EventID == "e-good" {
+				t.Errorf("%s failed: %v", f.EventID, f.Err)
+			}
+		}
+	})
+	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers[0]), Timeout: 10 * time.Second}
+	offs, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{positions: {kafka.LastOffsetOf(0)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := offs.Topics[positions]; len(p) != 1 || p[0].Error != nil || p[0].LastOffset != 0 {
+		t.Errorf("positions topic offsets %+v: redrive wrote to it", p)
+	}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{"connect-configs"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(md.Topics) != 1 || !errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition) {
+		t.Error("topic connect-configs exists: redrive wrote to it")
 	}
 }

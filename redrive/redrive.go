@@ -27,6 +27,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
@@ -61,6 +62,14 @@ type Config struct {
 	// BuiltinHeaders is the relay's builtin_headers: dead letters always carry id, event_type and
 	// aggregate_type, and the ones the original records did not carry are removed.
 	BuiltinHeaders []string
+
+	// Route is the relay's routing (topic_template or topic_regex, topic_allow, topic_deny): a
+	// dead letter goes to the topic its aggregate type routes to now, which must be one outbox rows
+	// may reach. Nil sends it to the topic its header names, which must not be reserved.
+	Route *record.Options
+	// PositionsTopic is the relay's positions_topic. It, the dead-letter and the ledger topics and
+	// any name starting with '_' are never a target: a record there is one the relay trusts.
+	PositionsTopic string
 
 	WriteTimeout time.Duration // default 10s
 	DryRun       bool          // read and report, write nothing
@@ -116,6 +125,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if len(cfg.Brokers) == 0 || cfg.DeadLetterTopic == "" {
 		return Result{}, errors.New("redrive: brokers and the dead-letter topic are required")
 	}
+	targets, err := newTargets(cfg)
+	if err != nil {
+		return Result{}, err
+	}
 	if !cfg.DryRun {
 		if err := ensureLedger(ctx, cfg); err != nil {
 			return Result{}, err
@@ -165,7 +178,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	var res Result
 	heldKeys := make(map[string]error) // original topic + key -> the failure holding them back
-	err := scan(ctx, cfg, cfg.DeadLetterTopic, cfg.Partition, cfg.FromOffset, cfg.ToOffset, false, func(m kafka.Message) error {
+	err = scan(ctx, cfg, cfg.DeadLetterTopic, cfg.Partition, cfg.FromOffset, cfg.ToOffset, false, func(m kafka.Message) error {
 		id := headerValue(m, record.HeaderID)
 		if len(wanted) > 0 && !wanted[id] {
 			return nil
@@ -179,6 +192,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		orig, err := original(m, cfg)
 		fail := func(err error) {
 			res.Failed = append(res.Failed, Failure{Partition: m.Partition, Offset: m.Offset, EventID: id, Topic: orig.Topic, Err: err})
+		}
+		if err == nil {
+			orig.Topic, err = targets.of(m, orig.Topic)
 		}
 		if err != nil {
 			fail(err)
@@ -239,6 +255,10 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 		return out, errors.New("the event's headers were malformed and were not kept: fix the row's headers, then replay the event by id")
 	case reason == sink.ReasonSchemaMismatch:
 		return out, errors.New("the row lacked a mapped column when it was written, so the event is incomplete: replay it by id once the row is complete")
+	case reason == sink.ReasonTopicNotAllowed:
+		// The row asked for a topic outbox rows may not reach (a platform's internal topic, the
+		// relay's positions): sending it there is what the refusal prevented.
+		return out, fmt.Errorf("the event was refused its topic %s, one outbox rows may not reach (topic_allow, topic_deny): it never goes there; fix the row's aggregate type (or topic_allow), then replay the event by id", topic)
 	case reason == sink.ReasonInvalidMessage:
 		// Its value is the message's whole content as written, not a payload: sent back, it would
 		// reach consumers as a malformed event.
@@ -390,3 +410,49 @@ func scanPartition(ctx context.Context, d *kafka.Dialer, addr, topic string, par
 type namedPartition struct{}
 
 func (namedPartition) Balance(msg kafka.Message, _ ...int) int { return msg.Partition }
+
+// targets decides where a dead letter may go back to.
+type targets struct {
+	route    *record.Builder // the relay's routing, or nil
+	reserved map[string]bool
+}
+
+func newTargets(cfg Config) (*targets, error) {
+	t := &targets{reserved: map[string]bool{cfg.DeadLetterTopic: true, cfg.LedgerTopic: true}}
+	if cfg.PositionsTopic != "" {
+		t.reserved[cfg.PositionsTopic] = true
+	}
+	if cfg.Route != nil {
+		o := *cfg.Route
+		o.TopicDeny = append(append([]string(nil), o.TopicDeny...), cfg.DeadLetterTopic, cfg.LedgerTopic)
+		if cfg.PositionsTopic != "" {
+			o.TopicDeny = append(o.TopicDeny, cfg.PositionsTopic)
+		}
+		b, err := record.NewBuilder(o)
+		if err != nil {
+			return nil, fmt.Errorf("redrive: the routing: %w", err)
+		}
+		t.route = b
+	}
+	return t, nil
+}
+
+// of returns the topic dead letter m goes back to: where its aggregate type routes now, or with no
+// routing the topic it names (named), refused when it is reserved.
+func (t *targets) of(m kafka.Message, named string) (string, error) {
+	if t.route != nil {
+		ev := &decoder.Event{ID: []byte(headerValue(m, record.HeaderID)), EventType: []byte(headerValue(m, record.HeaderEventType))}
+		if hasHeader(m, record.HeaderAggregateType) {
+			ev.AggregateType = []byte(headerValue(m, record.HeaderAggregateType))
+		}
+		r := t.route.Build(ev, time.Now())
+		if r.TopicErr != nil {
+			return named, fmt.Errorf("its aggregate type routes to no topic outbox rows may reach under the current routing: %w", r.TopicErr)
+		}
+		return r.Msg.Topic, nil
+	}
+	if strings.HasPrefix(named, "_") || t.reserved[named] {
+		return named, fmt.Errorf("its original topic %s is reserved (a name starting with '_', the dead-letter, ledger or positions topic): the relay trusts what is written there, so nothing is redriven to it", named)
+	}
+	return named, nil
+}

@@ -53,6 +53,7 @@ func TestADeadLetterBecomesTheRecordTheRelayMeantToPublish(t *testing.T) {
 		{"malformed headers cannot go back", dead(sink.ReasonBadHeaders), Config{}, "", "", "fix the row's headers"},
 		{"an incomplete row cannot go back", dead(sink.ReasonSchemaMismatch), Config{}, "", "", "incomplete"},
 		{"an invalid message cannot go back: its value is the message's content, not a payload", dead(sink.ReasonInvalidMessage), Config{}, "", "", "not an outbox event"},
+		{"a refused route never goes back", dead(sink.ReasonTopicNotAllowed), Config{}, "", "", "never goes there"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -110,6 +110,17 @@ func (r *Relay) takeUpPosition(ctx context.Context, session replication.Message)
 	if err != nil || !ok {
 		return err
 	}
+	if session.ServerEnd != 0 && use.CommitLSN > session.ServerEnd {
+		// No transaction this server committed lies beyond its end of WAL: the position was not
+		// reached here (forged, or a data directory restored from before it). Skipping by it
+		// would drop every event up to it for good; skipping nothing publishes again, at most,
+		// what Kafka already holds past the slot's confirmed position.
+		r.log.Error("exactly-once: the position committed in Kafka lies beyond the server's end of WAL, so no transaction of this server reached it; it skips nothing here (events after the slot's confirmed position may be published again). "+
+			"If the server was not restored from a backup, someone else wrote the position: check who may write to positions_topic",
+			zap.String("transactional_id", r.cfg.Sink.Transactions.ID), zap.Stringer("commit_lsn", use.CommitLSN),
+			zap.Stringer("server_wal_end", session.ServerEnd), zap.Stringer("slot_confirmed", session.WALEnd))
+		return nil
+	}
 	r.tracker.Cover(use.CommitLSN, use.Events)
 	level := zap.DebugLevel
 	if !r.positionLogged {

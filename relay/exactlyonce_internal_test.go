@@ -103,6 +103,32 @@ func TestAReplayPublishesOnlyWhatTheCommittedPositionDoesNotCover(t *testing.T) 
 	}
 }
 
+// TestAPositionBeyondTheServersEndOfWALSkipsNothing: a position no transaction of the server
+// reached (forged into the positions topic: FFFFFFFF/0) would skip every event for good, and the
+// slot would be confirmed past them. It is refused, loudly, and every event is published.
+func TestAPositionBeyondTheServersEndOfWALSkipsNothing(t *testing.T) {
+	t.Parallel()
+	aggType := testenv.UniqueName(t, "forged")
+	r, reg, _ := exactlyOnceRelay(t, sink.Position{CommitLSN: 0xFFFFFFFF00000000}, true)
+	ctx := context.Background()
+	start := session(1, 50)
+	start.ServerEnd = 400
+	msgs := stream(start, relationMessage(outboxColumns),
+		beginMessage(100), event(aggType, 1, `{}`), event(aggType, 2, `{}`), commitMessage(100, 110),
+		beginMessage(300), event(aggType, 3, `{}`), commitMessage(300, 310),
+	)
+	if err := r.pipeline(ctx, ctx, msgs); err != nil {
+		t.Fatal(err)
+	}
+	waitSafe(t, r, 310)
+	if got := metricSum(t, reg, "outbox_relay_events_replay_skipped_total"); got != 0 {
+		t.Fatalf("%v events skipped by a position beyond the server's end of WAL, want none", got)
+	}
+	if got := publishedTotal(t, reg); got != 3 {
+		t.Fatalf("%v events published, want all 3", got)
+	}
+}
+
 func TestAResumedTransactionIsNotPublishedTwiceAfterAReconnect(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

@@ -164,6 +164,9 @@ type Message struct {
 	Data     []byte // owned by the consumer
 	Timeline uint32 // Session: the server's timeline
 	SystemID string // Session: the server's system identifier
+	// ServerEnd (Session) is the server's end of WAL when the session started (IDENTIFY_SYSTEM):
+	// no transaction the session can stream, nor any it streamed before, commits beyond it.
+	ServerEnd pglogrepl.LSN
 	// Done is closed by the consumer when it reaches a Barrier.
 	Done chan struct{}
 
@@ -548,7 +551,7 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval),
 		zap.Duration("receive_timeout", s.receiveTimeout))
 	s.nextStatus = time.Now().Add(s.interval)
-	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor, Timeline: s.identity.Timeline, SystemID: s.identity.SystemID}); err != nil {
+	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor, Timeline: s.identity.Timeline, SystemID: s.identity.SystemID, ServerEnd: s.serverEnd}); err != nil {
 		return err
 	}
 	return s.receive(ctx, out)

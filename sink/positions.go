@@ -329,6 +329,16 @@ func readPositionWritten(ctx context.Context, client *kafka.Client, topic, key s
 	if err != nil {
 		return Position{}, nil, false, err
 	}
+	var forged *readcommitted.Record // the latest record of the key the relay cannot have written
+	defer func() {
+		if forged != nil {
+			log.Error("exactly-once: ignored a record in the positions topic keyed by this relay's transactional id that was not written in a Kafka transaction, "+
+				"so not by the relay (a redriven dead letter, a console producer): it would have made the relay skip events; the relay resumes from the last position it committed itself. "+
+				"Find who writes to the positions topic and take that right away (only the relay's principal needs Write on it)",
+				zap.String("positions_topic", topic), zap.Int("partition", partition), zap.Int64("offset", forged.Offset),
+				zap.Int64("producer_id", forged.ProducerID), zap.String("transactional_id", key))
+		}
+	}()
 	for end := stable; end > first; {
 		from := max(first, end-positionChunk)
 		var found *readcommitted.Record
@@ -338,9 +348,22 @@ func readPositionWritten(ctx context.Context, client *kafka.Client, topic, key s
 				return Position{}, nil, false, fmt.Errorf("sink: reading positions topic %s: %w", topic, err)
 			}
 			for i := range res.Records {
-				if r := &res.Records[i]; r.Offset < end && string(r.Key) == key {
-					found = r
+				r := &res.Records[i]
+				if r.Offset >= end || string(r.Key) != key {
+					continue
 				}
+				// The relay writes its positions inside its Kafka transactions only: a value
+				// outside one is somebody else's, and trusted it would skip events for good. A
+				// tombstone from anyone is taken (deleting a position skips nothing: the start
+				// then checks the slot ledger).
+				if r.Value != nil && !r.Transactional {
+					if forged == nil || r.Offset > forged.Offset {
+						f := *r
+						forged = &f
+					}
+					continue
+				}
+				found = r
 			}
 			if res.Next <= at {
 				break // nothing more below the last stable offset

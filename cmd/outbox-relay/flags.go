@@ -40,7 +40,10 @@ var keys = func() map[string][]string {
 		"replay": cat(pg, columns, []string{"backfill_order_column"}, of(config.GroupKafka, config.GroupRouting),
 			[]string{"on_failure", "dead_letter_topic", "max_in_flight_events", "max_in_flight_bytes", "max_message_bytes",
 				"shutdown_timeout", "log_level", "log_format"}),
-		"redrive": cat(kafkaConn, []string{"profile", "dead_letter_topic", "builtin_headers", "key_encoding"}),
+		// The routing and the positions topic: a dead letter goes where the relay would route it
+		// now, never to a topic outbox rows may not reach.
+		"redrive": cat(kafkaConn, []string{"profile", "dead_letter_topic", "builtin_headers", "key_encoding", "positions_topic",
+			"topic_template", "topic_regex", "topic_replacement", "topic_regex_passthrough", "topic_allow", "topic_deny"}),
 	}
 }()
 

@@ -24,7 +24,7 @@ func TestEachCommandsHelpListsTheKeysItUses(t *testing.T) {
 		{command: "forget-slot", has: []string{"--slot"}, hasNot: []string{"--kafka-brokers", "--table-"}},
 		{command: "prune", has: []string{"--older-than", "--prune-older-than", "--on-slot-lost", "--slot-recovery-margin"}, hasNot: []string{"--kafka-brokers"}},
 		{command: "replay", has: []string{"--event-id", "--kafka-brokers", "--topic-template", "--value-encoding", "--on-failure"}, hasNot: []string{"--slot", "--leader-election", "--delivery"}},
-		{command: "redrive", has: []string{"--dead-letter-topic", "--kafka-brokers", "--dry-run"}, hasNot: []string{"--pg-dsn", "--topic-template"}},
+		{command: "redrive", has: []string{"--dead-letter-topic", "--kafka-brokers", "--dry-run", "--topic-template", "--topic-allow", "--positions-topic"}, hasNot: []string{"--pg-dsn"}},
 		{command: "retry", has: []string{"--ids", "--dead-letters", "--source", "--columns.id", "--profile"}, hasNot: []string{"--kafka-brokers", "--slot"}},
 	} {
 		t.Run(tc.command, func(t *testing.T) {

@@ -59,8 +59,11 @@ func runRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		EventIDs:        ids,
 		KeyEncoding:     record.Encoding(cfg.KeyEncoding),
 		BuiltinHeaders:  cfg.BuiltinHeaders,
-		WriteTimeout:    cfg.Kafka.WriteTimeout,
-		DryRun:          *dryRun,
+		Route: &record.Options{TopicTemplate: cfg.TopicTemplate, TopicRegex: cfg.TopicRegex, TopicReplacement: cfg.TopicReplacement,
+			TopicRegexPassthrough: cfg.TopicRegexPassthrough, TopicAllow: cfg.TopicAllow, TopicDeny: cfg.TopicDeny},
+		PositionsTopic: cfg.PositionsTopic,
+		WriteTimeout:   cfg.Kafka.WriteTimeout,
+		DryRun:         *dryRun,
 	})
 	if *dryRun {
 		fmt.Fprintf(stdout, "dry run: %d dead letters read from %s: %d would go back, %d were redriven by an earlier run, %d would fail\n",

@@ -26,6 +26,11 @@ type Record struct {
 	Key     []byte // nil for a null key
 	Value   []byte // nil for a null value
 	Headers []kafka.Header
+	// ProducerID is the producer id of the record's batch (-1: none), and Transactional says
+	// whether the batch was written inside a Kafka transaction (a committed one: aborted records
+	// are not returned).
+	ProducerID    int64
+	Transactional bool
 }
 
 // Result is what one fetch returned.
@@ -125,11 +130,11 @@ func (out *Result) committed(p fetch.ResponsePartition, from int64) error {
 				open[aborted[0].ProducerID] = true
 				aborted = aborted[1:]
 			}
-			if err := out.add(b, b.Attributes.Transactional() && open[b.ProducerID], from); err != nil {
+			if err := out.add(b, b.Attributes.Transactional() && open[b.ProducerID], from, b.ProducerID, b.Attributes.Transactional()); err != nil {
 				return err
 			}
 		default: // a v0/v1 message set: no transactions there, but nothing this project writes
-			if err := out.add(batch, false, from); err != nil {
+			if err := out.add(batch, false, from, -1, false); err != nil {
 				return err
 			}
 		}
@@ -137,8 +142,9 @@ func (out *Result) committed(p fetch.ResponsePartition, from int64) error {
 	return nil
 }
 
-// add appends the records of batch from offset from on, unless skip (it only advances Next).
-func (out *Result) add(batch protocol.RecordReader, skip bool, from int64) error {
+// add appends the records of batch (written by producerID, in a transaction or not) from offset
+// from on, unless skip (it only advances Next).
+func (out *Result) add(batch protocol.RecordReader, skip bool, from, producerID int64, transactional bool) error {
 	for {
 		r, err := batch.ReadRecord()
 		if errors.Is(err, io.EOF) {
@@ -152,7 +158,7 @@ func (out *Result) add(batch protocol.RecordReader, skip bool, from int64) error
 			closeBytes(r)
 			continue
 		}
-		rec := Record{Offset: r.Offset, Time: r.Time}
+		rec := Record{Offset: r.Offset, Time: r.Time, ProducerID: producerID, Transactional: transactional}
 		if rec.Key, err = readBytes(r.Key); err == nil {
 			rec.Value, err = readBytes(r.Value)
 		}
