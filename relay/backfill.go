@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,7 +32,10 @@ type Backfill struct {
 	// is the transactions' start order, and random inside one transaction. Any other column that
 	// the table lacks is an error.
 	OrderColumn string
-	// Where is an extra SQL predicate on the outbox table, written by the operator.
+	// Where is an extra SQL predicate on the outbox table, written by the operator. It is sent
+	// with the extended protocol, which takes one statement only, inside the read-only
+	// transaction: a filter that closes its parenthesis and adds statements (a COMMIT, a DELETE)
+	// is a syntax error, never run.
 	Where string
 }
 
@@ -99,6 +103,14 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 		q.where = append(q.where, fmt.Sprintf("%s >= $1", t.created))
 	}
 	if b.Where != "" {
+		// Checked on its own first, so a filter that is not one condition stops the relay with an
+		// error naming the key, rather than a retried query error.
+		// pgconn's ExecParams is the extended protocol whatever the arguments (pgx's Exec falls
+		// back to the simple protocol, which runs several statements, when there are none).
+		check := fmt.Sprintf("SELECT 1 FROM %s WHERE (%s) LIMIT 0", t.name, b.Where)
+		if _, err := tx.Conn().PgConn().ExecParams(ctx, check, nil, nil, nil, nil).Close(); err != nil {
+			return 0, replication.Fatal(fmt.Errorf("backfill_where %q is not one SQL condition on the outbox table %s (it runs alone, read-only, as WHERE (...)): %w; fix the key", b.Where, t.name, err))
+		}
 		q.where = append(q.where, "("+b.Where+")")
 	}
 	n, _, err := r.publishSelected(ctx, tx, t, q)
@@ -243,11 +255,18 @@ func (r *Relay) publishSelected(ctx context.Context, tx pgx.Tx, t outboxTable, q
 	if err := clearTimeouts(ctx, tx); err != nil {
 		return 0, 0, err
 	}
-	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryExecModeSimpleProtocol}, q.args...)...)
+	// The extended protocol (one statement: backfill_where cannot add any) with text results;
+	// pgx's Query keeps to it without arguments too (unlike its Exec).
+	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryExecModeExec}, q.args...)...)
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the outbox table: %w", err)
 	}
 	defer rows.Close()
+	if len(rows.FieldDescriptions()) < len(selected) {
+		// The extended protocol reports a failed query through rows.Err, after Close.
+		rows.Close()
+		return 0, 0, fmt.Errorf("read the outbox table: %w", cmp.Or(rows.Err(), errors.New("the query returned no columns")))
+	}
 
 	oids := make([]uint32, 0, len(selected))
 	for _, f := range rows.FieldDescriptions()[:len(selected)] {

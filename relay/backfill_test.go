@@ -239,3 +239,64 @@ func TestBackfillWithoutTheCreationTimeColumnStopsTheRelayNamingTheKey(t *testin
 	}
 	t.Logf("stopped: %v", err)
 }
+
+// TestBackfillWhereIsOneConditionAndCannotLeaveTheReadOnlyTransaction: backfill_where is pasted
+// into the backfill's query. A filter that closes the condition and adds statements (issue 46)
+// must write nothing and stop the relay naming the key; a legitimate filter selects its rows.
+func TestBackfillWhereIsOneConditionAndCannotLeaveTheReadOnlyTransaction(t *testing.T) {
+	t.Run("an injected COMMIT and DELETE write nothing and stop the relay", func(t *testing.T) {
+		f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+		ctx := context.Background()
+		for i := range 3 {
+			if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: fmt.Sprintf("agg-%d", i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, where := range []string{
+			"false); COMMIT; DELETE FROM outbox_events; SELECT (1",
+			// The same, ending in a statement that succeeds (so its implicit transaction commits).
+			"false); COMMIT; DELETE FROM outbox_events; SELECT 1 FROM outbox_events WHERE (true",
+		} {
+			cfg := f.config()
+			cfg.Backfill = &relay.Backfill{Where: where}
+			r, err := relay.New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, cancel := context.WithTimeout(ctx, time.Minute)
+			err = r.Run(runCtx)
+			if runCtx.Err() != nil || err == nil || !strings.Contains(err.Error(), "backfill_where") {
+				t.Errorf("Run with backfill_where %q: %v (context: %v), want an error naming the key", where, err, runCtx.Err())
+			}
+			cancel()
+			var n int
+			if err := f.outbox.Pool().QueryRow(ctx, "SELECT count(*) FROM outbox_events").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n != 3 {
+				t.Fatalf("%d outbox rows left of 3 after backfill_where %q: the filter ran statements of its own", n, where)
+			}
+		}
+	})
+	t.Run("a legitimate filter publishes only the rows it selects", func(t *testing.T) {
+		f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 1)
+		ctx := context.Background()
+		for i := range 4 {
+			if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: fmt.Sprintf("agg-%d", i%2)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var want, absent []harness.Written
+		for _, w := range f.outbox.Written() {
+			if w.AggregateID == "agg-1" {
+				want = append(want, w)
+			} else {
+				absent = append(absent, w)
+			}
+		}
+		cfg := f.config()
+		cfg.Backfill = &relay.Backfill{Where: "aggregate_id = 'agg-1' AND payload IS NOT NULL"}
+		f.start(cfg)
+		f.verifySubset(want, absent, 2*time.Minute)
+	})
+}
