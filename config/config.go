@@ -111,6 +111,10 @@ type Config struct {
 
 	// FailoverStandbyDSN is a standby the slot monitor asks about its copy of the failover slot.
 	FailoverStandbyDSN string
+
+	// Warnings are what Load found exposed without being wrong (a secret on the command line, a
+	// server not verified): the commands log them at start.
+	Warnings []string
 }
 
 // Columns names the outbox table's columns.
@@ -649,9 +653,11 @@ func (l *Loader) Load() (*Config, error) {
 	if err := joinErrors(errs); err != nil {
 		return nil, err
 	}
-	if err := c.validate(func(key string) string { return values[key].from }, !l.noKafka, !l.noPG); err != nil {
+	from := func(key string) string { return values[key].from }
+	if err := c.validate(from, !l.noKafka, !l.noPG); err != nil {
 		return nil, err
 	}
+	c.Warnings = c.securityWarnings(from)
 	return c, nil
 }
 

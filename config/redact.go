@@ -6,7 +6,8 @@ import (
 	"strings"
 )
 
-// RedactDSN hides the password in a PostgreSQL connection string, in URL or key=value form.
+// RedactDSN hides the password in a PostgreSQL connection string, in URL or key=value form, and
+// the client key's passphrase (sslpassword).
 func RedactDSN(dsn string) string {
 	if isURL(dsn) {
 		u, hosts, err := parseURL(dsn)
@@ -17,22 +18,34 @@ func RedactDSN(dsn string) string {
 			u.User = url.UserPassword(u.User.Username(), "xxxxx")
 		}
 		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
+		for _, key := range urlSecrets {
+			if q.Has(key) {
+				q.Set(key, "xxxxx")
+				u.RawQuery = q.Encode()
+			}
 		}
 		return restoreHosts(u, hosts)
 	}
 	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
 }
 
+// kvPassword matches password= and, as its suffix, sslpassword=.
 var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// urlSecrets are the query parameters of a URL DSN that hold secrets.
+var urlSecrets = []string{"password", "sslpassword"}
+
+// DSNHasSecret reports whether a connection string holds a password or a key passphrase.
+func DSNHasSecret(dsn string) bool { return dsnPassword(dsn) != "" || dsnSSLPassword(dsn) != "" }
 
 // Secrets returns the secret values of c, for scrubbing from error text that might quote them.
 func (c *Config) Secrets() []string {
 	var out []string
 	for _, dsn := range []string{c.PGDSN, c.LeaderDSN, c.FailoverStandbyDSN} {
 		if pw := dsnPassword(dsn); pw != "" {
+			out = append(out, pw)
+		}
+		if pw := dsnSSLPassword(dsn); pw != "" {
 			out = append(out, pw)
 		}
 	}
@@ -63,8 +76,10 @@ func dsnPassword(dsn string) string {
 		}
 		return u.Query().Get("password")
 	}
-	if m := kvPassword.FindStringSubmatch(dsn); m != nil {
-		return unquoteKV(m[2])
+	for _, m := range kvPassword.FindAllStringSubmatchIndex(dsn, -1) {
+		if start := m[2]; start < 3 || dsn[start-3:start] != "ssl" { // password=, not sslpassword=
+			return unquoteKV(dsn[m[4]:m[5]])
+		}
 	}
 	return ""
 }
@@ -84,4 +99,21 @@ func unquoteKV(v string) string {
 		b.WriteByte(v[i])
 	}
 	return b.String()
+}
+
+// dsnSSLPassword is the sslpassword of a DSN (the client key's passphrase), or "".
+func dsnSSLPassword(dsn string) string {
+	if isURL(dsn) {
+		u, _, err := parseURL(dsn)
+		if err != nil {
+			return ""
+		}
+		return u.Query().Get("sslpassword")
+	}
+	for _, m := range kvPassword.FindAllStringSubmatchIndex(dsn, -1) {
+		if start := m[2]; start >= 3 && dsn[start-3:start] == "ssl" {
+			return unquoteKV(dsn[m[4]:m[5]])
+		}
+	}
+	return ""
 }

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"flag"
 	"reflect"
 	"strings"
 	"testing"
@@ -37,6 +38,9 @@ func TestRedactDSN(t *testing.T) {
 			"host=db password=xxxxx dbname=app", "cr3t"},
 		{"a quoted key=value password with an escaped quote is hidden", `host=db password='it\'s s3cret' dbname=app`,
 			"host=db password=xxxxx dbname=app", "s3cret"},
+		{"a URL sslpassword is hidden", "postgres://relay@db/app?sslkey=/k.pem&sslpassword=k3ypass",
+			"postgres://relay@db/app?sslkey=%2Fk.pem&sslpassword=xxxxx", "k3ypass"},
+		{"a key=value sslpassword is hidden", "host=db sslkey=/k.pem sslpassword=k3ypass", "host=db sslkey=/k.pem sslpassword=xxxxx", "k3ypass"},
 		{"a key=value DSN without a password is unchanged", "host=db user=relay dbname=app", "host=db user=relay dbname=app", ""},
 	}
 	for _, tt := range tests {
@@ -90,6 +94,8 @@ func TestSecrets(t *testing.T) {
 		{"the SASL password", config.Config{PGDSN: "host=db", Kafka: config.Kafka{SASL: config.SASL{Password: "k4fka"}}}, []string{"k4fka"}},
 		{"both passwords", config.Config{PGDSN: "postgres://relay:s3cret@db/app", Kafka: config.Kafka{SASL: config.SASL{Password: "k4fka"}}},
 			[]string{"s3cret", "k4fka"}},
+		{"a URL sslpassword", config.Config{PGDSN: "postgres://relay@db/app?sslpassword=k3ypass"}, []string{"k3ypass"}},
+		{"a key=value sslpassword before the password", config.Config{PGDSN: "host=db sslpassword=k3ypass password=s3cret"}, []string{"s3cret", "k3ypass"}},
 		{"no passwords", config.Config{PGDSN: "postgres://relay@db/app"}, nil},
 	}
 	for _, tt := range tests {
@@ -106,4 +112,49 @@ func TestSecrets(t *testing.T) {
 			t.Fatalf("Scrub = %q", got)
 		}
 	})
+}
+
+func TestWhatTheConfigurationExposesIsWarnedAbout(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string // "" for no warning
+	}{
+		{"a DSN password given as a flag", nil, []string{"--pg-dsn=postgres://relay:s3cret@127.0.0.1/app"}, "pg_dsn holds a secret and was given on the command line (--pg-dsn)"},
+		{"a SASL password given as a flag", map[string]string{"OUTBOX_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "OUTBOX_KAFKA_SASL_USERNAME": "u", "OUTBOX_KAFKA_TLS_ENABLED": "true"},
+			[]string{"--kafka.sasl.password=s3cret"}, "kafka.sasl.password_file"},
+		{"a DSN without a password given as a flag", nil, []string{"--pg-dsn=postgres://relay@127.0.0.1/app"}, ""},
+		{"a password in the environment", map[string]string{"OUTBOX_PG_DSN": "postgres://relay:s3cret@127.0.0.1/app"}, nil, ""},
+		{"a remote server with libpq's default sslmode", map[string]string{"OUTBOX_PG_DSN": "postgres://relay@db.example.com/app"}, nil, "pg_dsn connects over the network with sslmode prefer"},
+		{"a remote server with sslmode require", map[string]string{"OUTBOX_PG_DSN": "host=db.example.com sslmode=require"}, nil, "sslmode require"},
+		{"a remote server with sslmode verify-full", map[string]string{"OUTBOX_PG_DSN": "postgres://relay@db.example.com/app?sslmode=verify-full"}, nil, ""},
+		{"a loopback server without TLS", map[string]string{"OUTBOX_PG_DSN": "postgres://relay@127.0.0.1/app?sslmode=disable"}, nil, ""},
+		{"SASL PLAIN without TLS", map[string]string{"OUTBOX_KAFKA_SASL_MECHANISM": "PLAIN", "OUTBOX_KAFKA_SASL_USERNAME": "u", "OUTBOX_KAFKA_SASL_PASSWORD": "p4ss"}, nil, "PLAIN and kafka.tls.enabled is false"},
+		{"SASL PLAIN over TLS", map[string]string{"OUTBOX_KAFKA_SASL_MECHANISM": "PLAIN", "OUTBOX_KAFKA_SASL_USERNAME": "u", "OUTBOX_KAFKA_SASL_PASSWORD": "p4ss", "OUTBOX_KAFKA_TLS_ENABLED": "true"}, nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{"OUTBOX_PG_DSN": "postgres://relay@127.0.0.1/app", "OUTBOX_KAFKA_BROKERS": "127.0.0.1:9092"}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			fs := flag.NewFlagSet("run", flag.ContinueOnError)
+			loader := config.NewLoader(fs, func(k string) string { return env[k] })
+			if err := fs.Parse(tt.args); err != nil {
+				t.Fatal(err)
+			}
+			c, err := loader.Load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			all := strings.Join(c.Warnings, "\n")
+			if tt.want == "" && len(c.Warnings) > 0 || tt.want != "" && !strings.Contains(all, tt.want) {
+				t.Fatalf("warnings %q, want %q", c.Warnings, tt.want)
+			}
+			if strings.Contains(all, "s3cret") || strings.Contains(all, "p4ss") {
+				t.Fatalf("a warning shows the secret: %q", all)
+			}
+		})
+	}
 }

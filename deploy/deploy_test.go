@@ -290,6 +290,18 @@ func TestTheComposeFileIsConsistent(t *testing.T) {
 		}
 	})
 
+	t.Run("every published port is bound to the loopback interface", func(t *testing.T) {
+		// The demo's PostgreSQL and Kafka have well-known passwords and no TLS: published on
+		// every interface, anyone on the network reaches them.
+		for name, s := range c.Services {
+			for _, p := range s.Ports {
+				if !strings.HasPrefix(p, "127.0.0.1:") {
+					t.Errorf("service %s publishes %q on every interface: write 127.0.0.1:%s", name, p, p)
+				}
+			}
+		}
+	})
+
 	t.Run("PostgreSQL runs with wal_level=logical on version 15 or later", func(t *testing.T) {
 		pg := require("postgres")
 		if !slices.Contains(pg.Command, "wal_level=logical") {
@@ -921,6 +933,7 @@ type composeService struct {
 	DependsOn       dependsOn `yaml:"depends_on"`
 	StopGracePeriod string    `yaml:"stop_grace_period"`
 	ReadOnly        bool      `yaml:"read_only"`
+	Ports           []string  `yaml:"ports"`
 }
 
 // dependsOn is compose's depends_on, written either as a list or as a map of conditions.

@@ -38,6 +38,9 @@ func runRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	for _, w := range cfg.Warnings {
+		fmt.Fprintf(stderr, "outbox-relay: warning: %s\n", w)
+	}
 	tlsCfg, err := tlsConfig(cfg.Kafka.TLS)
 	if err != nil {
 		return err

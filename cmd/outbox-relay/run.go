@@ -89,6 +89,9 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		zap.String("leader_dsn", config.RedactDSN(cfg.LeaderDSN)),
 		zap.Duration("leader_kafka_timeout", cfg.LeaderKafkaTimeout),
 		zap.String("delivery", cfg.Delivery))
+	for _, w := range cfg.Warnings {
+		log.Warn(w)
+	}
 	if cfg.ExactlyOnce() {
 		log.Info("exactly-once delivery: events are published in Kafka transactions; consumers must read with isolation.level=read_committed",
 			zap.String("transactional_id", cfg.TransactionalID), zap.String("positions_topic", cfg.PositionsTopic),
@@ -430,6 +433,19 @@ func publishReadiness(ctx context.Context, state *health.State, m *metrics.Metri
 	}
 }
 
+// newHTTPServer is the metrics and health server: every phase of a connection is bounded, so
+// clients that open connections and send or read nothing (or slowly) cannot hold goroutines and
+// file descriptors for ever. A scrape reads a few hundred KB at most; the limits are generous.
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+	}
+}
+
 // serveHTTP exposes /metrics, /healthz and /readyz.
 func serveHTTP(addr string, reg *prometheus.Registry, state *health.State, log *zap.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
@@ -440,7 +456,7 @@ func serveHTTP(addr string, reg *prometheus.Registry, state *health.State, log *
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.Handle("/healthz", health.LiveHandler())
 	mux.Handle("/readyz", state.ReadyHandler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := newHTTPServer(mux)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics server stopped", zap.Error(err))

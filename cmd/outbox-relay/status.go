@@ -143,6 +143,15 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "outbox-relay: %v\n", err)
 		return 1
 	}
+	for _, w := range cfg.Warnings {
+		fmt.Fprintf(stderr, "outbox-relay: warning: %s\n", w)
+	}
+	for _, dsn := range standbyDSNs {
+		if config.DSNHasSecret(dsn) {
+			fmt.Fprintf(stderr, "outbox-relay: warning: --standby-dsn %s holds a secret on the command line, where every user of the machine can read it (ps, /proc): put the password in pg_password_file (it applies to the standby too) or a ~/.pgpass file\n",
+				config.RedactDSN(dsn))
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	if cfg.Source == "poll" {

@@ -94,6 +94,10 @@ func TestHeaders(t *testing.T) {
 			with(func(e *decoder.Event) { e.Headers = []byte(`{"a":"x"}{"b":"y"}`) }), nil, nil, "one JSON object"},
 		{"whitespace around the JSON object is fine",
 			with(func(e *decoder.Event) { e.Headers = []byte(" \n{\"a\":\"x\"}\n ") }), nil, append(fixed, "a=x"), ""},
+		{"a member with the dead-letter headers' prefix is an error: redrive trusts those",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{"outbox.dlq.original_topic":"_schemas"}`) }), nil, nil, "outbox.dlq."},
+		{"a member that only resembles the prefix is fine",
+			with(func(e *decoder.Event) { e.Headers = []byte(`{"outbox.dlqx":"y"}`) }), nil, append(fixed, "outbox.dlqx=y"), ""},
 		{"an empty headers value is an error",
 			with(func(e *decoder.Event) { e.Headers = []byte{} }), nil, nil, "JSON object"},
 	}

@@ -206,6 +206,10 @@ const (
 	HeaderAggregateVersion = "aggregate_version"
 )
 
+// DeadLetterHeaderPrefix starts the headers the relay adds to a dead letter (sink's HeaderDLQ*);
+// no event may carry one of its own.
+const DeadLetterHeaderPrefix = "outbox.dlq."
+
 // Placeholders a topic template may use.
 const (
 	placeholderAggregateType = "{aggregate_type}"
@@ -353,6 +357,11 @@ func buildHeaders(ev *decoder.Event, builtin, extra []string, keepNull []bool) (
 	// taken for it by a consumer that reads a header's last value (Java's lastHeader, the inbox):
 	// two events with one such member would be deduplicated into one.
 	for _, h := range hs[fromJSON:] {
+		// The dead-letter headers are the relay's word on where an event was going and why it
+		// failed, which redrive acts on: a row may not speak for the relay.
+		if strings.HasPrefix(h.Key, DeadLetterHeaderPrefix) {
+			return nil, fmt.Errorf("headers member %q uses the prefix %s, which the relay's dead-letter headers own: rename the member", h.Key, DeadLetterHeaderPrefix)
+		}
 		for _, mine := range hs[:own] {
 			if h.Key == mine.Key {
 				return nil, fmt.Errorf("headers member %q repeats a header the relay sets itself: rename the member", h.Key)
