@@ -70,8 +70,8 @@ go build -o bin/outbox-relay ./cmd/outbox-relay
 step "bin/outbox-relay migrate"
 bin/outbox-relay migrate
 
-step "bin/outbox-relay run --log-format=console (in the background, log in $RELAY_LOG)"
-bin/outbox-relay run --log-format=console >"$RELAY_LOG" 2>&1 &
+step "bin/outbox-relay run --log-format=console --kafka.auto-create-topics (the demo's topic is created by its first event; in the background, log in $RELAY_LOG)"
+bin/outbox-relay run --log-format=console --kafka.auto-create-topics >"$RELAY_LOG" 2>&1 &
 relay_pid=$!
 echo "relay pid $relay_pid"
 
