@@ -100,7 +100,7 @@ func (w *topicWaits) unavailable(topic string, err error) {
 			"Every event waits behind it: order and the in-flight limits are global", fields...)
 		return
 	}
-	w.log.Error("topic does not exist and the brokers do not create it; create it. "+
+	w.log.Error("topic does not exist and the brokers do not create it; create it (or, for brokers that allow it, set kafka.auto_create_topics). "+
 		"Every event waits behind it: order and the in-flight limits are global", fields...)
 }
 
