@@ -64,8 +64,9 @@ type Config struct {
 	BuiltinHeaders []string
 
 	// Route is the relay's routing (topic_template or topic_regex, topic_allow, topic_deny): a
-	// dead letter goes to the topic its aggregate type routes to now, which must be one outbox rows
-	// may reach. Nil sends it to the topic its header names, which must not be reserved.
+	// dead letter goes back only when its aggregate type routes now to a topic outbox rows may
+	// reach, and to the one its header names. Nil sends it to the topic its header names, which
+	// must not be reserved.
 	Route *record.Options
 	// PositionsTopic is the relay's positions_topic. It, the dead-letter and the ledger topics and
 	// any name starting with '_' are never a target: a record there is one the relay trusts.
@@ -437,8 +438,8 @@ func newTargets(cfg Config) (*targets, error) {
 	return t, nil
 }
 
-// of returns the topic dead letter m goes back to: where its aggregate type routes now, or with no
-// routing the topic it names (named), refused when it is reserved.
+// of returns the topic dead letter m goes back to, the one it names (named): refused when the
+// routing, if any, does not send its aggregate type there now, or when it is reserved.
 func (t *targets) of(m kafka.Message, named string) (string, error) {
 	if t.route != nil {
 		ev := &decoder.Event{ID: []byte(headerValue(m, record.HeaderID)), EventType: []byte(headerValue(m, record.HeaderEventType))}
@@ -449,7 +450,12 @@ func (t *targets) of(m kafka.Message, named string) (string, error) {
 		if r.TopicErr != nil {
 			return named, fmt.Errorf("its aggregate type routes to no topic outbox rows may reach under the current routing: %w", r.TopicErr)
 		}
-		return r.Msg.Topic, nil
+		if r.Msg.Topic != named {
+			// Most often redrive was not given the relay's routing keys: sending the record where
+			// the defaults route it would put it in a topic its consumers do not read.
+			return named, fmt.Errorf("its aggregate type routes to %s under the routing redrive was given, not to its original topic %s: give redrive the relay's configuration (topic_template or topic_regex, topic_allow), or replay the event by id if the routing changed", r.Msg.Topic, named)
+		}
+		return named, nil
 	}
 	if strings.HasPrefix(named, "_") || t.reserved[named] {
 		return named, fmt.Errorf("its original topic %s is reserved (a name starting with '_', the dead-letter, ledger or positions topic): the relay trusts what is written there, so nothing is redriven to it", named)

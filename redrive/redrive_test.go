@@ -76,3 +76,52 @@ func TestADeadLetterBecomesTheRecordTheRelayMeantToPublish(t *testing.T) {
 		})
 	}
 }
+
+func TestADeadLetterGoesBackOnlyWhereTheRoutingSendsItNow(t *testing.T) {
+	dead := func(topic, aggregateType string) kafka.Message {
+		return kafka.Message{Headers: []kafka.Header{{Key: record.HeaderID, Value: []byte("e-1")},
+			{Key: record.HeaderAggregateType, Value: []byte(aggregateType)}, {Key: sink.HeaderDLQTopic, Value: []byte(topic)}}}
+	}
+	routed, err := newTargets(Config{DeadLetterTopic: "dlq", LedgerTopic: "dlq.redriven", PositionsTopic: "relay.positions", Route: &record.Options{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowing, err := newTargets(Config{DeadLetterTopic: "dlq", LedgerTopic: "dlq.redriven",
+		Route: &record.Options{TopicTemplate: "{aggregate_type}", TopicAllow: []string{"orders.*"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare, err := newTargets(Config{DeadLetterTopic: "dlq", LedgerTopic: "dlq.redriven", PositionsTopic: "relay.positions"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		t       *targets
+		m       kafka.Message
+		wantErr string
+	}{
+		{"a dead letter the routing sends to its original topic goes back", routed, dead("outbox.event.order", "order"), ""},
+		{"a dead letter the routing sends elsewhere stays", routed, dead("orders.order", "order"), "give redrive the relay's configuration"},
+		{"a dead letter the allowlist refuses stays", allowing, dead("connect-configs", "connect-configs"), "no topic outbox rows may reach"},
+		{"a dead letter the allowlist allows goes back", allowing, dead("orders.eu", "orders.eu"), ""},
+		{"without the routing, the positions topic is refused", bare, dead("relay.positions", "x"), "reserved"},
+		{"without the routing, the ledger is refused", bare, dead("dlq.redriven", "x"), "reserved"},
+		{"without the routing, an underscore topic is refused", bare, dead("_schemas", "x"), "reserved"},
+		{"without the routing, another topic goes back", bare, dead("orders", "x"), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			topic, err := tt.t.of(tt.m, headerValue(tt.m, sink.HeaderDLQTopic))
+			if tt.wantErr == "" {
+				if err != nil || topic != headerValue(tt.m, sink.HeaderDLQTopic) {
+					t.Fatalf("of = %q, %v; want its original topic", topic, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("of = %q, %v; want an error saying %q", topic, err, tt.wantErr)
+			}
+		})
+	}
+}
