@@ -578,7 +578,7 @@ func TestTheKubernetesManifestsAreConsistent(t *testing.T) {
 			t.Errorf("kustomization.yaml lists %s: %v", r, err)
 		}
 	}
-	for _, kind := range []string{"ConfigMap", "Secret", "Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "ServiceAccount"} {
+	for _, kind := range []string{"ConfigMap", "Secret", "Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "ServiceAccount", "NetworkPolicy"} {
 		if objects[kind] == nil {
 			t.Fatalf("no %s among the manifests", kind)
 		}
@@ -630,6 +630,59 @@ func TestTheKubernetesManifestsAreConsistent(t *testing.T) {
 		t.Fatalf("want one container, got %d", len(pod.Containers))
 	}
 	ctr := pod.Containers[0]
+
+	t.Run("the network policy admits only the metrics port, from the monitoring namespace", func(t *testing.T) {
+		var np struct {
+			Spec struct {
+				PodSelector struct {
+					MatchLabels map[string]string `yaml:"matchLabels"`
+				} `yaml:"podSelector"`
+				PolicyTypes []string `yaml:"policyTypes"`
+				Ingress     []struct {
+					From []struct {
+						NamespaceSelector *struct {
+							MatchLabels map[string]string `yaml:"matchLabels"`
+						} `yaml:"namespaceSelector"`
+						IPBlock any `yaml:"ipBlock"`
+					} `yaml:"from"`
+					Ports []struct {
+						Port any `yaml:"port"`
+					} `yaml:"ports"`
+				} `yaml:"ingress"`
+			} `yaml:"spec"`
+		}
+		remarshal(t, objects["NetworkPolicy"], &np)
+		for k, v := range np.Spec.PodSelector.MatchLabels {
+			if dep.Spec.Template.Metadata.Labels[k] != v {
+				t.Errorf("podSelector %s=%s does not select the relay's pods (labels %v)", k, v, dep.Spec.Template.Metadata.Labels)
+			}
+		}
+		if len(np.Spec.PodSelector.MatchLabels) == 0 || !slices.Contains(np.Spec.PolicyTypes, "Ingress") {
+			t.Errorf("the policy must select the relay's pods and restrict Ingress: %+v", np.Spec)
+		}
+		var metricsPort string
+		for _, p := range ctr.Ports {
+			if p.Name == "metrics" {
+				metricsPort = p.Name
+			}
+		}
+		for _, rule := range np.Spec.Ingress {
+			if len(rule.From) == 0 {
+				t.Errorf("an ingress rule without from admits every source")
+			}
+			for _, f := range rule.From {
+				if f.NamespaceSelector == nil || len(f.NamespaceSelector.MatchLabels) == 0 || f.IPBlock != nil {
+					t.Errorf("ingress from %+v: want a namespace selector naming the monitoring namespace", f)
+				}
+			}
+			if len(rule.Ports) != 1 || fmt.Sprint(rule.Ports[0].Port) != metricsPort {
+				t.Errorf("ingress ports %+v: want only the container's %q port", rule.Ports, metricsPort)
+			}
+		}
+		if len(np.Spec.Ingress) == 0 || metricsPort == "" {
+			t.Errorf("want one ingress rule for the container's metrics port (ports %+v)", ctr.Ports)
+		}
+	})
 
 	// The configuration the pod runs with: the ConfigMap's file named by --config, and the
 	// environment, which holds no secret.
