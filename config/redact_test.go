@@ -2,6 +2,9 @@ package config_test
 
 import (
 	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -153,6 +156,45 @@ func TestWhatTheConfigurationExposesIsWarnedAbout(t *testing.T) {
 				t.Fatalf("warnings %q, want %q", c.Warnings, tt.want)
 			}
 			if strings.Contains(all, "s3cret") || strings.Contains(all, "p4ss") {
+				t.Fatalf("a warning shows the secret: %q", all)
+			}
+		})
+	}
+}
+
+func TestASecretFileOtherUsersMayReadIsWarnedAbout(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		mode os.FileMode
+		warn bool
+	}{
+		{0o600, false},
+		{0o440, false},
+		{0o640, false},
+		{0o644, true}, // a Kubernetes Secret volume's default
+		{0o604, true},
+		{0o666, true},
+	} {
+		t.Run(fmt.Sprintf("%#o", tt.mode), func(t *testing.T) {
+			file := filepath.Join(dir, fmt.Sprintf("pg-password-%o", tt.mode))
+			if err := os.WriteFile(file, []byte("s3cret"), tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(file, tt.mode); err != nil { // past the umask
+				t.Fatal(err)
+			}
+			env := map[string]string{"OUTBOX_PG_DSN": "postgres://relay@127.0.0.1/app", "OUTBOX_KAFKA_BROKERS": "127.0.0.1:9092",
+				"OUTBOX_PG_PASSWORD_FILE": file}
+			loader := config.NewLoader(flag.NewFlagSet("run", flag.ContinueOnError), func(k string) string { return env[k] })
+			c, err := loader.Load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			all := strings.Join(c.Warnings, "\n")
+			if got := strings.Contains(all, "pg_password_file names "+file); got != tt.warn {
+				t.Fatalf("mode %#o: warnings %q, want a warning naming the file: %v", tt.mode, c.Warnings, tt.warn)
+			}
+			if strings.Contains(all, "s3cret") {
 				t.Fatalf("a warning shows the secret: %q", all)
 			}
 		})

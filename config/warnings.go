@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"os"
 	"regexp"
 	"strings"
 
@@ -12,7 +13,8 @@ import (
 // securityWarnings lists what the configuration exposes without being wrong: a secret on the
 // command line (any user of the machine reads it in ps or /proc/<pid>/cmdline), a PostgreSQL
 // connection over the network that does not verify the server (sslmode short of verify-full), and
-// a SASL PLAIN password sent without TLS. from says where each key's value came from.
+// a SASL PLAIN password sent without TLS, a secret file other users may read. from says where
+// each key's value came from.
 func (c *Config) securityWarnings(from func(key string) string) []string {
 	var out []string
 	alternative := map[string]string{
@@ -49,7 +51,31 @@ func (c *Config) securityWarnings(from func(key string) string) []string {
 	if strings.EqualFold(c.Kafka.SASL.Mechanism, "PLAIN") && !c.Kafka.TLS.Enabled {
 		out = append(out, "config key kafka.sasl.mechanism is PLAIN and kafka.tls.enabled is false: the SASL password crosses the network as it is; enable TLS (kafka.tls.enabled) or use SCRAM-SHA-512")
 	}
+	for _, f := range []struct{ key, path string }{
+		{"pg_password_file", c.PGPasswordFile},
+		{"kafka.sasl.password_file", c.Kafka.SASL.PasswordFile},
+		{"kafka.tls.key_file", c.Kafka.TLS.KeyFile},
+	} {
+		if w := secretFileWarning(f.key, f.path); w != "" {
+			out = append(out, w)
+		}
+	}
 	return out
+}
+
+// secretFileWarning warns of a secret file that users other than its owner and group may read or
+// write (a Kubernetes Secret volume's default mode, 0644, is one). A file that cannot be read is
+// left to the first connection, which says so.
+func secretFileWarning(key, path string) string {
+	if path == "" {
+		return ""
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm()&0o007 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("config key %s names %s, whose mode %#o lets every user of the machine read it: chmod 0600 or 0440 (Kubernetes: the Secret volume's defaultMode 0440 with the pod's fsGroup, as deploy/kubernetes does)",
+		key, path, fi.Mode().Perm())
 }
 
 var kvSSLMode = regexp.MustCompile(`(?:^|\s)sslmode\s*=\s*'?([a-z-]+)`)
