@@ -242,8 +242,9 @@ func failoverScenario(t *testing.T, brokers, version string, protect bool) {
 
 	// The standby's copy of the slot must be ready before the failover means anything.
 	status := func() (int, failoverStatus) {
-		code, out := relayproc.Run(t, relayproc.Options{Subcommand: "status", Args: []string{"--json", "--standby-dsn=" + c.standby.DSN(c.database)},
-			Env: map[string]string{"OUTBOX_PG_DSN": dsn, "OUTBOX_SLOT": d.slot, "OUTBOX_FAILOVER": "true", "GORACE": "atexit_sleep_ms=0"}}, 30*time.Second)
+		standbyDSN, password := testenv.SplitPassword(t, c.standby.DSN(c.database))
+		code, out := relayproc.Run(t, relayproc.Options{Subcommand: "status", Args: []string{"--json", "--standby-dsn=" + standbyDSN},
+			Env: map[string]string{"OUTBOX_PG_DSN": dsn, "OUTBOX_SLOT": d.slot, "OUTBOX_FAILOVER": "true", "GORACE": "atexit_sleep_ms=0", "PGPASSWORD": password}}, 30*time.Second)
 		var st failoverStatus
 		if err := json.Unmarshal([]byte(out), &st); err != nil {
 			t.Fatalf("status --json: %v\n%s", err, out)

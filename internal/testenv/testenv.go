@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -385,4 +386,18 @@ func outboxDatabase(t testing.TB, pg *devenv.Postgres, noTable bool) string {
 		t.Fatalf("testenv: migrate: %v", err)
 	}
 	return dsn
+}
+
+// SplitPassword returns a URL DSN without its password, and the password: a DSN given to the
+// relay as a flag must hold none (the relay warns that ps shows it), so a test gives the password
+// as PGPASSWORD.
+func SplitPassword(t testing.TB, dsn string) (string, string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil || u.User == nil {
+		t.Fatalf("SplitPassword: %q is not a URL DSN with a user: %v", dsn, err)
+	}
+	password, _ := u.User.Password()
+	u.User = url.User(u.User.Username())
+	return u.String(), password
 }
