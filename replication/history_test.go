@@ -24,6 +24,16 @@ import (
 // confirmed stays known; keepalives move it forward while idle. It returns the stream's end.
 func relayLikeStream(t *testing.T, cfg replication.Config) (ended <-chan error, stop func()) {
 	t.Helper()
+	ended, stop, _ = relayLikeStreamSessions(t, cfg)
+	return ended, stop
+}
+
+// relayLikeStreamSessions is relayLikeStream that also receives (without blocking the stream) once
+// for each session that began streaming: the stream sends its Session message after
+// START_REPLICATION.
+func relayLikeStreamSessions(t *testing.T, cfg replication.Config) (ended <-chan error, stop func(), sessions <-chan struct{}) {
+	t.Helper()
+	began := make(chan struct{}, 16)
 	tracker := checkpoint.New(0)
 	s := replication.New(cfg, tracker, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -34,6 +44,10 @@ func relayLikeStream(t *testing.T, cfg replication.Config) (ended <-chan error, 
 			case replication.Session:
 				if msg.Timeline != tracker.Timeline() {
 					tracker.Reset(msg.WALEnd, msg.Timeline)
+				}
+				select {
+				case began <- struct{}{}:
+				default:
 				}
 			case replication.Keepalive:
 				tracker.Idle(msg.WALEnd)
@@ -68,7 +82,7 @@ func relayLikeStream(t *testing.T, cfg replication.Config) (ended <-chan error, 
 		}
 	}
 	t.Cleanup(stop)
-	return done, stop
+	return done, stop, began
 }
 
 // slotPosition reads the slot's confirmed position and the server's WAL end.
@@ -277,9 +291,19 @@ func TestASlotMovedAheadBetweenTwoSessionsStopsTheStream(t *testing.T) {
 			ctx := context.Background()
 			dsn := testenv.OutboxDatabase(t, pg)
 			slot := testenv.UniqueName(t, "slot")
-			ended, stop := relayLikeStream(t, replication.Config{DSN: dsn, Slot: slot, Publication: slot, Table: "outbox_events",
+			ended, stop, sessions := relayLikeStreamSessions(t, replication.Config{DSN: dsn, Slot: slot, Publication: slot, Table: "outbox_events",
 				CreateSlot: true, CreatePublication: true, StatusInterval: 200 * time.Millisecond})
 			defer stop()
+			// Once the first session streams: a walsender ended while it still creates the slot
+			// (active then too) ends a session that never streamed, and the next session's stream
+			// rightly cannot tell whether another relay moved the slot (a CI run under load).
+			select {
+			case <-sessions:
+			case err := <-ended:
+				t.Fatalf("the stream ended before it streamed: %v", err)
+			case <-time.After(time.Minute):
+				t.Fatal("the stream did not stream within a minute")
+			}
 			pid := walsenderPID(t, dsn, slot)
 			confirmed := waitConfirmed(t, ctx, dsn, slot)
 
