@@ -175,8 +175,9 @@ type gap struct {
 // gapQuery chooses the rows committed after the last acknowledged point, by what PostgreSQL
 // recorded (docs/guarantees.md, "Lost slot, no lost events"):
 //   - with commit timestamps, by commit time (a transaction may have created its rows long before
-//     it committed); a row whose commit time is unknown (frozen, or from before the setting) by
-//     the recorded horizon, else by creation time with a margin set by hand, else it is chosen;
+//     it committed), and also by the recorded horizon if there is one (a commit time is a clock's
+//     word); without a horizon, a row whose commit time is unknown (frozen, or from before the
+//     setting) by creation time with a margin set by hand, else it is chosen;
 //   - else by the recorded horizon (RuleXmin): the rows of transactions with an id from the
 //     horizon's on, whenever they began or were prepared;
 //   - else by creation time from margin before, only with a margin set by hand.
@@ -203,15 +204,21 @@ func gapQuery(t outboxTable, lost replication.LostSlot, margin time.Duration, co
 	case commitTimestamps && !lost.FromSlotCreation:
 		from := lost.Since.Add(-commitSkew)
 		unknown, rule := "true", replication.RuleCommitTime
-		switch {
-		case byXmin != "":
-			unknown = byXmin
-		case margin > 0:
+		if margin > 0 {
 			unknown = fmt.Sprintf("%s >= $3", t.created)
+		}
+		where := fmt.Sprintf("(pg_xact_commit_timestamp(xmin) >= $1 OR (pg_xact_commit_timestamp(xmin) IS NULL AND %s))", unknown)
+		if byXmin != "" {
+			// The horizon proves what commit times only suggest: a transaction's commit time is
+			// its server's clock (stepped back, or a commit record inserted more than the skew
+			// after it was read), or a replication origin's (a transaction applied by logical
+			// replication, or under pg_replication_origin_xact_setup, carries its origin's commit
+			// time). A row of a transaction from the horizon on is in the gap whatever its time.
+			where = fmt.Sprintf("(pg_xact_commit_timestamp(xmin) >= $1 OR %s)", byXmin)
 		}
 		return gap{
 			rule: rule, margin: margin, oldest: oldest,
-			where:     fmt.Sprintf("(pg_xact_commit_timestamp(xmin) >= $1 OR (pg_xact_commit_timestamp(xmin) IS NULL AND %s))", unknown),
+			where:     where,
 			args:      []any{from, lost.Since, created},
 			duplicate: fmt.Sprintf("coalesce(pg_xact_commit_timestamp(xmin) <= $2, %s < $2) AND $3::timestamptz IS NOT NULL", t.created),
 		}, nil

@@ -64,6 +64,59 @@ func TestTheXminRuleChoosesTheRowsAtOrPastTheHorizonAcrossAnEpoch(t *testing.T) 
 	}
 }
 
+// TestTheCommitTimeRuleAlsoChoosesRowsFromTheHorizonOn evaluates the commit time rule's clause in
+// PostgreSQL: a commit timestamp is the server's clock (stepped back) or a replication origin's (a
+// transaction applied by logical replication carries its origin's), so a transaction committed
+// after the acknowledged one may show an earlier time. With a horizon recorded, its rows are in
+// the gap all the same; rows below the horizon still go by their commit time.
+func TestTheCommitTimeRuleAlsoChoosesRowsFromTheHorizonOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.SharedPostgres(t)
+	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	since := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	const next, horizon = 1000, 900
+	g, err := gapQuery(outboxTable{name: "t", created: "created_at"}, replication.LostSlot{Slot: "s", Xmin: horizon, Since: since}, 0, true, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.rule != replication.RuleCommitTime {
+		t.Fatalf("rule %q, want %q", g.rule, replication.RuleCommitTime)
+	}
+	for _, tc := range []struct {
+		name      string
+		xmin      int
+		committed *time.Time
+		want      bool
+	}{
+		{"a row committed after the acknowledged commit is in the gap", 950, ptr(since.Add(time.Minute)), true},
+		{"a row from the horizon on whose commit time reads an hour earlier is in the gap", 950, ptr(since.Add(-time.Hour)), true},
+		{"a row below the horizon committed within the skew is in the gap", 800, ptr(since.Add(-time.Second / 2)), true},
+		{"a row below the horizon committed long before is not", 800, ptr(since.Add(-time.Hour)), false},
+		{"a row from the horizon on of unknown commit time is in the gap", 950, nil, true},
+		{"a row below the horizon of unknown commit time is not", 800, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			where := strings.ReplaceAll(g.where, "pg_xact_commit_timestamp(xmin)", fmt.Sprintf("$%d::timestamptz", len(g.args)+1))
+			where = strings.ReplaceAll(where, "xmin", fmt.Sprintf("$%d::text::xid", len(g.args)+2))
+			var got bool
+			if err := conn.QueryRow(ctx, "SELECT coalesce("+where+", false) FROM (SELECT $2::timestamptz, $3::timestamptz) AS duplicate_args",
+				append(append([]any{}, g.args...), tc.committed, fmt.Sprint(tc.xmin))...).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("in the gap %v, want %v (%s)", got, tc.want, g.where)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
 // TestAGapNothingBoundsIsASlotLostError: gapQuery's choice of rule, and its refusals.
 func TestAGapNothingBoundsIsASlotLostError(t *testing.T) {
 	t.Parallel()
