@@ -10,7 +10,9 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -176,14 +178,57 @@ func TestTheRecordedHorizonIsTheNewestSampleTheAcknowledgedPositionPassedOnItsTi
 		{"the newest passed of several", []horizonSample{{10, 100, 1}, {20, 200, 1}, {30, 300, 1}}, true, 250, 1, 20, 1},
 		{"a sample of another timeline is never used", []horizonSample{{10, 100, 1}, {20, 200, 2}}, true, 250, 2, 20, 0},
 		{"a sample of the old timeline is dropped after a failover", []horizonSample{{10, 100, 1}}, true, 250, 2, 0, 0},
-		{"a sample from before the first session is the first timeline's", []horizonSample{{10, 100, 0}}, false, 250, 3, 10, 0},
-		{"a sample stamped 0 after a timeline was seen is not", []horizonSample{{10, 100, 0}}, true, 250, 3, 0, 0},
+		{"before the first session nothing passes and every sample is kept", []horizonSample{{10, 100, 1}, {20, 200, 2}}, false, 250, 0, 0, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &confirmedRecorder{samples: append([]horizonSample(nil), tc.samples...), sawTimeline: tc.saw}
+			c := &confirmedRecorder{samples: append([]horizonSample(nil), tc.samples...)}
 			if got := c.passed(pglogrepl.LSN(tc.safe), tc.timeline); got != tc.want || len(c.samples) != tc.left {
 				t.Errorf("passed(%d, timeline %d) = %d with %d samples left, want %d with %d left", tc.safe, tc.timeline, got, len(c.samples), tc.want, tc.left)
 			}
 		})
+	}
+}
+
+// TestAHorizonIsRecordedOnlyFromSamplesOfTheStreamsTimeline: the recorder samples on a connection
+// of its own, from the start of a term, before the first session says which server the stream
+// reads. Samples taken on a server of another timeline than the stream's (the old primary,
+// before a failover the first session followed; a superseded primary still running) must never
+// become the recorded horizon: that server assigns ids the stream's does not know. They were
+// stamped with the tracker's timeline (0 before the first session, then adopted by it).
+func TestAHorizonIsRecordedOnlyFromSamplesOfTheStreamsTimeline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t)) // timeline 1
+	slot := testenv.UniqueName(t, "slot")
+	tracker := checkpoint.New(0)
+	r := &Relay{cfg: Config{Replication: replication.Config{DSN: dsn, Slot: slot, Schema: "public"}}, tracker: tracker, log: zaptest.NewLogger(t)}
+	c := r.newConfirmedRecorder()
+	defer c.close(ctx)
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	recorded := func() *string {
+		t.Helper()
+		var xmin *string
+		err := admin.QueryRow(ctx, "SELECT confirmed_xmin::text FROM outbox_relay_slots WHERE slot = $1", slot).Scan(&xmin)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		return xmin
+	}
+	far := pglogrepl.LSN(1 << 62) // past every sample's position
+
+	c.write(ctx) // before the first session: a sample of this server, on timeline 1
+	tracker.Reset(far, 2)
+	c.write(ctx) // the first session streams a server on timeline 2
+	if x := recorded(); x != nil {
+		t.Fatalf("a horizon sampled on timeline 1 was recorded (%s) for a stream on timeline 2", *x)
+	}
+	tracker.Reset(far, 1)
+	c.write(ctx) // the sample the last write took, on timeline 1, passes
+	if recorded() == nil {
+		t.Fatal("no horizon recorded from a sample of the stream's own timeline")
 	}
 }
