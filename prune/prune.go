@@ -127,8 +127,11 @@ func Prune(ctx context.Context, db DB, o Options) (deleted int64, err error) {
 }
 
 // keepXmin is the condition that keeps the rows of transactions from o.KeepXmin's id on ("" when
-// it has none). A row's 32-bit xmin is mapped to the full id below the server's next one with
-// those low bits: exact within 2^31 ids of next, beyond which PostgreSQL assigns none.
+// it has none). A row's 32-bit xmin is mapped to the full id with those low bits below a
+// reference xidHeadroom past the server's next one: exact from 2^31 ids below next (PostgreSQL
+// assigns none beyond) to xidHeadroom past it. The headroom is for the transactions that get an id
+// after next is read and commit while the run deletes (a long transaction writing its row late,
+// created_at its start): mapped below next, their ids would read as 2^32 older, and be deleted.
 func keepXmin(ctx context.Context, db DB, o Options) (string, error) {
 	xmin, ok, err := o.KeepXmin(ctx)
 	if err != nil || !ok {
@@ -145,8 +148,13 @@ func keepXmin(ctx context.Context, db DB, o Options) (string, error) {
 	if n < xmin || n-xmin >= 1<<31 {
 		return "", fmt.Errorf("prune %s: the transaction id %d to keep rows from is not within 2^31 ids below the server's next one (%d): the slot ledger is from another cluster or a restore; pruning waits", o.Table, xmin, n)
 	}
-	return fmt.Sprintf(" AND ((%d - xmin::text::bigint + 4294967296) %% 4294967296) >= %d", (n-1)&0xffffffff, n-xmin), nil
+	ref := n - 1 + xidHeadroom
+	return fmt.Sprintf(" AND ((%d - xmin::text::bigint + 4294967296) %% 4294967296) > %d", ref&0xffffffff, ref-xmin), nil
 }
+
+// xidHeadroom is how many ids past the next one read at a run's start keepXmin maps exactly: far
+// more than a run sees assigned, and with the 2^31 below next, within one 2^32 cycle.
+const xidHeadroom = 1 << 30
 
 // statement applies the defaults and builds the batch DELETE: the oldest rows first (so an
 // interrupted run still removed the oldest), found by the index, locked with SKIP LOCKED, deleted

@@ -217,3 +217,35 @@ func TestMistakesInOptionsAreErrors(t *testing.T) {
 		t.Error("Loop accepted a zero interval")
 	}
 }
+
+// TestPruneKeepsTheRowsOfTransactionsFromTheHorizonOnWhateverTheirAge: KeepXmin keeps the rows of
+// transactions from the given id on, however old their creation time, also those of a transaction
+// that got its id after the run read the server's next one (a long transaction that wrote its row
+// late, its created_at its start): such an id is above next, and must not be taken for one 2^32
+// ids older.
+func TestPruneKeepsTheRowsOfTransactionsFromTheHorizonOnWhateverTheirAge(t *testing.T) {
+	_, pool := newDB(t)
+	ctx := context.Background()
+	insertAged(t, pool, 5, 2*time.Hour) // below the horizon: pruned
+	var horizon uint64
+	if err := pool.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint").Scan(&horizon); err != nil {
+		t.Fatal(err)
+	}
+	insertAged(t, pool, 3, 2*time.Hour) // from the horizon on: kept
+	n, err := prune.Prune(ctx, pool, prune.Options{
+		OlderThan: time.Hour,
+		KeepXmin:  func(context.Context) (uint64, bool, error) { return horizon, true, nil },
+		Keep: func(context.Context) (time.Time, bool, error) {
+			// Asked after the run read the next transaction id: a transaction that commits now
+			// has an id past it.
+			insertAged(t, pool, 2, 2*time.Hour)
+			return time.Time{}, false, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := count(t, pool, "SELECT count(*) FROM outbox_events"); n != 5 || left != 5 {
+		t.Fatalf("deleted %d and left %d rows; want the 5 below the horizon deleted and the 5 from it on (2 of them committed during the run) kept", n, left)
+	}
+}

@@ -175,8 +175,9 @@ type gap struct {
 // gapQuery chooses the rows committed after the last acknowledged point, by what PostgreSQL
 // recorded (docs/guarantees.md, "Lost slot, no lost events"):
 //   - with commit timestamps, by commit time (a transaction may have created its rows long before
-//     it committed); a row whose commit time is unknown (frozen, or from before the setting) by
-//     the recorded horizon, else by creation time with a margin set by hand, else it is chosen;
+//     it committed), and also by the recorded horizon if there is one (a commit time is a clock's
+//     word); without a horizon, a row whose commit time is unknown (frozen, or from before the
+//     setting) by creation time with a margin set by hand, else it is chosen;
 //   - else by the recorded horizon (RuleXmin): the rows of transactions with an id from the
 //     horizon's on, whenever they began or were prepared;
 //   - else by creation time from margin before, only with a margin set by hand.
@@ -203,15 +204,21 @@ func gapQuery(t outboxTable, lost replication.LostSlot, margin time.Duration, co
 	case commitTimestamps && !lost.FromSlotCreation:
 		from := lost.Since.Add(-commitSkew)
 		unknown, rule := "true", replication.RuleCommitTime
-		switch {
-		case byXmin != "":
-			unknown = byXmin
-		case margin > 0:
+		if margin > 0 {
 			unknown = fmt.Sprintf("%s >= $3", t.created)
+		}
+		where := fmt.Sprintf("(pg_xact_commit_timestamp(xmin) >= $1 OR (pg_xact_commit_timestamp(xmin) IS NULL AND %s))", unknown)
+		if byXmin != "" {
+			// The horizon proves what commit times only suggest: a transaction's commit time is
+			// its server's clock (stepped back, or a commit record inserted more than the skew
+			// after it was read), or a replication origin's (a transaction applied by logical
+			// replication, or under pg_replication_origin_xact_setup, carries its origin's commit
+			// time). A row of a transaction from the horizon on is in the gap whatever its time.
+			where = fmt.Sprintf("(pg_xact_commit_timestamp(xmin) >= $1 OR %s)", byXmin)
 		}
 		return gap{
 			rule: rule, margin: margin, oldest: oldest,
-			where:     fmt.Sprintf("(pg_xact_commit_timestamp(xmin) >= $1 OR (pg_xact_commit_timestamp(xmin) IS NULL AND %s))", unknown),
+			where:     where,
 			args:      []any{from, lost.Since, created},
 			duplicate: fmt.Sprintf("coalesce(pg_xact_commit_timestamp(xmin) <= $2, %s < $2) AND $3::timestamptz IS NOT NULL", t.created),
 		}, nil
@@ -256,15 +263,15 @@ type confirmedRecorder struct {
 	// position just after it: one becomes the recorded horizon once the tracker's acknowledged
 	// position reaches its LSN (every transaction below its xmin had written its commit record
 	// before that LSN, so Kafka holds their events).
-	samples     []horizonSample
-	sawTimeline bool // the tracker has reported a timeline: samples are stamped with it
-	warned      bool
-	gaveUp      bool // no ledger, or not migrated, or no right to write it: until a restart
+	samples []horizonSample
+	warned  bool
+	gaveUp  bool // no ledger, or not migrated, or no right to write it: until a restart
 }
 
 // horizonSample is a snapshot's xmin (a full transaction id) and the WAL's insert position read
-// after the snapshot was taken, on the timeline the tracker was on. A sample from another
-// timeline is never used: a promoted standby may assign again ids its old primary had used.
+// after the snapshot was taken, with the timeline the sampled server was on. A sample from
+// another timeline than the stream's is never used: a promoted standby may assign again ids its
+// old primary had used, and a superseded primary still running goes on assigning ids of its own.
 type horizonSample struct {
 	xmin     uint64
 	lsn      pglogrepl.LSN
@@ -316,7 +323,7 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 		c.conn = conn
 	}
 	if !moved && xmin <= c.recordedXmin {
-		c.sample(ctx, timeline) // nothing new to record
+		c.sample(ctx) // nothing new to record
 		return
 	}
 	err := c.ledger.RecordConfirmed(ctx, c.conn, r.cfg.Replication.Slot, replication.Confirmed{CommitTime: at, EndLSN: safe, Xmin: xmin})
@@ -325,7 +332,7 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 			c.recorded = at
 		}
 		c.recordedXmin = max(c.recordedXmin, xmin)
-		c.sample(ctx, timeline)
+		c.sample(ctx)
 		return
 	}
 	var pgErr *pgconn.PgError
@@ -342,20 +349,18 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 }
 
 // passed returns the xmin of the newest sample of timeline whose LSN safe has reached (0: none),
-// forgetting the samples older than it and those of other timelines.
+// forgetting the samples older than it and those of other timelines. Timeline 0 (no session
+// has streamed yet) passes nothing and keeps every sample for the first session's timeline.
 func (c *confirmedRecorder) passed(safe pglogrepl.LSN, timeline uint32) uint64 {
+	if timeline == 0 {
+		return 0
+	}
 	kept := c.samples[:0]
 	for _, s := range c.samples {
-		if s.timeline == 0 && timeline != 0 && !c.sawTimeline {
-			// Taken before the first session learned the server's timeline: the server the
-			// process started on, which the first session streams.
-			s.timeline = timeline
-		}
 		if s.timeline == timeline {
 			kept = append(kept, s)
 		}
 	}
-	c.sawTimeline = c.sawTimeline || timeline != 0
 	c.samples = kept
 	i := -1
 	for j, s := range c.samples {
@@ -371,12 +376,17 @@ func (c *confirmedRecorder) passed(safe pglogrepl.LSN, timeline uint32) uint64 {
 	return xmin
 }
 
-// sample takes a horizon on the server: the statement's snapshot is taken before its target list
-// is evaluated, so the insert position is read after the snapshot. A failure only delays the
-// next recorded horizon; the connection is opened afresh at the next write.
-func (c *confirmedRecorder) sample(ctx context.Context, timeline uint32) {
+// sample takes a horizon on the server: the statement's snapshot is taken before it is executed,
+// so the insert position is read after the snapshot. The server's timeline is the one its WAL
+// is written on now (a WAL file name's first 8 hex digits): the tracker's could be another
+// server's, the connection being the recorder's own (a first session not yet streaming, a
+// failover the stream followed and this connection did not). A failure only delays the next
+// recorded horizon; the connection is opened afresh at the next write.
+func (c *confirmedRecorder) sample(ctx context.Context) {
 	var xmin, lsn string
-	if err := c.conn.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, pg_current_wal_insert_lsn()::text").Scan(&xmin, &lsn); err != nil {
+	var timeline int64
+	if err := c.conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, l::text, ('x' || substr(pg_walfile_name(l), 1, 8))::bit(32)::bigint
+		FROM pg_current_wal_insert_lsn() AS l`).Scan(&xmin, &lsn, &timeline); err != nil {
 		c.r.log.Debug("sample the transaction horizon for the slot ledger", zap.Error(err))
 		c.closeLocked(ctx)
 		return
@@ -389,7 +399,7 @@ func (c *confirmedRecorder) sample(ctx context.Context, timeline uint32) {
 	if err != nil {
 		return
 	}
-	s := horizonSample{xmin: x, lsn: l, timeline: timeline}
+	s := horizonSample{xmin: x, lsn: l, timeline: uint32(timeline)}
 	if len(c.samples) == maxHorizonSamples {
 		c.samples[len(c.samples)-1] = s
 		return

@@ -10,7 +10,9 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -63,6 +65,59 @@ func TestTheXminRuleChoosesTheRowsAtOrPastTheHorizonAcrossAnEpoch(t *testing.T) 
 		})
 	}
 }
+
+// TestTheCommitTimeRuleAlsoChoosesRowsFromTheHorizonOn evaluates the commit time rule's clause in
+// PostgreSQL: a commit timestamp is the server's clock (stepped back) or a replication origin's (a
+// transaction applied by logical replication carries its origin's), so a transaction committed
+// after the acknowledged one may show an earlier time. With a horizon recorded, its rows are in
+// the gap all the same; rows below the horizon still go by their commit time.
+func TestTheCommitTimeRuleAlsoChoosesRowsFromTheHorizonOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.SharedPostgres(t)
+	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	since := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	const next, horizon = 1000, 900
+	g, err := gapQuery(outboxTable{name: "t", created: "created_at"}, replication.LostSlot{Slot: "s", Xmin: horizon, Since: since}, 0, true, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.rule != replication.RuleCommitTime {
+		t.Fatalf("rule %q, want %q", g.rule, replication.RuleCommitTime)
+	}
+	for _, tc := range []struct {
+		name      string
+		xmin      int
+		committed *time.Time
+		want      bool
+	}{
+		{"a row committed after the acknowledged commit is in the gap", 950, ptr(since.Add(time.Minute)), true},
+		{"a row from the horizon on whose commit time reads an hour earlier is in the gap", 950, ptr(since.Add(-time.Hour)), true},
+		{"a row below the horizon committed within the skew is in the gap", 800, ptr(since.Add(-time.Second / 2)), true},
+		{"a row below the horizon committed long before is not", 800, ptr(since.Add(-time.Hour)), false},
+		{"a row from the horizon on of unknown commit time is in the gap", 950, nil, true},
+		{"a row below the horizon of unknown commit time is not", 800, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			where := strings.ReplaceAll(g.where, "pg_xact_commit_timestamp(xmin)", fmt.Sprintf("$%d::timestamptz", len(g.args)+1))
+			where = strings.ReplaceAll(where, "xmin", fmt.Sprintf("$%d::text::xid", len(g.args)+2))
+			var got bool
+			if err := conn.QueryRow(ctx, "SELECT coalesce("+where+", false) FROM (SELECT $2::timestamptz, $3::timestamptz) AS duplicate_args",
+				append(append([]any{}, g.args...), tc.committed, fmt.Sprint(tc.xmin))...).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("in the gap %v, want %v (%s)", got, tc.want, g.where)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // TestAGapNothingBoundsIsASlotLostError: gapQuery's choice of rule, and its refusals.
 func TestAGapNothingBoundsIsASlotLostError(t *testing.T) {
@@ -123,14 +178,57 @@ func TestTheRecordedHorizonIsTheNewestSampleTheAcknowledgedPositionPassedOnItsTi
 		{"the newest passed of several", []horizonSample{{10, 100, 1}, {20, 200, 1}, {30, 300, 1}}, true, 250, 1, 20, 1},
 		{"a sample of another timeline is never used", []horizonSample{{10, 100, 1}, {20, 200, 2}}, true, 250, 2, 20, 0},
 		{"a sample of the old timeline is dropped after a failover", []horizonSample{{10, 100, 1}}, true, 250, 2, 0, 0},
-		{"a sample from before the first session is the first timeline's", []horizonSample{{10, 100, 0}}, false, 250, 3, 10, 0},
-		{"a sample stamped 0 after a timeline was seen is not", []horizonSample{{10, 100, 0}}, true, 250, 3, 0, 0},
+		{"before the first session nothing passes and every sample is kept", []horizonSample{{10, 100, 1}, {20, 200, 2}}, false, 250, 0, 0, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &confirmedRecorder{samples: append([]horizonSample(nil), tc.samples...), sawTimeline: tc.saw}
+			c := &confirmedRecorder{samples: append([]horizonSample(nil), tc.samples...)}
 			if got := c.passed(pglogrepl.LSN(tc.safe), tc.timeline); got != tc.want || len(c.samples) != tc.left {
 				t.Errorf("passed(%d, timeline %d) = %d with %d samples left, want %d with %d left", tc.safe, tc.timeline, got, len(c.samples), tc.want, tc.left)
 			}
 		})
+	}
+}
+
+// TestAHorizonIsRecordedOnlyFromSamplesOfTheStreamsTimeline: the recorder samples on a connection
+// of its own, from the start of a term, before the first session says which server the stream
+// reads. Samples taken on a server of another timeline than the stream's (the old primary,
+// before a failover the first session followed; a superseded primary still running) must never
+// become the recorded horizon: that server assigns ids the stream's does not know. They were
+// stamped with the tracker's timeline (0 before the first session, then adopted by it).
+func TestAHorizonIsRecordedOnlyFromSamplesOfTheStreamsTimeline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t)) // timeline 1
+	slot := testenv.UniqueName(t, "slot")
+	tracker := checkpoint.New(0)
+	r := &Relay{cfg: Config{Replication: replication.Config{DSN: dsn, Slot: slot, Schema: "public"}}, tracker: tracker, log: zaptest.NewLogger(t)}
+	c := r.newConfirmedRecorder()
+	defer c.close(ctx)
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	recorded := func() *string {
+		t.Helper()
+		var xmin *string
+		err := admin.QueryRow(ctx, "SELECT confirmed_xmin::text FROM outbox_relay_slots WHERE slot = $1", slot).Scan(&xmin)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		return xmin
+	}
+	far := pglogrepl.LSN(1 << 62) // past every sample's position
+
+	c.write(ctx) // before the first session: a sample of this server, on timeline 1
+	tracker.Reset(far, 2)
+	c.write(ctx) // the first session streams a server on timeline 2
+	if x := recorded(); x != nil {
+		t.Fatalf("a horizon sampled on timeline 1 was recorded (%s) for a stream on timeline 2", *x)
+	}
+	tracker.Reset(far, 1)
+	c.write(ctx) // the sample the last write took, on timeline 1, passes
+	if recorded() == nil {
+		t.Fatal("no horizon recorded from a sample of the stream's own timeline")
 	}
 }

@@ -9,6 +9,7 @@ package replication
 // nobody else drops its replacement, publishes the gap or records the recovery as ended meanwhile.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 )
 
@@ -180,6 +182,27 @@ func (s *Stream) lostSlot(ctx context.Context, conn *pgx.Conn, slot SlotInfo, st
 		lost.Since, lost.FromSlotCreation = st.SlotCreated, true
 	}
 	return &lost, nil
+}
+
+// refuseUnfinishedRecovery refuses, with on_slot_lost other than recover, to stream a slot while the
+// ledger records a recovery of its gap under way: the slot is then the replacement of a lost one
+// (or its remains) whose gap was not all published, and streaming it from its consistent point
+// would skip the rest of that gap without a word. A ledger that cannot say (none, not migrated,
+// not readable by the role) records no recovery.
+func (s *Stream) refuseUnfinishedRecovery(ctx context.Context, conn *pgx.Conn) error {
+	var since *time.Time
+	err := conn.QueryRow(ctx, fmt.Sprintf("SELECT recovery_since FROM %s WHERE slot = $1", s.ledger.Table()), s.cfg.Slot).Scan(&since)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "42501"):
+		return nil
+	case err != nil:
+		return fmt.Errorf("read the slot ledger %s: %w", s.ledger.Table(), err)
+	case since == nil:
+		return nil
+	}
+	return fatalf("slot %q replaced a lost slot whose gap (the outbox rows committed after %s) a recovery was publishing and did not finish (the slot ledger %s records it under way), and on_slot_lost is %s: streaming the slot would skip the rest of that gap. Set on_slot_lost: recover and start again to finish the recovery, or recover by hand: stop every instance, run outbox-relay forget-slot, and start once with backfill: true and backfill_since: a time before the oldest transaction open at %s",
+		s.cfg.Slot, since.UTC().Format(time.RFC3339), s.ledger.Table(), cmp.Or(s.cfg.OnSlotLost, SlotLostStop), since.UTC().Format(time.RFC3339))
 }
 
 // recover runs Config.Recover for the replacement slot just created, then records the recovery as

@@ -828,6 +828,11 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 		}
 		return slot, nil
 	}
+	if s.cfg.OnSlotLost != SlotLostRecover {
+		if err := s.refuseUnfinishedRecovery(ctx, conn); err != nil {
+			return SlotInfo{}, err
+		}
+	}
 	if err := checkSlot(slot, &s.cfg, database); err != nil {
 		return SlotInfo{}, err
 	}

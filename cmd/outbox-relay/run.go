@@ -350,8 +350,9 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 }
 
 // startPruning deletes relayed rows periodically. It runs on every instance, leader or not: the
-// WAL already holds every committed event, so deleting rows never affects delivery, and batches skip
-// rows another pruner has locked.
+// WAL already holds every committed event, so deleting rows does not affect streaming, and batches
+// skip rows another pruner has locked. What reads the table (polling, a lost slot's recovery) is
+// guarded: OnlyProcessed, and guardPrune's ledger bounds.
 func startPruning(ctx context.Context, cfg *config.Config, log *zap.Logger, m *metrics.Metrics) (stop func(), err error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.PGDSN)
 	if err != nil {
