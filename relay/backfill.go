@@ -107,11 +107,17 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 		// error naming the key, rather than a retried query error.
 		// pgconn's ExecParams is the extended protocol whatever the arguments (pgx's Exec falls
 		// back to the simple protocol, which runs several statements, when there are none).
-		check := fmt.Sprintf("SELECT 1 FROM %s WHERE (%s) LIMIT 0", t.name, b.Where)
+		// One statement is not yet one condition: "x) OR (true" closes the parenthesis and ORs
+		// away the conditions beside it, and a "--" comment swallows the rest of its line (the
+		// ORDER BY: per-aggregate order lost). So the filter stands on lines of its own, and must
+		// parse both inside ( ) and inside ARRAY[ ]: it is lexed alike in both, and a bracket it
+		// leaves unmatched to escape one is a syntax error in the other.
+		cond := "(\n" + b.Where + "\n)"
+		check := fmt.Sprintf("SELECT 1 FROM %s WHERE %s AND ARRAY[\n%s\n] IS NOT NULL LIMIT 0", t.name, cond, b.Where)
 		if _, err := tx.Conn().PgConn().ExecParams(ctx, check, nil, nil, nil, nil).Close(); err != nil {
 			return 0, replication.Fatal(fmt.Errorf("backfill_where %q is not one SQL condition on the outbox table %s (it runs alone, read-only, as WHERE (...)): %w; fix the key", b.Where, t.name, err))
 		}
-		q.where = append(q.where, "("+b.Where+")")
+		q.where = append(q.where, cond)
 	}
 	n, _, err := r.publishSelected(ctx, tx, t, q)
 	return n, err

@@ -256,6 +256,11 @@ func TestBackfillWhereIsOneConditionAndCannotLeaveTheReadOnlyTransaction(t *test
 			"false); COMMIT; DELETE FROM outbox_events; SELECT (1",
 			// The same, ending in a statement that succeeds (so its implicit transaction commits).
 			"false); COMMIT; DELETE FROM outbox_events; SELECT 1 FROM outbox_events WHERE (true",
+			// One statement still, but not one condition: it closes the parenthesis and ORs away
+			// the conditions beside it, or comments out the ORDER BY after it (per-aggregate
+			// order lost, silently).
+			"aggregate_id = 'agg-0') OR (true",
+			"true) -- the rest of the line is a comment",
 		} {
 			cfg := f.config()
 			cfg.Backfill = &relay.Backfill{Where: where}
