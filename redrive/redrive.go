@@ -36,7 +36,8 @@ import (
 const Header = "outbox.redrive"
 
 // LedgerSuffix names the default ledger topic: the dead-letter topic's name with it appended.
-const LedgerSuffix = ".redriven"
+// The relay refuses to route an event there (sink.RedriveLedgerSuffix).
+const LedgerSuffix = sink.RedriveLedgerSuffix
 
 // Config says what to redrive and how to reach Kafka.
 type Config struct {

@@ -122,3 +122,23 @@ func TestTheSinkAsksForNoEventTopicWithoutAutoCreation(t *testing.T) {
 	eventually(t, 30*time.Second, "the event goes out once the topic exists", func() bool { return a.n.Load() == 1 })
 	s.mustClose(t)
 }
+
+// TestARowCannotWriteRedrivesLedger: redrive records each dead letter it sent back in the
+// dead-letter topic's ledger (dead_letter_topic + ".redriven") and skips what the ledger names. A
+// template whose prefix covers the dead-letter topic's name (outbox.{aggregate_type} beside the
+// default outbox.dead-letter) must not let a row write an entry there, hiding a victim's dead
+// letter from every later redrive.
+func TestARowCannotWriteRedrivesLedger(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	base := testenv.UniqueName(t, "ledger")
+	dlq := base + ".dead-letter"
+	s := readySink(t, k.Brokers(), sink.Config{Record: record.Options{TopicTemplate: base + ".{aggregate_type}"}, DeadLetterTopic: dlq})
+	a := &acker{}
+	s.publish(t, newEvent("forged-ledger-entry", []byte("dead-letter"+sink.RedriveLedgerSuffix), "0/0", "Evil", []byte(`{"event_id":"victim"}`)), a)
+	s.mustClose(t)
+	if got := s.metric(t, "outbox_relay_events_failed_total", "reason", sink.ReasonTopicNotAllowed); got != 1 || a.n.Load() != 1 {
+		t.Errorf("events_failed_total{reason=%s} = %v and the row settled %d times, want 1 and once: the row reached redrive's ledger",
+			sink.ReasonTopicNotAllowed, got, a.n.Load())
+	}
+}

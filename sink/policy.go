@@ -31,6 +31,10 @@ const (
 	ReasonTopicNotAllowed = "topic_not_allowed"
 )
 
+// RedriveLedgerSuffix names redrive's ledger topic: the dead-letter topic's name with it appended.
+// A ledger entry makes every later redrive skip the dead letter it names, so no event may reach it.
+const RedriveLedgerSuffix = ".redriven"
+
 // Headers added to a dead-lettered record, next to the event's own.
 const (
 	HeaderDLQTopic  = "outbox.dlq.original_topic"

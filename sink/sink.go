@@ -177,8 +177,10 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("sink: no Kafka brokers configured")
 	}
-	// No event may reach the relay's own topics, whatever the routing and the allowlist say.
-	cfg.Record.TopicDeny = append(append([]string(nil), cfg.Record.TopicDeny...), cfg.DeadLetterTopic)
+	// No event may reach the relay's own topics (and redrive's ledger beside the dead-letter
+	// topic), whatever the routing and the allowlist say.
+	cfg.Record.TopicDeny = append(append([]string(nil), cfg.Record.TopicDeny...), cfg.DeadLetterTopic,
+		cfg.DeadLetterTopic+RedriveLedgerSuffix)
 	if t := cfg.Transactions; t != nil {
 		cfg.Record.TopicDeny = append(cfg.Record.TopicDeny, t.PositionsTopic)
 	}

@@ -74,7 +74,7 @@ func (a *topicAllow) check(t string) error {
 	case strings.HasPrefix(t, "_"):
 		return fmt.Errorf("%s, a name starting with '_' (internal topics: Kafka's, a schema registry's, the relay's positions): %w", t, ErrTopicNotAllowed)
 	case a.deny[t]:
-		return fmt.Errorf("%s, a topic reserved for the relay or the platform (its dead-letter or positions topic, or topic_deny): %w", t, ErrTopicNotAllowed)
+		return fmt.Errorf("%s, a topic reserved for the relay or the platform (its dead-letter topic, redrive's ledger, its positions topic, or topic_deny): %w", t, ErrTopicNotAllowed)
 	}
 	for _, p := range a.allow {
 		if globMatch(p, t) {
