@@ -412,8 +412,18 @@ var settings = []setting{
 			}
 			return nil
 		}},
-	{key: "topic_deny", group: GroupRouting, kind: kindList, def: "connect-configs,connect-offsets,connect-status", help: "topics no outbox row may reach whatever topic_allow says (Kafka Connect's and other platforms' internal topics); names starting with _ and the relay's dead_letter_topic and positions_topic are always refused",
-		apply: list(func(c *Config) *[]string { return &c.TopicDeny })},
+	{key: "topic_deny", group: GroupRouting, kind: kindList, def: "connect-configs,connect-offsets,connect-status", help: "topics no outbox row may reach whatever topic_allow says (Kafka Connect's and other platforms' internal topics), names or patterns where * stands for any characters; names starting with _ and the relay's dead_letter_topic (and redrive's ledger beside it) and positions_topic are always refused",
+		apply: func(c *Config, v string) error {
+			if err := list(func(c *Config) *[]string { return &c.TopicDeny })(c, v); err != nil {
+				return err
+			}
+			for _, p := range c.TopicDeny {
+				if err := record.CheckTopicPattern(p); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
 	{key: "tombstone_on_empty_payload", group: GroupRouting, kind: kindBool, def: "false", help: "a NULL, empty or blank payload gives a tombstone (a null value) even with envelope fields (Debezium's route.tombstone.on.empty.payload)",
 		apply: boolean(func(c *Config) *bool { return &c.TombstoneOnEmptyPayload })},
 	{key: "on_update", group: GroupOutbox, kind: choices("warn", "error", "fatal"), def: "warn", help: "what an UPDATE of the outbox table does, when the publication publishes UPDATEs: warn, error (logged at that level and skipped) or fatal (the relay stops before it); Debezium's table.op.invalid.behavior",

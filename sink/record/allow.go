@@ -3,6 +3,7 @@ package record
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -19,6 +20,9 @@ var ErrTopicNotAllowed = errors.New("a topic outbox rows may not reach (topic_al
 type topicAllow struct {
 	allow []string // patterns: * stands for any run of characters
 	deny  map[string]bool
+	// denyPatterns are the TopicDeny entries with a *: a name cannot hold one, so taken as a
+	// name such an entry would refuse nothing, silently.
+	denyPatterns []string
 }
 
 // DefaultTopicAllow is the allowlist the routing implies: the topic template's (or, with a topic
@@ -60,7 +64,14 @@ func newTopicAllow(o Options) (*topicAllow, error) {
 		}
 	}
 	for _, t := range o.TopicDeny {
-		a.deny[t] = true
+		if !strings.Contains(t, "*") {
+			a.deny[t] = true
+			continue
+		}
+		if err := CheckTopicPattern(t); err != nil {
+			return nil, fmt.Errorf("topic denylist: %w", err)
+		}
+		a.denyPatterns = append(a.denyPatterns, t)
 	}
 	return a, nil
 }
@@ -73,7 +84,7 @@ func (a *topicAllow) check(t string) error {
 	switch {
 	case strings.HasPrefix(t, "_"):
 		return fmt.Errorf("%s, a name starting with '_' (internal topics: Kafka's, a schema registry's, the relay's positions): %w", t, ErrTopicNotAllowed)
-	case a.deny[t]:
+	case a.deny[t] || slices.ContainsFunc(a.denyPatterns, func(p string) bool { return globMatch(p, t) }):
 		return fmt.Errorf("%s, a topic reserved for the relay or the platform (its dead-letter topic, redrive's ledger, its positions topic, or topic_deny): %w", t, ErrTopicNotAllowed)
 	}
 	for _, p := range a.allow {

@@ -21,6 +21,8 @@ func TestARowReachesOnlyTheTopicsTheAllowlistAllows(t *testing.T) {
 		{"the default template reaches its own prefix", Options{}, "Order", "outbox.event.Order"},
 		{"the default template never reaches a name starting with an underscore", Options{TopicTemplate: "{aggregate_type}", TopicAllow: []string{"*"}}, "_schemas", ""},
 		{"a denied topic is refused even where * allows everything", Options{TopicTemplate: "{aggregate_type}", TopicAllow: []string{"*"}, TopicDeny: []string{"connect-configs"}}, "connect-configs", ""},
+		{"a denied pattern is refused like a denied name", Options{TopicTemplate: "{aggregate_type}", TopicAllow: []string{"*"}, TopicDeny: []string{"connect-*"}}, "connect-cluster-configs", ""},
+		{"a denied pattern leaves other names alone", Options{TopicTemplate: "{aggregate_type}", TopicAllow: []string{"*"}, TopicDeny: []string{"connect-*"}}, "orders", "orders"},
 		{"a bare aggregate type template reaches an allowed pattern", bare, "orders.eu", "orders.eu"},
 		{"a bare aggregate type template reaches an allowed name", bare, "customers", "customers"},
 		{"a bare aggregate type template does not reach Kafka Connect's config topic", bare, "connect-configs", ""},
