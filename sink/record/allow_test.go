@@ -2,6 +2,7 @@ package record
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,5 +96,22 @@ func TestGlobMatch(t *testing.T) {
 		if got := globMatch(tt.pattern, tt.name); got != tt.want {
 			t.Errorf("globMatch(%q, %q) = %v, want %v", tt.pattern, tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestAnExtraHeaderCannotTakeTheDeadLetterPrefix: rows may not add outbox.dlq.* headers through
+// their headers column, and not through a column placed as a header under such an alias either
+// (redrive acts on outbox.dlq.partition, which the relay leaves out when it chose none).
+func TestAnExtraHeaderCannotTakeTheDeadLetterPrefix(t *testing.T) {
+	for _, o := range []Options{
+		{ExtraHeaders: []string{"outbox.dlq.partition"}},
+		{ExtraHeaders: []string{"shard", "outbox.dlq.reason"}, ExtraPlacement: []Placement{PlaceEnvelope, PlaceHeader}},
+	} {
+		if _, err := NewBuilder(o); err == nil || !strings.Contains(err.Error(), DeadLetterHeaderPrefix) {
+			t.Errorf("NewBuilder with extra headers %v: %v, want an error naming the prefix %s", o.ExtraHeaders, err, DeadLetterHeaderPrefix)
+		}
+	}
+	if _, err := NewBuilder(Options{ExtraHeaders: []string{"outbox.dlq.reason"}, ExtraPlacement: []Placement{PlaceEnvelope}}); err != nil {
+		t.Errorf("a column placed in the envelope under that name is no header: %v", err)
 	}
 }

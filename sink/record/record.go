@@ -129,6 +129,13 @@ func NewBuilder(o Options) (*Builder, error) {
 			b.nullHeaders[i] = p == PlaceHeaderOrNull
 		}
 	}
+	// A column placed as a header with such a name would let its rows speak for the relay in a
+	// dead letter, as a headers member may not (buildHeaders).
+	for _, h := range b.headers {
+		if strings.HasPrefix(h, DeadLetterHeaderPrefix) {
+			return nil, fmt.Errorf("extra header %q uses the prefix %s, which the relay's dead-letter headers own: give the column another alias", h, DeadLetterHeaderPrefix)
+		}
+	}
 	return b, nil
 }
 
