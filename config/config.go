@@ -861,6 +861,11 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 	if err := validTopicName(c.PositionsTopic); err != nil {
 		bad("positions_topic", "%v", err)
 	}
+	// A row chooses its dead letter's key and value, and can make its event fail at will (a
+	// refused topic, a malformed headers member): the dead-letter topic is written by rows too.
+	if record.ReservedTopic(c.DeadLetterTopic, c.TopicDeny) {
+		bad("dead_letter_topic", "%q starts with '_' or matches topic_deny: outbox rows choose what their dead letters hold, so it must be a topic they may write; choose another name", c.DeadLetterTopic)
+	}
 	if c.TopicRegex != "" && from("topic_template") != "default" && !strings.HasPrefix(from("topic_template"), "profile") {
 		bad("topic_regex", "and topic_template (from %s) both route: set one", from("topic_template"))
 	}

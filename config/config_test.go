@@ -246,6 +246,8 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 		{"a transaction interval under 10ms", "transaction_interval", "1ms", env},
 		{"a zero transaction size", "transaction_max_events", "0", flagged},
 		{"a positions topic with a slash", "positions_topic", "positions/a", env},
+		{"a dead-letter topic in topic_deny (a row's failed event would land in Kafka Connect's configuration)", "dead_letter_topic", "connect-configs", file},
+		{"a dead-letter topic starting with an underscore", "dead_letter_topic", "_schemas", env},
 		{"a transactional id with a trailing space", "transactional_id", "relay-1 ", flagged},
 		{"an unknown outbox shape", "outbox_shape", "queue", flagged},
 		{"an unknown payload encoding", "payload_encoding", "hex", env},

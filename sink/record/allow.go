@@ -95,6 +95,13 @@ func (a *topicAllow) check(t string) error {
 	return fmt.Errorf("%s, outside topic_allow %s: %w", t, strings.Join(a.allow, ","), ErrTopicNotAllowed)
 }
 
+// ReservedTopic reports whether t is a name no event may reach whatever the allowlist says: one
+// starting with '_' or matching an entry of deny (a name, or a pattern with *). The relay's own
+// dead-letter topic must not be one either: a row that fails on purpose would write there.
+func ReservedTopic(t string, deny []string) bool {
+	return strings.HasPrefix(t, "_") || slices.ContainsFunc(deny, func(p string) bool { return globMatch(p, t) })
+}
+
 // globMatch reports whether name matches pattern, where * stands for any run of characters
 // (possibly empty) and every other character for itself.
 func globMatch(pattern, name string) bool {
