@@ -394,7 +394,7 @@ var settings = []setting{
 		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema")},
 	{key: "topic_template", group: GroupRouting, kind: kindString, def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",
 		apply: str(func(c *Config) *string { return &c.TopicTemplate })},
-	{key: "topic_regex", group: GroupRouting, kind: kindString, help: "route by regular expression (Debezium's route.topic.regex, Go syntax) matched against the whole aggregate type: the topic is topic_replacement with its groups, or the aggregate type when it does not match; replaces topic_template",
+	{key: "topic_regex", group: GroupRouting, kind: kindString, help: "route by regular expression (Debezium's route.topic.regex, Go syntax) matched against the whole aggregate type: the topic is topic_replacement with its groups; an aggregate type it does not match is refused (reason topic_not_allowed) unless topic_regex_passthrough; replaces topic_template",
 		apply: str(func(c *Config) *string { return &c.TopicRegex })},
 	{key: "topic_replacement", group: GroupRouting, kind: kindString, def: "outbox.event.${routedByValue}", help: "the topic for topic_regex, with ${name} or $1 for its groups (Go's syntax: $$ for a dollar)",
 		apply: str(func(c *Config) *string { return &c.TopicReplacement })},
