@@ -33,7 +33,7 @@ import (
 )
 
 // Header marks a redriven record; its value is "true".
-const Header = "outbox.redrive"
+const Header = record.HeaderRedrive
 
 // LedgerSuffix names the default ledger topic: the dead-letter topic's name with it appended.
 // The relay refuses to route an event there (sink.RedriveLedgerSuffix).

@@ -24,7 +24,7 @@ import (
 )
 
 // Header marks a replayed record; its value is "true".
-const Header = "outbox.replay"
+const Header = record.HeaderReplay
 
 // SinkConfig returns the replay's sink configuration from the relay's, c: the replay header added
 // (Run hands the sink its value as the last extra column of every event; with placements, it is

@@ -217,6 +217,13 @@ const (
 // no event may carry one of its own.
 const DeadLetterHeaderPrefix = "outbox.dlq."
 
+// The marks the relay's commands put on a record they publish again; no event may carry one of its
+// own (a consumer would take it for a replayed or redriven record).
+const (
+	HeaderReplay  = "outbox.replay"  // replay.Header
+	HeaderRedrive = "outbox.redrive" // redrive.Header
+)
+
 // Placeholders a topic template may use.
 const (
 	placeholderAggregateType = "{aggregate_type}"
@@ -368,6 +375,9 @@ func buildHeaders(ev *decoder.Event, builtin, extra []string, keepNull []bool) (
 		// failed, which redrive acts on: a row may not speak for the relay.
 		if strings.HasPrefix(h.Key, DeadLetterHeaderPrefix) {
 			return nil, fmt.Errorf("headers member %q uses the prefix %s, which the relay's dead-letter headers own: rename the member", h.Key, DeadLetterHeaderPrefix)
+		}
+		if h.Key == HeaderReplay || h.Key == HeaderRedrive {
+			return nil, fmt.Errorf("headers member %q is the mark of a record the relay's %s command published again: rename the member", h.Key, strings.TrimPrefix(h.Key, "outbox."))
 		}
 		for _, mine := range hs[:own] {
 			if h.Key == mine.Key {
