@@ -272,6 +272,7 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 	var badAt *history.Read
 	var badMsg string
 	var badEvents []string
+	recovered := false // a repeat of this key was a lost slot's gap published again
 	for _, en := range es {
 		rd := &h.Reads[en.read]
 		if !split && (rd.Topic != first.Topic || rd.Partition != first.Partition) {
@@ -283,6 +284,13 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 		ei := en.ev
 		if c.seen[ei] {
 			r.duplicates[c.isolation]++
+			if r.inRecoveredGap(ei, rd.Appended) {
+				// A lost slot's gap, published again from the table: at least once under every
+				// delivery. Its last copies must still keep the key's order (checked below).
+				r.recovered[c.isolation]++
+				recovered = true
+				continue
+			}
 			if dupReported[ei] {
 				continue
 			}
@@ -347,6 +355,39 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 	}
 	if badAt != nil {
 		r.add(Violation{Rule: RuleOrder, At: badAt.Appended, Message: badMsg, Events: badEvents})
+	}
+	if recovered {
+		r.checkLastCopies(c, key, es)
+	}
+}
+
+// checkLastCopies requires a key's last copies in commit order, where a lost slot's gap was
+// published again: the gap is the suffix of the key's events from the gap's start, in insertion
+// order, so a consumer that keeps the last copy of each event ends in the right state. A gap
+// that missed an event already delivered (it started too late, or skipped one) leaves that
+// event's only copy before the later events' new ones.
+func (r *run) checkLastCopies(c *consumer, key string, es []entry) {
+	h := r.h
+	last := make(map[int32]bool)
+	var next *history.Read // the last copy of the event that follows in log order
+	nextPos := int32(-1)
+	for j := len(es) - 1; j >= 0; j-- {
+		ei := es[j].ev
+		pos := r.evs[ei].pos
+		if last[ei] || pos < 0 {
+			continue
+		}
+		last[ei] = true
+		rd := &h.Reads[es[j].read]
+		if next != nil && pos > nextPos {
+			r.reordered++
+			_, e := r.event(ei)
+			r.add(Violation{Rule: RuleOrder, At: next.Appended, Events: []string{e.ID, next.EventID},
+				Message: fmt.Sprintf("key %s: consumer %s's last copy of seq %d (event %s at %s) comes before the last copy of seq %d (event %s at %s), after a lost slot's gap was published again: the gap missed an event Kafka already held",
+					key, c.name, e.Seq, e.ID, where(rd), r.seqOf(next), next.EventID, where(next))})
+			return
+		}
+		next, nextPos = rd, pos
 	}
 }
 
