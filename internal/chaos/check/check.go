@@ -253,10 +253,10 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// noReplay are the fault kinds that cannot make a relay publish anything again: load, a big
-// transaction, a schema change and a neighbour starting change what is written, not what is
-// confirmed.
-var noReplay = map[string]bool{"other-load": true, "big-tx": true, "add-column": true, "neighbour": true}
+// noReplay are the fault kinds that are no replay: load, a big transaction, a schema change and a
+// neighbour starting change what is written, not what is confirmed; a lost slot's recovery
+// publishes its gap again, which inRecoveredGap judges by the gap's own bounds.
+var noReplay = map[string]bool{"other-load": true, "big-tx": true, "add-column": true, "neighbour": true, faultSlotLost: true}
 
 // replayLookback is how long before a fault an event's first copy may have been appended for a
 // copy after the fault to be its replay: what was handed to Kafka but not confirmed to the slot
