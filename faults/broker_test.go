@@ -76,6 +76,7 @@ func TestBrokerFaults(t *testing.T) {
 		{"rows of 10 MB while the broker is paused, max_in_flight_bytes 8 MiB: the rows read ahead of Kafka are bounded by bytes, RSS stays under its bound", testHugeRowsWithPausedBroker},
 		{"PostgreSQL 14 commits transactions without events as fast as it can while the broker is paused with an event in flight: RSS stays flat, nothing is lost, the slot then moves past them", testEmptyTransactionsWithPausedBroker},
 		{"slot loses its WAL while the broker is down: the relay exits with an actionable error and never recreates the slot", testSlotLostWhileBrokerDown},
+		{"slot dropped while a new start waits for the broker, on_slot_lost: recover: the relay recovers the gap instead of exiting", testSlotDroppedWhileANewStartWaitsForKafka},
 	} {
 		fb.heal(t)
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, fb) })

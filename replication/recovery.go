@@ -60,9 +60,10 @@ type LostSlot struct {
 	Created time.Time
 }
 
-// errSlotGone is a loss noticed while streaming, with on_slot_lost: recover. Not fatal: the next
-// session's checks find the slot lost and recover it.
-var errSlotGone = errors.New("the replication slot was lost while streaming; reconnecting to recover its gap from the outbox table (on_slot_lost: recover)")
+// errSlotGone is a loss noticed by the stream (while streaming, or by START_REPLICATION after the
+// session's checks had found the slot), with on_slot_lost: recover. Not fatal: the next session's
+// checks find the slot lost and recover it.
+var errSlotGone = errors.New("the replication slot is gone; reconnecting to recover its gap from the outbox table (on_slot_lost: recover)")
 
 // lostReason says why an existing slot can no longer be streamed, "" when it can.
 func lostReason(s SlotInfo) string {

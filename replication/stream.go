@@ -956,7 +956,10 @@ func (s *Stream) streamError(err error) error {
 			return fatalf("%s: publication %q was dropped while the relay was streaming, so outbox rows written since are not in the replication stream: recreate it (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)), republish the rows written meanwhile (backfill_since), and restart",
 				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize(), s.cfg.qualifiedTable())
 		}
-		if s.streamed.Load() && s.cfg.OnSlotLost == SlotLostRecover {
+		if s.cfg.OnSlotLost == SlotLostRecover {
+			// Also before this process streamed it: the session's checks found the slot, and it
+			// went while the session waited (for Kafka, say) before START_REPLICATION. The next
+			// session's checks decide from the slot ledger, as for any missing slot.
 			return fmt.Errorf("%w: %s", errSlotGone, pgErr.Message)
 		}
 		if s.streamed.Load() {

@@ -37,7 +37,7 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 	if keep := os.Getenv("CHAOS_KEEP"); keep != "" {
 		dir = keep
 	}
-	kinds := chaos.FaultKinds()
+	kinds := chaos.ShortKinds()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	res, err := chaos.Run(ctx, chaos.Options{

@@ -14,12 +14,17 @@ type Mode struct {
 	Delivery string         // history.AtLeastOnce or history.ExactlyOnce
 	Shape    workload.Shape // how the writers write events
 	Poll     bool           // source: poll (several pollers, no slot, no leader election)
+	// Recover: the relays run with on_slot_lost: recover when the slot-lost fault is drawn from,
+	// which loses the slot under them. Only an outbox table can be recovered from (a messages
+	// outbox's gap is stored nowhere but the WAL; poll has no slot); a partitioned one is left out
+	// while no fault test proves its recovery.
+	Recover bool
 }
 
 // Modes are every mode the nemesis knows, in the order `make chaos` runs them.
 var modes = []Mode{
-	{Name: "alo-table", Delivery: history.AtLeastOnce, Shape: workload.Table},
-	{Name: "eo-table", Delivery: history.ExactlyOnce, Shape: workload.Table},
+	{Name: "alo-table", Delivery: history.AtLeastOnce, Shape: workload.Table, Recover: true},
+	{Name: "eo-table", Delivery: history.ExactlyOnce, Shape: workload.Table, Recover: true},
 	{Name: "alo-partitioned", Delivery: history.AtLeastOnce, Shape: workload.PartitionedTable},
 	{Name: "eo-partitioned", Delivery: history.ExactlyOnce, Shape: workload.PartitionedTable},
 	{Name: "alo-messages", Delivery: history.AtLeastOnce, Shape: workload.Messages},

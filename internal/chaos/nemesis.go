@@ -35,10 +35,17 @@ const (
 	kindBigTx        = "big-tx"
 	kindAddColumn    = "add-column"
 	kindNeighbour    = "neighbour"
+	kindSlotLost     = "slot-lost"
 )
 
 // FaultKinds lists every kind the nemesis can apply.
 func FaultKinds() []string {
+	return append(ShortKinds(), kindSlotLost)
+}
+
+// ShortKinds lists the kinds of the short schedule make test runs: every kind but the lost slot,
+// whose recovery publishes a whole gap again and is left to the long runs of make chaos.
+func ShortKinds() []string {
 	return []string{kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth, kindBrokerStop,
 		kindBrokerPause, kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindOtherLoad,
 		kindBigTx, kindAddColumn, kindNeighbour}
@@ -58,7 +65,7 @@ func scopeOf(kind string) kindScope {
 	switch kind {
 	case kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth:
 		return scopeRelay
-	case kindBigTx, kindAddColumn, kindNeighbour, kindOtherLoad:
+	case kindBigTx, kindAddColumn, kindNeighbour, kindOtherLoad, kindSlotLost:
 		return scopeMode
 	}
 	return scopeCluster
@@ -84,12 +91,14 @@ type nemesis struct {
 // group is what two faults must not share at once: the broker, PostgreSQL (restarts, failovers,
 // and a neighbour's start, which creates a slot: one created while a failover waits for the
 // standby's copies is missed by that wait and lost at the promotion, which the relay rightly
-// refuses to paper over), a mode's big transaction or other load.
+// refuses to paper over), a mode's big transaction or other load. A lost slot's recovery counts
+// as PostgreSQL's too, until it has ended: a failover before the replacement slot's copy is
+// persisted would lose that slot as well, which is another fault than the one drawn.
 func group(kind, mode string) string {
 	switch kind {
 	case kindBrokerStop, kindBrokerPause:
 		return "broker"
-	case kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindNeighbour:
+	case kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindNeighbour, kindSlotLost:
 		return "postgres"
 	case kindBigTx, kindOtherLoad, kindAddColumn:
 		return kind + "/" + mode
@@ -219,6 +228,8 @@ func (n *nemesis) pick(kind string) (*fault, bool) {
 				return m.neighbour != nil && !m.neighbourStarted
 			case kindAddColumn:
 				return m.mode.Shape != workload.Messages && n.columns[m.mode.Name] < 3
+			case kindSlotLost:
+				return r.recovers(m.mode)
 			}
 			return true
 		})
@@ -494,6 +505,25 @@ func (n *nemesis) act(ctx context.Context, f *fault, rec *history.Fault, heal fu
 		return err
 	case kindNeighbour:
 		return r.startNeighbour(ctx, f.mode)
+	case kindSlotLost:
+		lost, err := c.LoseSlot(ctx, f.mode.db, f.mode.slot)
+		if errors.Is(err, cluster.ErrNoHorizon) {
+			return fmt.Errorf("%w: %v", errSkipped, err)
+		}
+		if err != nil {
+			return err
+		}
+		rec.Lost = lost
+		r.logf("fault #%d %s %s: slot %s dropped %s after the fault began", f.seq, f.kind, rec.Target, f.mode.slot, lost.Sub(rec.Start).Round(time.Millisecond))
+		// The fault lasts until the relays have recovered: the checker's window for the gap's
+		// second copies runs from its end.
+		heal(func(hctx context.Context) error {
+			rcv, err := c.WaitSlotRecovered(hctx, f.mode.db, f.mode.slot, lost)
+			if err == nil {
+				rec.Detail = fmt.Sprintf("recovered %d events by rule %s after %s", rcv.Events, rcv.Rule, rcv.At.Sub(lost).Round(100*time.Millisecond))
+			}
+			return err
+		})
 	}
 	return nil
 }

@@ -34,7 +34,7 @@ func TestParseModes(t *testing.T) {
 
 // testNemesis is a nemesis over modes whose relays are names only: drawing never starts anything.
 func testNemesis(seed uint64) *nemesis {
-	r := &runner{standby: true, lease: 7 * time.Second}
+	r := &runner{standby: true, lease: 7 * time.Second, opts: Options{Kinds: FaultKinds()}}
 	for _, m := range modes {
 		mr := &modeRun{mode: m}
 		for i := 1; i <= 2; i++ {

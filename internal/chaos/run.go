@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -507,7 +508,17 @@ func (r *runner) relayArgs(m Mode, slot string) []string {
 	if m.Delivery == history.ExactlyOnce {
 		args = append(args, "--delivery=exactly-once")
 	}
+	if r.recovers(m) {
+		args = append(args, "--on-slot-lost=recover")
+	}
 	return args
+}
+
+// recovers reports whether m's relays run with on_slot_lost: recover: when the slot-lost fault is
+// drawn from and m can recover (Mode.Recover). The horizon recorded in the slot ledger bounds the
+// gap (the xmin rule): no slot_recovery_margin, and no track_commit_timestamp, are needed.
+func (r *runner) recovers(m Mode) bool {
+	return m.Recover && slices.Contains(r.opts.Kinds, kindSlotLost)
 }
 
 func (r *runner) relayEnv(client, db string) []string {

@@ -84,11 +84,16 @@ type run struct {
 	consumers []*consumer
 	replay    []history.Fault // the faults that can make a relay publish again, by start
 	windows   []span          // per replay fault: from its lookback's start to its window's end
+	// recoveries are the slot-lost faults, by start; recoveryWindows, per recovery, from the
+	// oldest commit its gap may hold to the end of the window in which the gap is published.
+	recoveries      []history.Fault
+	recoveryWindows []span
 
 	vs []Violation
 
 	// counts for Summarize
 	duplicates      map[string]int // repeated deliveries by isolation
+	recovered       map[string]int // of duplicates: a lost slot's gap published again, by isolation
 	reordered       int            // first deliveries after a later Seq's
 	gaps            int            // exactly-once deliveries that skipped a committed event
 	committedEvents int
@@ -124,7 +129,7 @@ type readRef struct{ read, ev int32 }
 type span struct{ from, to time.Time }
 
 func newRun(h *history.History) *run {
-	r := &run{h: h, duplicates: make(map[string]int)}
+	r := &run{h: h, duplicates: make(map[string]int), recovered: make(map[string]int)}
 	var away []span
 	for _, f := range h.Faults {
 		if !noReplay[f.Kind] {
@@ -133,13 +138,64 @@ func newRun(h *history.History) *run {
 		if kafkaAway[f.Kind] {
 			away = append(away, span{f.Start, faultEnd(f)})
 		}
+		if f.Kind == faultSlotLost {
+			r.recoveries = append(r.recoveries, f)
+		}
 	}
 	slices.SortFunc(r.replay, func(a, b history.Fault) int { return a.Start.Compare(b.Start) })
+	slices.SortFunc(r.recoveries, func(a, b history.Fault) int { return a.Start.Compare(b.Start) })
 	clusters := awayClusters(away, replayLookback, h.Settings.ReplayWindow)
 	for _, f := range r.replay {
 		r.windows = append(r.windows, stretch(clusters, span{f.Start.Add(-replayLookback), faultEnd(f).Add(h.Settings.ReplayWindow)}))
 	}
+	for _, f := range r.recoveries {
+		r.recoveryWindows = append(r.recoveryWindows, stretch(clusters, span{f.Start.Add(-gapLookback), faultEnd(f).Add(h.Settings.ReplayWindow)}))
+	}
 	return r
+}
+
+// faultSlotLost is the fault kind that drops a mode's slot under its relays, which run with
+// on_slot_lost: recover: the relay publishes the gap again from the outbox table, at least once
+// even under exactly-once (docs/guarantees.md, "Lost slot, no lost events").
+const faultSlotLost = "slot-lost"
+
+// gapLookback is how long before a slot's loss a transaction of its gap may have committed: the
+// gap starts at the horizon recorded with the last acknowledged commit, which trails the relay by
+// the ledger's 5 s recording and the horizon's 5 s sampling, and by the oldest transaction
+// running when the horizon was sampled (a big transaction of 100,000 events runs for a minute
+// on a loaded machine). Time when Kafka was away stretches it, as it does a replay's.
+const gapLookback = 3 * time.Minute
+
+// recoveryCommitSlack is how long after the slot's drop a writer may note a commit that came
+// before it: the writer notes the acknowledgement a moment after the server's commit.
+const recoveryCommitSlack = 2 * time.Second
+
+// inRecoveredGap reports whether a repeat of event ei appended at again is the recovery of a lost
+// slot publishing its gap again: the repeat appended from the loss's start to the window after
+// its recovery ended, and the event's transaction committed before the slot was dropped and not
+// longer than gapLookback before the fault began. Nothing else: a repeat of an event committed
+// after the drop, or published again outside the window, is not the recovery's.
+func (r *run) inRecoveredGap(ei int32, again time.Time) bool {
+	t, _ := r.event(ei)
+	committed := t.End
+	if committed.IsZero() {
+		committed = t.Start
+	}
+	for i, f := range r.recoveries {
+		if f.Start.After(again) {
+			break
+		}
+		w := r.recoveryWindows[i]
+		lost := f.Lost
+		if lost.IsZero() {
+			lost = f.Start
+		}
+		if again.After(w.to) || committed.Before(w.from) || committed.After(lost.Add(recoveryCommitSlack)) {
+			continue
+		}
+		return true
+	}
+	return false
 }
 
 func faultEnd(f history.Fault) time.Time {
@@ -197,10 +253,10 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// noReplay are the fault kinds that cannot make a relay publish anything again: load, a big
-// transaction, a schema change and a neighbour starting change what is written, not what is
-// confirmed.
-var noReplay = map[string]bool{"other-load": true, "big-tx": true, "add-column": true, "neighbour": true}
+// noReplay are the fault kinds that are no replay: load, a big transaction, a schema change and a
+// neighbour starting change what is written, not what is confirmed; a lost slot's recovery
+// publishes its gap again, which inRecoveredGap judges by the gap's own bounds.
+var noReplay = map[string]bool{"other-load": true, "big-tx": true, "add-column": true, "neighbour": true, faultSlotLost: true}
 
 // replayLookback is how long before a fault an event's first copy may have been appended for a
 // copy after the fault to be its replay: what was handed to Kafka but not confirmed to the slot

@@ -272,7 +272,8 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 	var badAt *history.Read
 	var badMsg string
 	var badEvents []string
-	for _, en := range es {
+	var recovered []int // the places in es of repeats that were a lost slot's gap published again
+	for j, en := range es {
 		rd := &h.Reads[en.read]
 		if !split && (rd.Topic != first.Topic || rd.Partition != first.Partition) {
 			split = true
@@ -283,6 +284,18 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 		ei := en.ev
 		if c.seen[ei] {
 			r.duplicates[c.isolation]++
+			first := &h.Reads[c.first[ei]]
+			replay := !strict && r.explained(first.Appended, rd.Appended)
+			if r.inRecoveredGap(ei, rd.Appended) {
+				// A lost slot's gap, published again from the table: at least once under every
+				// delivery. Unless another fault's replay may have sent it, it must be the key's
+				// whole suffix from there (checked below).
+				r.recovered[c.isolation]++
+				if !replay {
+					recovered = append(recovered, j)
+				}
+				continue
+			}
 			if dupReported[ei] {
 				continue
 			}
@@ -291,7 +304,7 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 				r.add(Violation{Rule: RuleDuplicate, At: rd.Appended, Events: []string{rd.EventID},
 					Message: fmt.Sprintf("key %s: consumer %s (exactly-once, read_committed) read event %s (seq %d) again at %s",
 						key, c.name, rd.EventID, rd.Seq, where(rd))})
-			} else if first := &h.Reads[c.first[ei]]; !r.explained(first.Appended, rd.Appended) {
+			} else if !replay {
 				dupReported[ei] = true
 				r.add(Violation{Rule: RuleDuplicate, At: rd.Appended, Events: []string{rd.EventID},
 					Message: fmt.Sprintf("key %s: consumer %s (%s) read event %s (seq %d) again at %s (first at %s, %s earlier), not the replay of any fault",
@@ -347,6 +360,53 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 	}
 	if badAt != nil {
 		r.add(Violation{Rule: RuleOrder, At: badAt.Appended, Message: badMsg, Events: badEvents})
+	}
+	if len(recovered) > 0 {
+		r.checkGapSuffix(c, key, es, recovered)
+	}
+}
+
+// checkGapSuffix requires each copy a recovery published again to be followed by a copy of every
+// later event of the key that Kafka held before it: a recovery publishes the key's events from
+// the gap's start on, in insertion order, and then streams, so a consumer that keeps each event's
+// last copy ends in the right state. A gap that started too late or skipped an event leaves that
+// event's last copy before the gap's copy of an earlier one. (A zombie's or a replay's repeats
+// are other faults', and may come back older than what follows them: not checked here.)
+func (r *run) checkGapSuffix(c *consumer, key string, es []entry, recovered []int) {
+	h := r.h
+	list := r.committed[es[0].key]
+	last := make(map[int32]int, len(es)) // event -> place in es of its last copy
+	for j, en := range es {
+		last[en.ev] = j
+	}
+	// minAfter[p]: of the events after place p in commit order, the one whose last copy comes
+	// first (-1: none delivered).
+	minAfter := make([]int32, len(list))
+	best := int32(-1)
+	for p := len(list) - 1; p >= 0; p-- {
+		minAfter[p] = best
+		if j, ok := last[list[p]]; ok && (best < 0 || j < last[best]) {
+			best = list[p]
+		}
+	}
+	for _, j := range recovered {
+		ei := es[j].ev
+		pos := r.evs[ei].pos
+		if pos < 0 {
+			continue
+		}
+		later := minAfter[pos]
+		if later < 0 || last[later] > j {
+			continue
+		}
+		rd, lrd := &h.Reads[es[j].read], &h.Reads[es[last[later]].read]
+		_, e := r.event(ei)
+		_, le := r.event(later)
+		r.reordered++
+		r.add(Violation{Rule: RuleOrder, At: rd.Appended, Events: []string{e.ID, le.ID},
+			Message: fmt.Sprintf("key %s: consumer %s read seq %d (event %s) again at %s, published again by a lost slot's recovery, but the last copy of the later seq %d (event %s) came before it, at %s: the gap missed an event Kafka already held",
+				key, c.name, e.Seq, e.ID, where(rd), le.Seq, le.ID, where(lrd))})
+		return
 	}
 }
 

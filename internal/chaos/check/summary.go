@@ -28,8 +28,11 @@ type Summary struct {
 	// Duplicates counts repeated deliveries (an event id a consumer had already read), by the
 	// consumer's isolation.
 	Duplicates map[string]int
-	Reordered  int // first deliveries that came after a later Seq of their key
-	Gaps       int // exactly-once deliveries that skipped a committed event of their key
+	// Recovered counts, of Duplicates, the events of a lost slot's gap published again by its
+	// recovery, by isolation.
+	Recovered map[string]int
+	Reordered int // first deliveries that came after a later Seq of their key
+	Gaps      int // exactly-once deliveries that skipped a committed event of their key
 
 	Faults        map[string]int // faults by kind
 	LeaderChanges int            // times the relay reporting leadership changed
@@ -46,7 +49,7 @@ func Summarize(h *history.History) Summary {
 		Seed: h.Seed, Mode: h.Mode, Delivery: h.Settings.Delivery, Duration: h.End.Sub(h.Start),
 		Txns: make(map[history.Outcome]int), Faults: make(map[string]int),
 		Committed: r.committedEvents, Lost: r.lost,
-		Duplicates: r.duplicates, Reordered: r.reordered, Gaps: r.gaps,
+		Duplicates: r.duplicates, Recovered: r.recovered, Reordered: r.reordered, Gaps: r.gaps,
 		Violations: len(r.vs),
 	}
 	if len(r.consumers) > 0 {
@@ -117,6 +120,9 @@ func (s Summary) String() string {
 	row("events", "%d committed: %d delivered, %d lost, %d reordered, %d gaps; %d in doubt, %d vanished",
 		s.Committed, s.Delivered, s.Lost, s.Reordered, s.Gaps, s.InDoubt, s.Vanished)
 	row("duplicates", "%s", counts(s.Duplicates))
+	if len(s.Recovered) > 0 {
+		row("", "of them a lost slot's gap published again: %s", counts(s.Recovered))
+	}
 	row("faults", "%s", counts(s.Faults))
 	row("relays", "%d leader changes, max RSS %s, longest SIGTERM stop %v, %d not stopped",
 		s.LeaderChanges, mib(s.MaxRSS), s.LongestStop.Round(time.Millisecond), s.Unstopped)

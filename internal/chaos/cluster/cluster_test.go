@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
@@ -191,6 +193,71 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 			if !ports[c.Standby().Port()] || !ports[c.Primary().Port()] {
 				t.Fatalf("ports moved: primary %d, standby %d, want %v", c.Primary().Port(), c.Standby().Port(), ports)
 			}
+		}
+	})
+
+	t.Run("a slot is lost under its walsender once the ledger holds a horizon, and its recovery is waited for", func(t *testing.T) {
+		const slot = "lose_me"
+		for _, sql := range []string{
+			// The relay's ledger, as migrations 0002, 0007 and 0008 leave it, in the columns read.
+			`CREATE TABLE public.outbox_relay_slots (slot text PRIMARY KEY, confirmed_xmin xid8, recovery_since timestamptz,
+				recovered_at timestamptz, recovered_events bigint, recovered_rule text)`,
+			"INSERT INTO public.outbox_relay_slots (slot) VALUES ('" + slot + "')",
+			"CREATE PUBLICATION " + slot,
+			"SELECT pg_create_logical_replication_slot('" + slot + "', 'pgoutput')",
+		} {
+			if err := c.Primary().Exec(ctx, "chaos", sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+		repl, err := pgconn.Connect(ctx, c.Primary().DSN("chaos")+"&replication=database")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer repl.Close(context.Background())
+		if err := pglogrepl.StartReplication(ctx, repl, slot, 0, pglogrepl.StartReplicationOptions{
+			PluginArgs: []string{"proto_version '1'", "publication_names '" + slot + "'"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitStreaming(ctx, c.Primary(), slot); err != nil {
+			t.Fatal(err)
+		}
+
+		// Without a horizon a recovery would stop the relay: nothing is done.
+		if _, err := c.LoseSlot(ctx, "chaos", slot); !errors.Is(err, ErrNoHorizon) {
+			t.Fatalf("LoseSlot without a horizon: %v, want ErrNoHorizon", err)
+		}
+		if _, _, err := c.SlotSample(ctx, "chaos", slot); err != nil {
+			t.Fatalf("the slot after a refused LoseSlot: %v", err)
+		}
+		if err := c.Primary().Exec(ctx, "chaos", "UPDATE public.outbox_relay_slots SET confirmed_xmin = pg_current_xact_id(), recovered_at = now() - interval '1 hour', recovered_rule = 'xmin'"); err != nil {
+			t.Fatal(err)
+		}
+		before := time.Now()
+		lost, err := c.LoseSlot(ctx, "chaos", slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lost.Before(before) {
+			t.Errorf("LoseSlot says its drop began at %v, before it was called at %v", lost, before)
+		}
+		if _, _, err := c.SlotSample(ctx, "chaos", slot); !errors.Is(err, ErrNoSlot) {
+			t.Fatalf("the slot after LoseSlot: %v, want ErrNoSlot", err)
+		}
+
+		// The earlier recovery in the ledger is not this one.
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = c.WaitSlotRecovered(wctx, "chaos", slot, lost)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("WaitSlotRecovered before a recovery: %v, want the deadline", err)
+		}
+		if err := c.Primary().Exec(ctx, "chaos", "UPDATE public.outbox_relay_slots SET recovered_at = now(), recovered_events = 42"); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := c.WaitSlotRecovered(ctx, "chaos", slot, lost)
+		if err != nil || rec.Events != 42 || rec.Rule != "xmin" {
+			t.Fatalf("WaitSlotRecovered: %+v, %v; want 42 events by rule xmin", rec, err)
 		}
 	})
 

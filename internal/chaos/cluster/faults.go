@@ -329,3 +329,92 @@ func poll(ctx context.Context, interval time.Duration, check func(context.Contex
 		}
 	}
 }
+
+// ErrNoHorizon means LoseSlot found nothing that a recovery could bound the slot's gap by: no
+// horizon in the slot ledger yet (a relay records one seconds after it streams), or a recovery of
+// the slot still under way. Nothing was changed.
+var ErrNoHorizon = errors.New("the slot ledger records no horizon to recover from")
+
+// LoseSlot loses database's logical slot under the relay that streams it: it ends the slot's
+// walsender and drops the slot at once, in the moment before the relay reconnects; an attempt that
+// lost the race with the reconnection is made again from the termination, for 30 s at most. It
+// returns when the successful attempt began: what committed before may have been streamed, what
+// committed after is the gap's or the next slot's. It first requires the relay's slot ledger
+// (public.outbox_relay_slots) to hold a horizon and no recovery under way, else ErrNoHorizon.
+func (c *Cluster) LoseSlot(ctx context.Context, database, slot string) (time.Time, error) {
+	conn, err := pgx.Connect(ctx, c.Primary().DSN(database))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("cluster lose slot %s: %w", slot, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var ready bool
+	err = conn.QueryRow(ctx, `SELECT confirmed_xmin IS NOT NULL AND recovery_since IS NULL FROM public.outbox_relay_slots WHERE slot = $1`, slot).Scan(&ready)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("cluster lose slot %s: read the slot ledger: %w", slot, err)
+	}
+	if !ready {
+		return time.Time{}, fmt.Errorf("%w (slot %s)", ErrNoHorizon, slot)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var began time.Time
+	err = poll(dctx, 50*time.Millisecond, func(ctx context.Context) (bool, error) {
+		began = time.Now()
+		if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend(active_pid, 10000) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", slot); err != nil {
+			return false, fmt.Errorf("end the slot's walsender: %w", err)
+		}
+		if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+			return false, fmt.Errorf("drop the slot: %w", err)
+		}
+		return true, nil
+	})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("cluster lose slot %s: %w", slot, err)
+	}
+	return began, nil
+}
+
+// SlotRecovery is what the slot ledger says of a lost slot's recovery that ended.
+type SlotRecovery struct {
+	At     time.Time // when it ended
+	Events int64
+	Rule   string
+}
+
+// WaitSlotRecovered waits until the slot ledger of database records a recovery of slot that ended
+// after since, and returns it.
+func (c *Cluster) WaitSlotRecovered(ctx context.Context, database, slot string, since time.Time) (SlotRecovery, error) {
+	var rec SlotRecovery
+	err := poll(ctx, 500*time.Millisecond, func(ctx context.Context) (bool, error) {
+		conn, err := pgx.Connect(ctx, c.Primary().DSN(database))
+		if err != nil {
+			return false, err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		var at *time.Time
+		var events *int64
+		var rule *string
+		if err := conn.QueryRow(ctx, `SELECT recovered_at, recovered_events, recovered_rule FROM public.outbox_relay_slots
+			WHERE slot = $1 AND recovery_since IS NULL`, slot).Scan(&at, &events, &rule); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return false, err
+		}
+		if at == nil || at.Before(since) {
+			return false, nil
+		}
+		rec.At = *at
+		if events != nil {
+			rec.Events = *events
+		}
+		if rule != nil {
+			rec.Rule = *rule
+		}
+		return true, nil
+	})
+	if err != nil {
+		return rec, fmt.Errorf("cluster: no recovery of slot %s recorded in the slot ledger: %w", slot, err)
+	}
+	return rec, nil
+}

@@ -126,6 +126,9 @@ type Fault struct {
 	Start  time.Time `json:"start"`
 	End    time.Time `json:"end"` // equal to Start for instantaneous faults (kill -9)
 	Detail string    `json:"detail,omitempty"`
+	// Lost is when a slot-lost fault dropped the slot (after Start when the first attempts lost
+	// the race with the relay's reconnection): transactions committed after it are not its gap's.
+	Lost time.Time `json:"lost,omitempty"`
 }
 
 // RelaySample is what one scrape of a relay's metrics said.
