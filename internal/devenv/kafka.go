@@ -239,6 +239,12 @@ func (k *Kafka) create(ctx context.Context, partitions int, opts KafkaOptions) e
 	if err := k.writeLogConfig(opts.LogLevels); err != nil {
 		return fmt.Errorf("kafka log config: %w", err)
 	}
+	// log.dirs is a comma-separated list: a directory with a comma in its path would be split,
+	// and the broker would format and use a directory outside its own (one a previous run left
+	// behind fails the format with "Invalid cluster.id").
+	if strings.Contains(k.dir, ",") {
+		return fmt.Errorf("kafka: directory %q contains a comma, which log.dirs would split: use another", k.dir)
+	}
 	settings := map[string]string{
 		"process.roles":                       "broker,controller",
 		"node.id":                             strconv.Itoa(k.nodeID()),

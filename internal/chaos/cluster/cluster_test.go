@@ -294,7 +294,8 @@ func TestStartCancelledLeavesNothingRunning(t *testing.T) {
 		name string
 		when string // the log line's prefix after which ctx ends
 	}{
-		{"the primary is up, the standby and the broker not yet", "postgres "},
+		// No comma in a name: t.TempDir's path holds it, and Kafka's log.dirs would split it.
+		{"the primary is up and the standby and the broker not yet", "postgres "},
 		{"the broker is up", "kafka on "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
