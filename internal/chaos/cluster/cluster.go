@@ -165,7 +165,8 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		c.logf("kafka on %s started in %v", c.kafka.Brokers(), time.Since(start).Round(time.Millisecond))
 	})
 	wg.Wait()
-	if err := cmp.Or(pgErr, kafkaErr); err != nil {
+	// Both: the first failure cancels the other start, whose "context canceled" would hide it.
+	if err := errors.Join(pgErr, kafkaErr); err != nil {
 		return nil, err
 	}
 	// Both may have been up before ctx ended (the log hook may end it): a Start whose context
