@@ -53,16 +53,11 @@ const (
 func loseSlotWithGap(t *testing.T, d *db, brokers string, args ...string) (gap []harness.Written) {
 	t.Helper()
 	ctx := context.Background()
-	r := d.startRelay(brokers, args...)
-	r.waitSessions(1, 90*time.Second)
-	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
-		t.Fatal(err)
-	}
-	deliver(t, brokers, d.outbox.Written(), time.Minute, r)
-	r.Terminate()
-	if code, ok := r.Wait(time.Minute); !ok || code != 0 {
-		t.Fatalf("the relay did not stop cleanly (exit %d, exited %v):\n%s", code, ok, r.Output())
-	}
+	startStreamingThenStop(t, d, brokers, args, func() {
+		if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
+			t.Fatal(err)
+		}
+	})
 	before := len(d.outbox.Written())
 	for i := range gapEvents {
 		spec := harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("gap-%d", i%5), PadBytes: gapPad}

@@ -514,16 +514,11 @@ func slowGap(t *testing.T, args []string) (d *db, acknowledged int) {
 	ctx := context.Background()
 	d = newDB(t, testenv.SharedPostgres(t), 3)
 	brokers := testenv.SharedKafka(t).Brokers()
-	r := d.startRelay(brokers, args...)
-	r.waitSessions(1, 90*time.Second)
-	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
-		t.Fatal(err)
-	}
-	deliver(t, brokers, d.outbox.Written(), time.Minute, r)
-	r.Terminate()
-	if code, ok := r.Wait(time.Minute); !ok || code != 0 {
-		t.Fatalf("the relay did not stop cleanly (exit %d, exited %v):\n%s", code, ok, r.Output())
-	}
+	startStreamingThenStop(t, d, brokers, args, func() {
+		if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "before"}); err != nil {
+			t.Fatal(err)
+		}
+	})
 	acknowledged = len(d.outbox.Written())
 	for i := range 75 {
 		specs := make([]harness.Spec, 20)
