@@ -141,8 +141,8 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 
 // StartBroker formats and starts a broker-only node (process.roles=broker, node.id opts.NodeID,
 // 2 by default) that joins k's cluster: k's controller quorum, k's cluster id. Its internal topics'
-// settings are k's (replication factor 1), so a partition whose only replica is on one node has no
-// leader while that node is stopped. opts.ControllerPort and opts.SCRAMUsers are refused (SCRAM
+// settings are k's (replication factor 1 unless opts.Settings name others), so a partition whose
+// only replica is on one node has no leader while that node is stopped. opts.ControllerPort and opts.SCRAMUsers are refused (SCRAM
 // credentials live in the cluster's metadata: give them to StartKafka). Close the brokers before
 // k: a broker's controlled shutdown asks k's controller.
 func (k *Kafka) StartBroker(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
@@ -575,7 +575,8 @@ func (k *Kafka) Close(ctx context.Context) error {
 	return k.close(func() error { return k.Stop(ctx) })
 }
 
-// CreateTopic creates a topic (replication factor 1) and waits until every partition has a
+// CreateTopic creates a topic (the broker's default.replication.factor: 1 unless Settings name
+// another) and waits until every partition has a
 // leader, so producing right away does not hit LEADER_NOT_AVAILABLE.
 func (k *Kafka) CreateTopic(ctx context.Context, name string, partitions int) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -583,7 +584,7 @@ func (k *Kafka) CreateTopic(ctx context.Context, name string, partitions int) er
 	// kafka.Client sends CreateTopics to the controller the metadata names.
 	client := &kafka.Client{Addr: kafka.TCP(k.Brokers())}
 	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{
-		Topics: []kafka.TopicConfig{{Topic: name, NumPartitions: partitions, ReplicationFactor: 1}}})
+		Topics: []kafka.TopicConfig{{Topic: name, NumPartitions: partitions, ReplicationFactor: -1}}})
 	if err == nil {
 		err = resp.Errors[name]
 	}

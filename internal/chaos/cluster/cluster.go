@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +41,11 @@ type Options struct {
 	Clients []string
 	// KafkaSettings are extra server.properties entries.
 	KafkaSettings map[string]string
+	// Brokers is how many Kafka brokers run: 1 (the default) or 3. With three, as production runs
+	// Kafka, node 1 is a broker and the cluster's KRaft controller, nodes 2 and 3 are brokers only
+	// (devenv's StartBroker); every topic, the internal ones too, has three replicas and
+	// min.insync.replicas 2, and each client has a path of its own to every broker.
+	Brokers int
 	// Log, when set, receives a line for every server started and every fault's steps.
 	Log func(format string, args ...any)
 }
@@ -63,7 +69,8 @@ type Cluster struct {
 	dir     string
 	ownDir  bool // dir is a temp dir of ours: Close removes it
 	ports   []int
-	kafka   *devenv.Kafka
+	kafka   *devenv.Kafka     // node 1: a broker, and the KRaft controller
+	brokers []*devenv.Kafka   // node i+1 at i, kafka first; fixed after Start
 	clients map[string]*paths // fixed after Start
 	// readyTimeout is Failover's wait for the standby; defaultReadyTimeout but in tests.
 	readyTimeout time.Duration
@@ -82,10 +89,10 @@ type Cluster struct {
 }
 
 // paths is one client's network path: a proxy per PostgreSQL port (in the order of Cluster.ports)
-// and one to its own Kafka listener.
+// and one per broker (in the order of Cluster.brokers) to its own listener there.
 type paths struct {
 	pg    []*proxy
-	kafka *proxy
+	kafka []*proxy
 }
 
 var clientName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
@@ -94,6 +101,10 @@ var clientName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 // what it started.
 func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	o.PGVersion = cmp.Or(o.PGVersion, devenv.NewestPGVersion)
+	o.Brokers = cmp.Or(o.Brokers, 1)
+	if o.Brokers != 1 && o.Brokers != 3 {
+		return nil, fmt.Errorf("cluster: %d Kafka brokers: want 1 or 3", o.Brokers)
+	}
 	if v, _ := strconv.Atoi(o.PGVersion); o.Standby && v < 17 {
 		return nil, fmt.Errorf("cluster: a standby that synchronises failover slots needs PostgreSQL 17 or later, not %s", o.PGVersion)
 	}
@@ -113,8 +124,8 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}()
 
 	// The proxies listen first: the broker advertises their addresses.
-	listeners := make(map[string]string) // Kafka listener name -> client
-	var plain []devenv.KafkaListener
+	listeners := make(map[string]string)               // Kafka listener name -> client
+	plain := make([][]devenv.KafkaListener, o.Brokers) // per broker
 	pgPorts := 1
 	if o.Standby {
 		pgPorts = 2
@@ -130,8 +141,13 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		listeners[listener] = name
 		p := &paths{}
 		c.clients[name] = p
-		if p.kafka, err = listen(); err != nil {
-			return nil, fmt.Errorf("cluster: proxy for %s: %w", name, err)
+		for b := range o.Brokers {
+			kp, err := listen()
+			if err != nil {
+				return nil, fmt.Errorf("cluster: proxy for %s: %w", name, err)
+			}
+			p.kafka = append(p.kafka, kp)
+			plain[b] = append(plain[b], devenv.KafkaListener{Name: listener, Advertised: kp.Addr()})
 		}
 		for range pgPorts {
 			pp, err := listen()
@@ -140,7 +156,6 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 			}
 			p.pg = append(p.pg, pp)
 		}
-		plain = append(plain, devenv.KafkaListener{Name: listener, Advertised: p.kafka.Addr()})
 	}
 
 	// PostgreSQL and Kafka start side by side (the JVM is the long pole); the first failure
@@ -155,14 +170,9 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		}
 	})
 	wg.Go(func() {
-		start := time.Now()
-		c.kafka, kafkaErr = devenv.StartKafka(sctx, devenv.KafkaOptions{Dir: filepath.Join(c.dir, "kafka"),
-			PlaintextListeners: plain, Settings: o.KafkaSettings})
-		if kafkaErr != nil {
+		if kafkaErr = c.startKafka(sctx, plain); kafkaErr != nil {
 			cancel()
-			return
 		}
-		c.logf("kafka on %s started in %v", c.kafka.Brokers(), time.Since(start).Round(time.Millisecond))
 	})
 	wg.Wait()
 	// Both: the first failure cancels the other start, whose "context canceled" would hide it.
@@ -176,7 +186,9 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	for listener, name := range listeners {
 		p := c.clients[name]
-		p.kafka.serve(c.kafka.ListenerAddr(listener))
+		for b, kp := range p.kafka {
+			kp.serve(c.brokers[b].ListenerAddr(listener))
+		}
 		for i, pp := range p.pg {
 			pp.serve("127.0.0.1:" + strconv.Itoa(c.ports[i]))
 		}
@@ -245,12 +257,12 @@ func (c *Cluster) Close(ctx context.Context) error {
 			keepLog(s.Logs(), filepath.Join(c.dir, filepath.Base(s.Dir())+".log"))
 		}
 	}
-	if c.kafka != nil {
-		keepLog(c.kafka.Logs(), filepath.Join(c.dir, "kafka.log"))
+	for i, k := range c.brokers {
+		keepLog(k.Logs(), filepath.Join(c.dir, brokerDir(i+1)+".log"))
 	}
 	var errs []error
 	for _, p := range c.clients {
-		for _, pp := range append(p.pg, p.kafka) {
+		for _, pp := range append(slices.Clone(p.pg), p.kafka...) {
 			if pp != nil {
 				errs = append(errs, pp.Close())
 			}
@@ -261,8 +273,9 @@ func (c *Cluster) Close(ctx context.Context) error {
 			errs = append(errs, s.Close(ctx))
 		}
 	}
-	if c.kafka != nil {
-		errs = append(errs, c.kafka.Close(ctx))
+	// The brokers before node 1: a broker's controlled shutdown asks node 1's controller.
+	for i := len(c.brokers) - 1; i >= 0; i-- {
+		errs = append(errs, c.brokers[i].Close(ctx))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cluster close: %w", err)
@@ -300,15 +313,30 @@ func dsn(hosts []string, database string) string {
 	return u.String()
 }
 
-// Brokers returns the broker's own bootstrap address, for consumers and admin clients.
-func (c *Cluster) Brokers() string { return c.kafka.Brokers() }
+// Brokers returns the brokers' own bootstrap addresses, comma-separated, for consumers and admin
+// clients.
+func (c *Cluster) Brokers() string {
+	addrs := make([]string, len(c.brokers))
+	for i, k := range c.brokers {
+		addrs[i] = k.Brokers()
+	}
+	return strings.Join(addrs, ",")
+}
 
-// Kafka returns the broker, for its admin helpers (CreateTopic).
+// Kafka returns node 1, a broker and the controller, for its admin helpers (CreateTopic).
 func (c *Cluster) Kafka() *devenv.Kafka { return c.kafka }
 
-// ClientBrokers returns the bootstrap address of client's own Kafka path: a proxy in front of a
-// listener that advertises that proxy, so that metadata, produce and fetch all cross it.
-func (c *Cluster) ClientBrokers(client string) string { return c.paths(client).kafka.Addr() }
+// ClientBrokers returns the bootstrap addresses, comma-separated, of client's own Kafka path: a
+// proxy per broker in front of a listener that advertises that proxy, so that metadata, produce
+// and fetch all cross them.
+func (c *Cluster) ClientBrokers(client string) string {
+	p := c.paths(client)
+	addrs := make([]string, len(p.kafka))
+	for i, kp := range p.kafka {
+		addrs[i] = kp.Addr()
+	}
+	return strings.Join(addrs, ",")
+}
 
 // paths returns client's network path; a name not in Options.Clients is a bug of the caller.
 func (c *Cluster) paths(client string) *paths {

@@ -7,6 +7,7 @@ import (
 
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -22,14 +23,14 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// One cluster with a standby and two clients goes through every fault and its heal, two failovers
-// in a row, and a Close that leaves no server of its own running.
+// One cluster with a standby, three brokers and two clients goes through every fault and its heal,
+// two failovers in a row, and a Close that leaves no server of its own running.
 func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
 	start := time.Now()
-	c, err := Start(ctx, Options{Dir: dir, Standby: true, Clients: []string{"r1", "r2"}, Log: t.Logf})
+	c, err := Start(ctx, Options{Dir: dir, Standby: true, Brokers: 3, Clients: []string{"r1", "r2"}, Log: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,18 +72,20 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 	t.Run("a cut Kafka path hangs metadata, produce and fetch, and heals", func(t *testing.T) {
 		roundTrip(ctx, t, c.ClientBrokers("r1"), "before")
 		c.CutKafka("r1")
-		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := kafka.DialLeader(dctx, "tcp", c.ClientBrokers("r1"), "chaos", 0)
-		dcancel()
-		if err == nil {
-			t.Fatal("dialled the leader through a cut path")
+		for _, addr := range strings.Split(c.ClientBrokers("r1"), ",") {
+			dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := kafka.DialLeader(dctx, "tcp", addr, "chaos", 0)
+			dcancel()
+			if err == nil {
+				t.Fatalf("dialled the leader through the cut path %s", addr)
+			}
 		}
 		roundTrip(ctx, t, c.ClientBrokers("r2"), "r2 during r1's cut")
 		c.HealKafka("r1")
 		roundTrip(ctx, t, c.ClientBrokers("r1"), "after")
 	})
 
-	t.Run("the broker stops and starts, pauses and resumes", func(t *testing.T) {
+	t.Run("node 1 stops and starts, pauses and resumes", func(t *testing.T) {
 		start := time.Now()
 		if err := c.StopBroker(ctx); err != nil {
 			t.Fatal(err)
@@ -99,10 +102,10 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 			t.Fatal(err)
 		}
 		dctx, dcancel := context.WithTimeout(ctx, time.Second)
-		_, err := kafka.DialLeader(dctx, "tcp", c.Brokers(), "chaos", 0)
+		_, err := kafka.DialLeader(dctx, "tcp", c.Kafka().Brokers(), "chaos", 0)
 		dcancel()
 		if err == nil {
-			for _, pid := range processesUnder(dir) {
+			for _, pid := range processesUnder(c.Kafka().Dir()) {
 				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 				t.Logf("%d: %.80s", pid, b) // the state: T when stopped
 			}
@@ -113,6 +116,7 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 		}
 		roundTrip(ctx, t, c.Brokers(), "after the pause")
 	})
+	brokerFaults(ctx, t, c)
 
 	t.Run("PostgreSQL restarts fast and immediately, and the standby streams again", func(t *testing.T) {
 		for _, immediate := range []bool{false, true} {
@@ -357,16 +361,22 @@ func connectQuery(ctx context.Context, dsn string, timeout time.Duration) error 
 	return query(ctx, conn, timeout)
 }
 
-// roundTrip produces a record through brokers and fetches it back from the partition leader the
-// metadata names, which must be brokers itself (the client's proxy, or the broker).
+// roundTrip produces a record through brokers (comma-separated) and fetches it back from the
+// partition leader the metadata names, which must be one of brokers itself (the client's proxies,
+// or the brokers).
 func roundTrip(ctx context.Context, t *testing.T, brokers, value string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var conn *kafka.Conn
 	var err error
-	for conn == nil {
-		if conn, err = kafka.DialLeader(ctx, "tcp", brokers, "chaos", 0); err != nil {
+	addrs := strings.Split(brokers, ",")
+	for i := 0; conn == nil; i++ {
+		// Through each bootstrap address in turn: one may be a stopped broker's.
+		dctx, dcancel := context.WithTimeout(ctx, 3*time.Second)
+		conn, err = kafka.DialLeader(dctx, "tcp", addrs[i%len(addrs)], "chaos", 0)
+		dcancel()
+		if err != nil {
 			if ctx.Err() != nil {
 				t.Fatalf("dial leader through %s: %v", brokers, err)
 			}
@@ -374,8 +384,8 @@ func roundTrip(ctx context.Context, t *testing.T, brokers, value string) {
 		}
 	}
 	defer conn.Close()
-	if conn.RemoteAddr().String() != brokers {
-		t.Fatalf("the leader is %s, want %s", conn.RemoteAddr(), brokers)
+	if !slices.Contains(addrs, conn.RemoteAddr().String()) {
+		t.Fatalf("the leader is %s, want one of %s", conn.RemoteAddr(), brokers)
 	}
 	deadline, _ := ctx.Deadline()
 	_ = conn.SetDeadline(deadline)

@@ -30,22 +30,30 @@ func (c *Cluster) HealPostgres(client string) {
 	}
 }
 
-// CutKafka partitions client from the broker as CutPostgres does from PostgreSQL.
-func (c *Cluster) CutKafka(client string) { c.paths(client).kafka.Cut() }
+// CutKafka partitions client from every broker as CutPostgres does from PostgreSQL.
+func (c *Cluster) CutKafka(client string) {
+	for _, p := range c.paths(client).kafka {
+		p.Cut()
+	}
+}
 
 // HealKafka ends CutKafka.
-func (c *Cluster) HealKafka(client string) { c.paths(client).kafka.Heal() }
+func (c *Cluster) HealKafka(client string) {
+	for _, p := range c.paths(client).kafka {
+		p.Heal()
+	}
+}
 
-// StopBroker stops the broker (SIGTERM: a controlled shutdown; SIGKILL after 30s).
+// StopBroker stops node 1 (SIGTERM: a controlled shutdown; SIGKILL after 30s).
 func (c *Cluster) StopBroker(ctx context.Context) error { return c.kafka.Stop(ctx) }
 
-// StartBroker starts the stopped broker on the same ports and data and waits until it serves.
+// StartBroker starts the stopped node 1 on the same ports and data and waits until it serves.
 func (c *Cluster) StartBroker(ctx context.Context) error { return c.kafka.Start(ctx) }
 
-// PauseBroker freezes the broker (SIGSTOP): connections are accepted, nothing answers.
+// PauseBroker freezes node 1 (SIGSTOP): connections are accepted, nothing answers.
 func (c *Cluster) PauseBroker() error { return c.kafka.Pause() }
 
-// ResumeBroker continues a paused broker (SIGCONT).
+// ResumeBroker continues a paused node 1 (SIGCONT).
 func (c *Cluster) ResumeBroker() error { return c.kafka.Resume() }
 
 // RestartPostgres restarts the primary as pg_ctl restart -m fast (immediate false) or -m

@@ -326,7 +326,8 @@ func CreateTopics(ctx context.Context, brokers string, topics []string, partitio
 	client := &kafka.Client{Addr: kafka.TCP(strings.Split(brokers, ",")...), Timeout: 30 * time.Second}
 	req := &kafka.CreateTopicsRequest{}
 	for _, t := range topics {
-		req.Topics = append(req.Topics, kafka.TopicConfig{Topic: t, NumPartitions: partitions, ReplicationFactor: 1,
+		// The brokers' default.replication.factor: 3 with three brokers.
+		req.Topics = append(req.Topics, kafka.TopicConfig{Topic: t, NumPartitions: partitions, ReplicationFactor: -1,
 			ConfigEntries: []kafka.ConfigEntry{{ConfigName: "message.timestamp.type", ConfigValue: "LogAppendTime"}}})
 	}
 	resp, err := client.CreateTopics(ctx, req)
