@@ -61,13 +61,13 @@ test-faults: tools kafka-lib pg-lib
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -v ./faults/
 
 # The nemesis (internal/chaos, docs/guarantees.md "The nemesis"): every mode side by side on a
-# PostgreSQL primary with a standby, one Kafka broker and three relays per mode, under overlapping
-# faults drawn from SEED for DURATION; it checks the history and writes an HTML report per mode
-# under .local/chaos/. SEED=42 DURATION=30m MODE=eo-table,alo-messages make chaos; KINDS narrows
-# the fault kinds. Exit 1 when a rule was broken (the seed reproduces it).
+# PostgreSQL primary with a standby, one Kafka broker (BROKERS=3: three, replicated) and three
+# relays per mode, under overlapping faults drawn from SEED for DURATION; it checks the history and
+# writes an HTML report per mode under .local/chaos/. SEED=42 DURATION=30m MODE=eo-table,alo-messages
+# make chaos; KINDS narrows the fault kinds. Exit 1 when a rule was broken (the seed reproduces it).
 .PHONY: chaos
 chaos: tools kafka-lib pg-lib
-	SEED='$(SEED)' DURATION='$(DURATION)' MODE='$(MODE)' KINDS='$(KINDS)' PG_VERSION='$(PG_VERSION)' DRAIN='$(DRAIN)' $(GO) run ./internal/cmd/chaos
+	SEED='$(SEED)' DURATION='$(DURATION)' MODE='$(MODE)' KINDS='$(KINDS)' PG_VERSION='$(PG_VERSION)' DRAIN='$(DRAIN)' BROKERS='$(BROKERS)' $(GO) run ./internal/cmd/chaos
 
 # The relay's records against Debezium's own (Kafka Connect with the PostgreSQL connector and the
 # outbox event router, jars from bench/debezium-lib.sh) for the router options it supports

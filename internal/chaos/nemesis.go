@@ -48,7 +48,7 @@ func FaultKinds() []string {
 func ShortKinds() []string {
 	return []string{kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth, kindBrokerStop,
 		kindBrokerPause, kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindOtherLoad,
-		kindBigTx, kindAddColumn, kindNeighbour}
+		kindBigTx, kindAddColumn, kindNeighbour, kindBrokerKill, kindLeaderChange, kindCoordinatorMove, kindISRShrink}
 }
 
 // kindScope says what a kind targets: a relay of a mode, a mode (its writers, its table), or the
@@ -96,7 +96,7 @@ type nemesis struct {
 // persisted would lose that slot as well, which is another fault than the one drawn.
 func group(kind, mode string) string {
 	switch kind {
-	case kindBrokerStop, kindBrokerPause:
+	case kindBrokerStop, kindBrokerPause, kindBrokerKill, kindLeaderChange, kindCoordinatorMove, kindISRShrink:
 		return "broker"
 	case kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindNeighbour, kindSlotLost:
 		return "postgres"
@@ -191,6 +191,7 @@ type fault struct {
 	events int // of a big transaction
 	group  string
 	seq    int
+	node   int // the broker a broker-stop, -pause or -kill targets
 }
 
 // pick draws a target and a duration for kind, if the kind can apply now.
@@ -253,6 +254,7 @@ func (n *nemesis) pick(kind string) (*fault, bool) {
 		return nil, false
 	}
 	f.d, f.detail = n.duration(kind)
+	f.node = n.brokerNode(kind)
 	if kind == kindBigTx {
 		f.events = 20_000 + n.rng.IntN(80_000)
 		if r.opts.Short {
@@ -312,6 +314,8 @@ func (n *nemesis) duration(kind string) (time.Duration, string) {
 		return between(time.Second, 15*time.Second), ""
 	case kindOtherLoad:
 		return between(5*time.Second, 30*time.Second), ""
+	case kindBrokerKill, kindCoordinatorMove, kindISRShrink:
+		return n.brokerDuration(between), ""
 	}
 	return 0, ""
 }
@@ -370,7 +374,7 @@ func detailSuffix(f *fault) string {
 
 func targetOf(kind string) string {
 	switch kind {
-	case kindBrokerStop, kindBrokerPause:
+	case kindBrokerStop, kindBrokerPause, kindBrokerKill, kindLeaderChange, kindCoordinatorMove, kindISRShrink:
 		return "broker"
 	}
 	return "postgres"
@@ -432,19 +436,8 @@ func (n *nemesis) act(ctx context.Context, f *fault, rec *history.Fault, heal fu
 			}
 			return nil
 		})
-	case kindBrokerStop:
-		if err := c.StopBroker(ctx); err != nil {
-			heal(c.StartBroker)
-			return err
-		}
-		sleep(ctx, f.d)
-		heal(c.StartBroker)
-	case kindBrokerPause:
-		if err := c.PauseBroker(); err != nil {
-			return err
-		}
-		sleep(ctx, f.d)
-		heal(func(context.Context) error { return c.ResumeBroker() })
+	case kindBrokerStop, kindBrokerPause, kindBrokerKill, kindLeaderChange, kindCoordinatorMove, kindISRShrink:
+		return n.brokerFault(ctx, f, rec, heal)
 	case kindPGRestart, kindPGImmediate:
 		var err error
 		heal(func(hctx context.Context) error {

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -125,5 +126,42 @@ func TestExclusiveFaultsDoNotOverlap(t *testing.T) {
 	}
 	if relays := len(relays); relays != 2*len(modes) {
 		t.Errorf("%d relays under faults once every one was drawn, want %d (two per mode)", relays, 2*len(modes))
+	}
+}
+
+// The three-broker kinds are not drawn with one broker; with three, a stop or a pause targets any
+// broker and a kill never node 1, the only controller.
+func TestBrokerFaultsTargetABrokerAndNeverKillTheController(t *testing.T) {
+	if got := brokerKinds(FaultKinds(), 1); slices.ContainsFunc(got, func(k string) bool { return slices.Contains(threeBrokerKinds, k) }) ||
+		!slices.Contains(got, kindBrokerStop) || !slices.Contains(got, kindBrokerPause) {
+		t.Errorf("kinds with one broker: %v, want broker-stop and broker-pause and none of %v", got, threeBrokerKinds)
+	}
+	if got := brokerKinds(FaultKinds(), 3); !slices.Equal(got, FaultKinds()) {
+		t.Errorf("kinds with three brokers: %v, want every kind", got)
+	}
+	for _, tc := range []struct {
+		name    string
+		brokers int
+		kind    string
+		want    []int // every node drawn, sorted
+	}{
+		{"with one broker a stop targets it", 1, kindBrokerStop, []int{1}},
+		{"with three brokers a stop targets any of them", 3, kindBrokerStop, []int{1, 2, 3}},
+		{"with three brokers a pause targets any of them", 3, kindBrokerPause, []int{1, 2, 3}},
+		{"with three brokers a kill never targets the controller", 3, kindBrokerKill, []int{2, 3}},
+		{"a coordinator's move reads its target when applied", 3, kindCoordinatorMove, []int{0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := testNemesis(7)
+			n.run.opts.Brokers = tc.brokers
+			seen := map[int]bool{}
+			for range 100 {
+				seen[n.brokerNode(tc.kind)] = true
+			}
+			got := slices.Sorted(maps.Keys(seen))
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("nodes drawn: %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -37,11 +37,15 @@ type Options struct {
 	RelayBin string        // the outbox-relay binary (required)
 	// PGVersion of the cluster: "18" by default; failovers need 17 or later.
 	PGVersion string
-	Relays    int           // relay processes per mode; 3
-	Writers   int           // writers per mode; 3
-	Rate      float64       // transactions per second per writer; 10
-	Kinds     []string      // fault kinds to draw from; all (FaultKinds)
-	Mean      time.Duration // mean time between fault starts; 4s
+	Relays    int // relay processes per mode; 3
+	// Brokers is how many Kafka brokers run: 1 or 3 (replication factor 3, min.insync.replicas
+	// 2); 1. The kinds that need three (broker-kill, leader-change, coordinator-move,
+	// isr-shrink) are not drawn with one.
+	Brokers int
+	Writers int           // writers per mode; 3
+	Rate    float64       // transactions per second per writer; 10
+	Kinds   []string      // fault kinds to draw from; all (FaultKinds)
+	Mean    time.Duration // mean time between fault starts; 4s
 	// Drain bounds the wait at the end for the consumers to read everything: 30m. They are waited
 	// for as long as they read something new within DrainStall (2m): a source that is still
 	// working through a backlog (a poller after big transactions) is given the time it needs,
@@ -209,6 +213,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if len(o.Kinds) == 0 {
 		o.Kinds = FaultKinds()
 	}
+	o.Brokers = orDefault(o.Brokers, 1)
+	o.Kinds = brokerKinds(o.Kinds, o.Brokers)
 	o.Mean = orDefault(o.Mean, 4*time.Second)
 	o.Drain = orDefault(o.Drain, 30*time.Minute)
 	o.DrainStall = orDefault(o.DrainStall, 2*time.Minute)
@@ -223,7 +229,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		// leader_check_timeout 2s: a lease of 1s + 2 x 2s + 2s.
 		lease: 7 * time.Second, shutdownTimeout: 10 * time.Second, stopSlack: 5 * time.Second,
 	}
-	r.logf("chaos: seed %d, modes %s, %s of faults (%s), servers PostgreSQL %s", o.Seed, modeNames(o.Modes), o.Duration, strings.Join(o.Kinds, " "), o.PGVersion)
+	r.logf("chaos: seed %d, modes %s, %s of faults (%s), servers PostgreSQL %s and %d Kafka brokers", o.Seed, modeNames(o.Modes), o.Duration, strings.Join(o.Kinds, " "), o.PGVersion, o.Brokers)
 	// Failover slots, and so the failover faults, need PostgreSQL 17 or later.
 	major, err := strconv.Atoi(o.PGVersion)
 	if err != nil {
@@ -241,7 +247,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}
 	c, err := cluster.Start(ctx, cluster.Options{
-		Dir: filepath.Join(o.Dir, "servers"), PGVersion: o.PGVersion, Standby: r.standby, Clients: clients,
+		Dir: filepath.Join(o.Dir, "servers"), PGVersion: o.PGVersion, Standby: r.standby, Clients: clients, Brokers: o.Brokers,
 		Log: func(format string, args ...any) { r.logf("cluster: "+format, args...) },
 	})
 	if err != nil {

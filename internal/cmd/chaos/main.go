@@ -6,7 +6,8 @@
 // empty, printed either way), DURATION (of the faults; 5m), MODE (a comma-separated list of
 // modes, or all), KINDS (fault kinds to draw from; all), PG_VERSION (18), CHAOS_DIR (where logs,
 // histories and reports go), DRAIN (the longest wait at the end for every event to be read;
-// 30m). It exits 1 when a rule was broken, 2 when the run could not be carried out, and leaves
+// 30m), BROKERS (Kafka brokers: 1, or 3 with replication factor 3, min.insync.replicas 2 and the
+// faults that need them; 1). It exits 1 when a rule was broken, 2 when the run could not be carried out, and leaves
 // nothing running.
 package main
 
@@ -44,6 +45,7 @@ func run() int {
 	dir := fs.String("dir", os.Getenv("CHAOS_DIR"), "where logs, histories and reports go (.local/chaos/<time>-<seed> when empty)")
 	drain := fs.Duration("drain", envDuration("DRAIN", 30*time.Minute), "the longest the drain at the end may take; it gives up sooner once nothing new is read for 2 minutes")
 	relays := fs.Int("relays", 3, "relay processes per mode")
+	brokers := fs.Int("brokers", envInt("BROKERS", 1), "Kafka brokers: 1, or 3 (replication factor 3, min.insync.replicas 2; adds the kinds broker-kill, leader-change, coordinator-move, isr-shrink)")
 	rate := fs.Float64("rate", 10, "transactions per second per writer (3 writers per mode)")
 	relayBin := fs.String("relay-bin", "", "the outbox-relay binary (built from ./cmd/outbox-relay when empty)")
 	recheck := fs.String("recheck", "", "check the histories of an earlier run's directory again (and draw their reports anew) instead of running")
@@ -60,6 +62,10 @@ func run() int {
 			return 2
 		}
 		s = v
+	}
+	if *brokers != 1 && *brokers != 3 {
+		fmt.Fprintf(os.Stderr, "chaos: BROKERS=%d: want 1 or 3\n", *brokers)
+		return 2
 	}
 	ms, err := chaos.ParseModes(*modeList)
 	if err != nil {
@@ -99,10 +105,11 @@ func run() int {
 		}
 	}
 	logf := func(format string, args ...any) { fmt.Printf(format+"\n", args...) }
-	logf("chaos: SEED=%d DURATION=%s MODE=%s (reproduce: make chaos SEED=%d DURATION=%s MODE=%s); output in %s", s, *duration, *modeList, s, *duration, *modeList, *dir)
+	logf("chaos: SEED=%d DURATION=%s MODE=%s BROKERS=%d (reproduce: make chaos SEED=%d DURATION=%s MODE=%s BROKERS=%d); output in %s",
+		s, *duration, *modeList, *brokers, s, *duration, *modeList, *brokers, *dir)
 	res, err := chaos.Run(ctx, chaos.Options{
 		Seed: s, Duration: *duration, Modes: ms, Dir: *dir, RelayBin: *relayBin, PGVersion: *pgVersion,
-		Relays: *relays, Rate: *rate, Kinds: kindList, Drain: *drain, Log: logf,
+		Relays: *relays, Brokers: *brokers, Rate: *rate, Kinds: kindList, Drain: *drain, Log: logf,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -166,6 +173,16 @@ func recheckDir(dir string) int {
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+		fmt.Fprintf(os.Stderr, "chaos: %s=%q is not a number; using %d\n", name, v, def)
 	}
 	return def
 }

@@ -1,0 +1,194 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/chaos/cluster"
+	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
+)
+
+// The fault kinds of a three-broker cluster (Options.Brokers 3), in the group "broker" with
+// broker-stop and broker-pause: with one broker they are not drawn.
+const (
+	kindBrokerKill      = "broker-kill"      // SIGKILL a broker that is not the controller, restart it after d
+	kindLeaderChange    = "leader-change"    // every partition's leadership moves to another in-sync replica
+	kindCoordinatorMove = "coordinator-move" // the transaction coordinator's broker killed (or, node 1, its leadership elected away)
+	kindISRShrink       = "isr-shrink"       // nodes 2 and 3 stopped for d: one in-sync replica, below min.insync.replicas
+)
+
+// threeBrokerKinds need a replicated cluster: other replicas to elect, an ISR to shrink.
+var threeBrokerKinds = []string{kindBrokerKill, kindLeaderChange, kindCoordinatorMove, kindISRShrink}
+
+// brokerKinds returns kinds without those that need three brokers when brokers is 1.
+func brokerKinds(kinds []string, brokers int) []string {
+	if brokers >= 3 {
+		return kinds
+	}
+	return slices.DeleteFunc(slices.Clone(kinds), func(k string) bool { return slices.Contains(threeBrokerKinds, k) })
+}
+
+// brokerNode draws the broker a broker-stop, broker-pause or broker-kill targets, under n.mu:
+// any broker for a stop or a pause, whether it leads anything or not (brokerFault records which);
+// not node 1 for a kill: it is the cluster's only KRaft controller, and with it dead no leader is
+// elected, which tests nothing a stop does not. 0 for the other kinds, whose target is read when
+// they are applied.
+func (n *nemesis) brokerNode(kind string) int {
+	nodes := n.run.opts.Brokers
+	if nodes <= 1 {
+		return 1
+	}
+	switch kind {
+	case kindBrokerStop, kindBrokerPause:
+		return 1 + n.rng.IntN(nodes)
+	case kindBrokerKill:
+		return 2 + n.rng.IntN(nodes-1)
+	}
+	return 0
+}
+
+// brokerDuration draws how long a broker kill, a coordinator's kill or an ISR shrink lasts until
+// the restart; the short schedule keeps them short, as six broker kinds share the group.
+func (n *nemesis) brokerDuration(between func(lo, hi time.Duration) time.Duration) time.Duration {
+	if n.run.opts.Short {
+		return between(time.Second, 5*time.Second)
+	}
+	return between(2*time.Second, 20*time.Second)
+}
+
+// internalTopic reports whether Kafka owns topic (the relay's positions topic is the relay's).
+func internalTopic(topic string) bool {
+	switch topic {
+	case "__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata":
+		return true
+	}
+	return false
+}
+
+// coordinatorKey is the transactional id whose coordinator coordinator-move targets: the cluster
+// has a single __transaction_state partition (devenv), so it coordinates every relay's id.
+const coordinatorKey = "outbox-relay"
+
+// brokerFault applies the broker faults and records their target: which node, and what it led at
+// that moment (rec.Detail), with three brokers.
+func (n *nemesis) brokerFault(ctx context.Context, f *fault, rec *history.Fault, heal func(func(context.Context) error)) error {
+	c := n.run.cluster
+	three := len(c.Nodes()) > 1
+	target := func(node int) {
+		if !three {
+			return
+		}
+		rec.Target = fmt.Sprintf("broker-%d", node)
+		if l, err := c.LeadershipOf(ctx, node); err == nil {
+			rec.Detail = l.String()
+		} else {
+			rec.Detail = fmt.Sprintf("node %d (leaderships unknown: %v)", node, err)
+		}
+	}
+	restart := func(node int) func(context.Context) error {
+		return func(hctx context.Context) error { return c.StartNode(hctx, node) }
+	}
+	switch f.kind {
+	case kindBrokerStop:
+		target(f.node)
+		if err := c.StopNode(ctx, f.node); err != nil {
+			heal(restart(f.node))
+			return err
+		}
+		sleep(ctx, f.d)
+		heal(restart(f.node))
+	case kindBrokerPause:
+		target(f.node)
+		if err := c.PauseNode(f.node); err != nil {
+			return err
+		}
+		sleep(ctx, f.d)
+		heal(func(context.Context) error { return c.ResumeNode(f.node) })
+	case kindBrokerKill:
+		target(f.node)
+		if err := c.KillNode(f.node); err != nil {
+			return err
+		}
+		sleep(ctx, f.d)
+		heal(restart(f.node))
+	case kindLeaderChange:
+		moves, err := c.MoveLeaders(ctx, func(topic string) bool { return !internalTopic(topic) })
+		if len(moves) > 0 {
+			rec.Detail = fmt.Sprintf("%d partitions' leaders moved, e.g. %s/%d from node %d to %d",
+				len(moves), moves[0].Topic, moves[0].Partition, moves[0].From, moves[0].To)
+		}
+		return err
+	case kindCoordinatorMove:
+		node, err := c.TransactionCoordinator(ctx, coordinatorKey)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errSkipped, err)
+		}
+		target(node)
+		if node == 1 {
+			// The controller's node is not killed (see brokerNode): the coordinator moves by an
+			// election of another leader of its __transaction_state partition.
+			moves, err := c.MoveLeaders(ctx, func(topic string) bool { return topic == "__transaction_state" })
+			if err != nil {
+				return err
+			}
+			rec.Detail += fmt.Sprintf("; moved by election to node %d", moves[0].To)
+			return nil
+		}
+		if err := c.KillNode(node); err != nil {
+			return err
+		}
+		sleep(ctx, f.d)
+		if to, err := c.TransactionCoordinator(ctx, coordinatorKey); err == nil {
+			rec.Detail += fmt.Sprintf("; killed, node %d coordinates before the restart", to)
+		}
+		heal(restart(node))
+	case kindISRShrink:
+		// The controller's node stays: with it, the controller shrinks every partition's ISR to
+		// node 1 (or leaves a partition without a leader: no unclean election), and an acks=all
+		// write or a transaction's marker waits until a second replica is back.
+		others := slices.DeleteFunc(c.Nodes(), func(id int) bool { return id == 1 })
+		rec.Detail = fmt.Sprintf("nodes %s stopped: one in-sync replica, below min.insync.replicas 2", joinInts(others))
+		if err := eachNode(others, func(id int) error { return c.StopNode(ctx, id) }); err != nil {
+			heal(func(hctx context.Context) error {
+				return eachNode(others, func(id int) error { return startIfStopped(hctx, c, id) })
+			})
+			return err
+		}
+		sleep(ctx, f.d)
+		heal(func(hctx context.Context) error {
+			return eachNode(others, func(id int) error { return c.StartNode(hctx, id) })
+		})
+	}
+	return nil
+}
+
+func startIfStopped(ctx context.Context, c *cluster.Cluster, id int) error {
+	if c.NodeRunning(id) {
+		return nil
+	}
+	return c.StartNode(ctx, id)
+}
+
+// eachNode runs fn for every node side by side (a broker's start is a JVM's) and joins the errors.
+func eachNode(nodes []int, fn func(id int) error) error {
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, id := range nodes {
+		wg.Go(func() { errs[i] = fn(id) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func joinInts(ids []int) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = fmt.Sprint(id)
+	}
+	return strings.Join(s, " and ")
+}
