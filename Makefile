@@ -49,7 +49,7 @@ lint:
 # left to run alone at the end. ./... adds the others once.
 TEST_PACKAGES_AT_ONCE ?= $(shell nproc 2>/dev/null || echo 2)
 TEST_LONGEST_FIRST := ./cmd/outbox-relay ./faults ./sink ./relay ./internal/chaos ./replication \
-	./leader ./poll ./bench ./internal/chaos/cluster ./internal/chaos/workload ./inbox ./internal/devenv
+	./internal/chaos/cluster ./leader ./poll ./bench ./internal/chaos/workload ./inbox ./internal/devenv
 test: tools kafka-lib pg-lib lint
 	$(GO) test -race -count=1 -p $(TEST_PACKAGES_AT_ONCE) -timeout $(TEST_TIMEOUT) $(TEST_LONGEST_FIRST) ./...
 

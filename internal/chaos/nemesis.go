@@ -122,7 +122,7 @@ func (n *nemesis) loop(ctx context.Context) {
 
 // startOne draws the next eligible fault and applies it in the background. Kinds come from a
 // shuffled deck, every kind once per round, so that a short schedule still applies each of them;
-// a kind that cannot apply now goes to the back of the round.
+// a kind that cannot apply now keeps its place and is drawn first once it can.
 func (n *nemesis) startOne(ctx context.Context) {
 	f := n.draw()
 	if f == nil {
@@ -150,13 +150,14 @@ func (n *nemesis) draw() *fault {
 				}
 			}
 		}
-		for range len(n.deck) {
-			kind := n.deck[0]
-			n.deck = n.deck[1:]
+		// A kind that cannot apply keeps its place: moved behind the others, it would fall behind
+		// every later round's kinds too, and the kinds of a busy group (six share the broker's)
+		// would wait for rounds.
+		for i, kind := range n.deck {
 			if f, ok := n.pick(kind); ok {
+				n.deck = slices.Delete(n.deck, i, i+1)
 				return f
 			}
-			n.deck = append(n.deck, kind)
 		}
 	}
 	return nil
@@ -306,11 +307,17 @@ func (n *nemesis) duration(kind string) (time.Duration, string) {
 	case kindCutPG, kindCutKafka, kindCutBoth:
 		return between(2*time.Second, 20*time.Second), ""
 	case kindBrokerStop:
+		if n.run.opts.Short { // six kinds share the broker in 90 s
+			return between(2*time.Second, 10*time.Second), ""
+		}
 		return between(2*time.Second, 25*time.Second), ""
 	case kindBrokerPause:
-		// Past broker.session.timeout.ms (9 s) the broker fences itself on waking, and its
-		// partitions are without a leader for a moment: a transaction coordinator then drops their
-		// markers (docs/guarantees.md, "Lost transaction markers").
+		// Past broker.session.timeout.ms (9 s; 4.5 s with three brokers) the broker fences itself
+		// on waking, and its partitions are without a leader for a moment: a transaction
+		// coordinator then drops their markers (docs/guarantees.md, "Lost transaction markers").
+		if n.run.opts.Short {
+			return between(time.Second, 10*time.Second), ""
+		}
 		return between(time.Second, 15*time.Second), ""
 	case kindOtherLoad:
 		return between(5*time.Second, 30*time.Second), ""

@@ -165,3 +165,36 @@ func TestBrokerFaultsTargetABrokerAndNeverKillTheController(t *testing.T) {
 		})
 	}
 }
+
+// A kind that waits for its group (six kinds share the broker's) is drawn as soon as the group is
+// free, before kinds of later rounds: the short schedule applies every broker kind.
+func TestAKindBlockedByItsGroupIsDrawnOnceTheGroupFrees(t *testing.T) {
+	n := testNemesis(7)
+	n.run.opts.Brokers = 3
+	var held *fault
+	for range 100 {
+		if f := n.draw(); f.group == "broker" {
+			held = f
+			break
+		} else {
+			n.release(f)
+		}
+	}
+	if held == nil {
+		t.Fatal("no broker fault drawn")
+	}
+	for range 2 * len(FaultKinds()) {
+		f := n.draw()
+		if f == nil {
+			break
+		}
+		if f.group == "broker" {
+			t.Fatalf("%s drawn while %s held the broker", f.kind, held.kind)
+		}
+		n.release(f)
+	}
+	n.release(held)
+	if f := n.draw(); f == nil || f.group != "broker" {
+		t.Errorf("first draw once the broker is free: %+v, want a broker kind that waited", f)
+	}
+}

@@ -20,8 +20,10 @@ import (
 
 // replicated are the server.properties of a three-broker cluster: every topic, the internal ones
 // too, on every broker, and a write acknowledged by two of them at least, as production runs
-// Kafka. A broker-only node's heartbeat every 500 ms (devenv's) is node 1's too: the controller
-// then notices a dead broker within broker.session.timeout.ms (9 s) and a restarted one soon.
+// Kafka. A broker-only node's heartbeat every 500 ms (devenv's) is node 1's too, and the
+// controller fences a broker whose heartbeats stop for 4.5 s (broker.session.timeout.ms; 9 s by
+// default): a killed broker's leaderships move sooner, and a broker frozen past it fences itself
+// on waking (docs/guarantees.md, "Lost transaction markers").
 var replicated = map[string]string{
 	"default.replication.factor":                       "3",
 	"min.insync.replicas":                              "2",
@@ -32,6 +34,7 @@ var replicated = map[string]string{
 	"share.coordinator.state.topic.min.isr":            "2",
 	"unclean.leader.election.enable":                   "false",
 	"broker.heartbeat.interval.ms":                     "500",
+	"broker.session.timeout.ms":                        "4500",
 }
 
 // brokerHeapMB is a broker's JVM heap in a three-broker cluster: the chaos workload is small, and
