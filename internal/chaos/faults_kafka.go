@@ -25,6 +25,9 @@ const (
 // threeBrokerKinds need a replicated cluster: other replicas to elect, an ISR to shrink.
 var threeBrokerKinds = []string{kindBrokerKill, kindLeaderChange, kindCoordinatorMove, kindISRShrink}
 
+// ThreeBrokerKinds lists the kinds that need Options.Brokers 3.
+func ThreeBrokerKinds() []string { return slices.Clone(threeBrokerKinds) }
+
 // brokerKinds returns kinds without those that need three brokers when brokers is 1.
 func brokerKinds(kinds []string, brokers int) []string {
 	if brokers >= 3 {

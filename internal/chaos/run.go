@@ -213,13 +213,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if len(o.Kinds) == 0 {
 		o.Kinds = FaultKinds()
 	}
-	o.Brokers = orDefault(o.Brokers, 1)
-	o.Kinds = brokerKinds(o.Kinds, o.Brokers)
 	o.Mean = orDefault(o.Mean, 4*time.Second)
 	o.Drain = orDefault(o.Drain, 30*time.Minute)
 	o.DrainStall = orDefault(o.DrainStall, 2*time.Minute)
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
+	}
+	o.Brokers = orDefault(o.Brokers, 1)
+	if kept := brokerKinds(o.Kinds, o.Brokers); len(kept) < len(o.Kinds) {
+		o.Log("chaos: with %d broker the kinds %s are not drawn: they need three", o.Brokers, strings.Join(threeBrokerKinds, ", "))
+		o.Kinds = kept
 	}
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)

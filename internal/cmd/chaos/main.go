@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -81,6 +82,10 @@ func run() int {
 		for _, k := range strings.Split(*kinds, ",") {
 			if k = strings.TrimSpace(k); !known[k] {
 				fmt.Fprintf(os.Stderr, "chaos: unknown fault kind %q (kinds: %s)\n", k, strings.Join(chaos.FaultKinds(), ", "))
+				return 2
+			}
+			if *brokers < 3 && slices.Contains(chaos.ThreeBrokerKinds(), k) {
+				fmt.Fprintf(os.Stderr, "chaos: fault kind %s needs three brokers: add BROKERS=3 (--brokers=3)\n", k)
 				return 2
 			}
 			kindList = append(kindList, k)
