@@ -130,6 +130,140 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 		}
 	})
 
+	t.Run("the standby stops and starts, its replay is delayed and caught up, and the primary freezes and thaws", func(t *testing.T) {
+		if err := c.Primary().Exec(ctx, "chaos", "CREATE TABLE lagging (id int)"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.StopStandby(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if c.Standby().Running() {
+			t.Fatal("the standby still runs after StopStandby")
+		}
+		if err := connectQuery(ctx, c.DSN("chaos"), 5*time.Second); err != nil {
+			t.Fatalf("the primary while the standby is away: %v", err)
+		}
+		if err := c.StartStandby(ctx); err != nil {
+			t.Fatal(err)
+		}
+
+		if err := c.DelayStandby(ctx, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Primary().Exec(ctx, "chaos", "INSERT INTO lagging VALUES (1)"); err != nil {
+			t.Fatal(err)
+		}
+		standby := connect(ctx, t, c.Standby().DSN("chaos"))
+		defer standby.Close(context.Background())
+		rows := func() int {
+			var n int
+			if err := standby.QueryRow(ctx, "SELECT count(*) FROM lagging").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		// The standby receives and flushes the commit at once, and only its replay waits.
+		var commit int64
+		primary := connect(ctx, t, c.DSN("chaos"))
+		err := primary.QueryRow(ctx, "SELECT (pg_current_wal_lsn() - '0/0')::bigint").Scan(&commit)
+		primary.Close(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer rcancel()
+		if err := poll(rctx, 100*time.Millisecond, func(ctx context.Context) (bool, error) {
+			var received int64
+			err := standby.QueryRow(ctx, "SELECT coalesce((pg_last_wal_receive_lsn() - '0/0')::bigint, 0)").Scan(&received)
+			return received >= commit, err
+		}); err != nil {
+			t.Fatalf("the delayed standby did not receive the commit: %v", err)
+		}
+		if n := rows(); n != 0 {
+			t.Fatalf("the delayed standby shows %d rows it received, want 0 until the delay ends", n)
+		}
+		if err := c.DelayStandby(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := poll(wctx, 100*time.Millisecond, func(context.Context) (bool, error) { return rows() == 1, nil }); err != nil {
+			t.Fatalf("the standby did not replay the row once the delay was reset: %v", err)
+		}
+
+		if err := c.FreezePrimary(); err != nil {
+			t.Fatal(err)
+		}
+		err = connectQuery(ctx, c.Primary().DSN("chaos"), time.Second)
+		if terr := c.ThawPrimary(); terr != nil {
+			t.Fatal(terr)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a frozen primary answered: %v, want a timeout", err)
+		}
+		if err := connectQuery(ctx, c.Primary().DSN("chaos"), 5*time.Second); err != nil {
+			t.Fatalf("the thawed primary: %v", err)
+		}
+	})
+
+	t.Run("max_slot_wal_keep_size invalidates the slot left behind, and no other", func(t *testing.T) {
+		for _, sql := range []string{
+			"SELECT pg_create_logical_replication_slot('left_behind', 'pgoutput')",
+			// Two segments later: a slot whose relay keeps up.
+			"SELECT pg_logical_emit_message(false, 'test', ''), pg_switch_wal()",
+			"SELECT pg_logical_emit_message(false, 'test', ''), pg_switch_wal()",
+			"SELECT pg_create_logical_replication_slot('kept_up', 'pgoutput')",
+		} {
+			if err := c.Primary().Exec(ctx, "chaos", sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		if _, err := c.InvalidateSlot(ctx, "chaos", "left_behind"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("invalidated in %v", time.Since(start).Round(time.Millisecond))
+		conn := connect(ctx, t, c.DSN("chaos"))
+		defer conn.Close(context.Background())
+		rows, err := conn.Query(ctx, "SELECT slot_name, coalesce(wal_status, ''), coalesce(invalidation_reason, '') FROM pg_replication_slots ORDER BY 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for rows.Next() {
+			var name, status, reason string
+			if err := rows.Scan(&name, &status, &reason); err != nil {
+				t.Fatal(err)
+			}
+			got[name] = status + " " + reason
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		for name, state := range got {
+			want := name == "left_behind"
+			if lost := strings.HasPrefix(state, "lost"); lost != want {
+				t.Errorf("slot %s: %q, lost %v, want %v", name, state, lost, want)
+			}
+		}
+		if got["left_behind"] != "lost wal_removed" {
+			t.Errorf("left_behind: %q, want lost wal_removed", got["left_behind"])
+		}
+		var setting string
+		if err := conn.QueryRow(ctx, "SHOW max_slot_wal_keep_size").Scan(&setting); err != nil || setting != "-1" {
+			t.Errorf("max_slot_wal_keep_size after the fault: %q (%v), want -1", setting, err)
+		}
+		// The standby's own slot kept its WAL: it still streams.
+		if err := waitStreaming(ctx, c.Primary(), c.standbySlot); err != nil {
+			t.Fatal(err)
+		}
+		for _, slot := range []string{"left_behind", "kept_up"} {
+			if err := c.Primary().Exec(ctx, "chaos", "SELECT pg_drop_replication_slot('"+slot+"')"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
 	t.Run("no failover while the standby's copy of a failover slot is temporary", func(t *testing.T) {
 		primary, standby := c.Primary(), c.Standby()
 		slot := testenv.TemporaryFailoverCopy(t, primary, standby, "chaos", "unready")

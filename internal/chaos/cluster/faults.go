@@ -347,16 +347,8 @@ func (c *Cluster) LoseSlot(ctx context.Context, database, slot string) (time.Tim
 		return time.Time{}, fmt.Errorf("cluster lose slot %s: %w", slot, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var ready bool
-	err = conn.QueryRow(ctx, `SELECT confirmed_xmin IS NOT NULL AND recovery_since IS NULL FROM public.outbox_relay_slots WHERE slot = $1`, slot).Scan(&ready)
-	if errors.Is(err, pgx.ErrNoRows) {
-		err = nil
-	}
-	if err != nil {
-		return time.Time{}, fmt.Errorf("cluster lose slot %s: read the slot ledger: %w", slot, err)
-	}
-	if !ready {
-		return time.Time{}, fmt.Errorf("%w (slot %s)", ErrNoHorizon, slot)
+	if err := ledgerReady(ctx, conn, slot); err != nil {
+		return time.Time{}, fmt.Errorf("cluster lose slot %s: %w", slot, err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
