@@ -64,20 +64,22 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 		}
 	}
 	// The deck deals every kind at least twice in 90 s; one that never took effect means a fault
-	// that does nothing. PostgreSQL's faults (restarts, failovers, a neighbour's start) exclude
+	// that does nothing. PostgreSQL's faults (restarts, failovers, a neighbour's start, the
+	// standby's stop and lag, a freeze) exclude
 	// each other, and a failover may hold them for half a minute waiting for the standby, so of
 	// those at least one must have taken effect.
 	postgres := 0
 	for _, kind := range kinds {
 		switch {
-		case strings.HasPrefix(kind, "failover-"), strings.HasPrefix(kind, "pg-restart"), kind == "neighbour":
+		case strings.HasPrefix(kind, "failover-"), strings.HasPrefix(kind, "pg-restart"), kind == "neighbour",
+			strings.HasPrefix(kind, "standby-"), kind == "pg-freeze":
 			postgres += applied[kind]
 		case applied[kind] == 0:
 			t.Errorf("no %s fault took effect in any mode", kind)
 		}
 	}
 	if postgres == 0 {
-		t.Errorf("no PostgreSQL fault (restart, failover, neighbour) took effect")
+		t.Errorf("no PostgreSQL fault (restart, failover, neighbour, standby, freeze) took effect")
 	}
 	t.Logf("faults applied: %v", applied)
 }

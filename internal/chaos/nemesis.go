@@ -40,7 +40,7 @@ const (
 
 // FaultKinds lists every kind the nemesis can apply.
 func FaultKinds() []string {
-	return append(ShortKinds(), kindSlotLost)
+	return append(append(append(ShortKinds(), kindSlotLost), longPGKinds...), procKinds...)
 }
 
 // ShortKinds lists the kinds of the short schedule make test runs: every kind but the lost slot,
@@ -48,7 +48,7 @@ func FaultKinds() []string {
 func ShortKinds() []string {
 	return []string{kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth, kindBrokerStop,
 		kindBrokerPause, kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindOtherLoad,
-		kindBigTx, kindAddColumn, kindNeighbour}
+		kindBigTx, kindAddColumn, kindNeighbour, kindStandbyStop, kindStandbyLag, kindPGFreeze, kindPrune}
 }
 
 // kindScope says what a kind targets: a relay of a mode, a mode (its writers, its table), or the
@@ -63,9 +63,9 @@ const (
 
 func scopeOf(kind string) kindScope {
 	switch kind {
-	case kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth:
+	case kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth, kindOOM:
 		return scopeRelay
-	case kindBigTx, kindAddColumn, kindNeighbour, kindOtherLoad, kindSlotLost:
+	case kindBigTx, kindAddColumn, kindNeighbour, kindOtherLoad, kindSlotLost, kindSlotInvalidated, kindPrune:
 		return scopeMode
 	}
 	return scopeCluster
@@ -98,8 +98,11 @@ func group(kind, mode string) string {
 	switch kind {
 	case kindBrokerStop, kindBrokerPause:
 		return "broker"
-	case kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindNeighbour, kindSlotLost:
+	case kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindNeighbour, kindSlotLost,
+		kindSlotInvalidated, kindStandbyStop, kindStandbyLag, kindPGFreeze:
 		return "postgres"
+	case kindPrune:
+		return kind + "/" + mode
 	case kindBigTx, kindOtherLoad, kindAddColumn:
 		return kind + "/" + mode
 	}
@@ -231,7 +234,7 @@ func (n *nemesis) pick(kind string) (*fault, bool) {
 			case kindSlotLost:
 				return r.recovers(m.mode)
 			}
-			return true
+			return r.pgCanApply(kind, m)
 		})
 		if f.mode == nil {
 			return nil, false
@@ -242,6 +245,9 @@ func (n *nemesis) pick(kind string) (*fault, bool) {
 			if !r.standby {
 				return nil, false
 			}
+		}
+		if !r.pgCanApply(kind, nil) {
+			return nil, false
 		}
 	}
 	modeName := ""
@@ -313,7 +319,7 @@ func (n *nemesis) duration(kind string) (time.Duration, string) {
 	case kindOtherLoad:
 		return between(5*time.Second, 30*time.Second), ""
 	}
-	return 0, ""
+	return n.durationPG(kind)
 }
 
 // apply applies f, waits its duration (or until ctx ends) and heals it, recording it.
@@ -504,7 +510,14 @@ func (n *nemesis) act(ctx context.Context, f *fault, rec *history.Fault, heal fu
 		}
 		return err
 	case kindNeighbour:
+		if f.detail != "" {
+			return n.actPG(ctx, f, rec, heal) // a variant under a PostgreSQL fault
+		}
 		return r.startNeighbour(ctx, f.mode)
+	case kindSlotInvalidated, kindStandbyStop, kindStandbyLag, kindPGFreeze, kindPrune:
+		return n.actPG(ctx, f, rec, heal)
+	case kindOOM:
+		return n.actProc(ctx, f, rec, heal)
 	case kindSlotLost:
 		lost, err := c.LoseSlot(ctx, f.mode.db, f.mode.slot)
 		if errors.Is(err, cluster.ErrNoHorizon) {

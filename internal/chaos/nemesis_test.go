@@ -1,10 +1,14 @@
 package chaos
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/chaos/workload"
 )
 
 func TestParseModes(t *testing.T) {
@@ -125,5 +129,48 @@ func TestExclusiveFaultsDoNotOverlap(t *testing.T) {
 	}
 	if relays := len(relays); relays != 2*len(modes) {
 		t.Errorf("%d relays under faults once every one was drawn, want %d (two per mode)", relays, 2*len(modes))
+	}
+}
+
+// PostgreSQL's and the process's new kinds target only what they can act on: a slot is
+// invalidated only in a mode that recovers it, prune runs only where there are outbox rows, the
+// standby kinds need a standby, and every PostgreSQL fault but prune holds PostgreSQL's group.
+func TestPostgresAndProcessKindsTargetWhatTheyCanActOn(t *testing.T) {
+	for _, tc := range []struct {
+		kind    string
+		standby bool
+		ok      func(*modeRun) bool // nil: a cluster fault
+		group   string
+	}{
+		{kindSlotInvalidated, true, func(m *modeRun) bool { return m.mode.Recover }, "postgres"},
+		{kindPrune, true, func(m *modeRun) bool { return m.mode.Shape != workload.Messages }, "prune/"},
+		{kindStandbyStop, true, nil, "postgres"},
+		{kindStandbyLag, true, nil, "postgres"},
+		{kindStandbyStop, false, nil, ""},
+		{kindPGFreeze, false, nil, "postgres"},
+		{kindOOM, false, func(*modeRun) bool { return true }, ""},
+	} {
+		t.Run(fmt.Sprintf("%s with a standby %v", tc.kind, tc.standby), func(t *testing.T) {
+			for seed := range uint64(20) {
+				n := testNemesis(seed)
+				n.run.standby = tc.standby
+				f, ok := n.pick(tc.kind)
+				if !tc.standby && tc.group == "" && tc.ok == nil {
+					if ok {
+						t.Fatalf("%s drawn without a standby", tc.kind)
+					}
+					continue
+				}
+				if !ok {
+					t.Fatalf("seed %d: %s not drawn with every fault healed", seed, tc.kind)
+				}
+				if tc.ok != nil && (f.mode == nil || !tc.ok(f.mode)) {
+					t.Fatalf("seed %d: %s drawn for mode %v", seed, tc.kind, f.mode)
+				}
+				if !strings.HasPrefix(f.group, tc.group) || (tc.group == "" && f.group != "") {
+					t.Fatalf("seed %d: %s in group %q, want %q", seed, tc.kind, f.group, tc.group)
+				}
+			}
+		})
 	}
 }

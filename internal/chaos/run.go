@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -518,7 +517,7 @@ func (r *runner) relayArgs(m Mode, slot string) []string {
 // drawn from and m can recover (Mode.Recover). The horizon recorded in the slot ledger bounds the
 // gap (the xmin rule): no slot_recovery_margin, and no track_commit_timestamp, are needed.
 func (r *runner) recovers(m Mode) bool {
-	return m.Recover && slices.Contains(r.opts.Kinds, kindSlotLost)
+	return m.Recover && containsAny(r.opts.Kinds, kindSlotLost, kindSlotInvalidated)
 }
 
 func (r *runner) relayEnv(client, db string) []string {

@@ -138,7 +138,7 @@ func newRun(h *history.History) *run {
 		if kafkaAway[f.Kind] {
 			away = append(away, span{f.Start, faultEnd(f)})
 		}
-		if f.Kind == faultSlotLost {
+		if f.Kind == faultSlotLost || f.Kind == faultSlotInvalidated {
 			r.recoveries = append(r.recoveries, f)
 		}
 	}
@@ -158,6 +158,10 @@ func newRun(h *history.History) *run {
 // on_slot_lost: recover: the relay publishes the gap again from the outbox table, at least once
 // even under exactly-once (docs/guarantees.md, "Lost slot, no lost events").
 const faultSlotLost = "slot-lost"
+
+// faultSlotInvalidated loses the slot as max_slot_wal_keep_size does (PostgreSQL invalidates it
+// while its relays are cut off): judged as faultSlotLost, from Lost, when it was seen invalidated.
+const faultSlotInvalidated = "slot-invalidated"
 
 // gapLookback is how long before a slot's loss a transaction of its gap may have committed: the
 // gap starts at the horizon recorded with the last acknowledged commit, which trails the relay by
@@ -256,7 +260,8 @@ func maxTime(a, b time.Time) time.Time {
 // noReplay are the fault kinds that are no replay: load, a big transaction, a schema change and a
 // neighbour starting change what is written, not what is confirmed; a lost slot's recovery
 // publishes its gap again, which inRecoveredGap judges by the gap's own bounds.
-var noReplay = map[string]bool{"other-load": true, "big-tx": true, "add-column": true, "neighbour": true, faultSlotLost: true}
+var noReplay = map[string]bool{"other-load": true, "big-tx": true, "add-column": true, "neighbour": true, faultSlotLost: true,
+	faultSlotInvalidated: true, "prune": true, "standby-lag": true}
 
 // replayLookback is how long before a fault an event's first copy may have been appended for a
 // copy after the fault to be its replay: what was handed to Kafka but not confirmed to the slot
