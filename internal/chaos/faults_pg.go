@@ -32,9 +32,8 @@ const (
 	kindPrune = "prune"
 )
 
-// longPGKinds are the kinds of this file left to make chaos's long runs: a recovery publishes a
-// whole gap again. ShortKinds has the others.
-var longPGKinds = []string{kindSlotInvalidated}
+// longPGKinds are the kinds of this file left to make chaos's long runs (see ShortKinds).
+var longPGKinds = []string{kindSlotInvalidated, kindStandbyStop, kindStandbyLag}
 
 // variantFailoverDuringRecovery is the slot-invalidated variant that fails over while the
 // recovery runs.
@@ -131,7 +130,10 @@ func (n *nemesis) actPG(ctx context.Context, f *fault, rec *history.Fault, heal 
 		heal(func(context.Context) error { return c.ThawPrimary() })
 	case kindPrune:
 		rec.Detail = "rows older than " + f.d.String()
-		args := []string{"prune", "--older-than=" + f.d.String(), "--slot=" + f.mode.slot}
+		// A margin of seconds, not the default hour: what the guard keeps is then the horizon's
+		// doing (the xmin recorded with the last acknowledged commit), and a run of minutes has
+		// rows to delete.
+		args := []string{"prune", "--older-than=" + f.d.String(), "--slot=" + f.mode.slot, "--slot-recovery-margin=2s"}
 		if f.mode.mode.Poll {
 			args = append(args, "--source=poll")
 		}
