@@ -146,7 +146,7 @@ func (n *nemesis) actPG(ctx context.Context, f *fault, rec *history.Fault, heal 
 		}
 		rec.Detail += ": " + out
 	case kindNeighbour:
-		return n.neighbourUnderFault(ctx, f, rec, heal)
+		return n.neighbourUnderFault(ctx, f, heal)
 	}
 	return nil
 }
@@ -232,7 +232,7 @@ func (n *nemesis) failoverDuringRecovery(ctx context.Context, f *fault, lost tim
 // restarts (immediate: crash recovery) or is frozen: the slot's creation is cut short and made
 // again. The neighbour's writers start only once the slot has a confirmed position (waitSlot), so
 // nothing committed before is the neighbour's to publish.
-func (n *nemesis) neighbourUnderFault(ctx context.Context, f *fault, rec *history.Fault, heal func(func(context.Context) error)) error {
+func (n *nemesis) neighbourUnderFault(ctx context.Context, f *fault, heal func(func(context.Context) error)) error {
 	r := n.run
 	c := r.cluster
 	started := make(chan error, 1)

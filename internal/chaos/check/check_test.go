@@ -274,6 +274,22 @@ func TestEachRule(t *testing.T) {
 			rules: []string{RuleDuplicate}, says: "key k1: consumer rc (read_committed) read event e8 (seq 5) again at orders/1@",
 		},
 		{
+			name: "at-least-once duplicate while only a prune of the outbox lasts", delivery: alo,
+			change: func(b *builder) {
+				b.fault("prune", "alo", 78, 82)
+				b.publish(80, "e8")
+			},
+			rules: []string{RuleDuplicate}, says: "key k1: consumer rc (read_committed) read event e8 (seq 5) again at orders/1@",
+		},
+		{
+			name: "at-least-once duplicate while only the standby's replay lags", delivery: alo,
+			change: func(b *builder) {
+				b.fault("standby-lag", "postgres", 78, 82)
+				b.publish(80, "e8")
+			},
+			rules: []string{RuleDuplicate}, says: "key k1: consumer rc (read_committed) read event e8 (seq 5) again at orders/1@",
+		},
+		{
 			name: "at-least-once duplicate of an event first published after the fault ended", delivery: alo,
 			change: func(b *builder) { b.publish(41, "e8") }, // e8 first at 40.2; the kill was at 30
 			rules:  []string{RuleDuplicate}, says: "(first at orders/1@",
