@@ -3,7 +3,9 @@
 // drawn from a seed (kill -9, SIGSTOP, SIGTERM, network cuts, broker stops and freezes,
 // PostgreSQL restarts and failovers, big transactions, schema changes, a neighbour relay sharing
 // the positions topic) for a duration, overlapping. It records what happened (package history),
-// checks it (package check) and draws it (package report). A failing run is reproduced by its seed.
+// checks it (package check) and draws it (package report). The schedule is drawn whole from a
+// seed before the first fault (plan.go) and saved with the history: the seed draws it again,
+// and Options.Plan runs a saved one again.
 package chaos
 
 import (

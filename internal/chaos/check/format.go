@@ -61,6 +61,14 @@ func Format(h *history.History, vs []Violation, limit int) string {
 			if f.Detail != "" {
 				fmt.Fprintf(&b, ": %s", f.Detail)
 			}
+			switch {
+			case f.Failed != "":
+				fmt.Fprintf(&b, " [failed, excuses nothing: %s]", f.Failed)
+			case f.Skipped != "":
+				fmt.Fprintf(&b, " [skipped: %s]", f.Skipped)
+			case f.Leader:
+				b.WriteString(" [leading]")
+			}
 			b.WriteString("\n")
 		}
 	}
