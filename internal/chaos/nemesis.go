@@ -315,9 +315,9 @@ func (n *nemesis) apply(ctx context.Context, f *fault) {
 	case errors.Is(err, errSkipped):
 		rec.Skipped = strings.TrimPrefix(err.Error(), errSkipped.Error()+": ")
 		if scopeOf(f.kind) == scopeCluster {
-			r.note("fault #%d %s skipped: %v", f.seq, f.kind, err) // a failover the standby was not ready for
+			r.note("fault #%d %s skipped: %s", f.seq, f.kind, rec.Skipped) // a failover the standby was not ready for
 		} else {
-			r.logf("fault #%d %s skipped: %v", f.seq, f.kind, err)
+			r.logf("fault #%d %s skipped: %s", f.seq, f.kind, rec.Skipped)
 		}
 	case err != nil:
 		rec.Failed = err.Error()

@@ -16,6 +16,7 @@ import (
 // sizes. Nothing it draws depends on what happens in the run, so the same seed and options give
 // the same plan, and a plan saved in a history runs again as it was (--replay).
 type planner struct {
+	opts     Options // what a kind's eligibility may depend on (never the run's state)
 	rng      *rand.Rand
 	kinds    []string
 	modes    []Mode
@@ -37,7 +38,7 @@ type planner struct {
 // drawPlan draws the schedule of a run with options o (defaults applied) for the fault period.
 func drawPlan(o Options, standby bool, lease time.Duration) []history.PlannedFault {
 	p := &planner{
-		rng: rand.New(rand.NewPCG(o.Seed, 0x706c616e)), kinds: o.Kinds, modes: o.Modes, standby: standby,
+		opts: o, rng: rand.New(rand.NewPCG(o.Seed, 0x706c616e)), kinds: o.Kinds, modes: o.Modes, standby: standby,
 		recovers: func(m Mode) bool { return recovers(m, o.Kinds) }, lease: lease, short: o.Short,
 		columns: make(map[string]int), neighbours: make(map[string]bool),
 	}
@@ -160,6 +161,8 @@ func (p *planner) fault(kind string) (history.PlannedFault, bool) {
 			}
 		}
 	case scopeCluster:
+		// Whether a cluster kind can apply is decided here, from the options alone; what only
+		// the moment can tell (a standby not ready) is act's to skip.
 		if (kind == kindFailoverSync || kind == kindFailoverLag) && !p.standby {
 			return f, false
 		}
