@@ -181,3 +181,38 @@ func TestAReplayOfOneModeAppliesItsFaultsAndTheClusters(t *testing.T) {
 		t.Errorf("%d faults of eo-table and %d of the cluster applied, want some of each", mine, cluster)
 	}
 }
+
+// What a run must carry out follows its modes and kinds, and a missed requirement fails the run.
+func TestRequirementsFollowTheModeAndKindsAndFailTheRun(t *testing.T) {
+	eo, _ := modeNamed("eo-table")
+	poll, _ := modeNamed("poll")
+	all := []string{history.RequireLeaderKill, history.RequireLeaderZombie, history.RequireLeaderChange, history.RequireFailover}
+	for _, tt := range []struct {
+		name    string
+		mode    Mode
+		kinds   []string
+		standby bool
+		want    []string
+	}{
+		{"a WAL mode with every kind and a standby", eo, ShortKinds(), true, all},
+		{"without a standby no failover is required", eo, ShortKinds(), false, all[:3]},
+		{"kills alone require the leader's kill and a leader change", eo, []string{kindKill9}, true, []string{history.RequireLeaderKill, history.RequireLeaderChange}},
+		{"poll has no leader: any poller's kill and zombie pause", poll, ShortKinds(), false, []string{history.RequireRelayKill, history.RequireRelayZombie}},
+		{"no relay or failover kind, nothing required", eo, []string{kindBigTx, kindBrokerStop}, true, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &runner{standby: tt.standby, opts: Options{Kinds: tt.kinds}}
+			if got := r.required(tt.mode); !slices.Equal(got, tt.want) {
+				t.Errorf("required %v, want %v", got, tt.want)
+			}
+		})
+	}
+	res := &Result{Modes: []ModeResult{{Mode: "eo-table"}, {Mode: "poll"}}}
+	if res.Failed() {
+		t.Fatal("a clean result failed")
+	}
+	res.Modes[1].Unmet = []string{"relay-kill: no kill9 of a relay took effect"}
+	if !res.Failed() {
+		t.Error("a result with a missed requirement did not fail")
+	}
+}
