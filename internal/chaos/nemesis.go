@@ -36,19 +36,24 @@ const (
 	kindAddColumn    = "add-column"
 	kindNeighbour    = "neighbour"
 	kindSlotLost     = "slot-lost"
+	// The network faults beyond a clean cut (faults_net.go).
+	kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock = "net-slow", "net-oneway-kafka", "net-oneway-pg", "cut-heal-open", "cut-leader-lock"
 )
 
 // FaultKinds lists every kind the nemesis can apply.
 func FaultKinds() []string {
-	return append(ShortKinds(), kindSlotLost)
+	return append(ShortKinds(), kindSlotLost, kindOneWayPG)
 }
 
 // ShortKinds lists the kinds of the short schedule make test runs: every kind but the lost slot,
-// whose recovery publishes a whole gap again and is left to the long runs of make chaos.
+// whose recovery publishes a whole gap again and is left to the long runs of make chaos, and the
+// one-way cut of PostgreSQL, which a relay meets as it does cut-pg (a timeout) but for statements
+// applied unanswered.
 func ShortKinds() []string {
 	return []string{kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth, kindBrokerStop,
 		kindBrokerPause, kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindOtherLoad,
-		kindBigTx, kindAddColumn, kindNeighbour}
+		kindBigTx, kindAddColumn, kindNeighbour,
+		kindNetSlow, kindOneWayKafka, kindCutHealOpen, kindCutLeaderLock}
 }
 
 // kindScope says what a kind targets: a relay of a mode, a mode (its writers, its table), or the
@@ -64,6 +69,8 @@ const (
 func scopeOf(kind string) kindScope {
 	switch kind {
 	case kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth:
+		return scopeRelay
+	case kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock:
 		return scopeRelay
 	case kindBigTx, kindAddColumn, kindNeighbour, kindOtherLoad, kindSlotLost:
 		return scopeMode
@@ -210,7 +217,7 @@ func (n *nemesis) pick(kind string) (*fault, bool) {
 			}
 			return out
 		}
-		m := n.nextMode(func(m *modeRun) bool { return len(free(m)) > 0 })
+		m := n.nextMode(func(m *modeRun) bool { return len(free(m)) > 0 && (kind != kindCutLeaderLock || !m.mode.Poll) })
 		if m == nil {
 			return nil, false
 		}
@@ -312,6 +319,8 @@ func (n *nemesis) duration(kind string) (time.Duration, string) {
 		return between(time.Second, 15*time.Second), ""
 	case kindOtherLoad:
 		return between(5*time.Second, 30*time.Second), ""
+	case kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock:
+		return netDuration(kind, n.rng, between)
 	}
 	return 0, ""
 }
@@ -505,6 +514,8 @@ func (n *nemesis) act(ctx context.Context, f *fault, rec *history.Fault, heal fu
 		return err
 	case kindNeighbour:
 		return r.startNeighbour(ctx, f.mode)
+	case kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock:
+		return actNet(ctx, c, f, heal)
 	case kindSlotLost:
 		lost, err := c.LoseSlot(ctx, f.mode.db, f.mode.slot)
 		if errors.Is(err, cluster.ErrNoHorizon) {
