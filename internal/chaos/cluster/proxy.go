@@ -181,10 +181,10 @@ func (p *proxy) pipe(l *link, dst, src net.Conn, dir int) {
 	// Every return below has closed the link, which ends the reader's Read.
 	defer reader.Wait()
 	reader.Go(func() {
+		buf := make([]byte, chunkSize)
 		for {
-			buf := make([]byte, chunkSize)
 			n, err := src.Read(buf)
-			c := chunk{b: buf[:n], err: err, read: time.Now()}
+			c := chunk{b: append([]byte(nil), buf[:n]...), err: err, read: time.Now()}
 			select {
 			case q <- c:
 			case <-l.done:
@@ -207,8 +207,12 @@ func (p *proxy) pipe(l *link, dst, src net.Conn, dir int) {
 			return
 		}
 		if c.err != nil {
-			// What came before the end went through; the other side sees the end too.
-			l.close(false)
+			// What came before the end went through; the other side sees the end too, unless
+			// the end is held as bytes would be (a cut, replies lost): then it waits for the
+			// heal.
+			if p.holdEnd(l, dir) {
+				l.close(false)
+			}
 			return
 		}
 	}
@@ -259,6 +263,24 @@ func (p *proxy) deliver(l *link, dst net.Conn, c chunk, dir int, last *time.Time
 		b = b[n:]
 	}
 	return true
+}
+
+// holdEnd waits until the end of a direction may pass as its bytes would: after a cut, and never
+// while replies are lost (a heal resets the link instead); false when the link ended meanwhile.
+func (p *proxy) holdEnd(l *link, dir int) bool {
+	for {
+		p.mu.Lock()
+		held, changed := p.cut || (dir == toClient && p.replies), p.changed
+		p.mu.Unlock()
+		if !held {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-l.done:
+			return false
+		}
+	}
 }
 
 // waitUncut waits while the proxy is cut; false when the link ended meanwhile.

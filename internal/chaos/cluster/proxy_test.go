@@ -81,7 +81,8 @@ func echoProxy(t *testing.T) *proxy {
 	return p
 }
 
-// recordingProxy is echoProxy whose server also sends each piece of what it reads to got.
+// recordingProxy is echoProxy whose server also sends each piece of what it reads to got, and
+// connEnded when a connection's read ends.
 func recordingProxy(t *testing.T) (*proxy, <-chan string) {
 	t.Helper()
 	echo, err := net.Listen("tcp", "127.0.0.1:0")
@@ -113,6 +114,10 @@ func recordingProxy(t *testing.T) (*proxy, <-chan string) {
 						}
 					}
 					if err != nil {
+						select {
+						case got <- connEnded:
+						default:
+						}
 						return
 					}
 				}
@@ -127,6 +132,9 @@ func recordingProxy(t *testing.T) (*proxy, <-chan string) {
 	t.Cleanup(func() { _ = p.Close() })
 	return p, got
 }
+
+// connEnded is what recordingProxy's server reports when a connection's read ends.
+const connEnded = "<end>"
 
 // timedEcho writes s on c and reads it back within limit, returning how long it took.
 func timedEcho(c net.Conn, s string, limit time.Duration) (time.Duration, error) {
@@ -225,15 +233,18 @@ func TestProxyCutRepliesDeliversRequestsAndDropsAnswers(t *testing.T) {
 }
 
 // HealOpen ends a cut without closing anything: what was sent during it arrives, the open
-// connection and one accepted during the cut go on forwarding.
+// connection and one accepted during the cut go on forwarding, and a connection closed during the
+// cut ends at the server only then.
 func TestProxyHealOpenKeepsTheConnections(t *testing.T) {
 	p, got := recordingProxy(t)
-	held := dial(t, p.Addr())
+	held, closer := dial(t, p.Addr()), dial(t, p.Addr())
 	defer held.Close()
-	if err := echoes(held, "before"); err != nil {
-		t.Fatalf("before the cut: %v", err)
+	for _, c := range []net.Conn{held, closer} {
+		if err := echoes(c, "before"); err != nil {
+			t.Fatalf("before the cut: %v", err)
+		}
+		<-got
 	}
-	<-got
 	p.Cut()
 	fresh := dial(t, p.Addr())
 	defer fresh.Close()
@@ -242,6 +253,7 @@ func TestProxyHealOpenKeepsTheConnections(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	_ = closer.Close()
 	select {
 	case s := <-got:
 		t.Fatalf("the server read %q during the cut", s)
@@ -256,6 +268,16 @@ func TestProxyHealOpenKeepsTheConnections(t *testing.T) {
 		}
 		if err := echoes(c, "after"); err != nil {
 			t.Fatalf("the %s connection after the heal: %v", name, err)
+		}
+	}
+	for timeout := time.After(5 * time.Second); ; {
+		select {
+		case s := <-got:
+			if s == connEnded {
+				return
+			}
+		case <-timeout:
+			t.Fatal("the connection closed during the cut never ended at the server after the heal")
 		}
 	}
 }
