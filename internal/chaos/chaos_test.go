@@ -76,7 +76,7 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 			applied[kind] += n
 		}
 	}
-	// The deck deals every kind at least twice in 90 s; one that never took effect means a fault
+	// The deck deals most kinds twice in 90 s; one planned that never took effect means a fault
 	// that does nothing. PostgreSQL's faults (restarts, failovers, a neighbour's start) exclude
 	// each other, and a failover may hold them for half a minute waiting for the standby, so of
 	// those at least one must have taken effect.
@@ -85,8 +85,8 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 		switch {
 		case strings.HasPrefix(kind, "failover-"), strings.HasPrefix(kind, "pg-restart"), kind == "neighbour":
 			postgres += applied[kind]
-		case applied[kind] == 0:
-			t.Errorf("no %s fault took effect in any mode", kind)
+		case applied[kind] == 0 && res.Planned[kind] > 0:
+			t.Errorf("no %s fault took effect in any mode (%d planned)", kind, res.Planned[kind])
 		}
 	}
 	if postgres == 0 {

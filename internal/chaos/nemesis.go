@@ -35,19 +35,24 @@ const (
 	kindAddColumn    = "add-column"
 	kindNeighbour    = "neighbour"
 	kindSlotLost     = "slot-lost"
+	// The network faults beyond a clean cut (faults_net.go).
+	kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock = "net-slow", "net-oneway-kafka", "net-oneway-pg", "cut-heal-open", "cut-leader-lock"
 )
 
 // FaultKinds lists every kind the nemesis can apply.
 func FaultKinds() []string {
-	return append(ShortKinds(), kindSlotLost)
+	return append(ShortKinds(), kindSlotLost, kindOneWayPG)
 }
 
 // ShortKinds lists the kinds of the short schedule make test runs: every kind but the lost slot,
-// whose recovery publishes a whole gap again and is left to the long runs of make chaos.
+// whose recovery publishes a whole gap again and is left to the long runs of make chaos, and the
+// one-way cut of PostgreSQL, which a relay meets as it does cut-pg (a timeout) but for statements
+// applied unanswered.
 func ShortKinds() []string {
 	return []string{kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth, kindBrokerStop,
 		kindBrokerPause, kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindOtherLoad,
-		kindBigTx, kindAddColumn, kindNeighbour}
+		kindBigTx, kindAddColumn, kindNeighbour,
+		kindNetSlow, kindOneWayKafka, kindCutHealOpen, kindCutLeaderLock}
 }
 
 // kindScope says what a kind targets: a relay of a mode, a mode (its writers, its table), or the
@@ -63,6 +68,8 @@ const (
 func scopeOf(kind string) kindScope {
 	switch kind {
 	case kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth:
+		return scopeRelay
+	case kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock:
 		return scopeRelay
 	case kindBigTx, kindAddColumn, kindNeighbour, kindOtherLoad, kindSlotLost:
 		return scopeMode
@@ -491,6 +498,8 @@ func (n *nemesis) act(ctx context.Context, f *fault, rec *history.Fault, heal fu
 		return err
 	case kindNeighbour:
 		return r.startNeighbour(ctx, f.mode)
+	case kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock:
+		return actNet(ctx, c, f, heal)
 	case kindSlotLost:
 		lost, err := c.LoseSlot(ctx, f.mode.db, f.mode.slot)
 		if errors.Is(err, cluster.ErrNoHorizon) {

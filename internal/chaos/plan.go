@@ -37,11 +37,7 @@ type planner struct {
 
 // drawPlan draws the schedule of a run with options o (defaults applied) for the fault period.
 func drawPlan(o Options, standby bool, lease time.Duration) []history.PlannedFault {
-	p := &planner{
-		opts: o, rng: rand.New(rand.NewPCG(o.Seed, 0x706c616e)), kinds: o.Kinds, modes: o.Modes, standby: standby,
-		recovers: func(m Mode) bool { return recovers(m, o.Kinds) }, lease: lease, short: o.Short,
-		columns: make(map[string]int), neighbours: make(map[string]bool),
-	}
+	p := newPlanner(o, standby, lease)
 	p.dealMust()
 	var plan []history.PlannedFault
 	at := time.Duration(0)
@@ -63,6 +59,14 @@ func drawPlan(o Options, standby bool, lease time.Duration) []history.PlannedFau
 		}
 		f.Seq, f.At = len(plan)+1, at
 		plan = append(plan, f)
+	}
+}
+
+func newPlanner(o Options, standby bool, lease time.Duration) *planner {
+	return &planner{
+		opts: o, rng: rand.New(rand.NewPCG(o.Seed, 0x706c616e)), kinds: o.Kinds, modes: o.Modes, standby: standby,
+		recovers: func(m Mode) bool { return recovers(m, o.Kinds) }, lease: lease, short: o.Short,
+		columns: make(map[string]int), neighbours: make(map[string]bool),
 	}
 }
 
@@ -118,7 +122,8 @@ func (p *planner) fault(kind string) (history.PlannedFault, bool) {
 	f := history.PlannedFault{Kind: kind}
 	switch scopeOf(kind) {
 	case scopeRelay:
-		m, ok := p.nextMode(func(Mode) bool { return true })
+		// Pollers elect no leader: they have no leader lock to cut.
+		m, ok := p.nextMode(func(m Mode) bool { return kind != kindCutLeaderLock || !m.Poll })
 		if !ok {
 			return f, false
 		}
@@ -215,6 +220,8 @@ func (p *planner) duration(kind string) (time.Duration, string) {
 		return p.between(time.Second, 15*time.Second), ""
 	case kindOtherLoad:
 		return p.between(5*time.Second, 30*time.Second), ""
+	case kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock:
+		return netDuration(kind, p.rng, p.between)
 	}
 	return 0, ""
 }

@@ -63,6 +63,9 @@ type Result struct {
 	// Command is the make chaos command line that runs the same schedule again: the seed and
 	// every option that shapes the schedule or the load.
 	Command string
+	// Planned counts the faults the schedule planned, by kind: a short run's plan deals what it
+	// has time for, so a kind it never planned is no fault that did nothing.
+	Planned map[string]int
 }
 
 // ModeResult is one mode's outcome.
@@ -507,7 +510,7 @@ func (r *runner) setUp(ctx context.Context, m Mode, seed uint64) (*modeRun, erro
 	}
 	for i := 1; i <= r.opts.Relays; i++ {
 		name := relayName(m, i)
-		rl, err := newRelay(name, r.opts.RelayBin, r.relayArgs(m, mr.slot), r.relayEnv(name, mr.db), filepath.Join(dir, fmt.Sprintf("r%d.log", i)))
+		rl, err := newRelay(name, r.opts.RelayBin, r.relayArgs(m, mr.slot), r.relayEnv(m, name, mr.db), filepath.Join(dir, fmt.Sprintf("r%d.log", i)))
 		if err != nil {
 			return nil, err
 		}
@@ -615,15 +618,21 @@ func recovers(m Mode, kinds []string) bool {
 	return m.Recover && slices.Contains(kinds, kindSlotLost)
 }
 
-func (r *runner) relayEnv(client, db string) []string {
-	return []string{"OUTBOX_PG_DSN=" + r.cluster.ClientDSN(client, db), "OUTBOX_KAFKA_BROKERS=" + r.cluster.ClientBrokers(client)}
+// relayEnv gives a relay its own network path; with a leader election, the lock's session
+// (leader_dsn) takes a path of its own too, which the cut-leader-lock fault cuts alone.
+func (r *runner) relayEnv(m Mode, client, db string) []string {
+	env := []string{"OUTBOX_PG_DSN=" + r.cluster.ClientDSN(client, db), "OUTBOX_KAFKA_BROKERS=" + r.cluster.ClientBrokers(client)}
+	if !m.Poll {
+		env = append(env, "OUTBOX_LEADER_DSN="+r.cluster.ClientLeaderDSN(client, db))
+	}
+	return env
 }
 
 // startNeighbour starts the second relay of an exactly-once mode and its writer.
 func (r *runner) startNeighbour(ctx context.Context, m *modeRun) error {
 	nb := m.neighbour
 	name := m.mode.Name + "-nb"
-	rl, err := newRelay(name, r.opts.RelayBin, r.relayArgs(m.mode, nb.slot), r.relayEnv(name, nb.db), filepath.Join(r.opts.Dir, m.mode.Name, "nb.log"))
+	rl, err := newRelay(name, r.opts.RelayBin, r.relayArgs(m.mode, nb.slot), r.relayEnv(m.mode, name, nb.db), filepath.Join(r.opts.Dir, m.mode.Name, "nb.log"))
 	if err != nil {
 		return err
 	}
@@ -983,5 +992,9 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 		res.Modes = append(res.Modes, mres)
 	}
 	res.Command = r.plan.Options.Command()
+	res.Planned = make(map[string]int)
+	for _, f := range r.plan.Faults {
+		res.Planned[f.Kind]++
+	}
 	return res, nil
 }

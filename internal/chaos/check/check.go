@@ -219,7 +219,7 @@ func faultEnd(f history.Fault) time.Time {
 
 // kafkaAway are the fault kinds during which relays cannot reach Kafka: nothing is acknowledged,
 // so the slot's confirmed position stands still, and a replay cannot make progress.
-var kafkaAway = map[string]bool{"broker-stop": true, "broker-pause": true, "cut-kafka": true, "cut-both": true}
+var kafkaAway = map[string]bool{"broker-stop": true, "broker-pause": true, "cut-kafka": true, "cut-both": true, "net-oneway-kafka": true, "cut-heal-open": true}
 
 // awayCluster is a run of times when Kafka was away, near enough to each other that a replay's
 // lookback (before) or window (after) around one reaches the next: raw is when Kafka was away,
