@@ -2,6 +2,7 @@ package chaos_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -14,7 +15,7 @@ import (
 )
 
 // shortSeeds are the schedules make test runs, one a day in turn (CHAOS_SEED picks another):
-// each has been run to the end without a violation, so a failure is news about the relay.
+// a failure is news about the relay or the harness, and its seed replays it.
 var shortSeeds = []uint64{7, 1201, 31337}
 
 // TestShortScheduleOfEveryMode runs every mode side by side on one PostgreSQL 18 primary with a
@@ -33,6 +34,9 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 		}
 		seed = s
 	}
+	// First, on stderr: a test timeout that ends the binary must not swallow the seed.
+	fmt.Fprintf(os.Stderr, "TestShortScheduleOfEveryMode: CHAOS_SEED=%d\n", seed)
+	t.Logf("CHAOS_SEED=%d", seed)
 	dir := t.TempDir()
 	if keep := os.Getenv("CHAOS_KEEP"); keep != "" {
 		dir = keep
@@ -53,6 +57,15 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 		if len(m.Violations) > 0 {
 			t.Errorf("%s:\n%s", m.Mode, m.Text)
 		}
+		// The schedule must have killed and paused past its lease the relay leading at that
+		// moment, passed leadership on and failed over (check.Unmet): a run that did not
+		// exercise those proves little.
+		for _, u := range m.Unmet {
+			t.Errorf("%s: requirement not met: %s", m.Mode, u)
+		}
+		if t.Failed() {
+			t.Logf("%s: replay: %s (CHAOS_KEEP=<dir> keeps the history)", m.Mode, m.Replay)
+		}
 		for _, c := range m.Crashes {
 			t.Errorf("%s: %s", m.Mode, c)
 		}
@@ -63,7 +76,7 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 			applied[kind] += n
 		}
 	}
-	// The deck deals every kind at least twice in 90 s; one that never took effect means a fault
+	// The deck deals most kinds twice in 90 s; one planned that never took effect means a fault
 	// that does nothing. PostgreSQL's faults (restarts, failovers, a neighbour's start, the
 	// standby's stop and lag, a freeze) exclude
 	// each other, and a failover may hold them for half a minute waiting for the standby, so of
@@ -74,12 +87,12 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 		case strings.HasPrefix(kind, "failover-"), strings.HasPrefix(kind, "pg-restart"), kind == "neighbour",
 			strings.HasPrefix(kind, "standby-"), kind == "pg-freeze":
 			postgres += applied[kind]
-		case applied[kind] == 0:
-			t.Errorf("no %s fault took effect in any mode", kind)
+		case applied[kind] == 0 && res.Planned[kind] > 0:
+			t.Errorf("no %s fault took effect in any mode (%d planned)", kind, res.Planned[kind])
 		}
 	}
 	if postgres == 0 {
 		t.Errorf("no PostgreSQL fault (restart, failover, neighbour, standby, freeze) took effect")
 	}
-	t.Logf("faults applied: %v", applied)
+	t.Logf("faults applied: %v; the same schedule again: %s", applied, res.Command)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strings"
@@ -48,30 +49,30 @@ const (
 	variantNeighbourFreeze  = "its slot created across a frozen primary"
 )
 
-// pgCanApply reports whether a kind of this file can target m (nil for cluster kinds) now.
-func (r *runner) pgCanApply(kind string, m *modeRun) bool {
+// pgEligible reports whether a kind of this file can target mode m (nil for cluster kinds) in a
+// run with these options: the planner asks, from the options alone.
+func pgEligible(kind string, m *Mode, standby bool, recovers func(Mode) bool) bool {
 	switch kind {
 	case kindSlotInvalidated:
-		return m != nil && r.recovers(m.mode)
+		return m != nil && recovers(*m)
 	case kindPrune:
-		return m != nil && m.mode.Shape != workload.Messages
+		return m != nil && m.Shape != workload.Messages
 	case kindStandbyStop, kindStandbyLag:
-		return r.standby
+		return standby
 	}
 	return true
 }
 
-// durationPG draws how long a kind of this file lasts and which variant.
-func (n *nemesis) durationPG(kind string) (time.Duration, string) {
-	between := func(lo, hi time.Duration) time.Duration {
-		return lo + time.Duration(n.rng.Float64()*float64(hi-lo))
-	}
+// pgDuration draws how long a kind of this file (or oom, or a neighbour's start) lasts and which
+// variant.
+func pgDuration(kind string, rng *rand.Rand, between func(lo, hi time.Duration) time.Duration, standby bool) (time.Duration, string) {
 	switch kind {
 	case kindSlotInvalidated:
-		if n.run.standby && n.rng.IntN(3) == 0 {
-			return between(2*time.Second, 5*time.Second), variantFailoverDuringRecovery // the cut, before the invalidation
+		d := between(2*time.Second, 5*time.Second) // the cut, before the invalidation
+		if standby && rng.IntN(3) == 0 {
+			return d, variantFailoverDuringRecovery
 		}
-		return between(2*time.Second, 5*time.Second), ""
+		return d, ""
 	case kindStandbyStop:
 		return between(2*time.Second, 15*time.Second), ""
 	case kindStandbyLag:
@@ -87,7 +88,7 @@ func (n *nemesis) durationPG(kind string) (time.Duration, string) {
 	case kindOOM:
 		return between(5*time.Second, 20*time.Second), "" // the wait for the kill
 	case kindNeighbour:
-		switch n.rng.IntN(3) {
+		switch rng.IntN(3) {
 		case 0:
 			return 0, variantNeighbourRestart
 		case 1:
@@ -137,7 +138,7 @@ func (n *nemesis) actPG(ctx context.Context, f *fault, rec *history.Fault, heal 
 		if f.mode.mode.Poll {
 			args = append(args, "--source=poll")
 		}
-		if r.recovers(f.mode.mode) {
+		if recovers(f.mode.mode, r.opts.Kinds) {
 			args = append(args, "--on-slot-lost=recover")
 		}
 		out, err := runCommandOutput(ctx, r.opts.RelayBin, args, []string{"OUTBOX_PG_DSN=" + f.mode.dsn})
@@ -225,7 +226,7 @@ func (n *nemesis) failoverDuringRecovery(ctx context.Context, f *fault, lost tim
 		r.note("fault #%d %s: %s not made: %v", f.seq, f.kind, variantFailoverDuringRecovery, err)
 		return nil
 	}
-	fo := history.Fault{Kind: kindFailoverSync, Target: "postgres", Start: res.Killed, End: time.Now(),
+	fo := history.Fault{Kind: kindFailoverSync, Target: "postgres", Start: res.Killed, End: time.Now(), Seq: f.seq,
 		Detail: fmt.Sprintf("during the recovery of %s (slot lost %s before the kill)", f.mode.slot, res.Killed.Sub(lost).Round(100*time.Millisecond))}
 	r.logf("fault #%d %s: failover %s", f.seq, f.kind, fo.Detail)
 	r.recordFault(nil, fo)
@@ -245,7 +246,7 @@ func (n *nemesis) neighbourUnderFault(ctx context.Context, f *fault, heal func(f
 	// lands while it creates or first streams its slot. Every mode's relays see the fault: it is
 	// recorded as the kind it is, for the checker, besides the neighbour's start.
 	sleep(ctx, 500*time.Millisecond)
-	server := history.Fault{Target: "postgres", Start: time.Now(), Detail: "under " + f.mode.mode.Name + "'s neighbour start"}
+	server := history.Fault{Target: "postgres", Start: time.Now(), Seq: f.seq, Detail: "under " + f.mode.mode.Name + "'s neighbour start"}
 	switch f.detail {
 	case variantNeighbourRestart:
 		server.Kind = kindPGImmediate

@@ -45,8 +45,10 @@ func Check(h *history.History) []Violation {
 	return analyze(h).vs
 }
 
-// analyze runs every rule once; Check keeps the violations, Summarize the counts.
+// analyze runs every rule once; Check keeps the violations, Summarize the counts. Only faults
+// that took effect are seen: a failed or skipped one excuses nothing.
 func analyze(h *history.History) *run {
+	h = tookEffect(h)
 	r := newRun(h)
 	r.checkTxns()
 	r.scanReads()
@@ -66,6 +68,16 @@ func analyze(h *history.History) *run {
 		return cmp.Compare(a.Message, b.Message)
 	})
 	return r
+}
+
+// tookEffect returns h with only the faults that took effect (h itself when all did).
+func tookEffect(h *history.History) *history.History {
+	if !slices.ContainsFunc(h.Faults, func(f history.Fault) bool { return !f.TookEffect() }) {
+		return h
+	}
+	c := *h
+	c.Faults = slices.DeleteFunc(slices.Clone(h.Faults), func(f history.Fault) bool { return !f.TookEffect() })
+	return &c
 }
 
 // run is one analysis of a history. Events are numbered densely (in the order the transactions
@@ -211,7 +223,7 @@ func faultEnd(f history.Fault) time.Time {
 
 // kafkaAway are the fault kinds during which relays cannot reach Kafka: nothing is acknowledged,
 // so the slot's confirmed position stands still, and a replay cannot make progress.
-var kafkaAway = map[string]bool{"broker-stop": true, "broker-pause": true, "cut-kafka": true, "cut-both": true}
+var kafkaAway = map[string]bool{"broker-stop": true, "broker-pause": true, "cut-kafka": true, "cut-both": true, "net-oneway-kafka": true, "cut-heal-open": true}
 
 // awayCluster is a run of times when Kafka was away, near enough to each other that a replay's
 // lookback (before) or window (after) around one reaches the next: raw is when Kafka was away,

@@ -45,6 +45,7 @@ type Summary struct {
 // Summarize counts what h holds and what Check finds in it.
 func Summarize(h *history.History) Summary {
 	r := analyze(h)
+	h = r.h // the faults that took effect
 	s := Summary{
 		Seed: h.Seed, Mode: h.Mode, Delivery: h.Settings.Delivery, Duration: h.End.Sub(h.Start),
 		Txns: make(map[history.Outcome]int), Faults: make(map[string]int),

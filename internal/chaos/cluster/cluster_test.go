@@ -65,6 +65,52 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 		}
 	})
 
+	t.Run("the leader lock's path is cut alone, a cut PostgreSQL path cuts it too", func(t *testing.T) {
+		lock := connect(ctx, t, c.ClientLeaderDSN("r1", "chaos"))
+		defer lock.Close(context.Background())
+		c.CutLeaderLock("r1")
+		defer c.HealLeaderLock("r1")
+		if err := query(ctx, lock, time.Second); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("the lock session through its cut path: %v, want a timeout", err)
+		}
+		if err := connectQuery(ctx, c.ClientDSN("r1", "chaos"), 5*time.Second); err != nil {
+			t.Fatalf("r1's other PostgreSQL path during the lock's cut: %v", err)
+		}
+		c.HealLeaderLock("r1")
+		if err := connectQuery(ctx, c.ClientLeaderDSN("r1", "chaos"), 5*time.Second); err != nil {
+			t.Fatalf("the lock's path after the heal: %v", err)
+		}
+		c.CutPostgres("r1")
+		defer c.HealPostgres("r1")
+		if err := connectQuery(ctx, c.ClientLeaderDSN("r1", "chaos"), time.Second); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("the lock's path during a cut of r1's PostgreSQL: %v, want a timeout", err)
+		}
+		c.HealPostgres("r1")
+	})
+
+	t.Run("with PostgreSQL's replies cut a statement is applied and its answer lost", func(t *testing.T) {
+		conn := connect(ctx, t, c.ClientDSN("r1", "chaos"))
+		defer conn.Close(context.Background())
+		c.CutPostgresReplies("r1")
+		defer c.HealPostgres("r1")
+		qctx, qcancel := context.WithTimeout(ctx, time.Second)
+		_, err := conn.Exec(qctx, "CREATE TABLE applied_unanswered (id int)")
+		qcancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a statement with the replies cut: %v, want a timeout", err)
+		}
+		direct := connect(ctx, t, c.DSN("chaos"))
+		defer direct.Close(context.Background())
+		var exists bool
+		if err := direct.QueryRow(ctx, "SELECT to_regclass('applied_unanswered') IS NOT NULL").Scan(&exists); err != nil || !exists {
+			t.Fatalf("the table created with the replies cut: exists %v (%v), want it there", exists, err)
+		}
+		c.HealPostgres("r1")
+		if err := connectQuery(ctx, c.ClientDSN("r1", "chaos"), 5*time.Second); err != nil {
+			t.Fatalf("after the heal: %v", err)
+		}
+	})
+
 	if err := c.Kafka().CreateTopic(ctx, "chaos", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -80,6 +126,44 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 		roundTrip(ctx, t, c.ClientBrokers("r2"), "r2 during r1's cut")
 		c.HealKafka("r1")
 		roundTrip(ctx, t, c.ClientBrokers("r1"), "after")
+	})
+
+	t.Run("with the broker's replies cut a produce is appended and its acknowledgement lost", func(t *testing.T) {
+		conn, err := kafka.DialLeader(ctx, "tcp", c.ClientBrokers("r1"), "chaos", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		// The connection learns the broker's API versions with its first request.
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := conn.WriteMessages(kafka.Message{Value: []byte("acknowledged")}); err != nil {
+			t.Fatal(err)
+		}
+		c.CutKafkaReplies("r1")
+		defer c.HealKafka("r1")
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := conn.WriteMessages(kafka.Message{Value: []byte("unacknowledged")}); !isTimeout(err) {
+			t.Fatalf("a produce with the replies cut: %v, want a timeout", err)
+		}
+		direct, err := kafka.DialLeader(ctx, "tcp", c.Brokers(), "chaos", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer direct.Close()
+		_ = direct.SetDeadline(time.Now().Add(10 * time.Second))
+		last, err := direct.ReadLastOffset()
+		if err == nil {
+			_, err = direct.Seek(last-1, kafka.SeekAbsolute)
+		}
+		var m kafka.Message
+		if err == nil {
+			m, err = direct.ReadMessage(1 << 20)
+		}
+		if err != nil || string(m.Value) != "unacknowledged" {
+			t.Fatalf("the last record on the broker: %q (%v), want the unacknowledged one", m.Value, err)
+		}
+		c.HealKafka("r1")
+		roundTrip(ctx, t, c.ClientBrokers("r1"), "after the replies' heal")
 	})
 
 	t.Run("the broker stops and starts, pauses and resumes", func(t *testing.T) {

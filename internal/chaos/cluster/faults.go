@@ -14,18 +14,18 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 )
 
-// CutPostgres partitions client from PostgreSQL silently: its proxies forward nothing and close
-// nothing, and its new connections hang.
+// CutPostgres partitions client from PostgreSQL silently: its proxies (the leader lock's too)
+// forward nothing and close nothing, and its new connections hang.
 func (c *Cluster) CutPostgres(client string) {
-	for _, p := range c.paths(client).pg {
+	for _, p := range c.paths(client).postgres() {
 		p.Cut()
 	}
 }
 
-// HealPostgres ends CutPostgres: the connections held are closed (the peers see a reset) and new
-// ones are forwarded.
+// HealPostgres ends CutPostgres and CutPostgresReplies: the connections held are closed (the
+// peers see a reset) and new ones are forwarded.
 func (c *Cluster) HealPostgres(client string) {
-	for _, p := range c.paths(client).pg {
+	for _, p := range c.paths(client).postgres() {
 		p.Heal()
 	}
 }
@@ -33,7 +33,7 @@ func (c *Cluster) HealPostgres(client string) {
 // CutKafka partitions client from the broker as CutPostgres does from PostgreSQL.
 func (c *Cluster) CutKafka(client string) { c.paths(client).kafka.Cut() }
 
-// HealKafka ends CutKafka.
+// HealKafka ends CutKafka and CutKafkaReplies.
 func (c *Cluster) HealKafka(client string) { c.paths(client).kafka.Heal() }
 
 // StopBroker stops the broker (SIGTERM: a controlled shutdown; SIGKILL after 30s).

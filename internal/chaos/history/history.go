@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -42,6 +43,74 @@ type History struct {
 	Slots     []SlotSample  `json:"slot_samples"`
 	Stops     []Stop        `json:"stops"`
 	Notes     []Note        `json:"notes,omitempty"` // what the harness itself observed (a relay's refusal, a restart)
+	// Plan is the schedule the run drew up front from its seed, with every option that drew it:
+	// enough to run the same schedule again (internal/cmd/chaos --replay).
+	Plan *Plan `json:"plan,omitempty"`
+	// Required names what the schedule must have carried out in this mode for the run to count
+	// (check.Unmet): RequireLeaderKill, RequireLeaderZombie, RequireLeaderChange, RequireFailover.
+	Required []string `json:"required,omitempty"`
+}
+
+// What a run may be required to have carried out in a mode (History.Required).
+const (
+	RequireLeaderKill   = "leader-kill"   // a kill9 whose target led at that moment
+	RequireLeaderZombie = "leader-zombie" // a pause longer than the lease whose target led at that moment
+	RequireRelayKill    = "relay-kill"    // a kill9 of any relay (modes without a leader)
+	RequireRelayZombie  = "relay-zombie"  // a pause longer than the lease of any relay (modes without a leader)
+	RequireLeaderChange = "leader-change" // leadership passed from one relay to another
+	RequireFailover     = "failover"      // a failover that took effect (cluster-wide)
+)
+
+// Plan is a schedule drawn up front: the options of the run and every fault, in order.
+type Plan struct {
+	Options PlanOptions    `json:"options"`
+	Faults  []PlannedFault `json:"faults"`
+}
+
+// PlanOptions are the options of a run that shape its schedule and its load.
+type PlanOptions struct {
+	Seed      uint64        `json:"seed"`
+	Duration  time.Duration `json:"duration"`
+	Modes     []string      `json:"modes"`
+	Kinds     []string      `json:"kinds"`
+	PGVersion string        `json:"pg_version"`
+	Relays    int           `json:"relays"`
+	Writers   int           `json:"writers"`
+	Rate      float64       `json:"rate"`
+	Mean      time.Duration `json:"mean"`
+	Short     bool          `json:"short,omitempty"`
+}
+
+// Command returns the make chaos command line that draws and runs the same schedule again: the
+// seed and every option that shapes the schedule or the load.
+func (o PlanOptions) Command() string {
+	short := ""
+	if o.Short {
+		short = " SHORT=1"
+	}
+	return fmt.Sprintf("make chaos SEED=%d DURATION=%s MODE=%s KINDS=%s RELAYS=%d WRITERS=%d RATE=%g MEAN=%s PG_VERSION=%s%s",
+		o.Seed, o.Duration, strings.Join(o.Modes, ","), strings.Join(o.Kinds, ","), o.Relays, o.Writers, o.Rate, o.Mean, o.PGVersion, short)
+}
+
+// Roles a relay fault's target is drawn by: resolved to a relay at the moment the fault applies.
+const (
+	RoleLeader   = "leader"
+	RoleFollower = "follower"
+	RoleAny      = "any" // modes without a leader (poll)
+)
+
+// PlannedFault is one fault of a plan, before it is applied.
+type PlannedFault struct {
+	Seq  int           `json:"seq"`
+	At   time.Duration `json:"at"` // from the start of the fault period
+	Kind string        `json:"kind"`
+	Mode string        `json:"mode,omitempty"` // relay and mode faults
+	Role string        `json:"role,omitempty"` // relay faults
+	// Pick chooses among the relays that fit the role at the moment (the index modulo their count).
+	Pick     int           `json:"pick,omitempty"`
+	Duration time.Duration `json:"duration,omitempty"`
+	Detail   string        `json:"detail,omitempty"`
+	Events   int           `json:"events,omitempty"` // of a big transaction
 }
 
 // Settings are the bounds the checker holds the run to.
@@ -129,7 +198,22 @@ type Fault struct {
 	// Lost is when a slot-lost fault dropped the slot (after Start when the first attempts lost
 	// the race with the relay's reconnection): transactions committed after it are not its gap's.
 	Lost time.Time `json:"lost,omitempty"`
+	// Seq is the fault's place in History.Plan.
+	Seq int `json:"seq,omitempty"`
+	// Role is what the target was drawn as (a relay fault: leader, follower, any); Leader says
+	// whether the target reported leadership when the fault applied (read from the relays then).
+	Role   string `json:"role,omitempty"`
+	Leader bool   `json:"leader,omitempty"`
+	// Failed is the error of an action that failed; Skipped why the fault never applied (its
+	// target or its server busy until the fault period ended, a standby not ready). A failed or
+	// skipped fault is kept for the reader but counts for nothing: not in summaries, not as an
+	// excuse for a duplicate or a stall, not towards History.Required.
+	Failed  string `json:"failed,omitempty"`
+	Skipped string `json:"skipped,omitempty"`
 }
+
+// TookEffect reports whether f was applied: neither skipped nor failed.
+func (f Fault) TookEffect() bool { return f.Failed == "" && f.Skipped == "" }
 
 // RelaySample is what one scrape of a relay's metrics said.
 type RelaySample struct {
