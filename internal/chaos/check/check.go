@@ -26,6 +26,7 @@ const (
 	RuleSlowStop          = "slow-stop"          // a SIGTERM took longer than shutdown_timeout
 	RuleRSS               = "rss"                // a relay's RSS above the bound
 	RuleHarness           = "harness"            // the history contradicts itself: a bug of the harness
+	RuleNotCarriedOut     = "not-carried-out"    // the run could not be judged: its outcomes could not be settled
 )
 
 // maxEvents bounds Violation.Events, so that a run that lost a million events still gives a
@@ -48,10 +49,19 @@ func Check(h *history.History) []Violation {
 // analyze runs every rule once; Check keeps the violations, Summarize the counts.
 func analyze(h *history.History) *run {
 	r := newRun(h)
-	r.checkTxns()
-	r.scanReads()
-	r.checkConsumers()
-	r.checkLost()
+	if h.Unsettled != "" {
+		// The outcomes are unknown: every rule that judges events by them would only guess.
+		r.add(Violation{Rule: RuleNotCarriedOut, At: h.End,
+			Message: "the run was not carried out: the writers' transactions could not be settled, so no outcome is known: " + h.Unsettled})
+	} else {
+		r.checkTxns()
+		r.scanReads()
+		r.checkConsumers()
+		r.checkLost()
+		r.findDeliveries()
+		r.checkLiveness()
+		r.checkSlotBehind()
+	}
 	r.checkSlots()
 	r.checkLeaders()
 	r.checkStops()
@@ -90,6 +100,9 @@ type run struct {
 	recoveryWindows []span
 
 	vs []Violation
+
+	delivered []time.Time // per event: its first delivery (findDeliveries); zero: never
+	worst     stall       // the longest counted wait (checkLiveness)
 
 	// counts for Summarize
 	duplicates      map[string]int // repeated deliveries by isolation

@@ -39,7 +39,12 @@ type Summary struct {
 	MaxRSS        int64          // bytes, over every relay sample
 	LongestStop   time.Duration  // the longest SIGTERM-to-exit among the stops that exited
 	Unstopped     int            // SIGTERMs after which the relay had not exited
-	Violations    int
+	// WorstStall is the longest wait of a committed event for its first delivery that counted
+	// against the liveness bound (time when the servers or every relay were away, and documented
+	// waits, do not); Stall describes it with the faults around it.
+	WorstStall time.Duration
+	Stall      string
+	Violations int
 }
 
 // Summarize counts what h holds and what Check finds in it.
@@ -50,7 +55,7 @@ func Summarize(h *history.History) Summary {
 		Txns: make(map[history.Outcome]int), Faults: make(map[string]int),
 		Committed: r.committedEvents, Lost: r.lost,
 		Duplicates: r.duplicates, Recovered: r.recovered, Reordered: r.reordered, Gaps: r.gaps,
-		Violations: len(r.vs),
+		Violations: len(r.vs), WorstStall: r.worst.counted, Stall: r.stallText(),
 	}
 	if len(r.consumers) > 0 {
 		s.Delivered = r.committedEvents - r.lost
@@ -126,6 +131,9 @@ func (s Summary) String() string {
 	row("faults", "%s", counts(s.Faults))
 	row("relays", "%d leader changes, max RSS %s, longest SIGTERM stop %v, %d not stopped",
 		s.LeaderChanges, mib(s.MaxRSS), s.LongestStop.Round(time.Millisecond), s.Unstopped)
+	if s.Stall != "" {
+		row("worst stall", "%s", s.Stall)
+	}
 	row("violations", "%d", s.Violations)
 	return b.String()
 }
