@@ -58,6 +58,7 @@ func analyze(h *history.History) *run {
 		r.scanReads()
 		r.checkConsumers()
 		r.checkLost()
+		r.checkReplaySizes()
 		r.findDeliveries()
 		r.checkLiveness()
 		r.checkSlotBehind()
@@ -100,6 +101,11 @@ type run struct {
 	recoveryWindows []span
 
 	vs []Violation
+
+	// replayed counts, per consumer and fault of r.replay, the repeats that fault explains, and
+	// replayTxn the largest transaction among them (the partial one of the duplicate bound).
+	replayed  map[string][]int
+	replayTxn map[string][]int
 
 	delivered []time.Time // per event: its first delivery (findDeliveries); zero: never
 	worst     stall       // the longest counted wait (checkLiveness)
@@ -145,7 +151,7 @@ func newRun(h *history.History) *run {
 	r := &run{h: h, duplicates: make(map[string]int), recovered: make(map[string]int)}
 	var away []span
 	for _, f := range h.Faults {
-		if !noReplay[f.Kind] {
+		if !noReplay[f.Kind] && r.canReplay(f) {
 			r.replay = append(r.replay, f)
 		}
 		if kafkaAway[f.Kind] {
@@ -284,6 +290,11 @@ const replayLookback = time.Minute
 // either bound: the slot's position stands still then, and a replay waits (a broker's restart took
 // a minute on a loaded machine, and a kill during the next outage replayed three minutes).
 func (r *run) explained(first, again time.Time) bool {
+	return r.explainedBy(first, again) >= 0
+}
+
+// explainedBy is explained's fault: its index in r.replay, -1 when none explains the repeat.
+func (r *run) explainedBy(first, again time.Time) int {
 	for i, f := range r.replay {
 		if f.Start.After(again) {
 			break
@@ -295,9 +306,9 @@ func (r *run) explained(first, again time.Time) bool {
 		if first.After(faultEnd(f).Add(replaySlack)) || first.Before(w.from) {
 			continue
 		}
-		return true
+		return i
 	}
-	return false
+	return -1
 }
 
 // replaySlack is how long after a fault healed a copy sent during it may be appended: a broker
