@@ -54,6 +54,7 @@ func (r *run) countReplay(c *consumer, by int, ei int32) {
 		r.replayed[c.name], r.replayTxn[c.name] = make([]int, len(r.replay)), make([]int, len(r.replay))
 	}
 	r.replayed[c.name][by]++
+	r.byCause[r.replay[by].Kind]++
 	t, _ := r.event(ei)
 	r.replayTxn[c.name][by] = max(r.replayTxn[c.name][by], len(t.Events))
 }

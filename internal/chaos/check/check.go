@@ -106,6 +106,7 @@ type run struct {
 	// replayTxn the largest transaction among them (the partial one of the duplicate bound).
 	replayed  map[string][]int
 	replayTxn map[string][]int
+	byCause   map[string]int // repeats by the kind of the fault whose replay explains them
 
 	delivered []time.Time // per event: its first delivery (findDeliveries); zero: never
 	worst     stall       // the longest counted wait (checkLiveness)
@@ -148,7 +149,7 @@ type readRef struct{ read, ev int32 }
 type span struct{ from, to time.Time }
 
 func newRun(h *history.History) *run {
-	r := &run{h: h, duplicates: make(map[string]int), recovered: make(map[string]int)}
+	r := &run{h: h, duplicates: make(map[string]int), recovered: make(map[string]int), byCause: make(map[string]int)}
 	var away []span
 	for _, f := range h.Faults {
 		if !noReplay[f.Kind] && r.canReplay(f) {
@@ -293,8 +294,10 @@ func (r *run) explained(first, again time.Time) bool {
 	return r.explainedBy(first, again) >= 0
 }
 
-// explainedBy is explained's fault: its index in r.replay, -1 when none explains the repeat.
+// explainedBy is explained's fault: its index in r.replay, the latest to begin of those that
+// explain the repeat (the one nearest to it); -1 when none does.
 func (r *run) explainedBy(first, again time.Time) int {
+	by := -1
 	for i, f := range r.replay {
 		if f.Start.After(again) {
 			break
@@ -306,9 +309,9 @@ func (r *run) explainedBy(first, again time.Time) int {
 		if first.After(faultEnd(f).Add(replaySlack)) || first.Before(w.from) {
 			continue
 		}
-		return i
+		by = i
 	}
-	return -1
+	return by
 }
 
 // replaySlack is how long after a fault healed a copy sent during it may be appended: a broker

@@ -63,7 +63,12 @@ func (r *run) checkLiveness() {
 	if bound <= 0 || len(r.consumers) == 0 {
 		return
 	}
-	away := r.awaySpans()
+	away := r.awaySpans(r.mainRelays())
+	nbAway := r.awaySpans([]string{r.h.Mode + neighbourSuffix})
+	mainSlot := ""
+	if len(h.Slots) > 0 {
+		mainSlot = h.Slots[0].Slot
+	}
 	clear := r.legitimateWaits()
 	var over []stall
 	for i := range r.evs {
@@ -88,7 +93,11 @@ func (r *run) checkLiveness() {
 		if !at.After(from) {
 			continue
 		}
-		counted := at.Sub(from) - covered(away, span{from, at})
+		gone := away
+		if t.Slot != "" && mainSlot != "" && t.Slot != mainSlot {
+			gone = nbAway // a neighbour's transaction: its own relay streams it
+		}
+		counted := at.Sub(from) - covered(gone, span{from, at})
 		s := stall{ev: ei, committed: t.End, delivered: at, counted: counted}
 		if counted > r.worst.counted {
 			r.worst = s
@@ -101,9 +110,23 @@ func (r *run) checkLiveness() {
 	r.checkWindows(away, clear, bound)
 }
 
-// awaySpans are the merged times when PostgreSQL or the broker was away, or every relay of the
-// mode was out.
-func (r *run) awaySpans() []span {
+// neighbourSuffix ends the name of a mode's neighbour relay (the neighbour fault), the one relay
+// that streams the neighbour's database and slot.
+const neighbourSuffix = "-nb"
+
+// mainRelays are the relays of the mode's own slot: those sampled.
+func (r *run) mainRelays() []string {
+	var relays []string
+	for name := range samplesByRelay(r.h.Relays) {
+		relays = append(relays, name)
+	}
+	slices.Sort(relays)
+	return relays
+}
+
+// awaySpans are the merged times when PostgreSQL or the broker was away, or every one of relays
+// (the relays that stream one slot) was out.
+func (r *run) awaySpans(relays []string) []span {
 	h := r.h
 	var away []span
 	down := make(map[string][]span)
@@ -115,11 +138,6 @@ func (r *run) awaySpans() []span {
 			down[f.Target] = append(down[f.Target], span{f.Start, faultEnd(f)})
 		}
 	}
-	var relays []string
-	for name := range samplesByRelay(h.Relays) {
-		relays = append(relays, name)
-	}
-	slices.Sort(relays)
 	if len(relays) > 0 {
 		all := merge(down[relays[0]])
 		for _, name := range relays[1:] {
@@ -347,6 +365,10 @@ func (r *run) findDeliveries() {
 	}
 }
 
+// stallContext is how long before a stalled event's commit a fault that had ended by then is
+// still named with it: what set the stall up, not the whole schedule.
+const stallContext = 5 * time.Second
+
 // stallText describes the worst stall for the summary, with the faults around it.
 func (r *run) stallText() string {
 	s := r.worst
@@ -360,7 +382,7 @@ func (r *run) stallText() string {
 		s.counted.Round(100*time.Millisecond), e.ID, e.Key, offset(h, s.committed), s.delivered.Sub(s.committed).Round(100*time.Millisecond))
 	var near []string
 	for _, f := range h.Faults {
-		if f.Start.Before(s.delivered) && faultEnd(f).After(s.committed.Add(-around)) {
+		if f.Start.Before(s.delivered) && faultEnd(f).After(s.committed.Add(-stallContext)) {
 			near = append(near, fmt.Sprintf("%s %s %s", offset(h, f.Start), f.Kind, f.Target))
 		}
 	}

@@ -90,6 +90,17 @@ func TestLiveness(t *testing.T) {
 			b.fault("cut-both", "r1", 9, 26)
 			return b.done(bothConsumers)
 		}, 1}, // the stall; its windows are the takeover's
+		{"a neighbour's event waits while the neighbour's one relay is cut off", func() *history.History {
+			b := neighbourLate()
+			b.fault("cut-both", "eo-table-nb", 9, 26)
+			return b.done(bothConsumers)
+		}, 0},
+		{"a neighbour's event is not excused by the mode's own relays being out", func() *history.History {
+			b := neighbourLate()
+			b.fault("cut-both", "r1", 9, 26)
+			b.fault("kill9", "r2", 9, 26)
+			return b.done(bothConsumers)
+		}, 1},
 		{"what commits behind a big transaction waits for it", func() *history.History {
 			late := map[string]float64{}
 			for i := 5; i < 15; i++ {
@@ -150,4 +161,15 @@ func TestLiveness(t *testing.T) {
 			}
 		})
 	}
+}
+
+// neighbourLate is live's history with a slot sample of the mode's slot "main" and a neighbour's
+// transaction on slot "nb", committed at 10 s and delivered at 30 s.
+func neighbourLate() *builder {
+	b := live(history.ExactlyOnce, nil)
+	b.h.Slots = append(b.h.Slots, history.SlotSample{At: at(1), Slot: "main", ConfirmedLSN: 1, WALEnd: 2})
+	b.h.Txns = append(b.h.Txns, history.Txn{ID: "tnb", Writer: "nbw0", Start: at(10), End: at(10.1), Outcome: history.Committed,
+		Events: []history.Event{ev("nb1", "nbk", 1)}, Slot: "nb"})
+	b.publish(30, "nb1")
+	return b
 }

@@ -31,6 +31,9 @@ type Summary struct {
 	// Recovered counts, of Duplicates, the events of a lost slot's gap published again by its
 	// recovery, by isolation.
 	Recovered map[string]int
+	// ByCause counts, of Duplicates outside exactly-once's read_committed, the repeats a fault's
+	// replay explains, by the fault's kind (a repeat explained by several faults counts for the latest to begin).
+	ByCause   map[string]int
 	Reordered int // first deliveries that came after a later Seq of their key
 	Gaps      int // exactly-once deliveries that skipped a committed event of their key
 
@@ -54,7 +57,7 @@ func Summarize(h *history.History) Summary {
 		Seed: h.Seed, Mode: h.Mode, Delivery: h.Settings.Delivery, Duration: h.End.Sub(h.Start),
 		Txns: make(map[history.Outcome]int), Faults: make(map[string]int),
 		Committed: r.committedEvents, Lost: r.lost,
-		Duplicates: r.duplicates, Recovered: r.recovered, Reordered: r.reordered, Gaps: r.gaps,
+		Duplicates: r.duplicates, Recovered: r.recovered, ByCause: r.byCause, Reordered: r.reordered, Gaps: r.gaps,
 		Violations: len(r.vs), WorstStall: r.worst.counted, Stall: r.stallText(),
 	}
 	if len(r.consumers) > 0 {
@@ -127,6 +130,9 @@ func (s Summary) String() string {
 	row("duplicates", "%s", counts(s.Duplicates))
 	if len(s.Recovered) > 0 {
 		row("", "of them a lost slot's gap published again: %s", counts(s.Recovered))
+	}
+	if len(s.ByCause) > 0 {
+		row("", "of them replays, by the fault that caused them: %s", counts(s.ByCause))
 	}
 	row("faults", "%s", counts(s.Faults))
 	row("relays", "%d leader changes, max RSS %s, longest SIGTERM stop %v, %d not stopped",
