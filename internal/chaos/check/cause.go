@@ -32,6 +32,13 @@ func (r *run) canReplay(f history.Fault) bool {
 			}
 		}
 	}
+	return r.ledBefore(f)
+}
+
+// ledBefore reports whether relay fault f's target led within one lease before the fault began;
+// in a mode without leadership (poll: every poller publishes) every relay counts.
+func (r *run) ledBefore(f history.Fault) bool {
+	h := r.h
 	anyLeader := false
 	for _, s := range h.Relays {
 		if !s.Leader {

@@ -256,11 +256,15 @@ func (r *run) reportStalls(over []stall, bound time.Duration) {
 	}
 }
 
-// checkWindows requires every liveWindow of the fault period to have commits and deliveries,
-// unless PostgreSQL, the broker or every relay was away during it, a documented wait (a big
-// transaction, a recovery) or a takeover (a relay fault, for the liveness bound after it began)
-// may explain it. A window without a commit is not a stall when the writers tried nothing in it
-// (idle or paused); one without a delivery is not when nothing committed waited through it.
+// checkWindows requires every liveWindow of the fault period to have commits and deliveries
+// (windows tiling each stretch of it at least that long that nothing excuses), unless PostgreSQL, the broker or every relay was away during it, a documented wait (a big
+// transaction, a recovery) or a takeover may explain it. A takeover follows a fault of the relay
+// that led (in poll, of any poller, for the fault and the bound after it): after a kill, a stop,
+// a pause or a cut from PostgreSQL the standby leads within the lease and its next try, and
+// publishes within a write timeout (takeover); after a cut from Kafka, within the whole bound
+// (leader_kafka_timeout). A window without a commit is not a stall when the writers tried
+// nothing in it (idle or paused); one without a delivery is not when nothing committed waited
+// through it.
 func (r *run) checkWindows(away []span, clear []legit, bound time.Duration) {
 	h := r.h
 	if h.FaultsFrom.IsZero() || !h.FaultsTo.After(h.FaultsFrom) {
@@ -270,9 +274,20 @@ func (r *run) checkWindows(away []span, clear []legit, bound time.Duration) {
 	for _, c := range clear {
 		excused = append(excused, span{c.from, c.until})
 	}
+	st := h.Settings
+	leaders := false
+	for _, s := range h.Relays {
+		leaders = leaders || s.Leader
+	}
 	for _, f := range h.Faults {
-		if relayDown[f.Kind] {
-			excused = append(excused, span{f.Start, maxTime(faultEnd(f), f.Start.Add(bound))})
+		switch {
+		case !relayDown[f.Kind] || !r.ledBefore(f):
+		case !leaders:
+			excused = append(excused, span{f.Start, faultEnd(f).Add(bound)})
+		case f.Kind == "cut-kafka" || f.Kind == "cut-both":
+			excused = append(excused, span{f.Start, f.Start.Add(bound)})
+		default:
+			excused = append(excused, span{f.Start, f.Start.Add(st.Lease + st.LeaderRetry + st.KafkaWriteTimeout)})
 		}
 	}
 	excused = merge(excused)
@@ -293,11 +308,7 @@ func (r *run) checkWindows(away []span, clear []legit, bound time.Duration) {
 		}
 	}
 	slices.SortFunc(deliveries, func(a, b time.Time) int { return a.Compare(b) })
-	for from := h.FaultsFrom; !from.Add(liveWindow).After(h.FaultsTo); from = from.Add(liveWindow) {
-		w := span{from, from.Add(liveWindow)}
-		if covered(excused, w) > 0 {
-			continue
-		}
+	for _, w := range windows(subtract([]span{{h.FaultsFrom, h.FaultsTo}}, excused)) {
 		var missing []string
 		if !anyIn(commits, w) && covered(attempts, w) > 0 {
 			missing = append(missing, "no transaction committed although the writers were writing")
@@ -311,6 +322,25 @@ func (r *run) checkWindows(away []span, clear []legit, bound time.Duration) {
 					offset(h, w.from), offset(h, w.to), strings.Join(missing, "; "))})
 		}
 	}
+}
+
+// windows tiles each of the free spans at least liveWindow long with windows of liveWindow, the
+// last one ending where its span ends (overlapping the one before it).
+func windows(free []span) []span {
+	var out []span
+	for _, f := range free {
+		if f.to.Sub(f.from) < liveWindow {
+			continue
+		}
+		from := f.from
+		for ; !from.Add(liveWindow).After(f.to); from = from.Add(liveWindow) {
+			out = append(out, span{from, from.Add(liveWindow)})
+		}
+		if from.Before(f.to) {
+			out = append(out, span{f.to.Add(-liveWindow), f.to})
+		}
+	}
+	return out
 }
 
 func anyIn(sorted []span, w span) bool {

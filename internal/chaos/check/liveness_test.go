@@ -15,8 +15,10 @@ func live(delivery string, late map[string]float64) *builder {
 	b := newBuilder(delivery)
 	b.h.Settings.LeaderRetry, b.h.Settings.LeaderKafkaTimeout, b.h.Settings.KafkaWriteTimeout = time.Second, 7*time.Second, 5*time.Second
 	b.h.FaultsFrom, b.h.FaultsTo = at(0), at(40)
-	b.sample("r1", 0, true, true)
-	b.sample("r2", 0, true, false)
+	for sec := 0.0; sec < 40; sec++ {
+		b.sample("r1", sec, true, true)
+		b.sample("r2", sec, true, false)
+	}
 	for i := 0; i < 20; i++ {
 		id := "e" + itoa(i)
 		b.txn("t"+itoa(i), history.Committed, float64(2*i), ev(id, "k1", i))
@@ -89,7 +91,7 @@ func TestLiveness(t *testing.T) {
 			b := live(history.AtLeastOnce, late)
 			b.fault("cut-both", "r1", 9, 26)
 			return b.done(bothConsumers)
-		}, 1}, // the stall; its windows are the takeover's
+		}, 1}, // the stall: the takeover's bound ended at 22 s, and no 10 s after it lacks a delivery
 		{"a neighbour's event waits while the neighbour's one relay is cut off", func() *history.History {
 			b := neighbourLate()
 			b.fault("cut-both", "eo-table-nb", 9, 26)
@@ -99,6 +101,15 @@ func TestLiveness(t *testing.T) {
 			b := neighbourLate()
 			b.fault("cut-both", "r1", 9, 26)
 			b.fault("kill9", "r2", 9, 26)
+			return b.done(bothConsumers)
+		}, 1},
+		{"a standby's fault excuses no window", func() *history.History {
+			late := map[string]float64{}
+			for i := 5; i < 10; i++ {
+				late["e"+itoa(i)] = 21.5
+			}
+			b := live(history.AtLeastOnce, late)
+			b.fault("cut-kafka", "r2", 9, 26)
 			return b.done(bothConsumers)
 		}, 1},
 		{"what commits behind a big transaction waits for it", func() *history.History {
