@@ -63,6 +63,14 @@ func TestDuplicatesByCause(t *testing.T) {
 			b.publish(6, ids...)
 			return b.done(map[string]string{"rc": history.ReadCommitted})
 		}, 1},
+		{"a relay's kill replays nothing acknowledged long before it", func() *history.History {
+			b := lookback(false)
+			return b.done(map[string]string{"rc": history.ReadCommitted})
+		}, 1},
+		{"a relay's kill replays the whole of a partly acknowledged transaction", func() *history.History {
+			b := lookback(true)
+			return b.done(map[string]string{"rc": history.ReadCommitted})
+		}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -72,4 +80,25 @@ func TestDuplicatesByCause(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lookback is an at-least-once run with a kafka write timeout of 1 s (relayLookback 2 x 0.5 s +
+// 1 s + 1 s = 3 s): txn t1's first event is published at 10 s, the leader r1 is killed at 30 s and
+// the event is published again at 31 s; with partial, t1's second event is first published at 29 s.
+func lookback(partial bool) *builder {
+	b := newBuilder(history.AtLeastOnce)
+	b.h.Settings.StatusInterval, b.h.Settings.KafkaWriteTimeout, b.h.Settings.MaxInFlightEvents = 500*time.Millisecond, time.Second, 100
+	b.txn("t1", history.Committed, 9, ev("e1", "k1", 1), ev("e2", "k2", 1))
+	b.publish(10, "e1")
+	if partial {
+		b.publish(29, "e2")
+	} else {
+		b.publish(10, "e2")
+	}
+	for sec := 0.0; sec < 40; sec += 0.5 {
+		b.sample("r1", sec, true, true)
+	}
+	b.fault("kill9", "r1", 30, 30.5)
+	b.publish(31, "e1")
+	return b
 }

@@ -107,6 +107,7 @@ type run struct {
 	replayed  map[string][]int
 	replayTxn map[string][]int
 	byCause   map[string]int // repeats by the kind of the fault whose replay explains them
+	txnFirst  []time.Time    // per txn: txnPublished, filled on first use
 
 	delivered []time.Time // per event: its first delivery (findDeliveries); zero: never
 	worst     stall       // the longest counted wait (checkLiveness)
@@ -164,9 +165,15 @@ func newRun(h *history.History) *run {
 	}
 	slices.SortFunc(r.replay, func(a, b history.Fault) int { return a.Start.Compare(b.Start) })
 	slices.SortFunc(r.recoveries, func(a, b history.Fault) int { return a.Start.Compare(b.Start) })
+	relayBack := relayLookback(h.Settings)
+	relayClusters := awayClusters(slices.Clone(away), relayBack, h.Settings.ReplayWindow)
 	clusters := awayClusters(away, replayLookback, h.Settings.ReplayWindow)
 	for _, f := range r.replay {
-		r.windows = append(r.windows, stretch(clusters, span{f.Start.Add(-replayLookback), faultEnd(f).Add(h.Settings.ReplayWindow)}))
+		back, cl := replayLookback, clusters
+		if relayFaults[f.Kind] && relayBack > 0 {
+			back, cl = relayBack, relayClusters
+		}
+		r.windows = append(r.windows, stretch(cl, span{f.Start.Add(-back), faultEnd(f).Add(h.Settings.ReplayWindow)}))
 	}
 	for _, f := range r.recoveries {
 		r.recoveryWindows = append(r.recoveryWindows, stretch(clusters, span{f.Start.Add(-gapLookback), faultEnd(f).Add(h.Settings.ReplayWindow)}))
@@ -284,6 +291,44 @@ var noReplay = map[string]bool{"other-load": true, "big-tx": true, "add-column":
 // failover), or an unacknowledged exactly-once transaction held.
 const replayLookback = time.Minute
 
+// relayLookback is how long before a relay's fault an event's first copy may have been appended
+// for a repeat to be that fault's replay (docs/guarantees.md, "Bounded duplicates"): what was
+// acknowledged in the last status_interval before it reached PostgreSQL only with the next status
+// update and once a publication check (every half status_interval) covered it, hence two; what
+// was in flight may have been appended up to kafka.write_timeout before its acknowledgement was
+// due; and replayCheckSlack for the check itself and the sampling of append times. The partly
+// acknowledged transaction is excused by explainedBy; Kafka's absence stretches it as it does
+// replayLookback. 0 when the history does not record the parts.
+func relayLookback(st history.Settings) time.Duration {
+	if st.StatusInterval <= 0 || st.KafkaWriteTimeout <= 0 {
+		return 0
+	}
+	return 2*st.StatusInterval + st.KafkaWriteTimeout + replayCheckSlack
+}
+
+// replayCheckSlack: see relayLookback.
+const replayCheckSlack = time.Second
+
+// txnPublished is when the last event of event ei's transaction was first appended, by any
+// consumer's reads (zero when none was read).
+func (r *run) txnPublished(ei int32) time.Time {
+	if r.txnFirst == nil {
+		r.txnFirst = make([]time.Time, len(r.h.Txns))
+		firsts := make([]time.Time, len(r.evs))
+		for i := range r.h.Reads {
+			rd := &r.h.Reads[i]
+			if e, ok := r.byID[rd.EventID]; ok && (firsts[e].IsZero() || rd.Appended.Before(firsts[e])) {
+				firsts[e] = rd.Appended
+			}
+		}
+		for e, at := range firsts {
+			t := r.evs[e].txn
+			r.txnFirst[t] = maxTime(r.txnFirst[t], at)
+		}
+	}
+	return r.txnFirst[r.evs[ei].txn]
+}
+
 // explained reports whether a repeat of an event appended at again, whose first copy was appended
 // at first, is a replay of some fault: the repeat within the fault or ReplayWindow after it, the
 // first copy before the fault ended (a replay publishes again what was already out) and not
@@ -291,12 +336,15 @@ const replayLookback = time.Minute
 // either bound: the slot's position stands still then, and a replay waits (a broker's restart took
 // a minute on a loaded machine, and a kill during the next outage replayed three minutes).
 func (r *run) explained(first, again time.Time) bool {
-	return r.explainedBy(first, again) >= 0
+	return r.explainedBy(first, again, -1) >= 0
 }
 
 // explainedBy is explained's fault: its index in r.replay, the latest to begin of those that
-// explain the repeat (the one nearest to it); -1 when none does.
-func (r *run) explainedBy(first, again time.Time) int {
+// explain the repeat (the one nearest to it); -1 when none does. With the event ei (-1: not
+// known), a first copy before the lookback is still the fault's when a later event of its
+// transaction was first published within it: the partly acknowledged transaction, which is
+// confirmed only as a whole.
+func (r *run) explainedBy(first, again time.Time, ei int32) int {
 	by := -1
 	for i, f := range r.replay {
 		if f.Start.After(again) {
@@ -306,7 +354,7 @@ func (r *run) explainedBy(first, again time.Time) int {
 		if again.After(w.to) {
 			continue
 		}
-		if first.After(faultEnd(f).Add(replaySlack)) || first.Before(w.from) {
+		if first.After(faultEnd(f).Add(replaySlack)) || (first.Before(w.from) && (ei < 0 || r.txnPublished(ei).Before(w.from))) {
 			continue
 		}
 		by = i

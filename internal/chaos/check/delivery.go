@@ -287,7 +287,7 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 			first := &h.Reads[c.first[ei]]
 			by := -1
 			if !strict {
-				by = r.explainedBy(first.Appended, rd.Appended)
+				by = r.explainedBy(first.Appended, rd.Appended, ei)
 			}
 			replay := by >= 0
 			if replay {
