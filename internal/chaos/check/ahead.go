@@ -66,16 +66,29 @@ func (r *run) checkSlotBehind() {
 		txns = append(txns, x)
 	}
 	// Per sample, the recoveries' excuse: transactions committed up to this time may be in a lost
-	// slot's gap (zero: none).
+	// slot's gap (zero: none). The gap runs to the replacement slot's creation, which the first
+	// sample after the drop shows done (no sample reads a slot that does not exist): a
+	// transaction committed after that sample is the replacement's to stream.
+	type recovery struct{ lost, created time.Time }
+	var recs []recovery
+	for _, f := range r.recoveries {
+		lost := f.Lost
+		if lost.IsZero() {
+			lost = f.Start
+		}
+		created := faultEnd(f)
+		for _, s := range h.Slots {
+			if s.At.After(lost) && s.At.Before(created) {
+				created = s.At
+			}
+		}
+		recs = append(recs, recovery{lost, created})
+	}
 	excuseUntil := func(at time.Time) time.Time {
 		var until time.Time
-		for _, f := range r.recoveries {
-			lost := f.Lost
-			if lost.IsZero() {
-				lost = f.Start
-			}
-			if !at.Before(lost) {
-				until = maxTime(until, lost.Add(recoveryCommitSlack))
+		for _, rc := range recs {
+			if !at.Before(rc.lost) {
+				until = maxTime(until, rc.created.Add(recoveryCommitSlack))
 			}
 		}
 		return until

@@ -53,6 +53,19 @@ func TestSlotAheadOfKafka(t *testing.T) {
 			b.h.Faults = append(b.h.Faults, history.Fault{Kind: faultSlotLost, Target: "eo-table", Start: at(2.5), End: at(10), Lost: at(2.8)})
 			return b.done(bothConsumers)
 		}, 0},
+		{"a transaction committed between the drop and the replacement's creation is the gap's", func() *history.History {
+			b := ahead(history.AtLeastOnce, [2]float64{4, 350})
+			b.h.Faults = append(b.h.Faults, history.Fault{Kind: faultSlotLost, Target: "eo-table", Start: at(0), End: at(10), Lost: at(0.05)})
+			return b.done(bothConsumers)
+		}, 0}, // t3 committed at 2.1 s, more than 2 s after the drop, before the replacement showed at 4 s
+		{"a transaction committed after the replacement slot existed is not the gap's", func() *history.History {
+			b := ahead(history.AtLeastOnce, [2]float64{0.5, 50}, [2]float64{0.9, 60}, [2]float64{6, 450})
+			b.h.Faults = append(b.h.Faults, history.Fault{Kind: faultSlotLost, Target: "eo-table", Start: at(0.6), End: at(10), Lost: at(0.7)})
+			b.txn("t4", history.Committed, 5, ev("e4", "k1", 4))
+			b.h.Txns[3].CommitLSN, b.h.Txns[3].Slot = 400, "s"
+			b.publish(9, "e4")
+			return b.done(bothConsumers)
+		}, 1}, // the sample at 0.9 s shows the replacement: t4, committed at 5.1 s, is not the gap's
 		{"another database's transactions are not the slot's", func() *history.History {
 			b := ahead(history.AtLeastOnce, [2]float64{3, 250})
 			b.h.Txns[1].Slot = "neighbour"
