@@ -108,6 +108,8 @@ type runner struct {
 	shutdownTimeout time.Duration
 	stopSlack       time.Duration
 
+	faultsFrom, faultsTo time.Time // the fault period (history.History.FaultsFrom)
+
 	mu     sync.Mutex
 	faults []history.Fault // cluster faults, copied into every mode's history
 	notes  []history.Note
@@ -324,11 +326,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := r.waitLeaders(ctx, 90*time.Second); err != nil {
 		r.note("%v", err)
 	}
+	r.faultsFrom = time.Now()
 	nctx, stopFaults := context.WithTimeout(ctx, o.Duration)
 	n := &nemesis{run: r, plan: r.plan.Faults, busy: make(map[string]bool)}
 	progress := r.progress(nctx)
 	n.loop(nctx)
 	stopFaults()
+	r.faultsTo = time.Now()
 	<-progress
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("chaos: interrupted: %w", ctx.Err())
@@ -580,12 +584,30 @@ func (r *runner) prepareDatabase(ctx context.Context, m Mode, name string) (stri
 	return dsn, nil
 }
 
+// The relays' settings that the checker's bounds are made of (history.Settings).
+const (
+	leaderRetry        = time.Second
+	leaderKafkaTimeout = 15 * time.Second
+	kafkaWriteTimeout  = 5 * time.Second
+	statusInterval     = 500 * time.Millisecond
+)
+
+// maxInFlightEvents is max_in_flight_events: auto, as README documents it per delivery.
+func maxInFlightEvents(delivery string) int {
+	if delivery == history.ExactlyOnce {
+		return 40000
+	}
+	return 10000
+}
+
 func (r *runner) relayArgs(m Mode, slot string) []string {
 	args := []string{
 		"--slot=" + slot, "--publication=" + slot,
 		"--shutdown-timeout=" + r.shutdownTimeout.String(),
-		"--leader-check-timeout=2s", "--leader-retry-interval=1s", "--leader-kafka-timeout=15s",
-		"--status-interval=500ms", "--max-in-flight-bytes=4194304", "--kafka.write-timeout=5s",
+		"--leader-check-timeout=2s", "--leader-retry-interval=" + leaderRetry.String(),
+		"--leader-kafka-timeout=" + leaderKafkaTimeout.String(),
+		"--status-interval=" + statusInterval.String(), "--max-in-flight-bytes=4194304",
+		"--kafka.write-timeout=" + kafkaWriteTimeout.String(),
 		"--log-level=info",
 	}
 	switch {
@@ -841,11 +863,13 @@ type modeTail struct {
 	txns  []history.Txn
 	reads []history.Read
 	end   time.Time
+	// unsettled: why the writers' transactions could not be settled (history.Unsettled).
+	unsettled string
 }
 
 func (t *modeTail) finish(ctx context.Context, r *runner) {
 	m := t.m
-	stopWriters := func(w *workload.Writers) []history.Txn {
+	stopWriters := func(w *workload.Writers, slot string) []history.Txn {
 		if w == nil {
 			return nil
 		}
@@ -859,21 +883,29 @@ func (t *modeTail) finish(ctx context.Context, r *runner) {
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			txns, err := w.Resolve(rctx)
 			cancel()
-			if err == nil || attempt == 5 {
-				if err != nil {
-					r.note("%s: resolve transactions: %v", m.mode.Name, err)
+			if err == nil {
+				for i := range txns {
+					txns[i].Slot = slot
 				}
 				return txns
+			}
+			if attempt == 5 {
+				// Without the settlement no outcome can be trusted: the run was not carried out
+				// (check reports it as such, not as a reader of events nobody wrote).
+				t.unsettled = strings.TrimPrefix(t.unsettled+"; ", "; ") + fmt.Sprintf(
+					"settling the transactions of the writers on slot %s by their marker rows on the final primary failed 6 times, the last: %v", slot, err)
+				r.note("%s: resolve transactions: %v", m.mode.Name, err)
+				return w.Unresolved()
 			}
 			sleep(ctx, 2*time.Second)
 		}
 	}
-	t.txns = stopWriters(m.writers)
+	t.txns = stopWriters(m.writers, m.slot)
 	m.mu.Lock()
 	nb := m.neighbour
 	m.mu.Unlock()
 	if nb != nil {
-		t.txns = append(t.txns, stopWriters(nb.writers)...)
+		t.txns = append(t.txns, stopWriters(nb.writers, nb.slot)...)
 	}
 	want := make(map[string]bool)
 	for _, tx := range t.txns {
@@ -943,8 +975,11 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 			Settings: history.Settings{
 				Delivery: m.mode.Delivery, ShutdownTimeout: r.shutdownTimeout, StopSlack: r.stopSlack,
 				RSSBound: 22<<20 + 20*(4<<20), ReplayWindow: 45 * time.Second, Lease: r.lease, ZombieGrace: 5 * time.Second,
+				LeaderRetry: leaderRetry, LeaderKafkaTimeout: leaderKafkaTimeout, KafkaWriteTimeout: kafkaWriteTimeout,
+				StatusInterval: statusInterval, MaxInFlightEvents: maxInFlightEvents(m.mode.Delivery),
 			},
 			Txns: t.txns, Reads: t.reads, Plan: r.plan, Required: r.required(m.mode),
+			FaultsFrom: r.faultsFrom, FaultsTo: r.faultsTo, Unsettled: t.unsettled,
 		}
 		for _, c := range m.consumers {
 			h.Consumers = append(h.Consumers, history.Consumer{Name: c.Name(), Isolation: c.Isolation()})

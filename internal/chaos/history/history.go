@@ -49,6 +49,16 @@ type History struct {
 	// Required names what the schedule must have carried out in this mode for the run to count
 	// (check.Unmet): RequireLeaderKill, RequireLeaderZombie, RequireLeaderChange, RequireFailover.
 	Required []string `json:"required,omitempty"`
+
+	// FaultsFrom and FaultsTo are the fault period: from when every mode had a leader and the
+	// nemesis began to when it stopped drawing (its last faults healed). The liveness rule's
+	// windows tile it; zero in histories recorded before it was kept.
+	FaultsFrom time.Time `json:"faults_from,omitempty"`
+	FaultsTo   time.Time `json:"faults_to,omitempty"`
+	// Unsettled says why the in-doubt transactions could not be settled at the end (the marker
+	// rows could not be read on the final primary): the outcomes are then unknown and the run was
+	// not carried out. Empty when the settlement succeeded.
+	Unsettled string `json:"unsettled,omitempty"`
 }
 
 // What a run may be required to have carried out in a mode (History.Required).
@@ -128,6 +138,24 @@ type Settings struct {
 	// leadership until its next check fences it (the documented zombie), for ZombieGrace.
 	Lease       time.Duration `json:"lease"`
 	ZombieGrace time.Duration `json:"zombie_grace"`
+
+	// The parts of the liveness bound and of the duplicate bound (docs/guarantees.md, "Bounded
+	// duplicates" and "What happens on each fault"); zero in histories recorded before they were
+	// kept, and then the rules that need them are not applied.
+	//
+	// LeaderRetry is leader_retry_interval: how often a standby tries the lock.
+	LeaderRetry time.Duration `json:"leader_retry,omitempty"`
+	// LeaderKafkaTimeout is leader_kafka_timeout: how long a leader cut off from Kafka alone
+	// keeps the lock before it hands over.
+	LeaderKafkaTimeout time.Duration `json:"leader_kafka_timeout,omitempty"`
+	// KafkaWriteTimeout is kafka.write_timeout: how long one produce request may wait before it
+	// is retried.
+	KafkaWriteTimeout time.Duration `json:"kafka_write_timeout,omitempty"`
+	// StatusInterval is status_interval: how often the confirmed position reaches PostgreSQL.
+	StatusInterval time.Duration `json:"status_interval,omitempty"`
+	// MaxInFlightEvents is max_in_flight_events as the relays resolve it: events handed to Kafka
+	// and not yet acknowledged, at most.
+	MaxInFlightEvents int `json:"max_in_flight_events,omitempty"`
 }
 
 // Outcome is how a transaction ended, as far as the writer knows.
@@ -157,6 +185,14 @@ type Txn struct {
 	// Resolved: the outcome was settled after the fact from the marker row (was in doubt).
 	Resolved bool    `json:"resolved,omitempty"`
 	Events   []Event `json:"events,omitempty"` // none for load on other tables
+	// CommitLSN is at or after the end of the transaction's commit record: the server's WAL
+	// insert position read on the same connection right after COMMIT returned (the commit record
+	// was inserted before the COMMIT was answered). 0: not known (the COMMIT's answer or the read
+	// was lost).
+	CommitLSN uint64 `json:"commit_lsn,omitempty"`
+	// Slot is the slot that streams the transaction's database: the slot-ahead rule compares a
+	// slot's samples only with its own database's transactions.
+	Slot string `json:"slot,omitempty"`
 }
 
 // Event is one outbox event a transaction wrote.

@@ -308,6 +308,9 @@ func (w *Writers) attempt(ctx context.Context, wr *writer, p plan, timeout time.
 	p.txn.Start = time.Now()
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	outcome, err := w.exec(tctx, wr.conn, p)
+	if outcome == history.Committed {
+		p.txn.CommitLSN = insertLSN(tctx, wr.conn)
+	}
 	cancel()
 	p.txn.End, p.txn.Outcome = time.Now(), outcome
 	w.record(p.txn)
@@ -368,6 +371,20 @@ func (w *Writers) exec(ctx context.Context, conn *pgx.Conn, p plan) (history.Out
 		return history.RolledBack, nil
 	}
 	return commitOutcome(tx.Commit(ctx))
+}
+
+// insertLSN reads the server's WAL insert position on conn right after a COMMIT returned: at or
+// after the end of that transaction's commit record, which was inserted (and flushed) before the
+// COMMIT was answered, so the slot-ahead rule may compare a slot's confirmed LSN with it without a
+// false alarm. 0 when the read fails (the server went away): the rule then skips the transaction.
+// The connection is the one that committed, so a failover in between cannot answer from a
+// timeline that lacks the transaction.
+func insertLSN(ctx context.Context, conn *pgx.Conn) uint64 {
+	var lsn int64
+	if err := conn.QueryRow(ctx, "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint").Scan(&lsn); err != nil || lsn <= 0 {
+		return 0
+	}
+	return uint64(lsn)
 }
 
 // commitOutcome says what a COMMIT's error means for the transaction.
@@ -540,6 +557,16 @@ func (w *Writers) Resolve(ctx context.Context) ([]history.Txn, error) {
 	}
 	w.mu.Unlock()
 	return txns, nil
+}
+
+// Unresolved returns every transaction as the writers recorded it, ordered by Start, unsettled:
+// for a run whose Resolve failed, which the checker then reports as not carried out.
+func (w *Writers) Unresolved() []history.Txn {
+	w.mu.Lock()
+	txns := slices.Clone(w.txns)
+	w.mu.Unlock()
+	slices.SortStableFunc(txns, func(a, b history.Txn) int { return a.Start.Compare(b.Start) })
+	return txns
 }
 
 // lookupMarkers returns which of ids have a marker row, retrying through failures until ctx ends.
