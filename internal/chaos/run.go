@@ -123,6 +123,7 @@ type modeRun struct {
 	table  string
 	slot   string
 	types  []string
+	topics []string // the mode's event topics, its neighbour's included
 	relays []*relay
 
 	writers   *workload.Writers
@@ -509,6 +510,7 @@ func (r *runner) setUp(ctx context.Context, m Mode, seed uint64) (*modeRun, erro
 		mr.neighbour = nb
 		topics = append(topics, topicsOf(nb.types)...)
 	}
+	mr.topics = topics
 	if err := workload.CreateTopics(ctx, r.cluster.Brokers(), topics, 3); err != nil {
 		return nil, fmt.Errorf("chaos: topics of %s: %w", m.Name, err)
 	}
@@ -781,11 +783,11 @@ func (r *runner) sampleMode(ctx context.Context, m *modeRun, slots bool) {
 	m.mu.Unlock()
 	for _, rl := range m.allRelays() {
 		if n := rl.takeOwnExits(); n > 0 {
-			if crash := rl.crashed(); crash != "" {
+			if ex := rl.lastExit(); ex.Crash != "" {
 				// A panic or a fatal runtime error is a bug whatever else happened.
-				r.crash(m, "relay %s crashed (%s): %s", rl.name, exitText(rl), crash)
+				r.crash(m, "relay %s crashed (%s): %s", rl.name, exitText(rl), ex.Crash)
 			} else {
-				r.note("relay %s exited of its own accord (%s); started again: %s", rl.name, exitText(rl), rl.lastError())
+				r.note("relay %s exited of its own accord (%s); started again: %s", rl.name, exitText(rl), ex.LastError)
 			}
 			if ctx.Err() == nil {
 				_ = rl.start()
@@ -854,7 +856,45 @@ func (r *runner) finish(ctx context.Context) []*modeTail {
 		}()
 	}
 	wg.Wait()
+	r.endOffsets(ctx, tails)
 	return tails
+}
+
+// positionsTopic is the relays' positions_topic (its default), which every exactly-once relay of
+// the run shares.
+const positionsTopic = "__outbox_relay_positions"
+
+// settleLimit bounds the wait for open Kafka transactions to end once every relay has stopped:
+// the relays' transaction.timeout.ms (60 s), after which the coordinator aborts a transaction
+// whose producer is gone, and its sweep of timed-out transactions (every 10 s), with slack.
+const settleLimit = 90 * time.Second
+
+// endOffsets reads, once every mode's relays have stopped, every partition's last stable offset
+// and high watermark (the positions topic's too, for exactly-once modes), waiting up to
+// settleLimit for open transactions to end; a partition left with an open one is a hanging
+// transaction, which the checker reports.
+func (r *runner) endOffsets(ctx context.Context, tails []*modeTail) {
+	topics := []string{positionsTopic}
+	for _, t := range tails {
+		topics = append(topics, t.m.topics...)
+	}
+	start := time.Now()
+	offs, err := workload.SettledEndOffsets(ctx, r.cluster.Brokers(), topics, settleLimit)
+	if err != nil {
+		r.note("end offsets: %v", err)
+	}
+	r.logf("chaos: end offsets of %d partitions read in %s", len(offs), time.Since(start).Round(time.Millisecond))
+	for _, t := range tails {
+		mine := slices.Clone(t.m.topics)
+		if t.m.mode.Delivery == history.ExactlyOnce {
+			mine = append(mine, positionsTopic)
+		}
+		for _, o := range offs {
+			if slices.Contains(mine, o.Topic) {
+				t.endOffsets = append(t.endOffsets, o)
+			}
+		}
+	}
 }
 
 // modeTail is what a mode ends with.
@@ -865,6 +905,8 @@ type modeTail struct {
 	end   time.Time
 	// unsettled: why the writers' transactions could not be settled (history.Unsettled).
 	unsettled string
+	// endOffsets are the mode's partitions' offsets once every relay stopped.
+	endOffsets []history.EndOffset
 }
 
 func (t *modeTail) finish(ctx context.Context, r *runner) {
@@ -979,7 +1021,7 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 				StatusInterval: statusInterval, MaxInFlightEvents: maxInFlightEvents(m.mode.Delivery),
 			},
 			Txns: t.txns, Reads: t.reads, Plan: r.plan, Required: r.required(m.mode),
-			FaultsFrom: r.faultsFrom, FaultsTo: r.faultsTo, Unsettled: t.unsettled,
+			FaultsFrom: r.faultsFrom, FaultsTo: r.faultsTo, Unsettled: t.unsettled, EndOffsets: t.endOffsets,
 		}
 		for _, c := range m.consumers {
 			h.Consumers = append(h.Consumers, history.Consumer{Name: c.Name(), Isolation: c.Isolation()})
@@ -991,6 +1033,9 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 		m.mu.Lock()
 		h.Relays, h.Slots, h.Stops = m.rs, m.slots, m.stops
 		m.mu.Unlock()
+		for _, rl := range m.allRelays() {
+			h.Exits = append(h.Exits, rl.takeExits()...)
+		}
 		sort.Slice(h.Faults, func(i, j int) bool { return h.Faults[i].Start.Before(h.Faults[j].Start) })
 
 		dir := filepath.Join(r.opts.Dir, m.mode.Name)

@@ -27,6 +27,10 @@ const (
 	RuleRSS               = "rss"                // a relay's RSS above the bound
 	RuleHarness           = "harness"            // the history contradicts itself: a bug of the harness
 	RuleNotCarriedOut     = "not-carried-out"    // the run could not be judged: its outcomes could not be settled
+	RuleExit              = "exit"               // a relay ended of its own accord, or a SIGTERM did not end it with 0
+	RuleCrash             = "crash"              // a panic, fatal runtime error or data race in a relay's output
+	RuleHangingTxn        = "hanging-txn"        // a partition's last stable offset below its high watermark at the end
+	RuleContent           = "content"            // a record's payload or headers differ from what was committed
 )
 
 // maxEvents bounds Violation.Events, so that a run that lost a million events still gives a
@@ -69,6 +73,8 @@ func analyze(h *history.History) *run {
 	r.checkLeaders()
 	r.checkStops()
 	r.checkRSS()
+	r.checkExits()
+	r.checkEndOffsets()
 	slices.SortStableFunc(r.vs, func(a, b Violation) int {
 		if c := a.At.Compare(b.At); c != 0 {
 			return c

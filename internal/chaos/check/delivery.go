@@ -191,6 +191,7 @@ func (r *run) scanReads() {
 						c.name, e.ID, rd.Topic, rd.Key, rd.Seq, where(rd), t.ID, e.Topic, e.Key, e.Seq)})
 			}
 		}
+		r.checkContent(c, rd, t, e, reported)
 		switch {
 		case t.Outcome == history.RolledBack && !r.evs[ei].maybe && !reported[e.ID]:
 			reported[e.ID] = true

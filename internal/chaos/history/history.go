@@ -59,6 +59,13 @@ type History struct {
 	// rows could not be read on the final primary): the outcomes are then unknown and the run was
 	// not carried out. Empty when the settlement succeeded.
 	Unsettled string `json:"unsettled,omitempty"`
+
+	// Exits lists every end of a relay process, whatever ended it (a SIGTERM, a SIGKILL, or the
+	// relay itself), with what its log said.
+	Exits []Exit `json:"exits,omitempty"`
+	// EndOffsets is every partition's last stable offset and high watermark, read after the final
+	// stops and the relays' Kafka transaction timeout (the positions topic included).
+	EndOffsets []EndOffset `json:"end_offsets,omitempty"`
 }
 
 // What a run may be required to have carried out in a mode (History.Required).
@@ -203,6 +210,9 @@ type Event struct {
 	// Seq increases with every event a writer attempts for Key (holes where transactions rolled
 	// back); the order the consumers must see is the order of Seq among committed events.
 	Seq int `json:"seq"`
+	// Hash is the content the writer committed: workload.ContentHash of the payload and the
+	// headers the relay must carry ("" in histories recorded before it).
+	Hash string `json:"hash,omitempty"`
 }
 
 // Read is one record a consumer read.
@@ -216,6 +226,8 @@ type Read struct {
 	EventID   string    `json:"event_id"`
 	Seq       int       `json:"seq"`
 	Appended  time.Time `json:"appended"` // the broker's LogAppendTime
+	// Hash is workload.ContentHash of the record's value and headers, as read.
+	Hash string `json:"hash,omitempty"`
 }
 
 // Consumer is one consumer the run started.
@@ -276,6 +288,36 @@ type Stop struct {
 	Signal time.Time `json:"signal"`
 	Exited time.Time `json:"exited"` // zero: it had not exited when the harness gave up waiting
 	Code   int       `json:"code"`
+}
+
+// Causes of an Exit.
+const (
+	ExitOwn     = "own"     // nothing the harness sent: the relay ended of its own accord
+	ExitSigterm = "sigterm" // the harness sent SIGTERM
+	ExitSigkill = "sigkill" // the harness sent SIGKILL (a kill -9 fault, or a SIGTERM not obeyed in time)
+)
+
+// Exit is one end of a relay process.
+type Exit struct {
+	Relay string    `json:"relay"`
+	At    time.Time `json:"at"`
+	Cause string    `json:"cause"` // ExitOwn, ExitSigterm or ExitSigkill
+	Code  int       `json:"code"`  // the exit status; -N when signal N ended it
+	// LastError is the last error-level line this process logged ("" if none).
+	LastError string `json:"last_error,omitempty"`
+	// Crash is the first line of a Go panic, a fatal runtime error or a race detector report in
+	// this process's output ("" if none).
+	Crash string `json:"crash,omitempty"`
+}
+
+// EndOffset is one partition's offsets at the end of a run.
+type EndOffset struct {
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	// LastStable is the last stable offset (what a read_committed consumer may read up to); below
+	// HighWatermark while a Kafka transaction is open on the partition.
+	LastStable    int64 `json:"last_stable"`
+	HighWatermark int64 `json:"high_watermark"`
 }
 
 // Note is something the harness saw that the checker or a reader should know.
