@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/chaos/cluster"
@@ -88,8 +89,13 @@ func (n *nemesis) actProc(ctx context.Context, f *fault, rec *history.Fault, hea
 
 // expectOwnEnd marks the current process's next exit as the nemesis's doing (on) or not (off):
 // an OOM kill the fault waits for is no exit of the relay's own accord.
+// The OOM killer's signal is SIGKILL: the exit is recorded as one (history.ExitSigkill).
 func (r *relay) expectOwnEnd(on bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.expectExit = on
+	r.sent = 0
+	if on {
+		r.sent = syscall.SIGKILL
+	}
 }

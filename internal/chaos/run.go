@@ -108,6 +108,8 @@ type runner struct {
 	shutdownTimeout time.Duration
 	stopSlack       time.Duration
 
+	faultsFrom, faultsTo time.Time // the fault period (history.History.FaultsFrom)
+
 	mu     sync.Mutex
 	faults []history.Fault // cluster faults, copied into every mode's history
 	notes  []history.Note
@@ -121,6 +123,7 @@ type modeRun struct {
 	table  string
 	slot   string
 	types  []string
+	topics []string // the mode's event topics, its neighbour's included
 	relays []*relay
 
 	writers   *workload.Writers
@@ -324,11 +327,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := r.waitLeaders(ctx, 90*time.Second); err != nil {
 		r.note("%v", err)
 	}
+	r.faultsFrom = time.Now()
 	nctx, stopFaults := context.WithTimeout(ctx, o.Duration)
 	n := &nemesis{run: r, plan: r.plan.Faults, busy: make(map[string]bool)}
 	progress := r.progress(nctx)
 	n.loop(nctx)
 	stopFaults()
+	r.faultsTo = time.Now()
 	<-progress
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("chaos: interrupted: %w", ctx.Err())
@@ -505,6 +510,7 @@ func (r *runner) setUp(ctx context.Context, m Mode, seed uint64) (*modeRun, erro
 		mr.neighbour = nb
 		topics = append(topics, topicsOf(nb.types)...)
 	}
+	mr.topics = topics
 	if err := workload.CreateTopics(ctx, r.cluster.Brokers(), topics, 3); err != nil {
 		return nil, fmt.Errorf("chaos: topics of %s: %w", m.Name, err)
 	}
@@ -580,12 +586,30 @@ func (r *runner) prepareDatabase(ctx context.Context, m Mode, name string) (stri
 	return dsn, nil
 }
 
+// The relays' settings that the checker's bounds are made of (history.Settings).
+const (
+	leaderRetry        = time.Second
+	leaderKafkaTimeout = 15 * time.Second
+	kafkaWriteTimeout  = 5 * time.Second
+	statusInterval     = 500 * time.Millisecond
+)
+
+// maxInFlightEvents is max_in_flight_events: auto, as README documents it per delivery.
+func maxInFlightEvents(delivery string) int {
+	if delivery == history.ExactlyOnce {
+		return 40000
+	}
+	return 10000
+}
+
 func (r *runner) relayArgs(m Mode, slot string) []string {
 	args := []string{
 		"--slot=" + slot, "--publication=" + slot,
 		"--shutdown-timeout=" + r.shutdownTimeout.String(),
-		"--leader-check-timeout=2s", "--leader-retry-interval=1s", "--leader-kafka-timeout=15s",
-		"--status-interval=500ms", "--max-in-flight-bytes=4194304", "--kafka.write-timeout=5s",
+		"--leader-check-timeout=2s", "--leader-retry-interval=" + leaderRetry.String(),
+		"--leader-kafka-timeout=" + leaderKafkaTimeout.String(),
+		"--status-interval=" + statusInterval.String(), "--max-in-flight-bytes=4194304",
+		"--kafka.write-timeout=" + kafkaWriteTimeout.String(),
 		"--log-level=info",
 	}
 	switch {
@@ -759,11 +783,11 @@ func (r *runner) sampleMode(ctx context.Context, m *modeRun, slots bool) {
 	m.mu.Unlock()
 	for _, rl := range m.allRelays() {
 		if n := rl.takeOwnExits(); n > 0 {
-			if crash := rl.crashed(); crash != "" {
+			if ex := rl.lastExit(); ex.Crash != "" {
 				// A panic or a fatal runtime error is a bug whatever else happened.
-				r.crash(m, "relay %s crashed (%s): %s", rl.name, exitText(rl), crash)
+				r.crash(m, "relay %s crashed (%s): %s", rl.name, exitText(rl), ex.Crash)
 			} else {
-				r.note("relay %s exited of its own accord (%s); started again: %s", rl.name, exitText(rl), rl.lastError())
+				r.note("relay %s exited of its own accord (%s); started again: %s", rl.name, exitText(rl), ex.LastError)
 			}
 			if ctx.Err() == nil {
 				_ = rl.start()
@@ -832,7 +856,45 @@ func (r *runner) finish(ctx context.Context) []*modeTail {
 		}()
 	}
 	wg.Wait()
+	r.endOffsets(ctx, tails)
 	return tails
+}
+
+// positionsTopic is the relays' positions_topic (its default), which every exactly-once relay of
+// the run shares.
+const positionsTopic = "__outbox_relay_positions"
+
+// settleLimit bounds the wait for open Kafka transactions to end once every relay has stopped:
+// the relays' transaction.timeout.ms (60 s), after which the coordinator aborts a transaction
+// whose producer is gone, and its sweep of timed-out transactions (every 10 s), with slack.
+const settleLimit = 90 * time.Second
+
+// endOffsets reads, once every mode's relays have stopped, every partition's last stable offset
+// and high watermark (the positions topic's too, for exactly-once modes), waiting up to
+// settleLimit for open transactions to end; a partition left with an open one is a hanging
+// transaction, which the checker reports.
+func (r *runner) endOffsets(ctx context.Context, tails []*modeTail) {
+	topics := []string{positionsTopic}
+	for _, t := range tails {
+		topics = append(topics, t.m.topics...)
+	}
+	start := time.Now()
+	offs, err := workload.SettledEndOffsets(ctx, r.cluster.Brokers(), topics, settleLimit)
+	if err != nil {
+		r.note("end offsets: %v", err)
+	}
+	r.logf("chaos: end offsets of %d partitions read in %s", len(offs), time.Since(start).Round(time.Millisecond))
+	for _, t := range tails {
+		mine := slices.Clone(t.m.topics)
+		if t.m.mode.Delivery == history.ExactlyOnce {
+			mine = append(mine, positionsTopic)
+		}
+		for _, o := range offs {
+			if slices.Contains(mine, o.Topic) {
+				t.endOffsets = append(t.endOffsets, o)
+			}
+		}
+	}
 }
 
 // modeTail is what a mode ends with.
@@ -841,11 +903,15 @@ type modeTail struct {
 	txns  []history.Txn
 	reads []history.Read
 	end   time.Time
+	// unsettled: why the writers' transactions could not be settled (history.Unsettled).
+	unsettled string
+	// endOffsets are the mode's partitions' offsets once every relay stopped.
+	endOffsets []history.EndOffset
 }
 
 func (t *modeTail) finish(ctx context.Context, r *runner) {
 	m := t.m
-	stopWriters := func(w *workload.Writers) []history.Txn {
+	stopWriters := func(w *workload.Writers, slot string) []history.Txn {
 		if w == nil {
 			return nil
 		}
@@ -859,21 +925,29 @@ func (t *modeTail) finish(ctx context.Context, r *runner) {
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			txns, err := w.Resolve(rctx)
 			cancel()
-			if err == nil || attempt == 5 {
-				if err != nil {
-					r.note("%s: resolve transactions: %v", m.mode.Name, err)
+			if err == nil {
+				for i := range txns {
+					txns[i].Slot = slot
 				}
 				return txns
+			}
+			if attempt == 5 {
+				// Without the settlement no outcome can be trusted: the run was not carried out
+				// (check reports it as such, not as a reader of events nobody wrote).
+				t.unsettled = strings.TrimPrefix(t.unsettled+"; ", "; ") + fmt.Sprintf(
+					"settling the transactions of the writers on slot %s by their marker rows on the final primary failed 6 times, the last: %v", slot, err)
+				r.note("%s: resolve transactions: %v", m.mode.Name, err)
+				return w.Unresolved()
 			}
 			sleep(ctx, 2*time.Second)
 		}
 	}
-	t.txns = stopWriters(m.writers)
+	t.txns = stopWriters(m.writers, m.slot)
 	m.mu.Lock()
 	nb := m.neighbour
 	m.mu.Unlock()
 	if nb != nil {
-		t.txns = append(t.txns, stopWriters(nb.writers)...)
+		t.txns = append(t.txns, stopWriters(nb.writers, nb.slot)...)
 	}
 	want := make(map[string]bool)
 	for _, tx := range t.txns {
@@ -943,8 +1017,11 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 			Settings: history.Settings{
 				Delivery: m.mode.Delivery, ShutdownTimeout: r.shutdownTimeout, StopSlack: r.stopSlack,
 				RSSBound: 22<<20 + 20*(4<<20), ReplayWindow: 45 * time.Second, Lease: r.lease, ZombieGrace: 5 * time.Second,
+				LeaderRetry: leaderRetry, LeaderKafkaTimeout: leaderKafkaTimeout, KafkaWriteTimeout: kafkaWriteTimeout,
+				StatusInterval: statusInterval, MaxInFlightEvents: maxInFlightEvents(m.mode.Delivery),
 			},
 			Txns: t.txns, Reads: t.reads, Plan: r.plan, Required: r.required(m.mode),
+			FaultsFrom: r.faultsFrom, FaultsTo: r.faultsTo, Unsettled: t.unsettled, EndOffsets: t.endOffsets,
 		}
 		for _, c := range m.consumers {
 			h.Consumers = append(h.Consumers, history.Consumer{Name: c.Name(), Isolation: c.Isolation()})
@@ -956,6 +1033,9 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 		m.mu.Lock()
 		h.Relays, h.Slots, h.Stops = m.rs, m.slots, m.stops
 		m.mu.Unlock()
+		for _, rl := range m.allRelays() {
+			h.Exits = append(h.Exits, rl.takeExits()...)
+		}
 		sort.Slice(h.Faults, func(i, j int) bool { return h.Faults[i].Start.Before(h.Faults[j].Start) })
 
 		dir := filepath.Join(r.opts.Dir, m.mode.Name)

@@ -536,6 +536,7 @@ func TestSummarize(t *testing.T) {
 		Resolved:  1,
 		Committed: 5, InDoubt: 2, Vanished: 1, Delivered: 5,
 		Duplicates:    map[string]int{history.ReadCommitted: 2, history.ReadUncommitted: 2},
+		ByCause:       map[string]int{"kill9": 4},
 		Faults:        map[string]int{"failover-unsynced": 1, "kill9": 1, "pause": 1},
 		LeaderChanges: 2, MaxRSS: 40 << 20, LongestStop: 800 * time.Millisecond,
 	}
@@ -547,6 +548,7 @@ func TestSummarize(t *testing.T) {
 		"txns        5 committed, 1 rolled back, 2 in doubt, 1 vanished (1 resolved afterwards)",
 		"events      5 committed: 5 delivered, 0 lost, 0 reordered, 0 gaps; 2 in doubt, 1 vanished",
 		"duplicates  read_committed 2, read_uncommitted 2 (total 4)",
+		"of them replays, by the fault that caused them: kill9 4 (total 4)",
 		"faults      failover-unsynced 1, kill9 1, pause 1 (total 3)",
 		"relays      2 leader changes, max RSS 40.0 MiB, longest SIGTERM stop 800ms, 0 not stopped",
 	} {
