@@ -195,7 +195,9 @@ var errHalted = errors.New("sink halted")
 //     timeout): the position acknowledged so far is reported, the rest is published again on the next
 //     start.
 //   - Fence: the same at once, without finishing the transaction or waiting for Kafka; nothing
-//     more is handed to Kafka, not even messages already received.
+//     more is handed to Kafka, not even messages already received, and with exactly-once nothing
+//     more is committed (the open Kafka transaction is aborted: Sink.Abandon). A lost slot's
+//     recovery ends with it, its read of the table too (rollback).
 func (r *Relay) Run(ctx context.Context) error {
 	if r.poller != nil {
 		return r.runPoll(ctx)
