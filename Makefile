@@ -64,10 +64,14 @@ test-faults: tools kafka-lib pg-lib
 # PostgreSQL primary with a standby, one Kafka broker (BROKERS=3: three, replicated) and three
 # relays per mode, under overlapping faults drawn from SEED for DURATION; it checks the history and
 # writes an HTML report per mode under .local/chaos/. SEED=42 DURATION=30m MODE=eo-table,alo-messages
-# make chaos; KINDS narrows the fault kinds. Exit 1 when a rule was broken (the seed reproduces it).
+# make chaos; KINDS narrows the fault kinds; RELAYS, WRITERS, RATE, MEAN, SHORT, BROKERS shape the
+# load, the servers and the schedule. Exit 1 when
+# a rule was broken or a requirement missed; the run prints the command that draws the same
+# schedule, and REPLAY=<dir>/<mode>/history.json MODE=<mode> runs one mode's schedule again.
 .PHONY: chaos
 chaos: tools kafka-lib pg-lib
-	SEED='$(SEED)' DURATION='$(DURATION)' MODE='$(MODE)' KINDS='$(KINDS)' PG_VERSION='$(PG_VERSION)' DRAIN='$(DRAIN)' BROKERS='$(BROKERS)' $(GO) run ./internal/cmd/chaos
+	SEED='$(SEED)' DURATION='$(DURATION)' MODE='$(MODE)' KINDS='$(KINDS)' PG_VERSION='$(PG_VERSION)' DRAIN='$(DRAIN)' \
+	RELAYS='$(RELAYS)' WRITERS='$(WRITERS)' RATE='$(RATE)' MEAN='$(MEAN)' SHORT='$(SHORT)' REPLAY='$(REPLAY)' BROKERS='$(BROKERS)' $(GO) run ./internal/cmd/chaos
 
 # The relay's records against Debezium's own (Kafka Connect with the PostgreSQL connector and the
 # outbox event router, jars from bench/debezium-lib.sh) for the router options it supports

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"sort"
 	"strings"
 	"syscall"
@@ -29,6 +30,7 @@ func TestARecoveryHasOneOwnerForItsWholeLength(t *testing.T) {
 	}{
 		{"a leader paused mid-gap past its lease keeps the recovery: the next leader waits for it, nothing of the gap is lost and every aggregate ends at its latest event", testPausedRecoveryOwner},
 		{"two instances without leader election find the slot lost at once: one recovers, the other waits saying so; the gap is published once", testTwoRecoveriesAtOnce},
+		{"an exactly-once leader cut off from PostgreSQL and Kafka while its gap waits for Kafka steps down at once: outbox_relay_leader 0 and its run ended within seconds of the fence, nothing of the gap lost", testFencedWhileTheGapWaitsForKafka},
 	} {
 		fb.heal(t)
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, fb, pg) })
@@ -237,4 +239,97 @@ func testTwoRecoveriesAtOnce(t *testing.T, fb *faultBroker, pg *devenv.Postgres)
 		t.Errorf("%d of the gap's %d events arrived other than once: the gap was published more than once", twice, len(gap))
 	}
 	t.Logf("%d events, %d duplicates", rep.Expected, rep.Duplicates)
+}
+
+// fencedStepDown bounds how long a leader fenced while its gap waits for Kafka takes to end its
+// run: closing the sink, whose abort of the open Kafka transaction a silent broker answers only
+// after its 2 s grace, with room for a loaded machine. The leader gauge drops at the fence itself.
+const fencedStepDown = 5 * time.Second
+
+// testFencedWhileTheGapWaitsForKafka is the nemesis's finding 8: an exactly-once leader owns a
+// lost slot's recovery whose gap has all been handed to Kafka and waits for its commit, then its
+// network to PostgreSQL and to Kafka goes silent (no FIN, no RST). Its lock check fences it; the
+// fence must end the gap's publication and the run at once, as it ends streaming, and
+// outbox_relay_leader must read 0 from the fence on (the two-leaders rule of the nemesis reads
+// it). Before, the run waited for PostgreSQL to answer the ROLLBACK of the gap's read, until the
+// network healed, reporting leadership all the while. Once the network is back, the relay leads
+// again, publishes the gap again and every event reaches a read_committed consumer.
+func testFencedWhileTheGapWaitsForKafka(t *testing.T, fb *faultBroker, pg *devenv.Postgres) {
+	ctx := context.Background()
+	d := newDB(t, pg, 1) // the gap's one topic exists: no metadata to wait for once Kafka is cut off
+	args := append([]string{"--delivery=exactly-once", "--leader-retry-interval=200ms", "--leader-check-timeout=1s"}, recoveryArgs...)
+	loseSlotWithGap(t, d, fb.brokers, args...)
+
+	u, err := url.Parse(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgProxy := newProxy(t, "127.0.0.1:0", u.Host)
+	defer pgProxy.Resume()
+	u.Host = pgProxy.addr
+	fb.proxy.Throttle(gapThrottle) // the gap takes seconds to commit
+	a := d.startRelay(fb.brokers, append(args, "--pg-dsn="+u.String())...)
+	if !a.WaitFor(ctx, "recovering a lost slot's gap from the outbox table", 2*time.Minute) {
+		t.Fatalf("the relay did not begin the recovery:\n%s", a.Output())
+	}
+	fb.proxy.Stall()
+	defer fb.proxy.Resume()
+	// Every event of the gap handed to the sink (read from the table whole), none of the last
+	// ones acknowledged: the recovery waits for Kafka alone.
+	eventually(t, time.Minute, "the whole gap to be handed to Kafka", func() bool {
+		inFlight, err1 := a.metric("in_flight_events", "")
+		published, err2 := a.metric("events_published_total", "")
+		return err1 == nil && err2 == nil && inFlight > 0 && inFlight+published >= gapEvents
+	})
+	if strings.Contains(a.Output(), "recovered the lost slot's gap") {
+		t.Fatalf("the gap was published before Kafka was cut off (the gap must be larger):\n%s", a.Output())
+	}
+	offset := len(a.Output())
+	pgProxy.Stall()
+	const fenced = "lost the leader lock connection; fencing"
+	if _, ok := a.waitLog(offset, fenced, 30*time.Second); !ok {
+		t.Fatalf("the relay cut off from PostgreSQL was not fenced:\n%s", a.Output())
+	}
+	at := time.Now()
+	// What Kafka had committed of the gap by the fence: the next term publishes the whole gap
+	// again, so only these may reach a read_committed consumer twice. The fenced producer's open
+	// transaction, the rest of the gap, must never commit, not even once the network is back.
+	committed := a.mustMetric("events_published_total", "")
+	leading := func() float64 {
+		v, err := a.metric("leader", "")
+		if err != nil {
+			t.Fatalf("scrape outbox_relay_leader: %v", err)
+		}
+		return v
+	}
+	if v := leading(); v != 0 {
+		t.Errorf("outbox_relay_leader is %v once the relay logged its fence; want 0 from the fence on", v)
+	}
+	const stopped = "the fenced relay stopped"
+	took, ok := a.waitLog(offset, stopped, fencedStepDown)
+	if !ok {
+		t.Errorf("the fenced relay's run did not end within %s of the fence (%q not logged, outbox_relay_leader %v); the network is still cut off",
+			fencedStepDown, stopped, leading())
+	} else {
+		t.Logf("the fenced relay's run ended %s after the fence line was seen", took.Round(time.Millisecond))
+	}
+	if v := leading(); v != 0 {
+		t.Errorf("outbox_relay_leader is %v %s after the fence; want 0", v, time.Since(at).Round(time.Millisecond))
+	}
+	if strings.Contains(a.Output(), "recovered the lost slot's gap") {
+		t.Errorf("the fenced relay recorded the gap as recovered")
+	}
+
+	pgProxy.Resume()
+	fb.proxy.Resume()
+	fb.proxy.Throttle(0)
+	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "after"}); err != nil {
+		t.Fatal(err)
+	}
+	rep := deliverCommitted(t, fb.brokers, d.outbox.Written(), 2*time.Minute, a)
+	if float64(rep.Duplicates) > committed {
+		t.Errorf("%d events reached a read_committed consumer twice, but only %v of the gap were committed by the fence: the fenced producer's open transaction was committed after it",
+			rep.Duplicates, committed)
+	}
+	t.Logf("%d events, %d duplicates (%v of the gap committed before the fence)", rep.Expected, rep.Duplicates, committed)
 }

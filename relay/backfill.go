@@ -92,7 +92,7 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	if err != nil {
 		return 0, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer rollback(ctx, tx)
 	t, err := r.outboxTable(ctx, tx, b.CreatedColumn, b.OrderColumn)
 	if err != nil {
 		return 0, err
@@ -132,17 +132,23 @@ func snapshotTx(ctx context.Context, conn *pgx.Conn, snapshot string) (pgx.Tx, e
 	}
 	if snapshot != "" {
 		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
-			tx.Rollback(context.WithoutCancel(ctx))
+			rollback(ctx, tx)
 			return nil, fmt.Errorf("use the slot's snapshot: %w", err)
 		}
 	}
 	// Timestamps in the format the stream reads (its connection sets the same).
 	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = ISO"); err != nil {
-		tx.Rollback(context.WithoutCancel(ctx))
+		rollback(ctx, tx)
 		return nil, fmt.Errorf("set DateStyle: %w", err)
 	}
 	return tx, nil
 }
+
+// rollback ends a read of the outbox table under the caller's context. A ROLLBACK waits for the
+// server's answer, and a fence or a stop must not wait for a server that has gone silent (a cut
+// network answers nothing until it heals, long after the next leader took over): a ROLLBACK cut
+// short closes the connection, which ends the read-only transaction all the same.
+func rollback(ctx context.Context, tx pgx.Tx) { _ = tx.Rollback(ctx) }
 
 // clearTimeouts lifts, for the rest of tx, the timeouts the relay's role may carry. The read of
 // the rows runs at Kafka's pace, as long as they take to publish: statement_timeout or

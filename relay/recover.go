@@ -69,7 +69,7 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 	if err != nil {
 		return replication.Recovery{}, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer rollback(ctx, tx) // not beyond a fence: see rollback
 	rc := r.cfg.Recovery
 	if rc == nil {
 		rc = &Recovery{}

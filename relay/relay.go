@@ -159,8 +159,13 @@ var ErrFenced = errors.New("relay fenced: stopped streaming without draining")
 // Fence stops a running (or starting) relay at once, without the graceful drain: reading stops,
 // the final acknowledged position is reported, the replication connection is closed and Kafka
 // acknowledgements still outstanding are abandoned (they are replayed by whoever streams next).
-// A leader that lost its lock calls it, since another instance may already be taking over.
-func (r *Relay) Fence() { r.fence() }
+// A leader that lost its lock calls it, since another instance may already be taking over. With
+// exactly-once, the open Kafka transaction is aborted, never committed (Sink.Abandon): that
+// includes a lost slot's gap whose publication the fence ended.
+func (r *Relay) Fence() {
+	r.fence()
+	r.sink.Abandon()
+}
 
 // errShutdownTimeout ends the drain when it does not finish in time.
 var errShutdownTimeout = errors.New("shutdown timeout")
@@ -190,7 +195,9 @@ var errHalted = errors.New("sink halted")
 //     timeout): the position acknowledged so far is reported, the rest is published again on the next
 //     start.
 //   - Fence: the same at once, without finishing the transaction or waiting for Kafka; nothing
-//     more is handed to Kafka, not even messages already received.
+//     more is handed to Kafka, not even messages already received, and with exactly-once nothing
+//     more is committed (the open Kafka transaction is aborted: Sink.Abandon). A lost slot's
+//     recovery ends with it, its read of the table too (rollback).
 func (r *Relay) Run(ctx context.Context) error {
 	if r.poller != nil {
 		return r.runPoll(ctx)
@@ -292,8 +299,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	confirmed.close(closeConfirmed)
 	cancelClose()
 	closeWait := time.Second
-	if halted {
-		closeWait = 0 // what the halted sink holds is never acknowledged
+	if halted || r.fenced.Err() != nil {
+		// What the halted sink holds is never acknowledged. A fenced relay commits nothing more:
+		// another instance may lead already, and the open Kafka transaction (the gap of a
+		// recovery, a stream's events) is aborted, never committed; nothing waits for Kafka.
+		closeWait = 0
 	}
 	closeCtx, cancel := context.WithTimeout(context.Background(), closeWait)
 	defer cancel()

@@ -127,6 +127,7 @@ type Sink struct {
 	client     *kafka.Client
 	ctx        context.Context // ends when Close gives up waiting, or the sink fails for good
 	stop       context.CancelFunc
+	abandon    context.CancelFunc // ends the committer's context (Abandon); nil without exactly-once
 
 	halted atomic.Pointer[haltState]
 	topics *topicWaits
@@ -279,7 +280,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	s.dead = s.newProducer(client, deadDone, true)
 	if s.txn != nil {
 		s.txn.c.Producers(s.main, s.dead)
-		go s.txn.c.Run(s.ctx)
+		var committing context.Context
+		committing, s.abandon = context.WithCancel(ctx)
+		go s.txn.c.Run(committing)
 	}
 	return s, nil
 }
@@ -551,9 +554,23 @@ func (s *Sink) Halted() (eventID, reason string, err error, halted bool) {
 // InFlight returns the events and bytes handed to Kafka and not yet settled.
 func (s *Sink) InFlight() (events, bytes int64) { return s.limit.inFlight() }
 
+// Abandon commits nothing more, from now on: with exactly-once, the committer aborts the open
+// Kafka transaction instead of committing it, and no later one begins, so nothing handed over
+// and not yet committed is acknowledged (it is published again by whoever streams next). For a
+// relay that was fenced: another instance may lead already. A commit whose EndTxn is already on
+// its way cannot be called back. Close still follows; without exactly-once Abandon does nothing
+// (Close abandons what is in flight).
+func (s *Sink) Abandon() {
+	if s.abandon != nil {
+		s.abandon()
+	}
+}
+
 // Close stops accepting events and waits until everything handed to Kafka is settled or ctx ends.
 // Whatever is still unacknowledged then is abandoned: it was never confirmed to PostgreSQL, so it
-// is published again after a restart. Publish must not be called concurrently with or after Close.
+// is published again after a restart. With exactly-once, what was published is committed first,
+// within ctx; a ctx that has already ended (a fence) commits nothing more: the open Kafka
+// transaction is aborted. Publish must not be called concurrently with or after Close.
 func (s *Sink) Close(ctx context.Context) error {
 	if e := s.early; e != nil {
 		select { // its context has ended: it stops at its next round trip's end

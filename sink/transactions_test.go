@@ -207,6 +207,38 @@ func TestAnOpenTransactionIsInvisibleAndAnAbortedOneStaysSo(t *testing.T) {
 	t.Logf("the log holds %d records of the aborted transaction; a read_committed reader saw none of them", len(uncommitted))
 }
 
+// TestAnAbandonedSinkCommitsNothingMore: a relay that was fenced abandons its sink (Abandon)
+// while events wait in the open Kafka transaction. Nothing more may be committed, not even by a
+// Close that is given time to commit: the transaction is aborted, no event is acknowledged and a
+// read_committed reader sees none of them (another instance may lead already, and publishes them
+// itself).
+func TestAnAbandonedSinkCommitsNothingMore(t *testing.T) {
+	t.Parallel()
+	k := testenv.SharedKafka(t)
+	cfg := txnConfig(t, k, time.Hour, 100000)
+	cfg.Transactions.Linger = time.Hour // the transaction stays open until Close would commit it
+	s := readySink(t, k.Brokers(), cfg)
+	a := &acker{}
+	stream := newPGStream(10)
+	for i := range 20 {
+		s.publish(t, stream.next(fmt.Sprintf("order-%d", i%5)), a)
+	}
+	readBack(t, k.Brokers(), 60*time.Second, atLeast(20), cfg.Record.TopicTemplate) // written, not committed
+	s.Abandon()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = s.close(ctx) // time enough to commit: Close commits what was published unless abandoned
+	if a.n.Load() != 0 {
+		t.Errorf("%d events of the abandoned transaction acknowledged", a.n.Load())
+	}
+	if seen := committedFor(t, k.Brokers(), 2*time.Second, cfg.Record.TopicTemplate); len(seen) != 0 {
+		t.Errorf("a read_committed reader sees %d records of the abandoned transaction", len(seen))
+	}
+	if got := s.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "committed"); got != 0 {
+		t.Errorf("kafka_transactions_total{committed} = %v, want 0", got)
+	}
+}
+
 // TestASecondProducerWithTheSameTransactionalIDFencesTheFirst: B takes over A's transactional id
 // while A has a transaction open. A learns it is fenced on its own, without being called
 // (Failed closes, Err wraps ErrFenced), its Publish fails, and nothing A wrote becomes visible.

@@ -314,6 +314,19 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 	defer m.EndTerm()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
+	// fence says why (an ERROR line), stops the relay at once and waits for its run to end. This
+	// instance stops leading at the fence, not once the run has ended: another instance may take
+	// over at once, and two instances reporting leadership at the same time are two leaders to
+	// whoever watches.
+	fence := func(why string, fields ...zap.Field) error {
+		m.Leader.Set(0)
+		log.Error(why, fields...)
+		began := time.Now()
+		r.Fence()
+		err := <-done
+		log.Info("the fenced relay stopped; standing by", zap.Duration("took", time.Since(began).Round(time.Millisecond)))
+		return err
+	}
 	var lost <-chan struct{}
 	var silent <-chan time.Duration
 	if term != nil {
@@ -329,20 +342,17 @@ func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log
 		return err
 	case <-lost:
 	case d := <-silent:
-		log.Error("no Kafka acknowledgement while events waited for leader_kafka_timeout; handing over: streaming stops now without confirming what Kafka did not acknowledge, and the leader lock is released for a standby that can reach Kafka",
+		err := fence("no Kafka acknowledgement while events waited for leader_kafka_timeout; handing over: streaming stops now without confirming what Kafka did not acknowledge, and the leader lock is released for a standby that can reach Kafka",
 			zap.Duration("silent_for", d.Round(time.Millisecond)), zap.Duration("leader_kafka_timeout", kafkaTimeout), zap.Strings("kafka_brokers", rcfg.Sink.Brokers),
 			zap.Int("standbys_ready", term.Standbys()))
-		r.Fence()
-		if err := <-done; err != nil && !errors.Is(err, relay.ErrFenced) {
+		if err != nil && !errors.Is(err, relay.ErrFenced) {
 			return err
 		}
 		return fmt.Errorf("%w for %s (leader_kafka_timeout %s)", errKafkaSilent, d.Round(time.Millisecond), kafkaTimeout)
 	}
-	log.Error("lost the leader lock connection; fencing: streaming stops now and unconfirmed events are replayed by the next leader",
-		zap.Error(term.Err()))
 	m.Fenced.Inc()
-	r.Fence()
-	err = <-done
+	err = fence("lost the leader lock connection; fencing: streaming stops now and unconfirmed events are replayed by the next leader",
+		zap.Error(term.Err()))
 	if err == nil {
 		err = relay.ErrFenced // ctx ended at the same moment; the loop sees ctx first
 	}

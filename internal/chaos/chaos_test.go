@@ -2,6 +2,7 @@ package chaos_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"strconv"
@@ -15,7 +16,7 @@ import (
 )
 
 // shortSeeds are the schedules make test runs, one a day in turn (CHAOS_SEED picks another):
-// each has been run to the end without a violation, so a failure is news about the relay.
+// a failure is news about the relay or the harness, and its seed replays it.
 var shortSeeds = []uint64{7, 1201, 31337}
 
 // TestShortScheduleOfEveryMode runs every mode side by side on one PostgreSQL 18 primary with a
@@ -34,6 +35,9 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 		}
 		seed = s
 	}
+	// First, on stderr: a test timeout that ends the binary must not swallow the seed.
+	fmt.Fprintf(os.Stderr, "TestShortScheduleOfEveryMode: CHAOS_SEED=%d\n", seed)
+	t.Logf("CHAOS_SEED=%d", seed)
 	dir := t.TempDir()
 	if keep := os.Getenv("CHAOS_KEEP"); keep != "" {
 		dir = keep
@@ -54,6 +58,15 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 		if len(m.Violations) > 0 {
 			t.Errorf("%s:\n%s", m.Mode, m.Text)
 		}
+		// The schedule must have killed and paused past its lease the relay leading at that
+		// moment, passed leadership on and failed over (check.Unmet): a run that did not
+		// exercise those proves little.
+		for _, u := range m.Unmet {
+			t.Errorf("%s: requirement not met: %s", m.Mode, u)
+		}
+		if t.Failed() {
+			t.Logf("%s: replay: %s (CHAOS_KEEP=<dir> keeps the history)", m.Mode, m.Replay)
+		}
 		for _, c := range m.Crashes {
 			t.Errorf("%s: %s", m.Mode, c)
 		}
@@ -64,33 +77,31 @@ func TestShortScheduleOfEveryMode(t *testing.T) {
 			applied[kind] += n
 		}
 	}
-	// The deck deals every kind at least twice in 90 s; one that never took effect means a fault
-	// that does nothing. PostgreSQL's faults (restarts, failovers, a neighbour's start) exclude
+	// The deck deals most kinds twice in 90 s; one planned that never took effect means a fault
+	// that does nothing. PostgreSQL's faults (restarts, failovers, a neighbour's start, the
+	// standby's stop and lag, a freeze) exclude
 	// each other, and a failover may hold them for half a minute waiting for the standby, so of
-	// those at least one must have taken effect. The six broker kinds exclude each other too, and
-	// four restart a broker's JVM (10-20 s on this machine): each is drawn as soon as the broker is
-	// free, and all but one must have taken effect (the last may find no time left under load).
-	postgres, brokerMissed := 0, []string{}
+	// those at least one must have taken effect. So do the broker's six kinds, four of which
+	// restart a broker's JVM (10-20 s each): of the dozen planned in 90 s the first few apply and
+	// the rest wait past the fault period, so of those too at least one must have taken effect
+	// (internal/chaos/cluster's tests apply each of them).
+	postgres, broker := 0, 0
 	for _, kind := range kinds {
 		switch {
-		case strings.HasPrefix(kind, "failover-"), strings.HasPrefix(kind, "pg-restart"), kind == "neighbour":
+		case strings.HasPrefix(kind, "failover-"), strings.HasPrefix(kind, "pg-restart"), kind == "neighbour",
+			strings.HasPrefix(kind, "standby-"), kind == "pg-freeze":
 			postgres += applied[kind]
 		case slices.Contains([]string{"broker-stop", "broker-pause", "broker-kill", "leader-change", "coordinator-move", "isr-shrink"}, kind):
-			if applied[kind] == 0 {
-				brokerMissed = append(brokerMissed, kind)
-			}
-		case applied[kind] == 0:
-			t.Errorf("no %s fault took effect in any mode", kind)
+			broker += applied[kind]
+		case applied[kind] == 0 && res.Planned[kind] > 0:
+			t.Errorf("no %s fault took effect in any mode (%d planned)", kind, res.Planned[kind])
 		}
 	}
 	if postgres == 0 {
-		t.Errorf("no PostgreSQL fault (restart, failover, neighbour) took effect")
+		t.Errorf("no PostgreSQL fault (restart, failover, neighbour, standby, freeze) took effect")
 	}
-	switch {
-	case len(brokerMissed) > 1:
-		t.Errorf("no %v fault took effect in any mode: of the broker's kinds at most one may miss", brokerMissed)
-	case len(brokerMissed) == 1:
-		t.Logf("no %s fault took effect: the broker's last kind found no time left", brokerMissed[0])
+	if broker == 0 {
+		t.Errorf("no broker fault (stop, pause, kill, leader change, coordinator move, ISR shrink) took effect")
 	}
-	t.Logf("faults applied: %v", applied)
+	t.Logf("faults applied: %v; the same schedule again: %s", applied, res.Command)
 }

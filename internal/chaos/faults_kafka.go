@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -36,29 +37,27 @@ func brokerKinds(kinds []string, brokers int) []string {
 	return slices.DeleteFunc(slices.Clone(kinds), func(k string) bool { return slices.Contains(threeBrokerKinds, k) })
 }
 
-// brokerNode draws the broker a broker-stop, broker-pause or broker-kill targets, under n.mu:
-// any broker for a stop or a pause, whether it leads anything or not (brokerFault records which);
-// not node 1 for a kill: it is the cluster's only KRaft controller, and with it dead no leader is
-// elected, which tests nothing a stop does not. 0 for the other kinds, whose target is read when
-// they are applied.
-func (n *nemesis) brokerNode(kind string) int {
-	nodes := n.run.opts.Brokers
-	if nodes <= 1 {
+// brokerNode draws the broker a broker-stop, broker-pause or broker-kill of a cluster of nodes
+// brokers targets, in the plan: any broker for a stop or a pause, whether it leads anything or not
+// (brokerFault records which); not node 1 for a kill: it is the cluster's only KRaft controller,
+// and with it dead no leader is elected, which tests nothing a stop does not. 0 for the other
+// kinds, whose target is read when they are applied.
+func brokerNode(kind string, nodes int, rng *rand.Rand) int {
+	switch {
+	case kind != kindBrokerStop && kind != kindBrokerPause && kind != kindBrokerKill:
+		return 0
+	case nodes <= 1:
 		return 1
+	case kind == kindBrokerKill:
+		return 2 + rng.IntN(nodes-1)
 	}
-	switch kind {
-	case kindBrokerStop, kindBrokerPause:
-		return 1 + n.rng.IntN(nodes)
-	case kindBrokerKill:
-		return 2 + n.rng.IntN(nodes-1)
-	}
-	return 0
+	return 1 + rng.IntN(nodes)
 }
 
 // brokerDuration draws how long a broker kill, a coordinator's kill or an ISR shrink lasts until
 // the restart; the short schedule keeps them short, as six broker kinds share the group.
-func (n *nemesis) brokerDuration(between func(lo, hi time.Duration) time.Duration) time.Duration {
-	if n.run.opts.Short {
+func brokerDuration(short bool, between func(lo, hi time.Duration) time.Duration) time.Duration {
+	if short {
 		return between(time.Second, 5*time.Second)
 	}
 	return between(2*time.Second, 20*time.Second)
@@ -98,27 +97,27 @@ func (n *nemesis) brokerFault(ctx context.Context, f *fault, rec *history.Fault,
 	}
 	switch f.kind {
 	case kindBrokerStop:
-		target(f.node)
-		if err := c.StopNode(ctx, f.node); err != nil {
-			heal(restart(f.node))
+		target(brokerOf(f))
+		if err := c.StopNode(ctx, brokerOf(f)); err != nil {
+			heal(restart(brokerOf(f)))
 			return err
 		}
 		sleep(ctx, f.d)
-		heal(restart(f.node))
+		heal(restart(brokerOf(f)))
 	case kindBrokerPause:
-		target(f.node)
-		if err := c.PauseNode(f.node); err != nil {
+		target(brokerOf(f))
+		if err := c.PauseNode(brokerOf(f)); err != nil {
 			return err
 		}
 		sleep(ctx, f.d)
-		heal(func(context.Context) error { return c.ResumeNode(f.node) })
+		heal(func(context.Context) error { return c.ResumeNode(brokerOf(f)) })
 	case kindBrokerKill:
-		target(f.node)
-		if err := c.KillNode(f.node); err != nil {
+		target(brokerOf(f))
+		if err := c.KillNode(brokerOf(f)); err != nil {
 			return err
 		}
 		sleep(ctx, f.d)
-		heal(restart(f.node))
+		heal(restart(brokerOf(f)))
 	case kindLeaderChange:
 		moves, err := c.MoveLeaders(ctx, func(topic string) bool { return !internalTopic(topic) })
 		if len(moves) > 0 {
@@ -169,6 +168,10 @@ func (n *nemesis) brokerFault(ctx context.Context, f *fault, rec *history.Fault,
 	}
 	return nil
 }
+
+// brokerOf is the node a broker-stop, -pause or -kill targets: the plan's Pick (1 in a plan
+// drawn before there were more brokers).
+func brokerOf(f *fault) int { return max(f.pick, 1) }
 
 func startIfStopped(ctx context.Context, c *cluster.Cluster, id int) error {
 	if c.NodeRunning(id) {

@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/chaos/cluster"
 	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
-	"github.com/outbox-relay/outbox-relay/internal/chaos/workload"
 )
 
 // The fault kinds, as history.Fault.Kind names them. The checker knows "pause" (a zombie when
@@ -36,19 +35,26 @@ const (
 	kindAddColumn    = "add-column"
 	kindNeighbour    = "neighbour"
 	kindSlotLost     = "slot-lost"
+	// The network faults beyond a clean cut (faults_net.go).
+	kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock = "net-slow", "net-oneway-kafka", "net-oneway-pg", "cut-heal-open", "cut-leader-lock"
 )
 
 // FaultKinds lists every kind the nemesis can apply.
 func FaultKinds() []string {
-	return append(ShortKinds(), kindSlotLost)
+	return append(append(append(ShortKinds(), kindSlotLost, kindOneWayPG), longPGKinds...), procKinds...)
 }
 
 // ShortKinds lists the kinds of the short schedule make test runs: every kind but the lost slot,
-// whose recovery publishes a whole gap again and is left to the long runs of make chaos.
+// whose recovery publishes a whole gap again and is left to the long runs of make chaos, and the
+// one-way cut of PostgreSQL, which a relay meets as it does cut-pg (a timeout) but for statements
+// applied unanswered; nor slot-invalidated, standby-stop, standby-lag and oom (faults_pg.go,
+// faults_proc.go say why).
 func ShortKinds() []string {
 	return []string{kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth, kindBrokerStop,
 		kindBrokerPause, kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindOtherLoad,
-		kindBigTx, kindAddColumn, kindNeighbour, kindBrokerKill, kindLeaderChange, kindCoordinatorMove, kindISRShrink}
+		kindBigTx, kindAddColumn, kindNeighbour,
+		kindNetSlow, kindOneWayKafka, kindCutHealOpen, kindCutLeaderLock, kindPGFreeze, kindPrune,
+		kindBrokerKill, kindLeaderChange, kindCoordinatorMove, kindISRShrink}
 }
 
 // kindScope says what a kind targets: a relay of a mode, a mode (its writers, its table), or the
@@ -63,29 +69,14 @@ const (
 
 func scopeOf(kind string) kindScope {
 	switch kind {
-	case kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth:
+	case kindKill9, kindSigterm, kindPause, kindCutPG, kindCutKafka, kindCutBoth, kindOOM:
 		return scopeRelay
-	case kindBigTx, kindAddColumn, kindNeighbour, kindOtherLoad, kindSlotLost:
+	case kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock:
+		return scopeRelay
+	case kindBigTx, kindAddColumn, kindNeighbour, kindOtherLoad, kindSlotLost, kindSlotInvalidated, kindPrune:
 		return scopeMode
 	}
 	return scopeCluster
-}
-
-// nemesis draws faults from a seed and applies them, overlapping, until its context ends.
-type nemesis struct {
-	run   *runner
-	rng   *rand.Rand
-	kinds []string
-	mean  time.Duration // mean time between two fault starts
-
-	mu       sync.Mutex
-	active   map[string]int  // faults running per exclusion group
-	busy     map[string]bool // relays under a fault
-	columns  map[string]int  // columns added per mode
-	deck     []string        // the kinds left in this round
-	modeDeck []*modeRun      // the modes left in this round
-	wg       sync.WaitGroup
-	sequence int
 }
 
 // group is what two faults must not share at once: the broker, PostgreSQL (restarts, failovers,
@@ -98,248 +89,227 @@ func group(kind, mode string) string {
 	switch kind {
 	case kindBrokerStop, kindBrokerPause, kindBrokerKill, kindLeaderChange, kindCoordinatorMove, kindISRShrink:
 		return "broker"
-	case kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindNeighbour, kindSlotLost:
+	case kindPGRestart, kindPGImmediate, kindFailoverSync, kindFailoverLag, kindNeighbour, kindSlotLost,
+		kindSlotInvalidated, kindStandbyStop, kindStandbyLag, kindPGFreeze:
 		return "postgres"
-	case kindBigTx, kindOtherLoad, kindAddColumn:
+	case kindBigTx, kindOtherLoad, kindAddColumn, kindPrune:
 		return kind + "/" + mode
 	}
 	return ""
 }
 
-// loop starts a fault every so often (exponentially distributed gaps) until ctx ends, then waits
-// for the running ones to heal.
-func (n *nemesis) loop(ctx context.Context) {
-	defer n.wg.Wait()
-	for {
-		gap := time.Duration(n.rng.ExpFloat64() * float64(n.mean))
-		gap = min(max(gap, n.mean/8), 3*n.mean)
-		if !sleep(ctx, gap) {
-			return
-		}
-		n.startOne(ctx)
-	}
-}
-
-// startOne draws the next eligible fault and applies it in the background. Kinds come from a
-// shuffled deck, every kind once per round, so that a short schedule still applies each of them;
-// a kind that cannot apply now keeps its place and is drawn first once it can.
-func (n *nemesis) startOne(ctx context.Context) {
-	f := n.draw()
-	if f == nil {
-		return
-	}
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		defer n.release(f)
-		n.apply(ctx, f)
-	}()
-}
-
-// draw takes the next kind that can apply now from the deck and picks its target; nil when
-// none can. When nothing left in this round can apply (those kinds wait for a fault of their
-// group to heal, or can never apply again), the next round's kinds join the deck.
-func (n *nemesis) draw() *fault {
-	for round := 0; round < 2; round++ {
-		if round == 1 || len(n.deck) == 0 {
-			next := append([]string(nil), n.kinds...)
-			n.rng.Shuffle(len(next), func(i, j int) { next[i], next[j] = next[j], next[i] })
-			for _, k := range next {
-				if !slices.Contains(n.deck, k) {
-					n.deck = append(n.deck, k)
-				}
-			}
-		}
-		// A kind that cannot apply keeps its place: moved behind the others, it would fall behind
-		// every later round's kinds too, and the kinds of a busy group (six share the broker's)
-		// would wait for rounds.
-		for i, kind := range n.deck {
-			if f, ok := n.pick(kind); ok {
-				n.deck = slices.Delete(n.deck, i, i+1)
-				return f
-			}
-		}
-	}
-	return nil
-}
-
-// nextMode draws the mode a relay or mode fault goes to from a deck of its own (each mode once
-// per round), among those ok accepts.
-func (n *nemesis) nextMode(ok func(*modeRun) bool) *modeRun {
-	for range 2 {
-		if len(n.modeDeck) == 0 {
-			n.modeDeck = append([]*modeRun(nil), n.run.modes...)
-			n.rng.Shuffle(len(n.modeDeck), func(i, j int) { n.modeDeck[i], n.modeDeck[j] = n.modeDeck[j], n.modeDeck[i] })
-		}
-		for i, m := range n.modeDeck {
-			if ok(m) {
-				n.modeDeck = append(n.modeDeck[:i:i], n.modeDeck[i+1:]...)
-				return m
-			}
-		}
-		n.modeDeck = nil // none of this round fits: a new round
-	}
-	return nil
-}
-
-// fault is one drawn fault before it is applied.
+// fault is one planned fault as it is applied: the plan's entry and what it resolved to.
 type fault struct {
 	kind   string
 	mode   *modeRun // nil for cluster faults
-	relay  *relay   // relay faults
+	relay  *relay   // relay faults: resolved at the moment the fault applies
+	role   string   // relay faults: history.RoleLeader, RoleFollower, RoleAny
+	pick   int
+	leader bool // the relay reported leadership when the fault applied
 	d      time.Duration
 	detail string
 	events int // of a big transaction
 	group  string
 	seq    int
-	node   int // the broker a broker-stop, -pause or -kill targets
 }
 
-// pick draws a target and a duration for kind, if the kind can apply now.
-func (n *nemesis) pick(kind string) (*fault, bool) {
-	r := n.run
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	f := &fault{kind: kind}
-	switch scopeOf(kind) {
-	case scopeRelay:
-		free := func(m *modeRun) []*relay {
-			var out []*relay
-			for _, rl := range m.allRelays() {
-				if !n.busy[rl.name] {
-					out = append(out, rl)
-				}
-			}
-			return out
+// nemesis applies a plan (drawn up front by a planner, or read from an earlier run's history)
+// until its context ends, overlapping.
+type nemesis struct {
+	run  *runner
+	plan []history.PlannedFault
+
+	mu   sync.Mutex
+	busy map[string]bool // relays under a fault
+}
+
+// turn orders the faults that share a key (a server's group, a mode's relays): each waits for
+// the one before it, so that the order in which they apply is the plan's.
+type turn struct {
+	started, done chan struct{}
+}
+
+// loop applies every planned fault at its time, then waits for the running ones to heal. Faults
+// of one group (the broker, PostgreSQL, a mode's load) apply one at a time in the plan's order:
+// one whose time comes while its group is busy waits for it. Relay faults of a mode start in the
+// plan's order; each waits while the relay its role resolves to is under another fault. A fault
+// still waiting when the fault period ends is recorded as skipped.
+func (n *nemesis) loop(ctx context.Context) {
+	start := time.Now()
+	var wg sync.WaitGroup
+	last := make(map[string]*turn)
+	for _, p := range n.plan {
+		f, ok := n.fault(p)
+		if !ok {
+			continue // a mode this run does not run (a replay of one mode)
 		}
-		m := n.nextMode(func(m *modeRun) bool { return len(free(m)) > 0 })
-		if m == nil {
-			return nil, false
+		key := f.group
+		if scopeOf(f.kind) == scopeRelay {
+			key = "relays/" + f.mode.mode.Name
 		}
-		candidates := free(m)
-		f.relay = candidates[n.rng.IntN(len(candidates))]
-		// The leader is the interesting target more often than not.
-		if l := m.leader(); l != nil && !n.busy[l.name] && n.rng.Float64() < 0.6 {
-			f.relay = l
+		prev := last[key]
+		me := &turn{started: make(chan struct{}), done: make(chan struct{})}
+		if key != "" {
+			last[key] = me
 		}
-		f.mode = m
-	case scopeMode:
-		f.mode = n.nextMode(func(m *modeRun) bool {
-			switch kind {
-			case kindNeighbour:
-				return m.neighbour != nil && !m.neighbourStarted
-			case kindAddColumn:
-				return m.mode.Shape != workload.Messages && n.columns[m.mode.Name] < 3
-			case kindSlotLost:
-				return r.recovers(m.mode)
-			}
-			return true
+		at := start.Add(p.At)
+		wg.Go(func() {
+			defer close(me.done)
+			n.applyAt(ctx, f, at, prev, me)
 		})
+	}
+	wg.Wait()
+}
+
+// fault turns a planned fault into one of this run's; false when its mode is not in the run.
+func (n *nemesis) fault(p history.PlannedFault) (*fault, bool) {
+	f := &fault{kind: p.Kind, role: p.Role, pick: p.Pick, d: p.Duration, detail: p.Detail, events: p.Events, seq: p.Seq}
+	if p.Mode != "" {
+		for _, m := range n.run.modes {
+			if m.mode.Name == p.Mode {
+				f.mode = m
+			}
+		}
 		if f.mode == nil {
 			return nil, false
 		}
-	case scopeCluster:
-		switch kind {
-		case kindFailoverSync, kindFailoverLag:
-			if !r.standby {
-				return nil, false
+	}
+	f.group = group(p.Kind, p.Mode)
+	return f, true
+}
+
+// applyAt waits for f's time and its turn, resolves its target and applies it.
+func (n *nemesis) applyAt(ctx context.Context, f *fault, at time.Time, prev, me *turn) {
+	started := sync.OnceFunc(func() { close(me.started) })
+	defer started()
+	if !sleep(ctx, time.Until(at)) {
+		return // the fault period ended before the fault was due
+	}
+	if prev != nil {
+		wait := prev.done
+		if scopeOf(f.kind) == scopeRelay {
+			wait = prev.started // relays of a mode may be under several faults at once
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			n.skip(f, "its group was busy until the fault period ended")
+			return
+		}
+	}
+	if scopeOf(f.kind) == scopeRelay {
+		if err := n.resolve(ctx, f); err != nil {
+			n.skip(f, err.Error())
+			return
+		}
+		defer n.release(f)
+	}
+	started()
+	n.apply(ctx, f)
+}
+
+// resolve finds the relay of f's mode that fits its role now, reading leadership from the
+// relays at this moment (a scrape of each, not the sampler's last view), and marks it busy. It
+// waits while the relay that fits is under another fault or not running. A leader's fault whose
+// mode has no leader for twice the lease (a takeover under way, every relay cut off) goes to a
+// follower, recorded as such.
+func (n *nemesis) resolve(ctx context.Context, f *fault) error {
+	noLeaderUntil := time.Now().Add(2 * n.run.lease)
+	for {
+		leaders, others := n.roles(ctx, f.mode)
+		n.mu.Lock()
+		free := func(rs []*relay) []*relay {
+			return slices.DeleteFunc(slices.Clone(rs), func(rl *relay) bool { return n.busy[rl.name] })
+		}
+		var target *relay
+		switch f.role {
+		case history.RoleLeader:
+			if len(leaders) > 0 {
+				if !n.busy[leaders[0].name] {
+					target, f.leader = leaders[0], true
+				}
+			} else if time.Now().After(noLeaderUntil) {
+				if c := free(others); len(c) > 0 {
+					target = c[f.pick%len(c)]
+				}
+			}
+		case history.RoleFollower:
+			if c := free(others); len(c) > 0 {
+				target = c[f.pick%len(c)]
+			}
+		default:
+			if c := free(append(leaders, others...)); len(c) > 0 {
+				target = c[f.pick%len(c)]
+				f.leader = slices.Contains(leaders, target)
 			}
 		}
-	}
-	modeName := ""
-	if f.mode != nil {
-		modeName = f.mode.mode.Name
-	}
-	f.group = group(kind, modeName)
-	if f.group != "" && n.active[f.group] > 0 {
-		return nil, false
-	}
-	f.d, f.detail = n.duration(kind)
-	f.node = n.brokerNode(kind)
-	if kind == kindBigTx {
-		f.events = 20_000 + n.rng.IntN(80_000)
-		if r.opts.Short {
-			f.events = 3_000
+		if target != nil {
+			n.busy[target.name] = true
+			f.relay = target
+		}
+		n.mu.Unlock()
+		if target != nil {
+			return nil
+		}
+		if !sleep(ctx, 250*time.Millisecond) {
+			return fmt.Errorf("no %s of %s free until the fault period ended", f.role, f.mode.mode.Name)
 		}
 	}
-	if f.group != "" {
-		n.active[f.group]++
+}
+
+// roles scrapes the running relays of m now: those that report leadership (the mode's own
+// relays; a neighbour leads a slot of its own) and the rest, each in name order.
+func (n *nemesis) roles(ctx context.Context, m *modeRun) (leaders, others []*relay) {
+	all := m.allRelays()
+	lead := make([]bool, len(all))
+	up := make([]bool, len(all))
+	var wg sync.WaitGroup
+	for i, rl := range all {
+		if !rl.Running() || rl.paused() {
+			continue
+		}
+		wg.Go(func() {
+			var l bool
+			up[i], l = rl.scrape(ctx, n.run.http)
+			lead[i] = l && !m.mode.Poll && slices.Contains(m.relays, rl)
+		})
 	}
-	if f.relay != nil {
-		n.busy[f.relay.name] = true
+	wg.Wait()
+	for i, rl := range all {
+		switch {
+		case lead[i]:
+			leaders = append(leaders, rl)
+		case up[i]:
+			others = append(others, rl)
+		}
 	}
-	if kind == kindAddColumn {
-		n.columns[modeName]++
-	}
-	if kind == kindNeighbour {
-		f.mode.neighbourStarted = true
-	}
-	n.sequence++
-	f.seq = n.sequence
-	return f, true
+	return leaders, others
 }
 
 func (n *nemesis) release(f *fault) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if f.group != "" {
-		n.active[f.group]--
-	}
-	if f.relay != nil {
-		delete(n.busy, f.relay.name)
-	}
+	delete(n.busy, f.relay.name)
 }
 
-// duration draws how long a kind lasts; detail says which variant was drawn.
-func (n *nemesis) duration(kind string) (time.Duration, string) {
-	between := func(lo, hi time.Duration) time.Duration {
-		return lo + time.Duration(n.rng.Float64()*float64(hi-lo))
-	}
-	lease := n.run.lease
-	switch kind {
-	case kindKill9, kindSigterm:
-		return between(200*time.Millisecond, 4*time.Second), "" // until the restart
-	case kindPause:
-		if n.rng.IntN(2) == 0 {
-			return between(time.Second, lease*8/10), "shorter than the lease"
-		}
-		return between(lease*13/10, lease*5/2), "longer than the lease (a zombie)"
-	case kindCutPG, kindCutKafka, kindCutBoth:
-		return between(2*time.Second, 20*time.Second), ""
-	case kindBrokerStop:
-		if n.run.opts.Short { // six kinds share the broker in 90 s
-			return between(2*time.Second, 10*time.Second), ""
-		}
-		return between(2*time.Second, 25*time.Second), ""
-	case kindBrokerPause:
-		// Past broker.session.timeout.ms (9 s; 4.5 s with three brokers) the broker fences itself
-		// on waking, and its partitions are without a leader for a moment: a transaction
-		// coordinator then drops their markers (docs/guarantees.md, "Lost transaction markers").
-		if n.run.opts.Short {
-			return between(time.Second, 10*time.Second), ""
-		}
-		return between(time.Second, 15*time.Second), ""
-	case kindOtherLoad:
-		return between(5*time.Second, 30*time.Second), ""
-	case kindBrokerKill, kindCoordinatorMove, kindISRShrink:
-		return n.brokerDuration(between), ""
-	}
-	return 0, ""
+// skip records a fault that never applied.
+func (n *nemesis) skip(f *fault, why string) {
+	now := time.Now()
+	rec := history.Fault{Kind: f.kind, Target: targetOf(f), Start: now, End: now, Seq: f.seq, Role: f.role, Skipped: why}
+	n.run.logf("fault #%d %s %s skipped: %s", f.seq, f.kind, rec.Target, why)
+	n.run.recordFault(f.mode, rec)
 }
 
-// apply applies f, waits its duration (or until ctx ends) and heals it, recording it.
+// apply applies f, waits its duration (or until ctx ends) and heals it, recording it: as failed
+// when its action failed, as skipped when it could not apply.
 func (n *nemesis) apply(ctx context.Context, f *fault) {
 	r := n.run
-	rec := history.Fault{Kind: f.kind, Detail: f.detail, Start: time.Now()}
-	switch {
-	case f.relay != nil:
-		rec.Target = f.relay.name
-	case f.mode != nil:
-		rec.Target = f.mode.mode.Name
-	default:
-		rec.Target = targetOf(f.kind)
+	rec := history.Fault{Kind: f.kind, Detail: f.detail, Start: time.Now(), Target: targetOf(f), Seq: f.seq, Role: f.role, Leader: f.leader}
+	leading := ""
+	if f.leader {
+		leading = ", leading"
 	}
-	r.logf("fault #%d %s %s%s", f.seq, f.kind, rec.Target, detailSuffix(f))
+	r.logf("fault #%d %s %s%s%s", f.seq, f.kind, rec.Target, leading, detailSuffix(f))
 	// heal runs whatever ends the fault with a context of its own: the run's end cancels ctx,
 	// and every fault must still be healed then.
 	heal := func(fn func(context.Context) error) {
@@ -350,19 +320,21 @@ func (n *nemesis) apply(ctx context.Context, f *fault) {
 		}
 	}
 	err := n.act(ctx, f, &rec, heal)
+	rec.End = time.Now()
 	switch {
 	case errors.Is(err, errSkipped):
+		rec.Skipped = strings.TrimPrefix(err.Error(), errSkipped.Error()+": ")
 		if scopeOf(f.kind) == scopeCluster {
-			r.note("fault #%d %s skipped: %v", f.seq, f.kind, err) // a failover the standby was not ready for
+			r.note("fault #%d %s skipped: %s", f.seq, f.kind, rec.Skipped) // a failover the standby was not ready for
 		} else {
-			r.logf("fault #%d %s skipped: %v", f.seq, f.kind, err)
+			r.logf("fault #%d %s skipped: %s", f.seq, f.kind, rec.Skipped)
 		}
-		return
 	case err != nil:
-		r.note("fault #%d %s %s: %v", f.seq, f.kind, rec.Target, err)
+		rec.Failed = err.Error()
+		r.note("fault #%d %s %s failed (it counts for nothing): %v", f.seq, f.kind, rec.Target, err)
+	default:
+		r.logf("fault #%d %s %s healed after %s", f.seq, f.kind, rec.Target, rec.End.Sub(rec.Start).Round(100*time.Millisecond))
 	}
-	rec.End = time.Now()
-	r.logf("fault #%d %s %s healed after %s", f.seq, f.kind, rec.Target, rec.End.Sub(rec.Start).Round(100*time.Millisecond))
 	r.recordFault(f.mode, rec)
 }
 
@@ -379,8 +351,17 @@ func detailSuffix(f *fault) string {
 	return s
 }
 
-func targetOf(kind string) string {
-	switch kind {
+// targetOf names f's target: its relay, its mode (or the role it waits for), or the server.
+func targetOf(f *fault) string {
+	switch {
+	case f.relay != nil:
+		return f.relay.name
+	case f.mode != nil && scopeOf(f.kind) == scopeRelay:
+		return f.role + " of " + f.mode.mode.Name
+	case f.mode != nil:
+		return f.mode.mode.Name
+	}
+	switch f.kind {
 	case kindBrokerStop, kindBrokerPause, kindBrokerKill, kindLeaderChange, kindCoordinatorMove, kindISRShrink:
 		return "broker"
 	}
@@ -458,6 +439,9 @@ func (n *nemesis) act(ctx context.Context, f *fault, rec *history.Fault, heal fu
 		// The checker pins a lost transaction to the failover by the time of its kill: a failover
 		// recorded without one would take the blame for another's losses, and one recorded at
 		// the time it was drawn would miss the transactions begun in the seconds before the kill.
+		if !r.standby {
+			return fmt.Errorf("%w: the run has no standby (PostgreSQL before 17, or no WAL mode)", errSkipped)
+		}
 		synced := f.kind == kindFailoverSync
 		if err := c.SetSynchronized(ctx, synced); err != nil {
 			r.note("fault #%d %s: nothing killed: %v", f.seq, f.kind, err)
@@ -484,17 +468,18 @@ func (n *nemesis) act(ctx context.Context, f *fault, rec *history.Fault, heal fu
 			return fmt.Errorf("%w: %v", errSkipped, err)
 		}
 		rec.Start = res.Killed
-		return err
+		if err != nil {
+			// The primary was killed: the fault took effect, whatever step failed after.
+			r.note("fault #%d %s: after the kill: %v", f.seq, f.kind, err)
+		}
+		return nil
 	case kindOtherLoad:
 		return f.mode.writers.OtherLoad(ctx, f.d, 200)
 	case kindBigTx:
 		rec.Detail = fmt.Sprintf("%d events", f.events)
 		return f.mode.writers.BigTransaction(ctx, f.events)
 	case kindAddColumn:
-		n.mu.Lock()
-		col := fmt.Sprintf("chaos_c%d", n.columns[f.mode.mode.Name])
-		n.mu.Unlock()
-		rec.Detail = col
+		col := f.detail // drawn in the plan: chaos_c1, chaos_c2, ...
 		// PostgreSQL may be restarting or failing over: an operator would try again.
 		var err error
 		for range 30 {
@@ -504,7 +489,16 @@ func (n *nemesis) act(ctx context.Context, f *fault, rec *history.Fault, heal fu
 		}
 		return err
 	case kindNeighbour:
+		if f.detail != "" {
+			return n.actPG(ctx, f, rec, heal) // a variant under a PostgreSQL fault
+		}
 		return r.startNeighbour(ctx, f.mode)
+	case kindSlotInvalidated, kindStandbyStop, kindStandbyLag, kindPGFreeze, kindPrune:
+		return n.actPG(ctx, f, rec, heal)
+	case kindOOM:
+		return n.actProc(ctx, f, rec, heal)
+	case kindNetSlow, kindOneWayKafka, kindOneWayPG, kindCutHealOpen, kindCutLeaderLock:
+		return actNet(ctx, c, f, heal)
 	case kindSlotLost:
 		lost, err := c.LoseSlot(ctx, f.mode.db, f.mode.slot)
 		if errors.Is(err, cluster.ErrNoHorizon) {

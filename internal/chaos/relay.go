@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 )
 
@@ -33,9 +34,12 @@ type relay struct {
 	code    int
 	stopped bool // SIGSTOPped
 	// expectExit is set by the nemesis before it ends the process, so that an exit of the
-	// relay's own accord (a refusal, a crash) can be told apart.
+	// relay's own accord (a refusal, a crash) can be told apart; sent is the ending signal sent.
 	expectExit bool
+	sent       syscall.Signal
 	ownExits   int
+	logStart   int64          // where the current process's output begins in the log
+	exits      []history.Exit // every end of a process, for the history
 }
 
 func newRelay(name, bin string, args, env []string, logPath string) (*relay, error) {
@@ -65,6 +69,10 @@ func (r *relay) start() error {
 	if err != nil {
 		return fmt.Errorf("chaos: relay %s log: %w", r.name, err)
 	}
+	var logStart int64
+	if fi, err := log.Stat(); err == nil {
+		logStart = fi.Size()
+	}
 	fmt.Fprintf(log, "=== chaos: start %s at %s\n", r.name, time.Now().UTC().Format(time.RFC3339Nano))
 	cmd := exec.Command(r.bin, append([]string{"run"}, r.args...)...)
 	// The nemesis's topics are the ones the relay creates as it goes (the default is not to).
@@ -78,15 +86,24 @@ func (r *relay) start() error {
 		return fmt.Errorf("chaos: start relay %s: %w", r.name, err)
 	}
 	exited := make(chan struct{})
-	r.cmd, r.exited, r.stopped, r.expectExit = cmd, exited, false, false
+	r.cmd, r.exited, r.stopped, r.expectExit, r.sent, r.logStart = cmd, exited, false, false, 0, logStart
 	go func() {
 		err := <-waited
+		at := time.Now()
 		log.Close()
+		out := r.output(logStart)
 		r.mu.Lock()
 		r.code = exitCode(err)
-		if !r.expectExit {
+		ex := history.Exit{Relay: r.name, At: at, Cause: history.ExitOwn, Code: r.code, LastError: lastError(out), Crash: crashLine(out)}
+		switch {
+		case !r.expectExit:
 			r.ownExits++
+		case r.sent == syscall.SIGKILL:
+			ex.Cause = history.ExitSigkill
+		default:
+			ex.Cause = history.ExitSigterm
 		}
+		r.exits = append(r.exits, ex)
 		r.mu.Unlock()
 		close(exited)
 	}()
@@ -144,6 +161,9 @@ func (r *relay) signal(sig syscall.Signal) error {
 	switch sig {
 	case syscall.SIGKILL, syscall.SIGTERM:
 		r.expectExit = true
+		if r.sent != syscall.SIGKILL { // a SIGTERM not obeyed in time is followed by SIGKILL
+			r.sent = sig
+		}
 	}
 	if sig == syscall.SIGKILL && r.stopped {
 		// A stopped process takes SIGKILL, nothing else; it is no longer stopped once gone.
@@ -283,15 +303,49 @@ func (r *relay) rss() int64 {
 	return 0
 }
 
-// lastError returns the relay log's last error line, for notes about an exit of its own accord.
-func (r *relay) lastError() string {
-	b, err := os.ReadFile(r.logPath)
+// takeExits returns the process ends recorded since the last call.
+func (r *relay) takeExits() []history.Exit {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.exits
+	r.exits = nil
+	return out
+}
+
+// lastExit returns the last process end recorded, zero when none.
+func (r *relay) lastExit() history.Exit {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.exits) == 0 {
+		return history.Exit{}
+	}
+	return r.exits[len(r.exits)-1]
+}
+
+// output returns what the process that started at offset from of the log wrote: its own lines
+// only, so an earlier process's error or crash is not taken for this one's.
+func (r *relay) output(from int64) string {
+	f, err := os.Open(r.logPath)
 	if err != nil {
 		return ""
 	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	defer f.Close()
+	if _, err := f.Seek(from, io.SeekStart); err != nil {
+		return ""
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// lastError returns the last error line of a process's output: the error the command ended with
+// ("outbox-relay: ..." on stderr) or an error-level log line; "" when there is none.
+func lastError(out string) string {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
 	for i := len(lines) - 1; i >= 0 && i >= len(lines)-200; i-- {
-		if strings.Contains(lines[i], `"level":"error"`) || strings.Contains(lines[i], `"level":"fatal"`) {
+		if strings.HasPrefix(lines[i], "outbox-relay: ") || strings.Contains(lines[i], `"level":"error"`) || strings.Contains(lines[i], `"level":"fatal"`) {
 			if len(lines[i]) > 600 {
 				return lines[i][:600] + "..."
 			}
@@ -301,22 +355,21 @@ func (r *relay) lastError() string {
 	return ""
 }
 
-// crashed returns the first line of a Go panic or fatal runtime error in the relay's log since
-// its last start, "" when there is none.
-func (r *relay) crashed() string {
-	b, err := os.ReadFile(r.logPath)
-	if err != nil {
-		return ""
-	}
-	log := string(b)
-	if i := strings.LastIndex(log, "=== chaos: start "); i >= 0 {
-		log = log[i:]
-	}
-	for _, marker := range []string{"panic: ", "fatal error: "} {
-		if i := strings.Index(log, marker); i >= 0 {
-			line, _, _ := strings.Cut(log[i:], "\n")
-			return line
+// crashMarkers begin the lines with which the Go runtime reports a panic, a fatal runtime error
+// and a data race (the race detector goes on running, so a race is found in any exit's output).
+var crashMarkers = []string{"panic: ", "fatal error: ", "WARNING: DATA RACE"}
+
+// crashLine returns the first line of a process's output that begins with a crash marker, ""
+// when there is none.
+func crashLine(out string) string {
+	for len(out) > 0 {
+		line, rest, _ := strings.Cut(out, "\n")
+		for _, m := range crashMarkers {
+			if strings.HasPrefix(line, m) {
+				return line
+			}
 		}
+		out = rest
 	}
 	return ""
 }

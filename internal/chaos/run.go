@@ -3,14 +3,15 @@
 // drawn from a seed (kill -9, SIGSTOP, SIGTERM, network cuts, broker stops and freezes,
 // PostgreSQL restarts and failovers, big transactions, schema changes, a neighbour relay sharing
 // the positions topic) for a duration, overlapping. It records what happened (package history),
-// checks it (package check) and draws it (package report). A failing run is reproduced by its seed.
+// checks it (package check) and draws it (package report). The schedule is drawn whole from a
+// seed before the first fault (plan.go) and saved with the history: the seed draws it again,
+// and Options.Plan runs a saved one again.
 package chaos
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -53,12 +54,22 @@ type Options struct {
 	Drain, DrainStall time.Duration
 	// Short makes faults cheaper (small big transactions), for the short schedules of make test.
 	Short bool
-	Log   func(format string, args ...any)
+	// Plan, when set, is the schedule to run (from an earlier run's history: --replay) instead
+	// of one drawn from Seed; its options replace the ones above, but for Modes, which may name
+	// fewer modes than the plan (their faults and the cluster's are applied, at their times).
+	Plan *history.Plan
+	Log  func(format string, args ...any)
 }
 
 // Result is what a run found, per mode.
 type Result struct {
 	Modes []ModeResult
+	// Command is the make chaos command line that runs the same schedule again: the seed and
+	// every option that shapes the schedule or the load.
+	Command string
+	// Planned counts the faults the schedule planned, by kind: a short run's plan deals what it
+	// has time for, so a kind it never planned is no fault that did nothing.
+	Planned map[string]int
 }
 
 // ModeResult is one mode's outcome.
@@ -70,12 +81,17 @@ type ModeResult struct {
 	Crashes    []string // relays that panicked or died of a fatal runtime error
 	Summary    check.Summary
 	Text       string // check.Format of the violations, "" when none
+	// Unmet lists what the schedule had to carry out in this mode and did not (check.Unmet): a
+	// run that did not exercise the leader's faults or a failover fails, whatever else it found.
+	Unmet []string
+	// Replay is the command that runs this mode's schedule again from its history.
+	Replay string
 }
 
 // Failed reports whether any mode broke a rule.
 func (r *Result) Failed() bool {
 	for _, m := range r.Modes {
-		if len(m.Violations) > 0 || len(m.Crashes) > 0 {
+		if len(m.Violations) > 0 || len(m.Crashes) > 0 || len(m.Unmet) > 0 {
 			return true
 		}
 	}
@@ -89,11 +105,14 @@ type runner struct {
 	cluster *cluster.Cluster
 	modes   []*modeRun
 	standby bool
+	plan    *history.Plan // the schedule: drawn from the seed, or replayed
 	http    *http.Client
 
 	lease           time.Duration
 	shutdownTimeout time.Duration
 	stopSlack       time.Duration
+
+	faultsFrom, faultsTo time.Time // the fault period (history.History.FaultsFrom)
 
 	mu     sync.Mutex
 	faults []history.Fault // cluster faults, copied into every mode's history
@@ -108,14 +127,14 @@ type modeRun struct {
 	table  string
 	slot   string
 	types  []string
+	topics []string // the mode's event topics, its neighbour's included
 	relays []*relay
 
 	writers   *workload.Writers
 	consumers []*workload.Consumer
 	seed      uint64 // the writers'
 
-	neighbour        *neighbour
-	neighbourStarted bool
+	neighbour *neighbour
 
 	mu     sync.Mutex
 	faults []history.Fault
@@ -199,6 +218,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Dir == "" || o.RelayBin == "" {
 		return nil, errors.New("chaos: Dir and RelayBin are required")
 	}
+	if o.Plan != nil {
+		var err error
+		if o, err = replayOptions(o); err != nil {
+			return nil, err
+		}
+	}
 	if len(o.Modes) == 0 {
 		o.Modes = append([]Mode(nil), modes...)
 	}
@@ -239,6 +264,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("chaos: PostgreSQL version %q: want a major version such as 18", o.PGVersion)
 	}
 	r.standby = anyWAL(o.Modes) && major >= 17 && containsAny(o.Kinds, kindFailoverSync, kindFailoverLag)
+	r.plan = o.Plan
+	if r.plan == nil {
+		r.plan = &history.Plan{Options: planOptions(o), Faults: drawPlan(o, r.standby, r.lease)}
+	}
+	r.logf("chaos: %d faults planned; the same schedule again: %s", len(r.plan.Faults), r.plan.Options.Command())
 
 	var clients []string
 	for _, m := range o.Modes {
@@ -272,9 +302,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}()
 
-	rng := rand.New(rand.NewPCG(o.Seed, 0x6e656d65736973)) // "nemesis"
 	for _, m := range o.Modes {
-		mr, err := r.setUp(ctx, m, rng.Uint64())
+		mr, err := r.setUp(ctx, m, modeSeed(o.Seed, m.Name))
 		if err != nil {
 			return nil, err
 		}
@@ -307,12 +336,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := r.waitLeaders(ctx, 90*time.Second); err != nil {
 		r.note("%v", err)
 	}
+	r.faultsFrom = time.Now()
 	nctx, stopFaults := context.WithTimeout(ctx, o.Duration)
-	n := &nemesis{run: r, rng: rand.New(rand.NewPCG(rng.Uint64(), 1)), kinds: o.Kinds, mean: o.Mean,
-		active: make(map[string]int), busy: make(map[string]bool), columns: make(map[string]int)}
+	n := &nemesis{run: r, plan: r.plan.Faults, busy: make(map[string]bool)}
 	progress := r.progress(nctx)
 	n.loop(nctx)
 	stopFaults()
+	r.faultsTo = time.Now()
 	<-progress
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("chaos: interrupted: %w", ctx.Err())
@@ -323,6 +353,77 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	finished = true
 	stopSampling()
 	return r.check(res)
+}
+
+// planOptions are the options of o a plan records.
+func planOptions(o Options) history.PlanOptions {
+	var names []string
+	for _, m := range o.Modes {
+		names = append(names, m.Name)
+	}
+	return history.PlanOptions{
+		Seed: o.Seed, Duration: o.Duration, Modes: names, Kinds: o.Kinds, PGVersion: o.PGVersion,
+		Relays: o.Relays, Writers: o.Writers, Rate: o.Rate, Mean: o.Mean, Short: o.Short, Brokers: o.Brokers,
+	}
+}
+
+// replayOptions takes the options of o.Plan into o, keeping o.Modes if set (a replay of some of
+// the plan's modes).
+func replayOptions(o Options) (Options, error) {
+	po := o.Plan.Options
+	planned, err := ParseModes(strings.Join(po.Modes, ","))
+	if err != nil {
+		return o, fmt.Errorf("chaos: the plan to replay: %w", err)
+	}
+	for _, m := range o.Modes {
+		if !slices.ContainsFunc(planned, func(p Mode) bool { return p.Name == m.Name }) {
+			return o, fmt.Errorf("chaos: mode %s is not in the plan to replay (its modes: %s); name some of those, or none", m.Name, strings.Join(po.Modes, ","))
+		}
+	}
+	if len(o.Modes) == 0 {
+		o.Modes = planned
+	}
+	o.Seed, o.Duration, o.Kinds, o.PGVersion = po.Seed, po.Duration, po.Kinds, po.PGVersion
+	o.Relays, o.Writers, o.Rate, o.Mean, o.Short = po.Relays, po.Writers, po.Rate, po.Mean, po.Short
+	o.Brokers = po.Brokers
+	return o, nil
+}
+
+// ReplayCommand returns the make chaos command line that runs one mode's schedule again from its
+// history, with the options the history's plan records.
+func ReplayCommand(historyPath, mode string) string {
+	return fmt.Sprintf("make chaos REPLAY=%s MODE=%s", historyPath, mode)
+}
+
+// required is what the schedule must carry out in m (history.Required): the leader killed and
+// paused past its lease (any relay where nobody leads), leadership passed on, a failover;
+// each when its kind is drawn from.
+func (r *runner) required(m Mode) []string {
+	var req []string
+	kill, pause := slices.Contains(r.opts.Kinds, kindKill9), slices.Contains(r.opts.Kinds, kindPause)
+	switch {
+	case m.Poll:
+		if kill {
+			req = append(req, history.RequireRelayKill)
+		}
+		if pause {
+			req = append(req, history.RequireRelayZombie)
+		}
+	default:
+		if kill {
+			req = append(req, history.RequireLeaderKill)
+		}
+		if pause {
+			req = append(req, history.RequireLeaderZombie)
+		}
+		if kill || pause {
+			req = append(req, history.RequireLeaderChange)
+		}
+	}
+	if r.standby && containsAny(r.opts.Kinds, kindFailoverSync, kindFailoverLag) {
+		req = append(req, history.RequireFailover)
+	}
+	return req
 }
 
 // abandon stops the writers and consumers of a run that ends early.
@@ -419,12 +520,13 @@ func (r *runner) setUp(ctx context.Context, m Mode, seed uint64) (*modeRun, erro
 		mr.neighbour = nb
 		topics = append(topics, topicsOf(nb.types)...)
 	}
+	mr.topics = topics
 	if err := workload.CreateTopics(ctx, r.cluster.Brokers(), topics, 3); err != nil {
 		return nil, fmt.Errorf("chaos: topics of %s: %w", m.Name, err)
 	}
 	for i := 1; i <= r.opts.Relays; i++ {
 		name := relayName(m, i)
-		rl, err := newRelay(name, r.opts.RelayBin, r.relayArgs(m, mr.slot), r.relayEnv(name, mr.db), filepath.Join(dir, fmt.Sprintf("r%d.log", i)))
+		rl, err := newRelay(name, r.opts.RelayBin, r.relayArgs(m, mr.slot), r.relayEnv(m, name, mr.db), filepath.Join(dir, fmt.Sprintf("r%d.log", i)))
 		if err != nil {
 			return nil, err
 		}
@@ -494,12 +596,30 @@ func (r *runner) prepareDatabase(ctx context.Context, m Mode, name string) (stri
 	return dsn, nil
 }
 
+// The relays' settings that the checker's bounds are made of (history.Settings).
+const (
+	leaderRetry        = time.Second
+	leaderKafkaTimeout = 15 * time.Second
+	kafkaWriteTimeout  = 5 * time.Second
+	statusInterval     = 500 * time.Millisecond
+)
+
+// maxInFlightEvents is max_in_flight_events: auto, as README documents it per delivery.
+func maxInFlightEvents(delivery string) int {
+	if delivery == history.ExactlyOnce {
+		return 40000
+	}
+	return 10000
+}
+
 func (r *runner) relayArgs(m Mode, slot string) []string {
 	args := []string{
 		"--slot=" + slot, "--publication=" + slot,
 		"--shutdown-timeout=" + r.shutdownTimeout.String(),
-		"--leader-check-timeout=2s", "--leader-retry-interval=1s", "--leader-kafka-timeout=15s",
-		"--status-interval=500ms", "--max-in-flight-bytes=4194304", "--kafka.write-timeout=5s",
+		"--leader-check-timeout=2s", "--leader-retry-interval=" + leaderRetry.String(),
+		"--leader-kafka-timeout=" + leaderKafkaTimeout.String(),
+		"--status-interval=" + statusInterval.String(), "--max-in-flight-bytes=4194304",
+		"--kafka.write-timeout=" + kafkaWriteTimeout.String(),
 		"--log-level=info",
 	}
 	switch {
@@ -526,19 +646,27 @@ func (r *runner) relayArgs(m Mode, slot string) []string {
 // recovers reports whether m's relays run with on_slot_lost: recover: when the slot-lost fault is
 // drawn from and m can recover (Mode.Recover). The horizon recorded in the slot ledger bounds the
 // gap (the xmin rule): no slot_recovery_margin, and no track_commit_timestamp, are needed.
-func (r *runner) recovers(m Mode) bool {
-	return m.Recover && slices.Contains(r.opts.Kinds, kindSlotLost)
+func (r *runner) recovers(m Mode) bool { return recovers(m, r.opts.Kinds) }
+
+func recovers(m Mode, kinds []string) bool {
+	return m.Recover && (slices.Contains(kinds, kindSlotLost) || slices.Contains(kinds, kindSlotInvalidated))
 }
 
-func (r *runner) relayEnv(client, db string) []string {
-	return []string{"OUTBOX_PG_DSN=" + r.cluster.ClientDSN(client, db), "OUTBOX_KAFKA_BROKERS=" + r.cluster.ClientBrokers(client)}
+// relayEnv gives a relay its own network path; with a leader election, the lock's session
+// (leader_dsn) takes a path of its own too, which the cut-leader-lock fault cuts alone.
+func (r *runner) relayEnv(m Mode, client, db string) []string {
+	env := []string{"OUTBOX_PG_DSN=" + r.cluster.ClientDSN(client, db), "OUTBOX_KAFKA_BROKERS=" + r.cluster.ClientBrokers(client)}
+	if !m.Poll {
+		env = append(env, "OUTBOX_LEADER_DSN="+r.cluster.ClientLeaderDSN(client, db))
+	}
+	return env
 }
 
 // startNeighbour starts the second relay of an exactly-once mode and its writer.
 func (r *runner) startNeighbour(ctx context.Context, m *modeRun) error {
 	nb := m.neighbour
 	name := m.mode.Name + "-nb"
-	rl, err := newRelay(name, r.opts.RelayBin, r.relayArgs(m.mode, nb.slot), r.relayEnv(name, nb.db), filepath.Join(r.opts.Dir, m.mode.Name, "nb.log"))
+	rl, err := newRelay(name, r.opts.RelayBin, r.relayArgs(m.mode, nb.slot), r.relayEnv(m.mode, name, nb.db), filepath.Join(r.opts.Dir, m.mode.Name, "nb.log"))
 	if err != nil {
 		return err
 	}
@@ -665,11 +793,11 @@ func (r *runner) sampleMode(ctx context.Context, m *modeRun, slots bool) {
 	m.mu.Unlock()
 	for _, rl := range m.allRelays() {
 		if n := rl.takeOwnExits(); n > 0 {
-			if crash := rl.crashed(); crash != "" {
+			if ex := rl.lastExit(); ex.Crash != "" {
 				// A panic or a fatal runtime error is a bug whatever else happened.
-				r.crash(m, "relay %s crashed (%s): %s", rl.name, exitText(rl), crash)
+				r.crash(m, "relay %s crashed (%s): %s", rl.name, exitText(rl), ex.Crash)
 			} else {
-				r.note("relay %s exited of its own accord (%s); started again: %s", rl.name, exitText(rl), rl.lastError())
+				r.note("relay %s exited of its own accord (%s); started again: %s", rl.name, exitText(rl), ex.LastError)
 			}
 			if ctx.Err() == nil {
 				_ = rl.start()
@@ -738,7 +866,45 @@ func (r *runner) finish(ctx context.Context) []*modeTail {
 		}()
 	}
 	wg.Wait()
+	r.endOffsets(ctx, tails)
 	return tails
+}
+
+// positionsTopic is the relays' positions_topic (its default), which every exactly-once relay of
+// the run shares.
+const positionsTopic = "__outbox_relay_positions"
+
+// settleLimit bounds the wait for open Kafka transactions to end once every relay has stopped:
+// the relays' transaction.timeout.ms (60 s), after which the coordinator aborts a transaction
+// whose producer is gone, and its sweep of timed-out transactions (every 10 s), with slack.
+const settleLimit = 90 * time.Second
+
+// endOffsets reads, once every mode's relays have stopped, every partition's last stable offset
+// and high watermark (the positions topic's too, for exactly-once modes), waiting up to
+// settleLimit for open transactions to end; a partition left with an open one is a hanging
+// transaction, which the checker reports.
+func (r *runner) endOffsets(ctx context.Context, tails []*modeTail) {
+	topics := []string{positionsTopic}
+	for _, t := range tails {
+		topics = append(topics, t.m.topics...)
+	}
+	start := time.Now()
+	offs, err := workload.SettledEndOffsets(ctx, r.cluster.Brokers(), topics, settleLimit)
+	if err != nil {
+		r.note("end offsets: %v", err)
+	}
+	r.logf("chaos: end offsets of %d partitions read in %s", len(offs), time.Since(start).Round(time.Millisecond))
+	for _, t := range tails {
+		mine := slices.Clone(t.m.topics)
+		if t.m.mode.Delivery == history.ExactlyOnce {
+			mine = append(mine, positionsTopic)
+		}
+		for _, o := range offs {
+			if slices.Contains(mine, o.Topic) {
+				t.endOffsets = append(t.endOffsets, o)
+			}
+		}
+	}
 }
 
 // modeTail is what a mode ends with.
@@ -747,11 +913,15 @@ type modeTail struct {
 	txns  []history.Txn
 	reads []history.Read
 	end   time.Time
+	// unsettled: why the writers' transactions could not be settled (history.Unsettled).
+	unsettled string
+	// endOffsets are the mode's partitions' offsets once every relay stopped.
+	endOffsets []history.EndOffset
 }
 
 func (t *modeTail) finish(ctx context.Context, r *runner) {
 	m := t.m
-	stopWriters := func(w *workload.Writers) []history.Txn {
+	stopWriters := func(w *workload.Writers, slot string) []history.Txn {
 		if w == nil {
 			return nil
 		}
@@ -765,21 +935,29 @@ func (t *modeTail) finish(ctx context.Context, r *runner) {
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			txns, err := w.Resolve(rctx)
 			cancel()
-			if err == nil || attempt == 5 {
-				if err != nil {
-					r.note("%s: resolve transactions: %v", m.mode.Name, err)
+			if err == nil {
+				for i := range txns {
+					txns[i].Slot = slot
 				}
 				return txns
+			}
+			if attempt == 5 {
+				// Without the settlement no outcome can be trusted: the run was not carried out
+				// (check reports it as such, not as a reader of events nobody wrote).
+				t.unsettled = strings.TrimPrefix(t.unsettled+"; ", "; ") + fmt.Sprintf(
+					"settling the transactions of the writers on slot %s by their marker rows on the final primary failed 6 times, the last: %v", slot, err)
+				r.note("%s: resolve transactions: %v", m.mode.Name, err)
+				return w.Unresolved()
 			}
 			sleep(ctx, 2*time.Second)
 		}
 	}
-	t.txns = stopWriters(m.writers)
+	t.txns = stopWriters(m.writers, m.slot)
 	m.mu.Lock()
 	nb := m.neighbour
 	m.mu.Unlock()
 	if nb != nil {
-		t.txns = append(t.txns, stopWriters(nb.writers)...)
+		t.txns = append(t.txns, stopWriters(nb.writers, nb.slot)...)
 	}
 	want := make(map[string]bool)
 	for _, tx := range t.txns {
@@ -849,8 +1027,11 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 			Settings: history.Settings{
 				Delivery: m.mode.Delivery, ShutdownTimeout: r.shutdownTimeout, StopSlack: r.stopSlack,
 				RSSBound: 22<<20 + 20*(4<<20), ReplayWindow: 45 * time.Second, Lease: r.lease, ZombieGrace: 5 * time.Second,
+				LeaderRetry: leaderRetry, LeaderKafkaTimeout: leaderKafkaTimeout, KafkaWriteTimeout: kafkaWriteTimeout,
+				StatusInterval: statusInterval, MaxInFlightEvents: maxInFlightEvents(m.mode.Delivery),
 			},
-			Txns: t.txns, Reads: t.reads,
+			Txns: t.txns, Reads: t.reads, Plan: r.plan, Required: r.required(m.mode),
+			FaultsFrom: r.faultsFrom, FaultsTo: r.faultsTo, Unsettled: t.unsettled, EndOffsets: t.endOffsets,
 		}
 		for _, c := range m.consumers {
 			h.Consumers = append(h.Consumers, history.Consumer{Name: c.Name(), Isolation: c.Isolation()})
@@ -862,6 +1043,9 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 		m.mu.Lock()
 		h.Relays, h.Slots, h.Stops = m.rs, m.slots, m.stops
 		m.mu.Unlock()
+		for _, rl := range m.allRelays() {
+			h.Exits = append(h.Exits, rl.takeExits()...)
+		}
 		sort.Slice(h.Faults, func(i, j int) bool { return h.Faults[i].Start.Before(h.Faults[j].Start) })
 
 		dir := filepath.Join(r.opts.Dir, m.mode.Name)
@@ -871,6 +1055,8 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 		mres.Crashes = append([]string(nil), m.crashes...)
 		m.mu.Unlock()
 		mres.Summary = check.Summarize(h)
+		mres.Unmet = check.Unmet(h)
+		mres.Replay = ReplayCommand(mres.History, m.mode.Name)
 		if len(mres.Violations) > 0 {
 			mres.Text = check.Format(h, mres.Violations, 20)
 		}
@@ -888,8 +1074,17 @@ func (r *runner) check(tails []*modeTail) (*Result, error) {
 		if mres.Text != "" {
 			r.logf("%s: VIOLATIONS\n%s", m.mode.Name, mres.Text)
 		}
+		for _, u := range mres.Unmet {
+			r.logf("%s: REQUIREMENT NOT MET: %s", m.mode.Name, u)
+		}
+		r.logf("%s: replay this mode: %s", m.mode.Name, mres.Replay)
 		r.logf("%s: report %s", m.mode.Name, mres.Report)
 		res.Modes = append(res.Modes, mres)
+	}
+	res.Command = r.plan.Options.Command()
+	res.Planned = make(map[string]int)
+	for _, f := range r.plan.Faults {
+		res.Planned[f.Kind]++
 	}
 	return res, nil
 }

@@ -310,6 +310,12 @@ func (tm *Committer) Run(ctx context.Context) {
 			return
 		}
 		if err := tm.commit(ctx, t); err != nil {
+			if ctx.Err() != nil {
+				// Given up (Close, or the owner abandoned): not a failed transaction to
+				// report, only an open one to abort.
+				tm.abort()
+				return
+			}
 			tm.stop(ctx, err)
 			return
 		}
@@ -465,8 +471,13 @@ func (tm *Committer) open(t *kafkaTxn) {
 }
 
 // Flush seals and commits every record joined so far. It returns when nothing is left uncommitted,
-// the committer stopped (ErrStopped), or ctx ends.
+// the committer stopped (ErrStopped), or ctx ends. Under a ctx that has already ended it seals
+// nothing: a caller that gave up (a fenced relay) must not have the open transaction committed
+// behind its back.
 func (tm *Committer) Flush(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	tm.mu.Lock()
 	tm.closing = true
 	tm.mu.Unlock()

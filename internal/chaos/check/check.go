@@ -26,6 +26,11 @@ const (
 	RuleSlowStop          = "slow-stop"          // a SIGTERM took longer than shutdown_timeout
 	RuleRSS               = "rss"                // a relay's RSS above the bound
 	RuleHarness           = "harness"            // the history contradicts itself: a bug of the harness
+	RuleNotCarriedOut     = "not-carried-out"    // the run could not be judged: its outcomes could not be settled
+	RuleExit              = "exit"               // a relay ended of its own accord, or a SIGTERM did not end it with 0
+	RuleCrash             = "crash"              // a panic, fatal runtime error or data race in a relay's output
+	RuleHangingTxn        = "hanging-txn"        // a partition's last stable offset below its high watermark at the end
+	RuleContent           = "content"            // a record's payload or headers differ from what was committed
 )
 
 // maxEvents bounds Violation.Events, so that a run that lost a million events still gives a
@@ -45,17 +50,31 @@ func Check(h *history.History) []Violation {
 	return analyze(h).vs
 }
 
-// analyze runs every rule once; Check keeps the violations, Summarize the counts.
+// analyze runs every rule once; Check keeps the violations, Summarize the counts. Only faults
+// that took effect are seen: a failed or skipped one excuses nothing.
 func analyze(h *history.History) *run {
+	h = tookEffect(h)
 	r := newRun(h)
-	r.checkTxns()
-	r.scanReads()
-	r.checkConsumers()
-	r.checkLost()
+	if h.Unsettled != "" {
+		// The outcomes are unknown: every rule that judges events by them would only guess.
+		r.add(Violation{Rule: RuleNotCarriedOut, At: h.End,
+			Message: "the run was not carried out: the writers' transactions could not be settled, so no outcome is known: " + h.Unsettled})
+	} else {
+		r.checkTxns()
+		r.scanReads()
+		r.checkConsumers()
+		r.checkLost()
+		r.checkReplaySizes()
+		r.findDeliveries()
+		r.checkLiveness()
+		r.checkSlotBehind()
+	}
 	r.checkSlots()
 	r.checkLeaders()
 	r.checkStops()
 	r.checkRSS()
+	r.checkExits()
+	r.checkEndOffsets()
 	slices.SortStableFunc(r.vs, func(a, b Violation) int {
 		if c := a.At.Compare(b.At); c != 0 {
 			return c
@@ -66,6 +85,16 @@ func analyze(h *history.History) *run {
 		return cmp.Compare(a.Message, b.Message)
 	})
 	return r
+}
+
+// tookEffect returns h with only the faults that took effect (h itself when all did).
+func tookEffect(h *history.History) *history.History {
+	if !slices.ContainsFunc(h.Faults, func(f history.Fault) bool { return !f.TookEffect() }) {
+		return h
+	}
+	c := *h
+	c.Faults = slices.DeleteFunc(slices.Clone(h.Faults), func(f history.Fault) bool { return !f.TookEffect() })
+	return &c
 }
 
 // run is one analysis of a history. Events are numbered densely (in the order the transactions
@@ -90,6 +119,16 @@ type run struct {
 	recoveryWindows []span
 
 	vs []Violation
+
+	// replayed counts, per consumer and fault of r.replay, the repeats that fault explains, and
+	// replayTxn the largest transaction among them (the partial one of the duplicate bound).
+	replayed  map[string][]int
+	replayTxn map[string][]int
+	byCause   map[string]int // repeats by the kind of the fault whose replay explains them
+	txnFirst  []time.Time    // per txn: txnPublished, filled on first use
+
+	delivered []time.Time // per event: its first delivery (findDeliveries); zero: never
+	worst     stall       // the longest counted wait (checkLiveness)
 
 	// counts for Summarize
 	duplicates      map[string]int // repeated deliveries by isolation
@@ -129,24 +168,30 @@ type readRef struct{ read, ev int32 }
 type span struct{ from, to time.Time }
 
 func newRun(h *history.History) *run {
-	r := &run{h: h, duplicates: make(map[string]int), recovered: make(map[string]int)}
+	r := &run{h: h, duplicates: make(map[string]int), recovered: make(map[string]int), byCause: make(map[string]int)}
 	var away []span
 	for _, f := range h.Faults {
-		if !noReplay[f.Kind] {
+		if !noReplay[f.Kind] && r.canReplay(f) {
 			r.replay = append(r.replay, f)
 		}
 		if kafkaAway[f.Kind] {
 			away = append(away, span{f.Start, faultEnd(f)})
 		}
-		if f.Kind == faultSlotLost {
+		if f.Kind == faultSlotLost || f.Kind == faultSlotInvalidated {
 			r.recoveries = append(r.recoveries, f)
 		}
 	}
 	slices.SortFunc(r.replay, func(a, b history.Fault) int { return a.Start.Compare(b.Start) })
 	slices.SortFunc(r.recoveries, func(a, b history.Fault) int { return a.Start.Compare(b.Start) })
+	relayBack := relayLookback(h.Settings)
+	relayClusters := awayClusters(slices.Clone(away), relayBack, h.Settings.ReplayWindow)
 	clusters := awayClusters(away, replayLookback, h.Settings.ReplayWindow)
 	for _, f := range r.replay {
-		r.windows = append(r.windows, stretch(clusters, span{f.Start.Add(-replayLookback), faultEnd(f).Add(h.Settings.ReplayWindow)}))
+		back, cl := replayLookback, clusters
+		if relayFaults[f.Kind] && relayBack > 0 {
+			back, cl = relayBack, relayClusters
+		}
+		r.windows = append(r.windows, stretch(cl, span{f.Start.Add(-back), faultEnd(f).Add(h.Settings.ReplayWindow)}))
 	}
 	for _, f := range r.recoveries {
 		r.recoveryWindows = append(r.recoveryWindows, stretch(clusters, span{f.Start.Add(-gapLookback), faultEnd(f).Add(h.Settings.ReplayWindow)}))
@@ -158,6 +203,10 @@ func newRun(h *history.History) *run {
 // on_slot_lost: recover: the relay publishes the gap again from the outbox table, at least once
 // even under exactly-once (docs/guarantees.md, "Lost slot, no lost events").
 const faultSlotLost = "slot-lost"
+
+// faultSlotInvalidated loses the slot as max_slot_wal_keep_size does (PostgreSQL invalidates it
+// while its relays are cut off): judged as faultSlotLost, from Lost, when it was seen invalidated.
+const faultSlotInvalidated = "slot-invalidated"
 
 // gapLookback is how long before a slot's loss a transaction of its gap may have committed: the
 // gap starts at the horizon recorded with the last acknowledged commit, which trails the relay by
@@ -207,7 +256,7 @@ func faultEnd(f history.Fault) time.Time {
 
 // kafkaAway are the fault kinds during which relays cannot reach Kafka: nothing is acknowledged,
 // so the slot's confirmed position stands still, and a replay cannot make progress.
-var kafkaAway = map[string]bool{"broker-stop": true, "broker-pause": true, "cut-kafka": true, "cut-both": true,
+var kafkaAway = map[string]bool{"broker-stop": true, "broker-pause": true, "cut-kafka": true, "cut-both": true, "net-oneway-kafka": true, "cut-heal-open": true,
 	"broker-kill": true, "leader-change": true, "coordinator-move": true, "isr-shrink": true}
 
 // awayCluster is a run of times when Kafka was away, near enough to each other that a replay's
@@ -257,13 +306,52 @@ func maxTime(a, b time.Time) time.Time {
 // noReplay are the fault kinds that are no replay: load, a big transaction, a schema change and a
 // neighbour starting change what is written, not what is confirmed; a lost slot's recovery
 // publishes its gap again, which inRecoveredGap judges by the gap's own bounds.
-var noReplay = map[string]bool{"other-load": true, "big-tx": true, "add-column": true, "neighbour": true, faultSlotLost: true}
+var noReplay = map[string]bool{"other-load": true, "big-tx": true, "add-column": true, "neighbour": true, faultSlotLost: true,
+	faultSlotInvalidated: true, "prune": true, "standby-lag": true}
 
 // replayLookback is how long before a fault an event's first copy may have been appended for a
 // copy after the fault to be its replay: what was handed to Kafka but not confirmed to the slot
 // when the fault began, which a standby's copy of the slot may trail by up to 30 s (an unsynced
 // failover), or an unacknowledged exactly-once transaction held.
 const replayLookback = time.Minute
+
+// relayLookback is how long before a relay's fault an event's first copy may have been appended
+// for a repeat to be that fault's replay (docs/guarantees.md, "Bounded duplicates"): what was
+// acknowledged in the last status_interval before it reached PostgreSQL only with the next status
+// update and once a publication check (every half status_interval) covered it, hence two; what
+// was in flight may have been appended up to kafka.write_timeout before its acknowledgement was
+// due; and replayCheckSlack for the check itself and the sampling of append times. The partly
+// acknowledged transaction is excused by explainedBy; Kafka's absence stretches it as it does
+// replayLookback. 0 when the history does not record the parts.
+func relayLookback(st history.Settings) time.Duration {
+	if st.StatusInterval <= 0 || st.KafkaWriteTimeout <= 0 {
+		return 0
+	}
+	return 2*st.StatusInterval + st.KafkaWriteTimeout + replayCheckSlack
+}
+
+// replayCheckSlack: see relayLookback.
+const replayCheckSlack = time.Second
+
+// txnPublished is when the last event of event ei's transaction was first appended, by any
+// consumer's reads (zero when none was read).
+func (r *run) txnPublished(ei int32) time.Time {
+	if r.txnFirst == nil {
+		r.txnFirst = make([]time.Time, len(r.h.Txns))
+		firsts := make([]time.Time, len(r.evs))
+		for i := range r.h.Reads {
+			rd := &r.h.Reads[i]
+			if e, ok := r.byID[rd.EventID]; ok && (firsts[e].IsZero() || rd.Appended.Before(firsts[e])) {
+				firsts[e] = rd.Appended
+			}
+		}
+		for e, at := range firsts {
+			t := r.evs[e].txn
+			r.txnFirst[t] = maxTime(r.txnFirst[t], at)
+		}
+	}
+	return r.txnFirst[r.evs[ei].txn]
+}
 
 // explained reports whether a repeat of an event appended at again, whose first copy was appended
 // at first, is a replay of some fault: the repeat within the fault or ReplayWindow after it, the
@@ -272,6 +360,16 @@ const replayLookback = time.Minute
 // either bound: the slot's position stands still then, and a replay waits (a broker's restart took
 // a minute on a loaded machine, and a kill during the next outage replayed three minutes).
 func (r *run) explained(first, again time.Time) bool {
+	return r.explainedBy(first, again, -1) >= 0
+}
+
+// explainedBy is explained's fault: its index in r.replay, the latest to begin of those that
+// explain the repeat (the one nearest to it); -1 when none does. With the event ei (-1: not
+// known), a first copy before the lookback is still the fault's when a later event of its
+// transaction was first published within it: the partly acknowledged transaction, which is
+// confirmed only as a whole.
+func (r *run) explainedBy(first, again time.Time, ei int32) int {
+	by := -1
 	for i, f := range r.replay {
 		if f.Start.After(again) {
 			break
@@ -280,12 +378,12 @@ func (r *run) explained(first, again time.Time) bool {
 		if again.After(w.to) {
 			continue
 		}
-		if first.After(faultEnd(f).Add(replaySlack)) || first.Before(w.from) {
+		if first.After(faultEnd(f).Add(replaySlack)) || (first.Before(w.from) && (ei < 0 || r.txnPublished(ei).Before(w.from))) {
 			continue
 		}
-		return true
+		by = i
 	}
-	return false
+	return by
 }
 
 // replaySlack is how long after a fault healed a copy sent during it may be appended: a broker

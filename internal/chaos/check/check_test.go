@@ -274,6 +274,22 @@ func TestEachRule(t *testing.T) {
 			rules: []string{RuleDuplicate}, says: "key k1: consumer rc (read_committed) read event e8 (seq 5) again at orders/1@",
 		},
 		{
+			name: "at-least-once duplicate while only a prune of the outbox lasts", delivery: alo,
+			change: func(b *builder) {
+				b.fault("prune", "alo", 78, 82)
+				b.publish(80, "e8")
+			},
+			rules: []string{RuleDuplicate}, says: "key k1: consumer rc (read_committed) read event e8 (seq 5) again at orders/1@",
+		},
+		{
+			name: "at-least-once duplicate while only the standby's replay lags", delivery: alo,
+			change: func(b *builder) {
+				b.fault("standby-lag", "postgres", 78, 82)
+				b.publish(80, "e8")
+			},
+			rules: []string{RuleDuplicate}, says: "key k1: consumer rc (read_committed) read event e8 (seq 5) again at orders/1@",
+		},
+		{
 			name: "at-least-once duplicate of an event first published after the fault ended", delivery: alo,
 			change: func(b *builder) { b.publish(41, "e8") }, // e8 first at 40.2; the kill was at 30
 			rules:  []string{RuleDuplicate}, says: "(first at orders/1@",
@@ -520,6 +536,7 @@ func TestSummarize(t *testing.T) {
 		Resolved:  1,
 		Committed: 5, InDoubt: 2, Vanished: 1, Delivered: 5,
 		Duplicates:    map[string]int{history.ReadCommitted: 2, history.ReadUncommitted: 2},
+		ByCause:       map[string]int{"kill9": 4},
 		Faults:        map[string]int{"failover-unsynced": 1, "kill9": 1, "pause": 1},
 		LeaderChanges: 2, MaxRSS: 40 << 20, LongestStop: 800 * time.Millisecond,
 	}
@@ -531,6 +548,7 @@ func TestSummarize(t *testing.T) {
 		"txns        5 committed, 1 rolled back, 2 in doubt, 1 vanished (1 resolved afterwards)",
 		"events      5 committed: 5 delivered, 0 lost, 0 reordered, 0 gaps; 2 in doubt, 1 vanished",
 		"duplicates  read_committed 2, read_uncommitted 2 (total 4)",
+		"of them replays, by the fault that caused them: kill9 4 (total 4)",
 		"faults      failover-unsynced 1, kill9 1, pause 1 (total 3)",
 		"relays      2 leader changes, max RSS 40.0 MiB, longest SIGTERM stop 800ms, 0 not stopped",
 	} {
@@ -647,7 +665,7 @@ func TestAReplayThatWaitsForKafkaIsStillAReplay(t *testing.T) {
 	}
 }
 
-// TestALostSlotsGapPublishedAgainIsExcusedAndNothingElse: a slot-lost fault's recovery publishes
+// TestALostSlotsGapPublishedAgainIsExcusedAndNothingElse: a slot-lost or slot-invalidated fault's recovery publishes
 // the gap again from the outbox table, at least once under either delivery (docs/guarantees.md,
 // "Lost slot, no lost events"): a repeat of an event committed in the gap, appended during the
 // recovery or its window, is no violation, even exactly-once for a read_committed consumer. A
@@ -670,51 +688,54 @@ func TestALostSlotsGapPublishedAgainIsExcusedAndNothingElse(t *testing.T) {
 		{"a gap that misses an event Kafka held", history.ExactlyOnce, []string{"a1", "b1"}, 0, RuleOrder},
 		{"a gap that misses an event Kafka held, at-least-once", history.AtLeastOnce, []string{"a1", "b1"}, 0, RuleOrder},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			b := newBuilder(tt.delivery)
-			b.h.End = at(600)
-			b.txn("t0", history.Committed, 10, ev("old", "k1", 1))
-			b.txn("t1", history.Committed, 250, ev("a1", "k1", 2), ev("b1", "k2", 1))
-			b.txn("t2", history.Committed, 290, ev("a2", "k1", 3))
-			b.txn("t3", history.Committed, 305, ev("after", "k2", 2))
-			b.publish(10.2, "old")
-			b.publish(250.2, "a1", "b1")
-			b.publish(290.2, "a2")
-			// The slot dropped at 302 s (the first attempt at 300 s lost the race with the
-			// relay's reconnection), the gap published again, the recovery over at 310 s.
-			b.h.Faults = append(b.h.Faults, history.Fault{Kind: faultSlotLost, Target: "eo-table", Start: at(300), Lost: at(302), End: at(310)})
-			when := 305.0
-			if tt.late > 0 {
-				when = tt.late
-			}
-			gap := slices.DeleteFunc(slices.Clone(tt.again), func(id string) bool { return id == "after" })
-			b.publish(when, gap...)
-			b.publish(when+1, "after") // streamed from the new slot
-			if len(gap) < len(tt.again) {
-				b.publish(when+2, "after")
-			}
-			h := b.done(bothConsumers)
-			vs := Check(h)
-			var rules []string
-			for _, v := range vs {
-				if !slices.Contains(rules, v.Rule) {
-					rules = append(rules, v.Rule)
+	// A slot invalidated by max_slot_wal_keep_size is lost as a dropped one is, and recovered so.
+	for _, kind := range []string{faultSlotLost, faultSlotInvalidated} {
+		for _, tt := range tests {
+			t.Run(kind+": "+tt.name, func(t *testing.T) {
+				b := newBuilder(tt.delivery)
+				b.h.End = at(600)
+				b.txn("t0", history.Committed, 10, ev("old", "k1", 1))
+				b.txn("t1", history.Committed, 250, ev("a1", "k1", 2), ev("b1", "k2", 1))
+				b.txn("t2", history.Committed, 290, ev("a2", "k1", 3))
+				b.txn("t3", history.Committed, 305, ev("after", "k2", 2))
+				b.publish(10.2, "old")
+				b.publish(250.2, "a1", "b1")
+				b.publish(290.2, "a2")
+				// The slot dropped at 302 s (the first attempt at 300 s lost the race with the
+				// relay's reconnection), the gap published again, the recovery over at 310 s.
+				b.h.Faults = append(b.h.Faults, history.Fault{Kind: kind, Target: "eo-table", Start: at(300), Lost: at(302), End: at(310)})
+				when := 305.0
+				if tt.late > 0 {
+					when = tt.late
 				}
-			}
-			want := []string{}
-			if tt.want != "" {
-				want = []string{tt.want}
-			}
-			if fmt.Sprint(rules) != fmt.Sprint(want) {
-				t.Errorf("rules broken %v, want %v\n%s", rules, want, Format(h, vs, 0))
-			}
-			if tt.want == "" {
-				s := Summarize(h)
-				if n := s.Recovered[history.ReadCommitted]; n != len(tt.again) {
-					t.Errorf("read_committed duplicates counted as the gap's: %d, want %d", n, len(tt.again))
+				gap := slices.DeleteFunc(slices.Clone(tt.again), func(id string) bool { return id == "after" })
+				b.publish(when, gap...)
+				b.publish(when+1, "after") // streamed from the new slot
+				if len(gap) < len(tt.again) {
+					b.publish(when+2, "after")
 				}
-			}
-		})
+				h := b.done(bothConsumers)
+				vs := Check(h)
+				var rules []string
+				for _, v := range vs {
+					if !slices.Contains(rules, v.Rule) {
+						rules = append(rules, v.Rule)
+					}
+				}
+				want := []string{}
+				if tt.want != "" {
+					want = []string{tt.want}
+				}
+				if fmt.Sprint(rules) != fmt.Sprint(want) {
+					t.Errorf("rules broken %v, want %v\n%s", rules, want, Format(h, vs, 0))
+				}
+				if tt.want == "" {
+					s := Summarize(h)
+					if n := s.Recovered[history.ReadCommitted]; n != len(tt.again) {
+						t.Errorf("read_committed duplicates counted as the gap's: %d, want %d", n, len(tt.again))
+					}
+				}
+			})
+		}
 	}
 }

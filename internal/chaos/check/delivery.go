@@ -191,6 +191,7 @@ func (r *run) scanReads() {
 						c.name, e.ID, rd.Topic, rd.Key, rd.Seq, where(rd), t.ID, e.Topic, e.Key, e.Seq)})
 			}
 		}
+		r.checkContent(c, rd, t, e, reported)
 		switch {
 		case t.Outcome == history.RolledBack && !r.evs[ei].maybe && !reported[e.ID]:
 			reported[e.ID] = true
@@ -285,7 +286,14 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 		if c.seen[ei] {
 			r.duplicates[c.isolation]++
 			first := &h.Reads[c.first[ei]]
-			replay := !strict && r.explained(first.Appended, rd.Appended)
+			by := -1
+			if !strict {
+				by = r.explainedBy(first.Appended, rd.Appended, ei)
+			}
+			replay := by >= 0
+			if replay {
+				r.countReplay(c, by, ei)
+			}
 			if r.inRecoveredGap(ei, rd.Appended) {
 				// A lost slot's gap, published again from the table: at least once under every
 				// delivery. Unless another fault's replay may have sent it, it must be the key's

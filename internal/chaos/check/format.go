@@ -25,7 +25,13 @@ func Format(h *history.History, vs []Violation, limit int) string {
 	} else {
 		fmt.Fprintf(&b, "%d violations\n", len(vs))
 	}
-	fmt.Fprintf(&b, "reproduce: make chaos SEED=%d MODE=%s DURATION=%s\n", h.Seed, h.Mode, roundDuration(d))
+	if h.Plan != nil {
+		// The seed draws the schedule over every mode of the run: one mode alone is replayed from
+		// the plan its history holds.
+		fmt.Fprintf(&b, "reproduce: make chaos REPLAY=<this mode's history.json> MODE=%s; the whole run: %s\n", h.Mode, h.Plan.Options.Command())
+	} else {
+		fmt.Fprintf(&b, "reproduce: make chaos SEED=%d MODE=%s DURATION=%s\n", h.Seed, h.Mode, roundDuration(d))
+	}
 	for i, v := range vs {
 		if limit > 0 && i == limit {
 			fmt.Fprintf(&b, "... and %d more\n", len(vs)-limit)
@@ -54,6 +60,14 @@ func Format(h *history.History, vs []Violation, limit int) string {
 			}
 			if f.Detail != "" {
 				fmt.Fprintf(&b, ": %s", f.Detail)
+			}
+			switch {
+			case f.Failed != "":
+				fmt.Fprintf(&b, " [failed, excuses nothing: %s]", f.Failed)
+			case f.Skipped != "":
+				fmt.Fprintf(&b, " [skipped: %s]", f.Skipped)
+			case f.Leader:
+				b.WriteString(" [leading]")
 			}
 			b.WriteString("\n")
 		}

@@ -31,6 +31,9 @@ type Summary struct {
 	// Recovered counts, of Duplicates, the events of a lost slot's gap published again by its
 	// recovery, by isolation.
 	Recovered map[string]int
+	// ByCause counts, of Duplicates outside exactly-once's read_committed, the repeats a fault's
+	// replay explains, by the fault's kind (a repeat explained by several faults counts for the latest to begin).
+	ByCause   map[string]int
 	Reordered int // first deliveries that came after a later Seq of their key
 	Gaps      int // exactly-once deliveries that skipped a committed event of their key
 
@@ -39,18 +42,24 @@ type Summary struct {
 	MaxRSS        int64          // bytes, over every relay sample
 	LongestStop   time.Duration  // the longest SIGTERM-to-exit among the stops that exited
 	Unstopped     int            // SIGTERMs after which the relay had not exited
-	Violations    int
+	// WorstStall is the longest wait of a committed event for its first delivery that counted
+	// against the liveness bound (time when the servers or every relay were away, and documented
+	// waits, do not); Stall describes it with the faults around it.
+	WorstStall time.Duration
+	Stall      string
+	Violations int
 }
 
 // Summarize counts what h holds and what Check finds in it.
 func Summarize(h *history.History) Summary {
 	r := analyze(h)
+	h = r.h // the faults that took effect
 	s := Summary{
 		Seed: h.Seed, Mode: h.Mode, Delivery: h.Settings.Delivery, Duration: h.End.Sub(h.Start),
 		Txns: make(map[history.Outcome]int), Faults: make(map[string]int),
 		Committed: r.committedEvents, Lost: r.lost,
-		Duplicates: r.duplicates, Recovered: r.recovered, Reordered: r.reordered, Gaps: r.gaps,
-		Violations: len(r.vs),
+		Duplicates: r.duplicates, Recovered: r.recovered, ByCause: r.byCause, Reordered: r.reordered, Gaps: r.gaps,
+		Violations: len(r.vs), WorstStall: r.worst.counted, Stall: r.stallText(),
 	}
 	if len(r.consumers) > 0 {
 		s.Delivered = r.committedEvents - r.lost
@@ -123,9 +132,15 @@ func (s Summary) String() string {
 	if len(s.Recovered) > 0 {
 		row("", "of them a lost slot's gap published again: %s", counts(s.Recovered))
 	}
+	if len(s.ByCause) > 0 {
+		row("", "of them replays, by the fault that caused them: %s", counts(s.ByCause))
+	}
 	row("faults", "%s", counts(s.Faults))
 	row("relays", "%d leader changes, max RSS %s, longest SIGTERM stop %v, %d not stopped",
 		s.LeaderChanges, mib(s.MaxRSS), s.LongestStop.Round(time.Millisecond), s.Unstopped)
+	if s.Stall != "" {
+		row("worst stall", "%s", s.Stall)
+	}
 	row("violations", "%d", s.Violations)
 	return b.String()
 }

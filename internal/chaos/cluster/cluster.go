@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,12 +87,20 @@ type Cluster struct {
 	closed       bool               // by Close
 }
 
-// paths is one client's network path: a proxy per PostgreSQL port (in the order of Cluster.ports)
-// and one per broker (in the order of Cluster.brokers) to its own listener there.
+// paths is one client's network path: a proxy per PostgreSQL port (in the order of Cluster.ports),
+// as many again for its leader lock's session alone (ClientLeaderDSN), and one per broker (in the
+// order of Cluster.brokers) to its own listener there.
 type paths struct {
-	pg    []*proxy
-	kafka []*proxy
+	pg     []*proxy
+	leader []*proxy
+	kafka  []*proxy
 }
+
+// postgres returns every proxy of the client's path to PostgreSQL, the leader lock's among them.
+func (p *paths) postgres() []*proxy { return append(append([]*proxy(nil), p.pg...), p.leader...) }
+
+// all returns every proxy of the client's path.
+func (p *paths) all() []*proxy { return append(p.postgres(), p.kafka...) }
 
 var clientName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
@@ -155,6 +162,11 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 				return nil, fmt.Errorf("cluster: proxy for %s: %w", name, err)
 			}
 			p.pg = append(p.pg, pp)
+			lp, err := listen()
+			if err != nil {
+				return nil, fmt.Errorf("cluster: leader lock proxy for %s: %w", name, err)
+			}
+			p.leader = append(p.leader, lp)
 		}
 	}
 
@@ -191,6 +203,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		}
 		for i, pp := range p.pg {
 			pp.serve("127.0.0.1:" + strconv.Itoa(c.ports[i]))
+			p.leader[i].serve("127.0.0.1:" + strconv.Itoa(c.ports[i]))
 		}
 	}
 	return c, nil
@@ -262,7 +275,7 @@ func (c *Cluster) Close(ctx context.Context) error {
 	}
 	var errs []error
 	for _, p := range c.clients {
-		for _, pp := range append(slices.Clone(p.pg), p.kafka...) {
+		for _, pp := range p.all() {
 			if pp != nil {
 				errs = append(errs, pp.Close())
 			}
@@ -302,6 +315,17 @@ func (c *Cluster) ClientDSN(client, database string) string {
 	p := c.paths(client)
 	hosts := make([]string, len(p.pg))
 	for i, pp := range p.pg {
+		hosts[i] = pp.Addr()
+	}
+	return dsn(hosts, database)
+}
+
+// ClientLeaderDSN is ClientDSN through proxies of the client's own for its leader lock's session
+// alone (the relay's leader_dsn): CutLeaderLock cuts them and nothing else.
+func (c *Cluster) ClientLeaderDSN(client, database string) string {
+	p := c.paths(client)
+	hosts := make([]string, len(p.leader))
+	for i, pp := range p.leader {
 		hosts[i] = pp.Addr()
 	}
 	return dsn(hosts, database)

@@ -66,6 +66,52 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 		}
 	})
 
+	t.Run("the leader lock's path is cut alone, a cut PostgreSQL path cuts it too", func(t *testing.T) {
+		lock := connect(ctx, t, c.ClientLeaderDSN("r1", "chaos"))
+		defer lock.Close(context.Background())
+		c.CutLeaderLock("r1")
+		defer c.HealLeaderLock("r1")
+		if err := query(ctx, lock, time.Second); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("the lock session through its cut path: %v, want a timeout", err)
+		}
+		if err := connectQuery(ctx, c.ClientDSN("r1", "chaos"), 5*time.Second); err != nil {
+			t.Fatalf("r1's other PostgreSQL path during the lock's cut: %v", err)
+		}
+		c.HealLeaderLock("r1")
+		if err := connectQuery(ctx, c.ClientLeaderDSN("r1", "chaos"), 5*time.Second); err != nil {
+			t.Fatalf("the lock's path after the heal: %v", err)
+		}
+		c.CutPostgres("r1")
+		defer c.HealPostgres("r1")
+		if err := connectQuery(ctx, c.ClientLeaderDSN("r1", "chaos"), time.Second); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("the lock's path during a cut of r1's PostgreSQL: %v, want a timeout", err)
+		}
+		c.HealPostgres("r1")
+	})
+
+	t.Run("with PostgreSQL's replies cut a statement is applied and its answer lost", func(t *testing.T) {
+		conn := connect(ctx, t, c.ClientDSN("r1", "chaos"))
+		defer conn.Close(context.Background())
+		c.CutPostgresReplies("r1")
+		defer c.HealPostgres("r1")
+		qctx, qcancel := context.WithTimeout(ctx, time.Second)
+		_, err := conn.Exec(qctx, "CREATE TABLE applied_unanswered (id int)")
+		qcancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a statement with the replies cut: %v, want a timeout", err)
+		}
+		direct := connect(ctx, t, c.DSN("chaos"))
+		defer direct.Close(context.Background())
+		var exists bool
+		if err := direct.QueryRow(ctx, "SELECT to_regclass('applied_unanswered') IS NOT NULL").Scan(&exists); err != nil || !exists {
+			t.Fatalf("the table created with the replies cut: exists %v (%v), want it there", exists, err)
+		}
+		c.HealPostgres("r1")
+		if err := connectQuery(ctx, c.ClientDSN("r1", "chaos"), 5*time.Second); err != nil {
+			t.Fatalf("after the heal: %v", err)
+		}
+	})
+
 	if err := c.Kafka().CreateTopic(ctx, "chaos", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +129,44 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 		roundTrip(ctx, t, c.ClientBrokers("r2"), "r2 during r1's cut")
 		c.HealKafka("r1")
 		roundTrip(ctx, t, c.ClientBrokers("r1"), "after")
+	})
+
+	t.Run("with the broker's replies cut a produce is appended and its acknowledgement lost", func(t *testing.T) {
+		conn, err := kafka.DialLeader(ctx, "tcp", strings.Split(c.ClientBrokers("r1"), ",")[0], "chaos", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		// The connection learns the broker's API versions with its first request.
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := conn.WriteMessages(kafka.Message{Value: []byte("acknowledged")}); err != nil {
+			t.Fatal(err)
+		}
+		c.CutKafkaReplies("r1")
+		defer c.HealKafka("r1")
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := conn.WriteMessages(kafka.Message{Value: []byte("unacknowledged")}); !isTimeout(err) {
+			t.Fatalf("a produce with the replies cut: %v, want a timeout", err)
+		}
+		direct, err := kafka.DialLeader(ctx, "tcp", c.Kafka().Brokers(), "chaos", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer direct.Close()
+		_ = direct.SetDeadline(time.Now().Add(10 * time.Second))
+		last, err := direct.ReadLastOffset()
+		if err == nil {
+			_, err = direct.Seek(last-1, kafka.SeekAbsolute)
+		}
+		var m kafka.Message
+		if err == nil {
+			m, err = direct.ReadMessage(1 << 20)
+		}
+		if err != nil || string(m.Value) != "unacknowledged" {
+			t.Fatalf("the last record on the broker: %q (%v), want the unacknowledged one", m.Value, err)
+		}
+		c.HealKafka("r1")
+		roundTrip(ctx, t, c.ClientBrokers("r1"), "after the replies' heal")
 	})
 
 	t.Run("node 1 stops and starts, pauses and resumes", func(t *testing.T) {
@@ -129,6 +213,140 @@ func TestEveryFaultIsAppliedAndHealedAndCloseLeavesNothingRunning(t *testing.T) 
 				t.Fatal(err)
 			}
 			if err := waitStreaming(ctx, c.Primary(), c.standbySlot); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
+	t.Run("the standby stops and starts, its replay is delayed and caught up, and the primary freezes and thaws", func(t *testing.T) {
+		if err := c.Primary().Exec(ctx, "chaos", "CREATE TABLE lagging (id int)"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.StopStandby(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if c.Standby().Running() {
+			t.Fatal("the standby still runs after StopStandby")
+		}
+		if err := connectQuery(ctx, c.DSN("chaos"), 5*time.Second); err != nil {
+			t.Fatalf("the primary while the standby is away: %v", err)
+		}
+		if err := c.StartStandby(ctx); err != nil {
+			t.Fatal(err)
+		}
+
+		if err := c.DelayStandby(ctx, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Primary().Exec(ctx, "chaos", "INSERT INTO lagging VALUES (1)"); err != nil {
+			t.Fatal(err)
+		}
+		standby := connect(ctx, t, c.Standby().DSN("chaos"))
+		defer standby.Close(context.Background())
+		rows := func() int {
+			var n int
+			if err := standby.QueryRow(ctx, "SELECT count(*) FROM lagging").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		// The standby receives and flushes the commit at once, and only its replay waits.
+		var commit int64
+		primary := connect(ctx, t, c.DSN("chaos"))
+		err := primary.QueryRow(ctx, "SELECT (pg_current_wal_lsn() - '0/0')::bigint").Scan(&commit)
+		primary.Close(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer rcancel()
+		if err := poll(rctx, 100*time.Millisecond, func(ctx context.Context) (bool, error) {
+			var received int64
+			err := standby.QueryRow(ctx, "SELECT coalesce((pg_last_wal_receive_lsn() - '0/0')::bigint, 0)").Scan(&received)
+			return received >= commit, err
+		}); err != nil {
+			t.Fatalf("the delayed standby did not receive the commit: %v", err)
+		}
+		if n := rows(); n != 0 {
+			t.Fatalf("the delayed standby shows %d rows it received, want 0 until the delay ends", n)
+		}
+		if err := c.DelayStandby(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := poll(wctx, 100*time.Millisecond, func(context.Context) (bool, error) { return rows() == 1, nil }); err != nil {
+			t.Fatalf("the standby did not replay the row once the delay was reset: %v", err)
+		}
+
+		if err := c.FreezePrimary(); err != nil {
+			t.Fatal(err)
+		}
+		err = connectQuery(ctx, c.Primary().DSN("chaos"), time.Second)
+		if terr := c.ThawPrimary(); terr != nil {
+			t.Fatal(terr)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a frozen primary answered: %v, want a timeout", err)
+		}
+		if err := connectQuery(ctx, c.Primary().DSN("chaos"), 5*time.Second); err != nil {
+			t.Fatalf("the thawed primary: %v", err)
+		}
+	})
+
+	t.Run("max_slot_wal_keep_size invalidates the slot left behind, and no other", func(t *testing.T) {
+		for _, sql := range []string{
+			"SELECT pg_create_logical_replication_slot('left_behind', 'pgoutput')",
+			// Two segments later: a slot whose relay keeps up.
+			"SELECT pg_logical_emit_message(false, 'test', ''), pg_switch_wal()",
+			"SELECT pg_logical_emit_message(false, 'test', ''), pg_switch_wal()",
+			"SELECT pg_create_logical_replication_slot('kept_up', 'pgoutput')",
+		} {
+			if err := c.Primary().Exec(ctx, "chaos", sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		if _, err := c.InvalidateSlot(ctx, "chaos", "left_behind"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("invalidated in %v", time.Since(start).Round(time.Millisecond))
+		conn := connect(ctx, t, c.DSN("chaos"))
+		defer conn.Close(context.Background())
+		rows, err := conn.Query(ctx, "SELECT slot_name, coalesce(wal_status, ''), coalesce(invalidation_reason, '') FROM pg_replication_slots ORDER BY 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for rows.Next() {
+			var name, status, reason string
+			if err := rows.Scan(&name, &status, &reason); err != nil {
+				t.Fatal(err)
+			}
+			got[name] = status + " " + reason
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		for name, state := range got {
+			want := name == "left_behind"
+			if lost := strings.HasPrefix(state, "lost"); lost != want {
+				t.Errorf("slot %s: %q, lost %v, want %v", name, state, lost, want)
+			}
+		}
+		if got["left_behind"] != "lost wal_removed" {
+			t.Errorf("left_behind: %q, want lost wal_removed", got["left_behind"])
+		}
+		var setting string
+		if err := conn.QueryRow(ctx, "SHOW max_slot_wal_keep_size").Scan(&setting); err != nil || setting != "-1" {
+			t.Errorf("max_slot_wal_keep_size after the fault: %q (%v), want -1", setting, err)
+		}
+		// The standby's own slot kept its WAL: it still streams.
+		if err := waitStreaming(ctx, c.Primary(), c.standbySlot); err != nil {
+			t.Fatal(err)
+		}
+		for _, slot := range []string{"left_behind", "kept_up"} {
+			if err := c.Primary().Exec(ctx, "chaos", "SELECT pg_drop_replication_slot('"+slot+"')"); err != nil {
 				t.Fatal(err)
 			}
 		}

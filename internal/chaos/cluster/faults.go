@@ -14,18 +14,18 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 )
 
-// CutPostgres partitions client from PostgreSQL silently: its proxies forward nothing and close
-// nothing, and its new connections hang.
+// CutPostgres partitions client from PostgreSQL silently: its proxies (the leader lock's too)
+// forward nothing and close nothing, and its new connections hang.
 func (c *Cluster) CutPostgres(client string) {
-	for _, p := range c.paths(client).pg {
+	for _, p := range c.paths(client).postgres() {
 		p.Cut()
 	}
 }
 
-// HealPostgres ends CutPostgres: the connections held are closed (the peers see a reset) and new
-// ones are forwarded.
+// HealPostgres ends CutPostgres and CutPostgresReplies: the connections held are closed (the
+// peers see a reset) and new ones are forwarded.
 func (c *Cluster) HealPostgres(client string) {
-	for _, p := range c.paths(client).pg {
+	for _, p := range c.paths(client).postgres() {
 		p.Heal()
 	}
 }
@@ -37,7 +37,7 @@ func (c *Cluster) CutKafka(client string) {
 	}
 }
 
-// HealKafka ends CutKafka.
+// HealKafka ends CutKafka and CutKafkaReplies.
 func (c *Cluster) HealKafka(client string) {
 	for _, p := range c.paths(client).kafka {
 		p.Heal()
@@ -355,16 +355,8 @@ func (c *Cluster) LoseSlot(ctx context.Context, database, slot string) (time.Tim
 		return time.Time{}, fmt.Errorf("cluster lose slot %s: %w", slot, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var ready bool
-	err = conn.QueryRow(ctx, `SELECT confirmed_xmin IS NOT NULL AND recovery_since IS NULL FROM public.outbox_relay_slots WHERE slot = $1`, slot).Scan(&ready)
-	if errors.Is(err, pgx.ErrNoRows) {
-		err = nil
-	}
-	if err != nil {
-		return time.Time{}, fmt.Errorf("cluster lose slot %s: read the slot ledger: %w", slot, err)
-	}
-	if !ready {
-		return time.Time{}, fmt.Errorf("%w (slot %s)", ErrNoHorizon, slot)
+	if err := ledgerReady(ctx, conn, slot); err != nil {
+		return time.Time{}, fmt.Errorf("cluster lose slot %s: %w", slot, err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

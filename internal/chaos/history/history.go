@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -42,6 +43,96 @@ type History struct {
 	Slots     []SlotSample  `json:"slot_samples"`
 	Stops     []Stop        `json:"stops"`
 	Notes     []Note        `json:"notes,omitempty"` // what the harness itself observed (a relay's refusal, a restart)
+	// Plan is the schedule the run drew up front from its seed, with every option that drew it:
+	// enough to run the same schedule again (internal/cmd/chaos --replay).
+	Plan *Plan `json:"plan,omitempty"`
+	// Required names what the schedule must have carried out in this mode for the run to count
+	// (check.Unmet): RequireLeaderKill, RequireLeaderZombie, RequireLeaderChange, RequireFailover.
+	Required []string `json:"required,omitempty"`
+
+	// FaultsFrom and FaultsTo are the fault period: from when every mode had a leader and the
+	// nemesis began to when it stopped drawing (its last faults healed). The liveness rule's
+	// windows tile it; zero in histories recorded before it was kept.
+	FaultsFrom time.Time `json:"faults_from,omitempty"`
+	FaultsTo   time.Time `json:"faults_to,omitempty"`
+	// Unsettled says why the in-doubt transactions could not be settled at the end (the marker
+	// rows could not be read on the final primary): the outcomes are then unknown and the run was
+	// not carried out. Empty when the settlement succeeded.
+	Unsettled string `json:"unsettled,omitempty"`
+
+	// Exits lists every end of a relay process, whatever ended it (a SIGTERM, a SIGKILL, or the
+	// relay itself), with what its log said.
+	Exits []Exit `json:"exits,omitempty"`
+	// EndOffsets is every partition's last stable offset and high watermark, read after the final
+	// stops and the relays' Kafka transaction timeout (the positions topic included).
+	EndOffsets []EndOffset `json:"end_offsets,omitempty"`
+}
+
+// What a run may be required to have carried out in a mode (History.Required).
+const (
+	RequireLeaderKill   = "leader-kill"   // a kill9 whose target led at that moment
+	RequireLeaderZombie = "leader-zombie" // a pause longer than the lease whose target led at that moment
+	RequireRelayKill    = "relay-kill"    // a kill9 of any relay (modes without a leader)
+	RequireRelayZombie  = "relay-zombie"  // a pause longer than the lease of any relay (modes without a leader)
+	RequireLeaderChange = "leader-change" // leadership passed from one relay to another
+	RequireFailover     = "failover"      // a failover that took effect (cluster-wide)
+)
+
+// Plan is a schedule drawn up front: the options of the run and every fault, in order.
+type Plan struct {
+	Options PlanOptions    `json:"options"`
+	Faults  []PlannedFault `json:"faults"`
+}
+
+// PlanOptions are the options of a run that shape its schedule and its load.
+type PlanOptions struct {
+	Seed      uint64        `json:"seed"`
+	Duration  time.Duration `json:"duration"`
+	Modes     []string      `json:"modes"`
+	Kinds     []string      `json:"kinds"`
+	PGVersion string        `json:"pg_version"`
+	Relays    int           `json:"relays"`
+	Writers   int           `json:"writers"`
+	Rate      float64       `json:"rate"`
+	Mean      time.Duration `json:"mean"`
+	Short     bool          `json:"short,omitempty"`
+	Brokers   int           `json:"brokers,omitempty"` // 0: 1
+}
+
+// Command returns the make chaos command line that draws and runs the same schedule again: the
+// seed and every option that shapes the schedule or the load.
+func (o PlanOptions) Command() string {
+	short := ""
+	if o.Short {
+		short = " SHORT=1"
+	}
+	if o.Brokers > 1 {
+		short += fmt.Sprintf(" BROKERS=%d", o.Brokers)
+	}
+	return fmt.Sprintf("make chaos SEED=%d DURATION=%s MODE=%s KINDS=%s RELAYS=%d WRITERS=%d RATE=%g MEAN=%s PG_VERSION=%s%s",
+		o.Seed, o.Duration, strings.Join(o.Modes, ","), strings.Join(o.Kinds, ","), o.Relays, o.Writers, o.Rate, o.Mean, o.PGVersion, short)
+}
+
+// Roles a relay fault's target is drawn by: resolved to a relay at the moment the fault applies.
+const (
+	RoleLeader   = "leader"
+	RoleFollower = "follower"
+	RoleAny      = "any" // modes without a leader (poll)
+)
+
+// PlannedFault is one fault of a plan, before it is applied.
+type PlannedFault struct {
+	Seq  int           `json:"seq"`
+	At   time.Duration `json:"at"` // from the start of the fault period
+	Kind string        `json:"kind"`
+	Mode string        `json:"mode,omitempty"` // relay and mode faults
+	Role string        `json:"role,omitempty"` // relay faults
+	// Pick chooses among the relays that fit the role at the moment (the index modulo their count);
+	// for broker-stop, broker-pause and broker-kill it is the broker's node.
+	Pick     int           `json:"pick,omitempty"`
+	Duration time.Duration `json:"duration,omitempty"`
+	Detail   string        `json:"detail,omitempty"`
+	Events   int           `json:"events,omitempty"` // of a big transaction
 }
 
 // Settings are the bounds the checker holds the run to.
@@ -59,6 +150,24 @@ type Settings struct {
 	// leadership until its next check fences it (the documented zombie), for ZombieGrace.
 	Lease       time.Duration `json:"lease"`
 	ZombieGrace time.Duration `json:"zombie_grace"`
+
+	// The parts of the liveness bound and of the duplicate bound (docs/guarantees.md, "Bounded
+	// duplicates" and "What happens on each fault"); zero in histories recorded before they were
+	// kept, and then the rules that need them are not applied.
+	//
+	// LeaderRetry is leader_retry_interval: how often a standby tries the lock.
+	LeaderRetry time.Duration `json:"leader_retry,omitempty"`
+	// LeaderKafkaTimeout is leader_kafka_timeout: how long a leader cut off from Kafka alone
+	// keeps the lock before it hands over.
+	LeaderKafkaTimeout time.Duration `json:"leader_kafka_timeout,omitempty"`
+	// KafkaWriteTimeout is kafka.write_timeout: how long one produce request may wait before it
+	// is retried.
+	KafkaWriteTimeout time.Duration `json:"kafka_write_timeout,omitempty"`
+	// StatusInterval is status_interval: how often the confirmed position reaches PostgreSQL.
+	StatusInterval time.Duration `json:"status_interval,omitempty"`
+	// MaxInFlightEvents is max_in_flight_events as the relays resolve it: events handed to Kafka
+	// and not yet acknowledged, at most.
+	MaxInFlightEvents int `json:"max_in_flight_events,omitempty"`
 }
 
 // Outcome is how a transaction ended, as far as the writer knows.
@@ -88,6 +197,14 @@ type Txn struct {
 	// Resolved: the outcome was settled after the fact from the marker row (was in doubt).
 	Resolved bool    `json:"resolved,omitempty"`
 	Events   []Event `json:"events,omitempty"` // none for load on other tables
+	// CommitLSN is at or after the end of the transaction's commit record: the server's WAL
+	// insert position read on the same connection right after COMMIT returned (the commit record
+	// was inserted before the COMMIT was answered). 0: not known (the COMMIT's answer or the read
+	// was lost).
+	CommitLSN uint64 `json:"commit_lsn,omitempty"`
+	// Slot is the slot that streams the transaction's database: the slot-ahead rule compares a
+	// slot's samples only with its own database's transactions.
+	Slot string `json:"slot,omitempty"`
 }
 
 // Event is one outbox event a transaction wrote.
@@ -98,6 +215,9 @@ type Event struct {
 	// Seq increases with every event a writer attempts for Key (holes where transactions rolled
 	// back); the order the consumers must see is the order of Seq among committed events.
 	Seq int `json:"seq"`
+	// Hash is the content the writer committed: workload.ContentHash of the payload and the
+	// headers the relay must carry ("" in histories recorded before it).
+	Hash string `json:"hash,omitempty"`
 }
 
 // Read is one record a consumer read.
@@ -111,6 +231,8 @@ type Read struct {
 	EventID   string    `json:"event_id"`
 	Seq       int       `json:"seq"`
 	Appended  time.Time `json:"appended"` // the broker's LogAppendTime
+	// Hash is workload.ContentHash of the record's value and headers, as read.
+	Hash string `json:"hash,omitempty"`
 }
 
 // Consumer is one consumer the run started.
@@ -129,7 +251,22 @@ type Fault struct {
 	// Lost is when a slot-lost fault dropped the slot (after Start when the first attempts lost
 	// the race with the relay's reconnection): transactions committed after it are not its gap's.
 	Lost time.Time `json:"lost,omitempty"`
+	// Seq is the fault's place in History.Plan.
+	Seq int `json:"seq,omitempty"`
+	// Role is what the target was drawn as (a relay fault: leader, follower, any); Leader says
+	// whether the target reported leadership when the fault applied (read from the relays then).
+	Role   string `json:"role,omitempty"`
+	Leader bool   `json:"leader,omitempty"`
+	// Failed is the error of an action that failed; Skipped why the fault never applied (its
+	// target or its server busy until the fault period ended, a standby not ready). A failed or
+	// skipped fault is kept for the reader but counts for nothing: not in summaries, not as an
+	// excuse for a duplicate or a stall, not towards History.Required.
+	Failed  string `json:"failed,omitempty"`
+	Skipped string `json:"skipped,omitempty"`
 }
+
+// TookEffect reports whether f was applied: neither skipped nor failed.
+func (f Fault) TookEffect() bool { return f.Failed == "" && f.Skipped == "" }
 
 // RelaySample is what one scrape of a relay's metrics said.
 type RelaySample struct {
@@ -156,6 +293,36 @@ type Stop struct {
 	Signal time.Time `json:"signal"`
 	Exited time.Time `json:"exited"` // zero: it had not exited when the harness gave up waiting
 	Code   int       `json:"code"`
+}
+
+// Causes of an Exit.
+const (
+	ExitOwn     = "own"     // nothing the harness sent: the relay ended of its own accord
+	ExitSigterm = "sigterm" // the harness sent SIGTERM
+	ExitSigkill = "sigkill" // the harness sent SIGKILL (a kill -9 fault, or a SIGTERM not obeyed in time)
+)
+
+// Exit is one end of a relay process.
+type Exit struct {
+	Relay string    `json:"relay"`
+	At    time.Time `json:"at"`
+	Cause string    `json:"cause"` // ExitOwn, ExitSigterm or ExitSigkill
+	Code  int       `json:"code"`  // the exit status; -N when signal N ended it
+	// LastError is the last error-level line this process logged ("" if none).
+	LastError string `json:"last_error,omitempty"`
+	// Crash is the first line of a Go panic, a fatal runtime error or a race detector report in
+	// this process's output ("" if none).
+	Crash string `json:"crash,omitempty"`
+}
+
+// EndOffset is one partition's offsets at the end of a run.
+type EndOffset struct {
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	// LastStable is the last stable offset (what a read_committed consumer may read up to); below
+	// HighWatermark while a Kafka transaction is open on the partition.
+	LastStable    int64 `json:"last_stable"`
+	HighWatermark int64 `json:"high_watermark"`
 }
 
 // Note is something the harness saw that the checker or a reader should know.

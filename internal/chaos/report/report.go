@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"gonum.org/v1/plot/vg"
@@ -160,6 +161,14 @@ func faultRows(h *history.History) []faultRow {
 	rows := make([]faultRow, 0, len(fs))
 	for _, f := range fs {
 		r := faultRow{At: seconds(offset(h, f.Start)), Kind: f.Kind, Colour: template.CSS(colour[f.Kind]), Target: f.Target, Detail: f.Detail}
+		switch {
+		case f.Failed != "":
+			r.Detail = strings.TrimPrefix(r.Detail+"; failed (counts for nothing): "+f.Failed, "; ")
+		case f.Skipped != "":
+			r.Detail = strings.TrimPrefix(r.Detail+"; skipped: "+f.Skipped, "; ")
+		case f.Leader:
+			r.Detail = strings.TrimPrefix(r.Detail+"; the target was leading", "; ")
+		}
 		switch {
 		case f.End.IsZero():
 			r.Duration = "not healed"

@@ -258,6 +258,7 @@ func (c *Consumer) add(tp topicPartition, r partitionResult) {
 		read := history.Read{
 			Consumer: c.name, Isolation: c.isolation, Topic: tp.topic, Partition: tp.partition,
 			Offset: f.offset, Key: string(f.key), Seq: seqOf(f.value), Appended: f.time,
+			Hash: ContentHash(f.value, f.headers),
 		}
 		for _, h := range f.headers {
 			if h.Key == "id" {

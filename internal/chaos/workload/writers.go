@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -292,11 +293,30 @@ func (w *Writers) plan(wr *writer, n int) plan {
 			Txn       string `json:"txn"`
 			Note      string `json:"note"`
 		}{a.id, wr.seq[a.id], p.txn.ID, "grüße, 世界 ✓"})
-		p.txn.Events = append(p.txn.Events, history.Event{ID: id, Topic: topicFor(a.typ), Key: a.id, Seq: wr.seq[a.id]})
+		// Headers of the row (or message) the relay must carry, one of them not ASCII.
+		headers := map[string]string{"chaos_txn": p.txn.ID, "chaos_note": "grüße ✓"}
+		p.txn.Events = append(p.txn.Events, history.Event{ID: id, Topic: topicFor(a.typ), Key: a.id, Seq: wr.seq[a.id],
+			Hash: ContentHash(payload, recordHeaders(id, "Happened", a.typ, headers))})
 		p.events = append(p.events, outbox.Event{ID: id, AggregateType: a.typ, AggregateID: a.id,
-			EventType: "Happened", Payload: json.RawMessage(payload)})
+			EventType: "Happened", Payload: json.RawMessage(payload), Headers: headers})
 	}
 	return p
+}
+
+// recordHeaders are the headers the relay gives an event's record: its id, type and aggregate
+// type, then the members of its headers object (README, "headers").
+func recordHeaders(id, eventType, aggregateType string, members map[string]string) []kafka.Header {
+	hs := []kafka.Header{{Key: "id", Value: []byte(id)}, {Key: "event_type", Value: []byte(eventType)}, {Key: "aggregate_type", Value: []byte(aggregateType)}}
+	for k, v := range members {
+		hs = append(hs, kafka.Header{Key: k, Value: []byte(v)})
+	}
+	return hs
+}
+
+// headersJSON is an event's headers object as the headers column holds it.
+func headersJSON(e outbox.Event) string {
+	b, _ := json.Marshal(e.Headers) // a map of strings always encodes
+	return string(b)
 }
 
 // topicFor is where the relay publishes an aggregate type's events.
@@ -308,6 +328,9 @@ func (w *Writers) attempt(ctx context.Context, wr *writer, p plan, timeout time.
 	p.txn.Start = time.Now()
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	outcome, err := w.exec(tctx, wr.conn, p)
+	if outcome == history.Committed {
+		p.txn.CommitLSN = insertLSN(tctx, wr.conn)
+	}
 	cancel()
 	p.txn.End, p.txn.Outcome = time.Now(), outcome
 	w.record(p.txn)
@@ -370,6 +393,20 @@ func (w *Writers) exec(ctx context.Context, conn *pgx.Conn, p plan) (history.Out
 	return commitOutcome(tx.Commit(ctx))
 }
 
+// insertLSN reads the server's WAL insert position on conn right after a COMMIT returned: at or
+// after the end of that transaction's commit record, which was inserted (and flushed) before the
+// COMMIT was answered, so the slot-ahead rule may compare a slot's confirmed LSN with it without a
+// false alarm. 0 when the read fails (the server went away): the rule then skips the transaction.
+// The connection is the one that committed, so a failover in between cannot answer from a
+// timeline that lacks the transaction.
+func insertLSN(ctx context.Context, conn *pgx.Conn) uint64 {
+	var lsn int64
+	if err := conn.QueryRow(ctx, "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint").Scan(&lsn); err != nil || lsn <= 0 {
+		return 0
+	}
+	return uint64(lsn)
+}
+
 // commitOutcome says what a COMMIT's error means for the transaction.
 func commitOutcome(err error) (history.Outcome, error) {
 	var pgErr *pgconn.PgError
@@ -400,18 +437,19 @@ func (w *Writers) write(ctx context.Context, tx pgx.Tx, events []outbox.Event) e
 		}
 		return nil
 	}
-	cols := make([][]string, 5)
+	cols := make([][]string, 6)
 	for _, e := range events {
 		cols[0] = append(cols[0], e.ID)
 		cols[1] = append(cols[1], e.AggregateType)
 		cols[2] = append(cols[2], e.AggregateID)
 		cols[3] = append(cols[3], e.EventType)
 		cols[4] = append(cols[4], string(e.Payload.(json.RawMessage)))
+		cols[5] = append(cols[5], headersJSON(e))
 	}
 	// One statement; unnest keeps the arrays' order, so the rows reach the WAL in sequence order.
-	_, err := tx.Exec(ctx, "INSERT INTO "+w.cfg.Table+` (id, aggregate_type, aggregate_id, event_type, payload)
-		SELECT i::uuid, t, a, e, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(i, t, a, e, p)`,
-		cols[0], cols[1], cols[2], cols[3], cols[4])
+	_, err := tx.Exec(ctx, "INSERT INTO "+w.cfg.Table+` (id, aggregate_type, aggregate_id, event_type, payload, headers)
+		SELECT i::uuid, t, a, e, p::jsonb, h::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS u(i, t, a, e, p, h)`,
+		cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
 	if err != nil {
 		return fmt.Errorf("insert %d events: %w", len(events), err)
 	}
@@ -444,13 +482,13 @@ func (w *Writers) BigTransaction(ctx context.Context, events int) error {
 func (w *Writers) copyEvents(ctx context.Context, tx pgx.Tx, events []outbox.Event) error {
 	rows := make([][]any, len(events))
 	for i, e := range events {
-		rows[i] = []any{e.ID, e.AggregateType, e.AggregateID, e.EventType, []byte(e.Payload.(json.RawMessage))}
+		rows[i] = []any{e.ID, e.AggregateType, e.AggregateID, e.EventType, []byte(e.Payload.(json.RawMessage)), []byte(headersJSON(e))}
 	}
 	ident := pgx.Identifier{tableName(w.cfg.Table)}
 	if s := schemaName(w.cfg.Table); s != "" {
 		ident = pgx.Identifier{s, tableName(w.cfg.Table)}
 	}
-	if _, err := tx.CopyFrom(ctx, ident, []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload"},
+	if _, err := tx.CopyFrom(ctx, ident, []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers"},
 		pgx.CopyFromRows(rows)); err != nil {
 		return fmt.Errorf("copy %d events: %w", len(events), err)
 	}
@@ -540,6 +578,16 @@ func (w *Writers) Resolve(ctx context.Context) ([]history.Txn, error) {
 	}
 	w.mu.Unlock()
 	return txns, nil
+}
+
+// Unresolved returns every transaction as the writers recorded it, ordered by Start, unsettled:
+// for a run whose Resolve failed, which the checker then reports as not carried out.
+func (w *Writers) Unresolved() []history.Txn {
+	w.mu.Lock()
+	txns := slices.Clone(w.txns)
+	w.mu.Unlock()
+	slices.SortStableFunc(txns, func(a, b history.Txn) int { return a.Start.Compare(b.Start) })
+	return txns
 }
 
 // lookupMarkers returns which of ids have a marker row, retrying through failures until ctx ends.

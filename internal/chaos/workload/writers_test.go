@@ -76,6 +76,7 @@ func TestWritersRecordWhatCommitted(t *testing.T) {
 				t.Errorf("outcomes %v: none may stay in doubt or vanish without faults", got)
 			}
 			checkSequences(t, txns)
+			checkCommitLSNs(ctx, t, conn, txns)
 			committedTxns, committedEvents, lostEvents := split(txns)
 			if markers := strings.Join(column(ctx, t, conn, "SELECT id FROM chaos_markers"), "\n"); markers != strings.Join(committedTxns, "\n") {
 				t.Errorf("marker rows are not the committed transactions:\n%s\nwant\n%s", markers, strings.Join(committedTxns, "\n"))
@@ -337,5 +338,30 @@ func TestABigTransactionReachesTheWALInSeqOrder(t *testing.T) {
 				t.Errorf("decoded %d of 3000 rows, %d of them after a later seq of their aggregate", decoded, disordered)
 			}
 		})
+	}
+}
+
+// checkCommitLSNs requires every committed transaction to carry a commit LSN, increasing per
+// writer (one connection commits in turn) and not beyond the WAL written by the end.
+func checkCommitLSNs(ctx context.Context, t *testing.T, conn *pgx.Conn, txns []history.Txn) {
+	t.Helper()
+	var end int64
+	if err := conn.QueryRow(ctx, "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint").Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	last := make(map[string]uint64)
+	for _, tx := range txns {
+		if tx.Outcome != history.Committed {
+			continue
+		}
+		switch {
+		case tx.CommitLSN == 0:
+			t.Errorf("txn %s (writer %s) committed without a commit LSN", tx.ID, tx.Writer)
+		case tx.CommitLSN <= last[tx.Writer]:
+			t.Errorf("txn %s (writer %s): commit LSN %d not after the writer's previous %d", tx.ID, tx.Writer, tx.CommitLSN, last[tx.Writer])
+		case tx.CommitLSN > uint64(end):
+			t.Errorf("txn %s: commit LSN %d beyond the WAL written by the end, %d", tx.ID, tx.CommitLSN, end)
+		}
+		last[tx.Writer] = max(last[tx.Writer], tx.CommitLSN)
 	}
 }
