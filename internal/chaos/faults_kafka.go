@@ -95,29 +95,33 @@ func (n *nemesis) brokerFault(ctx context.Context, f *fault, rec *history.Fault,
 	restart := func(node int) func(context.Context) error {
 		return func(hctx context.Context) error { return c.StartNode(hctx, node) }
 	}
+	node := brokerOf(f)
+	if node > len(c.Nodes()) {
+		return fmt.Errorf("%w: the plan names broker %d of a cluster of %d", errSkipped, node, len(c.Nodes()))
+	}
 	switch f.kind {
 	case kindBrokerStop:
-		target(brokerOf(f))
-		if err := c.StopNode(ctx, brokerOf(f)); err != nil {
-			heal(restart(brokerOf(f)))
+		target(node)
+		if err := c.StopNode(ctx, node); err != nil {
+			heal(restart(node))
 			return err
 		}
 		sleep(ctx, f.d)
-		heal(restart(brokerOf(f)))
+		heal(restart(node))
 	case kindBrokerPause:
-		target(brokerOf(f))
-		if err := c.PauseNode(brokerOf(f)); err != nil {
+		target(node)
+		if err := c.PauseNode(node); err != nil {
 			return err
 		}
 		sleep(ctx, f.d)
-		heal(func(context.Context) error { return c.ResumeNode(brokerOf(f)) })
+		heal(func(context.Context) error { return c.ResumeNode(node) })
 	case kindBrokerKill:
-		target(brokerOf(f))
-		if err := c.KillNode(brokerOf(f)); err != nil {
+		target(node)
+		if err := c.KillNode(node); err != nil {
 			return err
 		}
 		sleep(ctx, f.d)
-		heal(restart(brokerOf(f)))
+		heal(restart(node))
 	case kindLeaderChange:
 		moves, err := c.MoveLeaders(ctx, func(topic string) bool { return !internalTopic(topic) })
 		if len(moves) > 0 {
@@ -126,12 +130,12 @@ func (n *nemesis) brokerFault(ctx context.Context, f *fault, rec *history.Fault,
 		}
 		return err
 	case kindCoordinatorMove:
-		node, err := c.TransactionCoordinator(ctx, coordinatorKey)
+		coord, err := c.TransactionCoordinator(ctx, coordinatorKey)
 		if err != nil {
 			return fmt.Errorf("%w: %v", errSkipped, err)
 		}
-		target(node)
-		if node == 1 {
+		target(coord)
+		if coord == 1 {
 			// The controller's node is not killed (see brokerNode): the coordinator moves by an
 			// election of another leader of its __transaction_state partition.
 			moves, err := c.MoveLeaders(ctx, func(topic string) bool { return topic == "__transaction_state" })
@@ -141,14 +145,14 @@ func (n *nemesis) brokerFault(ctx context.Context, f *fault, rec *history.Fault,
 			rec.Detail += fmt.Sprintf("; moved by election to node %d", moves[0].To)
 			return nil
 		}
-		if err := c.KillNode(node); err != nil {
+		if err := c.KillNode(coord); err != nil {
 			return err
 		}
 		sleep(ctx, f.d)
 		if to, err := c.TransactionCoordinator(ctx, coordinatorKey); err == nil {
 			rec.Detail += fmt.Sprintf("; killed, node %d coordinates before the restart", to)
 		}
-		heal(restart(node))
+		heal(restart(coord))
 	case kindISRShrink:
 		// The controller's node stays: with it, the controller shrinks every partition's ISR to
 		// node 1 (or leaves a partition without a leader: no unclean election), and an acks=all
