@@ -111,6 +111,8 @@ type fault struct {
 	events int // of a big transaction
 	group  string
 	seq    int
+	// required: one of the faults every run must carry out; a leader's waits for a leader.
+	required bool
 }
 
 // nemesis applies a plan (drawn up front by a planner, or read from an earlier run's history)
@@ -163,7 +165,7 @@ func (n *nemesis) loop(ctx context.Context) {
 
 // fault turns a planned fault into one of this run's; false when its mode is not in the run.
 func (n *nemesis) fault(p history.PlannedFault) (*fault, bool) {
-	f := &fault{kind: p.Kind, role: p.Role, pick: p.Pick, d: p.Duration, detail: p.Detail, events: p.Events, seq: p.Seq}
+	f := &fault{kind: p.Kind, role: p.Role, pick: p.Pick, d: p.Duration, detail: p.Detail, events: p.Events, seq: p.Seq, required: p.Required}
 	if p.Mode != "" {
 		for _, m := range n.run.modes {
 			if m.mode.Name == p.Mode {
@@ -212,7 +214,8 @@ func (n *nemesis) applyAt(ctx context.Context, f *fault, at time.Time, prev, me 
 // relays at this moment (a scrape of each, not the sampler's last view), and marks it busy. It
 // waits while the relay that fits is under another fault or not running. A leader's fault whose
 // mode has no leader for twice the lease (a takeover under way, every relay cut off) goes to a
-// follower, recorded as such.
+// follower, recorded as such, unless it is a required one: that waits for a leader until the
+// fault period ends (a follower's kill proves nothing the requirement asks).
 func (n *nemesis) resolve(ctx context.Context, f *fault) error {
 	noLeaderUntil := time.Now().Add(2 * n.run.lease)
 	for {
@@ -228,7 +231,7 @@ func (n *nemesis) resolve(ctx context.Context, f *fault) error {
 				if !n.busy[leaders[0].name] {
 					target, f.leader = leaders[0], true
 				}
-			} else if time.Now().After(noLeaderUntil) {
+			} else if !f.required && time.Now().After(noLeaderUntil) {
 				if c := free(others); len(c) > 0 {
 					target = c[f.pick%len(c)]
 				}

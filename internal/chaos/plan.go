@@ -81,17 +81,17 @@ func (p *planner) dealMust() {
 		}
 		if slices.Contains(p.kinds, kindKill9) {
 			d, detail := p.duration(kindKill9)
-			p.must = append(p.must, history.PlannedFault{Kind: kindKill9, Mode: m.Name, Role: role, Duration: d, Detail: detail})
+			p.must = append(p.must, history.PlannedFault{Kind: kindKill9, Mode: m.Name, Role: role, Duration: d, Detail: detail, Required: true})
 		}
 		if slices.Contains(p.kinds, kindPause) {
 			d, detail := p.zombie()
-			p.must = append(p.must, history.PlannedFault{Kind: kindPause, Mode: m.Name, Role: role, Duration: d, Detail: detail})
+			p.must = append(p.must, history.PlannedFault{Kind: kindPause, Mode: m.Name, Role: role, Duration: d, Detail: detail, Required: true})
 		}
 	}
 	if p.standby && slices.Contains(p.kinds, kindFailoverSync) {
-		p.must = append(p.must, history.PlannedFault{Kind: kindFailoverSync})
+		p.must = append(p.must, history.PlannedFault{Kind: kindFailoverSync, Required: true})
 	} else if p.standby && slices.Contains(p.kinds, kindFailoverLag) {
-		p.must = append(p.must, history.PlannedFault{Kind: kindFailoverLag})
+		p.must = append(p.must, history.PlannedFault{Kind: kindFailoverLag, Required: true})
 	}
 	p.rng.Shuffle(len(p.must), func(i, j int) { p.must[i], p.must[j] = p.must[j], p.must[i] })
 }

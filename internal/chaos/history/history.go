@@ -133,6 +133,9 @@ type PlannedFault struct {
 	Duration time.Duration `json:"duration,omitempty"`
 	Detail   string        `json:"detail,omitempty"`
 	Events   int           `json:"events,omitempty"` // of a big transaction
+	// Required: dealt for what every run must carry out (History.Required). A required leader's
+	// fault waits for a leader instead of going to a follower when the mode has none for a while.
+	Required bool `json:"required,omitempty"`
 }
 
 // Settings are the bounds the checker holds the run to.
