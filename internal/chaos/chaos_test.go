@@ -24,8 +24,9 @@ func todaysSeed(now time.Time) uint64 {
 }
 
 // TestShortScheduleOfEveryMode runs every mode side by side on one PostgreSQL 18 primary with a
-// standby and three replicated brokers, with two relays each, under a short schedule of overlapping faults of
-// every kind, and fails on any broken rule (package check), printing the seed and the schedule.
+// standby and three replicated brokers, with two relays each, under a short schedule of
+// overlapping faults of every kind, and fails on any broken rule (package check), printing the
+// seed and the schedule.
 // `make chaos` runs the same harness for as long as asked.
 func TestShortScheduleOfEveryMode(t *testing.T) {
 	if err := devenv.KafkaLibReady(devenv.DefaultKafkaLib()); err != nil {
