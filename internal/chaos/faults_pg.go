@@ -131,10 +131,9 @@ func (n *nemesis) actPG(ctx context.Context, f *fault, rec *history.Fault, heal 
 		heal(func(context.Context) error { return c.ThawPrimary() })
 	case kindPrune:
 		rec.Detail = "rows older than " + f.d.String()
-		// A margin of seconds, not the default hour: what the guard keeps is then the horizon's
-		// doing (the xmin recorded with the last acknowledged commit), and a run of minutes has
-		// rows to delete.
-		args := []string{"prune", "--older-than=" + f.d.String(), "--slot=" + f.mode.slot, "--slot-recovery-margin=2s"}
+		// The relays' margin (recoveryMargin), not the default hour: a run of minutes has rows
+		// to delete, and a recovery is held to the margin its pruning kept.
+		args := []string{"prune", "--older-than=" + f.d.String(), "--slot=" + f.mode.slot, "--slot-recovery-margin=" + recoveryMargin.String()}
 		if f.mode.mode.Poll {
 			args = append(args, "--source=poll")
 		}

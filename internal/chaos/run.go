@@ -638,10 +638,18 @@ func (r *runner) relayArgs(m Mode, slot string) []string {
 		args = append(args, "--delivery=exactly-once")
 	}
 	if r.recovers(m) {
-		args = append(args, "--on-slot-lost=recover")
+		args = append(args, "--on-slot-lost=recover", "--slot-recovery-margin="+recoveryMargin.String())
 	}
 	return args
 }
+
+// recoveryMargin is slot_recovery_margin for the relays that recover and for the prune fault
+// alike: a recovery compares how far pruning deleted with its own margin, so a prune run with a
+// smaller one stops it (the run of seed 39061: prune at 2 s, relays at the default hour, every
+// recovery after the first prune refused). A minute is longer than the longest transaction the
+// writers run (a big transaction of 100,000 events), so it is honest for the created_at rule too,
+// and still lets a prune in a run of minutes delete rows.
+const recoveryMargin = time.Minute
 
 // recovers reports whether m's relays run with on_slot_lost: recover: when the slot-lost fault is
 // drawn from and m can recover (Mode.Recover). The horizon recorded in the slot ledger bounds the
