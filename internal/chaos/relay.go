@@ -78,8 +78,12 @@ func (r *relay) start() error {
 	// The nemesis's topics are the ones the relay creates as it goes (the default is not to).
 	cmd.Env = append(append(os.Environ(), "OUTBOX_KAFKA_AUTO_CREATE_TOPICS=true"), r.env...)
 	cmd.Stdout, cmd.Stderr = log, log
-	// The relay dies with the harness, whatever ends it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// The relay dies with the harness, whatever ends it. It runs in a process group of its own:
+	// in the harness's, a stopped relay (the pause fault) was sent SIGHUP by the kernel when that
+	// group became orphaned (POSIX sends SIGHUP and SIGCONT to an orphaned group with a stopped
+	// member), and died mid-pause as if of its own accord (the run of seed 39061, exit -1). The
+	// harness, its parent in another group of the session, keeps this one from being orphaned.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	waited, err := devenv.StartPinned(cmd)
 	if err != nil {
 		log.Close()

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -96,5 +97,35 @@ func TestEveryExitIsRecordedWithItsCauseAndItsOwnOutput(t *testing.T) {
 	}
 	if n := rl.takeOwnExits(); n != 2 {
 		t.Errorf("%d exits of the relay's own accord counted, want 2", n)
+	}
+}
+
+// A relay runs in a process group of its own: in the harness's, a relay stopped by the pause
+// fault was ended by the kernel's SIGHUP to an orphaned process group with a stopped member.
+func TestARelayRunsInAProcessGroupOfItsOwn(t *testing.T) {
+	dir := t.TempDir()
+	bin, mode := filepath.Join(dir, "relay.sh"), filepath.Join(dir, "mode")
+	if err := os.WriteFile(bin, []byte(fakeRelay), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mode, []byte("wait"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rl, err := newRelay("m-r1", bin, nil, []string{"CHAOS_TEST_MODE=" + mode}, filepath.Join(dir, "r1.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	defer rl.kill(ctx)
+	pgid, err := syscall.Getpgid(rl.pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pgid != rl.pid() || pgid == syscall.Getpgrp() {
+		t.Fatalf("the relay (pid %d) runs in process group %d, the harness's is %d: want a group of its own", rl.pid(), pgid, syscall.Getpgrp())
 	}
 }

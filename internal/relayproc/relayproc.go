@@ -116,7 +116,9 @@ func Start(t testing.TB, opts Options) *Proc {
 	p := &Proc{t: t, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout = p.out
 	cmd.Stderr = p.out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// A group of its own: a test that stops the relay (SIGSTOP) must not see the kernel's SIGHUP
+	// to an orphaned process group with a stopped member end it (internal/chaos/relay.go).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	waited, err := devenv.StartPinned(cmd) // see StartPinned: the death signal follows the forking thread
 	if err != nil {
 		t.Fatalf("start relay: %v", err)
