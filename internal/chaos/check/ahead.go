@@ -76,13 +76,24 @@ func (r *run) checkSlotBehind() {
 		if lost.IsZero() {
 			lost = f.Start
 		}
+		// A failover during the recovery (the slot-invalidated fault's variant) may lose the
+		// replacement too: the recovery begins again on the new primary with another slot, whose
+		// gap runs from the first drop to that slot's creation, after the failover.
+		for _, o := range h.Faults {
+			if (o.Kind == faultFailoverSynced || o.Kind == faultFailoverUnsynced) && o.Start.After(lost) && !o.Start.After(faultEnd(f)) {
+				lost = maxTime(lost, o.Start)
+			}
+		}
 		created := faultEnd(f)
 		for _, s := range h.Slots {
 			if s.At.After(lost) && s.At.Before(created) {
 				created = s.At
 			}
 		}
-		recs = append(recs, recovery{lost, created})
+		recs = append(recs, recovery{f.Lost, created})
+		if recs[len(recs)-1].lost.IsZero() {
+			recs[len(recs)-1].lost = f.Start
+		}
 	}
 	excuseUntil := func(at time.Time) time.Time {
 		var until time.Time

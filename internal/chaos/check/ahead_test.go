@@ -66,6 +66,15 @@ func TestSlotAheadOfKafka(t *testing.T) {
 			b.publish(9, "e4")
 			return b.done(bothConsumers)
 		}, 1}, // the sample at 0.9 s shows the replacement: t4, committed at 5.1 s, is not the gap's
+		{"a failover during the recovery makes a transaction committed before it the next gap's", func() *history.History {
+			b := ahead(history.AtLeastOnce, [2]float64{0.5, 50}, [2]float64{0.9, 60}, [2]float64{6, 450})
+			b.h.Faults = append(b.h.Faults, history.Fault{Kind: faultSlotLost, Target: "eo-table", Start: at(0.6), End: at(10), Lost: at(0.7)},
+				history.Fault{Kind: faultFailoverSynced, Target: "postgres", Start: at(4), End: at(5)})
+			b.txn("t4", history.Committed, 3.5, ev("e4", "k1", 4))
+			b.h.Txns[3].CommitLSN, b.h.Txns[3].Slot = 400, "s"
+			b.publish(9, "e4")
+			return b.done(bothConsumers)
+		}, 0}, // the failover at 4 s lost the replacement of 0.9 s: the sample at 6 s shows the next one
 		{"another database's transactions are not the slot's", func() *history.History {
 			b := ahead(history.AtLeastOnce, [2]float64{3, 250})
 			b.h.Txns[1].Slot = "neighbour"
