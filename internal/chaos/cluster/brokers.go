@@ -230,11 +230,9 @@ func (c *Cluster) MoveLeaders(ctx context.Context, pick func(topic string) bool)
 			if to < 0 || p.Leader.ID < 0 {
 				continue
 			}
-			order := []int{to}
-			for _, r := range p.Replicas {
-				if r.ID != to {
-					order = append(order, r.ID)
-				}
+			order, err := reorder(p.Replicas, to, c.Nodes())
+			if err != nil {
+				return nil, fmt.Errorf("cluster: move leaders: %s/%d: %w", t.Name, p.ID, err)
 			}
 			moves = append(moves, LeaderMove{Topic: t.Name, Partition: p.ID, From: p.Leader.ID, To: to})
 			assign = append(assign, kafka.AlterPartitionReassignmentsRequestAssignment{Topic: t.Name, PartitionID: p.ID, BrokerIDs: order})
@@ -290,6 +288,40 @@ func (c *Cluster) MoveLeaders(ctx context.Context, pick func(topic string) bool)
 		return moves, fmt.Errorf("cluster: move leaders: %d of %d partitions not led by their new leader (%v): %w", len(pending), len(moves), pending, err)
 	}
 	return moves, nil
+}
+
+// reorder lists the replicas with to first. kafka-go's metadata names a replica on a broker that
+// is down with id 0 (it finds no such broker to describe), and Kafka refuses an assignment that
+// names broker 0: such a replica is the one node of the cluster the list lacks.
+func reorder(replicas []kafka.Broker, to int, nodes []int) ([]int, error) {
+	order := []int{to}
+	unknown := 0
+	for _, r := range replicas {
+		switch {
+		case r.ID == 0:
+			unknown++
+		case r.ID != to:
+			order = append(order, r.ID)
+		}
+	}
+	for _, id := range nodes {
+		if unknown > 0 && !slices.Contains(order, id) {
+			order = append(order, id)
+			unknown--
+		}
+	}
+	if unknown > 0 || len(order) != len(replicas) {
+		return nil, fmt.Errorf("cannot tell the replicas %v apart: %d of them on brokers the metadata does not name", replicaIDs(replicas), unknown)
+	}
+	return order, nil
+}
+
+func replicaIDs(rs []kafka.Broker) []int {
+	ids := make([]int, len(rs))
+	for i, r := range rs {
+		ids[i] = r.ID
+	}
+	return ids
 }
 
 // after is how far replica id comes after leader in the cyclic order of replicas.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -189,4 +190,33 @@ func brokerFaults(ctx context.Context, t *testing.T, c *Cluster) {
 			t.Fatalf("%s/0 holds %v: want the acknowledged writes, not the refused one", topic, got)
 		}
 	})
+}
+
+// A replica on a broker that is down comes back from kafka-go's metadata as broker 0, which Kafka
+// refuses in an assignment: it is the node the list lacks (the run of seed 39061: 17 leader moves
+// failed with "Invalid Replica Assignment ... includes broker 0").
+func TestAReorderNamesTheReplicaOfABrokerThatIsDown(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		replicas []int
+		to       int
+		want     []int
+		err      bool
+	}{
+		{"every broker up", []int{1, 2, 3}, 2, []int{2, 1, 3}, false},
+		{"broker 3 down", []int{1, 0, 2}, 2, []int{2, 1, 3}, false},
+		{"brokers 1 and 3 down", []int{0, 0, 2}, 2, []int{2, 1, 3}, false},
+		{"more unknown replicas than nodes", []int{0, 0, 0, 0}, 1, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rs []kafka.Broker
+			for _, id := range tc.replicas {
+				rs = append(rs, kafka.Broker{ID: id})
+			}
+			got, err := reorder(rs, tc.to, []int{1, 2, 3})
+			if (err != nil) != tc.err || !slices.Equal(got, tc.want) {
+				t.Fatalf("reorder(%v, %d) = %v, %v; want %v (error %v)", tc.replicas, tc.to, got, err, tc.want, tc.err)
+			}
+		})
+	}
 }
