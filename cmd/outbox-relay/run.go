@@ -74,6 +74,30 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		defer stopHTTP()
 	}
+	logStart(cfg, log)
+	stopMonitors := startMonitors(ctx, cfg, log, m, state)
+	defer stopMonitors()
+	stopReporting := context.AfterFunc(ctx, state.Stopping)
+	defer stopReporting()
+	if cfg.PruneInterval > 0 {
+		stopPruning, err := startPruning(ctx, cfg, log.Named("prune"), m)
+		if err != nil {
+			return scrubbed(cfg, err)
+		}
+		defer stopPruning()
+	}
+
+	if err := leadership.Run(ctx, leadershipConfig(cfg, rcfg), log, m, state); err != nil {
+		// Driver errors can quote connection parameters; never let a secret reach the terminal.
+		return scrubbed(cfg, err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// logStart says what the relay starts with (no secret: DSNs redacted, the password file's path
+// alone), the configuration's warnings, and what exactly-once asks of consumers.
+func logStart(cfg *config.Config, log *zap.Logger) {
 	log.Info("starting",
 		zap.String("version", version),
 		zap.String("pg_dsn", config.RedactDSN(cfg.PGDSN)),
@@ -99,20 +123,13 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 			zap.Duration("transaction_interval", cfg.TransactionInterval), zap.Int("transaction_max_events", min(cfg.TransactionMaxEvents, max(1, cfg.MaxInFlight/2))), // the sink's cap: half the window
 			zap.Int("max_in_flight_events", cfg.MaxInFlight))
 	}
+}
 
-	// The slot monitor and the readiness gauge outlive ctx, so they keep reporting through the
-	// graceful drain; they stop when the relay has.
+// startMonitors starts the slot monitor (WAL source) and the readiness gauge. They outlive ctx, so
+// they keep reporting through the graceful drain; stop ends them once the relay has stopped.
+func startMonitors(ctx context.Context, cfg *config.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) (stop func()) {
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	monDone := make(chan struct{})
-	defer func() {
-		stopBG()
-		// The monitor says nothing once it sees the cancellation: waiting for it keeps its
-		// warnings ahead of the line that ends the relay (an error's, which must be the last).
-		select {
-		case <-monDone:
-		case <-time.After(2 * time.Second):
-		}
-	}()
 	if cfg.Source == "wal" {
 		// The polling source reads its own gauges (package poll); there is no slot to watch.
 		mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, PasswordFile: cfg.PGPasswordFile, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
@@ -125,22 +142,15 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		close(monDone)
 	}
 	go publishReadiness(bg, state, m)
-	stopReporting := context.AfterFunc(ctx, state.Stopping)
-	defer stopReporting()
-	if cfg.PruneInterval > 0 {
-		stopPruning, err := startPruning(ctx, cfg, log.Named("prune"), m)
-		if err != nil {
-			return scrubbed(cfg, err)
+	return func() {
+		stopBG()
+		// The monitor says nothing once it sees the cancellation: waiting for it keeps its
+		// warnings ahead of the line that ends the relay (an error's, which must be the last).
+		select {
+		case <-monDone:
+		case <-time.After(2 * time.Second):
 		}
-		defer stopPruning()
 	}
-
-	if err := leadership.Run(ctx, leadershipConfig(cfg, rcfg), log, m, state); err != nil {
-		// Driver errors can quote connection parameters; never let a secret reach the terminal.
-		return scrubbed(cfg, err)
-	}
-	log.Info("stopped")
-	return nil
 }
 
 // leadershipConfig is what the leader loop needs of the configuration: the relay's, and the
