@@ -1,48 +1,44 @@
 package relay
 
 import (
-	"context"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/poll"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// runPoll is Run for the polling source. A stop (ctx ends) claims nothing more and lets the batches
-// in progress finish: Kafka acknowledges what they handed over, they mark it and commit. A fence,
-// or ShutdownTimeout after ctx ended, rolls them back instead: their rows stay pending and are
-// published again by the next claim, whoever makes it.
-func (r *Relay) runPoll(ctx context.Context) error {
-	hard, stopAll := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer stopAll(nil)
-	defer context.AfterFunc(r.fenced, func() { stopAll(ErrFenced) })()
-	defer context.AfterFunc(ctx, func() {
-		timer := time.AfterFunc(r.cfg.ShutdownTimeout, func() { stopAll(errShutdownTimeout) })
-		context.AfterFunc(hard, func() { timer.Stop() })
-	})()
-	// A fence stops claiming too.
-	stop, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(r.fenced, cancel)()
+// pollSource reads the outbox table by polling (package poll) instead of the WAL.
+type pollSource struct {
+	poller  *poll.Poller
+	sink    *sink.Sink
+	log     *zap.Logger
+	timeout time.Duration // the relay's ShutdownTimeout, for the warning
+}
 
-	err := r.poller.Run(stop, hard)
-	if context.Cause(hard) == errShutdownTimeout {
-		events, _ := r.sink.InFlight()
-		r.log.Warn("shutdown timeout: rows not marked processed stay pending and are published again by the next claim",
-			zap.Int64("events", events), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
+func (p pollSource) streaming() bool { return p.poller.Polling() }
+
+// stopping: nothing to do beyond the stop itself, which claims nothing more.
+func (p pollSource) stopping() {}
+
+// run polls until the stop. A stop claims nothing more and lets the batches in progress finish:
+// Kafka acknowledges what they handed over, they mark it and commit. A hard stop (a fence, or the
+// shutdown timeout) rolls them back instead: their rows stay pending and are published again by
+// the next claim, whoever makes it. Closing the sink waits for nothing then, nor when it halted.
+func (p pollSource) run(life *lifecycle) (closeWait time.Duration, err error) {
+	err = p.poller.Run(life.stop, life.hard)
+	if life.timedOut() {
+		events, _ := p.sink.InFlight()
+		p.log.Warn("shutdown timeout: rows not marked processed stay pending and are published again by the next claim",
+			zap.Int64("events", events), zap.Duration("shutdown_timeout", p.timeout))
 	}
-	closeWait := time.Second
-	if _, _, _, halted := r.sink.Halted(); halted || hard.Err() != nil {
+	closeWait = time.Second
+	if _, _, _, halted := p.sink.Halted(); halted || life.hard.Err() != nil {
 		closeWait = 0
 	}
-	closeCtx, cancelClose := context.WithTimeout(context.Background(), closeWait)
-	defer cancelClose()
-	r.closeSink(closeCtx)
-	switch {
-	case err != nil:
-		return err
-	case r.fenced.Err() != nil:
-		return ErrFenced
+	if err == nil && !life.isFenced() {
+		p.log.Info("stopped polling")
 	}
-	r.log.Info("stopped polling")
-	return nil
+	return closeWait, err
 }

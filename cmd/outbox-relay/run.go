@@ -21,6 +21,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/credentials"
 	"github.com/outbox-relay/outbox-relay/health"
 	"github.com/outbox-relay/outbox-relay/leader"
+	"github.com/outbox-relay/outbox-relay/leadership"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/prune"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -73,6 +74,30 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		defer stopHTTP()
 	}
+	logStart(cfg, log)
+	stopMonitors := startMonitors(ctx, cfg, log, m, state)
+	defer stopMonitors()
+	stopReporting := context.AfterFunc(ctx, state.Stopping)
+	defer stopReporting()
+	if cfg.PruneInterval > 0 {
+		stopPruning, err := startPruning(ctx, cfg, log.Named("prune"), m)
+		if err != nil {
+			return scrubbed(cfg, err)
+		}
+		defer stopPruning()
+	}
+
+	if err := leadership.Run(ctx, leadershipConfig(cfg, rcfg), log, m, state); err != nil {
+		// Driver errors can quote connection parameters; never let a secret reach the terminal.
+		return scrubbed(cfg, err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// logStart says what the relay starts with (no secret: DSNs redacted, the password file's path
+// alone), the configuration's warnings, and what exactly-once asks of consumers.
+func logStart(cfg *config.Config, log *zap.Logger) {
 	log.Info("starting",
 		zap.String("version", version),
 		zap.String("pg_dsn", config.RedactDSN(cfg.PGDSN)),
@@ -98,20 +123,13 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 			zap.Duration("transaction_interval", cfg.TransactionInterval), zap.Int("transaction_max_events", min(cfg.TransactionMaxEvents, max(1, cfg.MaxInFlight/2))), // the sink's cap: half the window
 			zap.Int("max_in_flight_events", cfg.MaxInFlight))
 	}
+}
 
-	// The slot monitor and the readiness gauge outlive ctx, so they keep reporting through the
-	// graceful drain; they stop when the relay has.
+// startMonitors starts the slot monitor (WAL source) and the readiness gauge. They outlive ctx, so
+// they keep reporting through the graceful drain; stop ends them once the relay has stopped.
+func startMonitors(ctx context.Context, cfg *config.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) (stop func()) {
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	monDone := make(chan struct{})
-	defer func() {
-		stopBG()
-		// The monitor says nothing once it sees the cancellation: waiting for it keeps its
-		// warnings ahead of the line that ends the relay (an error's, which must be the last).
-		select {
-		case <-monDone:
-		case <-time.After(2 * time.Second):
-		}
-	}()
 	if cfg.Source == "wal" {
 		// The polling source reads its own gauges (package poll); there is no slot to watch.
 		mon := slotmon.New(slotmon.Config{DSN: cfg.PGDSN, PasswordFile: cfg.PGPasswordFile, Slot: cfg.Slot, Interval: cfg.SlotPollInterval,
@@ -124,239 +142,36 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 		close(monDone)
 	}
 	go publishReadiness(bg, state, m)
-	stopReporting := context.AfterFunc(ctx, state.Stopping)
-	defer stopReporting()
-	if cfg.PruneInterval > 0 {
-		stopPruning, err := startPruning(ctx, cfg, log.Named("prune"), m)
-		if err != nil {
-			return scrubbed(cfg, err)
+	return func() {
+		stopBG()
+		// The monitor says nothing once it sees the cancellation: waiting for it keeps its
+		// warnings ahead of the line that ends the relay (an error's, which must be the last).
+		select {
+		case <-monDone:
+		case <-time.After(2 * time.Second):
 		}
-		defer stopPruning()
 	}
+}
 
+// leadershipConfig is what the leader loop needs of the configuration: the relay's, and the
+// election's when leader_election is on.
+func leadershipConfig(cfg *config.Config, rcfg relay.Config) leadership.Config {
+	lc := leadership.Config{
+		Relay:        rcfg,
+		SlotBusyWait: cfg.SlotBusyWait,
+		Scrub:        func(s string) string { return config.Scrub(s, secrets(cfg)...) },
+	}
 	if cfg.LeaderElection {
-		err = runLeaderLoop(ctx, cfg, rcfg, log, m, state)
-	} else {
-		err = runTerm(ctx, nil, rcfg, log, m, state, 0)
-	}
-	if err != nil {
-		// Driver errors can quote connection parameters; never let a secret reach the terminal.
-		return scrubbed(cfg, err)
-	}
-	log.Info("stopped")
-	return nil
-}
-
-// runLeaderLoop stands by until this instance holds the leader lock, streams while it does, and
-// stands by again when it loses it. It returns when ctx ends or on an error retrying cannot fix.
-func runLeaderLoop(ctx context.Context, cfg *config.Config, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State) error {
-	handovers := 0 // in a row, for the pause before competing again
-	el := leader.New(leader.Config{
-		DSN:           cmp.Or(cfg.LeaderDSN, cfg.PGDSN),
-		PasswordFile:  cfg.PGPasswordFile,
-		Slot:          cfg.Slot,
-		RetryInterval: cfg.LeaderRetryInterval,
-		CheckTimeout:  cfg.LeaderCheckTimeout,
-		OnStandby:     state.Standby,
-		OnSlowCheck:   func(time.Duration) { m.LeaderSlowChecks.Inc() },
-		BeforeLock:    kafkaAnswers(cfg, rcfg, func() bool { return handovers > 0 }),
-	}, log.Named("leader"))
-	var busySince time.Time // while this instance holds the lock but someone else streams the slot
-	for {
-		state.Standby(false)
-		term, err := el.Campaign(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
+		lc.Election = &leader.Config{
+			DSN:           cmp.Or(cfg.LeaderDSN, cfg.PGDSN),
+			PasswordFile:  cfg.PGPasswordFile,
+			Slot:          cfg.Slot,
+			RetryInterval: cfg.LeaderRetryInterval,
+			CheckTimeout:  cfg.LeaderCheckTimeout,
 		}
-		log.Info("leader: holding the leader lock; streaming the slot",
-			zap.String("slot", cfg.Slot), zap.Uint32("lock_backend_pid", term.PID()))
-		began := time.Now()
-		err = runTerm(ctx, term, rcfg, log, m, state, cfg.LeaderKafkaTimeout)
-		term.Release()
-		if !errors.Is(err, replication.ErrSlotActive) {
-			busySince = time.Time{}
-		}
-		if !errors.Is(err, errKafkaSilent) || time.Since(began) > maxHandoverPause {
-			handovers = 0
-		}
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case errors.Is(err, errKafkaSilent):
-			handovers++
-			pause := handoverPause(handoverBase(cfg.LeaderRetryInterval), handovers)
-			log.Warn("released the leader lock, cut off from Kafka; competing again after a pause, and only once Kafka answers",
-				zap.String("slot", cfg.Slot), zap.Duration("pause", pause), zap.Int("handovers_in_a_row", handovers))
-			state.Standby(true)
-			select {
-			case <-time.After(pause):
-			case <-ctx.Done():
-				return nil
-			}
-		case errors.Is(err, relay.ErrFenced):
-			// Campaign again at once: usually another instance has the lock by now and this one
-			// becomes its standby; if PostgreSQL restarted, this one may simply lead again.
-			continue
-		case errors.Is(err, replication.ErrSlotActive):
-			// Someone outside the election streams the slot (a relay with leader_election off,
-			// Debezium, or a walsender PostgreSQL has not reaped yet): not a crash, wait our turn.
-			// Past slot_busy_wait it is no longer a walsender being reaped, so say so louder.
-			if busySince.IsZero() {
-				busySince = time.Now()
-			}
-			level := zap.InfoLevel
-			msg := "another process streams the slot; standing by and retrying"
-			if time.Since(busySince) > cfg.SlotBusyWait {
-				level = zap.WarnLevel
-				msg = "a process outside the leader election has streamed the slot for longer than slot_busy_wait (another relay with leader_election off, or Debezium?); standing by until it stops"
-			}
-			log.Check(level, msg).Write(
-				zap.String("slot", cfg.Slot), zap.String("detail", config.Scrub(err.Error(), secrets(cfg)...)),
-				zap.Duration("retry_in", cfg.LeaderRetryInterval))
-			state.Standby(true)
-			select {
-			case <-time.After(cfg.LeaderRetryInterval):
-			case <-ctx.Done():
-				return nil
-			}
-		case err != nil:
-			return err
-		}
+		lc.KafkaTimeout = cfg.LeaderKafkaTimeout
 	}
-}
-
-// runTerm runs relays until ctx ends or, with a term, until the term is lost: then the relay is
-// fenced, stopping at once without the graceful drain. Relays are single-use: one that asks to
-// start afresh (relay.ErrRestart: an aborted Kafka transaction) is replaced by a new one.
-//
-// A relay that Kafka fenced (relay.ErrSuperseded: another producer took its transactional id) has
-// stopped publishing already. Its term decides what follows: a zombie (a leader paused past its
-// lease, whose lock is gone and whose standby took over) finds its term lost within a check or
-// two, and stands by like any fenced leader; a relay that still holds its lock was fenced by
-// something outside the election (two slots configured with one transactional_id, or a relay with
-// leader_election off), and ends with an error rather than fence that one in turn.
-func runTerm(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State, kafkaTimeout time.Duration) error {
-	restarts := 0
-	for {
-		started := time.Now()
-		err := runRelayOnce(ctx, term, rcfg, log, m, state, kafkaTimeout)
-		switch {
-		case errors.Is(err, relay.ErrRestart) && ctx.Err() == nil:
-			if time.Since(started) > time.Minute {
-				restarts = 0 // it ran a while: a new failure, not the same one again
-			}
-			delay := min(restartDelay<<min(restarts, 5), 30*time.Second)
-			restarts++
-			log.Warn("exactly-once: a Kafka transaction was aborted; starting afresh from the position committed in Kafka (what the aborted transaction held is published again, in a new transaction)",
-				zap.Error(err), zap.Duration("retry_in", delay))
-			select {
-			case <-time.After(delay):
-			case <-ctx.Done():
-				return nil
-			}
-			if term != nil && term.Err() != nil {
-				// Lost meanwhile: a fresh relay's producer would fence the new leader's.
-				return relay.ErrFenced
-			}
-			continue
-		case errors.Is(err, relay.ErrSuperseded) && term != nil:
-			return supersededTerm(ctx, term, err, log)
-		case errors.Is(err, relay.ErrSuperseded):
-			return fmt.Errorf("%w; with leader_election off, stop the other relay that uses this transactional_id (or give each slot its own)", err)
-		}
-		return err
-	}
-}
-
-// restartDelay is the first pause before a relay starts afresh after an aborted Kafka transaction;
-// it doubles, up to 30s, while the fresh relays keep failing within a minute, so a broker that
-// keeps aborting them is not hammered.
-const restartDelay = time.Second
-
-// supersededGrace is how long a relay fenced by Kafka waits for its term to be found lost: the
-// term checks its lock connection every second, and a check gets leader_check_timeout (5s by
-// default) at most; a resumed zombie fails its first check at once, its lease being long past.
-const supersededGrace = 10 * time.Second
-
-// supersededTerm decides what a relay that Kafka fenced does next (see runTerm): stand by when its
-// term is lost too, end with an error when it still holds the lock.
-func supersededTerm(ctx context.Context, term *leader.Term, err error, log *zap.Logger) error {
-	select {
-	case <-term.Lost():
-		log.Error("fenced by Kafka and lost the leader lock: another instance leads now (this one was paused past its lease); it published nothing more, and nothing of its open Kafka transaction is visible to read_committed consumers. Standing by",
-			zap.Error(err), zap.NamedError("lock", term.Err()))
-		return relay.ErrFenced
-	case <-time.After(supersededGrace):
-	case <-ctx.Done():
-		return nil
-	}
-	return fmt.Errorf("%w, while this instance still holds the leader lock of its slot: a producer outside the leader election uses the same transactional_id (two slots configured with one transactional_id, or a relay with leader_election off). Give each slot its own transactional_id, and stop relays that run without the election", err)
-}
-
-// runRelayOnce builds a relay and runs it until ctx ends or, with a term, until the term is lost or
-// (kafkaTimeout > 0) Kafka has not answered for kafkaTimeout while events waited (handover.go).
-func runRelayOnce(ctx context.Context, term *leader.Term, rcfg relay.Config, log *zap.Logger, m *metrics.Metrics, state *health.State, kafkaTimeout time.Duration) error {
-	if term != nil {
-		// The next leader ends exactly this relay's walsender should this one be cut off: each
-		// session publishes it before it uses the slot.
-		rcfg.Replication.OnWalsender = term.PublishWalsender
-	}
-	r, err := relay.New(rcfg, log, m)
-	if err != nil {
-		return err
-	}
-	m.Halted.Set(0)
-	m.Leader.Set(1)
-	state.Lead(relayHealth{r})
-	defer m.EndTerm()
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	// fence says why (an ERROR line), stops the relay at once and waits for its run to end. This
-	// instance stops leading at the fence, not once the run has ended: another instance may take
-	// over at once, and two instances reporting leadership at the same time are two leaders to
-	// whoever watches.
-	fence := func(why string, fields ...zap.Field) error {
-		m.Leader.Set(0)
-		log.Error(why, fields...)
-		began := time.Now()
-		r.Fence()
-		err := <-done
-		log.Info("the fenced relay stopped; standing by", zap.Duration("took", time.Since(began).Round(time.Millisecond)))
-		return err
-	}
-	var lost <-chan struct{}
-	var silent <-chan time.Duration
-	if term != nil {
-		lost = term.Lost()
-		if kafkaTimeout > 0 {
-			wctx, stopWatch := context.WithCancel(ctx)
-			defer stopWatch()
-			silent = watchKafka(wctx, r.Sink(), kafkaTimeout, func() bool { return term.Standbys() > 0 })
-		}
-	}
-	select {
-	case err := <-done:
-		return err
-	case <-lost:
-	case d := <-silent:
-		err := fence("no Kafka acknowledgement while events waited for leader_kafka_timeout; handing over: streaming stops now without confirming what Kafka did not acknowledge, and the leader lock is released for a standby that can reach Kafka",
-			zap.Duration("silent_for", d.Round(time.Millisecond)), zap.Duration("leader_kafka_timeout", kafkaTimeout), zap.Strings("kafka_brokers", rcfg.Sink.Brokers),
-			zap.Int("standbys_ready", term.Standbys()))
-		if err != nil && !errors.Is(err, relay.ErrFenced) {
-			return err
-		}
-		return fmt.Errorf("%w for %s (leader_kafka_timeout %s)", errKafkaSilent, d.Round(time.Millisecond), kafkaTimeout)
-	}
-	m.Fenced.Inc()
-	err = fence("lost the leader lock connection; fencing: streaming stops now and unconfirmed events are replayed by the next leader",
-		zap.Error(term.Err()))
-	if err == nil {
-		err = relay.ErrFenced // ctx ended at the same moment; the loop sees ctx first
-	}
-	return err
+	return lc
 }
 
 // startPruning deletes relayed rows periodically. It runs on every instance, leader or not: the
@@ -410,19 +225,6 @@ func startPruning(ctx context.Context, cfg *config.Config, log *zap.Logger, m *m
 		pool.Close()
 	}, nil
 }
-
-// relayHealth adapts a relay to what readiness needs.
-type relayHealth struct{ r *relay.Relay }
-
-func (h relayHealth) Streaming() bool { return h.r.Streaming() }
-
-func (h relayHealth) Halted() (string, bool) {
-	_, reason, _, halted := h.r.Sink().Halted()
-	return reason, halted
-}
-
-// Stalled reports a Kafka topic every event waits for (health.Staller).
-func (h relayHealth) Stalled() (string, bool) { return h.r.Sink().Stalled() }
 
 // readinessPeriod is how often the ready gauge is refreshed; /readyz itself is computed per request.
 const readinessPeriod = time.Second

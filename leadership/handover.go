@@ -1,12 +1,10 @@
-package main
+package leadership
 
 import (
 	"context"
 	"errors"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/config"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -92,19 +90,19 @@ func watchKafka(ctx context.Context, s kafkaProgress, limit time.Duration, stand
 	return out
 }
 
-// kafkaAnswers is the election's BeforeLock: nil (always try) with leader_kafka_timeout 0, else a
-// metadata request to the relay's own brokers, asked only where another instance could lead
-// instead: when this standby has seen another instance hold the lock, or after this instance
+// kafkaAnswers is the election's BeforeLock: nil (always try) with leader_kafka_timeout (timeout) 0,
+// else a metadata request to the relay's own brokers (sk), asked only where another instance could
+// lead instead: when this standby has seen another instance hold the lock, or after this instance
 // handed over (handedOver). Alone, an instance takes the lock as before and waits for Kafka as
 // leader (creating a missing slot first, so that what is committed meanwhile is kept).
-func kafkaAnswers(cfg *config.Config, rcfg relay.Config, handedOver func() bool) func(context.Context, bool) error {
-	if cfg.LeaderKafkaTimeout <= 0 {
+func kafkaAnswers(timeout time.Duration, sk sink.Config, handedOver func() bool) func(context.Context, bool) error {
+	if timeout <= 0 {
 		return nil
 	}
 	return func(ctx context.Context, contended bool) error {
 		if !contended && !handedOver() {
 			return nil
 		}
-		return sink.Reachable(ctx, rcfg.Sink, min(cfg.LeaderKafkaTimeout, kafkaProbeTimeout))
+		return sink.Reachable(ctx, sk, min(timeout, kafkaProbeTimeout))
 	}
 }

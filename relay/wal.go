@@ -1,0 +1,226 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// walSource reads the outbox from the WAL through the relay's replication slot: the stream feeds
+// the relay's pipeline (decoder, tracker, sink; pipeline.go), and the position Kafka acknowledged
+// goes back to the slot.
+type walSource struct{ r *Relay }
+
+// streaming reports whether a replication session has started (it stays set across reconnects).
+func (w walSource) streaming() bool { return w.r.stream.Streamed() }
+
+// stopping: a session lost from here on is not replaced, since the stop would only wait for it.
+func (w walSource) stopping() { w.r.stream.StopReconnecting() }
+
+// run streams until the stop, and drains (see Relay.Run). Every goroutine it starts ends before it
+// returns; closing the sink is left to the relay, with the wait run returns: none once nothing
+// more will be acknowledged (a halted sink, a fence).
+func (w walSource) run(life *lifecycle) (closeWait time.Duration, err error) {
+	r := w.r
+	// reading ends once the pipeline has stopped (at a transaction boundary after the stop, or on
+	// an error), or with hard.
+	reading, stopReading := context.WithCancel(life.hard)
+	defer stopReading()
+	var helpers sync.WaitGroup
+	sinkErr := r.startHelpers(&helpers, life, reading)
+	confirmed := r.newConfirmedRecorder()
+	helpers.Go(func() { confirmed.run(reading) })
+
+	msgs := make(chan replication.Message, r.stream.Buffer())
+	drained := make(chan struct{}) // closed once the pipeline is done and Kafka has acknowledged it all
+	piped := make(chan error, 1)
+	go func() {
+		err := r.pipeline(life.stop, life.abandon, msgs)
+		stopReading()
+		if err == nil {
+			select {
+			case <-r.tracker.Drained():
+			case <-life.abandon.Done():
+			}
+		}
+		close(drained)
+		piped <- err
+	}()
+
+	// Kafka's part of the start (metadata, the idempotent producer's id) overlaps PostgreSQL's
+	// checks; the verdict stays in beforeStream, after the slot exists.
+	r.sink.Prestart(reading)
+	streamErr := w.stream(life, reading, msgs, drained)
+	if life.hard.Err() == nil {
+		// The last word on how far Kafka acknowledged, after the drain: a clean stop leaves a lost
+		// slot's recovery nothing to publish twice. Not on a fence or after the shutdown timeout
+		// (hard has ended), and bounded: a silent server must not hold the stop.
+		wctx, cancel := context.WithTimeout(life.hard, time.Second)
+		confirmed.write(wctx)
+		cancel()
+	}
+	halted := context.Cause(life.abandon) == errHalted
+	life.hardStop(nil) // the pipeline and the helpers let go
+	pipeErr := <-piped
+	helpers.Wait()
+	closeConfirmed, cancelClose := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	confirmed.close(closeConfirmed)
+	cancelClose()
+	closeWait = time.Second
+	if halted || life.isFenced() {
+		// What the halted sink holds is never acknowledged. A fenced relay commits nothing more:
+		// another instance may lead already, and the open Kafka transaction (the gap of a
+		// recovery, a stream's events) is aborted, never committed; nothing waits for Kafka.
+		closeWait = 0
+	}
+	switch {
+	case *sinkErr != nil:
+		return closeWait, *sinkErr
+	case streamErr != nil:
+		return closeWait, streamErr
+	case pipeErr != nil && !errors.Is(pipeErr, context.Canceled):
+		return closeWait, pipeErr
+	}
+	return closeWait, nil
+}
+
+// stream runs the replication stream until reading ends, then keeps reporting while Kafka
+// acknowledges what is in flight (until drained, or hard ends), and reports the final position.
+func (w walSource) stream(life *lifecycle, reading context.Context, msgs chan<- replication.Message, drained <-chan struct{}) error {
+	r := w.r
+	err := r.stream.Run(reading, msgs)
+	if err == nil {
+		if ferr := r.stream.Finish(life.hard, drained); ferr != nil {
+			r.log.Warn("could not report the final position; the next start replays from the last one reported", zap.Error(ferr))
+			if replication.IsFatal(ferr) {
+				err = ferr // a publication check failed during the drain: not a clean stop
+			}
+		}
+	}
+	if life.timedOut() {
+		events, _ := r.sink.InFlight()
+		r.log.Warn("shutdown timeout: events not acknowledged by Kafka will be published again on the next start",
+			zap.Int64("events", events), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
+	}
+	return err
+}
+
+// startHelpers starts the goroutines that serve the stream beside the pipeline, each ended by the
+// lifecycle or by reading: the heartbeat, the halt watch, the sink-failure watch and (exactly-once)
+// the positions recorder. The sink's failure, if it comes, is in *sinkErr once helpers are done.
+func (r *Relay) startHelpers(helpers *sync.WaitGroup, life *lifecycle, reading context.Context) (sinkErr *error) {
+	if r.cfg.HeartbeatInterval > 0 {
+		helpers.Go(func() { r.heartbeat(reading, r.cfg.HeartbeatInterval) })
+	}
+	helpers.Go(func() { r.watchHalt(life) })
+	// A sink that failed for good (exactly-once: fenced by a newer producer, or a Kafka transaction
+	// aborted; either mode: a producer the broker refused for good) acknowledges nothing more: stop
+	// at once, like a fence, without waiting for anything.
+	failedMsg := "the Kafka producer stopped for good; stopping at once: nothing more is published, and what Kafka had not acknowledged is not confirmed to PostgreSQL (the next start publishes it again)"
+	if r.exactlyOnce() {
+		failedMsg = "exactly-once: the Kafka producer stopped for good; stopping at once: nothing more is published, what its open transaction held is invisible to read_committed consumers and never confirmed to PostgreSQL"
+	}
+	sinkErr = new(error)
+	helpers.Go(func() {
+		select {
+		case <-r.sink.Failed():
+			*sinkErr = sinkFailed(r.sink.Err())
+			r.log.Error(failedMsg, zap.Error(r.sink.Err()))
+			life.hardStop(*sinkErr)
+		case <-life.hard.Done():
+		}
+	})
+	if r.exactlyOnce() {
+		helpers.Go(func() { r.recordPositions(reading) })
+	}
+	return sinkErr
+}
+
+// watchHalt gives up on the drain (abandon with errHalted) when a stop finds the sink halted, or
+// once it halts afterwards: the halted event is never acknowledged, and nothing after it is sent,
+// so waiting for the open transaction or for Kafka could only end in the shutdown timeout. The
+// halt guarantee does not depend on it: the checkpoint never passes the unacknowledged event.
+func (r *Relay) watchHalt(life *lifecycle) {
+	select {
+	case <-life.stop.Done():
+		if life.abandon.Err() != nil {
+			return // a hard stop: nobody waits for anything already
+		}
+	case <-life.abandon.Done():
+		return
+	}
+	// The sink reports a halt by state only; a stop is rare, so polling it is cheap enough.
+	tick := time.NewTicker(haltPoll)
+	defer tick.Stop()
+	for {
+		if id, reason, err, halted := r.sink.Halted(); halted {
+			r.log.Warn("stopping while halted on an event: nothing more will be acknowledged, so the stop waits for nothing; the slot stays before the halted event",
+				zap.String("event_id", id), zap.String("reason", reason), zap.Error(err), zap.Stringer("final_position", r.tracker.Safe()))
+			life.giveUp(errHalted)
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-life.abandon.Done():
+			return
+		}
+	}
+}
+
+// haltPoll is how often a stop looks whether the sink has halted.
+const haltPoll = 50 * time.Millisecond
+
+// beforeStream runs once the slot exists and before streaming starts: waiting for Kafka there
+// rather than before connecting to PostgreSQL means a first start during a Kafka outage has already
+// created its slot, so events committed while it waits are not missed.
+func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
+	if !r.kafkaReady {
+		if r.exactlyOnce() {
+			defer time.AfterFunc(transactionsHintAfter, r.transactionsHint).Stop()
+		}
+		if err := r.sink.WaitReady(ctx); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			return replication.Fatal(err)
+		}
+		r.kafkaReady = true
+	}
+	if !r.updatesChecked && (r.cfg.OnUpdate == "error" || r.cfg.OnUpdate == "fatal") && !r.cfg.Decoder.NoTable {
+		r.updatesChecked = true
+		r.checkUpdatesPublished(ctx)
+	}
+	if r.exactlyOnce() {
+		if err := r.startingPosition(ctx); err != nil {
+			return err
+		}
+	}
+	if r.cfg.Backfill == nil {
+		return nil
+	}
+	if err := r.backfill(ctx, snapshot); err != nil {
+		return fmt.Errorf("backfill: %w", err)
+	}
+	return nil
+}
+
+// checkUpdatesPublished warns when on_update asks to act on UPDATEs that the publication does not
+// publish: pgoutput sends an UPDATE only if it does, so the setting would do nothing.
+func (r *Relay) checkUpdatesPublished(ctx context.Context) {
+	conn, err := r.cfg.Replication.Connect(ctx) // the relay's credentials: pg_password_file
+	if err != nil {
+		return // the stream reports connection problems itself
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var published bool
+	if err := conn.QueryRow(ctx, "SELECT pubupdate FROM pg_publication WHERE pubname = $1", r.cfg.Replication.Publication).Scan(&published); err == nil && !published {
+		r.log.Warn("on_update has no effect: the publication does not publish UPDATEs, so the stream never carries one; run ALTER PUBLICATION ... SET (publish = 'insert, update') to have UPDATEs of the outbox table reported (the table then needs a replica identity, which its primary key gives)",
+			zap.String("publication", r.cfg.Replication.Publication), zap.String("on_update", r.cfg.OnUpdate))
+	}
+}
