@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/outboxrow"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -88,7 +89,7 @@ func (r *Relay) backfill(ctx context.Context, snapshot string) error {
 // publishRows reads the rows in the snapshot (or as they are now) and publishes them in OrderColumn
 // order, returning once Kafka has acknowledged them all.
 func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string, b *Backfill) (int64, error) {
-	tx, err := snapshotTx(ctx, conn, snapshot)
+	tx, err := outboxrow.Begin(ctx, conn, snapshot)
 	if err != nil {
 		return 0, err
 	}
@@ -123,47 +124,11 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	return n, err
 }
 
-// snapshotTx begins the read-only transaction a backfill or a recovery reads the outbox table in:
-// in snapshot, when one is named.
-func snapshotTx(ctx context.Context, conn *pgx.Conn, snapshot string) (pgx.Tx, error) {
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return nil, err
-	}
-	if snapshot != "" {
-		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
-			rollback(ctx, tx)
-			return nil, fmt.Errorf("use the slot's snapshot: %w", err)
-		}
-	}
-	// Timestamps in the format the stream reads (its connection sets the same).
-	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = ISO"); err != nil {
-		rollback(ctx, tx)
-		return nil, fmt.Errorf("set DateStyle: %w", err)
-	}
-	return tx, nil
-}
-
 // rollback ends a read of the outbox table under the caller's context. A ROLLBACK waits for the
 // server's answer, and a fence or a stop must not wait for a server that has gone silent (a cut
 // network answers nothing until it heals, long after the next leader took over): a ROLLBACK cut
 // short closes the connection, which ends the read-only transaction all the same.
 func rollback(ctx context.Context, tx pgx.Tx) { _ = tx.Rollback(ctx) }
-
-// clearTimeouts lifts, for the rest of tx, the timeouts the relay's role may carry. The read of
-// the rows runs at Kafka's pace, as long as they take to publish: statement_timeout or
-// transaction_timeout would cancel it midway (idle_in_transaction_session_timeout, the wait
-// for the last acknowledgements), and every session would begin the backfill or the recovery
-// again, to be cancelled again. A recovery clears them before it counts its gap (a whole-table
-// scan), too.
-// transaction_timeout exists from PostgreSQL 17 on; SET LOCAL of it stops its running timer.
-func clearTimeouts(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', '0', true), set_config('idle_in_transaction_session_timeout', '0', true),
-		CASE WHEN current_setting('transaction_timeout', true) IS NOT NULL THEN set_config('transaction_timeout', '0', true) END`); err != nil {
-		return fmt.Errorf("clear statement_timeout, transaction_timeout and idle_in_transaction_session_timeout for the read of the outbox table: %w", err)
-	}
-	return nil
-}
 
 // cancelledReads counts the reads of the outbox table (a backfill, a lost slot's recovery) that
 // PostgreSQL cancelled in a row. With the role's timeouts cleared, what still cancels one is
@@ -212,6 +177,7 @@ type outboxTable struct {
 	name    string // schema-qualified
 	created string // the creation time column
 	order   string // the ORDER BY list
+	rows    outboxrow.Reader
 }
 
 // outboxTable checks the columns a read of the table relies on and chooses its order.
@@ -233,7 +199,8 @@ func (r *Relay) outboxTable(ctx context.Context, tx pgx.Tx, createdColumn, order
 	if err != nil {
 		return outboxTable{}, err
 	}
-	return outboxTable{name: table, created: pgx.Identifier{createdColumn}.Sanitize(), order: order}, nil
+	return outboxTable{name: table, created: pgx.Identifier{createdColumn}.Sanitize(), order: order,
+		rows: outboxrow.NewReader(r.cfg.Decoder, createdColumn)}, nil
 }
 
 // rowQuery chooses outbox rows to publish.
@@ -250,69 +217,34 @@ type rowQuery struct {
 // publishSelected publishes the rows q chooses in t.order, returning once Kafka has acknowledged
 // them all: how many, and how many of them q.flag held for.
 func (r *Relay) publishSelected(ctx context.Context, tx pgx.Tx, t outboxTable, q rowQuery) (n, flagged int64, err error) {
-	// Every column comes back in text form, as pgoutput sends it, so events look the same
-	// whichever way they were read.
-	selected := r.cfg.Decoder.RowColumns()
-	quoted := make([]string, len(selected))
-	for i, c := range selected {
-		quoted[i] = pgx.Identifier{c}.Sanitize()
-	}
 	where := append([]string{"true"}, q.where...)
-	flag := q.flag
-	if flag == "" {
-		flag = "false"
-	}
-	query := fmt.Sprintf("SELECT %s, %s, coalesce(%s, false) FROM %s WHERE %s ORDER BY %s",
-		strings.Join(quoted, ", "), t.created, flag, t.name, strings.Join(where, " AND "), t.order)
-	if err := clearTimeouts(ctx, tx); err != nil {
+	query := fmt.Sprintf("SELECT %s, coalesce(%s, false) FROM %s WHERE %s ORDER BY %s",
+		t.rows.Select(""), cmp.Or(q.flag, "false"), t.name, strings.Join(where, " AND "), t.order)
+	if err := outboxrow.ClearTimeouts(ctx, tx); err != nil {
 		return 0, 0, err
 	}
 	// The extended protocol (one statement: backfill_where cannot add any) with text results;
 	// pgx's Query keeps to it without arguments too (unlike its Exec).
-	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryExecModeExec}, q.args...)...)
+	rows, err := t.rows.Query(ctx, tx, query, append([]any{pgx.QueryExecModeExec}, q.args...)...)
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the outbox table: %w", err)
 	}
 	defer rows.Close()
-	if len(rows.FieldDescriptions()) < len(selected) {
-		// The extended protocol reports a failed query through rows.Err, after Close.
-		rows.Close()
-		return 0, 0, fmt.Errorf("read the outbox table: %w", cmp.Or(rows.Err(), errors.New("the query returned no columns")))
-	}
-
-	oids := make([]uint32, 0, len(selected))
-	for _, f := range rows.FieldDescriptions()[:len(selected)] {
-		oids = append(oids, f.DataTypeOID)
-	}
 	var acks sink.AckGroup
 	for rows.Next() {
-		raw := rows.RawValues()
-		vals := make([][]byte, len(raw))
-		for i, v := range raw {
-			if v != nil {
-				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
-			}
-		}
-		ch, err := r.cfg.Decoder.FromRow(vals[:len(selected)], oids)
-		if err != nil {
-			return n, flagged, err
-		}
-		ev := ch.Event
-		if t, err := decoder.ParseTimestamp(vals[len(selected)], true); err == nil { // any offset: +05:30 too
-			ev.Tx.CommitTime = t
-		}
-		if string(vals[len(selected)+1]) == "t" {
+		row := rows.Row()
+		if string(row.Rest[0]) == "t" {
 			flagged++
 		}
 		if q.stamp != nil {
-			q.stamp(ev, n)
+			q.stamp(row.Event, n)
 		}
 		acks.Add()
 		publish := r.sink.Publish
-		if ch.Unusable != nil {
-			publish = r.reject(ch.Unusable) // to the failure policy, as from the stream
+		if row.Unusable != nil {
+			publish = r.reject(row.Unusable) // to the failure policy, as from the stream
 		}
-		if err := publish(ctx, ev, &acks); err != nil {
+		if err := publish(ctx, row.Event, &acks); err != nil {
 			return n, flagged, err
 		}
 		n++

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/outboxrow"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -65,7 +66,7 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 		return replication.Recovery{}, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	tx, err := snapshotTx(ctx, conn, snapshot)
+	tx, err := outboxrow.Begin(ctx, conn, snapshot)
 	if err != nil {
 		return replication.Recovery{}, err
 	}
@@ -97,7 +98,7 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 	// already, and how much of it was created before any transaction the relay's pruning keeps
 	// rows for (a transaction that long, or rows rewritten since their commit). A scan of the
 	// whole table, so without the role's timeouts, like the read.
-	if err := clearTimeouts(ctx, tx); err != nil {
+	if err := outboxrow.ClearTimeouts(ctx, tx); err != nil {
 		return replication.Recovery{}, err
 	}
 	var left, acknowledged, old int64
