@@ -190,7 +190,7 @@ func (r *Relay) outboxTable(ctx context.Context, tx pgx.Tx, createdColumn, order
 		createdColumn = "created_at"
 	}
 	table := pgx.Identifier{rc.Schema, rc.Table}.Sanitize()
-	if ok, err := replication.HasColumn(ctx, tx, table, createdColumn); err != nil {
+	if ok, err := outboxrow.HasColumn(ctx, tx, table, createdColumn); err != nil {
 		return outboxTable{}, err
 	} else if !ok {
 		return outboxTable{}, replication.Fatal(fmt.Errorf("columns.created_at %q: the outbox table %s has no such column; reading rows from the table (a backfill, a lost slot's recovery) needs each row's creation time from it (the record timestamp, which rows to read): name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none)", createdColumn, table))
@@ -269,7 +269,7 @@ func (r *Relay) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, cre
 	if column == "" {
 		column = defaultOrderColumn
 	}
-	exists, err := replication.HasColumn(ctx, tx, table, column)
+	exists, err := outboxrow.HasColumn(ctx, tx, table, column)
 	if err != nil {
 		return "", fmt.Errorf("backfill: %w", err)
 	}

@@ -19,7 +19,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/outboxrow"
-	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
@@ -133,12 +132,12 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 // prepare checks the columns a replay reads and the selection against what is left of the table,
 // and returns the ORDER BY list.
 func (t Table) prepare(ctx context.Context, tx pgx.Tx, table string, sel Selection, where string, args []any) (string, error) {
-	if ok, err := replication.HasColumn(ctx, tx, table, t.Created); err != nil {
+	if ok, err := outboxrow.HasColumn(ctx, tx, table, t.Created); err != nil {
 		return "", fmt.Errorf("replay: %w", err)
 	} else if !ok {
 		return "", fmt.Errorf("replay: the outbox table %s has no column %q (columns.created_at): a replay reads each row's creation time from it, for the record timestamp and the time range; name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none)", table, t.Created)
 	}
-	hasSeq, err := replication.HasColumn(ctx, tx, table, t.Order)
+	hasSeq, err := outboxrow.HasColumn(ctx, tx, table, t.Order)
 	if err != nil {
 		return "", err
 	}
@@ -148,7 +147,7 @@ func (t Table) prepare(ctx context.Context, tx pgx.Tx, table string, sel Selecti
 	byVersion := false
 	if v := t.Columns.AggregateVersion; !hasSeq && v != "" {
 		// Only numbers order versions: a version column of another type leaves the creation time.
-		if byVersion, err = replication.IsIntegerColumn(ctx, tx, table, v); err != nil {
+		if byVersion, err = outboxrow.IsIntegerColumn(ctx, tx, table, v); err != nil {
 			return "", fmt.Errorf("replay: %w", err)
 		}
 	}
