@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/outboxrow"
 )
 
 // seqColumn is the insertion sequence the claim orders by: the identity column that migration
@@ -30,11 +31,10 @@ const maxWindows = 4
 // queries holds the SQL of one table, built once.
 type queries struct {
 	cfg                                 Config
-	dec                                 decoder.Config // the row's columns, as the backfill reads them
+	reader                              outboxrow.Reader // the row's event, as the backfill reads it
 	table                               string
 	claimSQL, windowSQL, verifySQL      string
 	doneSQL, refuseSQL, statsSQL        string
-	columns                             int // event columns selected before seq, dead, last_error, created
 	aggType, aggID, seq, created, ident string
 }
 
@@ -43,13 +43,7 @@ func newQueries(cfg Config) queries {
 	ident := func(c string) string { return pgx.Identifier{c}.Sanitize() }
 	q.aggType, q.aggID, q.seq, q.created = ident(cfg.Columns.AggregateType), ident(cfg.Columns.AggregateID), ident(seqColumn), ident(cfg.CreatedColumn)
 	q.ident = ident(cfg.Columns.ID)
-	q.dec = decoder.Config{Columns: cfg.Columns, Extra: cfg.Extra}
-	cols := q.dec.RowColumns()
-	q.columns = len(cols)
-	selected := make([]string, len(cols))
-	for i, c := range cols {
-		selected[i] = "t." + ident(c)
-	}
+	q.reader = outboxrow.NewReader(decoder.Config{Columns: cfg.Columns, Extra: cfg.Extra}, cfg.CreatedColumn)
 	// The advisory lock's key: a class for this table (so two outbox tables do not share aggregate
 	// locks) and a hash of the aggregate. Two aggregates with one hash only take turns. The
 	// aggregate columns are read as text, as the WAL mode reads them, whatever their type (uuid,
@@ -71,11 +65,11 @@ func newQueries(cfg Config) queries {
 	), mine AS MATERIALIZED (
 		SELECT c.seq FROM cand c WHERE pg_try_advisory_xact_lock(hashtext(%[6]s), %[7]s) LIMIT $2
 	)
-	SELECT %[8]s, t.%[2]s, t.retry_after = 'infinity', coalesce(t.last_error, ''), t.%[9]s
+	SELECT %[8]s, t.%[2]s, t.retry_after = 'infinity', coalesce(t.last_error, '')
 	FROM %[1]s t WHERE t.%[2]s = ANY (ARRAY(SELECT seq FROM mine)) AND t.processed_at IS NULL
 	ORDER BY t.%[2]s FOR UPDATE OF t SKIP LOCKED`,
 		q.table, q.seq, q.aggType, q.aggID, due, quote("outbox-relay:"+cfg.Schema+"."+cfg.Table), aggKey,
-		strings.Join(selected, ", "), q.created)
+		q.reader.Select("t"))
 	// The extent of the window a claim looked at: how many due rows it held, and the last one's seq.
 	q.windowSQL = fmt.Sprintf(`SELECT count(*), coalesce(max(seq), 0) FROM (
 		SELECT %[2]s AS seq FROM %[1]s WHERE processed_at IS NULL AND %[3]s AND %[2]s > $1 ORDER BY %[2]s LIMIT $2) w`,
@@ -212,42 +206,22 @@ func (q queries) claim(ctx context.Context, tx pgx.Tx, batch int) (rows []row, b
 
 // claimWindow is one claim of at most batch rows among the window due rows after seq after.
 func (q queries) claimWindow(ctx context.Context, tx pgx.Tx, after int64, window, batch int) (rows []row, err error) {
-	res, err := tx.Query(ctx, q.claimSQL, pgx.QueryExecModeSimpleProtocol, window, batch, after)
+	res, err := q.reader.Query(ctx, tx, q.claimSQL, pgx.QueryExecModeSimpleProtocol, window, batch, after)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	defer res.Close()
-	oids := make([]uint32, 0, q.columns)
-	for _, f := range res.FieldDescriptions()[:q.columns] {
-		oids = append(oids, f.DataTypeOID)
-	}
 	for res.Next() {
-		raw := res.RawValues()
-		vals := make([][]byte, len(raw))
-		var size int64
-		for i, v := range raw {
-			if v != nil {
-				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
-				size += int64(len(v))
-			}
+		// The same event as the WAL mode's and the backfill's of the row; its creation time is
+		// what the end-to-end latency is measured from.
+		got := res.Row()
+		got.Event.RawSize = got.Size
+		r := row{ev: got.Event, unusable: got.Unusable}
+		if r.seq, err = strconv.ParseInt(string(got.Rest[0]), 10, 64); err != nil {
+			return nil, fmt.Errorf("claim: seq %q: %w", got.Rest[0], err)
 		}
-		// The same event as the WAL mode's and the backfill's of the row.
-		ch, err := q.dec.FromRow(vals[:q.columns], oids)
-		if err != nil {
-			return nil, fmt.Errorf("claim: %w", err)
-		}
-		ev := ch.Event
-		ev.RawSize = size
-		r := row{ev: ev, unusable: ch.Unusable}
-		i := q.columns
-		if r.seq, err = strconv.ParseInt(string(vals[i]), 10, 64); err != nil {
-			return nil, fmt.Errorf("claim: seq %q: %w", vals[i], err)
-		}
-		r.dead = string(vals[i+1]) == "t"
-		r.lastError = string(vals[i+2])
-		if t, err := decoder.ParseTimestamp(vals[i+3], true); err == nil { // any offset: +05:30 too
-			ev.Tx.CommitTime = t // the row's creation: what the end-to-end latency is measured from
-		}
+		r.dead = string(got.Rest[1]) == "t"
+		r.lastError = string(got.Rest[2])
 		rows = append(rows, r)
 	}
 	if err := res.Err(); err != nil {

@@ -1,21 +1,15 @@
 package relay
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/outboxrow"
 	"github.com/outbox-relay/outbox-relay/replication"
-	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Backfill configures publishing the rows already in the outbox table on first start.
@@ -88,7 +82,7 @@ func (r *Relay) backfill(ctx context.Context, snapshot string) error {
 // publishRows reads the rows in the snapshot (or as they are now) and publishes them in OrderColumn
 // order, returning once Kafka has acknowledged them all.
 func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string, b *Backfill) (int64, error) {
-	tx, err := snapshotTx(ctx, conn, snapshot)
+	tx, err := outboxrow.Begin(ctx, conn, snapshot)
 	if err != nil {
 		return 0, err
 	}
@@ -122,235 +116,3 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 	n, _, err := r.publishSelected(ctx, tx, t, q)
 	return n, err
 }
-
-// snapshotTx begins the read-only transaction a backfill or a recovery reads the outbox table in:
-// in snapshot, when one is named.
-func snapshotTx(ctx context.Context, conn *pgx.Conn, snapshot string) (pgx.Tx, error) {
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return nil, err
-	}
-	if snapshot != "" {
-		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
-			rollback(ctx, tx)
-			return nil, fmt.Errorf("use the slot's snapshot: %w", err)
-		}
-	}
-	// Timestamps in the format the stream reads (its connection sets the same).
-	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = ISO"); err != nil {
-		rollback(ctx, tx)
-		return nil, fmt.Errorf("set DateStyle: %w", err)
-	}
-	return tx, nil
-}
-
-// rollback ends a read of the outbox table under the caller's context. A ROLLBACK waits for the
-// server's answer, and a fence or a stop must not wait for a server that has gone silent (a cut
-// network answers nothing until it heals, long after the next leader took over): a ROLLBACK cut
-// short closes the connection, which ends the read-only transaction all the same.
-func rollback(ctx context.Context, tx pgx.Tx) { _ = tx.Rollback(ctx) }
-
-// clearTimeouts lifts, for the rest of tx, the timeouts the relay's role may carry. The read of
-// the rows runs at Kafka's pace, as long as they take to publish: statement_timeout or
-// transaction_timeout would cancel it midway (idle_in_transaction_session_timeout, the wait
-// for the last acknowledgements), and every session would begin the backfill or the recovery
-// again, to be cancelled again. A recovery clears them before it counts its gap (a whole-table
-// scan), too.
-// transaction_timeout exists from PostgreSQL 17 on; SET LOCAL of it stops its running timer.
-func clearTimeouts(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', '0', true), set_config('idle_in_transaction_session_timeout', '0', true),
-		CASE WHEN current_setting('transaction_timeout', true) IS NOT NULL THEN set_config('transaction_timeout', '0', true) END`); err != nil {
-		return fmt.Errorf("clear statement_timeout, transaction_timeout and idle_in_transaction_session_timeout for the read of the outbox table: %w", err)
-	}
-	return nil
-}
-
-// cancelledReads counts the reads of the outbox table (a backfill, a lost slot's recovery) that
-// PostgreSQL cancelled in a row. With the role's timeouts cleared, what still cancels one is
-// outside the relay (a watchdog's pg_cancel_backend, a timeout the role cannot lift): every
-// session would begin the read again from its start, duplicates growing, for ever. After
-// maxCancelledReads the relay stops instead, saying so.
-type cancelledReads struct {
-	mu sync.Mutex
-	n  int
-}
-
-// maxCancelledReads is how many cancellations in a row end the relay: one may be a DBA's
-// one-off; three is a rule.
-const maxCancelledReads = 3
-
-// note is called with the outcome of a read of the outbox table (what: of what, for the line); it
-// returns err, made fatal once cancellations repeat. A success starts the count again.
-func (c *cancelledReads) note(ctx context.Context, what string, err error) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err == nil {
-		c.n = 0
-		return nil
-	}
-	var pgErr *pgconn.PgError
-	if ctx.Err() != nil || !errors.As(err, &pgErr) {
-		return err // a stop cancels the read too (pgx sends a cancel request): not counted
-	}
-	switch pgErr.Code {
-	case "57014", // query_canceled: statement_timeout, pg_cancel_backend
-		"25P03", // idle_in_transaction_session_timeout
-		"25P04": // transaction_timeout
-	default:
-		return err
-	}
-	c.n++
-	if c.n < maxCancelledReads {
-		return err
-	}
-	return replication.Fatal(fmt.Errorf("PostgreSQL cancelled the read of %s from the outbox table %d times in a row (%s, SQLSTATE %s), although the relay clears statement_timeout, transaction_timeout and idle_in_transaction_session_timeout for it: something else cancels the relay's long statements (a watchdog calling pg_cancel_backend, a setting the role cannot lift). Exempt the relay's role from it and start again; nothing past what Kafka acknowledged is confirmed, and the next start begins the read again: %w",
-		what, c.n, pgErr.Message, pgErr.Code, err))
-}
-
-// outboxTable is the outbox table as a read of its rows needs it, every name quoted.
-type outboxTable struct {
-	name    string // schema-qualified
-	created string // the creation time column
-	order   string // the ORDER BY list
-}
-
-// outboxTable checks the columns a read of the table relies on and chooses its order.
-func (r *Relay) outboxTable(ctx context.Context, tx pgx.Tx, createdColumn, orderColumn string) (outboxTable, error) {
-	rc := r.cfg.Replication
-	if rc.Schema == "" {
-		rc.Schema = "public"
-	}
-	if createdColumn == "" {
-		createdColumn = "created_at"
-	}
-	table := pgx.Identifier{rc.Schema, rc.Table}.Sanitize()
-	if ok, err := replication.HasColumn(ctx, tx, table, createdColumn); err != nil {
-		return outboxTable{}, err
-	} else if !ok {
-		return outboxTable{}, replication.Fatal(fmt.Errorf("columns.created_at %q: the outbox table %s has no such column; reading rows from the table (a backfill, a lost slot's recovery) needs each row's creation time from it (the record timestamp, which rows to read): name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none)", createdColumn, table))
-	}
-	order, err := r.backfillOrder(ctx, tx, table, orderColumn, createdColumn, r.cfg.Decoder.Columns.ID)
-	if err != nil {
-		return outboxTable{}, err
-	}
-	return outboxTable{name: table, created: pgx.Identifier{createdColumn}.Sanitize(), order: order}, nil
-}
-
-// rowQuery chooses outbox rows to publish.
-type rowQuery struct {
-	where []string // ANDed; none: every row
-	args  []any
-	// flag, when set, is a boolean SQL expression over the row: publishSelected counts the rows it
-	// holds for.
-	flag string
-	// stamp, when set, is called with each event before it is published, and its place (from 0).
-	stamp func(ev *decoder.Event, n int64)
-}
-
-// publishSelected publishes the rows q chooses in t.order, returning once Kafka has acknowledged
-// them all: how many, and how many of them q.flag held for.
-func (r *Relay) publishSelected(ctx context.Context, tx pgx.Tx, t outboxTable, q rowQuery) (n, flagged int64, err error) {
-	// Every column comes back in text form, as pgoutput sends it, so events look the same
-	// whichever way they were read.
-	selected := r.cfg.Decoder.RowColumns()
-	quoted := make([]string, len(selected))
-	for i, c := range selected {
-		quoted[i] = pgx.Identifier{c}.Sanitize()
-	}
-	where := append([]string{"true"}, q.where...)
-	flag := q.flag
-	if flag == "" {
-		flag = "false"
-	}
-	query := fmt.Sprintf("SELECT %s, %s, coalesce(%s, false) FROM %s WHERE %s ORDER BY %s",
-		strings.Join(quoted, ", "), t.created, flag, t.name, strings.Join(where, " AND "), t.order)
-	if err := clearTimeouts(ctx, tx); err != nil {
-		return 0, 0, err
-	}
-	// The extended protocol (one statement: backfill_where cannot add any) with text results;
-	// pgx's Query keeps to it without arguments too (unlike its Exec).
-	rows, err := tx.Query(ctx, query, append([]any{pgx.QueryExecModeExec}, q.args...)...)
-	if err != nil {
-		return 0, 0, fmt.Errorf("read the outbox table: %w", err)
-	}
-	defer rows.Close()
-	if len(rows.FieldDescriptions()) < len(selected) {
-		// The extended protocol reports a failed query through rows.Err, after Close.
-		rows.Close()
-		return 0, 0, fmt.Errorf("read the outbox table: %w", cmp.Or(rows.Err(), errors.New("the query returned no columns")))
-	}
-
-	oids := make([]uint32, 0, len(selected))
-	for _, f := range rows.FieldDescriptions()[:len(selected)] {
-		oids = append(oids, f.DataTypeOID)
-	}
-	var acks sink.AckGroup
-	for rows.Next() {
-		raw := rows.RawValues()
-		vals := make([][]byte, len(raw))
-		for i, v := range raw {
-			if v != nil {
-				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
-			}
-		}
-		ch, err := r.cfg.Decoder.FromRow(vals[:len(selected)], oids)
-		if err != nil {
-			return n, flagged, err
-		}
-		ev := ch.Event
-		if t, err := decoder.ParseTimestamp(vals[len(selected)], true); err == nil { // any offset: +05:30 too
-			ev.Tx.CommitTime = t
-		}
-		if string(vals[len(selected)+1]) == "t" {
-			flagged++
-		}
-		if q.stamp != nil {
-			q.stamp(ev, n)
-		}
-		acks.Add()
-		publish := r.sink.Publish
-		if ch.Unusable != nil {
-			publish = r.reject(ch.Unusable) // to the failure policy, as from the stream
-		}
-		if err := publish(ctx, ev, &acks); err != nil {
-			return n, flagged, err
-		}
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		return n, flagged, fmt.Errorf("read the outbox table: %w", err)
-	}
-	if err := acks.Wait(ctx); err != nil {
-		return n, flagged, fmt.Errorf("waiting for Kafka to acknowledge: %w", err)
-	}
-	return n, flagged, nil
-}
-
-// defaultOrderColumn is the insertion sequence `outbox-relay migrate` adds.
-const defaultOrderColumn = "seq"
-
-// backfillOrder returns the ORDER BY list: the insertion sequence column when the table has it.
-// Without the default one (a table of the user's own), the creation time and the id, with a
-// warning that this order is not insertion order; without a column the operator named, an error:
-// a typo must not quietly cost the order it was named for.
-func (r *Relay) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, created, id string) (string, error) {
-	if column == "" {
-		column = defaultOrderColumn
-	}
-	exists, err := replication.HasColumn(ctx, tx, table, column)
-	if err != nil {
-		return "", fmt.Errorf("backfill: %w", err)
-	}
-	if exists {
-		// The id breaks ties, should the column not be unique.
-		return pgx.Identifier{column}.Sanitize() + ", " + pgx.Identifier{id}.Sanitize(), nil
-	}
-	if column != defaultOrderColumn {
-		return "", replication.Fatal(fmt.Errorf("backfill_order_column %q: the outbox table %s has no such column; name its insertion sequence column, or leave the key unset to use seq (which `outbox-relay migrate` adds)", column, table))
-	}
-	r.log.Warn("the outbox table has no insertion sequence column, so the backfill publishes in creation time order: events of one aggregate written in one transaction, or by transactions that started in another order than they committed, may go out of order. Run `outbox-relay migrate` (it adds seq) or name your table's sequence column in backfill_order_column",
-		zap.String("table", table), zap.String("backfill_order_column", column))
-	return pgx.Identifier{created}.Sanitize() + ", " + pgx.Identifier{id}.Sanitize(), nil
-}
-
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

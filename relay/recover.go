@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/outboxrow"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -65,7 +66,7 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 		return replication.Recovery{}, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	tx, err := snapshotTx(ctx, conn, snapshot)
+	tx, err := outboxrow.Begin(ctx, conn, snapshot)
 	if err != nil {
 		return replication.Recovery{}, err
 	}
@@ -78,52 +79,13 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 	if err != nil {
 		return replication.Recovery{}, err
 	}
-	// The snapshot's next transaction id (its xmax, a full id): the xmin rule maps each row's
-	// 32-bit xmin to a full id below it.
-	var tracked, next string
-	if err := tx.QueryRow(ctx, "SELECT current_setting('track_commit_timestamp'), pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&tracked, &next); err != nil {
-		return replication.Recovery{}, fmt.Errorf("read track_commit_timestamp and the snapshot's next transaction id: %w", err)
-	}
-	nextXid, err := strconv.ParseUint(next, 10, 64)
+	g, err := chooseGap(ctx, tx, t, lost, rc.Margin)
 	if err != nil {
-		return replication.Recovery{}, fmt.Errorf("read the snapshot's next transaction id %q: %w", next, err)
-	}
-	g, err := gapQuery(t, lost, rc.Margin, tracked == "on", nextXid)
-	if err != nil {
-		return replication.Recovery{}, replication.Fatal(err)
-	}
-
-	// Counted before anything is published: what the rule chooses, how much of it Kafka may hold
-	// already, and how much of it was created before any transaction the relay's pruning keeps
-	// rows for (a transaction that long, or rows rewritten since their commit). A scan of the
-	// whole table, so without the role's timeouts, like the read.
-	if err := clearTimeouts(ctx, tx); err != nil {
 		return replication.Recovery{}, err
 	}
-	var left, acknowledged, old int64
-	var oldestRow *time.Time
-	counted := append(append([]any{}, g.args...), g.oldest)
-	if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*), count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s < $%d), min(%s) FROM %s WHERE %s",
-		g.duplicate, t.created, len(counted), t.created, t.name, g.where), counted...).Scan(&left, &acknowledged, &old, &oldestRow); err != nil {
-		// A cancellation counts as one of the read's: repeated, it ends the relay.
-		return replication.Recovery{}, r.cancelledReads.note(ctx, "the lost slot's gap", fmt.Errorf("count the gap's rows: %w", err))
-	}
-
-	// The relay's own pruning never deletes the gap's rows (run.go guards it by the ledger), but
-	// one from before that guard, or one run without the ledger, may have: a gap read from a table
-	// that lost some of it would pass a partial gap off as whole.
-	if lost.PrunedThrough.After(g.oldest) {
-		return replication.Recovery{}, replication.Fatal(fmt.Errorf("%w: slot %q is lost (%s), and its gap cannot be recovered whole from the outbox table: pruning deleted rows created before %s, and the gap's rows may have been created from %s on. %d rows of the gap are left (besides %d that Kafka acknowledged before the loss, which the rule reads again); how many were deleted the table cannot say. Nothing of the gap was published. Publish what is left by hand if that is acceptable (stop every instance, run outbox-relay forget-slot, start once with backfill: true and backfill_since: %s), and keep rows longer than the relay may be down",
-			replication.ErrSlotLost, lost.Slot, lost.Reason, lost.PrunedThrough.Format(time.RFC3339), g.oldest.Format(time.RFC3339), left-acknowledged, acknowledged, g.oldest.Format(time.RFC3339)))
-	}
-
-	if old > 0 {
-		// Not left out: a row the rule chooses may be a long transaction's, which only costs a
-		// duplicate if it is not. Said before publishing, so that an operator sees why a recovery
-		// publishes much more than the gap.
-		r.log.Warn("rows of the lost slot's gap were created long before the last acknowledged commit: rows rewritten since their commit (an UPDATE, pg_repack, a rewriting ALTER TABLE, a move between partitions) carry a new transaction id and count as committed after it, so they are published again; a transaction that ran that long is the other cause",
-			zap.String("slot", lost.Slot), zap.Int64("rows", old), zap.Time("created_before", g.oldest), zap.Timep("oldest_created", oldestRow),
-			zap.Int64("gap_rows", left), zap.String("rule", g.rule))
+	left, acknowledged, err := r.countGap(ctx, tx, t, g, lost)
+	if err != nil {
+		return replication.Recovery{}, err
 	}
 	r.log.Warn("recovering a lost slot's gap from the outbox table: the events of transactions committed after the last one Kafka acknowledged",
 		zap.String("slot", lost.Slot), zap.String("reason", lost.Reason), zap.Time("after", lost.Since),
@@ -160,6 +122,63 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 		r.log.Warn("recovered the lost slot's gap; streaming from the new slot", fields...)
 	}
 	return replication.Recovery{Events: n, From: lost.Since, Rule: g.rule, Took: took}, nil
+}
+
+// chooseGap reads in tx what the gap's rule depends on (whether commit timestamps are tracked, the
+// snapshot's next transaction id) and returns the gap's query.
+func chooseGap(ctx context.Context, tx pgx.Tx, t outboxTable, lost replication.LostSlot, margin time.Duration) (gap, error) {
+	// The snapshot's next transaction id (its xmax, a full id): the xmin rule maps each row's
+	// 32-bit xmin to a full id below it.
+	var tracked, next string
+	if err := tx.QueryRow(ctx, "SELECT current_setting('track_commit_timestamp'), pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&tracked, &next); err != nil {
+		return gap{}, fmt.Errorf("read track_commit_timestamp and the snapshot's next transaction id: %w", err)
+	}
+	nextXid, err := strconv.ParseUint(next, 10, 64)
+	if err != nil {
+		return gap{}, fmt.Errorf("read the snapshot's next transaction id %q: %w", next, err)
+	}
+	g, err := gapQuery(t, lost, margin, tracked == "on", nextXid)
+	if err != nil {
+		return gap{}, replication.Fatal(err)
+	}
+	return g, nil
+}
+
+// countGap counts, before anything is published, what the rule chooses (left), how much of it
+// Kafka may hold already (acknowledged), and how much of it was created before any transaction
+// the relay's pruning keeps rows for (a transaction that long, or rows rewritten since their
+// commit), which it warns of. A gap that pruning may have cut is fatal. The count is a scan of
+// the whole table, so without the role's timeouts, like the read.
+func (r *Relay) countGap(ctx context.Context, tx pgx.Tx, t outboxTable, g gap, lost replication.LostSlot) (left, acknowledged int64, err error) {
+	if err := outboxrow.ClearTimeouts(ctx, tx); err != nil {
+		return 0, 0, err
+	}
+	var old int64
+	var oldestRow *time.Time
+	counted := append(append([]any{}, g.args...), g.oldest)
+	if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*), count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s < $%d), min(%s) FROM %s WHERE %s",
+		g.duplicate, t.created, len(counted), t.created, t.name, g.where), counted...).Scan(&left, &acknowledged, &old, &oldestRow); err != nil {
+		// A cancellation counts as one of the read's: repeated, it ends the relay.
+		return 0, 0, r.cancelledReads.note(ctx, "the lost slot's gap", fmt.Errorf("count the gap's rows: %w", err))
+	}
+
+	// The relay's own pruning never deletes the gap's rows (run.go guards it by the ledger), but
+	// one from before that guard, or one run without the ledger, may have: a gap read from a table
+	// that lost some of it would pass a partial gap off as whole.
+	if lost.PrunedThrough.After(g.oldest) {
+		return 0, 0, replication.Fatal(fmt.Errorf("%w: slot %q is lost (%s), and its gap cannot be recovered whole from the outbox table: pruning deleted rows created before %s, and the gap's rows may have been created from %s on. %d rows of the gap are left (besides %d that Kafka acknowledged before the loss, which the rule reads again); how many were deleted the table cannot say. Nothing of the gap was published. Publish what is left by hand if that is acceptable (stop every instance, run outbox-relay forget-slot, start once with backfill: true and backfill_since: %s), and keep rows longer than the relay may be down",
+			replication.ErrSlotLost, lost.Slot, lost.Reason, lost.PrunedThrough.Format(time.RFC3339), g.oldest.Format(time.RFC3339), left-acknowledged, acknowledged, g.oldest.Format(time.RFC3339)))
+	}
+
+	if old > 0 {
+		// Not left out: a row the rule chooses may be a long transaction's, which only costs a
+		// duplicate if it is not. Said before publishing, so that an operator sees why a recovery
+		// publishes much more than the gap.
+		r.log.Warn("rows of the lost slot's gap were created long before the last acknowledged commit: rows rewritten since their commit (an UPDATE, pg_repack, a rewriting ALTER TABLE, a move between partitions) carry a new transaction id and count as committed after it, so they are published again; a transaction that ran that long is the other cause",
+			zap.String("slot", lost.Slot), zap.Int64("rows", old), zap.Time("created_before", g.oldest), zap.Timep("oldest_created", oldestRow),
+			zap.Int64("gap_rows", left), zap.String("rule", g.rule))
+	}
+	return left, acknowledged, nil
 }
 
 // gap is the WHERE clause that chooses a lost slot's gap.

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/outboxrow"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
@@ -103,80 +103,69 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 	if t.Order == "" {
 		t.Order = "seq"
 	}
-	c := t.Columns
 	where, args, err := t.where(sel)
 	if err != nil {
 		return Result{}, err
 	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	// Timestamps in the format the decoder reads (columns.timestamp), whatever the database's
+	// DateStyle: as the backfill and the stream read them.
+	tx, err := outboxrow.Begin(ctx, conn, "")
 	if err != nil {
 		return Result{}, fmt.Errorf("replay: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	// Timestamps in the format the decoder reads (columns.timestamp), whatever the database's
-	// DateStyle: as the backfill and the stream read them.
-	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = ISO"); err != nil {
-		return Result{}, fmt.Errorf("replay: set DateStyle: %w", err)
-	}
 	table := pgx.Identifier{t.Schema, t.Name}.Sanitize()
-	if ok, err := replication.HasColumn(ctx, tx, table, t.Created); err != nil {
-		return Result{}, fmt.Errorf("replay: %w", err)
-	} else if !ok {
-		return Result{}, fmt.Errorf("replay: the outbox table %s has no column %q (columns.created_at): a replay reads each row's creation time from it, for the record timestamp and the time range; name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none)", table, t.Created)
-	}
-	hasSeq, err := replication.HasColumn(ctx, tx, table, t.Order)
+	order, err := t.prepare(ctx, tx, table, sel, where, args)
 	if err != nil {
 		return Result{}, err
 	}
-	if err := t.check(ctx, tx, table, hasSeq, sel, where, args); err != nil {
-		return Result{}, err
-	}
-	byVersion := false
-	if !hasSeq && c.AggregateVersion != "" {
-		// Only numbers order versions: a version column of another type leaves the creation time.
-		if byVersion, err = replication.IsIntegerColumn(ctx, tx, table, c.AggregateVersion); err != nil {
-			return Result{}, fmt.Errorf("replay: %w", err)
-		}
-	}
-	order := t.order(hasSeq, byVersion)
-	dec := decoder.Config{Columns: c, Extra: t.Extra}
-	selected := append(dec.RowColumns(), t.Created)
-	quoted := make([]string, len(selected))
-	for i, col := range selected {
-		quoted[i] = pgx.Identifier{col}.Sanitize()
-	}
-	// Text form for every column, as pgoutput sends them: records look the same however the event
-	// was read.
-	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT %s FROM %s WHERE %s ORDER BY %s", strings.Join(quoted, ", "), table, where, order),
+	reader := outboxrow.NewReader(decoder.Config{Columns: t.Columns, Extra: t.Extra}, t.Created)
+	rows, err := reader.Query(ctx, tx, fmt.Sprintf("SELECT %s FROM %s WHERE %s ORDER BY %s", reader.Select(""), table, where, order),
 		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
 	if err != nil {
 		return Result{}, fmt.Errorf("replay: read %s: %w", table, err)
 	}
 	defer rows.Close()
-	oids := make([]uint32, 0, len(selected)-1)
-	for _, f := range rows.FieldDescriptions()[:len(selected)-1] {
-		oids = append(oids, f.DataTypeOID)
+	return publish(ctx, rows, table, sel.DryRun, pub)
+}
+
+// prepare checks the columns a replay reads and the selection against what is left of the table,
+// and returns the ORDER BY list.
+func (t Table) prepare(ctx context.Context, tx pgx.Tx, table string, sel Selection, where string, args []any) (string, error) {
+	if ok, err := outboxrow.HasColumn(ctx, tx, table, t.Created); err != nil {
+		return "", fmt.Errorf("replay: %w", err)
+	} else if !ok {
+		return "", fmt.Errorf("replay: the outbox table %s has no column %q (columns.created_at): a replay reads each row's creation time from it, for the record timestamp and the time range; name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none)", table, t.Created)
 	}
+	hasSeq, err := outboxrow.HasColumn(ctx, tx, table, t.Order)
+	if err != nil {
+		return "", err
+	}
+	if err := t.check(ctx, tx, table, hasSeq, sel, where, args); err != nil {
+		return "", err
+	}
+	byVersion := false
+	if v := t.Columns.AggregateVersion; !hasSeq && v != "" {
+		// Only numbers order versions: a version column of another type leaves the creation time.
+		if byVersion, err = outboxrow.IsIntegerColumn(ctx, tx, table, v); err != nil {
+			return "", fmt.Errorf("replay: %w", err)
+		}
+	}
+	return t.order(hasSeq, byVersion), nil
+}
+
+// publish hands the rows of table to pub (none with dryRun), each with the replay header, and
+// waits until every one is settled.
+func publish(ctx context.Context, rows *outboxrow.Rows, table string, dryRun bool, pub Publisher) (Result, error) {
 	var res Result
 	var acks sink.AckGroup
 	for rows.Next() {
-		raw := rows.RawValues()
-		vals := make([][]byte, len(raw))
-		for i, v := range raw {
-			if v != nil {
-				vals[i] = append([]byte{}, v...) // RawValues is reused by the next row
-			}
+		row := rows.Row()
+		ev := row.Event
+		if row.Unusable != nil {
+			return res, fmt.Errorf("replay: event %s: %w", ev.ID, row.Unusable)
 		}
-		ch, err := dec.FromRow(vals[:len(vals)-1], oids)
-		if err != nil {
-			return res, fmt.Errorf("replay: %w", err)
-		}
-		if ch.Unusable != nil {
-			return res, fmt.Errorf("replay: event %s: %w", ch.Event.ID, ch.Unusable)
-		}
-		ev := ch.Event
-		if created, err := decoder.ParseTimestamp(vals[len(vals)-1], true); err == nil { // any offset: +05:30 too
-			ev.Tx.CommitTime = created
+		if created := row.Created; !created.IsZero() {
 			if res.Oldest.IsZero() || created.Before(res.Oldest) {
 				res.Oldest = created
 			}
@@ -189,7 +178,7 @@ func Run(ctx context.Context, conn *pgx.Conn, t Table, sel Selection, pub Publis
 			ev.ExtraKinds = append(ev.ExtraKinds, decoder.KindBool)
 		}
 		res.Selected++
-		if sel.DryRun {
+		if dryRun {
 			continue
 		}
 		acks.Add()

@@ -1,4 +1,4 @@
-package replication
+package outboxrow
 
 import (
 	"context"
@@ -7,11 +7,14 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// HasColumn reports whether table (a name regclass accepts, e.g. a sanitized identifier) has the
-// column, for readers of the outbox table (the backfill, a replay) that name what is missing.
-func HasColumn(ctx context.Context, q interface {
+// QueryRower is a connection or a transaction.
+type QueryRower interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, table, column string) (bool, error) {
+}
+
+// HasColumn reports whether table (a name regclass accepts, e.g. a sanitized identifier) has the
+// column, for readers of the outbox table that name what is missing.
+func HasColumn(ctx context.Context, q QueryRower, table, column string) (bool, error) {
 	var exists bool
 	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
 		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, column).Scan(&exists); err != nil {
@@ -22,9 +25,7 @@ func HasColumn(ctx context.Context, q interface {
 
 // IsIntegerColumn reports whether the column of table is of an integer or numeric type, which
 // orders and compares as numbers (a text version column would sort "10" before "9").
-func IsIntegerColumn(ctx context.Context, q interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, table, column string) (bool, error) {
+func IsIntegerColumn(ctx context.Context, q QueryRower, table, column string) (bool, error) {
 	var ok bool
 	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
 		WHERE attrelid = $1::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped
