@@ -1,0 +1,292 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+// session runs one replication connection from its checks to its end.
+func (s *Stream) session(ctx context.Context, out chan<- Message) error {
+	// A recovery this session owns but does not complete is left under way, for the next owner.
+	defer s.releaseRecovery(ctx)
+	conf, err := s.cfg.ConnConfig()
+	if err != nil {
+		return Fatal(err)
+	}
+	// The replication connection is dialled while the checks run: a connection's handshake (a
+	// backend forked, SCRAM) is the larger part of a start. Nothing is asked on it before they pass.
+	dialled := s.dialReplication(ctx, conf)
+	checked, err := s.prepare(ctx)
+	if err != nil {
+		dialled.discard()
+		return err
+	}
+	// The checks' connection then serves the ledger's writes of this start, and closes once the
+	// session streams.
+	defer checked.closeConn(ctx)
+	slot := checked.slot
+	s.conn, err = dialled.wait(ctx)
+	if err != nil {
+		return classifyConnect(err, "replication")
+	}
+	if err := s.identify(ctx, checked.recorded); err != nil {
+		return err
+	}
+	if err := s.checkHistory(ctx, s.serverEnd); err != nil {
+		return err
+	}
+	if checked.systemID != "" && checked.systemID != s.identity.SystemID {
+		// Both agree with the cluster streamed before, if any (each was compared with it): a
+		// multi-host pg_dsn, or a name that moved, reached two clusters on a first start. The checks
+		// (and the outbox table's OID they noted) belong to another cluster than the stream would.
+		return fatalf("pg_dsn reached two database clusters at once: the checks' connection one with system identifier %s, the replication connection one with %s (a multi-host pg_dsn listing servers of different clusters, or a host name that moved between the two connections). Make pg_dsn lead to the one cluster to stream from, and restart",
+			checked.systemID, s.identity.SystemID)
+	}
+	if err := refuseStandby(ctx, s.conn, "replication connection"); err != nil {
+		return err
+	}
+	if s.cfg.Failover {
+		if err := checkFailoverSupported(serverMajor(s.conn.ParameterStatus("server_version"))); err != nil {
+			return err
+		}
+	}
+	if s.cfg.OnWalsender != nil {
+		pid, err := s.backendPID(ctx)
+		if err != nil {
+			return err
+		}
+		if err := s.cfg.OnWalsender(ctx, pid); err != nil {
+			return fmt.Errorf("before using slot %q from walsender PID %d: %w", s.cfg.Slot, pid, err)
+		}
+	}
+	snapshot := ""
+	if !slot.Exists {
+		if slot, snapshot, err = s.createSlot(ctx); err != nil {
+			return err
+		}
+	} else {
+		var walEnd pglogrepl.LSN
+		if slot.ConfirmedFlush, walEnd, err = s.confirmedOnStreamServer(ctx); err != nil {
+			return err
+		}
+		check := slotCheck{confirmed: slot.ConfirmedFlush, walEnd: walEnd, holder: checked.holder, holderOK: checked.holderOK}
+		if err := s.checkSlotPosition(check); err != nil {
+			return err
+		}
+		if err := s.carryPublication(check); err != nil {
+			return err
+		}
+		if err := s.ensureFailover(ctx, s.newTimeline); err != nil {
+			return err
+		}
+	}
+	if s.identity != s.ledgerIdentity {
+		s.recordIdentity(ctx, checked.conn)
+	}
+	if s.cfg.BeforeStream != nil && !s.streamed.Load() {
+		// The exported snapshot stays valid until the next command on this connection, so the hook
+		// runs before START_REPLICATION. A replacement slot's snapshot is the recovery's: a
+		// first start's backfill does not read it.
+		exported := snapshot
+		if s.lost != nil {
+			exported = ""
+		}
+		waited := time.Now()
+		if err := s.cfg.BeforeStream(ctx, exported); err != nil {
+			return err
+		}
+		if time.Since(waited) > checksConnIdle {
+			// A long wait (Kafka down, a backfill): a connection idle that long may have been cut
+			// silently on the way (a NAT's idle timeout), and a write on it would hang.
+			checked.closeConn(ctx)
+		}
+	}
+	if s.lost != nil {
+		if err := s.recover(ctx, out, slot, snapshot); err != nil {
+			return err
+		}
+	}
+	// SQL on the replication connection; it clears an exported snapshot, so not before the hooks
+	// that read it.
+	s.warnStandbySlots(ctx)
+	s.floor = slot.ConfirmedFlush
+	if s.reported == 0 {
+		// The slot's own position is confirmed already (after a new timeline, the old one's
+		// reported position was dropped): say that, not 0/0, wherever "last confirmed" is logged.
+		s.reported = s.floor
+	}
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(s.cfg.Publication)}
+	if s.cfg.Messages {
+		args = append(args, "messages 'true'")
+	}
+	err = pglogrepl.StartReplication(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), 0,
+		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: args})
+	if err != nil {
+		return s.streamError(err)
+	}
+	s.copying = true
+	s.streamingSince, s.stopSigns = time.Now(), stopSigns{}
+	// Streaming: from here on only ctx ends the session, so a stop can finish the transaction.
+	s.setup(nil)
+	s.streamed.Store(true)
+	s.mem.note(s.cfg.Slot, s.identity, true, s.serverEnd, s.floor, 0, false)
+	if err := s.recordHolder(ctx, checked.conn); err != nil {
+		return err
+	}
+	checked.closeConn(ctx)
+	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
+		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval),
+		zap.Duration("receive_timeout", s.receiveTimeout))
+	s.nextStatus = time.Now().Add(s.interval)
+	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor, Timeline: s.identity.Timeline, SystemID: s.identity.SystemID, ServerEnd: s.serverEnd}); err != nil {
+		return err
+	}
+	return s.receive(ctx, out)
+}
+
+// checked is what prepare learned on the checks' ordinary connection.
+type checked struct {
+	// conn is the checks' connection, still open (closeConn closes it).
+	conn *pgx.Conn
+	slot SlotInfo
+	// recorded is, on the process's first session, the server the ledger says the slot was last
+	// streamed from (zero when it recorded nothing).
+	recorded Identity
+	// systemID is the cluster the checks ran on ("" when the role may not read it).
+	systemID string
+	// holder is the process the ledger says streamed the slot last; holderOK is false when the
+	// ledger cannot say.
+	holder   string
+	holderOK bool
+}
+
+// prepare runs the checks on an ordinary connection and returns the slot's current state. Which
+// database cluster it reached is compared first: a table OID or a slot of another cluster means
+// nothing, and comparing those first would blame the wrong thing (a "recreated" outbox table).
+func (s *Stream) prepare(ctx context.Context) (checked, error) {
+	conn, err := s.cfg.Connect(ctx)
+	if err != nil {
+		return checked{}, classifyConnect(err, "checks")
+	}
+	c := checked{conn: conn}
+	ok := false
+	defer func() {
+		if !ok {
+			c.closeConn(ctx)
+		}
+	}()
+	c.recorded = s.readLedgerIdentity(ctx, conn)
+	// pg_control_system() is executable by PUBLIC by default; where it was revoked, the comparison
+	// on the replication connection (IDENTIFY_SYSTEM) still refuses another cluster, only later.
+	if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&c.systemID); err != nil {
+		s.log.Debug("cannot read the system identifier on the checks' connection", zap.Error(err))
+		c.systemID = ""
+	}
+	if c.systemID != "" {
+		if err := s.checkCluster(c.systemID, c.recorded); err != nil {
+			return checked{}, err
+		}
+	}
+	if err := refuseStandby(ctx, conn.PgConn(), "checks' connection"); err != nil {
+		return checked{}, err
+	}
+	if c.slot, err = s.prepareSlot(ctx, conn); err != nil {
+		return checked{}, err
+	}
+	if c.slot.Exists {
+		if c.holder, c.holderOK, err = s.ledger.Holder(ctx, conn, s.cfg.Slot); err != nil {
+			s.log.Debug("cannot read who streamed the slot last from the slot ledger", zap.Error(err))
+			c.holderOK = false
+		}
+	}
+	ok = true
+	return c, nil
+}
+
+// checksConnIdle is how long the checks' connection may have idled for the start's last ledger
+// write to reuse it (a connection costs a backend fork and a handshake: a tenth of a start).
+const checksConnIdle = 10 * time.Second
+
+// closeConn closes the checks' connection, if still open.
+func (c *checked) closeConn(ctx context.Context) {
+	if c.conn != nil {
+		c.conn.Close(context.WithoutCancel(ctx))
+		c.conn = nil
+	}
+}
+
+// readLedgerIdentity learns the server the ledger says the slot was last streamed from, until
+// this Stream knows it, and returns it while the process has streamed from no server (the identity
+// a first session compares with; zero otherwise). Every session of a first term compares with it,
+// also the retries after one that ended before IDENTIFY_SYSTEM (a busy slot, a standby reached):
+// ledgerIdentity is then only what the ledger said, since recordIdentity needs a known server. A
+// later term of the process reads it too: its Stream starts with the server the process
+// remembers, which may be a promoted standby an earlier term reached but never streamed from, so
+// only the ledger says whether this term resumes from that server's synchronised slot
+// (resumesSynced).
+func (s *Stream) readLedgerIdentity(ctx context.Context, conn *pgx.Conn) Identity {
+	if s.ledgerIdentity == (Identity{}) {
+		recorded, known, err := s.ledger.Identity(ctx, conn, s.cfg.Slot)
+		switch {
+		case err != nil && s.identity == (Identity{}):
+			// Like the rest of the ledger, optional: without it only the in-process comparison remains.
+			s.log.Warn("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
+		case err != nil:
+			s.log.Debug("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
+		case known:
+			s.ledgerIdentity = recorded
+		}
+	}
+	if s.identity == (Identity{}) {
+		return s.ledgerIdentity
+	}
+	return Identity{}
+}
+
+// backendPID is the replication connection's backend, the walsender, as the server numbers it
+// (behind a pooler, the PID the connection was given is the pooler's own).
+func (s *Stream) backendPID(ctx context.Context) (int32, error) {
+	results, err := s.conn.Exec(ctx, "SELECT pg_catalog.pg_backend_pid()").ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("read the replication connection's backend PID: %w", err)
+	}
+	if len(results) != 1 || len(results[0].Rows) != 1 {
+		return 0, errors.New("read the replication connection's backend PID: no row")
+	}
+	pid, err := strconv.ParseInt(string(results[0].Rows[0][0]), 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("the replication connection's backend PID %q: %w", results[0].Rows[0][0], err)
+	}
+	return int32(pid), nil
+}
+
+// confirmedOnStreamServer reads the slot's confirmed position over the replication connection. The
+// checks read it on their own connection, which a multi-host pg_dsn (or a host name that moved) may
+// have led to another server than the one streamed from; the floor confirmed to the server must be
+// that server's own. walEnd is that server's flushed end of WAL, read after the slot (the view
+// reads every slot before the target list runs), so a slot beyond it was confirmed beyond it.
+func (s *Stream) confirmedOnStreamServer(ctx context.Context) (confirmed, walEnd pglogrepl.LSN, err error) {
+	// A replication=database connection runs simple-protocol SQL.
+	results, err := s.conn.Exec(ctx, "SELECT confirmed_flush_lsn, pg_catalog.pg_current_wal_flush_lsn() FROM pg_catalog.pg_replication_slots WHERE slot_name = "+quoteLiteral(s.cfg.Slot)).ReadAll()
+	if err != nil {
+		return 0, 0, fmt.Errorf("read slot %q on the replication connection: %w", s.cfg.Slot, err)
+	}
+	if len(results) != 1 || len(results[0].Rows) != 1 || results[0].Rows[0][0] == nil {
+		return 0, 0, fmt.Errorf("slot %q, which the checks found, is not a usable slot on the server the replication connection reached (a multi-host pg_dsn, or a host name that moved between the two connections); retrying", s.cfg.Slot)
+	}
+	row := results[0].Rows[0]
+	if confirmed, err = pglogrepl.ParseLSN(string(row[0])); err != nil {
+		return 0, 0, fmt.Errorf("slot %q confirmed_flush_lsn %q: %w", s.cfg.Slot, row[0], err)
+	}
+	if walEnd, err = pglogrepl.ParseLSN(string(row[1])); err != nil {
+		return 0, 0, fmt.Errorf("pg_current_wal_flush_lsn %q: %w", row[1], err)
+	}
+	return confirmed, walEnd, nil
+}

@@ -1,0 +1,195 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+)
+
+func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, error) {
+	if err := preflight(ctx, conn, &s.cfg); err != nil {
+		return SlotInfo{}, err
+	}
+	if !s.cfg.NoTable {
+		var oid uint32
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1)::oid", s.cfg.qualifiedTable()).Scan(&oid); err != nil {
+			return SlotInfo{}, fmt.Errorf("read the OID of %s: %w", s.cfg.qualifiedTable(), err)
+		}
+		if err := s.guard.start(oid); err != nil {
+			return SlotInfo{}, err
+		}
+	}
+	var database string
+	var senderTimeout time.Duration
+	var timeoutText string
+	if err := conn.QueryRow(ctx, "SELECT current_database(), current_setting('wal_sender_timeout')").Scan(&database, &timeoutText); err != nil {
+		return SlotInfo{}, fmt.Errorf("read wal_sender_timeout: %w", err)
+	}
+	senderTimeout = parsePGDuration(timeoutText)
+	s.interval = s.cfg.StatusInterval
+	if senderTimeout > 0 && s.interval > senderTimeout/3 {
+		s.interval = senderTimeout / 3
+	}
+	s.interval = min(s.interval, s.cfg.ReceiveTimeout/3)
+	s.receiveTimeout = receiveTimeout(s.cfg.ReceiveTimeout, senderTimeout, s.interval)
+	s.guard.setStatusInterval(s.interval)
+	slot, err := ReadSlot(ctx, conn, s.cfg.Slot)
+	if err != nil {
+		return SlotInfo{}, err
+	}
+	// What this process streamed outlives its leadership terms: a term after a promotion of a
+	// standby without the slot finds it gone, ledger or not.
+	known := s.mem.recall(s.cfg.Slot)
+	if s.cfg.OnSlotLost == SlotLostRecover {
+		if slot, err = s.replaceLost(ctx, conn, slot, known.streamed); err != nil {
+			return SlotInfo{}, err
+		}
+		if s.lost != nil {
+			return slot, nil // missing: the session creates the replacement
+		}
+	}
+	switch {
+	case !slot.Exists && (s.streamed.Load() || known.streamed):
+		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed after its last confirmed position %s would be skipped. %s",
+			ErrSlotLost, s.cfg.Slot, max(s.reported, known.confirmed), s.recovery())
+	case !slot.Exists && !s.cfg.CreateSlot:
+		return SlotInfo{}, fatalf("replication slot %q does not exist and create_slot is off: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", s.cfg.Slot, s.cfg.Slot)
+	case !slot.Exists:
+		// A slot this relay created before and that is gone now was lost; creating a new one would
+		// start after the gap and skip its events without a trace.
+		e, known, err := s.ledger.Lookup(ctx, conn, s.cfg.Slot)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			// The ledger is optional; a least-privilege role may not read it.
+			s.log.Warn("cannot read the slot ledger, so a lost slot cannot be told from a first start: GRANT SELECT, INSERT, UPDATE ON it to the relay's role",
+				zap.String("table", LedgerTable), zap.Error(err))
+			err, known = nil, false
+		}
+		if err != nil {
+			return SlotInfo{}, err
+		}
+		if known && e.ConsistentLSN == 0 {
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, which the relay streamed (recorded on %s), no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. %s",
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), s.recovery())
+		}
+		if known {
+			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. %s",
+				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, s.recovery())
+		}
+		return slot, nil
+	}
+	if s.cfg.OnSlotLost != SlotLostRecover {
+		if err := s.refuseUnfinishedRecovery(ctx, conn); err != nil {
+			return SlotInfo{}, err
+		}
+	}
+	if err := checkSlot(slot, &s.cfg, database); err != nil {
+		return SlotInfo{}, err
+	}
+	if slot.Active {
+		return SlotInfo{}, fmt.Errorf("%w: slot %q is being streamed by PostgreSQL backend PID %d%s", ErrSlotActive, s.cfg.Slot, slot.ActivePID, describeBackend(ctx, conn, slot.ActivePID))
+	}
+	return slot, nil
+}
+
+// recovery is what to do about a lost slot: the new slot's backfill publishes the gap from the
+// outbox table, once the ledger lets the relay create it.
+func (s *Stream) recovery() string {
+	return fmt.Sprintf("To recover: stop every instance, run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = %s) so that the relay may create a new slot, and start one instance once with backfill: true and backfill_since covering the gap (from before the last event Kafka acknowledged): it publishes those events from the outbox table, consistently with the new slot (docs/operations.md, \"Recovering a lost or missing slot\")",
+		s.ledger.Table(), quoteLiteral(s.cfg.Slot))
+}
+
+// describeBackend says who holds the slot, to make "slot is active" actionable.
+func describeBackend(ctx context.Context, conn *pgx.Conn, pid int32) string {
+	var app, addr string
+	err := conn.QueryRow(ctx, "SELECT coalesce(application_name, ''), coalesce(host(client_addr), 'local') FROM pg_stat_activity WHERE pid = $1", pid).Scan(&app, &addr)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf(" (application_name=%q, client %s)", app, addr)
+}
+
+// ledgerWriteTimeout bounds recording a new slot in the ledger, which outlives a stop.
+const ledgerWriteTimeout = 10 * time.Second
+
+func (s *Stream) createSlot(ctx context.Context) (slot SlotInfo, snapshot string, err error) {
+	stopWatch := s.watchSlotCreation(ctx, int32(s.conn.PID()))
+	res, err := pglogrepl.ParseCreateReplicationSlot(s.conn.Exec(ctx, s.createSlotCommand()))
+	stopWatch()
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			switch pgErr.Code {
+			case "42710":
+				return SlotInfo{}, "", fmt.Errorf("slot %q was created by another process meanwhile: %w", s.cfg.Slot, err)
+			case "53400":
+				return SlotInfo{}, "", fatalf("cannot create replication slot %q: %s: raise max_replication_slots or drop an unused slot", s.cfg.Slot, pgErr.Message)
+			}
+		}
+		return SlotInfo{}, "", fmt.Errorf("create replication slot %q: %w", s.cfg.Slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return SlotInfo{}, "", fmt.Errorf("slot %q consistent point %q: %w", s.cfg.Slot, res.ConsistentPoint, err)
+	}
+	s.log.Info("created replication slot", zap.String("slot", s.cfg.Slot), zap.Stringer("consistent_point", lsn), zap.Bool("failover", s.cfg.Failover),
+		zap.Bool("replaces_a_lost_slot", s.lost != nil))
+	// The process owns the slot from here on, as if it had streamed it: should the session end
+	// before it streams (Kafka down for BeforeStream, say) and the slot vanish, the next session or
+	// term must take it for lost, ledger or not, not for a first start that skips the gap.
+	s.mem.note(s.cfg.Slot, s.identity, true, s.serverEnd, 0, 0, false)
+	if err := s.recordSlot(ctx, lsn); err != nil && s.lost != nil {
+		// A replacement's recovery is ended only for the slot the ledger names: without the
+		// record, another process's replacement could end it.
+		return SlotInfo{}, "", fmt.Errorf("record the replacement of lost slot %q in %s (retrying the recovery): %w", s.cfg.Slot, s.ledger.Table(), err)
+	}
+	return SlotInfo{Exists: true, Plugin: "pgoutput", ConfirmedFlush: lsn}, res.SnapshotName, nil
+}
+
+// recordSlot notes the new slot in the ledger, so that its loss is recognised after a restart.
+// Not being able to is worth a warning, not a failure: the slot works without it.
+//
+// It is the one write that does not end with the caller's context: the slot exists from here on,
+// whether or not the relay is stopping. Missing it, a stop during a first start would leave a slot
+// unknown to the ledger until a later session records the server's identity; if the slot were
+// lost before that (or the ledger predates identities), its loss would read as a first start, and
+// a new slot would skip what was committed in between. ledgerWriteTimeout bounds the wait
+// instead. (A stop that interrupts CREATE_REPLICATION_SLOT itself may still leave a slot the
+// relay never saw created.)
+func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
+	defer cancel()
+	if s.lost != nil && s.owner != nil {
+		// A replacement is recorded by the recovery's owner, on the connection that holds the
+		// recovery lock; its recorded creation identifies it to EndRecovery.
+		created, err := s.ledger.RecordReplacementSlot(ctx, s.owner.conn, s.cfg.Slot, lsn)
+		if err != nil {
+			s.log.Warn("cannot record the replacement slot in the ledger", zap.String("table", LedgerTable), zap.Error(err))
+			return err
+		}
+		s.lost.Created = created
+		return nil
+	}
+	conn, err := s.cfg.Connect(ctx)
+	if err == nil {
+		defer conn.Close(context.WithoutCancel(ctx))
+		var exists bool
+		if exists, err = s.ledger.Exists(ctx, conn); err == nil && !exists {
+			s.log.Warn("the slot ledger table does not exist (run outbox-relay migrate); if this slot is ever lost, a restart cannot tell and creates a new one", zap.String("table", LedgerTable))
+			return errors.New("the slot ledger table does not exist")
+		}
+		if err == nil {
+			err = s.ledger.RecordSlot(ctx, conn, s.cfg.Slot, lsn)
+		}
+	}
+	if err != nil {
+		s.log.Warn("cannot record the new slot in the ledger; if it is ever lost, a restart cannot tell", zap.String("table", LedgerTable), zap.Error(err))
+	}
+	return err
+}
