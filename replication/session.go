@@ -12,7 +12,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// session runs one replication connection from its checks to its end.
+// session runs one replication connection from its checks to its end, in the order the slot's life
+// needs: the checks (prepare, on an ordinary connection), the server identified on the
+// replication connection, the walsender published (Config.OnWalsender), the slot created or its
+// position checked, the steps that must come before START_REPLICATION (Config.BeforeStream, a
+// lost slot's recovery), and then the wire loop (receive).
 func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	// A recovery this session owns but does not complete is left under way, for the next owner.
 	defer s.releaseRecovery(ctx)
@@ -31,23 +35,60 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	// The checks' connection then serves the ledger's writes of this start, and closes once the
 	// session streams.
 	defer checked.closeConn(ctx)
-	slot := checked.slot
 	s.conn, err = dialled.wait(ctx)
 	if err != nil {
 		return classifyConnect(err, "replication")
 	}
-	if err := s.identify(ctx, checked.recorded); err != nil {
+	if err := s.identifyServer(ctx, &checked); err != nil {
+		return err
+	}
+	if err := s.publishWalsender(ctx); err != nil {
+		return err
+	}
+	slot, snapshot, err := s.useSlot(ctx, &checked)
+	if err != nil {
+		return err
+	}
+	if s.identity != s.ledgerIdentity {
+		s.recordIdentity(ctx, checked.conn)
+	}
+	if err := s.beforeStream(ctx, &checked, snapshot); err != nil {
+		return err
+	}
+	if s.lost != nil {
+		if err := s.recover(ctx, out, slot, snapshot); err != nil {
+			return err
+		}
+	}
+	if err := s.startReplication(ctx, slot, &checked); err != nil {
+		return err
+	}
+	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
+		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval),
+		zap.Duration("receive_timeout", s.receiveTimeout))
+	s.nextStatus = time.Now().Add(s.interval)
+	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor, Timeline: s.identity.Timeline, SystemID: s.identity.SystemID, ServerEnd: s.serverEnd}); err != nil {
+		return err
+	}
+	return s.receive(ctx, out)
+}
+
+// identifyServer identifies the server the replication connection reached (IDENTIFY_SYSTEM),
+// compares it with the one streamed before and with the one the checks ran on, and refuses a
+// standby and a failover slot the server cannot keep.
+func (s *Stream) identifyServer(ctx context.Context, c *checked) error {
+	if err := s.identify(ctx, c.recorded); err != nil {
 		return err
 	}
 	if err := s.checkHistory(ctx, s.serverEnd); err != nil {
 		return err
 	}
-	if checked.systemID != "" && checked.systemID != s.identity.SystemID {
+	if c.systemID != "" && c.systemID != s.identity.SystemID {
 		// Both agree with the cluster streamed before, if any (each was compared with it): a
 		// multi-host pg_dsn, or a name that moved, reached two clusters on a first start. The checks
 		// (and the outbox table's OID they noted) belong to another cluster than the stream would.
 		return fatalf("pg_dsn reached two database clusters at once: the checks' connection one with system identifier %s, the replication connection one with %s (a multi-host pg_dsn listing servers of different clusters, or a host name that moved between the two connections). Make pg_dsn lead to the one cluster to stream from, and restart",
-			checked.systemID, s.identity.SystemID)
+			c.systemID, s.identity.SystemID)
 	}
 	if err := refuseStandby(ctx, s.conn, "replication connection"); err != nil {
 		return err
@@ -57,62 +98,75 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 			return err
 		}
 	}
-	if s.cfg.OnWalsender != nil {
-		pid, err := s.backendPID(ctx)
-		if err != nil {
-			return err
-		}
-		if err := s.cfg.OnWalsender(ctx, pid); err != nil {
-			return fmt.Errorf("before using slot %q from walsender PID %d: %w", s.cfg.Slot, pid, err)
-		}
+	return nil
+}
+
+// publishWalsender calls Config.OnWalsender (its one caller) with the replication connection's
+// backend PID, before the session creates, recovers or streams the slot.
+func (s *Stream) publishWalsender(ctx context.Context) error {
+	if s.cfg.OnWalsender == nil {
+		return nil
 	}
-	snapshot := ""
-	if !slot.Exists {
-		if slot, snapshot, err = s.createSlot(ctx); err != nil {
-			return err
-		}
-	} else {
-		var walEnd pglogrepl.LSN
-		if slot.ConfirmedFlush, walEnd, err = s.confirmedOnStreamServer(ctx); err != nil {
-			return err
-		}
-		check := slotCheck{confirmed: slot.ConfirmedFlush, walEnd: walEnd, holder: checked.holder, holderOK: checked.holderOK}
-		if err := s.checkSlotPosition(check); err != nil {
-			return err
-		}
-		if err := s.carryPublication(check); err != nil {
-			return err
-		}
-		if err := s.ensureFailover(ctx, s.newTimeline); err != nil {
-			return err
-		}
+	pid, err := s.backendPID(ctx)
+	if err != nil {
+		return err
 	}
-	if s.identity != s.ledgerIdentity {
-		s.recordIdentity(ctx, checked.conn)
+	if err := s.cfg.OnWalsender(ctx, pid); err != nil {
+		return fmt.Errorf("before using slot %q from walsender PID %d: %w", s.cfg.Slot, pid, err)
 	}
-	if s.cfg.BeforeStream != nil && !s.streamed.Load() {
-		// The exported snapshot stays valid until the next command on this connection, so the hook
-		// runs before START_REPLICATION. A replacement slot's snapshot is the recovery's: a
-		// first start's backfill does not read it.
-		exported := snapshot
-		if s.lost != nil {
-			exported = ""
-		}
-		waited := time.Now()
-		if err := s.cfg.BeforeStream(ctx, exported); err != nil {
-			return err
-		}
-		if time.Since(waited) > checksConnIdle {
-			// A long wait (Kafka down, a backfill): a connection idle that long may have been cut
-			// silently on the way (a NAT's idle timeout), and a write on it would hang.
-			checked.closeConn(ctx)
-		}
+	return nil
+}
+
+// useSlot creates the slot the checks found missing, with the snapshot it exports, or checks the
+// existing one's position on the server streamed from (history.go) and its failover setting.
+func (s *Stream) useSlot(ctx context.Context, c *checked) (slot SlotInfo, snapshot string, err error) {
+	if !c.slot.Exists {
+		return s.createSlot(ctx)
+	}
+	slot = c.slot
+	var walEnd pglogrepl.LSN
+	if slot.ConfirmedFlush, walEnd, err = s.confirmedOnStreamServer(ctx); err != nil {
+		return SlotInfo{}, "", err
+	}
+	check := slotCheck{confirmed: slot.ConfirmedFlush, walEnd: walEnd, holder: c.holder, holderOK: c.holderOK}
+	if err := s.checkSlotPosition(check); err != nil {
+		return SlotInfo{}, "", err
+	}
+	if err := s.carryPublication(check); err != nil {
+		return SlotInfo{}, "", err
+	}
+	if err := s.ensureFailover(ctx, s.newTimeline); err != nil {
+		return SlotInfo{}, "", err
+	}
+	return slot, "", nil
+}
+
+// beforeStream calls Config.BeforeStream (its one caller) in the first session that gets this far.
+// The exported snapshot stays valid until the next command on the replication connection, so the
+// hook runs before START_REPLICATION. A replacement slot's snapshot is the recovery's: a first
+// start's backfill does not read it.
+func (s *Stream) beforeStream(ctx context.Context, c *checked, snapshot string) error {
+	if s.cfg.BeforeStream == nil || s.streamed.Load() {
+		return nil
 	}
 	if s.lost != nil {
-		if err := s.recover(ctx, out, slot, snapshot); err != nil {
-			return err
-		}
+		snapshot = ""
 	}
+	waited := time.Now()
+	if err := s.cfg.BeforeStream(ctx, snapshot); err != nil {
+		return err
+	}
+	if time.Since(waited) > checksConnIdle {
+		// A long wait (Kafka down, a backfill): a connection idle that long may have been cut
+		// silently on the way (a NAT's idle timeout), and a write on it would hang.
+		c.closeConn(ctx)
+	}
+	return nil
+}
+
+// startReplication starts streaming slot from its confirmed position (START_REPLICATION), and
+// records that this process streams it, in its memory and in the ledger.
+func (s *Stream) startReplication(ctx context.Context, slot SlotInfo, c *checked) error {
 	// SQL on the replication connection; it clears an exported snapshot, so not before the hooks
 	// that read it.
 	s.warnStandbySlots(ctx)
@@ -126,7 +180,7 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	if s.cfg.Messages {
 		args = append(args, "messages 'true'")
 	}
-	err = pglogrepl.StartReplication(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), 0,
+	err := pglogrepl.StartReplication(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), 0,
 		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: args})
 	if err != nil {
 		return s.streamError(err)
@@ -137,18 +191,11 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	s.setup(nil)
 	s.streamed.Store(true)
 	s.mem.note(s.cfg.Slot, s.identity, true, s.serverEnd, s.floor, 0, false)
-	if err := s.recordHolder(ctx, checked.conn); err != nil {
+	if err := s.recordHolder(ctx, c.conn); err != nil {
 		return err
 	}
-	checked.closeConn(ctx)
-	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.String("publication", s.cfg.Publication),
-		zap.Stringer("from", s.floor), zap.Duration("status_interval", s.interval),
-		zap.Duration("receive_timeout", s.receiveTimeout))
-	s.nextStatus = time.Now().Add(s.interval)
-	if err := s.forward(ctx, out, Message{Kind: Session, WALEnd: s.floor, Timeline: s.identity.Timeline, SystemID: s.identity.SystemID, ServerEnd: s.serverEnd}); err != nil {
-		return err
-	}
-	return s.receive(ctx, out)
+	c.closeConn(ctx)
+	return nil
 }
 
 // checked is what prepare learned on the checks' ordinary connection.

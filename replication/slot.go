@@ -12,6 +12,10 @@ import (
 	"go.uber.org/zap"
 )
 
+// prepareSlot runs the checks of a session on the checks' connection: the database and the
+// publication (preflight), the outbox table's OID for the publication checks, the session's
+// timing, and the slot. It returns the slot as the session should see it: missing when the
+// session is to create it (a first start, or the replacement of a lost slot).
 func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, error) {
 	if err := preflight(ctx, conn, &s.cfg); err != nil {
 		return SlotInfo{}, err
@@ -25,69 +29,19 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 			return SlotInfo{}, err
 		}
 	}
-	var database string
-	var senderTimeout time.Duration
-	var timeoutText string
-	if err := conn.QueryRow(ctx, "SELECT current_database(), current_setting('wal_sender_timeout')").Scan(&database, &timeoutText); err != nil {
-		return SlotInfo{}, fmt.Errorf("read wal_sender_timeout: %w", err)
+	database, err := s.readTiming(ctx, conn)
+	if err != nil {
+		return SlotInfo{}, err
 	}
-	senderTimeout = parsePGDuration(timeoutText)
-	s.interval = s.cfg.StatusInterval
-	if senderTimeout > 0 && s.interval > senderTimeout/3 {
-		s.interval = senderTimeout / 3
-	}
-	s.interval = min(s.interval, s.cfg.ReceiveTimeout/3)
-	s.receiveTimeout = receiveTimeout(s.cfg.ReceiveTimeout, senderTimeout, s.interval)
-	s.guard.setStatusInterval(s.interval)
 	slot, err := ReadSlot(ctx, conn, s.cfg.Slot)
 	if err != nil {
 		return SlotInfo{}, err
 	}
-	// What this process streamed outlives its leadership terms: a term after a promotion of a
-	// standby without the slot finds it gone, ledger or not.
-	known := s.mem.recall(s.cfg.Slot)
-	if s.cfg.OnSlotLost == SlotLostRecover {
-		if slot, err = s.replaceLost(ctx, conn, slot, known.streamed); err != nil {
-			return SlotInfo{}, err
-		}
-		if s.lost != nil {
-			return slot, nil // missing: the session creates the replacement
-		}
+	if slot, err = s.decideLost(ctx, conn, slot); err != nil {
+		return SlotInfo{}, err
 	}
-	switch {
-	case !slot.Exists && (s.streamed.Load() || known.streamed):
-		return SlotInfo{}, fmt.Errorf("%w: slot %q no longer exists (it was dropped while the relay was using it, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); the relay does not recreate it because events committed after its last confirmed position %s would be skipped. %s",
-			ErrSlotLost, s.cfg.Slot, max(s.reported, known.confirmed), s.recovery())
-	case !slot.Exists && !s.cfg.CreateSlot:
-		return SlotInfo{}, fatalf("replication slot %q does not exist and create_slot is off: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", s.cfg.Slot, s.cfg.Slot)
-	case !slot.Exists:
-		// A slot this relay created before and that is gone now was lost; creating a new one would
-		// start after the gap and skip its events without a trace.
-		e, known, err := s.ledger.Lookup(ctx, conn, s.cfg.Slot)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-			// The ledger is optional; a least-privilege role may not read it.
-			s.log.Warn("cannot read the slot ledger, so a lost slot cannot be told from a first start: GRANT SELECT, INSERT, UPDATE ON it to the relay's role",
-				zap.String("table", LedgerTable), zap.Error(err))
-			err, known = nil, false
-		}
-		if err != nil {
-			return SlotInfo{}, err
-		}
-		if known && e.ConsistentLSN == 0 {
-			return SlotInfo{}, fmt.Errorf("%w: slot %q, which the relay streamed (recorded on %s), no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. %s",
-				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), s.recovery())
-		}
-		if known {
-			return SlotInfo{}, fmt.Errorf("%w: slot %q, created by the relay on %s at %s, no longer exists (dropped, or invalidated because PostgreSQL removed WAL it needed, or the server is a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on); events committed after its last confirmed position may never be published. %s",
-				ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, s.recovery())
-		}
+	if !slot.Exists {
 		return slot, nil
-	}
-	if s.cfg.OnSlotLost != SlotLostRecover {
-		if err := s.refuseUnfinishedRecovery(ctx, conn); err != nil {
-			return SlotInfo{}, err
-		}
 	}
 	if err := checkSlot(slot, &s.cfg, database); err != nil {
 		return SlotInfo{}, err
@@ -98,11 +52,23 @@ func (s *Stream) prepareSlot(ctx context.Context, conn *pgx.Conn) (SlotInfo, err
 	return slot, nil
 }
 
-// recovery is what to do about a lost slot: the new slot's backfill publishes the gap from the
-// outbox table, once the ledger lets the relay create it.
-func (s *Stream) recovery() string {
-	return fmt.Sprintf("To recover: stop every instance, run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = %s) so that the relay may create a new slot, and start one instance once with backfill: true and backfill_since covering the gap (from before the last event Kafka acknowledged): it publishes those events from the outbox table, consistently with the new slot (docs/operations.md, \"Recovering a lost or missing slot\")",
-		s.ledger.Table(), quoteLiteral(s.cfg.Slot))
+// readTiming sets the session's status interval and receive timeout from the server's
+// wal_sender_timeout (see Config.StatusInterval and receiveTimeout), and returns the database the
+// checks' connection is on.
+func (s *Stream) readTiming(ctx context.Context, conn *pgx.Conn) (database string, err error) {
+	var timeoutText string
+	if err := conn.QueryRow(ctx, "SELECT current_database(), current_setting('wal_sender_timeout')").Scan(&database, &timeoutText); err != nil {
+		return "", fmt.Errorf("read wal_sender_timeout: %w", err)
+	}
+	senderTimeout := parsePGDuration(timeoutText)
+	s.interval = s.cfg.StatusInterval
+	if senderTimeout > 0 && s.interval > senderTimeout/3 {
+		s.interval = senderTimeout / 3
+	}
+	s.interval = min(s.interval, s.cfg.ReceiveTimeout/3)
+	s.receiveTimeout = receiveTimeout(s.cfg.ReceiveTimeout, senderTimeout, s.interval)
+	s.guard.setStatusInterval(s.interval)
+	return database, nil
 }
 
 // describeBackend says who holds the slot, to make "slot is active" actionable.
