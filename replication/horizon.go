@@ -351,20 +351,6 @@ func (h *horizon) sameCluster(ctx context.Context, c *pgconn.PgConn) error {
 	return sameClusterAs(ctx, c, *want, "the publication check")
 }
 
-// sameClusterAs refuses a connection (used by who) to another database cluster than want, the
-// stream's; a role that may not read pg_control_system is not refused.
-func sameClusterAs(ctx context.Context, c *pgconn.PgConn, want, who string) error {
-	res, err := c.Exec(ctx, "SELECT system_identifier::text FROM pg_control_system()").ReadAll()
-	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
-		return nil
-	}
-	if got := string(res[0].Rows[0][0]); got != want {
-		return fatalf("pg_dsn leads to different database clusters: %s reached system identifier %s while the replication stream is on %s (a multi-host pg_dsn or a DNS name that moved): point pg_dsn at one cluster's primary and restart",
-			who, got, want)
-	}
-	return nil
-}
-
 // check runs one check (see horizon) and moves the horizon.
 func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 	// A check must finish well within the interval, or confirmation falls behind.

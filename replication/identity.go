@@ -2,7 +2,6 @@ package replication
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -13,17 +12,16 @@ import (
 // streamed before: earlier in this process, or, on the process's first session, as the ledger
 // recorded it (recorded is zero when it recorded nothing).
 func (s *Stream) identify(ctx context.Context, recorded Identity) error {
-	res, err := pglogrepl.IdentifySystem(ctx, s.conn)
+	id, walEnd, err := identifySystem(ctx, s.conn)
 	if err != nil {
-		return fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+		return err
 	}
-	id := Identity{SystemID: res.SystemID, Timeline: uint32(res.Timeline)}
 	prev, err := s.compareIdentity(id, recorded)
 	if err != nil {
 		return err
 	}
 	s.guard.expectCluster(id.SystemID)
-	s.serverEnd = pglogrepl.LSN(res.XLogPos)
+	s.serverEnd = walEnd
 	s.newTimeline = prev.Timeline != 0 && prev.Timeline != id.Timeline
 	if s.newTimeline {
 		s.maxXid, s.hasXid = 0, false

@@ -230,9 +230,9 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 		}
 	}()
 	c.recorded = s.readLedgerIdentity(ctx, conn)
-	// pg_control_system() is executable by PUBLIC by default; where it was revoked, the comparison
-	// on the replication connection (IDENTIFY_SYSTEM) still refuses another cluster, only later.
-	if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&c.systemID); err != nil {
+	// Where the role may not read it, the comparison on the replication connection
+	// (IDENTIFY_SYSTEM) still refuses another cluster, only later.
+	if c.systemID, err = systemIdentifier(ctx, conn.PgConn()); err != nil {
 		s.log.Debug("cannot read the system identifier on the checks' connection", zap.Error(err))
 		c.systemID = ""
 	}

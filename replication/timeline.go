@@ -41,11 +41,10 @@ func TimelineHistory(ctx context.Context, cfg *Config, timeline uint32) (Identit
 		return Identity{}, nil, classifyConnect(err, "replication")
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	res, err := pglogrepl.IdentifySystem(cctx, conn)
+	id, _, err := identifySystem(cctx, conn)
 	if err != nil {
-		return Identity{}, nil, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+		return Identity{}, nil, err
 	}
-	id := Identity{SystemID: res.SystemID, Timeline: uint32(res.Timeline)}
 	if timeline <= 1 {
 		return id, nil, nil
 	}
