@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -32,4 +33,8 @@ func IsIntegerColumn(ctx context.Context, q interface {
 		return false, fmt.Errorf("look up the type of column %q in %s: %w", column, table, err)
 	}
 	return ok, nil
+}
+
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }

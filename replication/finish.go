@@ -90,27 +90,27 @@ const finishTimeout = 5 * time.Second
 // connection without this loses that update whenever the walsender is still writing: it finds the
 // socket closed on its next write and exits without reading what it was sent last, and the next
 // start replays what was already published. The wait ends after finishTimeout or with ctx.
-func (s *Stream) endCopy(ctx context.Context) error {
-	netConn := s.conn.Conn()
+func (w *wire) endCopy(ctx context.Context) error {
+	netConn := w.conn.Conn()
 	netConn.SetDeadline(time.Now().Add(finishTimeout))
 	defer netConn.SetDeadline(time.Time{})
 	defer interruptOnDone(ctx, netConn)()
-	s.conn.Frontend().Send(&pgproto3.CopyDone{})
-	if err := s.conn.Frontend().Flush(); err != nil {
+	w.conn.Frontend().Send(&pgproto3.CopyDone{})
+	if err := w.conn.Frontend().Flush(); err != nil {
 		return fmt.Errorf("send CopyDone: %w", err)
 	}
 	for {
 		// What the server sent meanwhile lies beyond the final position: it is streamed again.
-		msg, err := s.conn.ReceiveMessage(context.Background())
+		msg, err := w.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			return fmt.Errorf("wait for the server's CopyDone: %w", err)
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CopyDone:
-			s.copying = false
+			w.copying = false
 			return nil
 		case *pgproto3.ErrorResponse:
-			return s.streamError(pgconn.ErrorResponseToPgError(m))
+			return w.above.streamError(pgconn.ErrorResponseToPgError(m))
 		}
 	}
 }
@@ -133,13 +133,13 @@ func interruptOnDone(ctx context.Context, netConn interface{ SetDeadline(time.Ti
 
 // closeConn closes the replication connection, waiting at most 5s (and not once ctx has ended) for
 // the goodbye to be written.
-func (s *Stream) closeConn(ctx context.Context) {
-	if s.conn == nil {
+func (w *wire) closeConn(ctx context.Context) {
+	if w.conn == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	s.conn.Close(ctx)
-	s.conn = nil
-	s.copying = false
+	w.conn.Close(ctx)
+	w.conn = nil
+	w.copying = false
 }

@@ -124,6 +124,21 @@ func (s *Stream) recordIdentity(ctx context.Context, conn *pgx.Conn) {
 	s.ledgerIdentity = s.identity
 }
 
+// beforeStatus is asked before each status update (wireOwner): a failed publication check ends
+// the session, as does the server shutting down.
+func (s *Stream) beforeStatus() error {
+	if err := s.guard.Err(); err != nil {
+		return err
+	}
+	return s.serverStopping()
+}
+
+// confirming notes flush in the process's memory of the slot before the wire loop sends it
+// (wireOwner).
+func (s *Stream) confirming(flush pglogrepl.LSN) {
+	s.mem.note(s.cfg.Slot, s.identity, true, max(s.serverEnd, s.received), flush, s.maxXid, s.hasXid)
+}
+
 // confirmable is the position a status update may confirm: the checkpoint's, once it belongs to
 // the server's timeline and capped at what the publication checks covered (horizon.go), and never
 // less than the slot's own confirmed position.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -158,4 +159,38 @@ func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) error {
 		s.log.Warn("cannot record the new slot in the ledger; if it is ever lost, a restart cannot tell", zap.String("table", LedgerTable), zap.Error(err))
 	}
 	return err
+}
+
+// parsePGDuration reads a time setting as current_setting returns it ("60s", "1min", "500ms", "0").
+func parsePGDuration(v string) time.Duration {
+	units := []struct {
+		suffix string
+		unit   time.Duration
+	}{{"ms", time.Millisecond}, {"min", time.Minute}, {"s", time.Second}, {"h", time.Hour}, {"d", 24 * time.Hour}}
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			var x int64
+			if _, err := fmt.Sscan(n, &x); err == nil {
+				return time.Duration(x) * u.unit
+			}
+		}
+	}
+	var ms int64
+	if _, err := fmt.Sscan(v, &ms); err == nil {
+		return time.Duration(ms) * time.Millisecond
+	}
+	return 0
+}
+
+// receiveTimeout is how long a session lets the server stay silent before presuming the
+// connection dead: the configured ReceiveTimeout, or longer where a healthy walsender may take
+// longer to answer. A walsender decoding a large transaction that gives it nothing to send (rows of
+// tables outside the publication) reads the relay's messages, the requests for a reply among them,
+// only once it has not heard from the relay for half its wal_sender_timeout; it then sends a
+// keepalive itself, and it gives the relay up after a whole wal_sender_timeout without reading
+// anything. So it answers within about wal_sender_timeout, plus up to a status interval on either
+// side before the relay's next message goes out and is read. With wal_sender_timeout 0 it reads
+// the relay's messages at every progress update of such a decode, so ReceiveTimeout stands.
+func receiveTimeout(configured, senderTimeout, interval time.Duration) time.Duration {
+	return max(configured, senderTimeout+2*interval)
 }

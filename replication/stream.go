@@ -2,6 +2,14 @@
 // database, creates the slot and publication when allowed, streams pgoutput messages to one
 // consumer, reports the checkpoint's safe position back to the server, and reconnects with backoff.
 //
+// It is built in layers. The wire loop (wire.go, finish.go, message.go, dial.go) speaks the
+// replication protocol on one connection: START_REPLICATION's copy mode, CopyData, keepalives and
+// standby status updates; it runs no catalog SQL and asks the layer above (wireOwner) what it may
+// confirm. The slot's life (session.go, slot.go, lost.go, recovery.go, identity.go, server.go,
+// history.go, failover.go, creationwait.go, ledger.go) checks, identifies, creates, replaces and
+// records the slot. The guards (horizon.go, membership.go, preflight.go, relations.go,
+// shutdown.go) cap what may be confirmed and stop what must not go on.
+//
 // One goroutine owns the connection (pgconn is not safe for concurrent use). It keeps sending
 // standby status updates while the consumer is busy, so the walsender never times the relay out
 // during backpressure.
@@ -15,7 +23,6 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -31,36 +38,30 @@ type Checkpoint interface {
 	Timeline() uint32
 }
 
-// Stream is the replication connection and its receive loop.
+// Stream is one slot's replication, in three layers: the wire loop (wire.go and finish.go: copy
+// mode, status updates, the read-ahead budget; no catalog SQL, no decisions about the slot), the
+// slot's life (session.go, slot.go, lost.go, recovery.go, identity.go, history.go, failover.go:
+// checks, identity, creation, loss and replacement, the ledger), and the guards that cap what may
+// be confirmed (horizon.go, membership.go, preflight.go). The wire loop asks the layer above
+// through wireOwner, which Stream implements; it never calls up otherwise.
 type Stream struct {
+	wire
 	cfg Config
 	ck  Checkpoint
 	log *zap.Logger
 	m   *metrics.Metrics
 
-	conn   *pgconn.PgConn
 	ledger Ledger
 	// lost is the lost slot being replaced, from the checks that found it until its gap is
 	// published (recovery.go); nil otherwise.
 	lost *LostSlot
 	// owner holds the recovery lock from before a lost slot is dropped until its recovery is
 	// recorded as ended or the session ends (recovery.go); nil otherwise.
-	owner      *recoveryOwner
-	interval   time.Duration // status interval for the current session
-	nextStatus time.Time
-	lastStatus time.Time
-	floor      pglogrepl.LSN // the slot's confirmed position when the session started
-	received   pglogrepl.LSN
-	reported   pglogrepl.LSN
-	streamed   atomic.Bool // a session reached START_REPLICATION at least once (Streamed)
-	ahead      *readAhead
-	// mem is the process's memory of the slot (history.go). serverEnd is the server's end of WAL
-	// as this session knows it (IDENTIFY_SYSTEM, then data and keepalives): nothing beyond it is
-	// ever confirmed. maxXid is the newest transaction id of a Begin received.
+	owner    *recoveryOwner
+	floor    pglogrepl.LSN // the slot's confirmed position when the session started
+	streamed atomic.Bool   // a session reached START_REPLICATION at least once (Streamed)
+	// mem is the process's memory of the slot (history.go).
 	mem            *Memory
-	serverEnd      pglogrepl.LSN
-	maxXid         uint32
-	hasXid         bool
 	holderRecorded bool // this Stream noted in the ledger that this process streams the slot
 	// identity is the server streamed from (IDENTIFY_SYSTEM), zero before the first session;
 	// ledgerIdentity is what the ledger holds, as far as this process knows.
@@ -70,21 +71,11 @@ type Stream struct {
 	newTimeline    bool     // this session's server is on a later timeline than the last one's
 	// standbySlotsFinding is what warnStandbySlots last said, so a session repeats nothing.
 	standbySlotsFinding string
-	// receiveTimeout is how long the server may be silent in this session: ReceiveTimeout, or
-	// longer when the server's wal_sender_timeout says a busy walsender may take longer to answer.
-	receiveTimeout time.Duration
 
 	guard      *horizon   // caps the confirmed position at what the publication checks covered
 	classifier classifier // BelongsToOutbox's connection
 	stopGuard  context.CancelFunc
 
-	// copying is set while the connection is in copy mode (START_REPLICATION succeeded): only then
-	// is there a copy stream for Finish to end.
-	copying bool
-	// streamingSince is when the session's START_REPLICATION succeeded; stopSigns watches its
-	// keepalives. Both tell when the server shuts down (shutdown.go).
-	streamingSince time.Time
-	stopSigns      stopSigns
 	// stopping is closed by StopReconnecting. setupMu guards cancelSetup, which ends the session
 	// in progress while it has not started streaming.
 	stopping    chan struct{}
@@ -110,9 +101,10 @@ func New(cfg Config, ck Checkpoint, log *zap.Logger, m *metrics.Metrics) *Stream
 	// ledger or not.
 	known := mem.recall(cfg.Slot)
 	guard.mem, guard.slot = mem, cfg.Slot
-	return &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema),
-		ahead: newReadAhead(cfg.BufferBytes), guard: guard, mem: mem, identity: known.identity,
-		stopping: make(chan struct{})}
+	s := &Stream{cfg: cfg, ck: ck, log: log, m: m, ledger: NewLedger(cfg.Schema),
+		guard: guard, mem: mem, identity: known.identity, stopping: make(chan struct{})}
+	s.wire = wire{above: s, log: log, m: m, ahead: newReadAhead(cfg.BufferBytes), probeAfter: cfg.ReceiveTimeout / 3}
+	return s
 }
 
 // Streamed reports whether a session has reached START_REPLICATION (it stays set across

@@ -5,64 +5,78 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/metrics"
 )
 
-// streamError maps errors of START_REPLICATION and of the stream to actionable ones.
-func (s *Stream) streamError(err error) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return fmt.Errorf("replication stream: %w", err)
-	}
-	switch pgErr.Code {
-	case "55006": // object_in_use: "replication slot ... is active for PID n"
-		return fmt.Errorf("%w: %s", ErrSlotActive, pgErr.Message)
-	case "42704": // undefined_object: the slot or the publication
-		if strings.HasPrefix(pgErr.Message, "publication ") && s.cfg.NoTable {
-			return fatalf("%s: publication %q was dropped while the relay was streaming; pgoutput needs it, although messages do not depend on what it publishes: recreate it (CREATE PUBLICATION %s) and restart",
-				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize())
-		}
-		if strings.HasPrefix(pgErr.Message, "publication ") {
-			return fatalf("%s: publication %q was dropped while the relay was streaming, so outbox rows written since are not in the replication stream: recreate it (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)), republish the rows written meanwhile (backfill_since), and restart",
-				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize(), s.cfg.qualifiedTable())
-		}
-		if s.cfg.OnSlotLost == SlotLostRecover {
-			// Also before this process streamed it: the session's checks found the slot, and it
-			// went while the session waited (for Kafka, say) before START_REPLICATION. The next
-			// session's checks decide from the slot ledger, as for any missing slot.
-			return fmt.Errorf("%w: %s", errSlotGone, pgErr.Message)
-		}
-		if s.streamed.Load() {
-			return fmt.Errorf("%w: %s", ErrSlotLost, pgErr.Message)
-		}
-		return fatalf("%s: check the slot and publication settings", pgErr.Message)
-	case "55000": // object_not_in_prerequisite_state: e.g. the slot's WAL was removed
-		if s.cfg.OnSlotLost == SlotLostRecover {
-			return fmt.Errorf("%w: %s", errSlotGone, pgErr.Message)
-		}
-		return fmt.Errorf("%w: %s: the slot can no longer be streamed; drop and recreate it, then reconcile outbox rows written since %s", ErrSlotLost, pgErr.Message, s.reported)
-	case "57P01", "57P02", "57P03": // server shutting down or restarting
-		return fmt.Errorf("PostgreSQL is shutting down: %w", err)
-	}
-	if pgErr.Code[:2] == "42" || pgErr.Code[:2] == "22" {
-		return fatalf("replication stream: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
-	}
-	return fmt.Errorf("replication stream: %w", err)
+// wire is the replication connection in copy mode, and what it knows of the server's WAL: it reads
+// CopyData, answers keepalives, hands messages to the consumer within the read-ahead budget, and
+// sends standby status updates. It runs no catalog SQL and decides nothing about the slot: what a
+// status update may confirm, and whether the session must end instead, it asks above. One
+// goroutine (Stream.Run's, then Stream.Finish's) uses it at a time: pgconn is not safe for
+// concurrent use.
+type wire struct {
+	conn  *pgconn.PgConn
+	above wireOwner
+	log   *zap.Logger
+	m     *metrics.Metrics
+	ahead *readAhead
+
+	interval   time.Duration // status interval for the current session
+	nextStatus time.Time
+	lastStatus time.Time
+	received   pglogrepl.LSN
+	reported   pglogrepl.LSN
+	// serverEnd is the server's end of WAL as this session knows it (IDENTIFY_SYSTEM, then data
+	// and keepalives): nothing beyond it is ever confirmed. maxXid is the newest transaction id of
+	// a Begin received.
+	serverEnd pglogrepl.LSN
+	maxXid    uint32
+	hasXid    bool
+	// receiveTimeout is how long the server may be silent in this session: ReceiveTimeout, or
+	// longer when the server's wal_sender_timeout says a busy walsender may take longer to answer.
+	// After probeAfter (a third of ReceiveTimeout) in silence, status updates ask for a reply.
+	receiveTimeout time.Duration
+	probeAfter     time.Duration
+
+	// copying is set while the connection is in copy mode (START_REPLICATION succeeded): only then
+	// is there a copy stream for Finish to end.
+	copying bool
+	// streamingSince is when the session's START_REPLICATION succeeded; stopSigns watches its
+	// keepalives. Both tell when the server shuts down (shutdown.go).
+	streamingSince time.Time
+	stopSigns      stopSigns
+}
+
+// wireOwner is what the wire loop asks the layer above (Stream: the slot's life and the guards).
+// The wire loop is its one caller.
+type wireOwner interface {
+	// serverStopping ends the session when the server shuts down (shutdown.go); asked every round.
+	serverStopping() error
+	// beforeStatus ends the session instead of a status update: a guard's finding, or the server
+	// shutting down.
+	beforeStatus() error
+	// confirmable is the position a status update may confirm; 0: none yet.
+	confirmable() pglogrepl.LSN
+	// confirming is told the position a status update is about to confirm, before it is sent: a
+	// server that read an update the relay saw fail has confirmed it all the same.
+	confirming(flush pglogrepl.LSN)
+	// streamError maps an error of the stream to one the relay can act on.
+	streamError(err error) error
 }
 
 // receive is the session's read loop.
-func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
+func (w *wire) receive(ctx context.Context, out chan<- Message) error {
 	// ReceiveMessage with a cancellable context starts a goroutine per call to watch it, which at
 	// tens of thousands of messages a second is most of this loop's cost. Read with a socket
 	// deadline instead, moved only when the next status update is due, and expire it when ctx ends.
-	netConn := s.conn.Conn()
+	netConn := w.conn.Conn()
 	defer netConn.SetDeadline(time.Time{})
 	defer interruptOnDone(ctx, netConn)() // before the deadline is cleared: see interruptOnDone
 	var deadline time.Time
@@ -72,7 +86,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := s.serverStopping(); err != nil {
+		if err := w.above.serverStopping(); err != nil {
 			return err
 		}
 		// One clock reading a round: at a hundred thousand messages a second, each reading counts.
@@ -80,29 +94,29 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 		if heard {
 			lastHeard = now // the message, and the time spent waiting for the consumer, are not server silence
 		}
-		if s.statusDue(now) {
+		if w.statusDue(now) {
 			// The server sends keepalives only when it has not heard from the relay for half its
 			// wal_sender_timeout (never when that is 0) or has sent what the relay has not
 			// confirmed, so an idle server says nothing while status updates arrive. Once it has
 			// been silent a while, ask for a reply: a healthy one answers at once, so silence
 			// up to ReceiveTimeout then means the connection is dead.
-			probe := time.Since(lastHeard) >= s.cfg.ReceiveTimeout/3
-			if err := s.sendStatus(ctx, probe); err != nil {
+			probe := time.Since(lastHeard) >= w.probeAfter
+			if err := w.sendStatus(ctx, probe); err != nil {
 				return err
 			}
 		}
-		if next, move := s.readDeadline(now, deadline); move {
+		if next, move := w.readDeadline(now, deadline); move {
 			deadline = next
 			netConn.SetReadDeadline(deadline)
 		}
-		raw, err := s.conn.ReceiveMessage(context.Background())
+		raw, err := w.conn.ReceiveMessage(context.Background())
 		heard = err == nil
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			if pgconn.Timeout(err) {
-				if silent := time.Since(lastHeard); silent > s.receiveTimeout {
+				if silent := time.Since(lastHeard); silent > w.receiveTimeout {
 					return fmt.Errorf("no message from PostgreSQL for %s; presuming the connection dead", silent.Round(time.Second))
 				}
 				continue
@@ -111,11 +125,11 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message) error {
 		}
 		switch msg := raw.(type) {
 		case *pgproto3.CopyData:
-			if err := s.handleCopyData(ctx, out, msg.Data); err != nil {
+			if err := w.handleCopyData(ctx, out, msg.Data); err != nil {
 				return err
 			}
 		case *pgproto3.ErrorResponse:
-			return s.streamError(pgconn.ErrorResponseToPgError(msg))
+			return w.above.streamError(pgconn.ErrorResponseToPgError(msg))
 		case *pgproto3.CopyDone:
 			return errors.New("PostgreSQL ended the replication stream")
 		}
@@ -135,23 +149,23 @@ const eagerStatusGap = 100 * time.Millisecond
 // after a quiet spell: with the deadline left at the next status update, its confirmation waited
 // for that even once confirmable), never later on a busy stream, where moving it at every message
 // would cost a system call each.
-func (s *Stream) readDeadline(now, deadline time.Time) (time.Time, bool) {
-	next := s.nextStatus
-	if soon := now.Add(eagerStatusGap); s.received > s.reported && soon.Before(next) {
+func (w *wire) readDeadline(now, deadline time.Time) (time.Time, bool) {
+	next := w.nextStatus
+	if soon := now.Add(eagerStatusGap); w.received > w.reported && soon.Before(next) {
 		next = soon
 	}
 	return next, !now.Before(deadline) || next.Before(deadline)
 }
 
 // statusDue reports whether a status update should go out now.
-func (s *Stream) statusDue(now time.Time) bool {
-	if !now.Before(s.nextStatus) {
+func (w *wire) statusDue(now time.Time) bool {
+	if !now.Before(w.nextStatus) {
 		return true
 	}
-	return s.confirmable() > s.reported && now.Sub(s.lastStatus) >= eagerStatusGap
+	return w.above.confirmable() > w.reported && now.Sub(w.lastStatus) >= eagerStatusGap
 }
 
-func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []byte) error {
+func (w *wire) handleCopyData(ctx context.Context, out chan<- Message, data []byte) error {
 	if len(data) == 0 {
 		return nil
 	}
@@ -161,32 +175,32 @@ func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []
 		if err != nil {
 			return fmt.Errorf("parse keepalive: %w", err)
 		}
-		s.serverEnd = max(s.serverEnd, pkm.ServerWALEnd)
-		if s.stopSigns.keepalive(pkm.ReplyRequested, pkm.ServerWALEnd, time.Now(), s.interval) {
+		w.serverEnd = max(w.serverEnd, pkm.ServerWALEnd)
+		if w.stopSigns.keepalive(pkm.ReplyRequested, pkm.ServerWALEnd, time.Now(), w.interval) {
 			return errWalsenderStopping
 		}
 		if pkm.ReplyRequested {
-			if err := s.sendStatus(ctx, false); err != nil {
+			if err := w.sendStatus(ctx, false); err != nil {
 				return err
 			}
 		}
-		return s.forward(ctx, out, Message{Kind: Keepalive, WALEnd: pkm.ServerWALEnd})
+		return w.forward(ctx, out, Message{Kind: Keepalive, WALEnd: pkm.ServerWALEnd})
 	case pglogrepl.XLogDataByteID:
 		xld, err := pglogrepl.ParseXLogData(data[1:])
 		if err != nil {
 			return fmt.Errorf("parse XLogData: %w", err)
 		}
-		s.stopSigns.data()
-		if xld.WALStart > s.received {
-			s.received = xld.WALStart
-			s.m.ReceivedLSN.Set(float64(xld.WALStart))
+		w.stopSigns.data()
+		if xld.WALStart > w.received {
+			w.received = xld.WALStart
+			w.m.ReceivedLSN.Set(float64(xld.WALStart))
 		}
-		s.serverEnd = max(s.serverEnd, xld.ServerWALEnd, xld.WALStart)
-		if xid, ok := beginXid(xld.WALData); ok && (!s.hasXid || xidAfter(xid, s.maxXid)) {
-			s.maxXid, s.hasXid = xid, true
+		w.serverEnd = max(w.serverEnd, xld.ServerWALEnd, xld.WALStart)
+		if xid, ok := beginXid(xld.WALData); ok && (!w.hasXid || xidAfter(xid, w.maxXid)) {
+			w.maxXid, w.hasXid = xid, true
 		}
 		// forward copies the data: pgconn reuses its read buffer.
-		return s.forward(ctx, out, Message{Kind: Data, WALStart: xld.WALStart, Data: xld.WALData})
+		return w.forward(ctx, out, Message{Kind: Data, WALStart: xld.WALStart, Data: xld.WALData})
 	}
 	return nil
 }
@@ -195,14 +209,14 @@ func (s *Stream) handleCopyData(ctx context.Context, out chan<- Message, data []
 // read-ahead budget (Data messages), then for room in the channel. A Data message's bytes belong to
 // pgconn's read buffer; they are copied only once admitted, so a row waiting for the budget is not
 // held twice.
-func (s *Stream) forward(ctx context.Context, out chan<- Message, msg Message) error {
+func (w *wire) forward(ctx context.Context, out chan<- Message, msg Message) error {
 	if msg.Kind == Data {
-		for !s.ahead.tryAcquire(int64(len(msg.Data))) {
-			if err := s.await(ctx, s.ahead.wake); err != nil {
+		for !w.ahead.tryAcquire(int64(len(msg.Data))) {
+			if err := w.await(ctx, w.ahead.wake); err != nil {
 				return err
 			}
 		}
-		msg.Data, msg.ahead = bytes.Clone(msg.Data), s.ahead
+		msg.Data, msg.ahead = bytes.Clone(msg.Data), w.ahead
 	}
 	select {
 	case out <- msg:
@@ -210,13 +224,13 @@ func (s *Stream) forward(ctx context.Context, out chan<- Message, msg Message) e
 	default:
 	}
 	for {
-		timer := time.NewTimer(time.Until(s.nextStatus))
+		timer := time.NewTimer(time.Until(w.nextStatus))
 		select {
 		case out <- msg:
 			timer.Stop()
 			return nil
 		case <-timer.C:
-			if err := s.sendStatus(ctx, false); err != nil {
+			if err := w.sendStatus(ctx, false); err != nil {
 				msg.Release()
 				return err
 			}
@@ -229,15 +243,15 @@ func (s *Stream) forward(ctx context.Context, out chan<- Message, msg Message) e
 }
 
 // await waits for wake, sending status updates meanwhile.
-func (s *Stream) await(ctx context.Context, wake <-chan struct{}) error {
+func (w *wire) await(ctx context.Context, wake <-chan struct{}) error {
 	for {
-		timer := time.NewTimer(time.Until(s.nextStatus))
+		timer := time.NewTimer(time.Until(w.nextStatus))
 		select {
 		case <-wake:
 			timer.Stop()
 			return nil
 		case <-timer.C:
-			if err := s.sendStatus(ctx, false); err != nil {
+			if err := w.sendStatus(ctx, false); err != nil {
 				return err
 			}
 		case <-ctx.Done():
@@ -250,24 +264,21 @@ func (s *Stream) await(ctx context.Context, wake <-chan struct{}) error {
 // sendStatus reports the checkpoint's position. Write, flush and apply are all set explicitly:
 // pglogrepl replaces a zero flush position with the write position, which would confirm events
 // that Kafka has not acknowledged.
-func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
-	if err := s.guard.Err(); err != nil {
+func (w *wire) sendStatus(ctx context.Context, reply bool) error {
+	if err := w.above.beforeStatus(); err != nil {
 		return err
 	}
-	if err := s.serverStopping(); err != nil {
-		return err
-	}
-	s.lastStatus = time.Now()
-	s.nextStatus = s.lastStatus.Add(s.interval)
-	flush := s.confirmable()
+	w.lastStatus = time.Now()
+	w.nextStatus = w.lastStatus.Add(w.interval)
+	flush := w.above.confirmable()
 	if flush == 0 {
 		return nil
 	}
 	// Remembered before it is sent: a server that read a status update the relay saw fail has
 	// confirmed it all the same.
-	s.mem.note(s.cfg.Slot, s.identity, true, max(s.serverEnd, s.received), flush, s.maxXid, s.hasXid)
-	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: max(s.received, flush),
+	w.above.confirming(flush)
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, w.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: max(w.received, flush),
 		WALFlushPosition: flush,
 		WALApplyPosition: flush,
 		ClientTime:       time.Now(),
@@ -276,49 +287,11 @@ func (s *Stream) sendStatus(ctx context.Context, reply bool) error {
 	if err != nil {
 		return fmt.Errorf("send standby status: %w", err)
 	}
-	if flush != s.reported {
-		s.log.Debug("confirmed", zap.Stringer("lsn", flush))
+	if flush != w.reported {
+		w.log.Debug("confirmed", zap.Stringer("lsn", flush))
 	}
-	s.reported = flush
-	s.m.ConfirmedLSN.Set(float64(flush))
-	s.m.StatusUpdates.Inc()
+	w.reported = flush
+	w.m.ConfirmedLSN.Set(float64(flush))
+	w.m.StatusUpdates.Inc()
 	return nil
-}
-
-func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
-}
-
-// parsePGDuration reads a time setting as current_setting returns it ("60s", "1min", "500ms", "0").
-func parsePGDuration(v string) time.Duration {
-	units := []struct {
-		suffix string
-		unit   time.Duration
-	}{{"ms", time.Millisecond}, {"min", time.Minute}, {"s", time.Second}, {"h", time.Hour}, {"d", 24 * time.Hour}}
-	for _, u := range units {
-		if n, ok := strings.CutSuffix(v, u.suffix); ok {
-			var x int64
-			if _, err := fmt.Sscan(n, &x); err == nil {
-				return time.Duration(x) * u.unit
-			}
-		}
-	}
-	var ms int64
-	if _, err := fmt.Sscan(v, &ms); err == nil {
-		return time.Duration(ms) * time.Millisecond
-	}
-	return 0
-}
-
-// receiveTimeout is how long a session lets the server stay silent before presuming the
-// connection dead: the configured ReceiveTimeout, or longer where a healthy walsender may take
-// longer to answer. A walsender decoding a large transaction that gives it nothing to send (rows of
-// tables outside the publication) reads the relay's messages, the requests for a reply among them,
-// only once it has not heard from the relay for half its wal_sender_timeout; it then sends a
-// keepalive itself, and it gives the relay up after a whole wal_sender_timeout without reading
-// anything. So it answers within about wal_sender_timeout, plus up to a status interval on either
-// side before the relay's next message goes out and is read. With wal_sender_timeout 0 it reads
-// the relay's messages at every progress update of such a decode, so ReceiveTimeout stands.
-func receiveTimeout(configured, senderTimeout, interval time.Duration) time.Duration {
-	return max(configured, senderTimeout+2*interval)
 }
