@@ -46,18 +46,31 @@ type Config struct {
 	// count alone would let the buffer hold Buffer rows. A message larger than the cap is admitted
 	// when nothing else is held, so a huge row cannot wedge the stream. Default 16 MiB.
 	BufferBytes int64
-	// BeforeStream, when set, runs in the first session that gets this far, after the slot exists
-	// (so nothing committed from here on can be missed) and before START_REPLICATION: the relay
-	// waits for Kafka and backfills there. snapshot names the snapshot exported when this session
-	// created the slot with ExportSnapshot (the rows it shows are exactly those committed before the
-	// slot's consistent point); it is "" when the slot already existed.
-	BeforeStream func(ctx context.Context, snapshot string) error
+	// The three hooks below are the relay's policy, called by the slot's life at fixed points of a
+	// session, each from one place, in this order: OnWalsender (Stream.publishWalsender), then
+	// BeforeStream (Stream.beforeStream), then Recover (Stream.recover), all before
+	// START_REPLICATION and on the session's goroutine. The wire loop calls none of them.
+	//
 	// OnWalsender, when set, runs in each session as soon as the replication connection is up,
 	// before the session creates, recovers or streams the slot, with that connection's backend
 	// PID: the walsender that will hold the slot. The leader publishes it there
 	// (leader.Term.PublishWalsender), so the next leader knows which walsender to end before the
 	// slot can show it active. An error ends the session, which is retried.
 	OnWalsender func(ctx context.Context, pid int32) error
+	// BeforeStream, when set, runs in the first session that gets this far, after the slot exists
+	// (so nothing committed from here on can be missed) and before START_REPLICATION: the relay
+	// waits for Kafka and backfills there. snapshot names the snapshot exported when this session
+	// created the slot with ExportSnapshot (the rows it shows are exactly those committed before the
+	// slot's consistent point); it is "" when the slot already existed, and for a replacement slot,
+	// whose snapshot is Recover's.
+	BeforeStream func(ctx context.Context, snapshot string) error
+	// Recover publishes a lost slot's gap from the outbox table, as of snapshot (the replacement
+	// slot's: exactly the transactions committed before its consistent point), and returns once
+	// Kafka holds it all. An error leaves the recovery under way: the next session starts it again.
+	// It is where the two halves of a lost slot's recovery meet: the stream's (lost.go decides,
+	// recovery.go replaces the slot, owns the recovery and records its end) and the relay's, which
+	// publishes the gap. Its context ends when the recovery lock is lost.
+	Recover func(ctx context.Context, snapshot string, lost LostSlot) (Recovery, error)
 	// ExportSnapshot creates a missing slot with an exported snapshot, for BeforeStream.
 	ExportSnapshot bool
 	// Failover makes the slot a failover slot (PostgreSQL 17+; a fatal error on older servers):
@@ -70,10 +83,6 @@ type Config struct {
 	// MessageEvents: events also come as logical decoding messages, which are stored nowhere but
 	// the WAL, so a lost slot's gap cannot be recovered whole (with NoTable, not at all).
 	MessageEvents bool
-	// Recover publishes a lost slot's gap from the outbox table, as of snapshot (the replacement
-	// slot's: exactly the transactions committed before its consistent point), and returns once
-	// Kafka holds it all. An error leaves the recovery under way: the next session starts it again.
-	Recover func(ctx context.Context, snapshot string, lost LostSlot) (Recovery, error)
 	// Memory is the process's memory of the slots it streamed (history.go), shared by every
 	// Stream the process builds (one per leadership term). Nil: this Stream's own.
 	Memory *Memory
