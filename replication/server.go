@@ -24,6 +24,21 @@ func identifySystem(ctx context.Context, conn *pgconn.PgConn) (Identity, pglogre
 	return Identity{SystemID: res.SystemID, Timeline: uint32(res.Timeline)}, res.XLogPos, nil
 }
 
+// IdentifySystem asks the server conf leads to who it is, on a replication connection of its own
+// (conf is not changed), for a caller that needs the identity before any stream runs (the
+// exactly-once transactional id). A Stream compares its own sessions' servers itself.
+func IdentifySystem(ctx context.Context, conf *pgconn.Config) (Identity, error) {
+	cfg := conf.Copy()
+	cfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return Identity{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	id, _, err := identifySystem(ctx, conn)
+	return id, err
+}
+
 // systemIdentifier reads the database cluster an ordinary connection reached. pg_control_system()
 // is executable by PUBLIC by default; where it was revoked, the error says so, and the caller
 // relies on the replication connection's IDENTIFY_SYSTEM instead.
