@@ -19,10 +19,19 @@ type dialling struct {
 	err    error
 }
 
-// dialReplication opens the replication connection in the background.
-func (s *Stream) dialReplication(ctx context.Context, conf *pgx.ConnConfig) *dialling {
+// asReplication makes cfg open a replication connection (replication=database: the replication
+// commands, and simple-protocol SQL), named outbox-relay unless pg_dsn names it.
+func asReplication(cfg *pgconn.Config) {
+	cfg.RuntimeParams["replication"] = "database"
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+		cfg.RuntimeParams["application_name"] = "outbox-relay"
+	}
+}
+
+// dialReplication opens a session's replication connection in the background.
+func dialReplication(ctx context.Context, conf *pgx.ConnConfig) *dialling {
 	rcfg := &conf.Config
-	rcfg.RuntimeParams["replication"] = "database"
+	asReplication(rcfg)
 	// pgoutput sends values in their text form, which for bytea follows the session's bytea_output,
 	// and ALTER DATABASE/ROLE ... SET bytea_output = 'escape' reaches the walsender too: the
 	// decoder reads hex. Startup options win over database and role settings.
@@ -34,9 +43,6 @@ func (s *Stream) dialReplication(ctx context.Context, conf *pgx.ConnConfig) *dia
 	// larger pieces and spare the syscalls.
 	rcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
 		return pgproto3.NewFrontend(bufio.NewReaderSize(r, 256<<10), w)
-	}
-	if _, ok := rcfg.RuntimeParams["application_name"]; !ok {
-		rcfg.RuntimeParams["application_name"] = "outbox-relay"
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	d := &dialling{cancel: cancel, done: make(chan struct{})}

@@ -92,6 +92,34 @@ func (s *Stream) supersededError(id, prev, recorded Identity) error {
 		id.SystemID, id.Timeline, where, prev.Timeline, s.cfg.Slot, prev.Timeline, s.ledger.Table(), quoteLiteral(s.cfg.Slot))
 }
 
+// readLedgerIdentity learns the server the ledger says the slot was last streamed from, until
+// this Stream knows it, and returns it while the process has streamed from no server (the identity
+// a first session compares with; zero otherwise). Every session of a first term compares with it,
+// also the retries after one that ended before IDENTIFY_SYSTEM (a busy slot, a standby reached):
+// ledgerIdentity is then only what the ledger said, since recordIdentity needs a known server. A
+// later term of the process reads it too: its Stream starts with the server the process
+// remembers, which may be a promoted standby an earlier term reached but never streamed from, so
+// only the ledger says whether this term resumes from that server's synchronised slot
+// (resumesSynced).
+func (s *Stream) readLedgerIdentity(ctx context.Context, conn *pgx.Conn) Identity {
+	if s.ledgerIdentity == (Identity{}) {
+		recorded, known, err := s.ledger.Identity(ctx, conn, s.cfg.Slot)
+		switch {
+		case err != nil && s.identity == (Identity{}):
+			// Like the rest of the ledger, optional: without it only the in-process comparison remains.
+			s.log.Warn("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
+		case err != nil:
+			s.log.Debug("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
+		case known:
+			s.ledgerIdentity = recorded
+		}
+	}
+	if s.identity == (Identity{}) {
+		return s.ledgerIdentity
+	}
+	return Identity{}
+}
+
 // recordIdentity notes the server in the ledger, so that a restart still recognises another
 // cluster or a failover. Like the rest of the ledger it is optional: failing is worth a warning.
 func (s *Stream) recordIdentity(ctx context.Context, conn *pgx.Conn) {

@@ -26,7 +26,7 @@ func (s *Stream) session(ctx context.Context, out chan<- Message) error {
 	}
 	// The replication connection is dialled while the checks run: a connection's handshake (a
 	// backend forked, SCRAM) is the larger part of a start. Nothing is asked on it before they pass.
-	dialled := s.dialReplication(ctx, conf)
+	dialled := dialReplication(ctx, conf)
 	checked, err := s.prepare(ctx)
 	if err != nil {
 		dialled.discard()
@@ -267,34 +267,6 @@ func (c *checked) closeConn(ctx context.Context) {
 		c.conn.Close(context.WithoutCancel(ctx))
 		c.conn = nil
 	}
-}
-
-// readLedgerIdentity learns the server the ledger says the slot was last streamed from, until
-// this Stream knows it, and returns it while the process has streamed from no server (the identity
-// a first session compares with; zero otherwise). Every session of a first term compares with it,
-// also the retries after one that ended before IDENTIFY_SYSTEM (a busy slot, a standby reached):
-// ledgerIdentity is then only what the ledger said, since recordIdentity needs a known server. A
-// later term of the process reads it too: its Stream starts with the server the process
-// remembers, which may be a promoted standby an earlier term reached but never streamed from, so
-// only the ledger says whether this term resumes from that server's synchronised slot
-// (resumesSynced).
-func (s *Stream) readLedgerIdentity(ctx context.Context, conn *pgx.Conn) Identity {
-	if s.ledgerIdentity == (Identity{}) {
-		recorded, known, err := s.ledger.Identity(ctx, conn, s.cfg.Slot)
-		switch {
-		case err != nil && s.identity == (Identity{}):
-			// Like the rest of the ledger, optional: without it only the in-process comparison remains.
-			s.log.Warn("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
-		case err != nil:
-			s.log.Debug("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
-		case known:
-			s.ledgerIdentity = recorded
-		}
-	}
-	if s.identity == (Identity{}) {
-		return s.ledgerIdentity
-	}
-	return Identity{}
 }
 
 // backendPID is the replication connection's backend, the walsender, as the server numbers it

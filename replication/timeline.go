@@ -29,10 +29,7 @@ func TimelineHistory(ctx context.Context, cfg *Config, timeline uint32) (Identit
 		return Identity{}, nil, err
 	}
 	rcfg := &conf.Config
-	rcfg.RuntimeParams["replication"] = "database"
-	if _, ok := rcfg.RuntimeParams["application_name"]; !ok {
-		rcfg.RuntimeParams["application_name"] = "outbox-relay"
-	}
+	asReplication(rcfg)
 	// A bounded wait: the caller retries, and a server that hangs must not hold a session's start.
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
