@@ -85,21 +85,9 @@ func (s *Stream) streamError(err error) error {
 			return fatalf("%s: publication %q was dropped while the relay was streaming, so outbox rows written since are not in the replication stream: recreate it (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)), republish the rows written meanwhile (backfill_since), and restart",
 				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize(), s.cfg.qualifiedTable())
 		}
-		if s.cfg.OnSlotLost == SlotLostRecover {
-			// Also before this process streamed it: the session's checks found the slot, and it
-			// went while the session waited (for Kafka, say) before START_REPLICATION. The next
-			// session's checks decide from the slot ledger, as for any missing slot.
-			return fmt.Errorf("%w: %s", errSlotGone, pgErr.Message)
-		}
-		if s.streamed.Load() {
-			return fmt.Errorf("%w: %s", ErrSlotLost, pgErr.Message)
-		}
-		return fatalf("%s: check the slot and publication settings", pgErr.Message)
+		return s.slotGoneError(pgErr, false)
 	case "55000": // object_not_in_prerequisite_state: e.g. the slot's WAL was removed
-		if s.cfg.OnSlotLost == SlotLostRecover {
-			return fmt.Errorf("%w: %s", errSlotGone, pgErr.Message)
-		}
-		return fmt.Errorf("%w: %s: the slot can no longer be streamed; drop and recreate it, then reconcile outbox rows written since %s", ErrSlotLost, pgErr.Message, s.reported)
+		return s.slotGoneError(pgErr, true)
 	case "57P01", "57P02", "57P03": // server shutting down or restarting
 		return fmt.Errorf("PostgreSQL is shutting down: %w", err)
 	}

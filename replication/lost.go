@@ -12,8 +12,9 @@ import (
 	"go.uber.org/zap"
 )
 
-// Whether the slot a session's checks read is lost, and what that makes the session do: the one
-// place where both policies of Config.OnSlotLost decide. With SlotLostStop a lost slot stops the
+// Whether the slot is lost, and what that makes the session do: the one place where both policies
+// of Config.OnSlotLost decide, from a session's checks (decideLost) and from the server's refusal
+// to stream the slot (slotGoneError). With SlotLostStop a lost slot stops the
 // relay with what to do by hand; with SlotLostRecover it is replaced and its gap published
 // (recovery.go, the stream's half; Config.Recover, the relay's).
 
@@ -69,6 +70,24 @@ func (s *Stream) refuseMissing(ctx context.Context, conn *pgx.Conn, known slotMe
 			ErrSlotLost, s.cfg.Slot, e.CreatedAt.Format(time.RFC3339), e.ConsistentLSN, s.recovery())
 	}
 	return nil
+}
+
+// slotGoneError is what the server's refusal to stream the slot means, by policy: the slot is
+// missing (undefined_object), or it can no longer be streamed (invalidated: the slot's WAL was
+// removed). With SlotLostRecover the next session's checks decide, as for any missing slot.
+func (s *Stream) slotGoneError(pgErr *pgconn.PgError, invalidated bool) error {
+	switch {
+	case s.cfg.OnSlotLost == SlotLostRecover:
+		// Also before this process streamed it: the session's checks found the slot, and it went
+		// while the session waited (for Kafka, say) before START_REPLICATION. The next session's
+		// checks decide from the slot ledger, as for any missing slot.
+		return fmt.Errorf("%w: %s", errSlotGone, pgErr.Message)
+	case invalidated:
+		return fmt.Errorf("%w: %s: the slot can no longer be streamed; drop and recreate it, then reconcile outbox rows written since %s", ErrSlotLost, pgErr.Message, s.reported)
+	case s.streamed.Load():
+		return fmt.Errorf("%w: %s", ErrSlotLost, pgErr.Message)
+	}
+	return fatalf("%s: check the slot and publication settings", pgErr.Message)
 }
 
 // What the stream does about a lost slot (Config.OnSlotLost).
