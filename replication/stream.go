@@ -8,7 +8,8 @@
 // confirm. The slot's life (session.go, slot.go, lost.go, recovery.go, identity.go, server.go,
 // history.go, failover.go, creationwait.go, ledger.go) checks, identifies, creates, replaces and
 // records the slot. The guards (horizon.go, membership.go, preflight.go, relations.go,
-// shutdown.go) cap what may be confirmed and stop what must not go on.
+// shutdown.go) cap what may be confirmed and stop what must not go on; confirm.go is where the
+// wire loop's questions are answered from both.
 //
 // One goroutine owns the connection (pgconn is not safe for concurrent use). It keeps sending
 // standby status updates while the consumer is busy, so the walsender never times the relay out
