@@ -21,7 +21,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
@@ -305,10 +304,8 @@ func positionsTopic(t *sink.Transactions) string {
 // slot may run, retrying until ctx ends while PostgreSQL is unreachable; refused credentials end it.
 // conn is the relay's connection configuration (credentials and TLS applied); it is not changed.
 func TransactionalID(ctx context.Context, conn *pgconn.Config, slot string, log *zap.Logger) (string, error) {
-	cfg := conn.Copy()
-	cfg.RuntimeParams["replication"] = "database"
 	for attempt := 0; ; attempt++ {
-		id, err := identify(ctx, cfg)
+		id, err := identify(ctx, conn)
 		if err == nil {
 			return "outbox-relay-" + id + "-" + slot, nil
 		}
@@ -333,16 +330,8 @@ func TransactionalID(ctx context.Context, conn *pgconn.Config, slot string, log 
 func identify(ctx context.Context, cfg *pgconn.Config) (string, error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := pgconn.ConnectConfig(cctx, cfg)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	res, err := pglogrepl.IdentifySystem(cctx, conn)
-	if err != nil {
-		return "", err
-	}
-	return res.SystemID, nil
+	id, err := replication.IdentifySystem(cctx, cfg)
+	return id.SystemID, err
 }
 
 // quoteLiteral quotes s as an SQL string literal.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/credentials"
@@ -64,4 +65,34 @@ func classifyConnect(err error, what string) error {
 		return fmt.Errorf("connect to PostgreSQL for %s: too many connections: %w", what, err)
 	}
 	return fmt.Errorf("connect to PostgreSQL for %s: %w", what, err)
+}
+
+// streamError maps errors of START_REPLICATION and of the stream to actionable ones.
+func (s *Stream) streamError(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("replication stream: %w", err)
+	}
+	switch pgErr.Code {
+	case "55006": // object_in_use: "replication slot ... is active for PID n"
+		return fmt.Errorf("%w: %s", ErrSlotActive, pgErr.Message)
+	case "42704": // undefined_object: the slot or the publication
+		if strings.HasPrefix(pgErr.Message, "publication ") && s.cfg.NoTable {
+			return fatalf("%s: publication %q was dropped while the relay was streaming; pgoutput needs it, although messages do not depend on what it publishes: recreate it (CREATE PUBLICATION %s) and restart",
+				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize())
+		}
+		if strings.HasPrefix(pgErr.Message, "publication ") {
+			return fatalf("%s: publication %q was dropped while the relay was streaming, so outbox rows written since are not in the replication stream: recreate it (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)), republish the rows written meanwhile (backfill_since), and restart",
+				pgErr.Message, s.cfg.Publication, pgx.Identifier{s.cfg.Publication}.Sanitize(), s.cfg.qualifiedTable())
+		}
+		return s.slotGoneError(pgErr, false)
+	case "55000": // object_not_in_prerequisite_state: e.g. the slot's WAL was removed
+		return s.slotGoneError(pgErr, true)
+	case "57P01", "57P02", "57P03": // server shutting down or restarting
+		return fmt.Errorf("PostgreSQL is shutting down: %w", err)
+	}
+	if pgErr.Code[:2] == "42" || pgErr.Code[:2] == "22" {
+		return fatalf("replication stream: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
+	}
+	return fmt.Errorf("replication stream: %w", err)
 }

@@ -226,62 +226,78 @@ func (h *horizon) run(ctx context.Context) {
 			}
 			began := time.Now()
 			err := h.check(ctx, &conn)
-			var pgErr *pgconn.PgError
-			switch {
-			case err == nil:
-				h.lastGood, h.lockSkips, h.badSince = time.Now(), 0, time.Time{}
-			case isCannotConnectNow(err):
-				// Shutting down (or not up yet): the stream leaves the server so that it can stop
-				// (shutdown.go), and the checks wait for it as for a server that is down.
-				h.noteStopping(began)
-				h.badSince = time.Time{}
-			case !errors.As(err, &pgErr):
-				// PostgreSQL did not answer (down, restarting, unreachable): the stream sees that
-				// too and reports it; only failures the server answered count toward staleLimit.
-				h.badSince = time.Time{}
-			case h.badSince.IsZero():
-				h.badSince = time.Now()
-			}
-			if h.m != nil {
-				h.m.PublicationCheckAge.Set(time.Since(h.lastGood).Seconds())
-			}
-			switch {
-			case err == nil:
-			case IsFatal(err):
-				h.fail(err)
-				h.log.Error("publication check failed; the relay stops", zap.Error(err))
+			h.count(err, began)
+			if !h.carryOn(ctx, err, &conn) {
 				return
-			case ctx.Err() != nil:
-				return
-			case !h.badSince.IsZero() && time.Since(h.badSince) > h.staleLimit:
-				err = fatalf("no publication check of outbox table %s succeeded for %s, PostgreSQL refusing each (last error: %w), so the slot could not be confirmed meanwhile: fix the cause and restart",
-					h.table, time.Since(h.lastGood).Round(time.Second), err)
-				h.fail(err)
-				h.log.Error("publication check failed; the relay stops", zap.Error(err))
-				return
-			case isLockTimeout(err):
-				// DDL on the table (ATTACH/DETACH PARTITION, ALTER TABLE) holds or awaits a
-				// conflicting lock: skip this round rather than queue behind it.
-				h.lockSkips++
-				level := zap.DebugLevel
-				if h.lockSkips%10 == 0 {
-					level = zap.WarnLevel
-				}
-				h.log.Check(level, "the outbox table is locked by DDL; publication check skipped this round").Write(
-					zap.Int("rounds_skipped", h.lockSkips), zap.Error(err))
-			case isCannotConnectNow(err):
-				h.log.Info("PostgreSQL refuses connections (shutting down or starting up): the publication checks wait for it, the slot is not confirmed further meanwhile, and a streaming session leaves the server so that it can stop", zap.Error(err))
-			default:
-				// Not fatal: the horizon stays where it is this time, and confirmation waits.
-				h.log.Warn("cannot check the outbox table's publication; the slot is not confirmed further until a check succeeds", zap.Error(err))
-				if conn != nil {
-					conn.Close(context.WithoutCancel(ctx))
-					conn = nil
-				}
 			}
 		}
 		timer.Reset(h.interval())
 	}
+}
+
+// count notes a check's outcome: when the last good one was (publication_check_age_seconds), and
+// since when checks have failed with an answer from PostgreSQL (what staleLimit bounds).
+func (h *horizon) count(err error, began time.Time) {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		h.lastGood, h.lockSkips, h.badSince = time.Now(), 0, time.Time{}
+	case isCannotConnectNow(err):
+		// Shutting down (or not up yet): the stream leaves the server so that it can stop
+		// (shutdown.go), and the checks wait for it as for a server that is down.
+		h.noteStopping(began)
+		h.badSince = time.Time{}
+	case !errors.As(err, &pgErr):
+		// PostgreSQL did not answer (down, restarting, unreachable): the stream sees that
+		// too and reports it; only failures the server answered count toward staleLimit.
+		h.badSince = time.Time{}
+	case h.badSince.IsZero():
+		h.badSince = time.Now()
+	}
+	if h.m != nil {
+		h.m.PublicationCheckAge.Set(time.Since(h.lastGood).Seconds())
+	}
+}
+
+// carryOn says what a check's error means for the checks: false when they end (a fatal finding,
+// which Err reports from then on, or ctx's end); otherwise it says so at the level the error
+// deserves, and drops a connection that may be the cause.
+func (h *horizon) carryOn(ctx context.Context, err error, conn **pgconn.PgConn) bool {
+	switch {
+	case err == nil:
+	case IsFatal(err):
+		h.fail(err)
+		h.log.Error("publication check failed; the relay stops", zap.Error(err))
+		return false
+	case ctx.Err() != nil:
+		return false
+	case !h.badSince.IsZero() && time.Since(h.badSince) > h.staleLimit:
+		err = fatalf("no publication check of outbox table %s succeeded for %s, PostgreSQL refusing each (last error: %w), so the slot could not be confirmed meanwhile: fix the cause and restart",
+			h.table, time.Since(h.lastGood).Round(time.Second), err)
+		h.fail(err)
+		h.log.Error("publication check failed; the relay stops", zap.Error(err))
+		return false
+	case isLockTimeout(err):
+		// DDL on the table (ATTACH/DETACH PARTITION, ALTER TABLE) holds or awaits a
+		// conflicting lock: skip this round rather than queue behind it.
+		h.lockSkips++
+		level := zap.DebugLevel
+		if h.lockSkips%10 == 0 {
+			level = zap.WarnLevel
+		}
+		h.log.Check(level, "the outbox table is locked by DDL; publication check skipped this round").Write(
+			zap.Int("rounds_skipped", h.lockSkips), zap.Error(err))
+	case isCannotConnectNow(err):
+		h.log.Info("PostgreSQL refuses connections (shutting down or starting up): the publication checks wait for it, the slot is not confirmed further meanwhile, and a streaming session leaves the server so that it can stop", zap.Error(err))
+	default:
+		// Not fatal: the horizon stays where it is this time, and confirmation waits.
+		h.log.Warn("cannot check the outbox table's publication; the slot is not confirmed further until a check succeeds", zap.Error(err))
+		if *conn != nil {
+			(*conn).Close(context.WithoutCancel(ctx))
+			*conn = nil
+		}
+	}
+	return true
 }
 
 // connect opens the check connection: a session that ends itself when it idles inside a
@@ -335,20 +351,6 @@ func (h *horizon) sameCluster(ctx context.Context, c *pgconn.PgConn) error {
 	return sameClusterAs(ctx, c, *want, "the publication check")
 }
 
-// sameClusterAs refuses a connection (used by who) to another database cluster than want, the
-// stream's; a role that may not read pg_control_system is not refused.
-func sameClusterAs(ctx context.Context, c *pgconn.PgConn, want, who string) error {
-	res, err := c.Exec(ctx, "SELECT system_identifier::text FROM pg_control_system()").ReadAll()
-	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
-		return nil
-	}
-	if got := string(res[0].Rows[0][0]); got != want {
-		return fatalf("pg_dsn leads to different database clusters: %s reached system identifier %s while the replication stream is on %s (a multi-host pg_dsn or a DNS name that moved): point pg_dsn at one cluster's primary and restart",
-			who, got, want)
-	}
-	return nil
-}
-
 // check runs one check (see horizon) and moves the horizon.
 func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 	// A check must finish well within the interval, or confirmation falls behind.
@@ -357,6 +359,27 @@ func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 	h.mu.Lock()
 	epoch := h.epoch
 	h.mu.Unlock()
+	if err := h.checkConn(ctx, conn, epoch); err != nil {
+		return err
+	}
+	started := time.Now()
+	lsn, m, err := h.query(ctx, conn)
+	if errors.Is(err, errCheckWithoutLock) {
+		return h.check(ctx, conn)
+	}
+	if err != nil {
+		return err
+	}
+	if err := h.judge(m); err != nil {
+		return err
+	}
+	return h.advance(epoch, started, lsn, m)
+}
+
+// checkConn opens the check connection, or opens it again when the server it reached may not be
+// the stream's any more: after a reset (a promoted standby), or when the stream identified its
+// cluster after the connection was compared.
+func (h *horizon) checkConn(ctx context.Context, conn **pgconn.PgConn, epoch uint64) error {
 	renew := false
 	if epoch != h.checkedEpoch {
 		// Another server (a promoted standby): what was checked before is no position of its
@@ -379,7 +402,16 @@ func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 		}
 		*conn = c
 	}
-	started := time.Now()
+	return nil
+}
+
+// errCheckWithoutLock asks check to run again: the role may not lock the outbox table, and the
+// check now goes without the lock (noLock).
+var errCheckWithoutLock = errors.New("the publication check runs again without locking the outbox table")
+
+// query runs the check's one simple-protocol query (see horizon) and returns L and the
+// publication's membership as the check's snapshot read them.
+func (h *horizon) query(ctx context.Context, conn **pgconn.PgConn) (pglogrepl.LSN, membership, error) {
 	lock := ""
 	if !h.noLock {
 		lock = "LOCK TABLE ONLY " + h.table + " IN ACCESS SHARE MODE;\n"
@@ -409,30 +441,33 @@ func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 		h.noLock = true
 		h.log.Warn("the relay's role may not lock the outbox table, so the publication check relies on its time margin for a dropped table too: GRANT SELECT ON it to the relay's role",
 			zap.String("table", h.table), zap.Error(err))
-		return h.check(ctx, conn)
+		return 0, membership{}, errCheckWithoutLock
 	}
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined_table, invalid_schema_name
-		return h.goneError()
+		return 0, membership{}, h.goneError()
 	}
 	if err != nil {
-		return fmt.Errorf("check outbox table %s in publication %q: %w", h.table, h.publication, err)
+		return 0, membership{}, fmt.Errorf("check outbox table %s in publication %q: %w", h.table, h.publication, err)
 	}
 	// BEGIN, SET, [LOCK,] SELECT lsn, SELECT membership, COMMIT.
 	if len(results) < 4 || len(results[len(results)-3].Rows) != 1 || len(results[len(results)-2].Rows) != 1 {
-		return fmt.Errorf("check outbox table %s in publication %q: unexpected answer (%d results)", h.table, h.publication, len(results))
+		return 0, membership{}, fmt.Errorf("check outbox table %s in publication %q: unexpected answer (%d results)", h.table, h.publication, len(results))
 	}
 	lsnRow := results[len(results)-3].Rows[0]
 	if len(lsnRow) != 1 {
-		return fmt.Errorf("check outbox table %s in publication %q: unexpected answer", h.table, h.publication)
+		return 0, membership{}, fmt.Errorf("check outbox table %s in publication %q: unexpected answer", h.table, h.publication)
 	}
 	lsn, err := pglogrepl.ParseLSN(string(lsnRow[0]))
 	if err != nil {
-		return err
+		return 0, membership{}, err
 	}
 	m, err := parseMembership(results[len(results)-2].Rows[0])
-	if err != nil {
-		return err
-	}
+	return lsn, m, err
+}
+
+// judge refuses a check's membership when the outbox table is gone or another one, or the
+// publication does not include it as the relay needs.
+func (h *horizon) judge(m membership) error {
 	if m.oid == nil {
 		// No table of that name (without the lock, a drop is seen here rather than by LOCK).
 		return h.goneError()
@@ -443,6 +478,14 @@ func (h *horizon) check(ctx context.Context, conn **pgconn.PgConn) error {
 	if err := m.problem(h.table, h.publication); err != nil {
 		return fatalf("publication check: %w; outbox rows written while the publication was so are not in the replication stream: republish them (backfill_since), then restart", err)
 	}
+	return nil
+}
+
+// advance compares a good check's membership m with the previous check's (or the previous term's,
+// carry), keeps it, and moves the horizon: the pending L of the previous check becomes verified
+// once this check, which started at started, began at least an interval after it was read; lsn,
+// this check's L, becomes pending.
+func (h *horizon) advance(epoch uint64, started time.Time, lsn pglogrepl.LSN, m membership) error {
 	h.mu.Lock()
 	prev, prevAt := h.member, h.memberAt
 	if prev.pubOID == nil && h.carried != nil {

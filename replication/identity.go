@@ -2,9 +2,7 @@ package replication
 
 import (
 	"context"
-	"fmt"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 )
@@ -13,17 +11,16 @@ import (
 // streamed before: earlier in this process, or, on the process's first session, as the ledger
 // recorded it (recorded is zero when it recorded nothing).
 func (s *Stream) identify(ctx context.Context, recorded Identity) error {
-	res, err := pglogrepl.IdentifySystem(ctx, s.conn)
+	id, walEnd, err := identifySystem(ctx, s.conn)
 	if err != nil {
-		return fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+		return err
 	}
-	id := Identity{SystemID: res.SystemID, Timeline: uint32(res.Timeline)}
 	prev, err := s.compareIdentity(id, recorded)
 	if err != nil {
 		return err
 	}
 	s.guard.expectCluster(id.SystemID)
-	s.serverEnd = pglogrepl.LSN(res.XLogPos)
+	s.serverEnd = walEnd
 	s.newTimeline = prev.Timeline != 0 && prev.Timeline != id.Timeline
 	if s.newTimeline {
 		s.maxXid, s.hasXid = 0, false
@@ -94,6 +91,34 @@ func (s *Stream) supersededError(id, prev, recorded Identity) error {
 		id.SystemID, id.Timeline, where, prev.Timeline, s.cfg.Slot, prev.Timeline, s.ledger.Table(), quoteLiteral(s.cfg.Slot))
 }
 
+// readLedgerIdentity learns the server the ledger says the slot was last streamed from, until
+// this Stream knows it, and returns it while the process has streamed from no server (the identity
+// a first session compares with; zero otherwise). Every session of a first term compares with it,
+// also the retries after one that ended before IDENTIFY_SYSTEM (a busy slot, a standby reached):
+// ledgerIdentity is then only what the ledger said, since recordIdentity needs a known server. A
+// later term of the process reads it too: its Stream starts with the server the process
+// remembers, which may be a promoted standby an earlier term reached but never streamed from, so
+// only the ledger says whether this term resumes from that server's synchronised slot
+// (resumesSynced).
+func (s *Stream) readLedgerIdentity(ctx context.Context, conn *pgx.Conn) Identity {
+	if s.ledgerIdentity == (Identity{}) {
+		recorded, known, err := s.ledger.Identity(ctx, conn, s.cfg.Slot)
+		switch {
+		case err != nil && s.identity == (Identity{}):
+			// Like the rest of the ledger, optional: without it only the in-process comparison remains.
+			s.log.Warn("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
+		case err != nil:
+			s.log.Debug("cannot read the server identity recorded in the slot ledger", zap.String("table", s.ledger.Table()), zap.Error(err))
+		case known:
+			s.ledgerIdentity = recorded
+		}
+	}
+	if s.identity == (Identity{}) {
+		return s.ledgerIdentity
+	}
+	return Identity{}
+}
+
 // recordIdentity notes the server in the ledger, so that a restart still recognises another
 // cluster or a failover. Like the rest of the ledger it is optional: failing is worth a warning.
 func (s *Stream) recordIdentity(ctx context.Context, conn *pgx.Conn) {
@@ -124,23 +149,6 @@ func (s *Stream) recordIdentity(ctx context.Context, conn *pgx.Conn) {
 		return
 	}
 	s.ledgerIdentity = s.identity
-}
-
-// confirmable is the position a status update may confirm: the checkpoint's, once it belongs to
-// the server's timeline and capped at what the publication checks covered (horizon.go), and never
-// less than the slot's own confirmed position.
-func (s *Stream) confirmable() pglogrepl.LSN {
-	// Timeline first: the tracker's Reset stores the position before the timeline.
-	if s.ck.Timeline() != s.identity.Timeline {
-		return s.floor
-	}
-	safe := min(s.ck.Safe(), s.guard.Verified())
-	if s.serverEnd != 0 {
-		// Never beyond the server's end of WAL: PostgreSQL takes such a position as it is, and
-		// after a restore in place every commit below it would be skipped (history.go).
-		safe = min(safe, s.serverEnd)
-	}
-	return max(safe, s.floor)
 }
 
 // onLedgerConn runs fn, a write to the slot ledger, on conn (the checks' connection, kept open for

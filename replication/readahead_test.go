@@ -15,7 +15,7 @@ func TestForwardBoundsTheBytesReadAheadOfTheConsumer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// No status update falls due during the test, so forward never touches the (absent) connection.
-	s := &Stream{ahead: newReadAhead(100), nextStatus: time.Now().Add(time.Hour)}
+	s := &wire{ahead: newReadAhead(100), nextStatus: time.Now().Add(time.Hour)}
 	out := make(chan Message, 32)
 	data := func(n int) Message { return Message{Kind: Data, Data: bytes.Repeat([]byte{'x'}, n)} }
 

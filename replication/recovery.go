@@ -1,15 +1,15 @@
 package replication
 
-// A lost slot's automatic recovery (on_slot_lost: recover), the stream's half: recognising the
-// loss, recording that a recovery is under way, replacing the slot with one whose exported
-// snapshot the relay reads the gap from (Config.Recover), and recording the outcome. The ledger
+// A lost slot's automatic recovery (on_slot_lost: recover), the stream's half: recording that a
+// recovery is under way, replacing the slot with one whose exported snapshot the relay reads the
+// gap from (Config.Recover, called by recover alone), and recording the outcome. Whether a slot is
+// lost is decided in lost.go, for both policies. The ledger
 // row is the state that outlives a process: a start that finds a recovery under way drops the
 // replacement slot, which nothing has been confirmed to, and begins again from the same point.
 // Whoever recovers owns the recovery for its whole length (the recovery lock, RecoveryLockKey):
 // nobody else drops its replacement, publishes the gap or records the recovery as ended meanwhile.
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,16 +18,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
-)
-
-// What the stream does about a lost slot (Config.OnSlotLost).
-const (
-	// SlotLostStop stops with an error that says how to recover by hand.
-	SlotLostStop = "stop"
-	// SlotLostRecover replaces the slot and has the gap published from the outbox table.
-	SlotLostRecover = "recover"
 )
 
 // LostSlot is a lost slot the stream has replaced; Config.Recover publishes its gap.
@@ -58,24 +49,6 @@ type LostSlot struct {
 	// Created is when the replacement slot was created, as the ledger recorded it: with
 	// ConsistentLSN, what identifies the replacement when the recovery is recorded as ended.
 	Created time.Time
-}
-
-// errSlotGone is a loss noticed by the stream (while streaming, or by START_REPLICATION after the
-// session's checks had found the slot), with on_slot_lost: recover. Not fatal: the next session's
-// checks find the slot lost and recover it.
-var errSlotGone = errors.New("the replication slot is gone; reconnecting to recover its gap from the outbox table (on_slot_lost: recover)")
-
-// lostReason says why an existing slot can no longer be streamed, "" when it can.
-func lostReason(s SlotInfo) string {
-	switch {
-	case s.InvalidationReason == "idle_timeout":
-		return "invalidated (idle_timeout): nothing streamed it for longer than idle_replication_slot_timeout"
-	case s.InvalidationReason != "" && s.InvalidationReason != "wal_removed":
-		return fmt.Sprintf("invalidated (%s)", s.InvalidationReason)
-	case s.WALStatus == "lost" || s.InvalidationReason == "wal_removed":
-		return `wal_status "lost": PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)`
-	}
-	return ""
 }
 
 // replaceLost decides, with on_slot_lost: recover, whether slot (as the checks read it) is lost
@@ -131,79 +104,6 @@ func (s *Stream) replaceLost(ctx context.Context, conn *pgx.Conn, slot SlotInfo,
 	}
 	s.lost = lost
 	return SlotInfo{}, nil
-}
-
-// lostSlot returns the lost slot to recover, or nil when slot (as the checks read it) is not lost
-// and no recovery is under way; an error when it is lost and cannot be recovered.
-func (s *Stream) lostSlot(ctx context.Context, conn *pgx.Conn, slot SlotInfo, streamedHere bool) (*LostSlot, error) {
-	st, err := s.ledger.Recovery(ctx, conn, s.cfg.Slot)
-	if errors.Is(err, ErrLedgerNotMigrated) {
-		return nil, fatalf("on_slot_lost: recover: %v", err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read the slot ledger %s: %w", s.ledger.Table(), err)
-	}
-	var reason string
-	switch {
-	case !st.Since.IsZero():
-		reason = "a recovery of its gap was under way and did not complete"
-	case slot.Exists:
-		if reason = lostReason(slot); reason == "" {
-			return nil, nil
-		}
-	case s.streamed.Load() || streamedHere:
-		reason = "it no longer exists (dropped, or pg_dsn now leads to a promoted standby, where logical slots exist only as failover slots from PostgreSQL 17 on)"
-	case !st.SlotCreated.IsZero():
-		reason = "it no longer exists, although the slot ledger records that the relay created it (dropped, invalidated and removed, or the server is a promoted standby or a restore)"
-	default:
-		return nil, nil // a first start
-	}
-	if s.cfg.NoTable || s.cfg.MessageEvents {
-		what := "The outbox is logical decoding messages only"
-		if !s.cfg.NoTable {
-			what = "Events also come as logical decoding messages (message_prefix)"
-		}
-		return nil, fmt.Errorf("%w: slot %q is lost: %s. %s, which are stored nowhere but the WAL: those committed after %s cannot be recovered (how many, PostgreSQL cannot say), so on_slot_lost: recover does not replace the slot, which would pass a partial gap off as whole. To go on, accepting that loss: stop every instance, run outbox-relay forget-slot (or DELETE FROM %s WHERE slot = %s), and start again; the new slot streams what is committed from then on",
-			ErrSlotLost, s.cfg.Slot, reason, what, timeOrUnknown(st.Confirmed.CommitTime), s.ledger.Table(), quoteLiteral(s.cfg.Slot))
-	}
-	lost := LostSlot{Slot: s.cfg.Slot, Reason: reason, Since: st.Since, FromSlotCreation: st.SinceCreation,
-		SinceLSN: st.Confirmed.EndLSN, Xmin: st.Confirmed.Xmin, PrunedThrough: st.PrunedThrough, Again: !st.Since.IsZero()}
-	if lost.Since.IsZero() {
-		lost.Since = st.Confirmed.CommitTime
-	}
-	if lost.Since.IsZero() {
-		// Nothing was ever recorded as acknowledged: from the lost slot's creation, for the log;
-		// only a recorded horizon, or the creation time rule with a margin set by hand, can bound
-		// the gap (the ledger's creation time is when the relay wrote its row, not the slot's
-		// consistent point).
-		if st.SlotCreated.IsZero() {
-			return nil, fmt.Errorf("%w: slot %q is lost: %s, and the slot ledger %s records neither what Kafka acknowledged nor when the slot was created, so where its gap starts is unknown and on_slot_lost: recover cannot recover it. %s",
-				ErrSlotLost, s.cfg.Slot, reason, s.ledger.Table(), s.recovery())
-		}
-		lost.Since, lost.FromSlotCreation = st.SlotCreated, true
-	}
-	return &lost, nil
-}
-
-// refuseUnfinishedRecovery refuses, with on_slot_lost other than recover, to stream a slot while the
-// ledger records a recovery of its gap under way: the slot is then the replacement of a lost one
-// (or its remains) whose gap was not all published, and streaming it from its consistent point
-// would skip the rest of that gap without a word. A ledger that cannot say (none, not migrated,
-// not readable by the role) records no recovery.
-func (s *Stream) refuseUnfinishedRecovery(ctx context.Context, conn *pgx.Conn) error {
-	var since *time.Time
-	err := conn.QueryRow(ctx, fmt.Sprintf("SELECT recovery_since FROM %s WHERE slot = $1", s.ledger.Table()), s.cfg.Slot).Scan(&since)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "42501"):
-		return nil
-	case err != nil:
-		return fmt.Errorf("read the slot ledger %s: %w", s.ledger.Table(), err)
-	case since == nil:
-		return nil
-	}
-	return fatalf("slot %q replaced a lost slot whose gap (the outbox rows committed after %s) a recovery was publishing and did not finish (the slot ledger %s records it under way), and on_slot_lost is %s: streaming the slot would skip the rest of that gap. Set on_slot_lost: recover and start again to finish the recovery, or recover by hand: stop every instance, run outbox-relay forget-slot, and start once with backfill: true and backfill_since: a time before the oldest transaction open at %s",
-		s.cfg.Slot, since.UTC().Format(time.RFC3339), s.ledger.Table(), cmp.Or(s.cfg.OnSlotLost, SlotLostStop), since.UTC().Format(time.RFC3339))
 }
 
 // recover runs Config.Recover for the replacement slot just created, then records the recovery as
@@ -439,11 +339,4 @@ func (s *Stream) releaseRecovery(ctx context.Context) {
 		s.owner.close(ctx)
 		s.owner = nil
 	}
-}
-
-func timeOrUnknown(t time.Time) string {
-	if t.IsZero() {
-		return "the last acknowledged event (not recorded)"
-	}
-	return t.Format(time.RFC3339Nano)
 }

@@ -181,7 +181,8 @@ func TestStatusIsDueOnTheIntervalOrSoonAfterTheCheckpointMoves(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g := &horizon{}
 			g.verified.Store(uint64(tt.verified))
-			s := &Stream{ck: fixedCheckpoint(tt.safe), guard: g, reported: tt.reported, lastStatus: tt.lastStatus, nextStatus: tt.nextStatus}
+			s := &Stream{ck: fixedCheckpoint(tt.safe), guard: g}
+			s.wire = wire{above: s, reported: tt.reported, lastStatus: tt.lastStatus, nextStatus: tt.nextStatus}
 			if got := s.statusDue(now); got != tt.want {
 				t.Fatalf("statusDue = %v, want %v", got, tt.want)
 			}
@@ -213,7 +214,7 @@ func TestTheReadDeadlineComesForwardWhenEventsAwaitConfirmation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &Stream{received: tt.received, reported: tt.reported, nextStatus: nextStatus}
+			s := &wire{received: tt.received, reported: tt.reported, nextStatus: nextStatus}
 			got, move := s.readDeadline(now, tt.deadline)
 			if move != tt.move || (move && !got.Equal(tt.want)) {
 				t.Fatalf("readDeadline = %v, %v; want %v, %v", got.Sub(now), move, tt.want.Sub(now), tt.move)

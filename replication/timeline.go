@@ -29,10 +29,7 @@ func TimelineHistory(ctx context.Context, cfg *Config, timeline uint32) (Identit
 		return Identity{}, nil, err
 	}
 	rcfg := &conf.Config
-	rcfg.RuntimeParams["replication"] = "database"
-	if _, ok := rcfg.RuntimeParams["application_name"]; !ok {
-		rcfg.RuntimeParams["application_name"] = "outbox-relay"
-	}
+	asReplication(rcfg)
 	// A bounded wait: the caller retries, and a server that hangs must not hold a session's start.
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -41,11 +38,10 @@ func TimelineHistory(ctx context.Context, cfg *Config, timeline uint32) (Identit
 		return Identity{}, nil, classifyConnect(err, "replication")
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	res, err := pglogrepl.IdentifySystem(cctx, conn)
+	id, _, err := identifySystem(cctx, conn)
 	if err != nil {
-		return Identity{}, nil, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+		return Identity{}, nil, err
 	}
-	id := Identity{SystemID: res.SystemID, Timeline: uint32(res.Timeline)}
 	if timeline <= 1 {
 		return id, nil, nil
 	}
