@@ -3,7 +3,6 @@ package outboxrow
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -34,8 +33,4 @@ func IsIntegerColumn(ctx context.Context, q QueryRower, table, column string) (b
 		return false, fmt.Errorf("look up the type of column %q in %s: %w", column, table, err)
 	}
 	return ok, nil
-}
-
-func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
