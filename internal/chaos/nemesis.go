@@ -320,6 +320,9 @@ func (n *nemesis) apply(ctx context.Context, f *fault) {
 		defer cancel()
 		if err := fn(hctx); err != nil {
 			r.note("fault #%d %s %s: heal: %v", f.seq, f.kind, rec.Target, err)
+			r.mu.Lock()
+			r.unhealed = append(r.unhealed, fmt.Sprintf("fault #%d %s %s: %v", f.seq, f.kind, rec.Target, err))
+			r.mu.Unlock()
 		}
 	}
 	err := n.act(ctx, f, &rec, heal)
