@@ -1,0 +1,77 @@
+package check
+
+import (
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
+)
+
+// Adversarial review of issue 39's rules: each case is a history the rules judge wrongly today.
+
+// A big transaction's documented wait is "as long as its size takes": legitimateWaits excuses
+// everything committed from its start until its last event is delivered, however late that is.
+// 100 events that take 30 s to reach Kafka, holding every later commit back for 30 s with the
+// servers and both relays there, is a stall the rule cannot see (liveness.go legitimateWaits).
+func TestReviewABigTransactionExcusesNoUnboundedStall(t *testing.T) {
+	late := map[string]float64{}
+	for i := 5; i < 20; i++ {
+		late["e"+itoa(i)] = 39.5 // committed from 10 s on, delivered at 39.5 s
+	}
+	b := live(history.AtLeastOnce, late)
+	big := make([]history.Event, bigTxnEvents)
+	var ids []string
+	for i := range big {
+		big[i] = ev("big"+itoa(i), "k9", i)
+		ids = append(ids, big[i].ID)
+	}
+	b.txn("tbig", history.Committed, 9, big...)
+	b.publish(39, ids...) // 100 events, 30 s after their commit
+	h := b.done(bothConsumers)
+	if got := rulesOf(Check(h), RuleUnavailable); len(got) == 0 {
+		t.Fatalf("a 30 s stall of every commit behind a 100-event transaction passed the liveness rule (worst stall counted: %v)", Summarize(h).WorstStall)
+	}
+}
+
+// The exit allowlist matches "replication slot lost: " whatever the mode and whatever happened
+// before: a relay that exits with it although no fault of the run lost its slot (no slot-lost,
+// slot-invalidated or unsynced failover), in a mode that recovers lost slots, is the very bug
+// class issue 39 names (a fatal "slot no longer exists" after a slot creation cut short), and it
+// passes (exits.go allowed).
+func TestReviewASlotLostExitWithNoFaultThatLosesASlotFailsTheRun(t *testing.T) {
+	b := newBuilder(history.ExactlyOnce)
+	b.h.Exits = append(b.h.Exits, history.Exit{Relay: "r1", At: at(20), Cause: history.ExitOwn, Code: 1,
+		LastError: `outbox-relay: replication slot lost: replication slot "chaos_eo_table" does not exist`})
+	if got := rulesOf(Check(b.done(bothConsumers)), RuleExit); len(got) == 0 {
+		t.Fatal("a relay that ended of its own accord with a lost slot no fault lost broke no rule")
+	}
+}
+
+// A server fault's replay is not sized (its slot position may lag by a checkpoint interval), a
+// relay fault's is; explainedBy credits a repeat to the latest fault that explains it. An
+// immediate PostgreSQL restart at 5 s replays ten events; the leader is killed at 6 s, and the
+// replay (published at 7 s) is charged to the kill and held to its in-flight bound: a false
+// alarm on behaviour the docs allow (cause.go checkReplaySizes, check.go explainedBy).
+func TestReviewAServerReplayIsNotSizedAsALaterRelayFaults(t *testing.T) {
+	b := newBuilder(history.AtLeastOnce)
+	b.h.Settings.StatusInterval, b.h.Settings.KafkaWriteTimeout, b.h.Settings.MaxInFlightEvents = 500*time.Millisecond, time.Second, 1
+	var ids []string
+	for i := 0; i < 10; i++ {
+		id := "x" + itoa(i)
+		b.txn("t"+id, history.Committed, 3.3, ev(id, "k"+itoa(i), 1))
+		b.publish(3.5+0.1*float64(i), id)
+		ids = append(ids, id)
+	}
+	for sec := 0.0; sec < 20; sec += 0.5 {
+		b.sample("r1", sec, true, true)
+		b.sample("r2", sec, true, false)
+	}
+	b.fault("pg-restart-immediate", "postgres", 5, 5.5)
+	b.fault("kill9", "r1", 6, 6.2)
+	b.publish(7, ids...)
+	h := b.done(map[string]string{"rc": history.ReadCommitted})
+	// Alone, the restart explains the replay: the same history without the kill breaks nothing.
+	if vs := rulesOf(Check(h), RuleDuplicate); len(vs) != 0 {
+		t.Fatalf("the restart's replay, charged to the kill a second later, is a duplicate violation: %v", vs)
+	}
+}
