@@ -1,0 +1,33 @@
+package chaos
+
+import (
+	"testing"
+)
+
+// A replay of one mode keeps the plan's faults of that mode and the cluster's (nemesis.fault),
+// but a fault of another mode may act on the servers every mode shares: a neighbour's start
+// across an immediate restart or a frozen primary restarts or freezes the one PostgreSQL (and
+// is recorded, as that server fault, in every mode's history), and slot-invalidated's variant
+// fails over. Dropped from the replay, the mode replayed meets fewer server faults than its
+// history shows, and the postgres group's later faults apply earlier (they no longer wait their
+// turn behind it): the replay is not the schedule the mode ran.
+func TestReviewAReplayOfOneModeKeepsTheServerFaultsOfOtherModes(t *testing.T) {
+	alo, _ := modeNamed("alo-table")
+	for seed := uint64(1); seed <= 200; seed++ {
+		o := shortOptions(seed)
+		plan := drawPlan(o, true, testLease)
+		r := &runner{lease: testLease}
+		r.modes = []*modeRun{{mode: alo}}
+		n := &nemesis{run: r, plan: plan}
+		for _, p := range plan {
+			if p.Kind != kindNeighbour || (p.Detail != variantNeighbourRestart && p.Detail != variantNeighbourFreeze) {
+				continue
+			}
+			if _, ok := n.fault(p); !ok {
+				t.Fatalf("seed %d: fault #%d %s of %s (%s) acts on the shared PostgreSQL, and a replay of alo-table drops it", seed, p.Seq, p.Kind, p.Mode, p.Detail)
+			}
+			return
+		}
+	}
+	t.Skip("no seed of 1..200 drew a neighbour's start under a server fault")
+}
