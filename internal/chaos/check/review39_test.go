@@ -98,3 +98,25 @@ func TestReviewAOneWayCutOfKafkaExcusesTheTakeoverACutDoes(t *testing.T) {
 		})
 	}
 }
+
+// Kafka "away" stretches every replay's lookback over the time the slot stood still. A cut of a
+// standby's own path to Kafka (cut-kafka, net-oneway-kafka, cut-heal-open are one relay's faults)
+// holds no slot: the leader kept publishing and confirming. Yet it counts as Kafka away for
+// everyone (check.go newRun, kafkaAway), and a repeat of an event acknowledged 20 s before the
+// leader's kill passes as the kill's replay.
+func TestReviewAStandbysCutFromKafkaStretchesNoReplay(t *testing.T) {
+	for _, kind := range []string{"", "cut-kafka", "net-oneway-kafka", "cut-heal-open"} {
+		t.Run("standby fault "+kind, func(t *testing.T) {
+			b := lookback(false) // e1, e2 acknowledged at 10 s; r1 killed at 30 s; e1 again at 31 s
+			for sec := 0.0; sec < 40; sec += 0.5 {
+				b.sample("r2", sec, true, false)
+			}
+			if kind != "" {
+				b.fault(kind, "r2", 9, 29)
+			}
+			if got := rulesOf(Check(b.done(map[string]string{"rc": history.ReadCommitted})), RuleDuplicate); len(got) != 1 {
+				t.Fatalf("a standby's %s excused a repeat of an event acknowledged 20 s before the leader's kill: %d duplicate violations, want 1", kind, len(got))
+			}
+		})
+	}
+}
