@@ -174,7 +174,8 @@ func newRun(h *history.History) *run {
 		if !noReplay[f.Kind] && r.canReplay(f) {
 			r.replay = append(r.replay, f)
 		}
-		if kafkaAway[f.Kind] {
+		if kafkaAway[f.Kind] && (!relayFaults[f.Kind] || r.ledBefore(f)) {
+			// A relay's own cut from Kafka holds the slot still only if that relay streamed it.
 			away = append(away, span{f.Start, faultEnd(f)})
 		}
 		if f.Kind == faultSlotLost || f.Kind == faultSlotInvalidated {
