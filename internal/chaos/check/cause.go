@@ -54,16 +54,23 @@ func (r *run) ledBefore(f history.Fault) bool {
 	return !anyLeader
 }
 
-// countReplay notes that fault by of r.replay explains a repeat of event ei read by c.
-func (r *run) countReplay(c *consumer, by int, ei int32) {
+// countReplay notes that fault by of r.replay explains a repeat of event ei read by c; sized
+// says whether the repeat counts towards by's replay size (checkReplaySizes): not when
+// PostgreSQL's restart or failover explains it too, whose replay the docs bound by a checkpoint
+// interval instead (a relay killed just after an immediate restart must not be charged with the
+// restart's replay).
+func (r *run) countReplay(c *consumer, by int, ei int32, sized bool) {
 	if r.replayed == nil {
 		r.replayed, r.replayTxn = make(map[string][]int), make(map[string][]int)
 	}
 	if r.replayed[c.name] == nil {
 		r.replayed[c.name], r.replayTxn[c.name] = make([]int, len(r.replay)), make([]int, len(r.replay))
 	}
-	r.replayed[c.name][by]++
 	r.byCause[r.replay[by].Kind]++
+	if !sized {
+		return
+	}
+	r.replayed[c.name][by]++
 	t, _ := r.event(ei)
 	r.replayTxn[c.name][by] = max(r.replayTxn[c.name][by], len(t.Events))
 }

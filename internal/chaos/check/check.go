@@ -370,7 +370,14 @@ func (r *run) explained(first, again time.Time) bool {
 // transaction was first published within it: the partly acknowledged transaction, which is
 // confirmed only as a whole.
 func (r *run) explainedBy(first, again time.Time, ei int32) int {
-	by := -1
+	by, _ := r.explainedByAll(first, again, ei)
+	return by
+}
+
+// explainedByAll is explainedBy, and whether PostgreSQL's restart or failover (serverDies, whose
+// replay checkReplaySizes does not size) explains the repeat too.
+func (r *run) explainedByAll(first, again time.Time, ei int32) (by int, server bool) {
+	by = -1
 	for i, f := range r.replay {
 		if f.Start.After(again) {
 			break
@@ -383,8 +390,9 @@ func (r *run) explainedBy(first, again time.Time, ei int32) int {
 			continue
 		}
 		by = i
+		server = server || serverDies[f.Kind]
 	}
-	return by
+	return by, server
 }
 
 // replaySlack is how long after a fault healed a copy sent during it may be appended: a broker
