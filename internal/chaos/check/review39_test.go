@@ -45,6 +45,11 @@ func TestReviewASlotLostExitWithNoFaultThatLosesASlotFailsTheRun(t *testing.T) {
 	if got := rulesOf(Check(b.done(bothConsumers)), RuleExit); len(got) == 0 {
 		t.Fatal("a relay that ended of its own accord with a lost slot no fault lost broke no rule")
 	}
+	// After an unsynced failover (the slot not on the new primary) it is the documented answer.
+	b.fault("failover-unsynced", "postgres", 10, 12)
+	if got := rulesOf(Check(b.done(bothConsumers)), RuleExit); len(got) != 0 {
+		t.Fatalf("a slot-lost exit after an unsynced failover fails the run: %v", got)
+	}
 }
 
 // A server fault's replay is not sized (its slot position may lag by a checkpoint interval), a
