@@ -23,8 +23,16 @@ func TestReviewAReplayOfOneModeKeepsTheServerFaultsOfOtherModes(t *testing.T) {
 			if p.Kind != kindNeighbour || (p.Detail != variantNeighbourRestart && p.Detail != variantNeighbourFreeze) {
 				continue
 			}
-			if _, ok := n.fault(p); !ok {
+			f, ok := n.fault(p)
+			if !ok {
 				t.Fatalf("seed %d: fault #%d %s of %s (%s) acts on the shared PostgreSQL, and a replay of alo-table drops it", seed, p.Seq, p.Kind, p.Mode, p.Detail)
+			}
+			want := kindPGFreeze
+			if p.Detail == variantNeighbourRestart {
+				want = kindPGImmediate
+			}
+			if f.kind != want || f.mode != nil || f.group != "postgres" || f.d != p.Duration {
+				t.Fatalf("seed %d: fault #%d replayed as %s (mode %v, group %q, %v), want %s of the cluster in the postgres group for %v", seed, p.Seq, f.kind, f.mode, f.group, f.d, want, p.Duration)
 			}
 			return
 		}
