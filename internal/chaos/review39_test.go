@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
 )
 
 // A replay of one mode keeps the plan's faults of that mode and the cluster's (nemesis.fault),
@@ -38,4 +40,27 @@ func TestReviewAReplayOfOneModeKeepsTheServerFaultsOfOtherModes(t *testing.T) {
 		}
 	}
 	t.Skip("no seed of 1..200 drew a neighbour's start under a server fault")
+}
+
+// A replay of the poll mode alone runs against the cluster the whole run had: with the standby
+// that its batches waited for and its failovers hit (the WAL modes beside it asked for it).
+func TestReviewAReplayOfThePollModeAloneKeepsTheStandby(t *testing.T) {
+	o := shortOptions(5)
+	if !withStandby(o, 18) {
+		t.Fatal("the short run of every mode has no standby")
+	}
+	poll, _ := ParseModes("poll")
+	plan := &history.Plan{Options: planOptions(o), Faults: drawPlan(o, true, testLease)}
+	replay, err := replayOptions(Options{Plan: plan, Modes: poll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !withStandby(replay, 18) {
+		t.Error("a replay of the poll mode alone runs without the standby its run had")
+	}
+	alone := o
+	alone.Modes = poll
+	if withStandby(alone, 18) {
+		t.Error("a run of the poll mode alone (no replay) has a standby no slot needs")
+	}
 }
