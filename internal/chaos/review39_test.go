@@ -1,7 +1,11 @@
 package chaos
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
 )
@@ -62,5 +66,34 @@ func TestReviewAReplayOfThePollModeAloneKeepsTheStandby(t *testing.T) {
 	alone.Modes = poll
 	if withStandby(alone, 18) {
 		t.Error("a run of the poll mode alone (no replay) has a standby no slot needs")
+	}
+}
+
+// During an oom fault the relay's next exit is taken for the OOM killer's SIGKILL
+// (expectOwnEnd): an exit of its own accord in that window (an error, status 1) was recorded as
+// a SIGKILL and escaped the exit rule. Only a process that SIGKILL ended is the fault's.
+func TestReviewAnOwnExitDuringAnOOMFaultIsStillOwn(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "relay.sh")
+	script := "#!/bin/sh\necho ready\nsleep 0.3\necho 'outbox-relay: something fatal' >&2\nexit 1\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rl, err := newRelay("m-r1", bin, nil, nil, filepath.Join(dir, "r1.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := rl.start(); err != nil {
+		t.Fatal(err)
+	}
+	rl.expectOwnEnd(true) // the oom fault moved it into its cgroup and waits for the kill
+	if _, err := rl.wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exits := rl.takeExits()
+	if len(exits) != 1 || exits[0].Cause != history.ExitOwn || exits[0].Code != 1 {
+		t.Fatalf("exits %+v, want one of the relay's own accord with status 1", exits)
 	}
 }
