@@ -2,6 +2,7 @@ package check
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
@@ -41,6 +42,11 @@ func (r *run) canReplay(f history.Fault) bool {
 // in a mode without leadership (poll: every poller publishes) every relay counts.
 func (r *run) ledBefore(f history.Fault) bool {
 	h := r.h
+	if strings.HasSuffix(f.Target, neighbourSuffix) {
+		// A neighbour's relay is the one relay of its slot, always streaming it, and not
+		// sampled (h.Relays holds the mode's own).
+		return true
+	}
 	anyLeader := false
 	for _, s := range h.Relays {
 		if !s.Leader {

@@ -311,7 +311,8 @@ func (r *run) checkWindows(away []span, clear []legit, bound time.Duration) {
 	}
 	for _, f := range h.Faults {
 		switch {
-		case !relayDown[f.Kind] || !r.ledBefore(f):
+		case !relayDown[f.Kind] || !r.ledBefore(f) || strings.HasSuffix(f.Target, neighbourSuffix):
+			// (A neighbour's relay streams another slot: its outage excuses none of the mode's windows.)
 		case !leaders:
 			excused = append(excused, span{f.Start, faultEnd(f).Add(bound)})
 		case f.Kind == "cut-kafka" || f.Kind == "cut-both" || f.Kind == "net-oneway-kafka":

@@ -144,3 +144,31 @@ func TestReviewABrokerKillOnThreeBrokersExcusesOnlyTheElection(t *testing.T) {
 		t.Fatal("nothing delivered for the 20 s a follower broker of three was dead passed the liveness rule")
 	}
 }
+
+// A mode's neighbour relay (<mode>-nb) is the one relay streaming the neighbour's slot; a
+// follower's fault may land on it (roles counts it among the others). It is not sampled
+// (h.Relays holds the mode's own relays), so ledBefore finds it never led while the mode's own
+// relays did: its kill explains no replay, and the open Kafka transaction it aborted, which a
+// read_uncommitted consumer reads again, is reported as a duplicate (cause.go ledBefore).
+func TestReviewAKillOfTheNeighbourRelayExplainsItsReplay(t *testing.T) {
+	build := func(target string) *history.History {
+		b := newBuilder(history.ExactlyOnce)
+		for sec := 0.0; sec < 20; sec += 0.5 {
+			b.sample("r1", sec, true, true)
+			b.sample("r2", sec, true, false)
+		}
+		b.h.Txns = append(b.h.Txns, history.Txn{ID: "tnb", Writer: "nbw0", Start: at(1), End: at(1.1), Outcome: history.Committed,
+			Events: []history.Event{ev("nb1", "nbk", 1)}, Slot: "nb"})
+		b.publish(2, "nb1")
+		b.log[len(b.log)-1].Consumer = aborted // in the Kafka transaction the kill aborted
+		b.fault("kill9", target, 3, 3)
+		b.publish(5, "nb1") // published again by the restarted relay, committed
+		return b.done(bothConsumers)
+	}
+	if got := rulesOf(Check(build("eo-table-nb")), RuleDuplicate); len(got) != 0 {
+		t.Fatalf("the neighbour relay's kill explains no replay: %v", got)
+	}
+	if got := rulesOf(Check(build("r2")), RuleDuplicate); len(got) != 1 {
+		t.Fatalf("a standby's kill explains the neighbour's replay: %d duplicate violations, want 1", len(got))
+	}
+}
