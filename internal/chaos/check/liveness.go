@@ -172,10 +172,10 @@ func (r *run) awaySpans(relays []string) []span {
 type legit struct {
 	from, to, until time.Time
 	what            string
-	// publishing, for a big transaction, is the time from its first event's delivery to its
-	// last's: what waits behind it is excused that time, not the wait before its first event
-	// reached Kafka (which the bound holds it to like any event). Zero for the other waits,
-	// which excuse everything until until.
+	// publishing is the time the wait itself takes: for a big transaction from its first event's
+	// delivery to its last's, for a recovery from the fault's start to the recovery's end. What
+	// waits behind it is excused that time, not the wait before it (which the bound holds it to
+	// like any event's). Zero: everything until until is excused.
 	publishing span
 }
 
@@ -211,8 +211,11 @@ func (r *run) legitimateWaits() []legit {
 			what: fmt.Sprintf("big transaction %s (%d events)", t.ID, len(t.Events))})
 	}
 	for i, f := range r.recoveries {
+		// What waits for the recovery is excused the recovery's own time, from the fault's start
+		// to its end, not what it waited before the slot was lost (a stall before the loss is
+		// one like any other).
 		out = append(out, legit{from: r.recoveryWindows[i].from, to: faultEnd(f), until: faultEnd(f),
-			what: "lost slot's recovery"})
+			publishing: span{f.Start, faultEnd(f)}, what: "lost slot's recovery"})
 	}
 	return out
 }

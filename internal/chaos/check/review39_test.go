@@ -153,3 +153,24 @@ func TestReviewAKillOfTheNeighbourRelayExplainsItsReplay(t *testing.T) {
 		t.Fatalf("a standby's kill explains the neighbour's replay: %d duplicate violations, want 1", len(got))
 	}
 }
+
+// A lost slot's recovery publishes the gap (what Kafka had not acknowledged at the loss) from the
+// table, so what committed during the recovery waits for it. But legitimateWaits excuses every
+// event committed from gapLookback (3 minutes) before the loss until the recovery's end: a stall
+// of 20 s with everything there, before the slot was lost at all, passes because a loss came
+// after it (liveness.go legitimateWaits, the recovery's legit.from).
+func TestReviewALostSlotExcusesNoStallBeforeTheLoss(t *testing.T) {
+	late := map[string]float64{}
+	for i := 5; i < 10; i++ {
+		late["e"+itoa(i)] = 31 // committed from 10 s on, nothing delivered from 9 s to 31 s
+	}
+	for _, lose := range []bool{false, true} {
+		b := live(history.AtLeastOnce, late)
+		if lose {
+			b.fault(faultSlotLost, "eo-table", 30, 30.5)
+		}
+		if got := rulesOf(Check(b.done(bothConsumers)), RuleUnavailable); len(got) == 0 {
+			t.Errorf("slot lost after the stall %v: a 21 s stall with the servers and relays there passed", lose)
+		}
+	}
+}
