@@ -60,6 +60,21 @@ func (r *run) ledBefore(f history.Fault) bool {
 	return !anyLeader
 }
 
+// ledDuring reports whether relay fault f's target led from one lease before the fault began
+// until it ended (a standby cut off may take over meanwhile); in a mode without leadership every
+// relay counts.
+func (r *run) ledDuring(f history.Fault) bool {
+	if r.ledBefore(f) {
+		return true
+	}
+	for _, s := range r.h.Relays {
+		if s.Leader && s.Relay == f.Target && !s.At.Before(f.Start) && !s.At.After(faultEnd(f)) {
+			return true
+		}
+	}
+	return false
+}
+
 // countReplay notes that fault by of r.replay explains a repeat of event ei read by c; sized
 // says whether the repeat counts towards by's replay size (checkReplaySizes): not when
 // PostgreSQL's restart or failover explains it too, whose replay the docs bound by a checkpoint

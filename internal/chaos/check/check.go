@@ -174,8 +174,9 @@ func newRun(h *history.History) *run {
 		if !noReplay[f.Kind] && r.canReplay(f) {
 			r.replay = append(r.replay, f)
 		}
-		if kafkaAway[f.Kind] && (!relayFaults[f.Kind] || r.ledBefore(f)) {
-			// A relay's own cut from Kafka holds the slot still only if that relay streamed it.
+		if kafkaAway[f.Kind] && (!relayFaults[f.Kind] || r.ledDuring(f)) {
+			// A relay's own cut from Kafka holds the slot still only if that relay streamed it
+			// (before the cut, or once it took over during it).
 			away = append(away, span{f.Start, faultEnd(f)})
 		}
 		if f.Kind == faultSlotLost || f.Kind == faultSlotInvalidated {
