@@ -237,6 +237,13 @@ func TestAnAbandonedSinkCommitsNothingMore(t *testing.T) {
 	if got := s.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "committed"); got != 0 {
 		t.Errorf("kafka_transactions_total{committed} = %v, want 0", got)
 	}
+	// Aborted, not left open: an open one would hold every read_committed reader of these
+	// partitions at it until the transaction timeout, and a reader that sees nothing above cannot
+	// tell the two apart.
+	client := &kafka.Client{Addr: kafka.TCP(strings.Split(k.Brokers(), ",")...), Timeout: 5 * time.Second}
+	if !noTransactionOpen(context.Background(), client, cfg.Record.TopicTemplate) {
+		t.Error("a transaction is still open after the abandoned sink closed: the abort did not reach it")
+	}
 }
 
 // TestASecondProducerWithTheSameTransactionalIDFencesTheFirst: B takes over A's transactional id

@@ -164,6 +164,9 @@ func (n *nemesis) loop(ctx context.Context) {
 }
 
 // fault turns a planned fault into one of this run's; false when its mode is not in the run.
+// A fault of a mode the run leaves out that also acts on the servers every mode shares keeps
+// that part: a neighbour's start across an immediate restart or a frozen primary is, for the
+// modes replayed, that restart or freeze (their histories recorded it as such), in its turn.
 func (n *nemesis) fault(p history.PlannedFault) (*fault, bool) {
 	f := &fault{kind: p.Kind, role: p.Role, pick: p.Pick, d: p.Duration, detail: p.Detail, events: p.Events, seq: p.Seq, required: p.Required}
 	if p.Mode != "" {
@@ -173,7 +176,17 @@ func (n *nemesis) fault(p history.PlannedFault) (*fault, bool) {
 			}
 		}
 		if f.mode == nil {
-			return nil, false
+			switch {
+			case p.Kind == kindNeighbour && p.Detail == variantNeighbourRestart:
+				f.kind = kindPGImmediate
+			case p.Kind == kindNeighbour && p.Detail == variantNeighbourFreeze:
+				f.kind = kindPGFreeze
+			default:
+				return nil, false
+			}
+			f.detail = "under " + p.Mode + "'s neighbour start (its mode not replayed)"
+			f.group = group(p.Kind, p.Mode)
+			return f, true
 		}
 	}
 	f.group = group(p.Kind, p.Mode)

@@ -102,6 +102,10 @@ func (r *relay) start() error {
 		switch {
 		case !r.expectExit:
 			r.ownExits++
+		case r.sent == syscall.SIGKILL && r.code != -int(syscall.SIGKILL):
+			// Expected to be killed (a kill9 sent, an OOM kill awaited) but it ended otherwise:
+			// of its own accord, before the kill. The exit rule judges it; the fault's own
+			// bookkeeping (restarts, ownExits) stays the nemesis's.
 		case r.sent == syscall.SIGKILL:
 			ex.Cause = history.ExitSigkill
 		default:

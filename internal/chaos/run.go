@@ -267,7 +267,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chaos: PostgreSQL version %q: want a major version such as 18", o.PGVersion)
 	}
-	r.standby = anyWAL(o.Modes) && major >= 17 && containsAny(o.Kinds, kindFailoverSync, kindFailoverLag)
+	r.standby = withStandby(o, major)
 	r.plan = o.Plan
 	if r.plan == nil {
 		r.plan = &history.Plan{Options: planOptions(o), Faults: drawPlan(o, r.standby, r.lease)}
@@ -468,6 +468,20 @@ func modeNames(ms []Mode) string {
 		s = append(s, m.Name)
 	}
 	return strings.Join(s, ",")
+}
+
+// withStandby reports whether the run's cluster has a standby: failover kinds drawn from,
+// PostgreSQL 17 or later, and a mode that streams the WAL. A replay decides by the modes of the
+// run it replays, not those it runs again: a poller's run had the standby (its batches waited
+// for it, failovers hit it) when WAL modes ran beside it.
+func withStandby(o Options, major int) bool {
+	ms := o.Modes
+	if o.Plan != nil {
+		if planned, err := ParseModes(strings.Join(o.Plan.Options.Modes, ",")); err == nil {
+			ms = planned
+		}
+	}
+	return anyWAL(ms) && major >= 17 && containsAny(o.Kinds, kindFailoverSync, kindFailoverLag)
 }
 
 func anyWAL(ms []Mode) bool {

@@ -2,6 +2,7 @@ package check
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
@@ -41,6 +42,11 @@ func (r *run) canReplay(f history.Fault) bool {
 // in a mode without leadership (poll: every poller publishes) every relay counts.
 func (r *run) ledBefore(f history.Fault) bool {
 	h := r.h
+	if strings.HasSuffix(f.Target, neighbourSuffix) {
+		// A neighbour's relay is the one relay of its slot, always streaming it, and not
+		// sampled (h.Relays holds the mode's own).
+		return true
+	}
 	anyLeader := false
 	for _, s := range h.Relays {
 		if !s.Leader {
@@ -54,16 +60,38 @@ func (r *run) ledBefore(f history.Fault) bool {
 	return !anyLeader
 }
 
-// countReplay notes that fault by of r.replay explains a repeat of event ei read by c.
-func (r *run) countReplay(c *consumer, by int, ei int32) {
+// ledDuring reports whether relay fault f's target led from one lease before the fault began
+// until it ended (a standby cut off may take over meanwhile); in a mode without leadership every
+// relay counts.
+func (r *run) ledDuring(f history.Fault) bool {
+	if r.ledBefore(f) {
+		return true
+	}
+	for _, s := range r.h.Relays {
+		if s.Leader && s.Relay == f.Target && !s.At.Before(f.Start) && !s.At.After(faultEnd(f)) {
+			return true
+		}
+	}
+	return false
+}
+
+// countReplay notes that fault by of r.replay explains a repeat of event ei read by c; sized
+// says whether the repeat counts towards by's replay size (checkReplaySizes): not when
+// PostgreSQL's restart or failover explains it too, whose replay the docs bound by a checkpoint
+// interval instead (a relay killed just after an immediate restart must not be charged with the
+// restart's replay).
+func (r *run) countReplay(c *consumer, by int, ei int32, sized bool) {
 	if r.replayed == nil {
 		r.replayed, r.replayTxn = make(map[string][]int), make(map[string][]int)
 	}
 	if r.replayed[c.name] == nil {
 		r.replayed[c.name], r.replayTxn[c.name] = make([]int, len(r.replay)), make([]int, len(r.replay))
 	}
-	r.replayed[c.name][by]++
 	r.byCause[r.replay[by].Kind]++
+	if !sized {
+		return
+	}
+	r.replayed[c.name][by]++
 	t, _ := r.event(ei)
 	r.replayTxn[c.name][by] = max(r.replayTxn[c.name][by], len(t.Events))
 }

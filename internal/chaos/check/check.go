@@ -174,7 +174,9 @@ func newRun(h *history.History) *run {
 		if !noReplay[f.Kind] && r.canReplay(f) {
 			r.replay = append(r.replay, f)
 		}
-		if kafkaAway[f.Kind] {
+		if kafkaAway[f.Kind] && (!relayFaults[f.Kind] || r.ledDuring(f)) {
+			// A relay's own cut from Kafka holds the slot still only if that relay streamed it
+			// (before the cut, or once it took over during it).
 			away = append(away, span{f.Start, faultEnd(f)})
 		}
 		if f.Kind == faultSlotLost || f.Kind == faultSlotInvalidated {
@@ -369,7 +371,14 @@ func (r *run) explained(first, again time.Time) bool {
 // transaction was first published within it: the partly acknowledged transaction, which is
 // confirmed only as a whole.
 func (r *run) explainedBy(first, again time.Time, ei int32) int {
-	by := -1
+	by, _ := r.explainedByAll(first, again, ei)
+	return by
+}
+
+// explainedByAll is explainedBy, and whether PostgreSQL's restart or failover (serverDies, whose
+// replay checkReplaySizes does not size) explains the repeat too.
+func (r *run) explainedByAll(first, again time.Time, ei int32) (by int, server bool) {
+	by = -1
 	for i, f := range r.replay {
 		if f.Start.After(again) {
 			break
@@ -382,8 +391,9 @@ func (r *run) explainedBy(first, again time.Time, ei int32) int {
 			continue
 		}
 		by = i
+		server = server || serverDies[f.Kind]
 	}
-	return by
+	return by, server
 }
 
 // replaySlack is how long after a fault healed a copy sent during it may be appended: a broker

@@ -286,13 +286,13 @@ func (r *run) walkKey(c *consumer, strict bool, es []entry, dupReported map[int3
 		if c.seen[ei] {
 			r.duplicates[c.isolation]++
 			first := &h.Reads[c.first[ei]]
-			by := -1
+			by, server := -1, false
 			if !strict {
-				by = r.explainedBy(first.Appended, rd.Appended, ei)
+				by, server = r.explainedByAll(first.Appended, rd.Appended, ei)
 			}
 			replay := by >= 0
 			if replay {
-				r.countReplay(c, by, ei)
+				r.countReplay(c, by, ei, !server)
 			}
 			if r.inRecoveredGap(ei, rd.Appended) {
 				// A lost slot's gap, published again from the table: at least once under every

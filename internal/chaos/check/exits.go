@@ -2,7 +2,9 @@ package check
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
 )
@@ -13,6 +15,9 @@ type AllowedExit struct {
 	Name  string // what it is, for the report
 	Match string // a substring of the exit's last error line
 	Why   string // the documentation that makes it the right answer
+	// After are the fault kinds that can bring it about: one of them must have begun before the
+	// exit, else the exit is unexplained and fails the run like any other.
+	After []string
 }
 
 // AllowedExits is the whole allowlist (docs/guarantees.md, "The nemesis", rule exit). Anything
@@ -22,7 +27,9 @@ var AllowedExits = []AllowedExit{
 		Name:  "slot lost",
 		Match: "replication slot lost: ",
 		Why: "a slot invalidated or its WAL removed, with on_slot_lost: stop, or in a messages outbox (whose gap " +
-			"is stored nowhere but the WAL): the relay exits non-zero naming the slot (docs/guarantees.md, failure table)",
+			"is stored nowhere but the WAL): the relay exits non-zero naming the slot (docs/guarantees.md, failure table); " +
+			"only after a fault that can lose a slot (the nemesis never loses one otherwise)",
+		After: []string{faultSlotLost, faultSlotInvalidated, faultFailoverSynced, faultFailoverUnsynced},
 	},
 }
 
@@ -48,7 +55,7 @@ func (r *run) checkExits() {
 		if e.Cause != history.ExitOwn {
 			continue
 		}
-		if _, ok := allowed(e.LastError); ok {
+		if a, ok := allowed(e.LastError); ok && r.faultBefore(a.After, e.At) {
 			continue
 		}
 		last := e.LastError
@@ -96,4 +103,14 @@ func (r *run) checkEndOffsets() {
 					o.Topic, o.Partition, o.LastStable, o.HighWatermark, o.HighWatermark-o.LastStable)})
 		}
 	}
+}
+
+// faultBefore reports whether a fault of one of kinds began before at.
+func (r *run) faultBefore(kinds []string, at time.Time) bool {
+	for _, f := range r.h.Faults {
+		if slices.Contains(kinds, f.Kind) && f.Start.Before(at) {
+			return true
+		}
+	}
+	return false
 }

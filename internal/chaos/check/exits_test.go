@@ -139,8 +139,8 @@ func TestTheAllowlistIsShortAndExplained(t *testing.T) {
 		t.Errorf("%d allowed exits: the allowlist is meant to stay short", len(AllowedExits))
 	}
 	for _, a := range AllowedExits {
-		if a.Name == "" || a.Match == "" || a.Why == "" {
-			t.Errorf("allowed exit %+v lacks a name, a match or a reason", a)
+		if a.Name == "" || a.Match == "" || a.Why == "" || len(a.After) == 0 {
+			t.Errorf("allowed exit %+v lacks a name, a match, a reason or the faults that bring it about", a)
 		}
 	}
 	if _, ok := allowed(`outbox-relay: replication slot "s" is active for PID 7`); ok {

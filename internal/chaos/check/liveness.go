@@ -94,9 +94,15 @@ func (r *run) checkLiveness() {
 		if from.Before(h.FaultsFrom) {
 			from = h.FaultsFrom // before the faults began the relays were still starting
 		}
+		var held []span // big transactions' publications this event waited behind
 		for _, c := range clear {
-			if c.holds(t.End) {
+			if !c.holds(t.End) {
+				continue
+			}
+			if c.publishing.to.IsZero() {
 				from = maxTime(from, c.until)
+			} else {
+				held = append(held, c.publishing)
 			}
 		}
 		if !at.After(from) {
@@ -105,6 +111,9 @@ func (r *run) checkLiveness() {
 		gone := away
 		if t.Slot != "" && mainSlot != "" && t.Slot != mainSlot {
 			gone = nbAway // a neighbour's transaction: its own relay streams it
+		}
+		if len(held) > 0 {
+			gone = merge(append(slices.Clone(gone), held...))
 		}
 		counted := at.Sub(from) - covered(gone, span{from, at})
 		s := stall{ev: ei, committed: t.End, delivered: at, counted: counted}
@@ -163,6 +172,11 @@ func (r *run) awaySpans(relays []string) []span {
 type legit struct {
 	from, to, until time.Time
 	what            string
+	// publishing is the time the wait itself takes: for a big transaction from its first event's
+	// delivery to its last's, for a recovery from the fault's start to the recovery's end. What
+	// waits behind it is excused that time, not the wait before it (which the bound holds it to
+	// like any event's). Zero: everything until until is excused.
+	publishing span
 }
 
 func (l legit) holds(committed time.Time) bool {
@@ -181,21 +195,27 @@ func (r *run) legitimateWaits() []legit {
 		if t.Outcome != history.Committed || len(t.Events) < bigTxnEvents {
 			continue
 		}
-		var last time.Time
+		var first, last time.Time
 		for ei := range t.Events {
-			if i, ok := r.byID[t.Events[ei].ID]; ok {
+			if i, ok := r.byID[t.Events[ei].ID]; ok && !r.delivered[i].IsZero() {
 				last = maxTime(last, r.delivered[i])
+				if first.IsZero() || r.delivered[i].Before(first) {
+					first = r.delivered[i]
+				}
 			}
 		}
 		if last.IsZero() {
 			continue
 		}
-		out = append(out, legit{from: t.Start, to: last, until: last,
+		out = append(out, legit{from: t.Start, to: last, until: last, publishing: span{first, last},
 			what: fmt.Sprintf("big transaction %s (%d events)", t.ID, len(t.Events))})
 	}
 	for i, f := range r.recoveries {
+		// What waits for the recovery is excused the recovery's own time, from the fault's start
+		// to its end, not what it waited before the slot was lost (a stall before the loss is
+		// one like any other).
 		out = append(out, legit{from: r.recoveryWindows[i].from, to: faultEnd(f), until: faultEnd(f),
-			what: "lost slot's recovery"})
+			publishing: span{f.Start, faultEnd(f)}, what: "lost slot's recovery"})
 	}
 	return out
 }
@@ -281,6 +301,10 @@ func (r *run) checkWindows(away []span, clear []legit, bound time.Duration) {
 	}
 	excused := slices.Clone(away)
 	for _, c := range clear {
+		if !c.publishing.to.IsZero() {
+			excused = append(excused, c.publishing)
+			continue
+		}
 		excused = append(excused, span{c.from, c.until})
 	}
 	st := h.Settings
@@ -290,10 +314,13 @@ func (r *run) checkWindows(away []span, clear []legit, bound time.Duration) {
 	}
 	for _, f := range h.Faults {
 		switch {
-		case !relayDown[f.Kind] || !r.ledBefore(f):
+		case !relayDown[f.Kind] || !r.ledBefore(f) || strings.HasSuffix(f.Target, neighbourSuffix):
+			// (A neighbour's relay streams another slot: its outage excuses none of the mode's windows.)
 		case !leaders:
 			excused = append(excused, span{f.Start, faultEnd(f).Add(bound)})
-		case f.Kind == "cut-kafka" || f.Kind == "cut-both":
+		case f.Kind == "cut-kafka" || f.Kind == "cut-both" || f.Kind == "net-oneway-kafka":
+			// Cut off from Kafka (its replies lost, too) the leader keeps its lock until
+			// leader_kafka_timeout: the takeover comes within the whole bound.
 			excused = append(excused, span{f.Start, f.Start.Add(bound)})
 		default:
 			excused = append(excused, span{f.Start, f.Start.Add(st.Lease + st.LeaderRetry + st.KafkaWriteTimeout)})

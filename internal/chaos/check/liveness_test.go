@@ -145,9 +145,27 @@ func TestLiveness(t *testing.T) {
 				ids = append(ids, big[i].ID)
 			}
 			b.txn("tbig", history.Committed, 9, big...)
-			b.publish(30, ids...)
+			for i, id := range ids {
+				b.publish(10+0.2*float64(i), id) // its publication takes from 10 s to 30 s
+			}
 			return b.done(bothConsumers)
 		}, 0},
+		{"a big transaction whose first event waits past the bound is a stall", func() *history.History {
+			late := map[string]float64{}
+			for i := 5; i < 15; i++ {
+				late["e"+itoa(i)] = 30.5
+			}
+			b := live(history.AtLeastOnce, late)
+			big := make([]history.Event, bigTxnEvents)
+			var ids []string
+			for i := range big {
+				big[i] = ev("big"+itoa(i), "k9", i)
+				ids = append(ids, big[i].ID)
+			}
+			b.txn("tbig", history.Committed, 9, big...)
+			b.publish(30, ids...) // 21 s after its commit, all at once
+			return b.done(bothConsumers)
+		}, 3}, // one stall, and two windows (10-30 s) without a delivery
 		{"a window with commits and no delivery for 10 s is reported even below the bound", func() *history.History {
 			late := map[string]float64{}
 			for i := 5; i < 10; i++ {
