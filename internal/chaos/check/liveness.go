@@ -53,7 +53,7 @@ func liveBound(st history.Settings) time.Duration {
 	if st.LeaderRetry <= 0 || st.KafkaWriteTimeout <= 0 {
 		return 0
 	}
-	return max(st.Lease, st.LeaderKafkaTimeout) + st.LeaderRetry + st.KafkaWriteTimeout
+	return max(st.Lease, st.LeaderKafkaTimeout) + st.LeaderRetry + st.KafkaWriteTimeout + st.LiveSlack
 }
 
 // stall is one event's wait that counts: from its commit (or from when what it waited behind
