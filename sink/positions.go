@@ -37,6 +37,27 @@ import (
 // carry none (not from a replication session) is written as version 1. The topic is compacted:
 // only the latest record per key matters.
 
+// Position is how far the events committed in Kafka reach, in WAL stream order.
+type Position struct {
+	// CommitLSN is the commit LSN (decoder.TxInfo.CommitLSN) of the PostgreSQL transaction of the
+	// last committed event.
+	CommitLSN pglogrepl.LSN
+	// Events is how many events of that transaction (by decoder.Event.Index) are committed.
+	Events int
+	// SystemID and Timeline are the server the transaction at CommitLSN was streamed from (its
+	// database cluster and WAL history): CommitLSN means something only there and on timelines
+	// that descend from that one below the point where they forked. "" and 0 when unknown: a
+	// position of version 1, written before positions carried their origin.
+	SystemID string
+	Timeline uint32
+}
+
+// Covers reports whether the event with index of the transaction committed at commitLSN is
+// already committed in Kafka at p: a replay skips it.
+func (p Position) Covers(commitLSN pglogrepl.LSN, index int) bool {
+	return commitLSN < p.CommitLSN || (commitLSN == p.CommitLSN && index < p.Events)
+}
+
 // positionValue is the JSON form of a Position.
 type positionValue struct {
 	V         int    `json:"v"`

@@ -4,13 +4,12 @@
 // package producer sends records in order, one batch in flight per partition, idempotent where the
 // broker allows it. The sink adds what only an outbox relay needs: the in-flight window, the
 // failure policy (dead letters, halt), refusals, readiness, and with Config.Transactions the Kafka
-// transactions (transactions.go), whose records are acknowledged only once the transaction
+// transactions (exactlyonce.go), whose records are acknowledged only once the transaction
 // holding them, and the Position it reaches (positions.go), committed.
 package sink
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/sasl"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
@@ -28,82 +26,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
-
-// Policy says what happens to an event that cannot be published to its topic.
-type Policy string
-
-const (
-	// DeadLetter publishes the event to the dead-letter topic, with headers saying where it was
-	// going and why it failed, and then counts it as done.
-	DeadLetter Policy = "dead-letter"
-	// Halt stops publishing and never acknowledges the event, so the slot stops advancing; the
-	// process stays up, not ready, until an operator intervenes.
-	Halt Policy = "halt"
-)
-
-// Config configures a Sink. Zero values get the defaults noted.
-type Config struct {
-	Brokers         []string
-	Record          record.Options // how events become records: topic, key, value, headers
-	MaxMessageBytes int            // largest record accepted; default 1048576 (Kafka's max.request.size)
-	BatchSize       int            // records per produce request and partition; default 500
-	Linger          time.Duration  // how long a partition's oldest record waits for more before its batch goes; default 15ms, negative for none
-	WriteTimeout    time.Duration  // one produce request; default 10s
-	MaxInFlight     int            // events not yet acknowledged; default 10000
-	MaxInFlightSize int64          // bytes not yet acknowledged; default 64 MiB
-	Compression     kafka.Compression
-	Policy          Policy // default DeadLetter
-	DeadLetterTopic string // default "outbox.dead-letter"
-	TLS             *tls.Config
-	SASL            sasl.Mechanism
-	ClientID        string        // default "outbox-relay"
-	Idempotence     Idempotence   // default IdempotenceAuto
-	Transactions    *Transactions // exactly-once; nil for at-least-once
-	// NoAutoCreateTopics stops the sink asking the brokers to create a missing event topic: with
-	// auto-creation, every new aggregate type a row invents would create a topic. The dead-letter
-	// topic, a fixed name, is still created when missing (where the brokers allow it). The
-	// relay's default (config key kafka.auto_create_topics false).
-	NoAutoCreateTopics bool
-}
-
-func (c *Config) setDefaults() {
-	c.Record = c.Record.WithDefaults()
-	if c.MaxMessageBytes <= 0 {
-		c.MaxMessageBytes = 1 << 20
-	}
-	if c.BatchSize <= 0 {
-		c.BatchSize = 500
-	}
-	if c.Linger == 0 {
-		c.Linger = 15 * time.Millisecond
-	}
-	if c.WriteTimeout <= 0 {
-		c.WriteTimeout = 10 * time.Second
-	}
-	if c.MaxInFlight <= 0 {
-		c.MaxInFlight = 10000
-	}
-	if c.MaxInFlightSize <= 0 {
-		c.MaxInFlightSize = 64 << 20
-	}
-	if c.Policy == "" {
-		c.Policy = DeadLetter
-	}
-	if c.DeadLetterTopic == "" {
-		c.DeadLetterTopic = "outbox.dead-letter"
-	}
-	if c.ClientID == "" {
-		c.ClientID = "outbox-relay"
-	}
-	if c.Idempotence == "" {
-		c.Idempotence = IdempotenceAuto
-	}
-	if c.Transactions != nil {
-		t := *c.Transactions // the caller's value stays as it was
-		t.setDefaults()
-		c.Transactions = &t
-	}
-}
 
 // Acker is told when events of one transaction are done. *checkpoint.Txn implements it.
 type Acker interface {
@@ -189,43 +111,8 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink: %w", err)
 	}
-	if cfg.Policy != DeadLetter && cfg.Policy != Halt {
-		return nil, fmt.Errorf("sink: unknown failure policy %q (want %q or %q)", cfg.Policy, DeadLetter, Halt)
-	}
-	switch cfg.Idempotence {
-	case IdempotenceAuto, IdempotenceOn, IdempotenceOff:
-	default:
-		return nil, fmt.Errorf("sink: unknown idempotence %q (want %q, %q or %q; config key kafka.idempotence)",
-			cfg.Idempotence, IdempotenceAuto, IdempotenceOn, IdempotenceOff)
-	}
-	if t := cfg.Transactions; t != nil {
-		if t.ID == "" {
-			return nil, errors.New("sink: exactly-once delivery needs a transactional id")
-		}
-		if cfg.Idempotence == IdempotenceOff {
-			return nil, errors.New("sink: exactly-once delivery needs the idempotent producer; kafka.idempotence is off")
-		}
-		if err := record.ValidTopic(t.PositionsTopic); err != nil {
-			return nil, fmt.Errorf("sink: positions topic: %w", err)
-		}
-	}
-	if err := record.ValidTopic(cfg.DeadLetterTopic); err != nil {
-		return nil, fmt.Errorf("sink: dead-letter topic: %w", err)
-	}
-	if t := cfg.Transactions; t != nil {
-		// The positions partition and an event's (or a dead letter's) partition of one topic would
-		// be numbered twice from sequence 0 by the same producer id and epoch: the broker takes
-		// the second writer's first batch for a duplicate of the first's and writes nothing.
-		// A template with placeholders (or a regex) is checked per event, in submit.
-		if t.PositionsTopic == cfg.DeadLetterTopic {
-			return nil, fmt.Errorf("sink: the positions topic and the dead-letter topic are both %s: the positions topic must hold positions only (config keys positions_topic and dead_letter_topic)", t.PositionsTopic)
-		}
-		if rc := cfg.Record; rc.TopicRegex == "" && t.PositionsTopic == rc.TopicTemplate {
-			return nil, fmt.Errorf("sink: the positions topic and the topic template are both %s: every event would go to the positions topic, which must hold positions only (config keys positions_topic and topic_template)", t.PositionsTopic)
-		}
-		if rc := cfg.Record; rc.TopicRegex != "" && t.PositionsTopic == rc.TopicReplacement {
-			return nil, fmt.Errorf("sink: the positions topic and the topic replacement are both %s: every event the topic regex matches would go to the positions topic, which must hold positions only (config keys positions_topic and topic_replacement)", t.PositionsTopic)
-		}
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	labels := newTopicLabels()
