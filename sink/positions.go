@@ -321,9 +321,8 @@ func ReadPosition(ctx context.Context, cfg Config) (pos Position, ok bool, err e
 	if len(cfg.Brokers) == 0 {
 		return Position{}, false, errors.New("sink: no Kafka brokers configured")
 	}
-	transport := &kafka.Transport{ClientID: cfg.ClientID, TLS: cfg.TLS, SASL: cfg.SASL, DialTimeout: 5 * time.Second}
+	client, transport := newClient(cfg, cfg.WriteTimeout)
 	defer transport.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: transport, Timeout: cfg.WriteTimeout}
 	return readPosition(ctx, client, cfg.Transactions.PositionsTopic, cfg.Transactions.ID, stableWait(cfg.Transactions.Timeout), zap.NewNop())
 }
 

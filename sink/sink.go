@@ -128,12 +128,8 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		topics:  &topicWaits{log: log, gauge: m.TopicUnavailable, labels: labels, waiting: make(map[string]*topicWait)},
 		failed:  make(chan struct{}),
 	}
-	s.transport = s.newTransport()
-	s.transport.IdleTimeout = 30 * time.Second
-	// A short TTL also bounds how long an error cached during an outage outlives the outage.
-	s.transport.MetadataTTL = 5 * time.Second
-	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport, Timeout: cfg.WriteTimeout}
-	s.client = client
+	client, transport := newClient(cfg, cfg.WriteTimeout)
+	s.client, s.transport = client, transport
 	var txnID string
 	var txnTimeout time.Duration
 	if t := cfg.Transactions; t != nil {
@@ -172,14 +168,6 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		go s.txn.c.Run(committing)
 	}
 	return s, nil
-}
-
-// newTransport is how the sink reaches the brokers. Every connection it makes, the producers' and
-// the readiness probes', is encrypted and authenticated the same way: Config.TLS and Config.SASL,
-// built once by the credentials package (which reads the client certificate and the password file
-// again for every connection).
-func (s *Sink) newTransport() *kafka.Transport {
-	return &kafka.Transport{ClientID: s.cfg.ClientID, TLS: s.cfg.TLS, SASL: s.cfg.SASL, DialTimeout: 5 * time.Second}
 }
 
 func (s *Sink) newProducer(client *kafka.Client, done func([]*producer.Record, error), autoCreate bool) *producer.Producer {
