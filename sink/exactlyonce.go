@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/sink/positions"
 	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
@@ -18,15 +19,15 @@ import (
 // the producer package's (producer.Committer): the stream is cut into transactions, each a prefix
 // of what is left in publish (WAL) order, committed one after the other. The sink is the
 // committer's owner: into each transaction it writes the Position of the transaction's last
-// event (positions.go), it acknowledges the events only once the transaction committed (the slot
-// is confirmed only past what a read_committed consumer can see), and a halt aborts the
+// event (package positions), it acknowledges the events only once the transaction committed (the
+// slot is confirmed only past what a read_committed consumer can see), and a halt aborts the
 // transaction holding the halted event, committing every one before it.
 type exactlyOnce struct {
 	s         *Sink
 	c         *producer.Committer
-	positions *positionsWriter
+	positions *positions.Writer // set by New once the producers exist
 	// stableWait bounds how long ReadPosition waits for other producers' open transactions in the
-	// positions partition (readPosition); set from Transactions.Timeout.
+	// positions partition (positions.Read); set from Transactions.Timeout.
 	stableWait time.Duration
 	// settled says the first ReadPosition settled what earlier producers left (Committer.Settle).
 	settled atomic.Bool
@@ -37,8 +38,7 @@ type exactlyOnce struct {
 }
 
 func newExactlyOnce(s *Sink, cfg Transactions, ident *producer.Identity) *exactlyOnce {
-	e := &exactlyOnce{s: s, stableWait: stableWait(cfg.Timeout)}
-	e.positions = &positionsWriter{e: e, topic: cfg.PositionsTopic, id: cfg.ID}
+	e := &exactlyOnce{s: s, stableWait: positions.StableWait(cfg.Timeout)}
 	e.c = producer.NewCommitter(producer.CommitterConfig{
 		Client: s.client, ID: cfg.ID, Identity: ident, Timeout: s.cfg.WriteTimeout,
 		// Two transactions must fit in the in-flight window: one committing, one filling.
@@ -50,6 +50,17 @@ func newExactlyOnce(s *Sink, cfg Transactions, ident *producer.Identity) *exactl
 	return e
 }
 
+// carry makes main, the events' producer, carry the positions too: a position and the events of
+// its transaction are numbered by one producer id and epoch. New calls it once the producers
+// exist, before anything is published.
+func (e *exactlyOnce) carry(main *producer.Producer) {
+	s, cfg := e.s, e.s.cfg.Transactions
+	e.positions = positions.NewWriter(positions.WriterConfig{
+		Topic: cfg.PositionsTopic, ID: cfg.ID, Client: s.client, Identity: s.ident, Committer: e.c,
+		Producer: main, Retrying: s.retrying, Log: s.log,
+	})
+}
+
 // Halted is the generation of the Kafka transaction holding the halted event (producer.Owner).
 func (e *exactlyOnce) Halted() (uint64, bool) {
 	if h := e.s.halted.Load(); h != nil {
@@ -59,12 +70,12 @@ func (e *exactlyOnce) Halted() (uint64, bool) {
 }
 
 // Companion is the positions partition, once resolved (producer.Owner).
-func (e *exactlyOnce) Companion() (producer.TopicPartition, bool) { return e.positions.partition() }
+func (e *exactlyOnce) Companion() (producer.TopicPartition, bool) { return e.positions.Partition() }
 
 // BeforeCommit writes the position of last's event inside the transaction (producer.Owner).
 func (e *exactlyOnce) BeforeCommit(ctx context.Context, last *producer.Record, spans map[producer.TopicPartition]producer.Span) (producer.TopicPartition, int64, error) {
-	offset, err := e.positions.write(ctx, positionOf(last), spans)
-	tp, _ := e.positions.partition()
+	offset, err := e.positions.Write(ctx, positionOf(last), spans)
+	tp, _ := e.positions.Partition()
 	return tp, offset, err
 }
 
@@ -89,6 +100,21 @@ func (e *exactlyOnce) committed() (Position, bool) {
 	return e.last, e.lastOK
 }
 
+// commitOwnOpen commits what this producer may have left open in the positions partition: a
+// position whose commit marker was lost holds the partition's last stable offset down until this
+// producer's next transaction there, and a start's read waits for it (positions.Read). Call it
+// after fencing.
+func (e *exactlyOnce) commitOwnOpen(ctx context.Context) error {
+	if err := e.positions.Resolve(ctx); err != nil {
+		return err
+	}
+	tp, _ := e.positions.Partition()
+	if err := e.c.CommitOpen(ctx, tp); err != nil {
+		return fmt.Errorf("positions topic %w", err)
+	}
+	return nil
+}
+
 // Count counts a Kafka transaction's outcome (producer.Owner).
 func (e *exactlyOnce) Count(outcome string) {
 	e.s.m.KafkaTransactions.WithLabelValues(outcome).Inc()
@@ -98,7 +124,7 @@ func (e *exactlyOnce) Count(outcome string) {
 func (e *exactlyOnce) Stopped(err error, fenced bool) {
 	s, id := e.s, e.s.cfg.Transactions.ID
 	switch {
-	case errors.Is(err, errPositionsRefused):
+	case errors.Is(err, positions.ErrRefused):
 		// Not ErrAborted: a fresh start would abort again, for ever. An operator fixes this.
 		s.fatal(fmt.Errorf("sink: transactional id %q: %w", id, err))
 		s.log.Error("kafka transaction aborted: the relay may not write its positions topic; stopping",

@@ -160,7 +160,7 @@ func (s *Sink) startProducer(ctx context.Context) error {
 		return err
 	}
 	if s.txn != nil {
-		if err := s.txn.positions.resolve(ctx); err != nil {
+		if err := s.txn.positions.Resolve(ctx); err != nil {
 			return err
 		}
 	}

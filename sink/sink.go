@@ -5,7 +5,7 @@
 // broker allows it. The sink adds what only an outbox relay needs: the in-flight window, the
 // failure policy (dead letters, halt), refusals, readiness, and with Config.Transactions the Kafka
 // transactions (exactlyonce.go), whose records are acknowledged only once the transaction
-// holding them, and the Position it reaches (positions.go), committed.
+// holding them, and the Position it reaches (package positions), committed.
 package sink
 
 import (
@@ -163,6 +163,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	s.dead = s.newProducer(client, deadDone, true)
 	if s.txn != nil {
 		s.txn.c.Producers(s.main, s.dead)
+		s.txn.carry(s.main)
 		var committing context.Context
 		committing, s.abandon = context.WithCancel(ctx)
 		go s.txn.c.Run(committing)
@@ -212,7 +213,7 @@ func (s *Sink) retrying(topic string, partition, records int, err error, delay t
 		return
 	}
 	switch {
-	case authError(err):
+	case producer.AuthFailed(err):
 		// Loud, but retried: during a credential or ACL rotation this heals by itself, and
 		// dead-lettering would cut a gap into every aggregate of the topic.
 		s.log.Error("kafka refused the relay's credentials or permissions; retrying in place until they are fixed", fields...)
