@@ -262,13 +262,12 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	built := s.records.Build(ev, time.Now())
 	rec := &delivery{Record: producer.Record{Seq: s.seq.Add(1), Msg: built.Msg, Partition: built.Partition}, ev: ev, ack: ack}
 	rec.Owner = rec
-	topic, routeErr, hdrErr, partErr := built.Msg.Topic, built.TopicErr, built.HeadersErr, built.PartitionErr
 	// An event never reaches the dead-letter or the positions topic (New puts them in the
 	// builder's TopicDeny): one partition written by two producers, or by an event and a position
 	// under one producer id and epoch, would have its sequence numbers collide (one record taken
 	// for a duplicate of the other and never written), and a position a row could write would be
 	// trusted by the next start.
-	rec.topic = topic
+	rec.topic = built.Msg.Topic
 	size := int64(producer.RecordSize(&rec.Msg))
 	rec.Size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
 	if err := s.limit.acquire(ctx, s.failed, rec.Size); err != nil {
@@ -282,9 +281,29 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	}
 	s.m.InFlightEvents.Inc()
 	s.m.InFlightBytes.Add(float64(rec.Size))
-	// The waits below (for a topic's partitions, the dead-letter topic's included) end with ctx: a
-	// stop must never hang on a topic that cannot be learned. An event not handed over then gives
-	// its capacity back; it was never acknowledged, so it is published again after a restart.
+	// The waits in hand end with ctx: a stop must never hang on a topic that cannot be learned. An
+	// event not handed over then gives its capacity back; it was never acknowledged, so it is
+	// published again after a restart.
+	if err := s.hand(ctx, rec, &built, size, reject, cause); err != nil {
+		if s.txn != nil {
+			s.txn.c.Leave(&rec.Record)
+		}
+		s.limit.release(1, rec.Size)
+		s.m.InFlightEvents.Dec()
+		s.m.InFlightBytes.Sub(float64(rec.Size))
+		if ctx.Err() == nil && s.Err() != nil {
+			return s.Err()
+		}
+		return ctx.Err()
+	}
+	return nil
+}
+
+// hand gives rec, the event built as built (size bytes as a record), to the main producer, or, with
+// a reject reason or a record that cannot go to its topic, to the failure policy. Its waits (for a
+// topic's partitions, the dead-letter topic's included) end with ctx.
+func (s *Sink) hand(ctx context.Context, rec *delivery, built *record.Record, size int64, reject string, cause error) error {
+	topic, routeErr, hdrErr, partErr := built.Msg.Topic, built.TopicErr, built.HeadersErr, built.PartitionErr
 	var err error
 	switch {
 	case reject != "":
@@ -319,19 +338,7 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 			err = s.fail(ctx, rec, reason(err), err)
 		}
 	}
-	if err != nil {
-		if s.txn != nil {
-			s.txn.c.Leave(&rec.Record)
-		}
-		s.limit.release(1, rec.Size)
-		s.m.InFlightEvents.Dec()
-		s.m.InFlightBytes.Sub(float64(rec.Size))
-		if ctx.Err() == nil && s.Err() != nil {
-			return s.Err()
-		}
-		return ctx.Err()
-	}
-	return nil
+	return err
 }
 
 // abortGrace is how long Close waits, after giving up, for the abort of the Kafka transaction
