@@ -141,101 +141,124 @@ func appendJSONHeaders(hs []kafka.Header, obj []byte) ([]kafka.Header, error) {
 // escapes, numbers, booleans and nulls, as jsonb prints it. Values alias obj. It gives up (ok is
 // false) on anything else, which decodeJSONHeaders then handles, errors included.
 func appendFlatJSONHeaders(hs []kafka.Header, obj []byte) (out []kafka.Header, ok bool) {
-	i, n := 0, len(obj)
-	ws := func() {
-		for i < n && (obj[i] == ' ' || obj[i] == '\t' || obj[i] == '\n' || obj[i] == '\r') {
-			i++
-		}
-	}
-	str := func() ([]byte, bool) { // a string without escapes; i is at its opening quote
-		for j := i + 1; j < n; j++ {
-			switch c := obj[j]; {
-			case c == '"':
-				v := obj[i+1 : j : j]
-				i = j + 1
-				return v, true
-			case c == '\\' || c < 0x20:
-				return nil, false
-			}
-		}
-		return nil, false
-	}
-	start := len(hs)
 	if !utf8.Valid(obj) {
 		return hs, false // encoding/json replaces invalid bytes; so does the careful path
 	}
-	ws()
-	if i >= n || obj[i] != '{' {
+	start := len(hs)
+	sc := flatScan{obj: obj}
+	sc.space()
+	if !sc.take('{') {
 		return hs, false
 	}
-	i++
-	ws()
-	if i < n && obj[i] == '}' {
-		i++
-	} else {
+	sc.space()
+	if !sc.take('}') {
 		for {
-			if i >= n || obj[i] != '"' {
+			if hs, ok = sc.member(hs); !ok {
 				return hs[:start], false
 			}
-			key, ok := str()
-			if !ok {
-				return hs[:start], false
-			}
-			ws()
-			if i >= n || obj[i] != ':' {
-				return hs[:start], false
-			}
-			i++
-			ws()
-			if i >= n {
-				return hs[:start], false
-			}
-			switch c := obj[i]; {
-			case c == '"':
-				v, ok := str()
-				if !ok {
-					return hs[:start], false
-				}
-				hs = append(hs, kafka.Header{Key: string(key), Value: v})
-			case c == 'n' && bytes.HasPrefix(obj[i:], []byte("null")):
-				i += 4
-			case c == 't' && bytes.HasPrefix(obj[i:], []byte("true")):
-				hs = append(hs, kafka.Header{Key: string(key), Value: obj[i : i+4 : i+4]})
-				i += 4
-			case c == 'f' && bytes.HasPrefix(obj[i:], []byte("false")):
-				hs = append(hs, kafka.Header{Key: string(key), Value: obj[i : i+5 : i+5]})
-				i += 5
-			case c == '-' || c >= '0' && c <= '9':
-				j := i
-				for j < n && (obj[j] == '-' || obj[j] == '+' || obj[j] == '.' || obj[j] == 'e' || obj[j] == 'E' || obj[j] >= '0' && obj[j] <= '9') {
-					j++
-				}
-				if !json.Valid(obj[i:j]) {
-					return hs[:start], false
-				}
-				hs = append(hs, kafka.Header{Key: string(key), Value: obj[i:j:j]})
-				i = j
-			default:
-				return hs[:start], false // nested values and anything odd take the careful path
-			}
-			ws()
-			if i < n && obj[i] == ',' {
-				i++
-				ws()
+			sc.space()
+			if sc.take(',') {
+				sc.space()
 				continue
 			}
-			if i < n && obj[i] == '}' {
-				i++
+			if sc.take('}') {
 				break
 			}
 			return hs[:start], false
 		}
 	}
-	ws()
-	if i != n {
+	sc.space()
+	if sc.i != len(obj) {
 		return hs[:start], false
 	}
 	return hs, true
+}
+
+// flatScan reads a flat JSON object in place for appendFlatJSONHeaders: i is the next byte.
+type flatScan struct {
+	obj []byte
+	i   int
+}
+
+// space skips JSON whitespace.
+func (sc *flatScan) space() {
+	for sc.i < len(sc.obj) && (sc.obj[sc.i] == ' ' || sc.obj[sc.i] == '\t' || sc.obj[sc.i] == '\n' || sc.obj[sc.i] == '\r') {
+		sc.i++
+	}
+}
+
+// take skips c if it is the next byte, and reports whether it was.
+func (sc *flatScan) take(c byte) bool {
+	if sc.i < len(sc.obj) && sc.obj[sc.i] == c {
+		sc.i++
+		return true
+	}
+	return false
+}
+
+// str reads a string without escapes; i is at its opening quote. ok is false for anything else.
+func (sc *flatScan) str() ([]byte, bool) {
+	obj := sc.obj
+	if sc.i >= len(obj) || obj[sc.i] != '"' {
+		return nil, false
+	}
+	for j := sc.i + 1; j < len(obj); j++ {
+		switch c := obj[j]; {
+		case c == '"':
+			v := obj[sc.i+1 : j : j]
+			sc.i = j + 1
+			return v, true
+		case c == '\\' || c < 0x20:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// member reads one member, "key": scalar, and appends its header to hs (none for a null). ok is
+// false for anything but a flat member: nested values and anything odd take the careful path.
+func (sc *flatScan) member(hs []kafka.Header) (out []kafka.Header, ok bool) {
+	key, ok := sc.str()
+	if !ok {
+		return hs, false
+	}
+	sc.space()
+	if !sc.take(':') {
+		return hs, false
+	}
+	sc.space()
+	obj, i := sc.obj, sc.i
+	if i >= len(obj) {
+		return hs, false
+	}
+	switch c := obj[i]; {
+	case c == '"':
+		v, ok := sc.str()
+		if !ok {
+			return hs, false
+		}
+		return append(hs, kafka.Header{Key: string(key), Value: v}), true
+	case c == 'n' && bytes.HasPrefix(obj[i:], []byte("null")):
+		sc.i += 4
+		return hs, true
+	case c == 't' && bytes.HasPrefix(obj[i:], []byte("true")):
+		sc.i += 4
+		return append(hs, kafka.Header{Key: string(key), Value: obj[i : i+4 : i+4]}), true
+	case c == 'f' && bytes.HasPrefix(obj[i:], []byte("false")):
+		sc.i += 5
+		return append(hs, kafka.Header{Key: string(key), Value: obj[i : i+5 : i+5]}), true
+	case c == '-' || c >= '0' && c <= '9':
+		j := i
+		for j < len(obj) && (obj[j] == '-' || obj[j] == '+' || obj[j] == '.' || obj[j] == 'e' || obj[j] == 'E' || obj[j] >= '0' && obj[j] <= '9') {
+			j++
+		}
+		if !json.Valid(obj[i:j]) {
+			return hs, false
+		}
+		sc.i = j
+		return append(hs, kafka.Header{Key: string(key), Value: obj[i:j:j]}), true
+	}
+	return hs, false
 }
 
 // decodeJSONHeaders handles any headers value with encoding/json.
