@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
@@ -201,20 +202,18 @@ func TestIdempotentProducerAnswersEachSequenceErrorLikeTheJavaProducer(t *testin
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			fb := newFakeBroker(t)
+			fb := fakebroker.New(t)
 			first := true
-			fb.mu.Lock()
-			fb.idempotent = true
-			fb.plan = func(ids []string) int16 {
+			fb.SetIdempotent(true, 0)
+			fb.SetPlan(func(ids []string) int16 {
 				if slices.Contains(ids, "events/e1") && first {
 					first = false
 					return int16(tt.code)
 				}
 				return 0
-			}
-			fb.mu.Unlock()
+			})
 			s := newSink(t, "", sink.Config{
-				Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
+				Brokers: []string{fb.Addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
 				Linger: -1, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn,
 			})
 			a := &acker{}
@@ -224,8 +223,8 @@ func TestIdempotentProducerAnswersEachSequenceErrorLikeTheJavaProducer(t *testin
 			}
 			s.mustClose(t)
 			var got []string
-			for _, b := range fb.produceLog() {
-				if b.topic == "events" {
+			for _, b := range fb.Batches() {
+				if b.Topic == "events" {
 					got = append(got, b.String())
 				}
 			}
@@ -241,18 +240,16 @@ func TestIdempotentProducerAnswersEachSequenceErrorLikeTheJavaProducer(t *testin
 // its sequence back, and the dead-letter topic's partition keeps its own sequence.
 func TestARefusedBatchIsSplitWithConsistentSequences(t *testing.T) {
 	t.Parallel()
-	fb := newFakeBroker(t)
-	fb.mu.Lock()
-	fb.idempotent = true
-	fb.plan = func(ids []string) int16 {
+	fb := fakebroker.New(t)
+	fb.SetIdempotent(true, 0)
+	fb.SetPlan(func(ids []string) int16 {
 		if slices.Contains(ids, "events/e1") {
 			return int16(kafka.InvalidRecord) // alone or with others
 		}
 		return 0
-	}
-	fb.mu.Unlock()
+	})
 	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
+		Brokers: []string{fb.Addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
 		Linger: 300 * time.Millisecond, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn,
 	})
 	a := &acker{}
@@ -264,14 +261,14 @@ func TestARefusedBatchIsSplitWithConsistentSequences(t *testing.T) {
 	eventually(t, 30*time.Second, "e3 settled", func() bool { return a.n.Load() == 4 })
 	s.mustClose(t)
 	var got []string
-	for _, b := range fb.produceLog() {
-		if b.topic == "events" {
-			got = append(got, b.topic+" "+b.String())
+	for _, b := range fb.Batches() {
+		if b.Topic == "events" {
+			got = append(got, b.Topic+" "+b.String())
 		}
 	}
-	for _, b := range fb.produceLog() { // another partition: in any order relative to the first
-		if b.topic != "events" {
-			got = append(got, b.topic+" "+b.String())
+	for _, b := range fb.Batches() { // another partition: in any order relative to the first
+		if b.Topic != "events" {
+			got = append(got, b.Topic+" "+b.String())
 		}
 	}
 	want := []string{
@@ -306,11 +303,9 @@ func TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired(t *testing.T) 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			fb := newFakeBroker(t)
-			fb.mu.Lock()
-			fb.idempotent, fb.initCode = tt.offered, int16(tt.code)
-			fb.mu.Unlock()
-			s := newSink(t, "", sink.Config{Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
+			fb := fakebroker.New(t)
+			fb.SetIdempotent(tt.offered, tt.code)
+			s := newSink(t, "", sink.Config{Brokers: []string{fb.Addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
 				Linger: -1, WriteTimeout: 5 * time.Second, Idempotence: tt.mode})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -339,8 +334,8 @@ func TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired(t *testing.T) 
 			s.publish(t, newEvent("e0", []byte("Order"), "order-1", "Changed", []byte(`{}`)), a)
 			eventually(t, 30*time.Second, "the event acknowledged", func() bool { return a.n.Load() == 1 })
 			s.mustClose(t)
-			for _, b := range fb.produceLog() {
-				if b.producerID != -1 || b.seq != -1 {
+			for _, b := range fb.Batches() {
+				if b.ProducerID != -1 || b.Seq != -1 {
 					t.Errorf("batch %v carries a producer id", b)
 				}
 			}
