@@ -76,52 +76,6 @@ func TestPartitionsOfOneBrokerShareAProduceRequestAndKeepTheirOwnAnswers(t *test
 	}
 }
 
-// TestARequestWithATopicKafkaGoCannotRouteYetSendsTheOthersAlone: kafka-go refuses a whole request
-// when one of its topics is missing from its metadata (a topic the brokers are still creating);
-// the other partitions of that request must not wait with it.
-func TestARequestWithATopicKafkaGoCannotRouteYetSendsTheOthersAlone(t *testing.T) {
-	t.Parallel()
-	fb := fakebroker.New(t)
-	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.Addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
-		Linger: 300 * time.Millisecond, WriteTimeout: time.Second,
-	})
-	a := &acker{}
-	// The fake answers for topic New when asked for it by name, but never lists it among every
-	// topic, which is what kafka-go's transport routes by: it cannot route a request holding New.
-	// (Learning New's partitions waits out the write timeout for the transport to see it.)
-	s.publish(t, newEvent("n0", []byte("New"), "k", "Changed", []byte(`{}`)), a)
-	s.publish(t, newEvent("a0", []byte("A"), "k", "Changed", []byte(`{}`)), a)
-	s.publish(t, newEvent("b0", []byte("B"), "k", "Changed", []byte(`{}`)), a)
-	eventually(t, 30*time.Second, "the events of A and B written", func() bool {
-		stored, _ := fb.State()
-		return slices.Contains(stored, "A/a0") && slices.Contains(stored, "B/b0")
-	})
-	if stored, _ := fb.State(); slices.Contains(stored, "New/n0") {
-		t.Errorf("the broker stored n0, which kafka-go cannot route: %v", stored)
-	}
-	// n0's retry is logged once the transport gave up routing it (the write timeout): wait for it
-	// rather than assume it came before A and B were written.
-	eventually(t, 30*time.Second, "n0 retried", func() bool {
-		for _, e := range s.logs.FilterMessageSnippet("retrying in place").All() {
-			if fmt.Sprint(e.ContextMap()["topic"]) == "New" {
-				return true
-			}
-		}
-		return false
-	})
-	retried := map[string]bool{}
-	for _, e := range s.logs.FilterMessageSnippet("retrying in place").All() {
-		retried[fmt.Sprint(e.ContextMap()["topic"])] = true
-	}
-	if !retried["New"] || retried["A"] || retried["B"] {
-		t.Errorf("retried topics %v, want New alone: A and B were written at their first attempt", retried)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = s.close(ctx) // n0 stays unacknowledged
-}
-
 func sameSet(a, b []string) bool {
 	a, b = slices.Clone(a), slices.Clone(b)
 	slices.Sort(a)

@@ -1,100 +1,17 @@
 package producer_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
-	"github.com/outbox-relay/outbox-relay/sink/producer"
-	"github.com/outbox-relay/outbox-relay/sink/record"
 )
-
-// onFake is an idempotent producer of topic "events" on a fake broker, with the answers it gave.
-type onFake struct {
-	p   *producer.Producer
-	seq uint64
-
-	mu      sync.Mutex
-	answers map[string]error // by record id: nil acknowledged, else the refusal
-	settled chan struct{}    // a token per record answered
-}
-
-func newOnFake(t *testing.T, fb *fakebroker.Broker, linger time.Duration) *onFake {
-	t.Helper()
-	client := &kafka.Client{Addr: kafka.TCP(fb.Addr()), Timeout: 5 * time.Second}
-	log := zaptest.NewLogger(t)
-	f := &onFake{answers: map[string]error{}, settled: make(chan struct{}, 100)}
-	ctx, cancel := context.WithCancel(context.Background())
-	f.p = producer.New(ctx, producer.Config{
-		Client: client, MaxBytes: 1 << 20, MaxRecords: 500, Linger: linger, Timeout: 5 * time.Second,
-		Identity: producer.NewIdentity(client, log, producer.IdempotenceOn, "", 0), Log: log,
-		Done: func(batch []*producer.Record, err error) {
-			f.mu.Lock()
-			for _, rec := range batch {
-				f.answers[string(rec.Msg.Headers[0].Value)] = err
-			}
-			f.mu.Unlock()
-			for range batch {
-				f.settled <- struct{}{}
-			}
-		},
-		Retrying: func(string, int, int, error, time.Duration) {},
-		Sent:     func(int) {},
-		StopAt:   func() uint64 { return math.MaxUint64 },
-		Failed:   func(err error) { t.Errorf("the producer failed: %v", err) },
-	})
-	t.Cleanup(func() {
-		f.p.Close()
-		cancel()
-	})
-	return f
-}
-
-// enqueue hands over the record id of key order-1.
-func (f *onFake) enqueue(t *testing.T, id string) {
-	t.Helper()
-	f.seq++
-	rec := &producer.Record{Msg: kafka.Message{Topic: "events", Key: []byte("order-1"), Value: []byte(`{}`),
-		Headers: []kafka.Header{{Key: record.HeaderID, Value: []byte(id)}}}, Partition: -1, Seq: f.seq, Enqueued: time.Now()}
-	rec.Size = int64(producer.RecordSize(&rec.Msg))
-	if err := f.p.Enqueue(context.Background(), rec); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// wait waits until n more records are answered.
-func (f *onFake) wait(t *testing.T, n int) {
-	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for range n {
-		select {
-		case <-f.settled:
-		case <-deadline:
-			t.Fatalf("a record was not answered within 30 s")
-		}
-	}
-}
-
-// sawFor is what the broker was sent for topic, batch by batch.
-func sawFor(fb *fakebroker.Broker, topic string) []string {
-	var got []string
-	for _, b := range fb.Batches() {
-		if b.Topic == topic {
-			got = append(got, b.String())
-		}
-	}
-	return got
-}
 
 // TestIdempotentProducerAnswersEachSequenceErrorLikeTheJavaProducer scripts, with the fake broker,
 // the answers a real broker gives only in rare moments (its producer state lost or expired, a
@@ -156,9 +73,9 @@ func TestIdempotentProducerAnswersEachSequenceErrorLikeTheJavaProducer(t *testin
 				}
 				return 0
 			})
-			f := newOnFake(t, fb, -1)
+			f := newOnFake(t, fb, -1, 5*time.Second)
 			for i := range 3 {
-				f.enqueue(t, fmt.Sprintf("e%d", i))
+				f.enqueue(t, "events", fmt.Sprintf("e%d", i))
 				f.wait(t, 1)
 			}
 			if got := sawFor(fb, "events"); strings.Join(got, "\n") != strings.Join(tt.want, "\n") {
@@ -188,12 +105,12 @@ func TestARefusedBatchIsSplitWithConsistentSequences(t *testing.T) {
 		}
 		return 0
 	})
-	f := newOnFake(t, fb, 300*time.Millisecond)
+	f := newOnFake(t, fb, 300*time.Millisecond, 5*time.Second)
 	for i := range 3 {
-		f.enqueue(t, fmt.Sprintf("e%d", i))
+		f.enqueue(t, "events", fmt.Sprintf("e%d", i))
 	}
 	f.wait(t, 3)
-	f.enqueue(t, "e3")
+	f.enqueue(t, "events", "e3")
 	f.wait(t, 1)
 	want := []string{
 		"[e0 e1 e2] pid 1000 epoch 0 seq 0 -> 87",
