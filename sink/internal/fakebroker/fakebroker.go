@@ -169,74 +169,9 @@ func (fb *Broker) serve(c net.Conn) {
 			res = &saslauthenticate.Response{ErrorCode: code}
 			closeAfter = code != 0 // a broker drops the connection after a failed authentication
 		case *metadata.Request:
-			r := &metadata.Response{Brokers: []metadata.ResponseBroker{{NodeID: 1, Host: host, Port: port}}, ControllerID: 1}
-			code := fb.take(&fb.failMetadata)
-			topics := req.TopicNames
-			if topics == nil { // the transport's own lookup: every topic
-				topics = []string{"events", "dlq", "A", "B", "C"}
-			}
-			for _, topic := range topics {
-				rt := metadata.ResponseTopic{Name: topic, ErrorCode: code}
-				if code == 0 {
-					rt.Partitions = []metadata.ResponsePartition{{PartitionIndex: 0, LeaderID: 1, ReplicaNodes: []int32{1}, IsrNodes: []int32{1}}}
-				}
-				r.Topics = append(r.Topics, rt)
-			}
-			res = r
+			res = fb.metadata(req, host, port)
 		case *produce.Request:
-			code := fb.take(&fb.failProduce)
-			r := &produce.Response{}
-			var inRequest []string
-			var stored []string
-			var batches []Batch
-			fb.mu.Lock()
-			for _, t := range req.Topics {
-				rt := produce.ResponseTopic{Topic: t.Topic}
-				for _, p := range t.Partitions {
-					inRequest = append(inRequest, fmt.Sprintf("%s/%d", t.Topic, p.Partition))
-					b := Batch{Topic: t.Topic, Partition: p.Partition}
-					if stream, ok := p.RecordSet.Records.(*protocol.RecordStream); ok && len(stream.Records) > 0 {
-						if rb, ok := stream.Records[0].(*protocol.RecordBatch); ok {
-							b.ProducerID, b.Epoch, b.Seq = rb.ProducerID, rb.ProducerEpoch, rb.BaseSequence
-						}
-					}
-					var ids []string
-					for {
-						rec, err := p.RecordSet.Records.ReadRecord()
-						if err != nil {
-							break
-						}
-						for _, h := range rec.Headers {
-							if h.Key == record.HeaderID {
-								ids = append(ids, t.Topic+"/"+string(h.Value))
-								b.IDs = append(b.IDs, string(h.Value))
-							}
-						}
-					}
-					// Like a real broker, it answers each partition on its own.
-					b.Code = code
-					if fb.plan != nil {
-						if c := fb.plan(ids); c != 0 {
-							b.Code = c
-						}
-					}
-					if fb.refuseID != "" && slices.Contains(ids, "events/"+fb.refuseID) {
-						b.Code = fb.code
-					}
-					if b.Code == 0 {
-						stored = append(stored, ids...)
-					}
-					rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: b.Code})
-					batches = append(batches, b)
-				}
-				r.Topics = append(r.Topics, rt)
-			}
-			fb.produced++
-			fb.stored = append(fb.stored, stored...)
-			fb.batches = append(fb.batches, batches...)
-			fb.requests = append(fb.requests, inRequest)
-			fb.mu.Unlock()
-			res = r
+			res = fb.produce(req)
 		default:
 			return
 		}
@@ -287,4 +222,81 @@ func (fb *Broker) Producers() int {
 	fb.mu.Lock()
 	defer fb.mu.Unlock()
 	return fb.producers
+}
+
+// metadata answers a metadata request: every topic has one partition, led by this broker, unless
+// a metadata failure is scripted.
+func (fb *Broker) metadata(req *metadata.Request, host string, port int32) *metadata.Response {
+	r := &metadata.Response{Brokers: []metadata.ResponseBroker{{NodeID: 1, Host: host, Port: port}}, ControllerID: 1}
+	code := fb.take(&fb.failMetadata)
+	topics := req.TopicNames
+	if topics == nil { // the transport's own lookup: every topic
+		topics = []string{"events", "dlq", "A", "B", "C"}
+	}
+	for _, topic := range topics {
+		rt := metadata.ResponseTopic{Name: topic, ErrorCode: code}
+		if code == 0 {
+			rt.Partitions = []metadata.ResponsePartition{{PartitionIndex: 0, LeaderID: 1, ReplicaNodes: []int32{1}, IsrNodes: []int32{1}}}
+		}
+		r.Topics = append(r.Topics, rt)
+	}
+	return r
+}
+
+// produce answers each partition of a produce request on its own, as scripted, and logs what it
+// held.
+func (fb *Broker) produce(req *produce.Request) *produce.Response {
+	code := fb.take(&fb.failProduce)
+	r := &produce.Response{}
+	var inRequest []string
+	var stored []string
+	var batches []Batch
+	fb.mu.Lock()
+	for _, t := range req.Topics {
+		rt := produce.ResponseTopic{Topic: t.Topic}
+		for _, p := range t.Partitions {
+			inRequest = append(inRequest, fmt.Sprintf("%s/%d", t.Topic, p.Partition))
+			b := Batch{Topic: t.Topic, Partition: p.Partition}
+			if stream, ok := p.RecordSet.Records.(*protocol.RecordStream); ok && len(stream.Records) > 0 {
+				if rb, ok := stream.Records[0].(*protocol.RecordBatch); ok {
+					b.ProducerID, b.Epoch, b.Seq = rb.ProducerID, rb.ProducerEpoch, rb.BaseSequence
+				}
+			}
+			var ids []string
+			for {
+				rec, err := p.RecordSet.Records.ReadRecord()
+				if err != nil {
+					break
+				}
+				for _, h := range rec.Headers {
+					if h.Key == record.HeaderID {
+						ids = append(ids, t.Topic+"/"+string(h.Value))
+						b.IDs = append(b.IDs, string(h.Value))
+					}
+				}
+			}
+			// Like a real broker, it answers each partition on its own.
+			b.Code = code
+			if fb.plan != nil {
+				if c := fb.plan(ids); c != 0 {
+					b.Code = c
+				}
+			}
+			if fb.refuseID != "" && slices.Contains(ids, "events/"+fb.refuseID) {
+				b.Code = fb.code
+			}
+			if b.Code == 0 {
+				stored = append(stored, ids...)
+			}
+			rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: b.Code})
+			batches = append(batches, b)
+		}
+		r.Topics = append(r.Topics, rt)
+	}
+	fb.produced++
+	fb.stored = append(fb.stored, stored...)
+	fb.batches = append(fb.batches, batches...)
+	fb.requests = append(fb.requests, inRequest)
+	fb.mu.Unlock()
+	return r
 }
