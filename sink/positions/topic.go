@@ -14,7 +14,7 @@ import (
 
 // topicConfig is what the relay creates a missing positions topic with. Compaction keeps
 // the latest position per key; it can only clean closed segments, so segments roll hourly (and
-// small): that keeps the topic, and the backward read of ReadPosition, short.
+// small): that keeps the topic, and the backward read of Read, short.
 var topicConfig = []kafka.ConfigEntry{
 	{ConfigName: "cleanup.policy", ConfigValue: "compact"},
 	{ConfigName: "segment.ms", ConfigValue: "3600000"},
