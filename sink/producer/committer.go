@@ -142,7 +142,7 @@ type heldBatch struct {
 // record (Producers).
 func NewCommitter(cfg CommitterConfig) *Committer {
 	tm := &Committer{
-		client: cfg.Client, id: cfg.ID, timeout: cfg.Timeout, maxRecords: max(1, cfg.MaxRecords), linger: cfg.Linger,
+		client: withTransport(cfg.Client), id: cfg.ID, timeout: cfg.Timeout, maxRecords: max(1, cfg.MaxRecords), linger: cfg.Linger,
 		ident: cfg.Identity, coord: NewCoordinator(cfg.Client, cfg.ID), owner: cfg.Owner, log: cfg.Log,
 		txns:    []*kafkaTxn{{gen: 1}},
 		added:   make(map[TopicPartition]bool),
