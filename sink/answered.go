@@ -38,9 +38,8 @@ func (s *Sink) Starting() bool { return s.starting.Load() }
 func Reachable(ctx context.Context, cfg Config, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	probe := (&Sink{cfg: cfg}).newTransport()
+	client, probe := newClient(cfg, timeout)
 	defer probe.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: probe, Timeout: timeout}
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
 	if err == nil && len(md.Brokers) == 0 {
 		err = errors.New("metadata lists no brokers")

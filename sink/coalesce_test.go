@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
@@ -22,11 +23,10 @@ import (
 // and dead-lettered, and C's batch, written at once, is sent exactly once.
 func TestPartitionsOfOneBrokerShareAProduceRequestAndKeepTheirOwnAnswers(t *testing.T) {
 	t.Parallel()
-	fb := newFakeBroker(t)
+	fb := fakebroker.New(t)
 	firstA := true
-	fb.mu.Lock()
-	fb.idempotent = true
-	fb.plan = func(ids []string) int16 {
+	fb.SetIdempotent(true, 0)
+	fb.SetPlan(func(ids []string) int16 {
 		switch {
 		case slices.Contains(ids, "A/a0") && firstA:
 			firstA = false
@@ -35,10 +35,9 @@ func TestPartitionsOfOneBrokerShareAProduceRequestAndKeepTheirOwnAnswers(t *test
 			return int16(kafka.InvalidRecord) // alone or with others
 		}
 		return 0
-	}
-	fb.mu.Unlock()
+	})
 	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
+		Brokers: []string{fb.Addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
 		Linger: 300 * time.Millisecond, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn,
 	})
 	a := &acker{}
@@ -49,13 +48,13 @@ func TestPartitionsOfOneBrokerShareAProduceRequestAndKeepTheirOwnAnswers(t *test
 	eventually(t, 30*time.Second, "every event settled", func() bool { return a.n.Load() == 7 })
 	s.mustClose(t)
 
-	requests := fb.requestLog()
+	requests := fb.Requests()
 	if len(requests) == 0 || !sameSet(requests[0], []string{"A/0", "B/0", "C/0"}) {
 		t.Errorf("the first produce request held %v, want the batches of A, B and C together (every request: %v)", firstOr(requests), requests)
 	}
 	got := map[string][]string{}
-	for _, b := range fb.produceLog() {
-		got[b.topic] = append(got[b.topic], b.String())
+	for _, b := range fb.Batches() {
+		got[b.Topic] = append(got[b.Topic], b.String())
 	}
 	want := map[string][]string{
 		// A's sequence was lost: a new epoch from sequence 0, the same records.
@@ -75,52 +74,6 @@ func TestPartitionsOfOneBrokerShareAProduceRequestAndKeepTheirOwnAnswers(t *test
 	if n := s.metric(t, "outbox_relay_events_dead_lettered_total"); n != 1 {
 		t.Errorf("events_dead_lettered_total = %v, want 1 (b1)", n)
 	}
-}
-
-// TestARequestWithATopicKafkaGoCannotRouteYetSendsTheOthersAlone: kafka-go refuses a whole request
-// when one of its topics is missing from its metadata (a topic the brokers are still creating);
-// the other partitions of that request must not wait with it.
-func TestARequestWithATopicKafkaGoCannotRouteYetSendsTheOthersAlone(t *testing.T) {
-	t.Parallel()
-	fb := newFakeBroker(t)
-	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
-		Linger: 300 * time.Millisecond, WriteTimeout: time.Second,
-	})
-	a := &acker{}
-	// The fake answers for topic New when asked for it by name, but never lists it among every
-	// topic, which is what kafka-go's transport routes by: it cannot route a request holding New.
-	// (Learning New's partitions waits out the write timeout for the transport to see it.)
-	s.publish(t, newEvent("n0", []byte("New"), "k", "Changed", []byte(`{}`)), a)
-	s.publish(t, newEvent("a0", []byte("A"), "k", "Changed", []byte(`{}`)), a)
-	s.publish(t, newEvent("b0", []byte("B"), "k", "Changed", []byte(`{}`)), a)
-	eventually(t, 30*time.Second, "the events of A and B written", func() bool {
-		stored, _ := fb.state()
-		return slices.Contains(stored, "A/a0") && slices.Contains(stored, "B/b0")
-	})
-	if stored, _ := fb.state(); slices.Contains(stored, "New/n0") {
-		t.Errorf("the broker stored n0, which kafka-go cannot route: %v", stored)
-	}
-	// n0's retry is logged once the transport gave up routing it (the write timeout): wait for it
-	// rather than assume it came before A and B were written.
-	eventually(t, 30*time.Second, "n0 retried", func() bool {
-		for _, e := range s.logs.FilterMessageSnippet("retrying in place").All() {
-			if fmt.Sprint(e.ContextMap()["topic"]) == "New" {
-				return true
-			}
-		}
-		return false
-	})
-	retried := map[string]bool{}
-	for _, e := range s.logs.FilterMessageSnippet("retrying in place").All() {
-		retried[fmt.Sprint(e.ContextMap()["topic"])] = true
-	}
-	if !retried["New"] || retried["A"] || retried["B"] {
-		t.Errorf("retried topics %v, want New alone: A and B were written at their first attempt", retried)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = s.close(ctx) // n0 stays unacknowledged
 }
 
 func sameSet(a, b []string) bool {

@@ -12,26 +12,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
-// errPositionsRefused marks a positions topic the relay may not write: no Kafka transaction can
-// commit without its position, so unlike an event's topic it ends the relay with the fix (a fresh
-// start would abort the same transaction again, for ever).
-var errPositionsRefused = errors.New("kafka refused the relay's principal on the positions topic, so no Kafka transaction can commit")
-
-// authError reports whether err says the relay's credentials or permissions were refused: retried,
-// but logged at ERROR, since only an operator (or a finishing rotation) fixes it.
-func authError(err error) bool {
-	var kerr kafka.Error
-	if !errors.As(err, &kerr) {
-		return false
-	}
-	switch kerr {
-	case kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed, kafka.SASLAuthenticationFailed,
-		kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState, kafka.TransactionalIDAuthorizationFailed:
-		return true
-	}
-	return false
-}
-
 // tlsProblem explains a TLS failure that retrying cannot fix: a broker certificate the relay does
 // not trust, a client certificate the broker refused (credentials.ExplainTLS), or TLS off towards a
 // TLS listener, which kafka-go recognises by the broker's reply. Before streaming it ends the start;

@@ -1,118 +1,142 @@
 package sink
 
 import (
+	"cmp"
+	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pglogrepl"
+	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/sink/positions"
 	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
-// Idempotence says whether the producer asks Kafka for a producer id and numbers its batches
-// (producer.Idempotence).
-type Idempotence = producer.Idempotence
+// exactlyOnce is the sink's side of exactly-once delivery. The Kafka transactions themselves are
+// the producer package's (producer.Committer): the stream is cut into transactions, each a prefix
+// of what is left in publish (WAL) order, committed one after the other. The sink is the
+// committer's owner: into each transaction it writes the Position of the transaction's last
+// event (package positions), it acknowledges the events only once the transaction committed (the
+// slot is confirmed only past what a read_committed consumer can see), and a halt aborts the
+// transaction holding the halted event, committing every one before it.
+type exactlyOnce struct {
+	s         *Sink
+	c         *producer.Committer
+	positions *positions.Writer // set by New once the producers exist
+	// stableWait bounds how long ReadPosition waits for other producers' open transactions in the
+	// positions partition (positions.Read); set from Transactions.Timeout.
+	stableWait time.Duration
+	// settled says the first ReadPosition settled what earlier producers left (Committer.Settle).
+	settled atomic.Bool
 
-const (
-	// IdempotenceAuto is on where the broker allows it: a broker that denies IDEMPOTENT_WRITE
-	// gets the plain producer, with a warning.
-	IdempotenceAuto = producer.IdempotenceAuto
-	// IdempotenceOn refuses to start when the broker denies it.
-	IdempotenceOn = producer.IdempotenceOn
-	// IdempotenceOff never asks: every retry of a request the broker already wrote is a duplicate.
-	IdempotenceOff = producer.IdempotenceOff
-)
-
-// Transactions turns on exactly-once delivery: records go to Kafka in transactions that also
-// write the Position they reach to a compacted topic, and are acknowledged only once their
-// transaction has committed.
-type Transactions struct {
-	ID string // transactional.id; required
-	// Interval is how long a Kafka transaction stays open at most while the broker keeps up;
-	// default 100ms. It usually ends sooner, see Linger.
-	Interval time.Duration
-	// Linger is how old a transaction's first event gets before the committer, once it is free,
-	// takes the transaction: under load commits go back to back, each taking what arrived while
-	// the one before committed. Default Config.Linger; at most Interval. (Linger = Interval makes
-	// every transaction last Interval, for tests that look at an open one.)
-	Linger time.Duration
-	// MaxEvents closes a transaction once it holds this many events; default 10000, at most
-	// half of Config.MaxInFlight (one transaction fills while the one before commits).
-	MaxEvents      int
-	PositionsTopic string        // default "__outbox_relay_positions", created compacted if missing
-	Timeout        time.Duration // transaction.timeout.ms asked for in InitProducerID; default 60s
+	mu     sync.Mutex
+	last   Position // of the last transaction committed
+	lastOK bool
 }
 
-// DefaultPositionsTopic is where positions go unless Transactions.PositionsTopic says otherwise.
-const DefaultPositionsTopic = "__outbox_relay_positions"
-
-func (t *Transactions) setDefaults() {
-	if t.Interval <= 0 {
-		t.Interval = 100 * time.Millisecond
-	}
-	if t.MaxEvents <= 0 {
-		t.MaxEvents = 10000
-	}
-	if t.PositionsTopic == "" {
-		t.PositionsTopic = DefaultPositionsTopic
-	}
-	if t.Timeout <= 0 {
-		t.Timeout = time.Minute
-	}
-}
-
-// Position is how far the events committed in Kafka reach, in WAL stream order.
-type Position struct {
-	// CommitLSN is the commit LSN (decoder.TxInfo.CommitLSN) of the PostgreSQL transaction of the
-	// last committed event.
-	CommitLSN pglogrepl.LSN
-	// Events is how many events of that transaction (by decoder.Event.Index) are committed.
-	Events int
-	// SystemID and Timeline are the server the transaction at CommitLSN was streamed from (its
-	// database cluster and WAL history): CommitLSN means something only there and on timelines
-	// that descend from that one below the point where they forked. "" and 0 when unknown: a
-	// position of version 1, written before positions carried their origin.
-	SystemID string
-	Timeline uint32
-}
-
-// Covers reports whether the event with index of the transaction committed at commitLSN is
-// already committed in Kafka at p: a replay skips it.
-func (p Position) Covers(commitLSN pglogrepl.LSN, index int) bool {
-	return commitLSN < p.CommitLSN || (commitLSN == p.CommitLSN && index < p.Events)
-}
-
-// ErrFenced says another producer with the same transactional id (a newer epoch) took over: this
-// sink stops for good and writes nothing more that a read_committed consumer could see.
-var ErrFenced = errors.New("fenced: another producer with the same transactional id took over")
-
-// ErrAborted says a Kafka transaction was aborted (the broker timed it out, or it could not
-// commit): the sink stops for good without acknowledging anything of it, and the relay replays
-// from the last committed position.
-var ErrAborted = errors.New("kafka transaction aborted")
-
-// Failed is closed once the sink has stopped for good: fenced (Err wraps ErrFenced), a Kafka
-// transaction aborted (Err wraps ErrAborted), or the producer could not start (kafka.idempotence
-// on and the broker denies it, the transactional id is not authorized, ...). Publish then returns
-// Err. It closes on its own, whether Publish is being called or not.
-func (s *Sink) Failed() <-chan struct{} { return s.failed }
-
-// Err says why Failed closed; nil before.
-func (s *Sink) Err() error {
-	select {
-	case <-s.failed:
-		return s.failErr
-	default:
-		return nil
-	}
-}
-
-// fatal stops the sink for good with err; the first call wins. Nothing more is sent: what was
-// not acknowledged stays so, and is replayed after a restart.
-func (s *Sink) fatal(err error) {
-	s.failOnce.Do(func() {
-		s.failErr = err
-		close(s.failed)
-		s.stop()
+func newExactlyOnce(s *Sink, cfg Transactions, ident *producer.Identity) *exactlyOnce {
+	e := &exactlyOnce{s: s, stableWait: positions.StableWait(cfg.Timeout)}
+	e.c = producer.NewCommitter(producer.CommitterConfig{
+		Client: s.client, ID: cfg.ID, Identity: ident, Timeout: s.cfg.WriteTimeout,
+		// Two transactions must fit in the in-flight window: one committing, one filling.
+		MaxRecords: min(cfg.MaxEvents, s.cfg.MaxInFlight/2),
+		Linger:     min(cmp.Or(cfg.Linger, max(0, s.cfg.Linger)), cfg.Interval),
+		Owner:      e,
+		Log:        s.log,
 	})
+	return e
+}
+
+// carry makes main, the events' producer, carry the positions too: a position and the events of
+// its transaction are numbered by one producer id and epoch. New calls it once the producers
+// exist, before anything is published.
+func (e *exactlyOnce) carry(main *producer.Producer) {
+	s, cfg := e.s, e.s.cfg.Transactions
+	e.positions = positions.NewWriter(positions.WriterConfig{
+		Topic: cfg.PositionsTopic, ID: cfg.ID, Client: s.client, Identity: s.ident, Committer: e.c,
+		Producer: main, Retrying: s.retrying, Log: s.log,
+	})
+}
+
+// Halted is the generation of the Kafka transaction holding the halted event (producer.Owner).
+func (e *exactlyOnce) Halted() (uint64, bool) {
+	if h := e.s.halted.Load(); h != nil {
+		return h.txn, true
+	}
+	return 0, false
+}
+
+// Companion is the positions partition, once resolved (producer.Owner).
+func (e *exactlyOnce) Companion() (producer.TopicPartition, bool) { return e.positions.Partition() }
+
+// BeforeCommit writes the position of last's event inside the transaction (producer.Owner).
+func (e *exactlyOnce) BeforeCommit(ctx context.Context, last *producer.Record, spans map[producer.TopicPartition]producer.Span) (producer.TopicPartition, int64, error) {
+	offset, err := e.positions.Write(ctx, positionOf(last), spans)
+	tp, _ := e.positions.Partition()
+	return tp, offset, err
+}
+
+// Committed records the position of the transaction committed (producer.Owner).
+func (e *exactlyOnce) Committed(last *producer.Record) {
+	pos := positionOf(last)
+	e.mu.Lock()
+	e.last, e.lastOK = pos, true
+	e.mu.Unlock()
+}
+
+// positionOf is the position a transaction whose last event is rec's reaches.
+func positionOf(rec *producer.Record) Position {
+	ev := rec.Owner.(*delivery).ev
+	return Position{CommitLSN: ev.Tx.CommitLSN, Events: ev.Index + 1, SystemID: ev.Tx.SystemID, Timeline: ev.Tx.Timeline}
+}
+
+// committed returns the position of the last Kafka transaction this sink committed.
+func (e *exactlyOnce) committed() (Position, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.last, e.lastOK
+}
+
+// commitOwnOpen commits what this producer may have left open in the positions partition: a
+// position whose commit marker was lost holds the partition's last stable offset down until this
+// producer's next transaction there, and a start's read waits for it (positions.Read). Call it
+// after fencing.
+func (e *exactlyOnce) commitOwnOpen(ctx context.Context) error {
+	if err := e.positions.Resolve(ctx); err != nil {
+		return err
+	}
+	tp, _ := e.positions.Partition()
+	if err := e.c.CommitOpen(ctx, tp); err != nil {
+		return fmt.Errorf("positions topic %w", err)
+	}
+	return nil
+}
+
+// Count counts a Kafka transaction's outcome (producer.Owner).
+func (e *exactlyOnce) Count(outcome string) {
+	e.s.m.KafkaTransactions.WithLabelValues(outcome).Inc()
+}
+
+// Stopped ends the sink for good after the Kafka transactions stopped on err (producer.Owner).
+func (e *exactlyOnce) Stopped(err error, fenced bool) {
+	s, id := e.s, e.s.cfg.Transactions.ID
+	switch {
+	case errors.Is(err, positions.ErrRefused):
+		// Not ErrAborted: a fresh start would abort again, for ever. An operator fixes this.
+		s.fatal(fmt.Errorf("sink: transactional id %q: %w", id, err))
+		s.log.Error("kafka transaction aborted: the relay may not write its positions topic; stopping",
+			zap.String("transactional_id", id), zap.Error(err))
+	case fenced:
+		s.fatal(fmt.Errorf("sink: transactional id %q: %w (%v)", id, ErrFenced, err))
+		s.log.Error("fenced: another relay with the same transactional id took over; this one stops and writes nothing more",
+			zap.String("transactional_id", id), zap.Error(err))
+	default:
+		s.fatal(fmt.Errorf("sink: transactional id %q: %w: %v; nothing of it was acknowledged, so it is replayed from the last committed position", id, ErrAborted, err))
+		s.log.Error("kafka transaction aborted; stopping the sink so the relay replays from the last committed position",
+			zap.String("transactional_id", id), zap.Error(err))
+	}
+	s.stop()
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/sink/positions"
 )
 
 // SetDialer makes the sink's connections to Kafka go through dial; set it before the first
@@ -13,12 +15,15 @@ func SetDialer(s *Sink, dial func(ctx context.Context, network, addr string) (ne
 }
 
 // DecodePosition reads a position record's value.
-var DecodePosition = decodePosition
+func DecodePosition(b []byte) (Position, error) {
+	pos, _, err := positions.Decode(b)
+	return pos, err
+}
 
 // OpenPositionTransaction writes pos to the positions topic inside the sink's current Kafka
 // transaction and leaves it open, as a relay killed between its position and EndTxn does.
 func OpenPositionTransaction(ctx context.Context, s *Sink, pos Position) error {
-	_, err := s.txn.positions.write(ctx, pos, nil)
+	_, err := s.txn.positions.Write(ctx, pos, nil)
 	return err
 }
 

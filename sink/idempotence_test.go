@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
@@ -152,141 +152,6 @@ func readCommitted(t *testing.T, brokers string, timeout time.Duration, want fun
 	return readWith(t, harness.NewCommittedConsumer(brokers, topics...), timeout, want, topics)
 }
 
-// TestIdempotentProducerAnswersEachSequenceErrorLikeTheJavaProducer scripts, with the fake broker,
-// the answers a real broker gives only in rare moments (its producer state lost or expired, a
-// retry of a batch it already holds) and checks what the sink sends next: producer id, epoch and
-// base sequence of every batch, in order. e1's first attempt gets the scripted answer.
-func TestIdempotentProducerAnswersEachSequenceErrorLikeTheJavaProducer(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name string
-		code kafka.Error
-		want []string // batches the broker saw: ids, pid, epoch, seq, answer
-	}{
-		{"a transient error is retried with the same id, epoch and sequence", kafka.NotEnoughReplicas, []string{
-			"[e0] pid 1000 epoch 0 seq 0 -> 0",
-			"[e1] pid 1000 epoch 0 seq 1 -> 19",
-			"[e1] pid 1000 epoch 0 seq 1 -> 0",
-			"[e2] pid 1000 epoch 0 seq 2 -> 0",
-		}},
-		{"DUPLICATE_SEQUENCE_NUMBER means the broker has the batch: acknowledged, not retried", kafka.DuplicateSequenceNumber, []string{
-			"[e0] pid 1000 epoch 0 seq 0 -> 0",
-			"[e1] pid 1000 epoch 0 seq 1 -> 46",
-			"[e2] pid 1000 epoch 0 seq 2 -> 0",
-		}},
-		{"OUT_OF_ORDER_SEQUENCE_NUMBER at the head: the partition's next epoch, from sequence 0", kafka.OutOfOrderSequenceNumber, []string{
-			"[e0] pid 1000 epoch 0 seq 0 -> 0",
-			"[e1] pid 1000 epoch 0 seq 1 -> 45",
-			"[e1] pid 1000 epoch 1 seq 0 -> 0",
-			"[e2] pid 1000 epoch 1 seq 1 -> 0",
-		}},
-		{"UNKNOWN_PRODUCER_ID: the partition's next epoch, from sequence 0", kafka.UnknownProducerId, []string{
-			"[e0] pid 1000 epoch 0 seq 0 -> 0",
-			"[e1] pid 1000 epoch 0 seq 1 -> 59",
-			"[e1] pid 1000 epoch 1 seq 0 -> 0",
-			"[e2] pid 1000 epoch 1 seq 1 -> 0",
-		}},
-		{"INVALID_PRODUCER_EPOCH: a new producer id, from sequence 0", kafka.InvalidProducerEpoch, []string{
-			"[e0] pid 1000 epoch 0 seq 0 -> 0",
-			"[e1] pid 1000 epoch 0 seq 1 -> 47",
-			"[e1] pid 1001 epoch 0 seq 0 -> 0",
-			"[e2] pid 1001 epoch 0 seq 1 -> 0",
-		}},
-		{"a refused record gives its sequence back to the next batch", kafka.InvalidRecord, []string{
-			"[e0] pid 1000 epoch 0 seq 0 -> 0",
-			"[e1] pid 1000 epoch 0 seq 1 -> 87",
-			"[e2] pid 1000 epoch 0 seq 1 -> 0",
-		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			fb := newFakeBroker(t)
-			first := true
-			fb.mu.Lock()
-			fb.idempotent = true
-			fb.plan = func(ids []string) int16 {
-				if slices.Contains(ids, "events/e1") && first {
-					first = false
-					return int16(tt.code)
-				}
-				return 0
-			}
-			fb.mu.Unlock()
-			s := newSink(t, "", sink.Config{
-				Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
-				Linger: -1, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn,
-			})
-			a := &acker{}
-			for i := range 3 {
-				s.publish(t, newEvent(fmt.Sprintf("e%d", i), []byte("Order"), "order-1", "Changed", []byte(`{}`)), a)
-				eventually(t, 30*time.Second, "the event settled", func() bool { return a.n.Load() == int64(i+1) })
-			}
-			s.mustClose(t)
-			var got []string
-			for _, b := range fb.produceLog() {
-				if b.topic == "events" {
-					got = append(got, b.String())
-				}
-			}
-			if strings.Join(got, "\n") != strings.Join(tt.want, "\n") {
-				t.Errorf("the broker saw\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(tt.want, "\n  "))
-			}
-		})
-	}
-}
-
-// TestARefusedBatchIsSplitWithConsistentSequences: the broker refuses a batch of three for one
-// record; the records then go one by one from the refused batch's sequence, the refused one gives
-// its sequence back, and the dead-letter topic's partition keeps its own sequence.
-func TestARefusedBatchIsSplitWithConsistentSequences(t *testing.T) {
-	t.Parallel()
-	fb := newFakeBroker(t)
-	fb.mu.Lock()
-	fb.idempotent = true
-	fb.plan = func(ids []string) int16 {
-		if slices.Contains(ids, "events/e1") {
-			return int16(kafka.InvalidRecord) // alone or with others
-		}
-		return 0
-	}
-	fb.mu.Unlock()
-	s := newSink(t, "", sink.Config{
-		Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
-		Linger: 300 * time.Millisecond, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn,
-	})
-	a := &acker{}
-	for i := range 3 {
-		s.publish(t, newEvent(fmt.Sprintf("e%d", i), []byte("Order"), "order-1", "Changed", []byte(`{}`)), a)
-	}
-	eventually(t, 30*time.Second, "every event settled", func() bool { return a.n.Load() == 3 })
-	s.publish(t, newEvent("e3", []byte("Order"), "order-1", "Changed", []byte(`{}`)), a)
-	eventually(t, 30*time.Second, "e3 settled", func() bool { return a.n.Load() == 4 })
-	s.mustClose(t)
-	var got []string
-	for _, b := range fb.produceLog() {
-		if b.topic == "events" {
-			got = append(got, b.topic+" "+b.String())
-		}
-	}
-	for _, b := range fb.produceLog() { // another partition: in any order relative to the first
-		if b.topic != "events" {
-			got = append(got, b.topic+" "+b.String())
-		}
-	}
-	want := []string{
-		"events [e0 e1 e2] pid 1000 epoch 0 seq 0 -> 87",
-		"events [e0] pid 1000 epoch 0 seq 0 -> 0",
-		"events [e1] pid 1000 epoch 0 seq 1 -> 87",
-		"events [e2] pid 1000 epoch 0 seq 1 -> 0",
-		"events [e3] pid 1000 epoch 0 seq 2 -> 0",
-		"dlq [e1] pid 1000 epoch 0 seq 0 -> 0",
-	}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("the broker saw\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
-	}
-}
-
 // TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired: kafka.idempotence auto publishes
 // without it and says so; on refuses to start, naming the key.
 func TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired(t *testing.T) {
@@ -306,11 +171,9 @@ func TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired(t *testing.T) 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			fb := newFakeBroker(t)
-			fb.mu.Lock()
-			fb.idempotent, fb.initCode = tt.offered, int16(tt.code)
-			fb.mu.Unlock()
-			s := newSink(t, "", sink.Config{Brokers: []string{fb.addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
+			fb := fakebroker.New(t)
+			fb.SetIdempotent(tt.offered, tt.code)
+			s := newSink(t, "", sink.Config{Brokers: []string{fb.Addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
 				Linger: -1, WriteTimeout: 5 * time.Second, Idempotence: tt.mode})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -339,8 +202,8 @@ func TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired(t *testing.T) 
 			s.publish(t, newEvent("e0", []byte("Order"), "order-1", "Changed", []byte(`{}`)), a)
 			eventually(t, 30*time.Second, "the event acknowledged", func() bool { return a.n.Load() == 1 })
 			s.mustClose(t)
-			for _, b := range fb.produceLog() {
-				if b.producerID != -1 || b.seq != -1 {
+			for _, b := range fb.Batches() {
+				if b.ProducerID != -1 || b.Seq != -1 {
 					t.Errorf("batch %v carries a producer id", b)
 				}
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/sink/positions"
 )
 
 // countingConn counts the bytes read from the broker.
@@ -41,7 +42,7 @@ func TestReadingAnAbsentPositionReadsThePartitionOnce(t *testing.T) {
 	defer cancel()
 	topic := testenv.UniqueName(t, "positions")
 	client := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 10 * time.Second}
-	if _, _, err := positionsPartition(ctx, client, topic, "x", zap.NewNop()); err != nil {
+	if _, _, err := positions.Partition(ctx, client, topic, "x", zap.NewNop()); err != nil {
 		t.Fatal(err)
 	}
 	const n = 20000
@@ -84,8 +85,8 @@ func TestReadingAnAbsentPositionReadsThePartitionOnce(t *testing.T) {
 	size := read.Swap(0)
 
 	start := time.Now()
-	if pos, ok, err := readPosition(ctx, counting, topic, "a-new-relay", time.Minute, zap.NewNop()); ok || err != nil {
-		t.Fatalf("readPosition of a key never written = %v %v %v", pos, ok, err)
+	if pos, _, ok, err := positions.Read(ctx, counting, topic, "a-new-relay", time.Minute, zap.NewNop()); ok || err != nil {
+		t.Fatalf("positions.Read of a key never written = %v %v %v", pos, ok, err)
 	}
 	t.Logf("read %d KB in %s for a partition of %d records, about %d KB", read.Load()>>10, time.Since(start).Round(time.Millisecond), n, size>>10)
 	if read.Load() > 3*size {
@@ -112,7 +113,7 @@ func (c failingCreates) Write(p []byte) (int, error) {
 // positions topic when it is missing. A creation that fails for a reason that passes (the
 // connection, a timeout, the controller moving) is tried again; it used to end the start with
 // "creating it failed", as if an operator had to act. Refusals that need one (ACLs, policies) stay
-// final.
+// final (positions.TestOnlyACreationThatMayWorkLaterIsRetried).
 func TestACreationOfThePositionsTopicThatFailsForNowIsRetried(t *testing.T) {
 	t.Parallel()
 	k := testenv.SharedKafka(t)
@@ -131,25 +132,10 @@ func TestACreationOfThePositionsTopicThatFailsForNowIsRetried(t *testing.T) {
 			return failingCreates{Conn: c, left: &left}, nil
 		},
 	}}
-	if _, created, err := positionsPartition(ctx, client, topic, "x", zap.NewNop()); err != nil || !created {
-		t.Fatalf("positionsPartition = created %v, %v; want the topic created after the failures", created, err)
+	if _, created, err := positions.Partition(ctx, client, topic, "x", zap.NewNop()); err != nil || !created {
+		t.Fatalf("positions.Partition = created %v, %v; want the topic created after the failures", created, err)
 	}
 	if left.Load() >= 0 {
 		t.Fatalf("%d injected failures left: the creation was never refused", left.Load()+1)
-	}
-	for _, tc := range []struct {
-		err   error
-		retry bool
-	}{
-		{kafka.RequestTimedOut, true},
-		{kafka.NotController, true},
-		{errors.New("read tcp: connection reset by peer"), true},
-		{kafka.TopicAuthorizationFailed, false},
-		{kafka.PolicyViolation, false},
-		{kafka.InvalidConfiguration, false},
-	} {
-		if got := retriableCreate(fmt.Errorf("sink: positions topic p does not exist and creating it failed: %w", tc.err)); got != tc.retry {
-			t.Errorf("retriableCreate(%v) = %v, want %v", tc.err, got, tc.retry)
-		}
 	}
 }

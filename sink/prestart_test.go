@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
@@ -37,11 +38,9 @@ func TestPrestartDecidesNothingAndWaitReadyReportsWhatItMet(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			fb := newFakeBroker(t)
-			fb.mu.Lock()
-			fb.idempotent, fb.initCode = true, int16(tt.initCode)
-			fb.mu.Unlock()
-			addr := fb.addr()
+			fb := fakebroker.New(t)
+			fb.SetIdempotent(true, tt.initCode)
+			addr := fb.Addr()
 			if tt.down {
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
 				if err != nil {
@@ -95,9 +94,7 @@ func TestPrestartDecidesNothingAndWaitReadyReportsWhatItMet(t *testing.T) {
 					t.Error("the refusal did not fail the sink")
 				}
 			}
-			fb.mu.Lock()
-			producers := fb.producers
-			fb.mu.Unlock()
+			producers := fb.Producers()
 			if producers != tt.producers {
 				t.Errorf("the broker answered %d InitProducerId requests, want %d", producers, tt.producers)
 			}

@@ -71,9 +71,8 @@ func (s *Sink) WaitReady(ctx context.Context) error {
 func (s *Sink) reach(ctx context.Context) error {
 	// A fresh transport per attempt: a pooled one would answer from state cached while the
 	// brokers were down.
-	probe := s.newTransport()
+	client, probe := newClient(s.cfg, 10*time.Second)
 	defer probe.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: probe, Timeout: 10 * time.Second}
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
 	if err != nil {
 		return err
@@ -161,7 +160,7 @@ func (s *Sink) startProducer(ctx context.Context) error {
 		return err
 	}
 	if s.txn != nil {
-		if err := s.txn.positions.resolve(ctx); err != nil {
+		if err := s.txn.positions.Resolve(ctx); err != nil {
 			return err
 		}
 	}

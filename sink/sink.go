@@ -4,13 +4,12 @@
 // package producer sends records in order, one batch in flight per partition, idempotent where the
 // broker allows it. The sink adds what only an outbox relay needs: the in-flight window, the
 // failure policy (dead letters, halt), refusals, readiness, and with Config.Transactions the Kafka
-// transactions (transactions.go), whose records are acknowledged only once the transaction
-// holding them, and the Position it reaches (positions.go), committed.
+// transactions (exactlyonce.go), whose records are acknowledged only once the transaction
+// holding them, and the Position it reaches (package positions), committed.
 package sink
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/sasl"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
@@ -28,82 +26,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
-
-// Policy says what happens to an event that cannot be published to its topic.
-type Policy string
-
-const (
-	// DeadLetter publishes the event to the dead-letter topic, with headers saying where it was
-	// going and why it failed, and then counts it as done.
-	DeadLetter Policy = "dead-letter"
-	// Halt stops publishing and never acknowledges the event, so the slot stops advancing; the
-	// process stays up, not ready, until an operator intervenes.
-	Halt Policy = "halt"
-)
-
-// Config configures a Sink. Zero values get the defaults noted.
-type Config struct {
-	Brokers         []string
-	Record          record.Options // how events become records: topic, key, value, headers
-	MaxMessageBytes int            // largest record accepted; default 1048576 (Kafka's max.request.size)
-	BatchSize       int            // records per produce request and partition; default 500
-	Linger          time.Duration  // how long a partition's oldest record waits for more before its batch goes; default 15ms, negative for none
-	WriteTimeout    time.Duration  // one produce request; default 10s
-	MaxInFlight     int            // events not yet acknowledged; default 10000
-	MaxInFlightSize int64          // bytes not yet acknowledged; default 64 MiB
-	Compression     kafka.Compression
-	Policy          Policy // default DeadLetter
-	DeadLetterTopic string // default "outbox.dead-letter"
-	TLS             *tls.Config
-	SASL            sasl.Mechanism
-	ClientID        string        // default "outbox-relay"
-	Idempotence     Idempotence   // default IdempotenceAuto
-	Transactions    *Transactions // exactly-once; nil for at-least-once
-	// NoAutoCreateTopics stops the sink asking the brokers to create a missing event topic: with
-	// auto-creation, every new aggregate type a row invents would create a topic. The dead-letter
-	// topic, a fixed name, is still created when missing (where the brokers allow it). The
-	// relay's default (config key kafka.auto_create_topics false).
-	NoAutoCreateTopics bool
-}
-
-func (c *Config) setDefaults() {
-	c.Record = c.Record.WithDefaults()
-	if c.MaxMessageBytes <= 0 {
-		c.MaxMessageBytes = 1 << 20
-	}
-	if c.BatchSize <= 0 {
-		c.BatchSize = 500
-	}
-	if c.Linger == 0 {
-		c.Linger = 15 * time.Millisecond
-	}
-	if c.WriteTimeout <= 0 {
-		c.WriteTimeout = 10 * time.Second
-	}
-	if c.MaxInFlight <= 0 {
-		c.MaxInFlight = 10000
-	}
-	if c.MaxInFlightSize <= 0 {
-		c.MaxInFlightSize = 64 << 20
-	}
-	if c.Policy == "" {
-		c.Policy = DeadLetter
-	}
-	if c.DeadLetterTopic == "" {
-		c.DeadLetterTopic = "outbox.dead-letter"
-	}
-	if c.ClientID == "" {
-		c.ClientID = "outbox-relay"
-	}
-	if c.Idempotence == "" {
-		c.Idempotence = IdempotenceAuto
-	}
-	if c.Transactions != nil {
-		t := *c.Transactions // the caller's value stays as it was
-		t.setDefaults()
-		c.Transactions = &t
-	}
-}
 
 // Acker is told when events of one transaction are done. *checkpoint.Txn implements it.
 type Acker interface {
@@ -189,43 +111,8 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink: %w", err)
 	}
-	if cfg.Policy != DeadLetter && cfg.Policy != Halt {
-		return nil, fmt.Errorf("sink: unknown failure policy %q (want %q or %q)", cfg.Policy, DeadLetter, Halt)
-	}
-	switch cfg.Idempotence {
-	case IdempotenceAuto, IdempotenceOn, IdempotenceOff:
-	default:
-		return nil, fmt.Errorf("sink: unknown idempotence %q (want %q, %q or %q; config key kafka.idempotence)",
-			cfg.Idempotence, IdempotenceAuto, IdempotenceOn, IdempotenceOff)
-	}
-	if t := cfg.Transactions; t != nil {
-		if t.ID == "" {
-			return nil, errors.New("sink: exactly-once delivery needs a transactional id")
-		}
-		if cfg.Idempotence == IdempotenceOff {
-			return nil, errors.New("sink: exactly-once delivery needs the idempotent producer; kafka.idempotence is off")
-		}
-		if err := record.ValidTopic(t.PositionsTopic); err != nil {
-			return nil, fmt.Errorf("sink: positions topic: %w", err)
-		}
-	}
-	if err := record.ValidTopic(cfg.DeadLetterTopic); err != nil {
-		return nil, fmt.Errorf("sink: dead-letter topic: %w", err)
-	}
-	if t := cfg.Transactions; t != nil {
-		// The positions partition and an event's (or a dead letter's) partition of one topic would
-		// be numbered twice from sequence 0 by the same producer id and epoch: the broker takes
-		// the second writer's first batch for a duplicate of the first's and writes nothing.
-		// A template with placeholders (or a regex) is checked per event, in submit.
-		if t.PositionsTopic == cfg.DeadLetterTopic {
-			return nil, fmt.Errorf("sink: the positions topic and the dead-letter topic are both %s: the positions topic must hold positions only (config keys positions_topic and dead_letter_topic)", t.PositionsTopic)
-		}
-		if rc := cfg.Record; rc.TopicRegex == "" && t.PositionsTopic == rc.TopicTemplate {
-			return nil, fmt.Errorf("sink: the positions topic and the topic template are both %s: every event would go to the positions topic, which must hold positions only (config keys positions_topic and topic_template)", t.PositionsTopic)
-		}
-		if rc := cfg.Record; rc.TopicRegex != "" && t.PositionsTopic == rc.TopicReplacement {
-			return nil, fmt.Errorf("sink: the positions topic and the topic replacement are both %s: every event the topic regex matches would go to the positions topic, which must hold positions only (config keys positions_topic and topic_replacement)", t.PositionsTopic)
-		}
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	labels := newTopicLabels()
@@ -241,12 +128,8 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		topics:  &topicWaits{log: log, gauge: m.TopicUnavailable, labels: labels, waiting: make(map[string]*topicWait)},
 		failed:  make(chan struct{}),
 	}
-	s.transport = s.newTransport()
-	s.transport.IdleTimeout = 30 * time.Second
-	// A short TTL also bounds how long an error cached during an outage outlives the outage.
-	s.transport.MetadataTTL = 5 * time.Second
-	client := &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport, Timeout: cfg.WriteTimeout}
-	s.client = client
+	client, transport := newClient(cfg, cfg.WriteTimeout)
+	s.client, s.transport = client, transport
 	var txnID string
 	var txnTimeout time.Duration
 	if t := cfg.Transactions; t != nil {
@@ -280,19 +163,12 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 	s.dead = s.newProducer(client, deadDone, true)
 	if s.txn != nil {
 		s.txn.c.Producers(s.main, s.dead)
+		s.txn.carry(s.main)
 		var committing context.Context
 		committing, s.abandon = context.WithCancel(ctx)
 		go s.txn.c.Run(committing)
 	}
 	return s, nil
-}
-
-// newTransport is how the sink reaches the brokers. Every connection it makes, the producers' and
-// the readiness probes', is encrypted and authenticated the same way: Config.TLS and Config.SASL,
-// built once by the credentials package (which reads the client certificate and the password file
-// again for every connection).
-func (s *Sink) newTransport() *kafka.Transport {
-	return &kafka.Transport{ClientID: s.cfg.ClientID, TLS: s.cfg.TLS, SASL: s.cfg.SASL, DialTimeout: 5 * time.Second}
 }
 
 func (s *Sink) newProducer(client *kafka.Client, done func([]*producer.Record, error), autoCreate bool) *producer.Producer {
@@ -337,7 +213,7 @@ func (s *Sink) retrying(topic string, partition, records int, err error, delay t
 		return
 	}
 	switch {
-	case authError(err):
+	case producer.AuthFailed(err):
 		// Loud, but retried: during a credential or ACL rotation this heals by itself, and
 		// dead-lettering would cut a gap into every aggregate of the topic.
 		s.log.Error("kafka refused the relay's credentials or permissions; retrying in place until they are fixed", fields...)
@@ -386,13 +262,12 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	built := s.records.Build(ev, time.Now())
 	rec := &delivery{Record: producer.Record{Seq: s.seq.Add(1), Msg: built.Msg, Partition: built.Partition}, ev: ev, ack: ack}
 	rec.Owner = rec
-	topic, routeErr, hdrErr, partErr := built.Msg.Topic, built.TopicErr, built.HeadersErr, built.PartitionErr
 	// An event never reaches the dead-letter or the positions topic (New puts them in the
 	// builder's TopicDeny): one partition written by two producers, or by an event and a position
 	// under one producer id and epoch, would have its sequence numbers collide (one record taken
 	// for a duplicate of the other and never written), and a position a row could write would be
 	// trusted by the next start.
-	rec.topic = topic
+	rec.topic = built.Msg.Topic
 	size := int64(producer.RecordSize(&rec.Msg))
 	rec.Size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
 	if err := s.limit.acquire(ctx, s.failed, rec.Size); err != nil {
@@ -406,9 +281,29 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	}
 	s.m.InFlightEvents.Inc()
 	s.m.InFlightBytes.Add(float64(rec.Size))
-	// The waits below (for a topic's partitions, the dead-letter topic's included) end with ctx: a
-	// stop must never hang on a topic that cannot be learned. An event not handed over then gives
-	// its capacity back; it was never acknowledged, so it is published again after a restart.
+	// The waits in hand end with ctx: a stop must never hang on a topic that cannot be learned. An
+	// event not handed over then gives its capacity back; it was never acknowledged, so it is
+	// published again after a restart.
+	if err := s.hand(ctx, rec, &built, size, reject, cause); err != nil {
+		if s.txn != nil {
+			s.txn.c.Leave(&rec.Record)
+		}
+		s.limit.release(1, rec.Size)
+		s.m.InFlightEvents.Dec()
+		s.m.InFlightBytes.Sub(float64(rec.Size))
+		if ctx.Err() == nil && s.Err() != nil {
+			return s.Err()
+		}
+		return ctx.Err()
+	}
+	return nil
+}
+
+// hand gives rec, the event built as built (size bytes as a record), to the main producer, or, with
+// a reject reason or a record that cannot go to its topic, to the failure policy. Its waits (for a
+// topic's partitions, the dead-letter topic's included) end with ctx.
+func (s *Sink) hand(ctx context.Context, rec *delivery, built *record.Record, size int64, reject string, cause error) error {
+	topic, routeErr, hdrErr, partErr := built.Msg.Topic, built.TopicErr, built.HeadersErr, built.PartitionErr
 	var err error
 	switch {
 	case reject != "":
@@ -443,19 +338,7 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 			err = s.fail(ctx, rec, reason(err), err)
 		}
 	}
-	if err != nil {
-		if s.txn != nil {
-			s.txn.c.Leave(&rec.Record)
-		}
-		s.limit.release(1, rec.Size)
-		s.m.InFlightEvents.Dec()
-		s.m.InFlightBytes.Sub(float64(rec.Size))
-		if ctx.Err() == nil && s.Err() != nil {
-			return s.Err()
-		}
-		return ctx.Err()
-	}
-	return nil
+	return err
 }
 
 // abortGrace is how long Close waits, after giving up, for the abort of the Kafka transaction

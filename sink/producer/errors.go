@@ -100,6 +100,21 @@ func TransactionFailed(err error) bool {
 		errors.Is(err, kafka.InvalidProducerIDMapping) || errors.Is(err, kafka.TransactionalIDAuthorizationFailed)
 }
 
+// AuthFailed reports whether err says the relay's credentials or permissions were refused:
+// retried, but logged at ERROR, since only an operator (or a finishing rotation) fixes it.
+func AuthFailed(err error) bool {
+	var kerr kafka.Error
+	if !errors.As(err, &kerr) {
+		return false
+	}
+	switch kerr {
+	case kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed, kafka.SASLAuthenticationFailed,
+		kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState, kafka.TransactionalIDAuthorizationFailed:
+		return true
+	}
+	return false
+}
+
 // Backoff grows from 200ms to 2s.
 // A retry against a broker that is down costs one failed dial, so the ceiling is low: the relay
 // notices a broker coming back within seconds.

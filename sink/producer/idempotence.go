@@ -26,7 +26,7 @@ import (
 //     starts again at sequence 0, as Java's idempotent producer does; the broker takes a higher
 //     epoch at sequence 0. With one request in flight per partition nothing else of the partition
 //     can be pending, so nothing is sent twice. The transactional producer cannot bump on its own:
-//     there the transaction is aborted (transactions.go).
+//     there the transaction is aborted (commit.go).
 //   - INVALID_PRODUCER_EPOCH / PRODUCER_FENCED: for a transactional producer, another producer
 //     with the same transactional id took over (or the coordinator timed the transaction out);
 //     for the plain idempotent producer, which nobody else can fence, the partition takes a new

@@ -1,4 +1,4 @@
-package sink
+package positions
 
 import (
 	"testing"
@@ -23,9 +23,9 @@ func TestAPositionValueKeepsItsOriginAndAnOldOneReadsAsUnknown(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := decodePosition([]byte(tt.value))
+			got, _, err := Decode([]byte(tt.value))
 			if (err != nil) != tt.wantErr || got != tt.want {
-				t.Fatalf("decodePosition(%s) = %+v, %v; want %+v (error: %v)", tt.value, got, err, tt.want, tt.wantErr)
+				t.Fatalf("Decode(%s) = %+v, %v; want %+v (error: %v)", tt.value, got, err, tt.want, tt.wantErr)
 			}
 		})
 	}
@@ -33,9 +33,9 @@ func TestAPositionValueKeepsItsOriginAndAnOldOneReadsAsUnknown(t *testing.T) {
 		{CommitLSN: 0x5000000, Events: 4, SystemID: "7714668250760685997", Timeline: 3},
 		{CommitLSN: 0x5000000, Events: 4}, // unknown origin: written as version 1
 	} {
-		got, err := decodePosition(encodePosition(p))
+		got, _, err := Decode(Encode(p, nil))
 		if err != nil || got != p {
-			t.Errorf("%+v encoded as %s decodes to %+v, %v", p, encodePosition(p), got, err)
+			t.Errorf("%+v encoded as %s decodes to %+v, %v", p, Encode(p, nil), got, err)
 		}
 	}
 }
@@ -43,12 +43,12 @@ func TestAPositionValueKeepsItsOriginAndAnOldOneReadsAsUnknown(t *testing.T) {
 func TestAPositionValueKeepsWhereItsTransactionWrote(t *testing.T) {
 	pos := Position{CommitLSN: 0x5000000, Events: 4, SystemID: "7714668250760685997", Timeline: 3}
 	written := map[producer.TopicPartition]producer.Span{{Topic: "orders", Partition: 2}: {First: 30, Last: 41}, {Topic: "orders", Partition: 0}: {First: 7, Last: 7}, {Topic: "dlq", Partition: 0}: {First: 1, Last: 3}, {Topic: "lost", Partition: 1}: {First: -1, Last: -1}}
-	value := encodePositionWritten(pos, written)
+	value := Encode(pos, written)
 	const want = `{"v":2,"system_identifier":"7714668250760685997","timeline":3,"commit_lsn":"0/5000000","events":4,"written":[{"topic":"dlq","partition":0,"first":1,"last":3},{"topic":"orders","partition":0,"first":7,"last":7},{"topic":"orders","partition":2,"first":30,"last":41}]}`
 	if string(value) != want {
 		t.Fatalf("encoded as\n%s\nwant (sorted, the unknown span left out)\n%s", value, want)
 	}
-	got, gotWritten, err := decodePositionWritten(value)
+	got, gotWritten, err := Decode(value)
 	if err != nil || got != pos {
 		t.Fatalf("decodes to %+v, %v; want %+v", got, err, pos)
 	}
@@ -65,12 +65,12 @@ func TestAPositionValueKeepsWhereItsTransactionWrote(t *testing.T) {
 		`{"v":2,"system_identifier":"7","timeline":1,"commit_lsn":"0/10","events":1,"written":[{"topic":"a","partition":0,"first":5,"last":4}]}`,
 		`{"v":2,"system_identifier":"7","timeline":1,"commit_lsn":"0/10","events":1,"written":[{"topic":"a","partition":0,"first":-1,"last":4}]}`,
 	} {
-		if _, _, err := decodePositionWritten([]byte(bad)); err == nil {
+		if _, _, err := Decode([]byte(bad)); err == nil {
 			t.Errorf("%s decodes without an error", bad)
 		}
 	}
 	// A position written before it carried this has none.
-	if _, w, err := decodePositionWritten([]byte(`{"v":2,"system_identifier":"7","timeline":1,"commit_lsn":"0/10","events":1}`)); err != nil || w != nil {
+	if _, w, err := Decode([]byte(`{"v":2,"system_identifier":"7","timeline":1,"commit_lsn":"0/10","events":1}`)); err != nil || w != nil {
 		t.Errorf("an older value decodes with written %v, %v; want nil", w, err)
 	}
 }
