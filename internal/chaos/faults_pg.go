@@ -140,7 +140,17 @@ func (n *nemesis) actPG(ctx context.Context, f *fault, rec *history.Fault, heal 
 		if recovers(f.mode.mode, r.opts.Kinds) {
 			args = append(args, "--on-slot-lost=recover")
 		}
-		out, err := runCommandOutput(ctx, r.opts.RelayBin, args, []string{"OUTBOX_PG_DSN=" + f.mode.dsn})
+		// Prune overlaps PostgreSQL's other faults on purpose; one that finds no primary to
+		// connect to (a restart, a failover under way) tries again for a minute, as an operator's
+		// cron job would at its next run.
+		var out string
+		var err error
+		for try := time.Now(); ; {
+			out, err = runCommandOutput(ctx, r.opts.RelayBin, args, []string{"OUTBOX_PG_DSN=" + f.mode.dsn})
+			if err == nil || !strings.Contains(err.Error(), "connect to PostgreSQL") || time.Since(try) > time.Minute || !sleep(ctx, time.Second) {
+				break
+			}
+		}
 		if err != nil {
 			return err
 		}
