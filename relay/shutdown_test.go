@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -51,7 +52,7 @@ func TestStopInsideATransactionFinishesItAndConfirmsItsEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	end := f.currentLSN()
-	eventually(t, time.Minute, "the transaction's first events to be published", func() bool {
+	await.True(t, time.Minute, "the transaction's first events to be published", func() bool {
 		return published(t, reg) > 0
 	})
 	cancel()
