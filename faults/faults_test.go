@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -62,7 +63,7 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 	bigDone := make(chan struct{})
 	go func() {
 		defer close(bigDone)
-		time.Sleep(4 * time.Second)
+		await.Window(t, 4*time.Second, "the large transaction lands among the kills, not before them")
 		specs := make([]harness.Spec, bigTxEvents)
 		for i := range specs {
 			specs[i] = harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("groß-%d", i%25), EventType: "Bulk"}
@@ -107,7 +108,7 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 
 	final := d.startRelay(brokers, args...)
 	final.waitSessions(1, 90*time.Second)
-	time.Sleep(time.Second) // the last instance also drains while writers are busy
+	d.outbox.AwaitMore(t, 50, "while the last instance drains")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	stats, err := load.Stop(ctx)
@@ -134,7 +135,7 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 	}
 
 	end := currentLSN(t, d.outbox.Pool())
-	eventually(t, 30*time.Second, "the last instance to confirm everything", func() bool {
+	await.True(t, 30*time.Second, "the last instance to confirm everything", func() bool {
 		return confirmedLSN(t, d.outbox.Pool(), d.slot) >= end
 	})
 	final.Terminate()
@@ -182,13 +183,18 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string, args ...
 	})
 	acks := logAcks(r, samplePeriod)
 	defer acks.Stop()
-	time.Sleep(time.Second)
+	d.outbox.AwaitMore(t, 50, "before the large transaction")
 	specs := make([]harness.Spec, bigTxEvents)
 	for i := range specs {
 		specs[i] = harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("groß-%d", i%25), EventType: "Bulk"}
 	}
 	big := d.writeMarked(specs...)
-	time.Sleep(1500 * time.Millisecond)
+	// The stop comes once the large transaction is in the relay's hands (received whole, perhaps
+	// not yet confirmed), the case the window allows for. received_lsn is where a message starts:
+	// at or past CommitEnd is a later transaction of the load.
+	await.True(t, time.Minute, "the relay to receive the large transaction whole", func() bool {
+		return r.mustMetric("received_lsn", "") >= float64(big.CommitEnd)
+	})
 
 	ctx := context.Background()
 	before := confirmedLSN(t, d.outbox.Pool(), d.slot)
@@ -220,7 +226,7 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string, args ...
 	saved := savedConfirmedLSN(t, d)
 	r.waitSessions(2, 60*time.Second)
 	t.Logf("PostgreSQL %d restart took %s until the relay streamed again", d.major, time.Since(stopping).Round(time.Millisecond))
-	time.Sleep(2 * time.Second) // load after the restart too
+	d.outbox.AwaitMore(t, 50, "after the restart too")
 
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -255,7 +261,7 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string, args ...
 		}
 	}
 	end := currentLSN(t, d.outbox.Pool())
-	eventually(t, 30*time.Second, "the slot to be confirmed past the load", func() bool {
+	await.True(t, 30*time.Second, "the slot to be confirmed past the load", func() bool {
 		return confirmedLSN(t, d.outbox.Pool(), d.slot) >= end
 	})
 }
