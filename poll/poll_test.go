@@ -409,7 +409,12 @@ func TestABrokerOutageBurnsNoAttempts(t *testing.T) {
 		t.Fatal(err)
 	}
 	load := harness.StartLoad(ob, harness.LoadConfig{Types: types, Writers: 2, Aggregates: 5, MaxPerTx: 3, TxPerSecond: 20, Seed: 3})
-	await.Window(t, 8*time.Second, "several write timeouts (2 s) pass while the broker is down")
+	// Several failed writes (write timeouts of 2 s) while rows keep coming: each would burn an
+	// attempt if an outage were counted against poll_max_attempts.
+	await.True(t, time.Minute, "several writes to fail and be retried while the broker is down", func() bool {
+		return value(p.m.KafkaRetries) >= 4
+	})
+	ob.AwaitMore(t, 100, "while the broker is down")
 	var pending, attempts int
 	if err := ob.Pool().QueryRow(ctx, "SELECT count(*), coalesce(sum(attempts), 0) FROM outbox_events WHERE processed_at IS NULL").Scan(&pending, &attempts); err != nil {
 		t.Fatal(err)
