@@ -106,3 +106,20 @@ func published(t *testing.T, reg *prometheus.Registry) float64 {
 	}
 	return sum
 }
+
+// receivedLSN reads outbox_relay_received_lsn: the highest WAL position the relay received.
+func receivedLSN(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() == "outbox_relay_received_lsn" {
+			for _, m := range mf.GetMetric() {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}

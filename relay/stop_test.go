@@ -218,7 +218,11 @@ func TestStopWhileHaltedIsPrompt(t *testing.T) {
 		haltedID = id
 		return halted
 	})
-	await.Window(t, 500*time.Millisecond, "the next event reaches the halted sink")
+	// Everything at or past haltedEnd is the next transaction (received_lsn is where a message
+	// starts: the halted transaction's own messages all start before its end).
+	await.True(t, time.Minute, "the relay to receive the next transaction", func() bool {
+		return receivedLSN(t, run.reg) >= float64(haltedEnd)
+	})
 
 	err, took := run.stop(t, shutdownTimeout+30*time.Second)
 	if err != nil {
