@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/leader"
 )
@@ -171,7 +172,8 @@ func TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished(t *testing.T) 
 				}
 				f.waitPublished(t, walsender)
 			} else {
-				await.Window(t, 2*time.Second, "the leader's checks run, and must publish nothing")
+				// The leader's checks run (one statement each), and must publish nothing.
+				harness.AwaitStatements(t, f.admin, int32(termA.PID()), 3, "two of the leader's checks")
 			}
 			core, logs := observer.New(zap.InfoLevel)
 			logB := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core)).Named("b")
