@@ -61,9 +61,14 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 	var big marked
 	var bigMu sync.Mutex
 	bigDone := make(chan struct{})
+	bigGo := make(chan struct{}) // closed by the kill loop: the large transaction lands among the kills
 	go func() {
 		defer close(bigDone)
-		await.Window(t, 4*time.Second, "the large transaction lands among the kills, not before them")
+		select {
+		case <-bigGo:
+		case <-t.Context().Done():
+			return
+		}
 		specs := make([]harness.Spec, bigTxEvents)
 		for i := range specs {
 			specs[i] = harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("groß-%d", i%25), EventType: "Bulk"}
@@ -93,6 +98,9 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 		acks.Stop()
 		r.Kill()
 		killed := time.Now()
+		if i == kills/3 {
+			close(bigGo)
+		}
 
 		rec := killRecord{at: killed.Sub(started), streaming: r.sessions() > 0, acked: acks.Since(killed.Add(-ackWindow))}
 		bigMu.Lock()
