@@ -158,7 +158,7 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 		}
 	}
 	for _, sd := range sides {
-		sd.a.outbox.AwaitMore(t, 30, sd.name+": before the outage")
+		sd.a.outbox.AwaitMore(t, 80, sd.name+": before the outage")
 	}
 
 	if err := fb.k.Stop(ctx); err != nil {
@@ -229,7 +229,7 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 		}
 	}
 	for _, sd := range sides {
-		sd.a.outbox.AwaitMore(t, 30, sd.name+": after the outage (all keep going)")
+		sd.a.outbox.AwaitMore(t, 80, sd.name+": after the outage (all keep going)")
 	}
 
 	// Every load stops before any delivery check, so no side keeps writing while others are read.

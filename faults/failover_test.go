@@ -315,7 +315,7 @@ func failoverScenario(t *testing.T, brokers, version string, protect bool) {
 	accounts("after", 6)
 	r.waitSessions(2, 2*time.Minute)
 	phase("the relay streams from the new primary")
-	ob.AwaitMore(t, 30, "on the new primary")
+	ob.AwaitMore(t, 120, "on the new primary")
 	stats, err := load.Stop(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -388,7 +388,7 @@ func TestPromotionWithoutAFailoverSlotIsRefusedAndRecoveredByBackfill(t *testing
 
 	// Everything written so far reaches Kafka; the recovery's start time is taken after that, as an
 	// operator takes it from the last acknowledgement before the incident (less a margin).
-	ob.AwaitMore(t, 30, "before the incident")
+	ob.AwaitMore(t, 120, "before the incident")
 	load.Pause()
 	deliver(t, brokers, ob.Written(), 90*time.Second, r)
 	phase("first events delivered")
@@ -396,7 +396,7 @@ func TestPromotionWithoutAFailoverSlotIsRefusedAndRecoveredByBackfill(t *testing
 	await.Window(t, time.Second, "the gap is written a whole second after the recovery's start time")
 	// More is written, and the primary dies before the relay need have published it: the gap.
 	load.Resume()
-	ob.AwaitMore(t, 30, "in the gap")
+	ob.AwaitMore(t, 120, "in the gap")
 	load.Pause()
 	c.waitStandbyCaughtUp()
 	if err := c.primary.Kill(); err != nil {
@@ -446,7 +446,7 @@ func TestPromotionWithoutAFailoverSlotIsRefusedAndRecoveredByBackfill(t *testing
 		t.Fatalf("the recovering relay did not complete its backfill:\n%s", recovered.Output())
 	}
 	phase("backfill complete")
-	ob.AwaitMore(t, 30, "after the backfill")
+	ob.AwaitMore(t, 120, "after the backfill")
 	stats, err := load.Stop(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -116,7 +116,7 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 
 	final := d.startRelay(brokers, args...)
 	final.waitSessions(1, 90*time.Second)
-	d.outbox.AwaitMore(t, 50, "while the last instance drains")
+	d.outbox.AwaitMore(t, 300, "while the last instance drains")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	stats, err := load.Stop(ctx)
@@ -191,7 +191,7 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string, args ...
 	})
 	acks := logAcks(r, samplePeriod)
 	defer acks.Stop()
-	d.outbox.AwaitMore(t, 50, "before the large transaction")
+	d.outbox.AwaitMore(t, 200, "before the large transaction")
 	specs := make([]harness.Spec, bigTxEvents)
 	for i := range specs {
 		specs[i] = harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("groß-%d", i%25), EventType: "Bulk"}
@@ -234,7 +234,7 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string, args ...
 	saved := savedConfirmedLSN(t, d)
 	r.waitSessions(2, 60*time.Second)
 	t.Logf("PostgreSQL %d restart took %s until the relay streamed again", d.major, time.Since(stopping).Round(time.Millisecond))
-	d.outbox.AwaitMore(t, 50, "after the restart too")
+	d.outbox.AwaitMore(t, 400, "after the restart too")
 
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()

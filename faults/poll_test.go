@@ -69,7 +69,7 @@ func TestKill9OfThreePollersLosesNothingKeepsOrderAndBoundsDuplicates(t *testing
 		relays[i].Kill()
 		relays[i] = start()
 	}
-	d.outbox.AwaitMore(t, 60, "after the last kill")
+	d.outbox.AwaitMore(t, 400, "after the last kill")
 	stats, err := load.Stop(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -363,12 +363,12 @@ func TestASlotDroppedUnderARunningRelayIsRecoveredWhileWritersGoOn(t *testing.T)
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
-	d.outbox.AwaitMore(t, 200, "before the slot is dropped")
+	d.outbox.AwaitMore(t, 500, "before the slot is dropped")
 	dropActiveSlot(ctx, t, pool, d.slot)
 	if !r.WaitFor(ctx, "recovered the lost slot's gap", time.Minute) {
 		t.Fatalf("the relay did not recover the dropped slot:\n%s", r.Output())
 	}
-	d.outbox.AwaitMore(t, 200, "after the recovery")
+	d.outbox.AwaitMore(t, 500, "after the recovery")
 	close(stop)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -397,7 +397,7 @@ func TestAPromotionWithoutTheSlotIsRecoveredByTheRunningRelay(t *testing.T) {
 	phase("primary and standby running")
 	dsn := c.dsn(true)
 	r, ob, load := c.run(brokers, dsn, 73, "--on-slot-lost=recover", "--slot-recovery-margin=10s")
-	ob.AwaitMore(t, 60, "before the primary dies")
+	ob.AwaitMore(t, 180, "before the primary dies")
 	c.waitStandbyCaughtUp()
 	if err := c.primary.Kill(); err != nil {
 		t.Fatal(err)
@@ -408,7 +408,7 @@ func TestAPromotionWithoutTheSlotIsRecoveredByTheRunningRelay(t *testing.T) {
 		t.Fatalf("the running relay did not recover the slot on the promoted standby:\n%s", r.Output())
 	}
 	phase("gap recovered")
-	ob.AwaitMore(t, 40, "after the recovery")
+	ob.AwaitMore(t, 120, "after the recovery")
 	stats, err := load.Stop(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -170,12 +170,12 @@ func TestThreePollersOnOneTableKeepPerAggregateOrderLoseNothingAndPublishNoDupli
 	// start and small batches, so that consecutive batches of the queue, claimed at the same
 	// moment, hold events of the same aggregates (plain SKIP LOCKED reorders them here).
 	load := harness.StartLoad(ob, harness.LoadConfig{Types: types, Writers: 3, Aggregates: 4, MaxPerTx: 5, TxPerSecond: 60, Seed: 7})
-	ob.AwaitMore(t, 300, "before the pollers start (a backlog)")
+	ob.AwaitMore(t, 1200, "before the pollers start (a backlog)")
 	var pollers []*poller
 	for range 3 {
 		pollers = append(pollers, startPoller(t, dsn, brokers, poll.Config{BatchSize: 10, Workers: 2}, sink.Config{}))
 	}
-	ob.AwaitMore(t, 400, "while three pollers contend")
+	ob.AwaitMore(t, 2000, "while three pollers contend")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	stats, err := load.Stop(ctx)
@@ -414,7 +414,7 @@ func TestABrokerOutageBurnsNoAttempts(t *testing.T) {
 	await.True(t, time.Minute, "several writes to fail and be retried while the broker is down", func() bool {
 		return value(p.m.KafkaRetries) >= 4
 	})
-	ob.AwaitMore(t, 100, "while the broker is down")
+	ob.AwaitMore(t, 300, "while the broker is down")
 	var pending, attempts int
 	if err := ob.Pool().QueryRow(ctx, "SELECT count(*), coalesce(sum(attempts), 0) FROM outbox_events WHERE processed_at IS NULL").Scan(&pending, &attempts); err != nil {
 		t.Fatal(err)
@@ -456,7 +456,7 @@ func TestAStopFinishesTheBatchAndAFenceRollsItBack(t *testing.T) {
 	types := []string{testenv.UniqueName(t, "a")}
 	p := startPoller(t, dsn, brokers, poll.Config{}, sink.Config{})
 	load := harness.StartLoad(ob, harness.LoadConfig{Types: types, Writers: 2, Aggregates: 5, MaxPerTx: 3, TxPerSecond: 100, Seed: 5})
-	ob.AwaitMore(t, 150, "while the poller publishes")
+	ob.AwaitMore(t, 600, "while the poller publishes")
 	p.stop()
 	stats, err := load.Stop(ctx)
 	if err != nil {
@@ -551,11 +551,11 @@ func TestAPostgresRestartDuringLoadLosesNothing(t *testing.T) {
 	const workers, batch = 2, 50
 	p := startPoller(t, dsn, brokers, poll.Config{Workers: workers, BatchSize: batch}, sink.Config{})
 	load := harness.StartLoad(ob, harness.LoadConfig{Types: types, Writers: 2, Aggregates: 6, MaxPerTx: 4, TxPerSecond: 40, Seed: 9})
-	ob.AwaitMore(t, 80, "before the restart")
+	ob.AwaitMore(t, 300, "before the restart")
 	if err := pg.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ob.AwaitMore(t, 80, "after the restart")
+	ob.AwaitMore(t, 400, "after the restart")
 	stats, err := load.Stop(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -385,7 +385,7 @@ func TestTwoInstancesOneStreamsAndTheStandbyTakesOverWithinTheBoundAfterKill9(t 
 	t.Logf("relay-b streams %s after relay-a was killed (bound %s)", took.Round(time.Millisecond), takeoverBound)
 	b.waitLog(t, haStartTimeout, "info", "leader: holding the leader lock")
 
-	f.outbox.AwaitMore(t, 100, "across the takeover")
+	f.outbox.AwaitMore(t, 150, "across the takeover")
 	w.stop(t)
 	rep := f.verify(t, f.brokers)
 	t.Logf("across the takeover: %s", rep)
@@ -447,7 +447,7 @@ func TestALeaderWhoseLockConnectionIsKilledStopsStreamingAndLeadsAgain(t *testin
 		t.Fatalf("lock holder %d, walsender %d: want a separate lock connection", lockPID, walsender)
 	}
 	w := f.startWriter(ctx, 2)
-	f.outbox.AwaitMore(t, 50, "before the lock connection is terminated")
+	f.outbox.AwaitMore(t, 80, "before the lock connection is terminated")
 
 	if _, err := f.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", lockPID); err != nil {
 		t.Fatal(err)
@@ -473,7 +473,7 @@ func TestALeaderWhoseLockConnectionIsKilledStopsStreamingAndLeadsAgain(t *testin
 	if h := f.lockHolder(t); h == 0 || h == lockPID {
 		t.Fatalf("leader lock holder %d after re-election, want a new backend (old %d)", h, lockPID)
 	}
-	f.outbox.AwaitMore(t, 50, "after the re-election")
+	f.outbox.AwaitMore(t, 80, "after the re-election")
 	w.stop(t)
 	rep := f.verify(t, f.brokers)
 	t.Logf("across the fence: %s", rep)
