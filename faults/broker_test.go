@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -156,7 +157,9 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 			sd.loadC = harness.StartLoad(sd.c.outbox, harness.LoadConfig{Types: sd.c.types, Writers: 2, MaxPerTx: 4, TxPerSecond: 20, Seed: seed + 2})
 		}
 	}
-	time.Sleep(2 * time.Second)
+	for _, sd := range sides {
+		sd.a.outbox.AwaitMore(t, 80, sd.name+": before the outage")
+	}
 
 	if err := fb.k.Stop(ctx); err != nil {
 		t.Fatal(err)
@@ -217,7 +220,7 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 	}
 	restarted := time.Now()
 	for _, sd := range sides {
-		eventually(t, 2*time.Minute, sd.name+": relay A to publish the outage's backlog", func() bool {
+		await.True(t, 2*time.Minute, sd.name+": relay A to publish the outage's backlog", func() bool {
 			return confirmedLSN(t, sd.a.outbox.Pool(), sd.a.slot) >= sd.m.CommitEnd
 		})
 		t.Logf("%s: relay A: backlog confirmed %s after the broker came back", sd.name, time.Since(restarted).Round(time.Millisecond))
@@ -225,7 +228,9 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 			sd.rb2.waitSessions(1, 2*time.Minute)
 		}
 	}
-	time.Sleep(2 * time.Second) // all keep going
+	for _, sd := range sides {
+		sd.a.outbox.AwaitMore(t, 80, sd.name+": after the outage (all keep going)")
+	}
 
 	// Every load stops before any delivery check, so no side keeps writing while others are read.
 	type check struct {
@@ -278,7 +283,7 @@ func brokerOutage(t *testing.T, fb *faultBroker, pg *devenv.Postgres, others ...
 		}
 		t.Logf("%s: relay %s: load %s; delivery %s", c.side.name, c.name, c.stats, rep)
 		end := currentLSN(t, c.d.outbox.Pool())
-		eventually(t, 30*time.Second, c.side.name+": relay "+c.name+"'s slot to be confirmed past the load", func() bool {
+		await.True(t, 30*time.Second, c.side.name+": relay "+c.name+"'s slot to be confirmed past the load", func() bool {
 			return confirmedLSN(t, c.d.outbox.Pool(), c.d.slot) >= end
 		})
 	}
@@ -298,7 +303,7 @@ func testStalledBrokerConnection(t *testing.T, fb *faultBroker) {
 	r := d.startRelay(fb.brokers, "--kafka.write-timeout="+writeTimeout.String(), "--status-interval=200ms")
 	r.waitSessions(1, 90*time.Second)
 	load := harness.StartLoad(d.outbox, harness.LoadConfig{Types: d.types, Writers: 2, MaxPerTx: 4, TxPerSecond: 30, Seed: 51})
-	eventually(t, time.Minute, "events to flow before the stall", func() bool {
+	await.True(t, time.Minute, "events to flow before the stall", func() bool {
 		return r.mustMetric("events_published_total", "") > 0
 	})
 
@@ -321,7 +326,7 @@ func testStalledBrokerConnection(t *testing.T, fb *faultBroker) {
 		stalledAt := currentLSN(t, d.outbox.Pool())
 		phase.heal()
 		healed := time.Now()
-		eventually(t, time.Minute, phase.name+": the relay to publish again", func() bool {
+		await.True(t, time.Minute, phase.name+": the relay to publish again", func() bool {
 			return r.mustMetric("events_published_total", "") > published &&
 				confirmedLSN(t, d.outbox.Pool(), d.slot) >= stalledAt
 		})
@@ -339,7 +344,7 @@ func testStalledBrokerConnection(t *testing.T, fb *faultBroker) {
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: testenv.UniqueName(t, "warm"), AggregateID: "w-1"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the event of a first new topic to be published, and nothing in flight", func() bool {
+	await.True(t, time.Minute, "the event of a first new topic to be published, and nothing in flight", func() bool {
 		return r.mustMetric("events_published_total", "") > before && r.mustMetric("in_flight_events", "") == 0
 	})
 	fresh := testenv.UniqueName(t, "fresh")

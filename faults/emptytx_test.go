@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -62,7 +63,7 @@ func testEmptyTransactionsWithPausedBroker(t *testing.T, fb *faultBroker) {
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "warm-up"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the warm-up event to be published", func() bool {
+	await.True(t, time.Minute, "the warm-up event to be published", func() bool {
 		return r.mustMetric("events_published_total", "") >= 1
 	})
 	idle, err := r.RSS()
@@ -88,7 +89,7 @@ func testEmptyTransactionsWithPausedBroker(t *testing.T, fb *faultBroker) {
 	// The first event of the pause: it goes in flight and is never acknowledged while the broker is
 	// paused, so everything after it waits in the checkpoint.
 	first := d.writeMarked(harness.Spec{AggregateType: d.types[0], AggregateID: "first"})
-	eventually(t, time.Minute, "the first event to be in flight", func() bool {
+	await.True(t, time.Minute, "the first event to be in flight", func() bool {
 		return r.mustMetric("in_flight_events", "") >= 1
 	})
 	txsBefore := r.mustMetric("transactions_total", "")
@@ -187,7 +188,7 @@ func testEmptyTransactionsWithPausedBroker(t *testing.T, fb *faultBroker) {
 	written := d.outbox.Written()
 	rep := deliver(t, fb.brokers, written, 2*time.Minute, r)
 	t.Logf("events: %s; delivered %d of %d", stats, rep.Received, len(written))
-	eventually(t, time.Minute, "the slot to be confirmed past the transactions without events", func() bool {
+	await.True(t, time.Minute, "the slot to be confirmed past the transactions without events", func() bool {
 		return confirmedLSN(t, pool, d.slot) >= busyEnd
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -106,7 +107,7 @@ func TestKill9TwelveTimesExactlyOnceDeliversEveryEventOnce(t *testing.T) {
 			r.waitSessions(1, 90*time.Second)
 			load.Pause()
 			caughtUp := currentLSN(t, d.outbox.Pool())
-			eventually(t, 3*time.Minute, "an instance to catch up before the large transaction", func() bool {
+			await.True(t, 3*time.Minute, "an instance to catch up before the large transaction", func() bool {
 				return r.Exited() || confirmedLSN(t, d.outbox.Pool(), d.slot) >= caughtUp
 			})
 		case i%5 == 4:
@@ -164,7 +165,7 @@ func TestKill9TwelveTimesExactlyOnceDeliversEveryEventOnce(t *testing.T) {
 		t.Errorf("%d kills left no aborted record for a read_uncommitted consumer: the crashes replayed nothing, so the zero duplicates above prove nothing", len(relays)-1)
 	}
 	end := currentLSN(t, d.outbox.Pool())
-	eventually(t, 60*time.Second, "the last instance to confirm everything", func() bool {
+	await.True(t, 60*time.Second, "the last instance to confirm everything", func() bool {
 		return confirmedLSN(t, d.outbox.Pool(), d.slot) >= end
 	})
 	final.Terminate()

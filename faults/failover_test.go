@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/netproxy"
@@ -69,7 +70,7 @@ func newCluster(t *testing.T, version string, protect bool) *cluster {
 			}
 		}
 	}
-	eventually(t, time.Minute, "the standby to stream from the primary", func() bool {
+	await.True(t, time.Minute, "the standby to stream from the primary", func() bool {
 		var active bool
 		err := c.queryPrimary("SELECT active FROM pg_replication_slots WHERE slot_name = $1", []any{standbySlot}, &active)
 		return err == nil && active
@@ -110,7 +111,7 @@ func (c *cluster) waitStandbyCaughtUp() {
 	if err := c.queryPrimary("SELECT pg_current_wal_lsn()::text", nil, &target); err != nil {
 		c.t.Fatal(err)
 	}
-	eventually(c.t, time.Minute, "the standby to receive the primary's WAL", func() bool {
+	await.True(c.t, time.Minute, "the standby to receive the primary's WAL", func() bool {
 		var ok bool
 		err := c.queryStandby("SELECT pg_last_wal_receive_lsn() >= $1::pg_lsn", []any{target}, &ok)
 		return err == nil && ok
@@ -147,7 +148,7 @@ func (c *cluster) promote() {
 	if err := c.standby.Exec(context.Background(), "postgres", "SELECT pg_promote(false)"); err != nil {
 		c.t.Fatal(err)
 	}
-	eventually(c.t, 2*time.Minute, "the standby to be promoted", func() bool {
+	await.True(c.t, 2*time.Minute, "the standby to be promoted", func() bool {
 		var recovering bool
 		err := c.queryStandby(`SELECT pg_is_in_recovery(), count(pg_terminate_backend(pid))
 			FROM (SELECT pid FROM pg_stat_activity WHERE backend_type = 'slotsync worker') w`, nil, &recovering, new(int64))
@@ -235,7 +236,7 @@ func failoverScenario(t *testing.T, brokers, version string, protect bool) {
 		t.Helper()
 		for i := range n {
 			spec := harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("account-%d", i%3), EventType: phase}
-			eventually(t, 2*time.Minute, "a write to go through", func() bool { return ob.WriteTx(ctx, spec) == nil })
+			await.True(t, 2*time.Minute, "a write to go through", func() bool { return ob.WriteTx(ctx, spec) == nil })
 		}
 	}
 	accounts("before", 6)
@@ -252,7 +253,7 @@ func failoverScenario(t *testing.T, brokers, version string, protect bool) {
 		return code, st
 	}
 	var st failoverStatus
-	eventually(t, 2*time.Minute, "status to report the standby's copy of the slot ready", func() bool {
+	await.True(t, 2*time.Minute, "status to report the standby's copy of the slot ready", func() bool {
 		// The copy becomes usable once the slot's restart position passes where the standby
 		// reserved WAL for it, which moves at running-transactions records: log one now rather
 		// than wait for the background writer's (every 15s).
@@ -271,7 +272,7 @@ func failoverScenario(t *testing.T, brokers, version string, protect bool) {
 		t.Fatalf("status = %+v, want synchronized_standby_slots %v and a warning only without it", st, protect)
 	}
 	listed := map[bool]float64{true: 1, false: 0}[protect]
-	eventually(t, 30*time.Second, "the metrics to show the failover slot", func() bool {
+	await.True(t, 30*time.Second, "the metrics to show the failover slot", func() bool {
 		return r.mustMetric("slot_failover", "") == 1 && r.mustMetric("synchronized_standby_slots", "") == listed &&
 			r.mustMetric("synchronized_standby_slots_active", "") == listed
 	})
@@ -286,7 +287,7 @@ func failoverScenario(t *testing.T, brokers, version string, protect bool) {
 	lost := ob.Written()[before:]
 	if protect {
 		// PostgreSQL holds them back from the relay: its walsender waits for the standby.
-		eventually(t, time.Minute, "the relay's walsender to wait for the standby", func() bool {
+		await.True(t, time.Minute, "the relay's walsender to wait for the standby", func() bool {
 			var wait *string
 			err := c.queryPrimary(`SELECT a.wait_event FROM pg_stat_activity a JOIN pg_replication_slots s ON a.pid = s.active_pid
 				WHERE s.slot_name = $1`, []any{d.slot}, &wait)
@@ -314,7 +315,7 @@ func failoverScenario(t *testing.T, brokers, version string, protect bool) {
 	accounts("after", 6)
 	r.waitSessions(2, 2*time.Minute)
 	phase("the relay streams from the new primary")
-	time.Sleep(2 * time.Second)
+	ob.AwaitMore(t, 120, "on the new primary")
 	stats, err := load.Stop(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -387,15 +388,15 @@ func TestPromotionWithoutAFailoverSlotIsRefusedAndRecoveredByBackfill(t *testing
 
 	// Everything written so far reaches Kafka; the recovery's start time is taken after that, as an
 	// operator takes it from the last acknowledgement before the incident (less a margin).
-	time.Sleep(2 * time.Second)
+	ob.AwaitMore(t, 120, "before the incident")
 	load.Pause()
 	deliver(t, brokers, ob.Written(), 90*time.Second, r)
 	phase("first events delivered")
 	since := time.Now().Add(-2 * time.Second).UTC().Truncate(time.Second)
-	time.Sleep(time.Second)
+	await.Window(t, time.Second, "the gap is written a whole second after the recovery's start time")
 	// More is written, and the primary dies before the relay need have published it: the gap.
 	load.Resume()
-	time.Sleep(2 * time.Second)
+	ob.AwaitMore(t, 120, "in the gap")
 	load.Pause()
 	c.waitStandbyCaughtUp()
 	if err := c.primary.Kill(); err != nil {
@@ -445,7 +446,7 @@ func TestPromotionWithoutAFailoverSlotIsRefusedAndRecoveredByBackfill(t *testing
 		t.Fatalf("the recovering relay did not complete its backfill:\n%s", recovered.Output())
 	}
 	phase("backfill complete")
-	time.Sleep(2 * time.Second)
+	ob.AwaitMore(t, 120, "after the backfill")
 	stats, err := load.Stop(ctx)
 	if err != nil {
 		t.Fatal(err)

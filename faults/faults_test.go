@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -60,9 +61,14 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 	var big marked
 	var bigMu sync.Mutex
 	bigDone := make(chan struct{})
+	bigGo := make(chan struct{}) // closed by the kill loop: the large transaction lands among the kills
 	go func() {
 		defer close(bigDone)
-		time.Sleep(4 * time.Second)
+		select {
+		case <-bigGo:
+		case <-t.Context().Done():
+			return
+		}
 		specs := make([]harness.Spec, bigTxEvents)
 		for i := range specs {
 			specs[i] = harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("groß-%d", i%25), EventType: "Bulk"}
@@ -92,6 +98,9 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 		acks.Stop()
 		r.Kill()
 		killed := time.Now()
+		if i == kills/3 {
+			close(bigGo)
+		}
 
 		rec := killRecord{at: killed.Sub(started), streaming: r.sessions() > 0, acked: acks.Since(killed.Add(-ackWindow))}
 		bigMu.Lock()
@@ -107,7 +116,7 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 
 	final := d.startRelay(brokers, args...)
 	final.waitSessions(1, 90*time.Second)
-	time.Sleep(time.Second) // the last instance also drains while writers are busy
+	d.outbox.AwaitMore(t, 300, "while the last instance drains")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	stats, err := load.Stop(ctx)
@@ -134,7 +143,7 @@ func kill9(t *testing.T, d *db, brokers string, kills int) {
 	}
 
 	end := currentLSN(t, d.outbox.Pool())
-	eventually(t, 30*time.Second, "the last instance to confirm everything", func() bool {
+	await.True(t, 30*time.Second, "the last instance to confirm everything", func() bool {
 		return confirmedLSN(t, d.outbox.Pool(), d.slot) >= end
 	})
 	final.Terminate()
@@ -182,13 +191,18 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string, args ...
 	})
 	acks := logAcks(r, samplePeriod)
 	defer acks.Stop()
-	time.Sleep(time.Second)
+	d.outbox.AwaitMore(t, 200, "before the large transaction")
 	specs := make([]harness.Spec, bigTxEvents)
 	for i := range specs {
 		specs[i] = harness.Spec{AggregateType: d.types[i%len(d.types)], AggregateID: fmt.Sprintf("groß-%d", i%25), EventType: "Bulk"}
 	}
 	big := d.writeMarked(specs...)
-	time.Sleep(1500 * time.Millisecond)
+	// The stop comes once the large transaction is in the relay's hands (received whole, perhaps
+	// not yet confirmed), the case the window allows for. received_lsn is where a message starts:
+	// at or past CommitEnd is a later transaction of the load.
+	await.True(t, time.Minute, "the relay to receive the large transaction whole", func() bool {
+		return r.mustMetric("received_lsn", "") >= float64(big.CommitEnd)
+	})
 
 	ctx := context.Background()
 	before := confirmedLSN(t, d.outbox.Pool(), d.slot)
@@ -220,7 +234,7 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string, args ...
 	saved := savedConfirmedLSN(t, d)
 	r.waitSessions(2, 60*time.Second)
 	t.Logf("PostgreSQL %d restart took %s until the relay streamed again", d.major, time.Since(stopping).Round(time.Millisecond))
-	time.Sleep(2 * time.Second) // load after the restart too
+	d.outbox.AwaitMore(t, 400, "after the restart too")
 
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -255,7 +269,7 @@ func postgresRestart(t *testing.T, pg *devenv.Postgres, brokers string, args ...
 		}
 	}
 	end := currentLSN(t, d.outbox.Pool())
-	eventually(t, 30*time.Second, "the slot to be confirmed past the load", func() bool {
+	await.True(t, 30*time.Second, "the slot to be confirmed past the load", func() bool {
 		return confirmedLSN(t, d.outbox.Pool(), d.slot) >= end
 	})
 }

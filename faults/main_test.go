@@ -376,18 +376,6 @@ func (d *db) commitFromSlot(xid uint64) (start, end uint64) {
 	return 0, 0
 }
 
-// eventually polls cond every 100ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // freeAddr returns a 127.0.0.1 address with a port nobody listens on right now.
 func freeAddr(t testing.TB) string {
 	t.Helper()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -102,7 +103,7 @@ func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 		}
 	}
 	for _, sd := range sides {
-		eventually(t, time.Minute, sd.name+": the warm-up event to be published", func() bool {
+		await.True(t, time.Minute, sd.name+": the warm-up event to be published", func() bool {
 			return sd.r.mustMetric("events_published_total", "") >= 1
 		})
 		sd.walsender = slotPID(t, sd.d)
@@ -149,7 +150,7 @@ func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 	}
 
 	for _, sd := range sides {
-		eventually(t, 3*time.Minute, sd.name+": the in-flight window to fill while the broker is paused", func() bool {
+		await.True(t, 3*time.Minute, sd.name+": the in-flight window to fill while the broker is paused", func() bool {
 			return sd.r.mustMetric("in_flight_events", "") >= maxInFlight
 		})
 	}
@@ -189,7 +190,7 @@ func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 	phase.Store(3)
 	healed := time.Now()
 	for _, sd := range sides {
-		eventually(t, 4*time.Minute, sd.name+": every event to be acknowledged", func() bool {
+		await.True(t, 4*time.Minute, sd.name+": every event to be acknowledged", func() bool {
 			return sd.r.mustMetric("events_published_total", "") >= float64(rows+1)
 		})
 	}
@@ -227,7 +228,7 @@ func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 
 	for _, sd := range sides {
 		checkBulk(t, fb.brokers, harness.TopicFor(sd.d.types[0]), rows)
-		eventually(t, time.Minute, sd.name+": the slot to be confirmed past the transaction", func() bool {
+		await.True(t, time.Minute, sd.name+": the slot to be confirmed past the transaction", func() bool {
 			return confirmedLSN(t, sd.d.outbox.Pool(), sd.d.slot) >= sd.end
 		})
 	}
@@ -332,7 +333,7 @@ func testHugeRowsWithPausedBroker(t *testing.T, fb *faultBroker) {
 	if err := d.outbox.WriteTx(ctx, harness.Spec{AggregateType: d.types[0], AggregateID: "warm-up"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the warm-up event to be published", func() bool {
+	await.True(t, time.Minute, "the warm-up event to be published", func() bool {
 		return r.mustMetric("events_published_total", "") >= 1
 	})
 	base, err := r.RSS()
@@ -366,7 +367,7 @@ func testHugeRowsWithPausedBroker(t *testing.T, fb *faultBroker) {
 		t.Fatal(err)
 	}
 	end := currentLSN(t, pool)
-	eventually(t, time.Minute, "a row to be in flight while the broker is paused", func() bool {
+	await.True(t, time.Minute, "a row to be in flight while the broker is paused", func() bool {
 		return r.mustMetric("in_flight_events", "") >= 1
 	})
 	// Long enough for the stream to read every row it is allowed to (locally, well under a second).
@@ -375,7 +376,7 @@ func testHugeRowsWithPausedBroker(t *testing.T, fb *faultBroker) {
 	if err := fb.k.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 3*time.Minute, "every row to be acknowledged", func() bool {
+	await.True(t, 3*time.Minute, "every row to be acknowledged", func() bool {
 		return r.mustMetric("events_published_total", "") >= rows+1
 	})
 	rss.Stop()
@@ -388,7 +389,7 @@ func testHugeRowsWithPausedBroker(t *testing.T, fb *faultBroker) {
 	if failed := r.mustMetric("events_failed_total", ""); failed != 0 {
 		t.Errorf("%v rows went to the failure policy; the broker and the relay should accept %d-byte records", failed, hugeRowBytes)
 	}
-	eventually(t, time.Minute, "the slot to be confirmed past the rows", func() bool {
+	await.True(t, time.Minute, "the slot to be confirmed past the rows", func() bool {
 		return confirmedLSN(t, pool, d.slot) >= end
 	})
 }

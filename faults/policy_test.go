@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -142,7 +143,7 @@ func TestDeadLetterPolicyParksUnpublishableEventsAndKeepsGoing(t *testing.T) {
 	end := currentLSN(t, d.outbox.Pool())
 	written := d.outbox.Written()
 	deliver(t, brokers, append(good, written[len(written)-1]), time.Minute, r)
-	eventually(t, 30*time.Second, "the slot to be confirmed past the dead-lettered events", func() bool {
+	await.True(t, 30*time.Second, "the slot to be confirmed past the dead-lettered events", func() bool {
 		return confirmedLSN(t, d.outbox.Pool(), d.slot) >= end
 	})
 	if r.Exited() {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -48,7 +49,7 @@ func TestAPollerWaitsForTheStandbysOfSynchronizedStandbySlots(t *testing.T) {
 	write("unreplicated")
 	write("unreplicated")
 	gap := c.d.outbox.Written()[before:]
-	time.Sleep(5 * time.Second) // a poller without the rule publishes within its interval
+	await.Window(t, 5*time.Second, "a poller without the rule would publish the unreplicated rows within its interval")
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	recs, err := harness.Reread(rctx, brokers, harness.Topics(gap, nil)...)
 	cancel()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -68,7 +69,7 @@ func TestKill9OfThreePollersLosesNothingKeepsOrderAndBoundsDuplicates(t *testing
 		relays[i].Kill()
 		relays[i] = start()
 	}
-	time.Sleep(time.Second)
+	d.outbox.AwaitMore(t, 400, "after the last kill")
 	stats, err := load.Stop(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +81,7 @@ func TestKill9OfThreePollersLosesNothingKeepsOrderAndBoundsDuplicates(t *testing
 	if err := rep.DuplicatesWithin(window); err != nil {
 		t.Error(err)
 	}
-	eventually(t, 60*time.Second, "every row marked processed", func() bool {
+	await.True(t, 60*time.Second, "every row marked processed", func() bool {
 		var n int
 		if err := d.outbox.Pool().QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE processed_at IS NULL").Scan(&n); err != nil {
 			t.Fatal(err)
@@ -109,7 +110,7 @@ func TestKill9OfThreePollersLosesNothingKeepsOrderAndBoundsDuplicates(t *testing
 	}); err != nil {
 		t.Fatalf("the retried event was not published again: %v", err)
 	}
-	eventually(t, 30*time.Second, "status to show an empty queue", func() bool {
+	await.True(t, 30*time.Second, "status to show an empty queue", func() bool {
 		code, out = relayproc.Run(t, relayproc.Options{Subcommand: "status", Env: env}, time.Minute)
 		return code == 0 && strings.Contains(out, "pending rows:        0") && strings.Contains(out, "dead letters:        0")
 	})

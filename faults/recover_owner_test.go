@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -145,7 +146,7 @@ func testPausedRecoveryOwner(t *testing.T, fb *faultBroker, pg *devenv.Postgres)
 
 	b := d.startRelay(fb.brokers, args...)
 	const waits, beganAgain = "another process owns the recovery of the lost slot's gap", "starting it again with a new slot"
-	eventually(t, 2*time.Minute, "the standby to take the leader lock and find the recovery under way", func() bool {
+	await.True(t, 2*time.Minute, "the standby to take the leader lock and find the recovery under way", func() bool {
 		out := b.Output()
 		return strings.Contains(out, waits) || strings.Contains(out, beganAgain)
 	})
@@ -197,7 +198,7 @@ func testTwoRecoveriesAtOnce(t *testing.T, fb *faultBroker, pg *devenv.Postgres)
 	fb.proxy.Throttle(gapThrottle)
 	relays := []*relay{d.startRelay(fb.brokers, args...), d.startRelay(fb.brokers, args...)}
 	const recovering, waits = "recovering a lost slot's gap from the outbox table", "another process owns the recovery of the lost slot's gap"
-	eventually(t, 2*time.Minute, "the recovery to be published and streamed from", func() bool {
+	await.True(t, 2*time.Minute, "the recovery to be published and streamed from", func() bool {
 		return strings.Contains(relays[0].Output()+relays[1].Output(), `"msg":"streaming"`)
 	})
 	fb.proxy.Throttle(0)
@@ -276,7 +277,7 @@ func testFencedWhileTheGapWaitsForKafka(t *testing.T, fb *faultBroker, pg *deven
 	defer fb.proxy.Resume()
 	// Every event of the gap handed to the sink (read from the table whole), none of the last
 	// ones acknowledged: the recovery waits for Kafka alone.
-	eventually(t, time.Minute, "the whole gap to be handed to Kafka", func() bool {
+	await.True(t, time.Minute, "the whole gap to be handed to Kafka", func() bool {
 		inFlight, err1 := a.metric("in_flight_events", "")
 		published, err2 := a.metric("events_published_total", "")
 		return err1 == nil && err2 == nil && inFlight > 0 && inFlight+published >= gapEvents

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
@@ -74,9 +75,9 @@ func loseSlot(t *testing.T, d *db, how string) {
 		}
 		return st != nil && *st == "lost"
 	}
-	eventually(t, 2*time.Minute, "PostgreSQL to invalidate the slot ("+how+")", func() bool {
+	await.True(t, 2*time.Minute, "PostgreSQL to invalidate the slot ("+how+")", func() bool {
 		if how == "idle_timeout" {
-			time.Sleep(1100 * time.Millisecond) // idle for longer than the timeout, whole seconds
+			await.Window(t, 1100*time.Millisecond, "the slot idles for longer than idle_replication_slot_timeout, whole seconds")
 		} else if _, err := pool.Exec(ctx, "INSERT INTO filler (pad) SELECT repeat('x', 1000) FROM generate_series(1, 8000)"); err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +121,7 @@ func testLostSlotRecovered(t *testing.T, pg *devenv.Postgres, commitTimestamps b
 	r.waitSessions(1, 90*time.Second)
 	write("early", 40)
 	early := len(d.outbox.Written())
-	time.Sleep(2*margin + time.Second) // so that the early events are outside every rule's window
+	await.Window(t, 2*margin+time.Second, "the early events fall outside every rule's window")
 	write("late", 2)
 	acknowledged := d.outbox.Written()
 	check(t, brokers, acknowledged, time.Minute, r)
@@ -362,12 +363,12 @@ func TestASlotDroppedUnderARunningRelayIsRecoveredWhileWritersGoOn(t *testing.T)
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
-	time.Sleep(2 * time.Second)
+	d.outbox.AwaitMore(t, 500, "before the slot is dropped")
 	dropActiveSlot(ctx, t, pool, d.slot)
 	if !r.WaitFor(ctx, "recovered the lost slot's gap", time.Minute) {
 		t.Fatalf("the relay did not recover the dropped slot:\n%s", r.Output())
 	}
-	time.Sleep(2 * time.Second)
+	d.outbox.AwaitMore(t, 500, "after the recovery")
 	close(stop)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -396,7 +397,7 @@ func TestAPromotionWithoutTheSlotIsRecoveredByTheRunningRelay(t *testing.T) {
 	phase("primary and standby running")
 	dsn := c.dsn(true)
 	r, ob, load := c.run(brokers, dsn, 73, "--on-slot-lost=recover", "--slot-recovery-margin=10s")
-	time.Sleep(3 * time.Second)
+	ob.AwaitMore(t, 180, "before the primary dies")
 	c.waitStandbyCaughtUp()
 	if err := c.primary.Kill(); err != nil {
 		t.Fatal(err)
@@ -407,7 +408,7 @@ func TestAPromotionWithoutTheSlotIsRecoveredByTheRunningRelay(t *testing.T) {
 		t.Fatalf("the running relay did not recover the slot on the promoted standby:\n%s", r.Output())
 	}
 	phase("gap recovered")
-	time.Sleep(2 * time.Second)
+	ob.AwaitMore(t, 120, "after the recovery")
 	stats, err := load.Stop(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -465,7 +466,7 @@ func TestAPartlyPrunedGapStopsTheRelay(t *testing.T) {
 		t.Fatalf("the relay did not stop cleanly (exit %d, exited %v):\n%s", code, ok, r.Output())
 	}
 	acknowledged := len(d.outbox.Written())
-	time.Sleep(3 * time.Second) // the gap's rows are created after the acknowledged commit and its margin
+	await.Window(t, 3*time.Second, "the gap's rows are created after the acknowledged commit and its margin")
 	write("gap", 30)
 	gap := d.outbox.Written()[acknowledged:]
 
@@ -555,7 +556,7 @@ func TestARecoveryOutlastsTheRelayRolesStatementTimeout(t *testing.T) {
 	}
 
 	r2 := d.startRelay(brokers, args...)
-	eventually(t, 2*time.Minute, "the recovery to complete, or the role's statement_timeout to cancel it", func() bool {
+	await.True(t, 2*time.Minute, "the recovery to complete, or the role's statement_timeout to cancel it", func() bool {
 		out := r2.Output()
 		return strings.Contains(out, "recovered the lost slot's gap") || strings.Contains(out, "statement timeout") || r2.Exited()
 	})
@@ -721,7 +722,7 @@ func startStreamingThenStop(t *testing.T, d *db, brokers string, args []string, 
 // dropInactiveSlot drops d's slot once no walsender uses it.
 func dropInactiveSlot(t *testing.T, d *db) {
 	t.Helper()
-	eventually(t, 30*time.Second, "the stopped relay's slot to be dropped", func() bool {
+	await.True(t, 30*time.Second, "the stopped relay's slot to be dropped", func() bool {
 		_, err := d.outbox.Pool().Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", d.slot)
 		return err == nil
 	})
@@ -795,7 +796,7 @@ func testOpenAcrossTheAcknowledgedCommit(t *testing.T, pg *devenv.Postgres) {
 		}
 		// Longer than idle_in_transaction_session_timeout (2 s), which the relay took for the
 		// longest transaction: the three were created further than that before C.
-		time.Sleep(3 * time.Second)
+		await.Window(t, 3*time.Second, "longer than idle_in_transaction_session_timeout")
 		if err := d.outbox.WriteTx(ctx, spec("acknowledged")); err != nil {
 			t.Fatal(err)
 		}
@@ -891,7 +892,7 @@ func testALedgerThatBoundsNothing(t *testing.T, pg *devenv.Postgres) {
 	}
 	// Longer than idle_in_transaction_session_timeout (2 s), before the row's creation time is
 	// rewritten: the gap's rows were created further than that before it.
-	time.Sleep(3 * time.Second)
+	await.Window(t, 3*time.Second, "longer than idle_in_transaction_session_timeout")
 	// What a relay from before the recorded commit time and horizon leaves, its row rewritten
 	// since (an identity or holder write of an older version sets it to now()).
 	forget := "confirmed_commit_time = NULL, confirmed_end_lsn = NULL, created_at = now()"

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -52,7 +53,7 @@ func TestSigtermUnderLoadStopsWithinSecondsWithoutDuplicates(t *testing.T) {
 			r.waitSessions(1, 90*time.Second)
 		}
 		before := r.mustMetric("events_published_total", "")
-		eventually(t, time.Minute, "the relay to publish under load", func() bool {
+		await.True(t, time.Minute, "the relay to publish under load", func() bool {
 			return r.mustMetric("events_published_total", "") > before+100
 		})
 		time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond)

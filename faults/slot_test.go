@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -46,15 +47,15 @@ func TestHeartbeatKeepsTheSlotMovingWhileItsDatabaseIsIdle(t *testing.T) {
 		}
 	}
 	busyEnd := currentLSN(t, pool)
-	eventually(t, 30*time.Second, "the slot to pass the other database's writes", func() bool {
+	await.True(t, 30*time.Second, "the slot to pass the other database's writes", func() bool {
 		other.Exec(ctx, "INSERT INTO busy (note) VALUES ('tick')")
 		return confirmedLSN(t, pool, d.slot) >= busyEnd
 	})
 
-	// Nothing writes. Whatever WAL appears now is a heartbeat.
-	time.Sleep(500 * time.Millisecond)
+	// Nothing writes (the last insert returned once committed). Whatever WAL appears now is a
+	// heartbeat.
 	idleFrom := currentLSN(t, pool)
-	eventually(t, 20*time.Second, "a heartbeat to be received and confirmed", func() bool {
+	await.True(t, 20*time.Second, "a heartbeat to be received and confirmed", func() bool {
 		return r.mustMetric("received_lsn", "") > float64(idleFrom) && confirmedLSN(t, pool, d.slot) > idleFrom
 	})
 	t.Logf("slot confirmed %s after idle point %s", lsnString(confirmedLSN(t, pool, d.slot)), lsnString(idleFrom))
@@ -103,7 +104,7 @@ func testSlotLostWhileBrokerDown(t *testing.T, fb *faultBroker) {
 		}
 		return *st
 	}
-	eventually(t, 2*time.Minute, "PostgreSQL to remove WAL the slot needs", func() bool {
+	await.True(t, 2*time.Minute, "PostgreSQL to remove WAL the slot needs", func() bool {
 		if _, err := pool.Exec(ctx, "INSERT INTO filler (pad) SELECT repeat('x', 1000) FROM generate_series(1, 8000)"); err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +160,7 @@ func checkSlotLostError(t *testing.T, run string, code int, output, slot string)
 // termination.
 func dropActiveSlot(ctx context.Context, t *testing.T, pool *pgxpool.Pool, slot string) {
 	t.Helper()
-	eventually(t, 30*time.Second, "the slot to be dropped", func() bool {
+	await.True(t, 30*time.Second, "the slot to be dropped", func() bool {
 		if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid, 10000) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", slot); err != nil {
 			t.Logf("end the slot's walsender: %v", err)
 			return false
@@ -224,7 +225,7 @@ func testSlotDroppedWhileANewStartWaitsForKafka(t *testing.T, fb *faultBroker) {
 	}
 	deliver(t, fb.brokers, d.outbox.Written(), time.Minute, r)
 	// The ledger's horizon bounds the gap (no commit timestamps, no margin).
-	eventually(t, time.Minute, "the slot ledger to record a horizon", func() bool {
+	await.True(t, time.Minute, "the slot ledger to record a horizon", func() bool {
 		var ok bool
 		err := d.outbox.Pool().QueryRow(ctx, "SELECT confirmed_xmin IS NOT NULL FROM outbox_relay_slots WHERE slot = $1", d.slot).Scan(&ok)
 		return err == nil && ok

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -75,7 +76,7 @@ func TestASlotCreationHeldUpByATransactionSaysWhatItWaitsFor(t *testing.T) {
 			if !strings.Contains(r.Output(), "creating the replication slot waits for") {
 				t.Errorf("the line naming the blocker does not say what waits:\n%s", r.Output())
 			}
-			eventually(t, 10*time.Second, "outbox_relay_slot_creation_wait_seconds above 0", func() bool {
+			await.True(t, 10*time.Second, "outbox_relay_slot_creation_wait_seconds above 0", func() bool {
 				return r.mustMetric("slot_creation_wait_seconds", "") > 0
 			})
 
@@ -111,7 +112,7 @@ func TestASlotCreationHeldUpByATransactionSaysWhatItWaitsFor(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.waitSessions(1, time.Minute)
-			eventually(t, 10*time.Second, "outbox_relay_slot_creation_wait_seconds back to 0", func() bool {
+			await.True(t, 10*time.Second, "outbox_relay_slot_creation_wait_seconds back to 0", func() bool {
 				return r.mustMetric("slot_creation_wait_seconds", "") == 0
 			})
 		})

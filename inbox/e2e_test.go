@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -59,23 +60,12 @@ func startRelay(t *testing.T, dsn, brokers string, pool *pgxpool.Pool, configure
 			t.Error("relay did not stop within a minute")
 		}
 	})
-	waitFor(t, 60*time.Second, "the relay to stream", func() bool {
+	await.True(t, 60*time.Second, "the relay to stream", func() bool {
 		var active bool
 		err := pool.QueryRow(context.Background(), "SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
 		return err == nil && active
 	})
 	return slot
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 type depositEvent struct {

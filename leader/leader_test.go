@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/netproxy"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/leader"
@@ -197,7 +198,9 @@ func TestASilentLeaderFencesItselfAndPostgreSQLReleasesItsLockWithinTheLease(t *
 	cfg := leader.Config{DSN: proxied, Slot: slot, CheckTimeout: time.Second}
 	termA := campaign(t, ctx, leader.New(cfg, zaptest.NewLogger(t)))
 	defer termA.Release()
-	b := leader.New(leader.Config{DSN: dsn, Slot: slot, RetryInterval: 100 * time.Millisecond}, zaptest.NewLogger(t))
+	var standingBy atomic.Bool
+	b := leader.New(leader.Config{DSN: dsn, Slot: slot, RetryInterval: 100 * time.Millisecond,
+		OnStandby: func(connected bool) { standingBy.Store(connected) }}, zaptest.NewLogger(t))
 	got := make(chan *leader.Term, 1)
 	bctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -205,7 +208,7 @@ func TestASilentLeaderFencesItselfAndPostgreSQLReleasesItsLockWithinTheLease(t *
 		term, _ := b.Campaign(bctx)
 		got <- term
 	}()
-	time.Sleep(1500 * time.Millisecond)
+	await.True(t, 10*time.Second, "the standby tries the lock and waits", standingBy.Load)
 
 	p.Freeze() // no FIN, no RST: only the lease can free the lock
 	frozen := time.Now()
@@ -248,7 +251,8 @@ func TestSlowChecksAreCountedAsNearMissesWithoutFencing(t *testing.T) {
 		OnSlowCheck: func(time.Duration) { slow.Add(1) }}, zaptest.NewLogger(t))
 	term := campaign(t, ctx, el)
 	defer term.Release()
-	time.Sleep(2 * time.Second)
+	answered := p.Responses()
+	await.True(t, 10*time.Second, "checks answered at once", func() bool { return p.Responses() >= answered+3 })
 	if n := slow.Load(); n != 0 {
 		t.Fatalf("%d slow checks counted while the server answered at once", n)
 	}
@@ -273,7 +277,7 @@ func TestReleaseDoesNotWaitForACheckInFlight(t *testing.T) {
 	term := campaign(t, context.Background(), leader.New(leader.Config{DSN: proxied, Slot: testenv.UniqueName(t, "slot"),
 		CheckTimeout: 10 * time.Second}, zaptest.NewLogger(t)))
 	p.DelayResponses(8 * time.Second)
-	time.Sleep(2500 * time.Millisecond) // a check is in flight
+	await.True(t, 10*time.Second, "a check is in flight", func() bool { return p.Held() > 0 })
 	start := time.Now()
 	term.Release()
 	if took := time.Since(start); took > 2*time.Second {
@@ -330,8 +334,10 @@ func TestTheLeaderSeesTheStandbysReadyToTakeOver(t *testing.T) {
 	termA := campaign(t, ctx, leader.New(leader.Config{DSN: dsn, Slot: slot}, zaptest.NewLogger(t)))
 	defer termA.Release()
 	var fit atomic.Bool
+	var asked atomic.Int32
 	b := leader.New(leader.Config{DSN: dsn, Slot: slot, RetryInterval: 100 * time.Millisecond,
 		BeforeLock: func(_ context.Context, contended bool) error {
+			asked.Add(1)
 			if !fit.Load() {
 				return errors.New("kafka does not answer")
 			}
@@ -350,7 +356,8 @@ func TestTheLeaderSeesTheStandbysReadyToTakeOver(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// Asked twice: the standby is connected and has announced itself unfit once.
+	await.True(t, 10*time.Second, "the standby to ask whether it could lead", func() bool { return asked.Load() >= 2 })
 	wait(0)
 	fit.Store(true)
 	wait(1)

@@ -15,6 +15,8 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/leader"
 )
@@ -170,10 +172,17 @@ func TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished(t *testing.T) 
 				}
 				f.waitPublished(t, walsender)
 			} else {
-				time.Sleep(2 * time.Second) // checks run, and must publish nothing
+				// The leader's checks run (one statement each), and must publish nothing.
+				harness.AwaitStatements(t, f.admin, int32(termA.PID()), 3, "two of the leader's checks")
 			}
-			got := campaignInBackground(t, leader.New(cfg, zaptest.NewLogger(t).Named("b")))
-			time.Sleep(time.Second) // b stands by and sees a as the holder
+			core, logs := observer.New(zap.InfoLevel)
+			logB := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core)).Named("b")
+			got := campaignInBackground(t, leader.New(cfg, logB))
+			// Logged once b has read who holds the lock, which makes it end that holder's
+			// published walsender when it takes over.
+			await.True(t, 10*time.Second, "b stands by and sees a as the holder", func() bool {
+				return logs.FilterMessageSnippet("another instance holds the leader lock").Len() > 0
+			})
 			termA.Release()
 			termB := receive(t, got, 10*time.Second)
 			defer termB.Release()
@@ -337,7 +346,7 @@ func TestPublishWalsenderInFlightEndsWithTheTerm(t *testing.T) {
 	p.DelayResponses(10 * time.Second)
 	done := make(chan error, 1)
 	go func() { done <- term.PublishWalsender(context.Background(), pid) }()
-	time.Sleep(500 * time.Millisecond) // its check is in flight
+	await.True(t, 10*time.Second, "the publication's check is in flight", func() bool { return p.Held() > 0 })
 	released := time.Now()
 	term.Release()
 	select {

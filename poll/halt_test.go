@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/poll"
@@ -42,13 +43,13 @@ func TestAHaltMarksWhatKafkaAcknowledgedBeforeIt(t *testing.T) {
 	sc := sink.Config{Policy: sink.Halt}
 	halts := func(p *poller) {
 		t.Helper()
-		eventually(t, settleTimeout, "the poller to halt", func() (bool, string) {
+		await.State(t, settleTimeout, "the poller to halt", func() (bool, string) {
 			_, reason, _, h := p.r.Sink().Halted()
 			return h, reason
 		})
 	}
 	halts(startPoller(t, dsn, brokers, pc, sc))
-	eventually(t, settleTimeout, "the good rows to be marked processed", func() (bool, string) {
+	await.State(t, settleTimeout, "the good rows to be marked processed", func() (bool, string) {
 		var pending int
 		if err := ob.Pool().QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND retry_after IS DISTINCT FROM 'infinity'").Scan(&pending); err != nil {
 			t.Fatal(err)
@@ -57,7 +58,7 @@ func TestAHaltMarksWhatKafkaAcknowledgedBeforeIt(t *testing.T) {
 	})
 
 	halts(startPoller(t, dsn, brokers, pc, sc))
-	time.Sleep(2 * time.Second) // time for a wrong second publication to arrive
+	await.Window(t, 2*time.Second, "a wrong second publication by the halted poller would arrive by now")
 	c := harness.NewConsumer(brokers, harness.TopicFor(good))
 	defer c.Close()
 	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -150,22 +151,6 @@ func deliver(t *testing.T, brokers string, written []harness.Written) harness.Re
 	return rep
 }
 
-// eventually polls cond until it holds or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s (%s)", what, timeout, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // pendingRows counts rows not processed.
 func pendingRows(t *testing.T, ob *harness.Outbox) int {
 	t.Helper()
@@ -185,12 +170,12 @@ func TestThreePollersOnOneTableKeepPerAggregateOrderLoseNothingAndPublishNoDupli
 	// start and small batches, so that consecutive batches of the queue, claimed at the same
 	// moment, hold events of the same aggregates (plain SKIP LOCKED reorders them here).
 	load := harness.StartLoad(ob, harness.LoadConfig{Types: types, Writers: 3, Aggregates: 4, MaxPerTx: 5, TxPerSecond: 60, Seed: 7})
-	time.Sleep(3 * time.Second)
+	ob.AwaitMore(t, 1200, "before the pollers start (a backlog)")
 	var pollers []*poller
 	for range 3 {
 		pollers = append(pollers, startPoller(t, dsn, brokers, poll.Config{BatchSize: 10, Workers: 2}, sink.Config{}))
 	}
-	time.Sleep(5 * time.Second)
+	ob.AwaitMore(t, 2000, "while three pollers contend")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	stats, err := load.Stop(ctx)
@@ -202,7 +187,7 @@ func TestThreePollersOnOneTableKeepPerAggregateOrderLoseNothingAndPublishNoDupli
 	if rep.Duplicates != 0 {
 		t.Errorf("three pollers without a fault published %d duplicates; each row must be claimed by one at a time", rep.Duplicates)
 	}
-	eventually(t, settleTimeout, "every row marked processed", func() (bool, string) {
+	await.State(t, settleTimeout, "every row marked processed", func() (bool, string) {
 		n := pendingRows(t, ob)
 		return n == 0, fmt.Sprintf("%d pending", n)
 	})
@@ -284,7 +269,7 @@ func TestARowCommittedAfterALaterRowOfItsAggregateIsPublishedAndBeforeTheRowsSti
 	if err := ob.WriteTx(ctx, spec("x")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond) // a few polls that must not take x
+	await.Window(t, 500*time.Millisecond, "a few polls run (poll_interval 200ms), and must not take x while its lock is held")
 	release()
 	recs := published(4)
 	var xs []string
@@ -346,7 +331,7 @@ func TestARowKafkaRefusesIsRetriedThenDeadLetteredWithoutHoldingUpOtherAggregate
 	// Good aggregates flow while the poison rows are retried.
 	deliver(t, brokers, rest)
 
-	eventually(t, settleTimeout, "both poison rows dead-lettered and the follower published", func() (bool, string) {
+	await.State(t, settleTimeout, "both poison rows dead-lettered and the follower published", func() (bool, string) {
 		var dead, pending int
 		if err := ob.Pool().QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_dead_letters WHERE attempts = $1 AND last_error <> ''), count(*) FILTER (WHERE processed_at IS NULL) FROM outbox_events", maxAttempts).
 			Scan(&dead, &pending); err != nil {
@@ -424,7 +409,12 @@ func TestABrokerOutageBurnsNoAttempts(t *testing.T) {
 		t.Fatal(err)
 	}
 	load := harness.StartLoad(ob, harness.LoadConfig{Types: types, Writers: 2, Aggregates: 5, MaxPerTx: 3, TxPerSecond: 20, Seed: 3})
-	time.Sleep(8 * time.Second) // several write timeouts
+	// Several failed writes (write timeouts of 2 s) while rows keep coming: each would burn an
+	// attempt if an outage were counted against poll_max_attempts.
+	await.True(t, time.Minute, "several writes to fail and be retried while the broker is down", func() bool {
+		return value(p.m.KafkaRetries) >= 4
+	})
+	ob.AwaitMore(t, 300, "while the broker is down")
 	var pending, attempts int
 	if err := ob.Pool().QueryRow(ctx, "SELECT count(*), coalesce(sum(attempts), 0) FROM outbox_events WHERE processed_at IS NULL").Scan(&pending, &attempts); err != nil {
 		t.Fatal(err)
@@ -432,7 +422,7 @@ func TestABrokerOutageBurnsNoAttempts(t *testing.T) {
 	if pending == 0 || attempts != 0 {
 		t.Fatalf("during the outage: %d rows pending with %d attempts; want the outbox to grow with no attempt counted", pending, attempts)
 	}
-	eventually(t, 10*time.Second, "the pending gauge to show the backlog", func() (bool, string) {
+	await.State(t, 10*time.Second, "the pending gauge to show the backlog", func() (bool, string) {
 		g := value(p.m.PollPendingRows)
 		return g > 0, fmt.Sprintf("poll_pending_rows %v", g)
 	})
@@ -446,7 +436,7 @@ func TestABrokerOutageBurnsNoAttempts(t *testing.T) {
 	}
 	rep := deliver(t, k.Brokers(), ob.Written())
 	t.Logf("load %s; delivery %s", stats, rep)
-	eventually(t, settleTimeout, "the backlog to drain", func() (bool, string) {
+	await.State(t, settleTimeout, "the backlog to drain", func() (bool, string) {
 		n := pendingRows(t, ob)
 		return n == 0, fmt.Sprintf("%d pending", n)
 	})
@@ -466,7 +456,7 @@ func TestAStopFinishesTheBatchAndAFenceRollsItBack(t *testing.T) {
 	types := []string{testenv.UniqueName(t, "a")}
 	p := startPoller(t, dsn, brokers, poll.Config{}, sink.Config{})
 	load := harness.StartLoad(ob, harness.LoadConfig{Types: types, Writers: 2, Aggregates: 5, MaxPerTx: 3, TxPerSecond: 100, Seed: 5})
-	time.Sleep(2 * time.Second)
+	ob.AwaitMore(t, 600, "while the poller publishes")
 	p.stop()
 	stats, err := load.Stop(ctx)
 	if err != nil {
@@ -479,7 +469,7 @@ func TestAStopFinishesTheBatchAndAFenceRollsItBack(t *testing.T) {
 	if rep.Duplicates != 0 {
 		t.Errorf("a graceful stop left %d duplicates; it must mark every row Kafka acknowledged", rep.Duplicates)
 	}
-	eventually(t, settleTimeout, "every row processed", func() (bool, string) {
+	await.State(t, settleTimeout, "every row processed", func() (bool, string) {
 		n := pendingRows(t, ob)
 		return n == 0, fmt.Sprintf("%d pending", n)
 	})
@@ -561,11 +551,11 @@ func TestAPostgresRestartDuringLoadLosesNothing(t *testing.T) {
 	const workers, batch = 2, 50
 	p := startPoller(t, dsn, brokers, poll.Config{Workers: workers, BatchSize: batch}, sink.Config{})
 	load := harness.StartLoad(ob, harness.LoadConfig{Types: types, Writers: 2, Aggregates: 6, MaxPerTx: 4, TxPerSecond: 40, Seed: 9})
-	time.Sleep(2 * time.Second)
+	ob.AwaitMore(t, 300, "before the restart")
 	if err := pg.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
+	ob.AwaitMore(t, 400, "after the restart")
 	stats, err := load.Stop(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -575,7 +565,7 @@ func TestAPostgresRestartDuringLoadLosesNothing(t *testing.T) {
 	if err := rep.DuplicatesWithin(workers * batch); err != nil {
 		t.Error(err)
 	}
-	eventually(t, settleTimeout, "every row processed", func() (bool, string) {
+	await.State(t, settleTimeout, "every row processed", func() (bool, string) {
 		n := pendingRows(t, ob)
 		return n == 0, fmt.Sprintf("%d pending", n)
 	})
@@ -605,9 +595,9 @@ func TestUnderTheHaltPolicyADeadLetterHaltsEveryPollerAndStaysPending(t *testing
 			return h && reason == poll.ReasonMaxAttempts, fmt.Sprintf("halted %v, reason %q", h, reason)
 		}
 	}
-	eventually(t, settleTimeout, "the first poller to halt on the dead letter", halted(first))
+	await.State(t, settleTimeout, "the first poller to halt on the dead letter", halted(first))
 	second := startPoller(t, dsn, brokers, pc, sc)
-	eventually(t, settleTimeout, "the second poller to halt on it too", halted(second))
+	await.State(t, settleTimeout, "the second poller to halt on it too", halted(second))
 	var attempts int
 	var pending bool
 	if err := ob.Pool().QueryRow(ctx, "SELECT attempts, processed_at IS NULL FROM outbox_dead_letters").Scan(&attempts, &pending); err != nil {
@@ -669,7 +659,7 @@ func TestAPolledRowIsTheRecordTheWALModeGives(t *testing.T) {
 	if r := byVersion["3"]; r.Topic != harness.TopicFor(typ) || time.Since(r.Time) > time.Hour {
 		t.Errorf("version 3 (no occurred_at): topic %s, time %v; want %s and about now", r.Topic, r.Time, harness.TopicFor(typ))
 	}
-	eventually(t, settleTimeout, "every row processed", func() (bool, string) {
+	await.State(t, settleTimeout, "every row processed", func() (bool, string) {
 		n := pendingRows(t, ob)
 		return n == 0, fmt.Sprintf("%d pending", n)
 	})
@@ -742,7 +732,7 @@ func TestABatchDoesNotWaitForTheLinger(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 30*time.Second, "every row published and marked", func() (bool, string) {
+	await.State(t, 30*time.Second, "every row published and marked", func() (bool, string) {
 		n := pendingRows(t, ob)
 		return n == 0, fmt.Sprintf("%d rows pending", n)
 	})

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -51,7 +52,12 @@ func TestBackfillPublishesExistingRowsWithoutGapOrDuplicates(t *testing.T) {
 	cfg := f.config()
 	cfg.Backfill = &relay.Backfill{Since: time.Now().Add(-24 * time.Hour)}
 	stop := f.start(cfg)
-	time.Sleep(500 * time.Millisecond)
+	await.True(t, time.Minute, "the relay to create its slot (the backfill's snapshot)", func() bool {
+		var n int
+		f.outbox.Pool().QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&n)
+		return n == 1
+	})
+	f.outbox.AwaitMore(t, 20, "after the slot's snapshot")
 	stopWriting()
 	<-written
 

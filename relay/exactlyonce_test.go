@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -49,7 +50,7 @@ func TestExactlyOnceConfirmsNothingOfAKafkaTransactionBeforeItCommits(t *testing
 	if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: "warm"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the first Kafka transaction to commit", func() bool { return position() > 0 })
+	await.True(t, time.Minute, "the first Kafka transaction to commit", func() bool { return position() > 0 })
 
 	// before is where the marker transaction's commit record can start at the earliest: the slot
 	// may be confirmed up to it (heartbeats and keepalives before the commit), not past it.

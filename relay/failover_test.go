@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -46,7 +47,7 @@ func TestFailoverToAStandbyThatWasBehindPublishesTheNewTimeline(t *testing.T) {
 	write(f.outbox, 3, "before")
 	f.verify(time.Minute, false)
 	caughtUp := f.currentLSN()
-	eventually(t, time.Minute, "the standby to replay the relay's slot ledger and the first events", func() bool {
+	await.True(t, time.Minute, "the standby to replay the relay's slot ledger and the first events", func() bool {
 		var replayed uint64
 		err := queryOn(ctx, standby, f.dsn, "SELECT (pg_last_wal_replay_lsn() - '0/0')::bigint", &replayed)
 		return err == nil && replayed >= caughtUp
@@ -62,7 +63,7 @@ func TestFailoverToAStandbyThatWasBehindPublishesTheNewTimeline(t *testing.T) {
 	}
 	write(f.outbox, 2, "lost-late")
 	end := f.currentLSN()
-	eventually(t, time.Minute, "the relay to confirm the primary's writes", func() bool { return f.confirmedLSN() >= end })
+	await.True(t, time.Minute, "the relay to confirm the primary's writes", func() bool { return f.confirmedLSN() >= end })
 	oldConfirmed := f.confirmedLSN()
 	lostWritten := len(f.outbox.Written())
 
@@ -116,7 +117,7 @@ func TestFailoverToAStandbyThatWasBehindPublishesTheNewTimeline(t *testing.T) {
 
 	// The slot on the new primary is confirmed up to its own writes, never to the old timeline's.
 	var confirmed uint64
-	eventually(t, 30*time.Second, "the new primary's slot to be confirmed past its writes", func() bool {
+	await.True(t, 30*time.Second, "the new primary's slot to be confirmed past its writes", func() bool {
 		var err error
 		confirmed, err = harness.ConfirmedFlushLSN(ctx, ob.Pool(), f.slot)
 		if err != nil {
@@ -135,7 +136,7 @@ func TestFailoverToAStandbyThatWasBehindPublishesTheNewTimeline(t *testing.T) {
 // waitSlotActiveOn waits until the relay streams the slot of the server ob writes to.
 func (f *fixture) waitSlotActiveOn(ob *harness.Outbox) {
 	f.t.Helper()
-	eventually(f.t, 2*time.Minute, "the relay to stream from the new primary", func() bool {
+	await.True(f.t, 2*time.Minute, "the relay to stream from the new primary", func() bool {
 		var active bool
 		err := ob.Pool().QueryRow(context.Background(), "SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
 		return err == nil && active
@@ -177,7 +178,7 @@ func TestRelayRefusesToStreamFromAnotherCluster(t *testing.T) {
 	}
 	f.verify(time.Minute, false)
 	end := f.currentLSN()
-	eventually(t, time.Minute, "the relay to confirm its writes", func() bool { return f.confirmedLSN() >= end })
+	await.True(t, time.Minute, "the relay to confirm its writes", func() bool { return f.confirmedLSN() >= end })
 
 	// Another cluster, with the same database, outbox table and slot name, takes the address.
 	second := testenv.Postgres(t)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -114,7 +115,7 @@ func TestMessagesOnlyOutboxDeliversEveryEventInCommitOrderWithoutATable(t *testi
 	rep := f.verify(2*time.Minute, false) // Verify counts any record with an unknown id as a failure
 	t.Logf("delivered: %s", rep)
 	end := f.currentLSN()
-	eventually(t, 30*time.Second, "the slot to be confirmed past the last transaction", func() bool {
+	await.True(t, 30*time.Second, "the slot to be confirmed past the last transaction", func() bool {
 		return f.confirmedLSN() >= end
 	})
 	if err := stop(); err != nil {
@@ -159,7 +160,7 @@ func TestTableRowsAndMessagesInOneTransactionKeepCommitOrder(t *testing.T) {
 	rep := f.verify(2*time.Minute, false)
 	t.Logf("%d rows and %d messages delivered: %s", rows, msgs, rep)
 	end := f.currentLSN()
-	eventually(t, 30*time.Second, "the slot to be confirmed past the last transaction", func() bool {
+	await.True(t, 30*time.Second, "the slot to be confirmed past the last transaction", func() bool {
 		return f.confirmedLSN() >= end
 	})
 }
@@ -239,7 +240,7 @@ func TestInvalidMessagesGoToTheFailurePolicy(t *testing.T) {
 	if rec := byValue[bad[1].content]; rec.Header("id") != "bad-2" || rec.Header("tenant") != "acme" {
 		t.Errorf("the dead-letter record lacks what could be read: id %q tenant %q", rec.Header("id"), rec.Header("tenant"))
 	}
-	eventually(t, 30*time.Second, "the slot to be confirmed past the invalid messages", func() bool {
+	await.True(t, 30*time.Second, "the slot to be confirmed past the invalid messages", func() bool {
 		return f.confirmedLSN() >= end
 	})
 }

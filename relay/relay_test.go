@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -179,18 +180,6 @@ func (f *fixture) currentLSN() uint64 {
 	return lsn
 }
 
-// eventually polls cond every 100ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func TestRelayDeliversEveryEventOnceInCommitOrder(t *testing.T) {
 	f := newFixture(t, testenv.SharedPostgres(t), testenv.SharedKafka(t).Brokers(), 3)
 	stop := f.start(f.config())
@@ -211,7 +200,7 @@ func TestRelayDeliversEveryEventOnceInCommitOrder(t *testing.T) {
 	t.Logf("delivered: %s", rep)
 
 	end := f.currentLSN()
-	eventually(t, 30*time.Second, "the slot to be confirmed past the last transaction", func() bool {
+	await.True(t, 30*time.Second, "the slot to be confirmed past the last transaction", func() bool {
 		return f.confirmedLSN() >= end
 	})
 	if err := stop(); err != nil {
@@ -234,7 +223,7 @@ func TestConfirmedLSNDoesNotPassUnacknowledgedEvents(t *testing.T) {
 	if err := k.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // let idle keepalives settle before the outage's first write
+	await.Window(t, time.Second, "idle keepalives settle before the outage's first write")
 	before := f.currentLSN()
 	f.writeMany(ctx, rng, 50, 3, 10)
 	after := f.currentLSN()
@@ -251,7 +240,7 @@ func TestConfirmedLSNDoesNotPassUnacknowledgedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.verify(2*time.Minute, true)
-	eventually(t, time.Minute, "the slot to be confirmed past the outage's transactions", func() bool {
+	await.True(t, time.Minute, "the slot to be confirmed past the outage's transactions", func() bool {
 		return f.confirmedLSN() >= after
 	})
 }
@@ -276,7 +265,7 @@ func TestIdleOutboxDoesNotPinWAL(t *testing.T) {
 	}
 	// The outbox is idle; other tables keep changing. Keep them changing while waiting, like a
 	// busy database would.
-	eventually(t, 30*time.Second, "confirmed_flush_lsn to pass the other tables' writes", func() bool {
+	await.True(t, 30*time.Second, "confirmed_flush_lsn to pass the other tables' writes", func() bool {
 		f.outbox.Pool().Exec(ctx, "INSERT INTO other (note) VALUES ('tick')")
 		return f.confirmedLSN() >= target
 	})
@@ -297,7 +286,15 @@ func TestRelayResumesWithoutLossAfterStop(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("relay stopped with %v", err)
 	}
-	time.Sleep(500 * time.Millisecond) // events written while no relay runs
+	n := f.outbox.Count()
+	await.True(t, time.Minute, "events written while no relay runs", func() bool {
+		select {
+		case <-writerDone:
+			return true
+		default:
+			return f.outbox.Count() >= n+20
+		}
+	})
 	f.start(f.config())
 	<-writerDone
 	rep := f.verify(2*time.Minute, true)
@@ -331,7 +328,7 @@ func TestRelayRefusesToRecreateALostSlot(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the walsender to release the slot", func() bool {
+	await.True(t, 10*time.Second, "the walsender to release the slot", func() bool {
 		var active bool
 		f.outbox.Pool().QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
 		return !active

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -51,7 +52,7 @@ func TestStopInsideATransactionFinishesItAndConfirmsItsEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	end := f.currentLSN()
-	eventually(t, time.Minute, "the transaction's first events to be published", func() bool {
+	await.True(t, time.Minute, "the transaction's first events to be published", func() bool {
 		return published(t, reg) > 0
 	})
 	cancel()
@@ -104,4 +105,21 @@ func published(t *testing.T, reg *prometheus.Registry) float64 {
 		}
 	}
 	return sum
+}
+
+// receivedLSN reads outbox_relay_received_lsn: the highest WAL position the relay received.
+func receivedLSN(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() == "outbox_relay_received_lsn" {
+			for _, m := range mf.GetMetric() {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/netproxy"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -84,12 +85,12 @@ func (run *running) warned(text string) bool {
 func TestStopWhileWaitingForKafkaBeforeStreamingIsPrompt(t *testing.T) {
 	f := newFixture(t, testenv.SharedPostgres(t), "127.0.0.1:1", 1)
 	run := f.launch(f.config())
-	eventually(t, time.Minute, "the slot to be created", func() bool {
+	await.True(t, time.Minute, "the slot to be created", func() bool {
 		var n int
 		f.outbox.Pool().QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&n)
 		return n == 1
 	})
-	time.Sleep(500 * time.Millisecond) // into WaitReady
+	await.True(t, time.Minute, "the relay to wait for Kafka (WaitReady)", run.r.Sink().Starting)
 	err, took := run.stop(t, time.Minute)
 	if err != nil {
 		t.Errorf("Run returned %v after a clean stop", err)
@@ -130,7 +131,7 @@ func TestStopWhileTheStreamIsCutInsideATransactionIsPrompt(t *testing.T) {
 	if err := f.outbox.WriteTx(ctx, specs...); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the transaction's first events to be published", func() bool { return published(t, run.reg) > 0 })
+	await.True(t, time.Minute, "the transaction's first events to be published", func() bool { return published(t, run.reg) > 0 })
 
 	var db string
 	if err := f.outbox.Pool().QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
@@ -156,7 +157,7 @@ func TestStopWhileTheStreamIsCutInsideATransactionIsPrompt(t *testing.T) {
 	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", f.slot); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the relay to notice the cut", func() bool { return run.warned("replication interrupted") })
+	await.True(t, time.Minute, "the relay to notice the cut", func() bool { return run.warned("replication interrupted") })
 	at := published(t, run.reg)
 	if at >= events {
 		t.Fatalf("all %d events were published before the cut", events)
@@ -200,7 +201,7 @@ func TestStopWhileHaltedIsPrompt(t *testing.T) {
 	if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the first event to be published", func() bool { return published(t, run.reg) == 1 })
+	await.True(t, time.Minute, "the first event to be published", func() bool { return published(t, run.reg) == 1 })
 
 	// "bad type!" makes a topic name Kafka refuses: the sink halts on it.
 	if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: "bad type!", AggregateID: "b"}); err != nil {
@@ -212,12 +213,16 @@ func TestStopWhileHaltedIsPrompt(t *testing.T) {
 		t.Fatal(err)
 	}
 	var haltedID string
-	eventually(t, time.Minute, "the sink to halt", func() bool {
+	await.True(t, time.Minute, "the sink to halt", func() bool {
 		id, _, _, halted := run.r.Sink().Halted()
 		haltedID = id
 		return halted
 	})
-	time.Sleep(500 * time.Millisecond) // the next event reaches the sink
+	// Everything at or past haltedEnd is the next transaction (received_lsn is where a message
+	// starts: the halted transaction's own messages all start before its end).
+	await.True(t, time.Minute, "the relay to receive the next transaction", func() bool {
+		return receivedLSN(t, run.reg) >= float64(haltedEnd)
+	})
 
 	err, took := run.stop(t, shutdownTimeout+30*time.Second)
 	if err != nil {
@@ -258,7 +263,7 @@ func TestAFenceDoesNotWaitForASilentServer(t *testing.T) {
 	if err := f.outbox.WriteTx(context.Background(), harness.Spec{AggregateType: f.types[0], AggregateID: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the event to be published", func() bool { return published(t, run.reg) == 1 })
+	await.True(t, time.Minute, "the event to be published", func() bool { return published(t, run.reg) == 1 })
 
 	proxy.Freeze()
 	// The walsender behind the frozen proxy would hold the slot until wal_sender_timeout, and the

@@ -7,9 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
 )
@@ -84,7 +88,9 @@ func TestBelongsToOutboxRetriesATransientFailure(t *testing.T) {
 	u.User = url.UserPassword(role, "classifier")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s := New(Config{DSN: u.String(), Schema: "rel", Table: "outbox", Publication: "rel_pub"}, checkpoint.New(0), zaptest.NewLogger(t), metrics.New(nil))
+	core, logs := observer.New(zap.WarnLevel)
+	logger := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
+	s := New(Config{DSN: u.String(), Schema: "rel", Table: "outbox", Publication: "rel_pub"}, checkpoint.New(0), logger, metrics.New(nil))
 	var oid, other uint32
 	if err := admin.QueryRow(ctx, "SELECT 'rel.outbox'::regclass::oid, 'rel.other'::regclass::oid").Scan(&oid, &other); err != nil {
 		t.Fatal(err)
@@ -95,7 +101,10 @@ func TestBelongsToOutboxRetriesATransientFailure(t *testing.T) {
 	allowed := make(chan struct{})
 	go func() {
 		defer close(allowed)
-		time.Sleep(time.Second)
+		// The role may connect again once the lookup has failed and said it retries.
+		for logs.FilterMessageSnippet("cannot classify a relation").Len() == 0 && ctx.Err() == nil {
+			time.Sleep(await.Poll)
+		}
 		admin.Exec(context.Background(), "ALTER ROLE "+role+" CONNECTION LIMIT -1")
 	}()
 	// admin is not safe for concurrent use: the cleanups use it only after the goroutine is done.

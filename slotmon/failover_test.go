@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -101,7 +102,7 @@ func TestTheMonitorReportsAStandbysCopyTemporaryUntilThePrimarysSlotPassesItThen
 	}()
 	defer func() { stop(); <-done }()
 
-	time.Sleep(500 * time.Millisecond) // a few polls
+	await.True(t, time.Minute, "a poll to reach the standby", func() bool { up, _ := series(m.StandbyUp); return up == 1 })
 	up, _ := series(m.StandbyUp)
 	persisted, _ := series(m.StandbySlotPersisted)
 	ready, _ := series(m.StandbySlotReady)
@@ -113,7 +114,7 @@ func TestTheMonitorReportsAStandbysCopyTemporaryUntilThePrimarysSlotPassesItThen
 		t.Fatalf("the standby's copy right after the slot's creation: %+v, problem %q; want a temporary copy, not persisted", sb, sb.Problem(slot))
 	}
 
-	took := eventually(t, 2*time.Minute, "the copy is persisted once the primary's slot moves on", func() bool {
+	took := await.True(t, 2*time.Minute, "the copy is persisted once the primary's slot moves on", func() bool {
 		if err := testenv.NudgeSlotSync(ctx, primary, standby, database, slot); err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +127,7 @@ func TestTheMonitorReportsAStandbysCopyTemporaryUntilThePrimarysSlotPassesItThen
 
 	// Nothing moves the primary's slot now: the copy catches up, and the trail the monitor reports
 	// is the difference of the two servers' positions.
-	eventually(t, time.Minute, "the copy's trail is what the servers say", func() bool {
+	await.True(t, time.Minute, "the copy's trail is what the servers say", func() bool {
 		_ = standby.Exec(ctx, database, "SELECT pg_sync_replication_slots()")
 		var primaryConfirmed, primaryRestart string
 		conn, err := pgx.Connect(ctx, primary.DSN(database))
@@ -188,19 +189,6 @@ func series(g *prometheus.GaugeVec) (float64, bool) {
 		return out.GetGauge().GetValue(), true
 	}
 	return 0, false
-}
-
-// eventually polls cond every 100ms until it holds or timeout passes; it returns how long it took.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return time.Since(start)
 }
 
 // A failover standby the relay cannot reach is no ready copy (the alert must not stay silent),

@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
@@ -670,9 +671,21 @@ func sigtermRestarts(t *testing.T, pg *devenv.Postgres, k *devenv.Kafka) {
 		}
 	}()
 
+	// flowed waits until the relay running now has confirmed events written since it streams.
+	flowed := func(what string) {
+		t.Helper()
+		from, err := harness.CurrentLSN(ctx, db.pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		await.True(t, startTimeout, what, func() bool {
+			lsn, err := harness.ConfirmedFlushLSN(ctx, db.pool, slot)
+			return err == nil && lsn >= from
+		})
+	}
 	for i := 1; i <= 3; i++ {
 		// Let events flow through this relay, then stop it while they still do.
-		time.Sleep(1500 * time.Millisecond)
+		flowed(fmt.Sprintf("relay #%d to confirm events written while it streams", i))
 		before := len(ob.Written())
 		stopRelay(t, relay)
 		t.Logf("stop %d: %d events committed so far", i, before)
@@ -680,7 +693,7 @@ func sigtermRestarts(t *testing.T, pg *devenv.Postgres, k *devenv.Kafka) {
 		relay = e.relay(fmt.Sprintf("relay #%d", i+1), env, args...)
 		waitSlotActive(t, db.pool, slot, relay)
 	}
-	time.Sleep(time.Second)
+	flowed("the last relay to confirm events written while it streams")
 	close(stopWriting)
 	if err := <-writerDone; err != nil {
 		t.Fatalf("writer: %v", err)
@@ -923,7 +936,7 @@ func TestKafkaUnreachableAtStartIsWaitedFor(t *testing.T) {
 	if err := writeLoad(ctx, ob, rand.New(rand.NewPCG(21, 22)), types, 30, 3, 5); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
+	await.Window(t, 2*time.Second, "a relay that would exit while Kafka is unreachable does so by now")
 	if !relay.running() {
 		t.Fatalf("the relay exited while Kafka was unreachable; stderr:\n%s", lastLines(relay.stderr.String(), 20))
 	}

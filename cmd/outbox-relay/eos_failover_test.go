@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -68,9 +69,9 @@ func eosFailover(t *testing.T, brokers string, restart bool) {
 	f.waitStreamer(t, a, haStartTimeout)
 	write(f.outbox, 3, "before")
 	caughtUp := current(f.outbox)
-	waitFor(t, haDeliverTimeout, "the relay to commit the first events and confirm them", func() bool { return confirmed() >= caughtUp })
+	await.True(t, haDeliverTimeout, "the relay to commit the first events and confirm them", func() bool { return confirmed() >= caughtUp })
 	caughtUp = current(f.outbox) // the slot ledger's record of the first commit included
-	waitFor(t, time.Minute, "the standby to replay the first events and the slot ledger", func() bool {
+	await.True(t, time.Minute, "the standby to replay the first events and the slot ledger", func() bool {
 		conn, err := pgx.Connect(ctx, standby.DSN(f.dbName))
 		if err != nil {
 			return false
@@ -91,7 +92,7 @@ func eosFailover(t *testing.T, brokers string, restart bool) {
 	}
 	write(f.outbox, 2, "lost-late")
 	end := current(f.outbox)
-	waitFor(t, haDeliverTimeout, "the relay to commit and confirm the primary's writes", func() bool { return confirmed() >= end })
+	await.True(t, haDeliverTimeout, "the relay to commit and confirm the primary's writes", func() bool { return confirmed() >= end })
 	oldConfirmed := confirmed()
 
 	// Failover: the primary dies, the standby is promoted (timeline 2), gets the slot and takes

@@ -16,6 +16,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
@@ -70,11 +71,11 @@ func TestAZombieLeaderIsFencedByKafkaAndWritesNothingAReadCommittedConsumerSees(
 			w.stop(t)
 		}
 	}()
-	waitFor(t, haDeliverTimeout, "relay-a to commit Kafka transactions", func() bool {
+	await.True(t, haDeliverTimeout, "relay-a to commit Kafka transactions", func() bool {
 		return a.findLog("info", "the first Kafka transaction committed") != nil
 	})
 	aMetrics := a.metricsAddr(t)
-	time.Sleep(500 * time.Millisecond) // events in flight in a's open Kafka transaction
+	f.outbox.AwaitMore(t, 30, "into a's open Kafka transaction")
 
 	// The pause: a keeps its sockets, its lock session and its walsender, and answers nothing.
 	if err := syscall.Kill(a.PID(), syscall.SIGSTOP); err != nil {
@@ -92,7 +93,7 @@ func TestAZombieLeaderIsFencedByKafkaAndWritesNothingAReadCommittedConsumerSees(
 	f.waitStreamer(t, b, time.Minute)
 	b.waitLog(t, time.Minute, "info", "transactional producer ready")
 	bMetrics := b.metricsAddr(t)
-	waitFor(t, haDeliverTimeout, "relay-b to publish", func() bool {
+	await.True(t, haDeliverTimeout, "relay-b to publish", func() bool {
 		return sumMetric(scrape(t, bMetrics), "outbox_relay_events_published_total") > 0
 	})
 	t.Logf("relay-b took over and published %s after relay-a was paused", time.Since(paused).Round(time.Millisecond))
@@ -101,18 +102,18 @@ func TestAZombieLeaderIsFencedByKafkaAndWritesNothingAReadCommittedConsumerSees(
 	resume()
 	// The zombie wakes up with produce requests and a transaction to commit: Kafka refuses them
 	// (its epoch is older than b's), and its lock is gone. It must say so and stand by.
-	waitFor(t, time.Minute, "relay-a to notice it was replaced", func() bool {
+	await.True(t, time.Minute, "relay-a to notice it was replaced", func() bool {
 		out := a.Output()[mark:]
 		return strings.Contains(out, "Standing by") || strings.Contains(out, "lost the leader lock connection")
 	})
-	waitFor(t, time.Minute, "relay-a to stand by", func() bool {
+	await.True(t, time.Minute, "relay-a to stand by", func() bool {
 		return strings.Contains(a.Output()[mark:], "another instance holds the leader lock")
 	})
 	if a.Exited() {
 		t.Fatalf("relay-a exited; it must stand by:\n%s", a.Output()[mark:])
 	}
 	committedBefore := sumMetric(scrape(t, aMetrics), "outbox_relay_kafka_transactions_total", `outcome="committed"`)
-	time.Sleep(2 * time.Second)
+	await.Window(t, 2*time.Second, "a late commit by the replaced relay would be counted by now")
 	if after := sumMetric(scrape(t, aMetrics), "outbox_relay_kafka_transactions_total", `outcome="committed"`); after != committedBefore {
 		t.Errorf("relay-a committed %v Kafka transactions after it was replaced", after-committedBefore)
 	}

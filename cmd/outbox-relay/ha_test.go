@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
@@ -241,19 +242,6 @@ func sumMetric(ms map[string]float64, name string, labels ...string) float64 {
 	return sum
 }
 
-// waitFor polls cond every 100ms until it holds or timeout passes; it returns how long it took.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // streamer says which application streams the slot: "" when nothing does. A slot being created is
 // active too, without a confirmed position yet, and transactions that commit before its consistent
 // point are not in its stream: such a slot does not count.
@@ -276,7 +264,7 @@ func (f *haFixture) streamer() (app string, pid int32) {
 func (f *haFixture) waitStreamer(t *testing.T, r *instance, timeout time.Duration) int32 {
 	t.Helper()
 	var pid int32
-	waitFor(t, timeout, r.name+" streams the slot", func() bool {
+	await.True(t, timeout, r.name+" streams the slot", func() bool {
 		if r.Exited() {
 			t.Fatalf("%s exited:\n%s", r.name, r.Output())
 		}
@@ -379,7 +367,7 @@ func TestTwoInstancesOneStreamsAndTheStandbyTakesOverWithinTheBoundAfterKill9(t 
 
 	w := f.startWriter(ctx, 1)
 	// Both run for a while: the slot stays with a, and b never tries to stream it.
-	time.Sleep(3 * time.Second)
+	f.outbox.AwaitMore(t, 300, "while both run")
 	if app, _ := f.streamer(); app != "relay-a" {
 		t.Fatalf("slot streamed by %q while relay-a leads", app)
 	}
@@ -397,7 +385,7 @@ func TestTwoInstancesOneStreamsAndTheStandbyTakesOverWithinTheBoundAfterKill9(t 
 	t.Logf("relay-b streams %s after relay-a was killed (bound %s)", took.Round(time.Millisecond), takeoverBound)
 	b.waitLog(t, haStartTimeout, "info", "leader: holding the leader lock")
 
-	time.Sleep(2 * time.Second) // the writer goes on across the takeover
+	f.outbox.AwaitMore(t, 150, "across the takeover")
 	w.stop(t)
 	rep := f.verify(t, f.brokers)
 	t.Logf("across the takeover: %s", rep)
@@ -459,7 +447,7 @@ func TestALeaderWhoseLockConnectionIsKilledStopsStreamingAndLeadsAgain(t *testin
 		t.Fatalf("lock holder %d, walsender %d: want a separate lock connection", lockPID, walsender)
 	}
 	w := f.startWriter(ctx, 2)
-	time.Sleep(time.Second)
+	f.outbox.AwaitMore(t, 80, "before the lock connection is terminated")
 
 	if _, err := f.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", lockPID); err != nil {
 		t.Fatal(err)
@@ -467,7 +455,7 @@ func TestALeaderWhoseLockConnectionIsKilledStopsStreamingAndLeadsAgain(t *testin
 	terminated := time.Now()
 	// Fencing: the walsender of the old term goes away within the bound (the relay may already
 	// stream again through a new one).
-	took := waitFor(t, fenceBound, "the old walsender ends after the lock connection was killed", func() bool {
+	took := await.True(t, fenceBound, "the old walsender ends after the lock connection was killed", func() bool {
 		_, pid := f.streamer()
 		return pid != walsender
 	})
@@ -485,7 +473,7 @@ func TestALeaderWhoseLockConnectionIsKilledStopsStreamingAndLeadsAgain(t *testin
 	if h := f.lockHolder(t); h == 0 || h == lockPID {
 		t.Fatalf("leader lock holder %d after re-election, want a new backend (old %d)", h, lockPID)
 	}
-	time.Sleep(time.Second)
+	f.outbox.AwaitMore(t, 80, "after the re-election")
 	w.stop(t)
 	rep := f.verify(t, f.brokers)
 	t.Logf("across the fence: %s", rep)
@@ -505,7 +493,7 @@ func TestWithElectionOffARelayStreamsAloneAndAnElectedRelayWaitsForItInsteadOfEx
 	if h := f.lockHolder(t); h != 0 {
 		t.Fatalf("a relay without election holds the leader lock (backend %d)", h)
 	}
-	waitFor(t, 10*time.Second, "the relay without election reports leader and ready", func() bool {
+	await.True(t, 10*time.Second, "the relay without election reports leader and ready", func() bool {
 		ms := scrape(t, addr)
 		return ms["outbox_relay_leader"] == 1 && ms["outbox_relay_ready"] == 1
 	})
@@ -571,7 +559,7 @@ func TestANewTermWithoutALedgerRefusesToRecreateTheSlotTheProcessStreamed(t *tes
 		_, err := hold.Exec(ctx, "SELECT pg_advisory_lock($1)", leader.Key(f.slot))
 		locked <- err
 	}()
-	waitFor(t, 10*time.Second, "the test session waits for the leader lock", func() bool {
+	await.True(t, 10*time.Second, "the test session waits for the leader lock", func() bool {
 		var waiting bool
 		f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)`).Scan(&waiting)
 		return waiting
@@ -589,7 +577,7 @@ func TestANewTermWithoutALedgerRefusesToRecreateTheSlotTheProcessStreamed(t *tes
 	}
 	a.waitLog(t, haStartTimeout, "error", "lost the leader lock connection; fencing")
 	// The promotion of a standby without the slot, as the next term sees it: the slot is gone.
-	waitFor(t, 30*time.Second, "the fenced walsender ends and the slot is dropped", func() bool {
+	await.True(t, 30*time.Second, "the fenced walsender ends and the slot is dropped", func() bool {
 		_, err := f.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", f.slot)
 		return err == nil
 	})

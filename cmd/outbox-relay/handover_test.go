@@ -65,7 +65,7 @@ func TestALeaderCutOffFromKafkaAloneHandsOver(t *testing.T) {
 	b.waitLog(t, haStartTimeout, "info", "standby: another instance holds the leader lock")
 	step("relay-a leads, relay-b stands by")
 	w := f.startWriter(ctx, 11)
-	time.Sleep(2 * time.Second)
+	f.outbox.AwaitMore(t, 150, "before the freeze")
 
 	proxies["RELAYA"].Freeze()
 	frozen := time.Now()
@@ -76,7 +76,7 @@ func TestALeaderCutOffFromKafkaAloneHandsOver(t *testing.T) {
 	f.waitStreamer(t, b, bound)
 	step(fmt.Sprintf("relay-b streams, %s after the freeze (bound %s)", time.Since(frozen).Round(time.Millisecond), bound))
 	a.waitLog(t, 5*time.Second, "error", "no Kafka acknowledgement")
-	time.Sleep(2 * time.Second) // the writer goes on across the takeover
+	f.outbox.AwaitMore(t, 150, "across the takeover")
 	w.stop(t)
 	rep := f.verify(t, k.Brokers())
 	step("everything delivered: " + rep.String())

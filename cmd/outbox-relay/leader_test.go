@@ -3,9 +3,9 @@ package main
 import (
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -41,7 +41,8 @@ func TestTheLeaderLockThroughAPgBouncer(t *testing.T) {
 		if pid, _ := l["lock_backend_pid"].(float64); pid == 0 || int32(pid) != f.lockHolder(t) {
 			t.Fatalf("the relay logs lock backend %v, the lock is held by backend %d", l["lock_backend_pid"], f.lockHolder(t))
 		}
-		time.Sleep(2 * time.Second) // its checks pass through the pooler
+		// Its checks (one statement each) pass through the pooler.
+		harness.AwaitStatements(t, f.pool, f.lockHolder(t), 3, "two of the leader's checks through the pooler")
 		if l := a.findLog("error", "fencing"); l != nil {
 			t.Fatalf("the leader fenced itself through a session-mode pooler: %v", l)
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/leader"
@@ -54,7 +55,7 @@ func TestMetricsAndReadinessOfALeaderAndAStandbyFollowARunAndAPostgresRestart(t 
 		}
 		return n
 	}
-	took := waitFor(t, 30*time.Second, "published counters reach the events written and the slot lag settles", func() bool {
+	took := await.True(t, 30*time.Second, "published counters reach the events written and the slot lag settles", func() bool {
 		ms = scrape(t, addrA)
 		return published() == txs*perTx && ms["outbox_relay_slot_lag_bytes"] <= caughtUpLag &&
 			ms["outbox_relay_confirmed_lsn"] > before["outbox_relay_confirmed_lsn"]
@@ -124,7 +125,7 @@ func TestMetricsAndReadinessOfALeaderAndAStandbyFollowARunAndAPostgresRestart(t 
 	if err := pg.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, 15*time.Second, "both /readyz answer 503 while PostgreSQL is down", func() bool {
+	took = await.True(t, 15*time.Second, "both /readyz answer 503 while PostgreSQL is down", func() bool {
 		ca, _ := get(t, addrA, "/readyz")
 		cb, _ := get(t, addrB, "/readyz")
 		return ca == http.StatusServiceUnavailable && cb == http.StatusServiceUnavailable
@@ -136,7 +137,7 @@ func TestMetricsAndReadinessOfALeaderAndAStandbyFollowARunAndAPostgresRestart(t 
 		}
 		if ms := scrape(t, addr); ms["outbox_relay_ready"] != 0 || ms["outbox_relay_leader"] != 0 {
 			// the ready gauge follows within a second; the leader flag drops with the fence
-			waitFor(t, 5*time.Second, "ready and leader gauges drop to 0 on "+addr, func() bool {
+			await.True(t, 5*time.Second, "ready and leader gauges drop to 0 on "+addr, func() bool {
 				ms := scrape(t, addr)
 				return ms["outbox_relay_ready"] == 0 && ms["outbox_relay_leader"] == 0
 			})
@@ -147,7 +148,7 @@ func TestMetricsAndReadinessOfALeaderAndAStandbyFollowARunAndAPostgresRestart(t 
 	if err := pg.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, 60*time.Second, "one leader and both ready after PostgreSQL came back", func() bool {
+	took = await.True(t, 60*time.Second, "one leader and both ready after PostgreSQL came back", func() bool {
 		ma, mb := scrape(t, addrA), scrape(t, addrB)
 		return ma["outbox_relay_leader"]+mb["outbox_relay_leader"] == 1 && ma["outbox_relay_ready"] == 1 && mb["outbox_relay_ready"] == 1
 	})
@@ -163,7 +164,7 @@ func TestReadyzAnswers503WhileTheHaltPolicyHoldsTheRelay(t *testing.T) {
 	r := f.start("relay-halt", map[string]string{"OUTBOX_SHUTDOWN_TIMEOUT": "2s"}, "--on-failure=halt")
 	f.waitStreamer(t, r, haStartTimeout)
 	addr := r.metricsAddr(t)
-	waitFor(t, 10*time.Second, "the streaming leader is ready", func() bool {
+	await.True(t, 10*time.Second, "the streaming leader is ready", func() bool {
 		code, _ := get(t, addr, "/readyz")
 		return code == http.StatusOK
 	})
@@ -173,7 +174,7 @@ func TestReadyzAnswers503WhileTheHaltPolicyHoldsTheRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	var body string
-	took := waitFor(t, 30*time.Second, "/readyz answers 503 once halted", func() bool {
+	took := await.True(t, 30*time.Second, "/readyz answers 503 once halted", func() bool {
 		var code int
 		code, body = get(t, addr, "/readyz")
 		return code == http.StatusServiceUnavailable
@@ -182,7 +183,7 @@ func TestReadyzAnswers503WhileTheHaltPolicyHoldsTheRelay(t *testing.T) {
 	if !strings.Contains(body, "halted") {
 		t.Errorf("/readyz body %q does not say halted", body)
 	}
-	waitFor(t, 5*time.Second, "halted and ready gauges", func() bool {
+	await.True(t, 5*time.Second, "halted and ready gauges", func() bool {
 		ms := scrape(t, addr)
 		return ms["outbox_relay_halted"] == 1 && ms["outbox_relay_ready"] == 0 && ms["outbox_relay_leader"] == 1 &&
 			sumMetric(ms, "outbox_relay_events_failed_total", `reason="invalid_topic"`) == 1
@@ -216,7 +217,7 @@ func TestALeaderThatLosesItsLockAndStandsByReportsNoneOfItsTermsGauges(t *testin
 		}
 	}
 	f.verify(t, f.brokers)
-	waitFor(t, 30*time.Second, "the leader reports received and confirmed LSNs", func() bool {
+	await.True(t, 30*time.Second, "the leader reports received and confirmed LSNs", func() bool {
 		ms := scrape(t, addr)
 		return ms["outbox_relay_received_lsn"] > 0 && ms["outbox_relay_confirmed_lsn"] > 0 && ms["outbox_relay_leader"] == 1
 	})
@@ -237,7 +238,7 @@ func TestALeaderThatLosesItsLockAndStandsByReportsNoneOfItsTermsGauges(t *testin
 		_, err := lock.Exec(ctx, "SELECT pg_advisory_lock($1)", leader.Key(f.slot))
 		taken <- err
 	}()
-	waitFor(t, 10*time.Second, "the test's session waits for the leader lock", func() bool {
+	await.True(t, 10*time.Second, "the test's session waits for the leader lock", func() bool {
 		var waiting bool
 		err := f.pool.QueryRow(ctx, "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&waiting)
 		return err == nil && waiting
@@ -250,11 +251,11 @@ func TestALeaderThatLosesItsLockAndStandsByReportsNoneOfItsTermsGauges(t *testin
 	}
 	a.waitLog(t, haStartTimeout, "error", "lost the leader lock connection; fencing")
 	var ms map[string]float64
-	waitFor(t, 30*time.Second, "the fenced relay stands by", func() bool {
+	await.True(t, 30*time.Second, "the fenced relay stands by", func() bool {
 		ms = scrape(t, addr)
 		return ms["outbox_relay_leader"] == 0 && ms["outbox_relay_ready"] == 1
 	})
-	time.Sleep(time.Second) // a late update of the fenced term would land by now
+	await.Window(t, time.Second, "a late update of the fenced term would land by now")
 	ms = scrape(t, addr)
 	for _, name := range []string{
 		"outbox_relay_received_lsn", "outbox_relay_confirmed_lsn", "outbox_relay_leader", "outbox_relay_in_flight_events",

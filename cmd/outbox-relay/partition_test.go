@@ -40,7 +40,7 @@ func TestALeaderCutOffFromPostgreSQLIsReplacedWithinTheLease(t *testing.T) {
 	b := f.start("relay-b", nil)
 	b.waitLog(t, haStartTimeout, "info", "standby: another instance holds the leader lock")
 	w := f.startWriter(ctx, 3)
-	time.Sleep(2 * time.Second)
+	f.outbox.AwaitMore(t, 150, "before the partition")
 
 	p.Freeze()
 	frozen := time.Now()
@@ -57,7 +57,7 @@ func TestALeaderCutOffFromPostgreSQLIsReplacedWithinTheLease(t *testing.T) {
 		t.Error("relay-b did not end relay-a's walsender")
 	}
 
-	time.Sleep(2 * time.Second) // the writer goes on across the takeover
+	f.outbox.AwaitMore(t, 150, "across the takeover")
 	w.stop(t)
 	rep := f.verify(t, f.brokers)
 	t.Logf("across the partition: %s", rep)
@@ -100,7 +100,7 @@ func TestANewLeaderThatMayNotEndTheOldWalsenderWaitsForWalSenderTimeout(t *testi
 	b := f.start("relay-b", short)
 	b.waitLog(t, haStartTimeout, "info", "standby: another instance holds the leader lock")
 	w := f.startWriter(ctx, 4)
-	time.Sleep(2 * time.Second)
+	f.outbox.AwaitMore(t, 150, "before the partition")
 
 	p.Freeze()
 	frozen := time.Now()
@@ -115,7 +115,7 @@ func TestANewLeaderThatMayNotEndTheOldWalsenderWaitsForWalSenderTimeout(t *testi
 	if b.Exited() {
 		t.Fatalf("relay-b exited:\n%s", b.Output())
 	}
-	time.Sleep(2 * time.Second)
+	f.outbox.AwaitMore(t, 150, "after the takeover")
 	w.stop(t)
 	rep := f.verify(t, f.brokers)
 	t.Logf("across the partition: %s", rep)

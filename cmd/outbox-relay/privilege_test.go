@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -79,7 +80,7 @@ func TestTheRelayRunsEndToEndUnderALeastPrivilegeRole(t *testing.T) {
 			}
 			f.verify(t, f.brokers)
 			// The slot monitor and the leader lock work under the role too.
-			waitFor(t, 10*time.Second, "slot metrics under the role", func() bool {
+			await.True(t, 10*time.Second, "slot metrics under the role", func() bool {
 				ms := scrape(t, addr)
 				return ms["outbox_relay_postgres_up"] == 1 && ms["outbox_relay_slot_exists"] == 1 && ms["outbox_relay_leader"] == 1
 			})

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/netproxy"
@@ -218,7 +219,7 @@ func encryptedBackends(t *testing.T, f *haFixture, app string) (total, walsender
 // requires every session of it to be encrypted.
 func waitEncrypted(t *testing.T, f *haFixture, app string) {
 	t.Helper()
-	waitFor(t, haStartTimeout, app+" has a walsender and an ordinary session", func() bool {
+	await.True(t, haStartTimeout, app+" has a walsender and an ordinary session", func() bool {
 		total, walsenders, plain := encryptedBackends(t, f, app)
 		if len(plain) > 0 {
 			t.Fatalf("sessions without TLS: %v", plain)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -191,7 +192,7 @@ func TestStatusOfAStreamedSlotNamesTheStreamerAndTheLeaderLockHolder(t *testing.
 	checkVersionedColumns(t, major, out, true)
 	r.stop(t)
 	// The walsender leaves the slot as it exits, a moment after the relay.
-	waitFor(t, 30*time.Second, "the slot to be inactive", func() bool {
+	await.True(t, 30*time.Second, "the slot to be inactive", func() bool {
 		var active bool
 		err := f.pool.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", f.slot).Scan(&active)
 		return err == nil && !active
@@ -238,7 +239,7 @@ func TestStatusOfASlotThatLostItsWALExits3(t *testing.T) {
 			if _, err := f.pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", f.slot); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 30*time.Second, "the slot's wal_status becomes lost", func() bool {
+			await.True(t, 30*time.Second, "the slot's wal_status becomes lost", func() bool {
 				for i := range 3 {
 					if _, err := f.pool.Exec(ctx, fmt.Sprintf("CREATE TABLE IF NOT EXISTS filler%d AS SELECT 1 AS n; INSERT INTO filler%d VALUES (1); SELECT pg_switch_wal()", i, i)); err != nil {
 						t.Fatal(err)
@@ -274,8 +275,8 @@ func TestStatusOfASlotInvalidatedForIdlenessExits3(t *testing.T) {
 		!regexp.MustCompile(`(?m)^inactive_since\s+\d{4}-`).MatchString(out) {
 		t.Errorf("status of an idle slot before the checkpoint: exit %d, want 0 with the timeout and inactive_since:\n%s", code, out)
 	}
-	waitFor(t, 30*time.Second, "the idle slot to be invalidated", func() bool {
-		time.Sleep(1100 * time.Millisecond) // idle for longer than the timeout, whole seconds
+	await.True(t, 30*time.Second, "the idle slot to be invalidated", func() bool {
+		await.Window(t, 1100*time.Millisecond, "the slot idles for longer than idle_replication_slot_timeout, whole seconds")
 		if _, err := f.pool.Exec(ctx, "CHECKPOINT"); err != nil {
 			t.Fatal(err)
 		}
@@ -374,7 +375,7 @@ func TestStatusWithAStandbySaysWhetherItsCopyIsPersistedAndHowFarItTrails(t *tes
 		t.Errorf("status --json of a temporary copy: exit %d, standbys %+v; want persisted false:\n%s", code, s.Standbys, out)
 	}
 
-	waitFor(t, 2*time.Minute, "the copy is persisted once the primary's slot moves on", func() bool {
+	await.True(t, 2*time.Minute, "the copy is persisted once the primary's slot moves on", func() bool {
 		if err := testenv.NudgeSlotSync(ctx, primary, standby, f.dbName, f.slot); err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 )
 
@@ -194,20 +195,12 @@ func produce(ctx context.Context, t *testing.T, k *devenv.Kafka, topic, value st
 	t.Helper()
 	// Right after a restart the partition may have no leader yet; kafka-go hands that back
 	// without retrying, so try again for a minute.
-	deadline := time.Now().Add(time.Minute)
-	for {
+	await.NoError(t, time.Minute, "produce "+value, func() error {
 		w := &kafka.Writer{Addr: kafka.TCP(k.Brokers()), Topic: topic, RequiredAcks: kafka.RequireAll,
 			BatchTimeout: time.Millisecond}
-		err := w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte(value)})
-		w.Close()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("produce %s: %v", value, err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		defer w.Close()
+		return w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte(value)})
+	})
 }
 
 func expect(ctx context.Context, t *testing.T, r *kafka.Reader, want string) {

@@ -7,6 +7,7 @@ package netproxy
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -22,6 +23,9 @@ type Proxy struct {
 	conns    []net.Conn
 	accepted int
 	once     sync.Once
+
+	responses atomic.Int64 // chunks the server sent that were passed on
+	held      atomic.Int64 // chunks the server sent that a delay holds back now
 }
 
 // New listens on a free local port and forwards to target until the test ends.
@@ -85,11 +89,34 @@ func (p *Proxy) Accepted() int {
 	return p.accepted
 }
 
+// Responses counts the chunks the servers sent that were passed on: a test waits for it to grow to
+// know that a client's request (a check, a query) was answered, instead of sleeping.
+func (p *Proxy) Responses() int64 { return p.responses.Load() }
+
+// Held counts the chunks the servers sent that DelayResponses holds back now: a test waits for it
+// to be positive to know that a request is in flight and its answer delayed.
+func (p *Proxy) Held() int64 { return p.held.Load() }
+
 // DelayResponses holds every chunk the server sends for d before passing it on; 0 ends the delay.
 func (p *Proxy) DelayResponses(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.delay = d
+}
+
+// hold waits d, counted in Held while it lasts; false when the test ended first.
+func (p *Proxy) hold(d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	p.held.Add(1)
+	defer p.held.Add(-1)
+	select {
+	case <-time.After(d):
+		return true
+	case <-p.done:
+		return false
+	}
 }
 
 // pipe copies src to dst until either fails. Once frozen it holds what it read and waits for the
@@ -102,9 +129,7 @@ func (p *Proxy) pipe(dst, src net.Conn, fromServer bool) {
 			p.mu.Lock()
 			d := p.delay
 			p.mu.Unlock()
-			select {
-			case <-time.After(d):
-			case <-p.done:
+			if !p.hold(d) {
 				return
 			}
 		}
@@ -117,6 +142,9 @@ func (p *Proxy) pipe(dst, src net.Conn, fromServer bool) {
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
+			}
+			if fromServer {
+				p.responses.Add(1)
 			}
 		}
 		if err != nil {

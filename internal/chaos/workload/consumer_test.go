@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
 	"github.com/outbox-relay/outbox-relay/internal/chaos/workload"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
@@ -161,7 +162,7 @@ func TestConsumerSurvivesBrokerStopAndFreeze(t *testing.T) {
 	if err := k.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // the consumer fails and retries while the broker is down
+	await.Window(t, time.Second, "the consumer fails and retries while the broker is down")
 	if err := k.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

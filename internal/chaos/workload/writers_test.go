@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/chaos/history"
 	"github.com/outbox-relay/outbox-relay/internal/chaos/workload"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -135,10 +136,10 @@ func TestWritersSurviveKilledConnections(t *testing.T) {
 		t.Fatal("no backend was terminated")
 	}
 	before, _, _ := w.Counts()
-	time.Sleep(700 * time.Millisecond)
-	if after, _, _ := w.Counts(); after-before < 10 {
-		t.Errorf("the writers committed %d transactions after the kills, want them writing again", after-before)
-	}
+	await.True(t, time.Minute, "the writers to commit 10 transactions after the kills", func() bool {
+		after, _, _ := w.Counts()
+		return after-before >= 10
+	})
 	txns := stopAndResolve(ctx, t, w)
 	got := outcomes(txns)
 	t.Logf("%d backends terminated; outcomes %v", killed, got)
