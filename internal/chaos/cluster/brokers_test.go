@@ -21,8 +21,12 @@ func brokerFaults(ctx context.Context, t *testing.T, c *Cluster) {
 		t.Fatalf("Nodes: %v, want three", got)
 	}
 	const topic = "chaos3"
-	if err := c.Kafka().CreateTopic(ctx, topic, 3); err != nil {
-		t.Fatal(err)
+	// Brokers that have just joined may drop the first admin connection (a rehearsal saw
+	// CreateTopics end with an unexpected EOF): the creation is tried again until it holds.
+	if err := poll(ctx, 500*time.Millisecond, func(ctx context.Context) (bool, error) {
+		return c.Kafka().CreateTopic(ctx, topic, 3) == nil, nil
+	}); err != nil {
+		t.Fatalf("create topic %s: %v", topic, err)
 	}
 	client := c.admin()
 	leaders := func(t *testing.T) map[int]int { // partition -> leader
