@@ -24,7 +24,8 @@ func brokerFaults(ctx context.Context, t *testing.T, c *Cluster) {
 	// Brokers that have just joined may drop the first admin connection (a rehearsal saw
 	// CreateTopics end with an unexpected EOF): the creation is tried again until it holds.
 	if err := poll(ctx, 500*time.Millisecond, func(ctx context.Context) (bool, error) {
-		return c.Kafka().CreateTopic(ctx, topic, 3) == nil, nil
+		err := c.Kafka().CreateTopic(ctx, topic, 3)
+		return err == nil || errors.Is(err, kafka.TopicAlreadyExists), nil
 	}); err != nil {
 		t.Fatalf("create topic %s: %v", topic, err)
 	}
