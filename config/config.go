@@ -112,6 +112,9 @@ type Config struct {
 	// FailoverStandbyDSN is a standby the slot monitor asks about its copy of the failover slot.
 	FailoverStandbyDSN string
 
+	// CloudEvents is the envelope: envelope and cloudevents.* (cloudevents.go).
+	CloudEvents CloudEvents
+
 	// Warnings are what Load found exposed without being wrong (a secret on the command line, a
 	// server not verified): the commands log them at start.
 	Warnings []string
@@ -877,6 +880,7 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 			}
 		}
 	}
+	c.validateCloudEvents(bad)
 	if c.TopicRegex != "" {
 		if _, err := record.NewTopicRegex(c.TopicRegex, c.TopicReplacement); err != nil {
 			bad("topic_regex", "%v", err)

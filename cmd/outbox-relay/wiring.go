@@ -187,6 +187,7 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 				TopicRegex:              c.TopicRegex,
 				TopicReplacement:        c.TopicReplacement,
 				TombstoneOnEmptyPayload: c.TombstoneOnEmptyPayload,
+				CloudEvents:             c.RecordCloudEvents(),
 				PayloadField:            c.Columns.Payload,
 				TopicRegexPassthrough:   c.TopicRegexPassthrough,
 				TopicAllow:              c.TopicAllow,
