@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
 
@@ -192,4 +193,52 @@ func BenchmarkBuildStructuredCloudEvent(b *testing.B) {
 	for b.Loop() {
 		bl.Build(ev, time.Time{})
 	}
+}
+
+// FuzzCloudEvents: whatever a row holds, an envelope is built or refused, never half: a structured
+// event is a JSON object with the event's id and type, a binary one has UTF-8 ce_ headers, and a
+// refused one carries no content-type (the sink never publishes it).
+func FuzzCloudEvents(f *testing.F) {
+	f.Add("order", "o-1", "Created", `{"id": 1}`, `{"tenant": "acme"}`, false)
+	f.Add("big order", "", "", "not json", `{"ce_id": "x"}`, false)
+	f.Add("", "\xff", "T\x00", `"s"`, "", true)
+	f.Fuzz(func(t *testing.T, aggType, aggID, eventType, payload, headers string, tombstone bool) {
+		ev := &decoder.Event{ID: []byte("e-1"), AggregateType: []byte(aggType), AggregateID: []byte(aggID),
+			EventType: []byte(eventType), Payload: []byte(payload)}
+		if headers != "" {
+			ev.Headers = []byte(headers)
+		}
+		for _, enc := range []Encoding{Raw, JSONString, JSONExpanded, JSONWithSchema} {
+			for _, mode := range []string{CloudEventsStructured, CloudEventsBinary} {
+				b, err := NewBuilder(Options{ValueEncoding: enc, TombstoneOnEmptyPayload: tombstone,
+					CloudEvents: &CloudEvents{Mode: mode, Type: "x.{event_type}", Source: "/s/{aggregate_type}", Subject: "{aggregate_id}"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := b.Build(ev, time.Unix(1, 0))
+				h := headerMap(r.Msg.Headers)
+				if r.EnvelopeErr != nil || r.HeadersErr != nil {
+					if _, ok := h["content-type"]; ok && r.HeadersErr == nil {
+						t.Fatalf("a refused envelope left a content-type: %v", h)
+					}
+					continue
+				}
+				if mode == CloudEventsStructured && r.Msg.Value != nil {
+					var ce struct{ ID, Type, Source string }
+					if err := json.Unmarshal(r.Msg.Value, &ce); err != nil || ce.ID != "e-1" || ce.Type != "x."+eventType {
+						t.Fatalf("structured %s value %q: %+v, %v", enc, r.Msg.Value, ce, err)
+					}
+					continue
+				}
+				for k, v := range h {
+					if strings.HasPrefix(k, "ce_") && !utf8.ValidString(v) {
+						t.Fatalf("header %s = %q is not UTF-8", k, v)
+					}
+				}
+				if h["ce_id"] != "e-1" || h["ce_type"] != "x."+eventType {
+					t.Fatalf("binary headers %v", h)
+				}
+			}
+		}
+	})
 }
