@@ -79,3 +79,14 @@ func checkHosts(dsn string) error {
 	return fmt.Errorf("lists %d servers (%s) but does not ask for the writable one, so the relay would connect to whichever answers first, maybe a standby (the leader lock taken there does not exclude a relay on the primary): add target_session_attrs=read-write",
 		len(addrs), strings.Join(addrs, ", "))
 }
+
+// checkDSN catches a malformed DSN early, without echoing the password, and a multi-host DSN
+// that could lead to a standby.
+func checkDSN(dsn string) error {
+	if isURL(dsn) {
+		if _, _, err := parseURL(dsn); err != nil {
+			return fmt.Errorf("not a valid URL (%s)", RedactDSN(dsn))
+		}
+	}
+	return checkHosts(dsn)
+}
