@@ -11,6 +11,17 @@ const (
 	autoTransactionMax      = autoInFlightExactlyOnce / 2
 )
 
+// resolveDefaults gives the keys whose default depends on other keys their value. validate's
+// checks see the resolved values.
+func (c *Config) resolveDefaults(from func(key string) string) {
+	c.resolveAuto()
+	if c.Source == "poll" && from("leader_election") == "default" {
+		// Pollers share the table (each aggregate is claimed by one at a time), so several run at
+		// once unless the operator asks for a single active one.
+		c.LeaderElection = false
+	}
+}
+
 // resolveAuto gives the keys set to auto their value for the delivery mode.
 func (c *Config) resolveAuto() {
 	if c.MaxInFlight == 0 {

@@ -73,6 +73,7 @@ func (l *Loader) Load() (*Config, error) {
 		return nil, err
 	}
 	from := func(key string) string { return values[key].from }
+	c.resolveDefaults(from)
 	if err := c.validate(from, !l.noKafka, !l.noPG); err != nil {
 		return nil, err
 	}
