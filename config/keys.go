@@ -1,12 +1,8 @@
 package config
 
 import (
-	"errors"
 	"fmt"
-	"strings"
 	"time"
-
-	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // setting is one configuration key: its default, its help, and how to apply a value.
@@ -41,17 +37,7 @@ var settings = []setting{
 	{key: "publication", group: GroupPostgres, kind: kindString, def: "outbox_relay", help: "publication name",
 		apply: str(func(c *Config) *string { return &c.Publication })},
 	{key: "table", group: GroupOutbox, kind: kind("[schema.]table"), def: "public.outbox_events", help: "outbox table, optionally schema-qualified",
-		apply: func(c *Config, v string) error {
-			schema, table, ok := strings.Cut(v, ".")
-			if !ok {
-				schema, table = "public", v
-			}
-			if schema == "" || table == "" || strings.Contains(table, ".") {
-				return fmt.Errorf("want table or schema.table, got %q", v)
-			}
-			c.Schema, c.Table = schema, table
-			return nil
-		}},
+		apply: tableName},
 	{key: "create_slot", group: GroupPostgres, kind: kindBool, def: "true", help: "create the slot when it does not exist",
 		apply: boolean(func(c *Config) *bool { return &c.CreateSlot })},
 	{key: "create_publication", group: GroupPostgres, kind: kindBool, def: "true", help: "create the publication when it does not exist",
@@ -83,44 +69,9 @@ var settings = []setting{
 	{key: "extra_headers", group: GroupRouting, kind: kindList, help: "further columns sent as headers, comma-separated column[:header]",
 		apply: list(func(c *Config) *[]string { return &c.ExtraHeaders })},
 	{key: "extra_fields", group: GroupRouting, kind: kindList, help: "further columns placed as Debezium's table.fields.additional.placement does, comma-separated column:placement[:alias] with placement header, envelope or partition",
-		apply: func(c *Config, v string) error {
-			if err := list(func(c *Config) *[]string { return &c.ExtraFields })(c, v); err != nil {
-				return err
-			}
-			partitions := 0
-			for _, f := range c.ExtraFields {
-				parts := strings.Split(f, ":")
-				if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || (len(parts) == 3 && parts[2] == "") {
-					return fmt.Errorf("want column:placement or column:placement:alias, got %q", f)
-				}
-				switch parts[1] {
-				case "header", "envelope":
-				case "partition":
-					partitions++
-				default:
-					return fmt.Errorf("placement %q of %q: want header, envelope or partition", parts[1], f)
-				}
-			}
-			if partitions > 1 {
-				return errors.New("at most one column may be placed as the partition")
-			}
-			return nil
-		}},
+		apply: extraFields},
 	{key: "builtin_headers", group: GroupRouting, kind: kindList, def: "id,event_type,aggregate_type", help: "which of the headers id, event_type and aggregate_type every record carries",
-		apply: func(c *Config, v string) error {
-			if err := list(func(c *Config) *[]string { return &c.BuiltinHeaders })(c, v); err != nil {
-				return err
-			}
-			for _, h := range c.BuiltinHeaders {
-				if h != "id" && h != "event_type" && h != "aggregate_type" {
-					return fmt.Errorf("want some of id, event_type, aggregate_type, got %q", h)
-				}
-			}
-			if c.BuiltinHeaders == nil {
-				c.BuiltinHeaders = []string{}
-			}
-			return nil
-		}},
+		apply: builtinHeaders},
 	{key: "value_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-expanded", "json-with-schema"), def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it) or json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true)",
 		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema")},
 	{key: "key_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-with-schema"), def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled) or json-with-schema (JsonConverter's envelope with schemas enabled)",
@@ -134,29 +85,9 @@ var settings = []setting{
 	{key: "topic_regex_passthrough", group: GroupRouting, kind: kindBool, def: "false", help: "with topic_regex: an aggregate type the regex does not match is the topic itself, as Debezium's router does (any row then chooses its topic within topic_allow: set topic_allow to the topics rows may reach); off refuses such an event (failure policy, reason topic_not_allowed)",
 		apply: boolean(func(c *Config) *bool { return &c.TopicRegexPassthrough })},
 	{key: "topic_allow", group: GroupRouting, kind: kindList, help: "the topics outbox rows may reach, comma-separated names or patterns where * stands for any characters; empty: the routing's literal prefix (outbox.event.* for the default template), or the fixed topic; required when the routing starts with a placeholder ('*' allows any name but the reserved ones). Other routes go to the failure policy (reason topic_not_allowed)",
-		apply: func(c *Config, v string) error {
-			if err := list(func(c *Config) *[]string { return &c.TopicAllow })(c, v); err != nil {
-				return err
-			}
-			for _, p := range c.TopicAllow {
-				if err := record.CheckTopicPattern(p); err != nil {
-					return err
-				}
-			}
-			return nil
-		}},
+		apply: topicPatterns(func(c *Config) *[]string { return &c.TopicAllow })},
 	{key: "topic_deny", group: GroupRouting, kind: kindList, def: "connect-configs,connect-offsets,connect-status", help: "topics no outbox row may reach whatever topic_allow says (Kafka Connect's and other platforms' internal topics), names or patterns where * stands for any characters; names starting with _ and the relay's dead_letter_topic (and redrive's ledger beside it) and positions_topic are always refused",
-		apply: func(c *Config, v string) error {
-			if err := list(func(c *Config) *[]string { return &c.TopicDeny })(c, v); err != nil {
-				return err
-			}
-			for _, p := range c.TopicDeny {
-				if err := record.CheckTopicPattern(p); err != nil {
-					return err
-				}
-			}
-			return nil
-		}},
+		apply: topicPatterns(func(c *Config) *[]string { return &c.TopicDeny })},
 	{key: "tombstone_on_empty_payload", group: GroupRouting, kind: kindBool, def: "false", help: "a NULL, empty or blank payload gives a tombstone (a null value) even with envelope fields (Debezium's route.tombstone.on.empty.payload)",
 		apply: boolean(func(c *Config) *bool { return &c.TombstoneOnEmptyPayload })},
 	{key: "on_update", group: GroupOutbox, kind: choices("warn", "error", "fatal"), def: "warn", help: "what an UPDATE of the outbox table does, when the publication publishes UPDATEs: warn, error (logged at that level and skipped) or fatal (the relay stops before it); Debezium's table.op.invalid.behavior",
@@ -212,21 +143,7 @@ var settings = []setting{
 	{key: "backfill", group: GroupOutbox, kind: kindBool, def: "false", help: "on first start, publish the rows already in the outbox table (from the new slot's snapshot: no gap, no duplicates)",
 		apply: boolean(func(c *Config) *bool { return &c.Backfill })},
 	{key: "backfill_since", group: GroupOutbox, kind: kind("time|duration"), help: "backfill only rows created at or after this RFC 3339 time, or this long before the start (e.g. 24h)",
-		apply: func(c *Config, v string) error {
-			if v == "" {
-				c.BackfillSince = ""
-				return nil
-			}
-			if _, err := time.Parse(time.RFC3339, v); err == nil {
-				c.BackfillSince = v
-				return nil
-			}
-			if d, err := time.ParseDuration(v); err == nil && d > 0 {
-				c.BackfillSince = v
-				return nil
-			}
-			return fmt.Errorf("want an RFC 3339 time (2026-01-02T15:04:05Z) or a positive duration (24h), got %q", v)
-		}},
+		apply: backfillSince},
 	{key: "backfill_where", group: GroupOutbox, kind: kindString, help: "extra SQL condition on the outbox table for the backfill, e.g. aggregate_type = 'order'",
 		apply: str(func(c *Config) *string { return &c.BackfillWhere })},
 	{key: "backfill_order_column", group: GroupOutbox, kind: kindString, def: "seq", help: "insertion sequence column the backfill publishes in (migrate adds seq); a table without seq is backfilled in created_at order, with a warning; any other column the table lacks is an error",

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
 // The parsers below turn a key's text into its field's value; each error says what was wanted.
@@ -132,4 +134,93 @@ func parseSize(v string) (int64, error) {
 		return 0, errors.New("size overflows") // n*mult would wrap, maybe to a small positive size
 	}
 	return n * mult, nil
+}
+
+// tableName takes table or schema.table; a bare table is in public.
+func tableName(c *Config, v string) error {
+	schema, table, ok := strings.Cut(v, ".")
+	if !ok {
+		schema, table = "public", v
+	}
+	if schema == "" || table == "" || strings.Contains(table, ".") {
+		return fmt.Errorf("want table or schema.table, got %q", v)
+	}
+	c.Schema, c.Table = schema, table
+	return nil
+}
+
+// extraFields takes column:placement[:alias] items, at most one of them placed as the partition
+// (a record has one).
+func extraFields(c *Config, v string) error {
+	if err := list(func(c *Config) *[]string { return &c.ExtraFields })(c, v); err != nil {
+		return err
+	}
+	partitions := 0
+	for _, f := range c.ExtraFields {
+		parts := strings.Split(f, ":")
+		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || (len(parts) == 3 && parts[2] == "") {
+			return fmt.Errorf("want column:placement or column:placement:alias, got %q", f)
+		}
+		switch parts[1] {
+		case "header", "envelope":
+		case "partition":
+			partitions++
+		default:
+			return fmt.Errorf("placement %q of %q: want header, envelope or partition", parts[1], f)
+		}
+	}
+	if partitions > 1 {
+		return errors.New("at most one column may be placed as the partition")
+	}
+	return nil
+}
+
+// builtinHeaders takes some of id, event_type and aggregate_type; an empty list is kept as empty,
+// not nil: no built-in header at all.
+func builtinHeaders(c *Config, v string) error {
+	if err := list(func(c *Config) *[]string { return &c.BuiltinHeaders })(c, v); err != nil {
+		return err
+	}
+	for _, h := range c.BuiltinHeaders {
+		if h != "id" && h != "event_type" && h != "aggregate_type" {
+			return fmt.Errorf("want some of id, event_type, aggregate_type, got %q", h)
+		}
+	}
+	if c.BuiltinHeaders == nil {
+		c.BuiltinHeaders = []string{}
+	}
+	return nil
+}
+
+// topicPatterns takes a list of topic names or patterns where * stands for any characters.
+func topicPatterns(p func(*Config) *[]string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		if err := list(p)(c, v); err != nil {
+			return err
+		}
+		for _, pattern := range *p(c) {
+			if err := record.CheckTopicPattern(pattern); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// backfillSince takes an RFC 3339 time or a positive duration before the start (BackfillFrom
+// resolves it); empty means all rows.
+func backfillSince(c *Config, v string) error {
+	if v == "" {
+		c.BackfillSince = ""
+		return nil
+	}
+	if _, err := time.Parse(time.RFC3339, v); err == nil {
+		c.BackfillSince = v
+		return nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		c.BackfillSince = v
+		return nil
+	}
+	return fmt.Errorf("want an RFC 3339 time (2026-01-02T15:04:05Z) or a positive duration (24h), got %q", v)
 }
