@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -77,6 +78,13 @@ type publication struct {
 	done chan error
 }
 
+// answer gives the request its outcome; a check without a request (nil) has no one to answer.
+func (p *publication) answer(err error) {
+	if p != nil {
+		p.done <- err
+	}
+}
+
 // ended is why a term whose watch has returned publishes nothing.
 func (t *Term) ended() error {
 	if err := t.Err(); err != nil {
@@ -114,21 +122,12 @@ const walsenderTag = " walsender="
 // another backend or the lock gone, ends the term.
 func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time.Time) {
 	defer close(t.done)
-	app := t.conn.Config().RuntimeParams["application_name"]
-	hi, lo := keyHalves(Key(cfg.Slot))
-	chi, clo := keyHalves(candidateKey(cfg.Slot))
-	standbys := `(SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND pid <> pg_backend_pid()
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND classid::bigint = $3 AND objid::bigint = $4)`
+	check := newLockCheck(t.conn, cfg.Slot)
 	ticker := time.NewTicker(cfg.CheckInterval)
 	defer ticker.Stop()
 	warned := false // of a walsender it could not publish
 	for {
 		var pub *publication // a check that also publishes a walsender
-		answer := func(err error) {
-			if pub != nil {
-				pub.done <- err
-			}
-		}
 		select {
 		case <-t.stop:
 			return
@@ -141,63 +140,105 @@ func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time
 		if end := sent.Add(cfg.fenceBy()); end.Before(deadline) {
 			deadline = end
 		}
-		query, args := `SELECT pg_backend_pid(), `+heldByBackend(1, 2)+`, `+standbys, []any{hi, lo, chi, clo}
-		if pub != nil {
-			query += `, (SELECT set_config('application_name', left($6::text, 63 - length($7::text || w.pid::text)) || $7::text || w.pid::text, false)
-				FROM pg_stat_activity w JOIN pg_stat_activity me ON me.pid = pg_backend_pid()
-				WHERE w.pid = $5 AND w.backend_type = 'walsender' AND w.usesysid = me.usesysid
-				  AND w.client_addr IS NOT DISTINCT FROM me.client_addr AND w.backend_start >= me.backend_start) IS NOT NULL,
-				EXISTS (SELECT FROM pg_stat_activity WHERE pid = $5 AND backend_type = 'walsender')`
-			args = append(args, pub.pid, app, walsenderTag)
-		}
 		cctx, cancel := context.WithDeadline(ctx, deadline)
-		var pid, waiting int32
-		var held, published, exists bool
-		var err error
-		if pub != nil {
-			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting, &published, &exists)
-		} else {
-			err = t.conn.QueryRow(cctx, query, args...).Scan(&pid, &held, &waiting)
-		}
+		found, err := check.run(cctx, t.conn, pub)
 		cancel()
 		took := time.Since(start)
 		select {
 		case <-t.stop:
-			answer(t.ended())
+			pub.answer(t.ended())
 			return // released: the check was cut short on purpose
 		default:
 		}
-		switch {
-		case err != nil:
-			t.lostErr = fmt.Errorf("leader lock connection (backend PID %d) failed, or did not answer a check within leader_check_timeout (%s) or %s after the last answered one (PostgreSQL may end a silent leader's lock session %s after it): %w",
-				t.pid, cfg.CheckTimeout, cfg.fenceBy(), cfg.Lease(), err)
-		case uint32(pid) != t.pid:
-			t.lostErr = fmt.Errorf("leader lock of slot %q: the check ran on backend PID %d, not on backend PID %d that took the lock: the lock's session is gone (a pooler in transaction mode, or one that reconnected): %w",
-				cfg.Slot, pid, t.pid, ErrTransactionPooler)
-		case !held:
-			t.lostErr = fmt.Errorf("leader lock of slot %q: pg_locks no longer shows it granted to backend PID %d (released by a statement outside the relay, e.g. pg_advisory_unlock_all or DISCARD ALL)",
-				cfg.Slot, t.pid)
-		}
-		if t.lostErr != nil {
+		if lost := t.lossIn(cfg, found, err); lost != nil {
+			t.lostErr = lost
 			close(t.lost)
-			answer(t.ended())
+			pub.answer(t.ended())
 			return
 		}
-		t.standbys.Store(waiting)
+		t.standbys.Store(found.standbys)
 		sent = start
 		// A walsender already gone (its connection cut meanwhile) fails its session anyway.
-		if pub != nil && !published && exists && !warned {
+		if pub != nil && !found.published && found.exists && !warned {
 			warned = true
 			log.Warn("the replication connection's walsender was not published as this leader's: it is not of the leader lock session's role and client address (leader_dsn with another user than pg_dsn, or through a pooler on another host). Should this leader be cut off, the next one waits for the slot until PostgreSQL ends this walsender (wal_sender_timeout)",
 				zap.Int32("walsender_pid", pub.pid), zap.Uint32("lock_pid", t.pid))
 		}
-		answer(nil)
+		pub.answer(nil)
 		if took > cfg.CheckTimeout/2 {
 			cfg.OnSlowCheck(took)
 			log.Warn("the leader lock check was slow: a check that takes leader_check_timeout fences this leader; raise it if the database is often this slow",
 				zap.Duration("took", took), zap.Duration("leader_check_timeout", cfg.CheckTimeout))
 		}
 	}
+}
+
+// lossIn says why a check ends the term (err is the check's own), nil while the lock holds.
+func (t *Term) lossIn(cfg Config, found checked, err error) error {
+	switch {
+	case err != nil:
+		return fmt.Errorf("leader lock connection (backend PID %d) failed, or did not answer a check within leader_check_timeout (%s) or %s after the last answered one (PostgreSQL may end a silent leader's lock session %s after it): %w",
+			t.pid, cfg.CheckTimeout, cfg.fenceBy(), cfg.Lease(), err)
+	case uint32(found.pid) != t.pid:
+		return fmt.Errorf("leader lock of slot %q: the check ran on backend PID %d, not on backend PID %d that took the lock: the lock's session is gone (a pooler in transaction mode, or one that reconnected): %w",
+			cfg.Slot, found.pid, t.pid, ErrTransactionPooler)
+	case !found.held:
+		return fmt.Errorf("leader lock of slot %q: pg_locks no longer shows it granted to backend PID %d (released by a statement outside the relay, e.g. pg_advisory_unlock_all or DISCARD ALL)",
+			cfg.Slot, t.pid)
+	}
+	return nil
+}
+
+// lockCheck is the statement a term checks its lock session with, built once per term.
+type lockCheck struct {
+	query string // the check alone; a publication appends publishWalsender
+	args  []any  // the halves of the lock's key and of the candidate lock's
+	app   string // the lock session's application_name, which a publication extends
+}
+
+// Parts of the check's statement. standbysWaiting counts the other sessions that hold the
+// candidate lock keyed by $3 and $4: standbys ready to take over. publishWalsender appends
+// walsenderTag and the walsender $5 to the session's application_name $6, cut to fit 63 bytes,
+// when that walsender is of the session's role and client address and started after it
+// (published), and says whether it is a walsender at all (exists).
+const (
+	standbysWaiting = `(SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND pid <> pg_backend_pid()
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND classid::bigint = $3 AND objid::bigint = $4)`
+	publishWalsender = `, (SELECT set_config('application_name', left($6::text, 63 - length($7::text || w.pid::text)) || $7::text || w.pid::text, false)
+				FROM pg_stat_activity w JOIN pg_stat_activity me ON me.pid = pg_backend_pid()
+				WHERE w.pid = $5 AND w.backend_type = 'walsender' AND w.usesysid = me.usesysid
+				  AND w.client_addr IS NOT DISTINCT FROM me.client_addr AND w.backend_start >= me.backend_start) IS NOT NULL,
+				EXISTS (SELECT FROM pg_stat_activity WHERE pid = $5 AND backend_type = 'walsender')`
+)
+
+func newLockCheck(conn *pgx.Conn, slot string) lockCheck {
+	hi, lo := keyHalves(Key(slot))
+	chi, clo := keyHalves(candidateKey(slot))
+	return lockCheck{
+		query: `SELECT pg_backend_pid(), ` + heldByBackend(1, 2) + `, ` + standbysWaiting,
+		args:  []any{hi, lo, chi, clo},
+		app:   conn.Config().RuntimeParams["application_name"],
+	}
+}
+
+// checked is what one check found: the backend that ran it, whether pg_locks shows the lock
+// granted to that backend, the standbys waiting, and with a publication its outcome.
+type checked struct {
+	pid, standbys     int32
+	held              bool
+	published, exists bool
+}
+
+// run sends one check, publishing pub's walsender with it when pub is set.
+func (c lockCheck) run(ctx context.Context, conn *pgx.Conn, pub *publication) (checked, error) {
+	var found checked
+	if pub == nil {
+		err := conn.QueryRow(ctx, c.query, c.args...).Scan(&found.pid, &found.held, &found.standbys)
+		return found, err
+	}
+	args := append(slices.Clip(c.args), pub.pid, c.app, walsenderTag)
+	err := conn.QueryRow(ctx, c.query+publishWalsender, args...).Scan(&found.pid, &found.held, &found.standbys, &found.published, &found.exists)
+	return found, err
 }
 
 // Release ends the term: it stops the checks, cutting one in flight short, and closes the
