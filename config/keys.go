@@ -2,8 +2,50 @@ package config
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
+
+// Group is a section of the configuration keys, as help lists them.
+type Group string
+
+// The groups, in the order help lists them.
+const (
+	GroupPostgres   Group = "PostgreSQL"
+	GroupOutbox     Group = "Outbox table and source"
+	GroupKafka      Group = "Kafka"
+	GroupRouting    Group = "Routing (event to record)"
+	GroupDelivery   Group = "Delivery"
+	GroupOperations Group = "Operations"
+)
+
+var groups = []Group{GroupPostgres, GroupOutbox, GroupKafka, GroupRouting, GroupDelivery, GroupOperations}
+
+// kind is what a key's value is, in the words help uses after the flag ("duration", "size",
+// "a|b|c"); booleans have none, so that help shows them as switches.
+type kind string
+
+const (
+	kindBool     kind = ""
+	kindString   kind = "string"
+	kindInt      kind = "int"
+	kindDuration kind = "duration"
+	kindSize     kind = "size"
+	kindList     kind = "list"
+	kindIntAuto  kind = "int|auto"
+)
+
+func choices(allowed ...string) kind { return kind(strings.Join(allowed, "|")) }
+
+// EnvName is the environment variable for a key: OUTBOX_ and the key in upper case, dots as
+// underscores (kafka.sasl.password -> OUTBOX_KAFKA_SASL_PASSWORD).
+func EnvName(key string) string {
+	return "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// FlagName is the command-line flag for a key: underscores as dashes (max_in_flight_events ->
+// --max-in-flight-events, kafka.sasl.password -> --kafka.sasl.password).
+func FlagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
 
 // setting is one configuration key: its default, its help, and how to apply a value.
 type setting struct {

@@ -10,16 +10,6 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// EnvName is the environment variable for a key: OUTBOX_ and the key in upper case, dots as
-// underscores (kafka.sasl.password -> OUTBOX_KAFKA_SASL_PASSWORD).
-func EnvName(key string) string {
-	return "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
-}
-
-// FlagName is the command-line flag for a key: underscores as dashes (max_in_flight_events ->
-// --max-in-flight-events, kafka.sasl.password -> --kafka.sasl.password).
-func FlagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
-
 // Load applies defaults, the file, the environment and the flags that were set, then validates.
 func (l *Loader) Load() (*Config, error) {
 	c := &Config{}
