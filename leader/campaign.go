@@ -75,6 +75,11 @@ func (c *campaign) connect(ctx context.Context) error {
 	}
 	switch {
 	case ctx.Err() != nil:
+		if err == nil {
+			// Both opened as ctx ended: nobody else would close them.
+			closeQuietly(conn)
+			closeQuietly(probe)
+		}
 		return ctx.Err()
 	case errors.Is(err, ErrCredentials):
 		return err
