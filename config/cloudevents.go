@@ -50,11 +50,11 @@ func (c *Config) RecordCloudEvents() *record.CloudEvents {
 		Subject: c.CloudEvents.Subject, DataContentType: c.CloudEvents.DataContentType}
 }
 
-// validateCloudEvents checks the envelope keys together with the value encoding.
-func (c *Config) validateCloudEvents(bad func(key, format string, args ...any)) {
+// checkCloudEvents checks the envelope keys together with the value encoding.
+func (c *Config) checkCloudEvents(p *problems) {
 	if ce := c.RecordCloudEvents(); ce != nil {
 		if err := record.CheckCloudEvents(*ce, record.Encoding(c.ValueEncoding)); err != nil {
-			bad("envelope", "%v", err)
+			p.bad("envelope", "%v", err)
 		}
 		return
 	}
@@ -68,7 +68,7 @@ func (c *Config) validateCloudEvents(bad func(key, format string, args ...any)) 
 		{"cloudevents.data_content_type", ce.DataContentType, record.DefaultCloudEventsContentType},
 	} {
 		if k.value != k.def {
-			bad(k.key, "applies with envelope: cloudevents only; remove it or set envelope: cloudevents")
+			p.bad(k.key, "applies with envelope: cloudevents only; remove it or set envelope: cloudevents")
 		}
 	}
 }
