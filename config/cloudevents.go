@@ -20,7 +20,7 @@ const (
 	EnvelopeCloudEvents = "cloudevents"
 )
 
-// cloudEventsSettings are the envelope's keys, after the routing keys in help and the README.
+// cloudEventsSettings are the envelope's keys; settings (keys.go) ends with them.
 var cloudEventsSettings = []setting{
 	{key: "envelope", group: GroupRouting, kind: choices(EnvelopeNone, EnvelopeCloudEvents), def: EnvelopeNone, help: "none, or cloudevents: every record is a CloudEvent 1.0 (Kafka protocol binding) in cloudevents.mode, around the value value_encoding builds",
 		apply: oneOf(func(c *Config) *string { return &c.CloudEvents.Envelope }, EnvelopeNone, EnvelopeCloudEvents)},
@@ -34,11 +34,6 @@ var cloudEventsSettings = []setting{
 		apply: str(func(c *Config) *string { return &c.CloudEvents.Subject })},
 	{key: "cloudevents.data_content_type", group: GroupRouting, kind: kindString, def: record.DefaultCloudEventsContentType, help: "the datacontenttype attribute (binary: the content-type header); a JSON type puts the value as data, another puts it base64 in data_base64 (structured)",
 		apply: str(func(c *Config) *string { return &c.CloudEvents.DataContentType })},
-}
-
-func init() {
-	// The keys live beside their feature; settings is the one list every lookup reads.
-	settings = append(settings, cloudEventsSettings...)
 }
 
 // RecordCloudEvents is the record builder's CloudEvents option: nil without the envelope.
