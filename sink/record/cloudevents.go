@@ -94,7 +94,14 @@ func (c CloudEvents) withDefaults() CloudEvents {
 }
 
 // CheckCloudEvents checks CloudEvents options as NewBuilder does, for the configuration's errors.
+// The value encoding must be one the Builder applies itself: an encoding framed later for a
+// schema registry would replace the envelope's value, or leave its content-type wrong.
 func CheckCloudEvents(c CloudEvents, valueEncoding Encoding) error {
+	switch valueEncoding {
+	case "", Raw, JSONString, JSONExpanded, JSONWithSchema:
+	default:
+		return fmt.Errorf("value encoding %s with envelope cloudevents is not supported: the envelope composes with raw, json-string, json-expanded and json-with-schema", valueEncoding)
+	}
 	_, err := newCloudEvents(c, Options{ValueEncoding: valueEncoding}.WithDefaults())
 	return err
 }

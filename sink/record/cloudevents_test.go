@@ -181,6 +181,14 @@ func TestCloudEventsOptionsAreCheckedAtStart(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a value encoding framed for a schema registry after the envelope", func(t *testing.T) {
+		if err := CheckCloudEvents(CloudEvents{}, "avro"); err == nil || !strings.Contains(err.Error(), "not supported") {
+			t.Errorf("CheckCloudEvents: %v, want avro refused", err)
+		}
+		if err := CheckCloudEvents(CloudEvents{}, JSONExpanded); err != nil {
+			t.Errorf("CheckCloudEvents with json-expanded: %v", err)
+		}
+	})
 }
 
 func BenchmarkBuildStructuredCloudEvent(b *testing.B) {
