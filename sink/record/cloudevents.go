@@ -113,6 +113,8 @@ type cloudEvents struct {
 	contentType           []byte
 	jsonData              bool   // datacontenttype is JSON: data is the value itself
 	contentTypeJSONString []byte // datacontenttype as a JSON string, for the structured envelope
+	// Header values every record shares (a header value is never written to).
+	specVersion, structuredContentType []byte
 }
 
 func newCloudEvents(c CloudEvents, o Options) (*cloudEvents, error) {
@@ -124,7 +126,8 @@ func newCloudEvents(c CloudEvents, o Options) (*cloudEvents, error) {
 	if err != nil || !strings.Contains(mediaType, "/") {
 		return nil, fmt.Errorf("cloudevents data content type %q is not a media type such as application/json", c.DataContentType)
 	}
-	ce := &cloudEvents{binary: c.Mode == CloudEventsBinary, contentType: []byte(c.DataContentType), jsonData: jsonMediaType(mediaType)}
+	ce := &cloudEvents{binary: c.Mode == CloudEventsBinary, contentType: []byte(c.DataContentType), jsonData: jsonMediaType(mediaType),
+		specVersion: []byte(CloudEventsSpecVersion), structuredContentType: []byte(CloudEventsJSONContentType)}
 	ce.contentTypeJSONString = appendJSONString(nil, ce.contentType)
 	if o.ValueEncoding != Raw && !ce.jsonData {
 		return nil, fmt.Errorf("cloudevents data content type %q says the data is not JSON, and value encoding %s makes it JSON: use application/json, or value encoding raw", c.DataContentType, o.ValueEncoding)
@@ -184,11 +187,11 @@ func (ce *cloudEvents) wrap(r *Record, ev *decoder.Event) error {
 	if ce.binary || r.Msg.Value == nil {
 		hs := r.Msg.Headers
 		hs = append(hs,
-			kafka.Header{Key: "ce_specversion", Value: []byte(CloudEventsSpecVersion)},
+			kafka.Header{Key: "ce_specversion", Value: ce.specVersion},
 			kafka.Header{Key: "ce_id", Value: ev.ID},
 			kafka.Header{Key: "ce_source", Value: a.source},
 			kafka.Header{Key: "ce_type", Value: a.typ},
-			kafka.Header{Key: "ce_time", Value: a.time})
+			kafka.Header{Key: "ce_time", Value: a.time.AppendFormat(make([]byte, 0, len(timeFormat)), timeFormat)})
 		if a.subject != nil {
 			hs = append(hs, kafka.Header{Key: "ce_subject", Value: a.subject})
 		}
@@ -216,7 +219,7 @@ func (ce *cloudEvents) wrap(r *Record, ev *decoder.Event) error {
 	out = append(out, `,"specversion":"`+CloudEventsSpecVersion+`","type":`...)
 	out = appendJSONString(out, a.typ)
 	out = append(out, `,"time":"`...)
-	out = append(out, a.time...)
+	out = a.time.AppendFormat(out, timeFormat)
 	out = append(out, `","datacontenttype":`...)
 	out = append(out, ce.contentTypeJSONString...)
 	if a.subject != nil {
@@ -241,14 +244,19 @@ func (ce *cloudEvents) wrap(r *Record, ev *decoder.Event) error {
 		out = append(out, '"')
 	}
 	r.Msg.Value = append(out, '}')
-	r.Msg.Headers = append(r.Msg.Headers, kafka.Header{Key: HeaderContentType, Value: []byte(CloudEventsJSONContentType)})
+	r.Msg.Headers = append(r.Msg.Headers, kafka.Header{Key: HeaderContentType, Value: ce.structuredContentType})
 	return nil
 }
 
 // attrs are an event's CloudEvents attributes besides its id; subject is nil when there is none.
 type attrs struct {
-	source, typ, subject, time []byte
+	source, typ, subject []byte
+	time                 time.Time
 }
+
+// timeFormat is RFC 3339 in UTC with milliseconds, as Debezium writes time
+// (2020-01-13T13:55:39.738Z).
+const timeFormat = "2006-01-02T15:04:05.000Z07:00"
 
 func (ce *cloudEvents) attributes(ev *decoder.Event, t time.Time) (attrs, error) {
 	var a attrs
@@ -273,8 +281,7 @@ func (ce *cloudEvents) attributes(ev *decoder.Event, t time.Time) (attrs, error)
 			a.subject = s
 		}
 	}
-	// RFC 3339 in UTC with milliseconds, as Debezium writes it (2020-01-13T13:55:39.738Z).
-	a.time = t.UTC().AppendFormat(make([]byte, 0, 24), "2006-01-02T15:04:05.000Z07:00")
+	a.time = t.UTC()
 	return a, nil
 }
 
@@ -308,7 +315,14 @@ type template struct {
 	text   string
 	parts  []templatePart
 	static []byte // the text, when it has no placeholder
+	// by caches expansions by the value of the template's one placeholder when that is the
+	// aggregate or event type: there are few of them, and the hot path then does not allocate.
+	by    func(*decoder.Event) []byte
+	cache map[string][]byte
 }
+
+// templateCacheSize bounds a template's cache: rows inventing types cannot grow it for ever.
+const templateCacheSize = 1024
 
 type templatePart struct {
 	literal string
@@ -347,6 +361,13 @@ func parseTemplate(text string) (template, error) {
 	if !t.dynamic() && text != "" {
 		t.static = []byte(text)
 	}
+	if strings.Count(text, "{") == 1 && !strings.Contains(text, placeholderAggregateID) && len(t.parts) > 1 {
+		for _, p := range t.parts {
+			if p.field != nil {
+				t.by, t.cache = p.field, make(map[string][]byte)
+			}
+		}
+	}
 	return t, nil
 }
 
@@ -369,6 +390,10 @@ func (t template) expand(ev *decoder.Event) []byte {
 		return t.static
 	case len(t.parts) == 1 && t.parts[0].field != nil:
 		return t.parts[0].field(ev)
+	case t.by != nil:
+		if v, ok := t.cache[string(t.by(ev))]; ok {
+			return v
+		}
 	}
 	var out []byte
 	for _, p := range t.parts {
@@ -377,6 +402,12 @@ func (t template) expand(ev *decoder.Event) []byte {
 		} else {
 			out = append(out, p.literal...)
 		}
+	}
+	if t.by != nil {
+		if len(t.cache) >= templateCacheSize {
+			clear(t.cache)
+		}
+		t.cache[string(t.by(ev))] = out
 	}
 	return out
 }
