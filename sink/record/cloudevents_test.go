@@ -2,6 +2,7 @@ package record
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -249,4 +250,21 @@ func FuzzCloudEvents(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestTemplateExpansionsAreCachedPerTypeAndStayRight(t *testing.T) {
+	b := newBuilder(t, Options{CloudEvents: &CloudEvents{Mode: CloudEventsBinary, Type: "com.example.{event_type}"}})
+	for i := range templateCacheSize + 3 { // past the bound: the cache starts over
+		for _, typ := range []string{"order", "invoice", fmt.Sprintf("t%d", i)} {
+			ev := ceEvent(`{}`)
+			ev.AggregateType, ev.EventType = []byte(typ), []byte(typ+"Created")
+			h := headerMap(b.Build(ev, time.Now()).Msg.Headers)
+			if h["ce_source"] != "/outbox-relay/"+typ || h["ce_type"] != "com.example."+typ+"Created" {
+				t.Fatalf("aggregate type %s: source %q, type %q", typ, h["ce_source"], h["ce_type"])
+			}
+		}
+	}
+	if n := len(b.ce.source.cache); n > templateCacheSize {
+		t.Errorf("the source cache holds %d entries, more than its bound %d", n, templateCacheSize)
+	}
 }
