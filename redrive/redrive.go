@@ -41,9 +41,12 @@ const LedgerSuffix = sink.RedriveLedgerSuffix
 
 // Config says what to redrive and how to reach Kafka.
 type Config struct {
-	Brokers   []string
-	Transport *kafka.Transport // TLS, SASL and client id; nil for kafka-go's default
-	Dialer    *kafka.Dialer    // for reading; the same TLS and SASL as Transport
+	Brokers []string
+	// Transport (TLS, SASL and client id; nil for kafka-go's default) and Dialer (for reading;
+	// the same TLS and SASL) come from sink.NewClient and sink.NewDialer in the relay's binary,
+	// so redrive reaches Kafka exactly as the relay does.
+	Transport *kafka.Transport
+	Dialer    *kafka.Dialer
 
 	DeadLetterTopic string
 	LedgerTopic     string // default DeadLetterTopic + LedgerSuffix

@@ -322,9 +322,8 @@ func deliveryStatus(ctx context.Context, cfg *config.Config, rep *statusReport) 
 
 // topicExists asks the brokers whether topic exists.
 func topicExists(ctx context.Context, c sink.Config, topic string) (bool, error) {
-	transport := &kafka.Transport{ClientID: c.ClientID, TLS: c.TLS, SASL: c.SASL, DialTimeout: 5 * time.Second}
+	client, transport := sink.NewClient(c, positionReadTimeout)
 	defer transport.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: transport}
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	switch {
 	case err != nil:
