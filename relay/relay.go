@@ -83,7 +83,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	}
 	r := &Relay{cfg: cfg, log: log, sink: sk, life: newLifecycle()}
 	if cfg.Poll != nil {
-		r.source = pollSource{poller: poll.New(*cfg.Poll, sk, log.Named("poll"), m), sink: sk, log: log, timeout: cfg.ShutdownTimeout}
+		r.source = newPollSource(cfg, sk, log, m)
 	} else {
 		r.source = newWALSource(cfg, sk, log, m)
 	}
