@@ -1,0 +1,187 @@
+package doclinks
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode"
+)
+
+// repoRoot is where the module's go.mod is, seen from this package.
+const repoRoot = "../.."
+
+var (
+	// markdownLink matches [text](target) and ![alt](target); the target ends at the first
+	// closing parenthesis or space (a title after it is ignored).
+	markdownLink = regexp.MustCompile(`\]\(([^)\s]+)(?:\s+"[^"]*")?\)`)
+	// repoURL matches links to this repository's files on GitHub, in any text file.
+	repoURL = regexp.MustCompile(`https://github\.com/outbox-relay/outbox-relay/blob/main/([^)\s#"'>]+)(#[A-Za-z0-9_-]+)?`)
+	heading = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*\s*$`)
+)
+
+// TestEveryInternalLinkResolves reads every Markdown file of the repository (and the GitHub
+// links of its YAML and Go files) and fails for each link whose file or heading is missing.
+func TestEveryInternalLinkResolves(t *testing.T) {
+	anchors := map[string]map[string]bool{} // file (relative to the root) -> its headings' anchors
+	anchorsOf := func(rel string) map[string]bool {
+		if a, ok := anchors[rel]; ok {
+			return a
+		}
+		a := headingAnchors(t, filepath.Join(repoRoot, rel))
+		anchors[rel] = a
+		return a
+	}
+	checked := 0
+	check := func(from, target string) {
+		checked++
+		path, fragment, _ := strings.Cut(target, "#")
+		rel := from
+		if path != "" {
+			rel = filepath.Clean(filepath.Join(filepath.Dir(from), path))
+			if strings.HasPrefix(rel, "..") {
+				t.Errorf("%s: link %q leaves the repository", from, target)
+				return
+			}
+			if _, err := os.Stat(filepath.Join(repoRoot, rel)); err != nil {
+				t.Errorf("%s: link %q names %s, which does not exist", from, target, rel)
+				return
+			}
+		}
+		if fragment == "" || !strings.HasSuffix(rel, ".md") {
+			return
+		}
+		if !anchorsOf(rel)[fragment] {
+			t.Errorf("%s: link %q: %s has no heading with the anchor #%s", from, target, rel, fragment)
+		}
+	}
+	err := filepath.WalkDir(repoRoot, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if p != repoRoot && (strings.HasPrefix(name, ".") || name == "node_modules" || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		ext := filepath.Ext(name)
+		if ext != ".md" && ext != ".yml" && ext != ".yaml" && ext != ".go" {
+			return nil
+		}
+		rel, err := filepath.Rel(repoRoot, p)
+		if err != nil {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range repoURL.FindAllStringSubmatch(string(data), -1) {
+			check("", m[1]+m[2])
+		}
+		if ext != ".md" {
+			return nil
+		}
+		for _, line := range outsideCode(string(data)) {
+			for _, m := range markdownLink.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				check(rel, target)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 100 {
+		t.Fatalf("checked only %d links: the walk missed the documentation", checked)
+	}
+}
+
+// outsideCode returns the lines of a Markdown text that are not in fenced code blocks, with
+// inline code spans removed: a link shown as code is an example, not a link.
+func outsideCode(text string) []string {
+	var lines []string
+	inFence := false
+	inlineCode := regexp.MustCompile("`[^`]*`")
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inFence = !inFence
+			continue
+		}
+		if !inFence {
+			lines = append(lines, inlineCode.ReplaceAllString(line, ""))
+		}
+	}
+	return lines
+}
+
+// headingAnchors returns the anchors GitHub gives the headings of a Markdown file.
+func headingAnchors(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	seen := map[string]int{}
+	inFence := false
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inFence = !inFence
+			continue
+		}
+		m := heading.FindStringSubmatch(line)
+		if inFence || m == nil {
+			continue
+		}
+		a := slug(m[1])
+		if n := seen[a]; n > 0 {
+			anchors[a+"-"+strconv.Itoa(n)] = true
+		} else {
+			anchors[a] = true
+		}
+		seen[a]++
+	}
+	return anchors
+}
+
+// slug is GitHub's anchor for a heading: lower case, spaces to hyphens, every other character
+// that is not a letter, a digit, a hyphen or an underscore dropped.
+func slug(h string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(h) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+func TestSlugIsGitHubs(t *testing.T) {
+	for _, c := range []struct{ heading, anchor string }{
+		{"Polling mode (source: poll)", "polling-mode-source-poll"},
+		{"Stopping: SIGTERM and fencing", "stopping-sigterm-and-fencing"},
+		{"Broker cost and latency: `kafka.linger`", "broker-cost-and-latency-kafkalinger"},
+		{"The claim survives an empty queue's statistics", "the-claim-survives-an-empty-queues-statistics"},
+		{"Lost slot, no lost events", "lost-slot-no-lost-events"},
+	} {
+		if got := slug(c.heading); got != c.anchor {
+			t.Errorf("slug(%q) = %q, want %q", c.heading, got, c.anchor)
+		}
+	}
+}
