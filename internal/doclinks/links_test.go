@@ -21,6 +21,9 @@ var (
 	// repoURL matches links to this repository's files on GitHub, in any text file.
 	repoURL = regexp.MustCompile(`https://github\.com/outbox-relay/outbox-relay/blob/main/([^)\s#"'>]+)(#[A-Za-z0-9_-]+)?`)
 	heading = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*\s*$`)
+	// testLink matches a link whose text names a test and whose target is a test file:
+	// [`TestX`](../pkg/x_test.go), also with a package prefix (`pkg.TestX`).
+	testLink = regexp.MustCompile("\\[`(?:[A-Za-z0-9_/.-]+\\.)?(Test[A-Za-z0-9_]+)`\\]\\(([^)#\\s]+_test\\.go)\\)")
 )
 
 // TestEveryInternalLinkResolves reads every Markdown file of the repository (and the GitHub
@@ -87,6 +90,9 @@ func TestEveryInternalLinkResolves(t *testing.T) {
 		if ext != ".md" {
 			return nil
 		}
+		for _, m := range testLink.FindAllStringSubmatch(string(data), -1) {
+			checkTest(t, rel, m[1], filepath.Clean(filepath.Join(filepath.Dir(rel), m[2])))
+		}
 		for _, line := range outsideCode(string(data)) {
 			for _, m := range markdownLink.FindAllStringSubmatch(line, -1) {
 				target := m[1]
@@ -103,6 +109,19 @@ func TestEveryInternalLinkResolves(t *testing.T) {
 	}
 	if checked < 100 {
 		t.Fatalf("checked only %d links: the walk missed the documentation", checked)
+	}
+}
+
+// checkTest fails when the test file a link names does not define the test the link's text names:
+// a table that says "shown by TestX" must point at a TestX that exists.
+func checkTest(t *testing.T, from, name, file string) {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join(repoRoot, file))
+	if err != nil {
+		return // the link check reports the missing file
+	}
+	if !strings.Contains(string(src), "func "+name+"(") {
+		t.Errorf("%s: the link to %s names %s, which that file does not define", from, file, name)
 	}
 }
 
