@@ -191,6 +191,71 @@ func slug(h string) string {
 	return b.String()
 }
 
+// TestEveryTestTheDocumentationNamesExists fails for each test, fuzz test or benchmark a Markdown
+// file names (in code, as the tables of docs/guarantees.md do: `TestX`, `pkg.TestX`,
+// `TestX/subtest`) that no _test.go file of the repository defines: a guarantee "shown by" a test
+// that is gone is shown by nothing.
+func TestEveryTestTheDocumentationNamesExists(t *testing.T) {
+	defined := map[string]bool{}
+	named := map[string][]string{} // test name -> the files that name it
+	funcDecl := regexp.MustCompile(`(?m)^func ((?:Test|Fuzz|Benchmark)[A-Za-z0-9_]*)\(`)
+	mention := regexp.MustCompile(`\b((?:Test|Fuzz|Benchmark)[A-Z][A-Za-z0-9_]*)`)
+	err := filepath.WalkDir(repoRoot, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if p != repoRoot && (strings.HasPrefix(d.Name(), ".") || d.Name() == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		isTest, isDoc := strings.HasSuffix(p, "_test.go"), strings.HasSuffix(p, ".md")
+		if !isTest && !isDoc {
+			return nil
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if isTest {
+			for _, m := range funcDecl.FindAllStringSubmatch(string(data), -1) {
+				defined[m[1]] = true
+			}
+			return nil
+		}
+		rel, _ := filepath.Rel(repoRoot, p)
+		for _, m := range mention.FindAllStringSubmatch(string(data), -1) {
+			named[m[1]] = append(named[m[1]], rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(defined) < 100 || len(named) < 100 {
+		t.Fatalf("found %d tests and %d names in the documentation: the walk missed the repository", len(defined), len(named))
+	}
+	for name, files := range named {
+		if !defined[name] {
+			t.Errorf("%s name %s, which no test file defines", strings.Join(slicesCompact(files), ", "), name)
+		}
+	}
+}
+
+// slicesCompact returns the distinct values of a sorted-by-appearance list, in order.
+func slicesCompact(s []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 func TestSlugIsGitHubs(t *testing.T) {
 	for _, c := range []struct{ heading, anchor string }{
 		{"Polling mode (source: poll)", "polling-mode-source-poll"},
