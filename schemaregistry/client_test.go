@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/sr"
 
+	"github.com/outbox-relay/outbox-relay/health"
 	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -25,6 +26,9 @@ import (
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
+
+// The client is what /readyz follows.
+var _ health.Registry = (*schemaregistry.Client)(nil)
 
 func avro(fields ...string) sr.Schema {
 	return sr.Schema{Type: sr.TypeAvro,
@@ -397,8 +401,8 @@ func TestServerErrorsAndThrottlingAreUnavailableAndTheProbeSeesTheRecovery(t *te
 		}
 	}
 	why, down := c.Unavailable()
-	if !down || !strings.Contains(why, "schema registry unavailable since") {
-		t.Fatalf("Unavailable() = %q, %v; want down with the reason", why, down)
+	if !down || !strings.Contains(why, "unavailable since") || strings.Contains(why, "127.0.0.1") {
+		t.Fatalf("Unavailable() = %q, %v; want down since when, without the host", why, down)
 	}
 	if got := requests(m, "unavailable"); got < 4 {
 		t.Fatalf("unavailable requests = %v, want at least 4", got)
@@ -409,5 +413,59 @@ func TestServerErrorsAndThrottlingAreUnavailableAndTheProbeSeesTheRecovery(t *te
 	await.True(t, 20*time.Second, "health comes back without a request of ours", func() bool { return c.Health().Up })
 	if _, down := c.Unavailable(); down {
 		t.Fatal("Unavailable() still down")
+	}
+}
+
+func TestARegistryOutageHoldsOnlyWhatTheCachesCannotAnswer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	reg := testenv.Registry(t) // its own: this test stops it
+	c, m := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}, LatestTTL: time.Millisecond})
+	subj := subject(t)
+	known := avro(idField)
+	id, err := c.Register(ctx, subj, known)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Latest(ctx, subj); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := reg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// What the caches hold needs no registry: the stream goes on.
+	if got, err := c.Register(ctx, subj, known); err != nil || got != id {
+		t.Fatalf("Register(cached) during the outage = %d, %v; want %d", got, err, id)
+	}
+	if got, err := c.SchemaByID(ctx, id); err != nil || got.Schema != known.Schema {
+		t.Fatalf("SchemaByID(cached) during the outage = %+v, %v", got, err)
+	}
+	// A latest past its TTL is asked for, and served stale when nothing answers.
+	if ss, err := c.Latest(ctx, subj); err != nil || ss.ID != id {
+		t.Fatalf("Latest during the outage = %+v, %v; want the cached one", ss, err)
+	}
+	if h := c.Health(); h.Up || !strings.Contains(h.Reason, "connection refused") {
+		t.Fatalf("health after a refused request = %+v, want down, saying why", h)
+	}
+	// A new schema needs the registry: unavailable, to be retried.
+	if _, err := c.Register(ctx, subj, avro(idField, noteField)); !schemaregistry.IsUnavailable(err) {
+		t.Fatalf("Register(new) during the outage: %v, want unavailable", err)
+	}
+	if got := testutil.ToFloat64(m.SchemaRegistryUp.WithLabelValues()); got != 0 {
+		t.Fatalf("outbox_relay_schema_registry_up = %v during the outage, want 0", got)
+	}
+
+	// Back, with its schemas (a registry's storage outlives it): the probe notices by itself.
+	if err := reg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	await.True(t, 30*time.Second, "health comes back with the registry", func() bool { return c.Health().Up })
+	fresh, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}})
+	if got, err := fresh.SchemaByID(ctx, id); err != nil || got.Schema != known.Schema {
+		t.Fatalf("SchemaByID(%d) after the restart = %+v, %v; want the schema registered before", id, got, err)
+	}
+	if _, err := c.Register(ctx, subj, avro(idField, noteField)); err != nil {
+		t.Fatalf("Register(new) after the outage: %v", err)
 	}
 }
