@@ -274,8 +274,8 @@ func TestOptionsRefusedAtStartNameTheKey(t *testing.T) {
 		{"basic auth and a token", schemaregistry.Options{URLs: []string{"http://reg"}, Username: "relay", PasswordFile: pw, BearerTokenFile: pw}, "set one, not both"},
 		{"an empty password file", schemaregistry.Options{URLs: []string{"http://reg"}, Username: "relay", PasswordFile: empty}, "schema_registry.password_file"},
 		{"a missing token file", schemaregistry.Options{URLs: []string{"http://reg"}, BearerTokenFile: filepath.Join(dir, "nope")}, "schema_registry.bearer_token_file"},
-		{"a CA file without a certificate", schemaregistry.Options{URLs: []string{"https://reg"}, CAFile: pw}, "schema_registry.tls.ca_file"},
-		{"a client certificate without its key", schemaregistry.Options{URLs: []string{"https://reg"}, CertFile: pw}, "schema_registry.tls.key_file"},
+		{"a CA file without a certificate", schemaregistry.Options{URLs: []string{"https://reg"}, CAFile: pw}, "schema_registry.ca_file"},
+		{"a client certificate without its key", schemaregistry.Options{URLs: []string{"https://reg"}, CertFile: pw}, "schema_registry.key_file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -448,6 +448,9 @@ func TestARegistryOutageHoldsOnlyWhatTheCachesCannotAnswer(t *testing.T) {
 	if h := c.Health(); h.Up || !strings.Contains(h.Reason, "connection refused") {
 		t.Fatalf("health after a refused request = %+v, want down, saying why", h)
 	}
+	if st := c.Status(ctx); st.Up || !strings.Contains(st.Error, "check the registry") || st.URLs[0] != reg.ConfluentURL() {
+		t.Fatalf("Status during the outage = %+v, want down with the check's error", st)
+	}
 	// A new schema needs the registry: unavailable, to be retried.
 	if _, err := c.Register(ctx, subj, avro(idField, noteField)); !schemaregistry.IsUnavailable(err) {
 		t.Fatalf("Register(new) during the outage: %v, want unavailable", err)
@@ -461,6 +464,9 @@ func TestARegistryOutageHoldsOnlyWhatTheCachesCannotAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	await.True(t, 30*time.Second, "health comes back with the registry", func() bool { return c.Health().Up })
+	if st := c.Status(ctx); !st.Up || st.Error != "" {
+		t.Fatalf("Status after the outage = %+v, want up", st)
+	}
 	fresh, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}})
 	if got, err := fresh.SchemaByID(ctx, id); err != nil || got.Schema != known.Schema {
 		t.Fatalf("SchemaByID(%d) after the restart = %+v, %v; want the schema registered before", id, got, err)

@@ -117,3 +117,23 @@ func (c *Client) probe() {
 		pause = min(2*pause, probeMax)
 	}
 }
+
+// Status is the registry at a glance, for `outbox-relay status`.
+type Status struct {
+	URLs  []string  `json:"urls"`
+	Up    bool      `json:"up"`
+	Since time.Time `json:"since"`
+	// Error is why it is down (one line, no credentials); "" while up.
+	Error string `json:"error,omitempty"`
+}
+
+// Status asks the registry now (Check) and returns what that found.
+func (c *Client) Status(ctx context.Context) Status {
+	err := c.Check(ctx)
+	h := c.Health()
+	st := Status{URLs: c.URLs(), Up: err == nil, Since: h.Since}
+	if err != nil {
+		st.Error = err.Error()
+	}
+	return st
+}
