@@ -62,6 +62,7 @@ func requests(m *metrics.Metrics, outcome string) float64 {
 func subject(t *testing.T) string { return testenv.UniqueName(t, "orders") + "-value" }
 
 func TestRegisteredIdsAndSchemasAreServedFromTheCacheAfterTheFirstRequest(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	c, m := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}})
@@ -126,6 +127,7 @@ func TestRegisteredIdsAndSchemasAreServedFromTheCacheAfterTheFirstRequest(t *tes
 }
 
 func TestLatestIsAskedAgainAfterItsTTL(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	c, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}, LatestTTL: 50 * time.Millisecond})
@@ -148,6 +150,7 @@ func TestLatestIsAskedAgainAfterItsTTL(t *testing.T) {
 }
 
 func TestErrorsSayWhatToDoAndWhetherToRetry(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	c, m := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}})
@@ -238,6 +241,7 @@ func TestErrorsSayWhatToDoAndWhetherToRetry(t *testing.T) {
 }
 
 func TestHTTPSWithTheRegistrysOwnCA(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	c, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.TLSURL()}, CAFile: reg.TLSCAFile()})
@@ -313,6 +317,7 @@ func authProxy(t *testing.T, target string, want func(*http.Request) bool) strin
 }
 
 func TestCredentialsAreReadFromTheirFilesForEveryRequest(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	dir := t.TempDir()
@@ -372,6 +377,7 @@ func TestCredentialsAreReadFromTheirFilesForEveryRequest(t *testing.T) {
 }
 
 func TestServerErrorsAndThrottlingAreUnavailableAndTheProbeSeesTheRecovery(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	u, _ := url.Parse(reg.ConfluentURL())
@@ -417,6 +423,7 @@ func TestServerErrorsAndThrottlingAreUnavailableAndTheProbeSeesTheRecovery(t *te
 }
 
 func TestARegistryOutageHoldsOnlyWhatTheCachesCannotAnswer(t *testing.T) {
+	t.Parallel() // its own registry starts while the other tests use the shared one
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	reg := testenv.Registry(t) // its own: this test stops it
