@@ -482,3 +482,81 @@ func TestARegistryOutageHoldsOnlyWhatTheCachesCannotAnswer(t *testing.T) {
 		t.Fatalf("Register(new) after the outage: %v", err)
 	}
 }
+
+func TestConcurrentMissesForOneKeyMakeOneRequest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg := testenv.SharedRegistry(t)
+	writer, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}})
+	id, err := writer.Register(ctx, subject(t), avro(idField))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The real registry behind a gate that holds every request until released.
+	u, _ := url.Parse(reg.ConfluentURL())
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	arrived, release := make(chan struct{}, 100), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		proxy.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	c, m := newClient(t, schemaregistry.Options{URLs: []string{srv.URL}})
+
+	const readers = 20
+	errs := make(chan error, readers)
+	for range readers {
+		go func() {
+			s, err := c.SchemaByID(ctx, id)
+			if err == nil && !strings.Contains(s.Schema, "Order") {
+				err = fmt.Errorf("SchemaByID(%d) = %+v", id, s)
+			}
+			errs <- err
+		}()
+	}
+	<-arrived
+	// A caller whose context ends leaves at once; the request goes on for the others.
+	impatient, cancel := context.WithCancel(ctx)
+	left := make(chan error, 1)
+	go func() { _, err := c.SchemaByID(impatient, id); left <- err }()
+	cancel()
+	if err := <-left; err == nil || !strings.Contains(err.Error(), "context canceled") || schemaregistry.IsUnavailable(err) {
+		t.Fatalf("a cancelled caller got %v, want its context's error (not unavailability)", err)
+	}
+	close(release)
+	for range readers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(arrived); n != 0 {
+		t.Fatalf("%d more requests reached the registry, want the one", n)
+	}
+	if got := requests(m, "ok"); got != 1 {
+		t.Fatalf("%v requests recorded, want 1", got)
+	}
+	if h := c.Health(); !h.Up {
+		t.Fatalf("health %+v: a caller's cancelled context says nothing of the registry", h)
+	}
+}
+
+func TestTheNextURLIsAskedWhenOneGivesNoAnswer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg := testenv.SharedRegistry(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + l.Addr().String()
+	l.Close()
+	c, _ := newClient(t, schemaregistry.Options{URLs: []string{dead, reg.ConfluentURL()}})
+	if _, err := c.Register(ctx, subject(t), avro(idField)); err != nil {
+		t.Fatalf("Register with the first URL dead: %v", err)
+	}
+	if h := c.Health(); !h.Up {
+		t.Fatalf("health %+v, want up: the second URL answered", h)
+	}
+}
