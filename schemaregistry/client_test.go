@@ -2,6 +2,8 @@ package schemaregistry_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -21,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/health"
 	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testpki"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/schemaregistry"
 )
@@ -558,5 +561,41 @@ func TestTheNextURLIsAskedWhenOneGivesNoAnswer(t *testing.T) {
 	}
 	if h := c.Health(); !h.Up {
 		t.Fatalf("health %+v, want up: the second URL answered", h)
+	}
+}
+
+func TestAClientCertificateIsReadAgainForEveryHandshake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg := testenv.SharedRegistry(t)
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, "registry gate CA")
+	caFile := ca.WriteCA(t, dir, "ca")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.CertPEM)
+
+	// The real registry behind a gate that wants a client certificate of ca (mutual TLS).
+	u, _ := url.Parse(reg.ConfluentURL())
+	srv := httptest.NewUnstartedServer(httputil.NewSingleHostReverseProxy(u))
+	pair := ca.Localhost(t)
+	server, err := tls.X509KeyPair(pair.CertPEM, pair.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{server}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool}
+	srv.StartTLS()
+	defer srv.Close()
+
+	// At first the files hold a certificate of another CA.
+	other := testpki.NewCA(t, "another CA").Issue(t, testpki.Leaf{CommonName: "relay", Client: true})
+	files := other.Write(t, dir, "client")
+	c, _ := newClient(t, schemaregistry.Options{URLs: []string{srv.URL}, CAFile: caFile, CertFile: files.Cert, KeyFile: files.Key})
+	if _, err := c.Register(ctx, subject(t), avro(idField)); !schemaregistry.IsUnavailable(err) {
+		t.Fatalf("with a certificate the gate does not trust: %v, want unavailable", err)
+	}
+	// cert-manager renews the files in place: the next handshake uses them.
+	ca.Issue(t, testpki.Leaf{CommonName: "relay", Client: true}).Write(t, dir, "client")
+	if _, err := c.Register(ctx, subject(t), avro(idField)); err != nil {
+		t.Fatalf("with the renewed certificate: %v", err)
 	}
 }
