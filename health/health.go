@@ -24,15 +24,6 @@ type Staller interface {
 	Stalled() (why string, stalled bool)
 }
 
-// Registry is the schema registry client of the registry-backed encodings
-// (*schemaregistry.Client): while it is down, events that need a schema its caches do not hold
-// wait, so a leader is not ready.
-type Registry interface {
-	// Unavailable says whether the registry is down, and since when, without the error's text
-	// (it names hosts).
-	Unavailable() (why string, down bool)
-}
-
 type role int
 
 const (
@@ -50,7 +41,6 @@ type State struct {
 	connected bool     // standby: its lock connection works
 	relay     Streamer // leader: the current term's relay
 	pgDown    error    // the slot monitor's last poll failed
-	registry  Registry // nil without registry-backed encodings
 }
 
 // Standby records that this instance waits for the leader lock; connected says whether it can
@@ -83,14 +73,6 @@ func (s *State) PostgresPolled(err error) {
 	s.pgDown = err
 }
 
-// SchemaRegistry makes readiness follow the schema registry r (set once at start, when an encoding
-// needs one).
-func (s *State) SchemaRegistry(r Registry) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.registry = r
-}
-
 // Ready reports readiness and, in words, why.
 func (s *State) Ready() (bool, string) {
 	s.mu.Lock()
@@ -108,11 +90,6 @@ func (s *State) Ready() (bool, string) {
 		if s.pgDown != nil {
 			// Not the error text: /readyz is unauthenticated and driver errors name hosts and users.
 			return false, "leader cannot reach PostgreSQL"
-		}
-		if s.registry != nil {
-			if why, down := s.registry.Unavailable(); down {
-				return false, "leader waits for the schema registry: " + why
-			}
 		}
 		if st, ok := s.relay.(Staller); ok {
 			if why, stalled := st.Stalled(); stalled {

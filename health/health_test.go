@@ -18,11 +18,6 @@ type fakeRelay struct {
 func (f fakeRelay) Streaming() bool        { return f.streaming }
 func (f fakeRelay) Halted() (string, bool) { return f.halted, f.halted != "" }
 
-// fakeRegistry is a schema registry client, down while down says why.
-type fakeRegistry struct{ down string }
-
-func (f fakeRegistry) Unavailable() (string, bool) { return f.down, f.down != "" }
-
 // stalledRelay also reports a stall, as the relay does while it waits for a missing topic.
 type stalledRelay struct {
 	fakeRelay
@@ -59,18 +54,6 @@ func TestReadiness(t *testing.T) {
 		{"a leader that can stall but does not is ready", func(s *health.State) {
 			s.Lead(stalledRelay{fakeRelay{streaming: true}, ""})
 		}, true, "streaming"},
-		{"a leader whose schema registry is down is not ready, and says since when", func(s *health.State) {
-			s.Lead(fakeRelay{streaming: true})
-			s.SchemaRegistry(fakeRegistry{"unavailable since 2026-12-06T19:00:00Z"})
-		}, false, "leader waits for the schema registry: unavailable since 2026-12-06T19:00:00Z"},
-		{"a leader whose schema registry answers is ready", func(s *health.State) {
-			s.Lead(fakeRelay{streaming: true})
-			s.SchemaRegistry(fakeRegistry{})
-		}, true, "streaming"},
-		{"a standby does not need the schema registry", func(s *health.State) {
-			s.Standby(true)
-			s.SchemaRegistry(fakeRegistry{"unavailable since 2026-12-06T19:00:00Z"})
-		}, true, "standby"},
 		{"a stopping instance is not ready", func(s *health.State) { s.Lead(fakeRelay{streaming: true}); s.Stopping() }, false, "stopping"},
 	}
 	for _, tt := range tests {

@@ -18,14 +18,15 @@
 //     credential.
 //   - Health: up or down with the reason, from every request's outcome; while down, the client
 //     probes the registry itself (with backoff) so that health comes back when the registry does,
-//     also while nothing needs it. Health feeds /readyz, the metrics
-//     outbox_relay_schema_registry_up and outbox_relay_schema_registry_requests_total{outcome}, and
-//     the alert OutboxRelaySchemaRegistryDown.
+//     also while nothing needs it. Health feeds the metrics outbox_relay_schema_registry_up and
+//     outbox_relay_schema_registry_requests_total{outcome}, the alert
+//     OutboxRelaySchemaRegistryDown and `outbox-relay status` (Status). /readyz names a wait for
+//     the registry where one happens: in the sink, whose events wait.
 //
 // Why 401 and 403 hold the stream instead of sending the event to the failure policy: they are the
 // registry's verdict on the relay's credentials, the same for every event; dead-lettering every
 // event until an operator fixes a Secret would scatter the stream, while holding it loses nothing
-// and /readyz, the metric and the ERROR line say what to fix.
+// and the metric, the alert, /readyz (once events wait) and the log say what to fix.
 package schemaregistry
 
 import (

@@ -25,17 +25,6 @@ func (c *Client) Health() Health {
 	return c.health
 }
 
-// Unavailable reports, for /readyz, whether the registry is down and since when: the events that
-// need a schema the caches do not hold wait until it is back. The error's text is not in it (it
-// names hosts, and /readyz answers anyone): Health().Reason and the log have it.
-func (c *Client) Unavailable() (why string, down bool) {
-	h := c.Health()
-	if h.Up {
-		return "", false
-	}
-	return "unavailable since " + h.Since.UTC().Format(time.RFC3339) + " (outbox_relay_schema_registry_up; the log says why)", true
-}
-
 // record updates health and the metrics with a request's outcome. A request ended by its caller's
 // context says nothing of the registry.
 func (c *Client) record(ctx context.Context, err error) {
