@@ -20,8 +20,8 @@
 //     probes the registry itself (with backoff) so that health comes back when the registry does,
 //     also while nothing needs it. Health feeds the metrics outbox_relay_schema_registry_up and
 //     outbox_relay_schema_registry_requests_total{outcome}, the alert
-//     OutboxRelaySchemaRegistryDown and `outbox-relay status` (Status). /readyz names a wait for
-//     the registry where one happens: in the sink, whose events wait.
+//     OutboxRelaySchemaRegistryDown; Status asks the registry now, for a status report. /readyz
+//     names a wait for the registry where one happens: in the sink, whose events wait.
 //
 // Why 401 and 403 hold the stream instead of sending the event to the failure policy: they are the
 // registry's verdict on the relay's credentials, the same for every event; dead-lettering every
