@@ -434,6 +434,21 @@ func TestARegistryOutageHoldsOnlyWhatTheCachesCannotAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A registry that accepts connections and answers nothing (frozen) costs one Timeout per
+	// request, not a hung stream.
+	if err := reg.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	impatient, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}, Timeout: 300 * time.Millisecond})
+	start := time.Now()
+	_, err = impatient.SchemaByID(ctx, id)
+	if took := time.Since(start); !schemaregistry.IsUnavailable(err) || !strings.Contains(err.Error(), "Timeout") || took > 5*time.Second {
+		t.Fatalf("SchemaByID from a frozen registry: %v after %v; want unavailable, a timeout, within 300ms or so", err, took)
+	}
+	if err := reg.Resume(); err != nil {
+		t.Fatal(err)
+	}
+
 	if err := reg.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
