@@ -371,6 +371,15 @@ func TestCredentialsAreReadFromTheirFilesForEveryRequest(t *testing.T) {
 			if h := c.Health(); !h.Up || testutil.ToFloat64(m.SchemaRegistryUp.WithLabelValues()) != 1 {
 				t.Fatalf("health %+v after a success, want up (and the gauge 1)", h)
 			}
+
+			// The Secret is unmounted for a moment: the request waits (unavailable), naming the key.
+			if err := os.Remove(file); err != nil {
+				t.Fatal(err)
+			}
+			_, err = c.Register(ctx, subject(t), avro(idField))
+			if !schemaregistry.IsUnavailable(err) || !strings.Contains(err.Error(), "schema_registry.") || !strings.Contains(err.Error(), "remount") {
+				t.Fatalf("with the file gone: %v; want unavailable naming the key and the fix", err)
+			}
 		})
 	}
 }
