@@ -108,11 +108,14 @@ func run(topic, group string) error {
 			}
 			continue
 		}
-		id, err := inbox.EventID(m)
+		// ParseDelivery reads the relay's headers, and a CloudEvent (envelope: cloudevents) in
+		// either content mode: the payload is then the event's data.
+		d, err := inbox.ParseDelivery(m)
 		if err != nil {
 			return err // without an id a redelivery cannot be recognised: stop rather than guess
 		}
-		processed, err := applyWithRetry(ctx, store, pool, id, m.Value)
+		id := d.ID
+		processed, err := applyWithRetry(ctx, store, pool, id, d.Payload)
 		if err != nil {
 			return fmt.Errorf("event %s at %s/%d@%d: %w (its offset is not committed; it is redelivered after a restart)",
 				id, m.Topic, m.Partition, m.Offset, err)
