@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/plain"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
 	"github.com/outbox-relay/outbox-relay/sink/record"
@@ -113,21 +114,21 @@ func TestAHaltHoldsAtTheEarliestRefusedRecordWhateverOrderRefusalsArriveIn(t *te
 	})
 	s := newHaltingSink(t, fb)
 	a := &acker{}
+	attempts := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return attemptsB1
+	}
 	s.publish(t, newEvent("b1", []byte("B"), "K", "X", []byte(`{}`)), a)
-	time.Sleep(50 * time.Millisecond)
+	// b1 is on its way (and b2 goes in a batch of its own behind it) before the others follow.
+	await.True(t, 10*time.Second, "the broker sent b1", func() bool { return attempts() > 0 })
 	s.publish(t, newEvent("b2", []byte("B"), "K", "X", []byte(`{}`)), a)
 	s.publish(t, newEvent("a1", []byte("A"), "J", "X", []byte(`{}`)), a)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		mu.Lock()
-		refused := attemptsB1 > 2
-		mu.Unlock()
-		if refused || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond) // time for anything wrongly released to be sent
+	await.True(t, 10*time.Second, "b1 refused for good (its third attempt)", func() bool { return attempts() > 2 })
+	await.True(t, 10*time.Second, "the sink halted", func() bool { _, _, _, halted := s.Halted(); return halted })
+	// Close returns once every partition's producer has stopped: whatever the halt wrongly
+	// released has been sent by then.
+	s.mustClose(t)
 	stored, _ := fb.State()
 	id, _, _, halted := s.Halted()
 	if !halted || id != "b1" {
@@ -139,9 +140,6 @@ func TestAHaltHoldsAtTheEarliestRefusedRecordWhateverOrderRefusalsArriveIn(t *te
 	if n := a.n.Load(); n != 0 {
 		t.Errorf("%d events acknowledged, want none: each is the halted one or behind it", n)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = s.close(ctx)
 }
 
 // TestAHaltedSinkClosesWithoutWaitingForARecordBehindTheHalt: a record published after the one
@@ -169,14 +167,8 @@ func TestAHaltedSinkClosesWithoutWaitingForARecordBehindTheHalt(t *testing.T) {
 	a := &acker{}
 	s.publish(t, newEvent("a1", []byte("A"), "J", "X", []byte(`{}`)), a)
 	s.publish(t, newEvent("b1", []byte("B"), "K", "X", []byte(`{}`)), a)
-	deadline := time.Now().Add(10 * time.Second)
-	for _, _, _, halted := s.Halted(); !halted; _, _, _, halted = s.Halted() {
-		if time.Now().After(deadline) {
-			t.Fatal("the sink did not halt on a1 within 10s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond) // b1 is retried meanwhile, or withheld
+	await.True(t, 10*time.Second, "the sink halted on a1", func() bool { _, _, _, halted := s.Halted(); return halted })
+	// a1 is refused only once b1 was sent: b1 is being retried now, or withheld.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
