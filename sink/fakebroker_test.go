@@ -189,3 +189,41 @@ func newHaltingSink(t *testing.T, fb *fakebroker.Broker) *testSink {
 		Policy: sink.Halt, Linger: -1, WriteTimeout: 5 * time.Second,
 	})
 }
+
+// TestARefusedRecordIsDeadLetteredUnderItsOwnPartitionsSequence: the broker refuses b1 of a batch
+// for good; the policy sends it to the dead-letter topic, whose partition numbers its batches
+// from sequence 0 of the same producer id (the producer's split of the refused batch is
+// sink/producer's TestPartitionsOfOneBrokerShareAProduceRequestAndKeepTheirOwnAnswers).
+func TestARefusedRecordIsDeadLetteredUnderItsOwnPartitionsSequence(t *testing.T) {
+	t.Parallel()
+	fb := fakebroker.New(t)
+	fb.SetIdempotent(true, 0)
+	fb.SetPlan(func(ids []string) int16 {
+		if slices.Contains(ids, "B/b1") {
+			return int16(kafka.InvalidRecord) // alone or with others
+		}
+		return 0
+	})
+	s := newSink(t, "", sink.Config{
+		Brokers: []string{fb.Addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
+		Linger: 300 * time.Millisecond, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn,
+	})
+	a := &acker{}
+	for _, id := range []string{"b0", "b1", "b2"} {
+		s.publish(t, newEvent(id, []byte("B"), "key-B", "Changed", []byte(`{}`)), a)
+	}
+	eventually(t, 30*time.Second, "every event settled", func() bool { return a.n.Load() == 3 })
+	s.mustClose(t)
+	var dlq []string
+	for _, b := range fb.Batches() {
+		if b.Topic == "dlq" {
+			dlq = append(dlq, b.String())
+		}
+	}
+	if want := []string{"[b1] pid 1000 epoch 0 seq 0 -> 0"}; !slices.Equal(dlq, want) {
+		t.Errorf("the broker saw for dlq %v, want %v", dlq, want)
+	}
+	if n := s.metric(t, "outbox_relay_events_dead_lettered_total"); n != 1 {
+		t.Errorf("events_dead_lettered_total = %v, want 1 (b1)", n)
+	}
+}
