@@ -32,13 +32,20 @@ type onFake struct {
 // whose requests time out after timeout.
 func newOnFake(t *testing.T, fb *fakebroker.Broker, linger, timeout time.Duration) *onFake {
 	t.Helper()
-	client := &kafka.Client{Addr: kafka.TCP(fb.Addr()), Timeout: timeout, Transport: &kafka.Transport{}}
+	return newOnFakeVia(t, fb, linger, timeout, &kafka.Transport{}, producer.IdempotenceOn)
+}
+
+// newOnFakeVia is newOnFake whose client goes through transport (SASL, for one), with
+// idempotence as given.
+func newOnFakeVia(t *testing.T, fb *fakebroker.Broker, linger, timeout time.Duration, transport *kafka.Transport, idempotence producer.Idempotence) *onFake {
+	t.Helper()
+	client := &kafka.Client{Addr: kafka.TCP(fb.Addr()), Timeout: timeout, Transport: transport}
 	log := zaptest.NewLogger(t)
 	f := &onFake{answers: map[string]error{}, retried: map[string]bool{}, settled: make(chan struct{}, 100)}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.p = producer.New(ctx, producer.Config{
 		Client: client, MaxBytes: 1 << 20, MaxRecords: 500, Linger: linger, Timeout: timeout, AutoCreateTopics: true,
-		Identity: producer.NewIdentity(client, log, producer.IdempotenceOn, "", 0), Log: log,
+		Identity: producer.NewIdentity(client, log, idempotence, "", 0), Log: log,
 		Done: func(batch []*producer.Record, err error) {
 			f.mu.Lock()
 			for _, rec := range batch {
