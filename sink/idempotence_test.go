@@ -21,21 +21,21 @@ func readCommitted(t *testing.T, brokers string, timeout time.Duration, want fun
 	return readWith(t, harness.NewCommittedConsumer(brokers, topics...), timeout, want, topics)
 }
 
-// TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired: kafka.idempotence auto publishes
-// without it and says so; on refuses to start, naming the key.
-func TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired(t *testing.T) {
+// TestAStartThatRequiresIdempotenceFailsWhenTheBrokerDeniesIt: with kafka.idempotence on, a
+// broker that denies the producer id is a start error: WaitReady returns it, naming the key,
+// Failed closes and Publish takes nothing more. (The producer's side, and auto's warning, are
+// sink/producer's TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired; the sink's
+// default, auto, publishing on a broker without producer ids is
+// TestSinkRetriesBrokerErrorsThatAreNotAboutTheRecord's premise.)
+func TestAStartThatRequiresIdempotenceFailsWhenTheBrokerDeniesIt(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name       string
-		offered    bool        // the broker offers InitProducerId
-		code       kafka.Error // and answers it with
-		mode       sink.Idempotence
-		startError bool
+		name    string
+		offered bool        // the broker offers InitProducerId
+		code    kafka.Error // and answers it with
 	}{
-		{"auto, IDEMPOTENT_WRITE denied: published without, with a warning", true, kafka.ClusterAuthorizationFailed, sink.IdempotenceAuto, false},
-		{"auto, a broker without InitProducerId: published without, with a warning", false, 0, sink.IdempotenceAuto, false},
-		{"on, IDEMPOTENT_WRITE denied: a start error naming kafka.idempotence", true, kafka.ClusterAuthorizationFailed, sink.IdempotenceOn, true},
-		{"on, a broker without InitProducerId: a start error", false, 0, sink.IdempotenceOn, true},
+		{"IDEMPOTENT_WRITE denied", true, kafka.ClusterAuthorizationFailed},
+		{"a broker without InitProducerId", false, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -43,38 +43,20 @@ func TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired(t *testing.T) 
 			fb := fakebroker.New(t)
 			fb.SetIdempotent(tt.offered, tt.code)
 			s := newSink(t, "", sink.Config{Brokers: []string{fb.Addr()}, Record: record.Options{TopicTemplate: "events"}, DeadLetterTopic: "dlq",
-				Linger: -1, WriteTimeout: 5 * time.Second, Idempotence: tt.mode})
+				Linger: -1, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			err := s.WaitReady(ctx)
-			if tt.startError {
-				if err == nil || !strings.Contains(err.Error(), "kafka.idempotence") {
-					t.Fatalf("WaitReady = %v, want an error naming kafka.idempotence", err)
-				}
-				select {
-				case <-s.Failed():
-				default:
-					t.Error("Failed did not close")
-				}
-				if perr := s.Publish(ctx, newEvent("e0", []byte("Order"), "order-1", "Changed", []byte(`{}`)), &acker{}); perr == nil {
-					t.Error("Publish accepted an event after the start error")
-				}
-				return
+			if err == nil || !strings.Contains(err.Error(), "kafka.idempotence") {
+				t.Fatalf("WaitReady = %v, want an error naming kafka.idempotence", err)
 			}
-			if err != nil {
-				t.Fatalf("WaitReady: %v", err)
+			select {
+			case <-s.Failed():
+			default:
+				t.Error("Failed did not close")
 			}
-			if s.logs.FilterMessageSnippet("refuse the idempotent producer").Len() != 1 {
-				t.Error("no warning says the producer runs without idempotence")
-			}
-			a := &acker{}
-			s.publish(t, newEvent("e0", []byte("Order"), "order-1", "Changed", []byte(`{}`)), a)
-			eventually(t, 30*time.Second, "the event acknowledged", func() bool { return a.n.Load() == 1 })
-			s.mustClose(t)
-			for _, b := range fb.Batches() {
-				if b.ProducerID != -1 || b.Seq != -1 {
-					t.Errorf("batch %v carries a producer id", b)
-				}
+			if perr := s.Publish(ctx, newEvent("e0", []byte("Order"), "order-1", "Changed", []byte(`{}`)), &acker{}); perr == nil {
+				t.Error("Publish accepted an event after the start error")
 			}
 		})
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/plain"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
 	"github.com/outbox-relay/outbox-relay/sink/producer"
@@ -46,7 +47,7 @@ func TestBrokerErrorsThatAreNotAboutTheRecordAreRetriedInPlace(t *testing.T) {
 			// idempotence auto goes without, as the sink's default does.
 			transport := &kafka.Transport{SASL: plain.Mechanism{Username: "relay", Password: "secret"},
 				DialTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second, MetadataTTL: 5 * time.Second}
-			f := newOnFakeVia(t, fb, -1, 5*time.Second, transport, producer.IdempotenceAuto)
+			f := newOnFakeVia(t, fb, -1, 5*time.Second, transport, producer.IdempotenceAuto, zaptest.NewLogger(t))
 			fb.Script(tt.produce, tt.metadata, tt.auth, tt.code)
 			if tt.refused {
 				fb.RefuseID("e0")

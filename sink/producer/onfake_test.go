@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
@@ -32,15 +33,14 @@ type onFake struct {
 // whose requests time out after timeout.
 func newOnFake(t *testing.T, fb *fakebroker.Broker, linger, timeout time.Duration) *onFake {
 	t.Helper()
-	return newOnFakeVia(t, fb, linger, timeout, &kafka.Transport{}, producer.IdempotenceOn)
+	return newOnFakeVia(t, fb, linger, timeout, &kafka.Transport{}, producer.IdempotenceOn, zaptest.NewLogger(t))
 }
 
 // newOnFakeVia is newOnFake whose client goes through transport (SASL, for one), with
-// idempotence as given.
-func newOnFakeVia(t *testing.T, fb *fakebroker.Broker, linger, timeout time.Duration, transport *kafka.Transport, idempotence producer.Idempotence) *onFake {
+// idempotence as given, logging to log.
+func newOnFakeVia(t *testing.T, fb *fakebroker.Broker, linger, timeout time.Duration, transport *kafka.Transport, idempotence producer.Idempotence, log *zap.Logger) *onFake {
 	t.Helper()
 	client := &kafka.Client{Addr: kafka.TCP(fb.Addr()), Timeout: timeout, Transport: transport}
-	log := zaptest.NewLogger(t)
 	f := &onFake{answers: map[string]error{}, retried: map[string]bool{}, settled: make(chan struct{}, 100)}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.p = producer.New(ctx, producer.Config{
