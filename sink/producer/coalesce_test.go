@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
 )
 
@@ -103,13 +104,7 @@ func TestARequestWithATopicKafkaGoCannotRouteYetSendsTheOthersAlone(t *testing.T
 	}
 	// n0 is retried once the transport gave up routing it (the request timeout): wait for that
 	// rather than assume it came before A and B were written.
-	deadline := time.Now().Add(30 * time.Second)
-	for !f.retriedTopic("New") {
-		if time.Now().After(deadline) {
-			t.Fatal("n0 was never retried")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	await.True(t, 30*time.Second, "n0 retried", func() bool { return f.retriedTopic("New") })
 	if f.retriedTopic("A") || f.retriedTopic("B") {
 		t.Errorf("A or B was retried; both were written at their first attempt")
 	}

@@ -2,6 +2,7 @@ package producer_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
 	"github.com/outbox-relay/outbox-relay/sink/producer"
 	"github.com/outbox-relay/outbox-relay/sink/record"
@@ -111,17 +113,10 @@ func sawFor(fb *fakebroker.Broker, topic string) []string {
 // stored waits until the broker stored every one of ids ("topic/id").
 func stored(t *testing.T, fb *fakebroker.Broker, ids ...string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	await.State(t, 30*time.Second, fmt.Sprintf("the broker stored %v", ids), func() (bool, string) {
 		got, _ := fb.State()
-		if !slices.ContainsFunc(ids, func(id string) bool { return !slices.Contains(got, id) }) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the broker stored %v, want %v among them", got, ids)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return !slices.ContainsFunc(ids, func(id string) bool { return !slices.Contains(got, id) }), fmt.Sprint(got)
+	})
 }
 
 // retriedTopic reports whether a batch of topic was retried.
