@@ -157,4 +157,3 @@ func sameJSON(a, b []byte) bool {
 	jb, _ := json.Marshal(y)
 	return bytes.Equal(ja, jb)
 }
-
