@@ -120,3 +120,12 @@ func (c *Config) validateRegistry(bad func(key, format string, args ...any)) {
 		bad("schema_registry.bearer_token_file", "and schema_registry.password_file are both set: use one")
 	}
 }
+
+// RegistryKeys lists the schema_registry.* keys, for the commands that frame records too.
+func RegistryKeys() []string {
+	keys := make([]string, len(registrySettings))
+	for i, s := range registrySettings {
+		keys[i] = s.key
+	}
+	return keys
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/redrive"
 	"github.com/outbox-relay/outbox-relay/schemas"
 	"github.com/outbox-relay/outbox-relay/schemas/avro"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -110,6 +111,31 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 		versions, err := relayRegistry.SubjectVersions(ctx, topic+"-value")
 		if err != nil || len(versions) != 3 {
 			t.Fatalf("subject versions %v, %v; want 3", versions, err)
+		}
+
+		// Once the rule allows the change, redrive sends the dead letter back framed as the relay
+		// frames: its payload, written as JSON, is serialized on the way.
+		if err := r.SetCompatibility(ctx, topic+"-value", "NONE"); err != nil {
+			t.Fatal(err)
+		}
+		ser, err := schemas.New(relayRegistry, schemas.Options{Value: avro.New(), AvroKey: true, AutoRegister: true, RecordNamespace: "shop"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := redrive.Run(ctx, redrive.Config{Brokers: []string{k.Brokers()}, DeadLetterTopic: dlq, Partition: -1, FromOffset: -1, ToOffset: -1,
+			Serializer: ser, BuiltinHeaders: record.BuiltinHeaders})
+		if err != nil || res.Redriven != 1 {
+			t.Fatalf("redrive: %+v, %v", res, err)
+		}
+		back := readBack(t, k.Brokers(), 30*time.Second, atLeast(len(want)+1), topic)
+		last := back[len(back)-1]
+		for _, rec := range back {
+			if rec.Header(redrive.Header) == "true" {
+				last = rec
+			}
+		}
+		if got := decode(t, last.Value); got != payloads[4] || decode(t, last.Key) != `"order-4"` {
+			t.Fatalf("the redriven record decodes to %s (key %s), want %s", got, decode(t, last.Key), payloads[4])
 		}
 	})
 
