@@ -170,7 +170,10 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 		var acked, published atomic.Int64
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
+		finished := make(chan struct{})
+		defer func() { cancel(); <-finished }() // a failed test stops the publisher before it ends
 		go func() {
+			defer close(finished)
 			for i := 0; ; i++ {
 				ev := newEvent(fmt.Sprintf("e%d", i), []byte("Order"), "order", fmt.Sprintf("E%d", i), fmt.Appendf(nil, `{"seq":%d}`, i))
 				if err := s.Publish(ctx, ev, &acker{total: &acked}); err != nil {
