@@ -86,8 +86,9 @@ var registrySettings = []setting{
 		apply: str(func(c *Config) *string { return &c.SchemaRegistry.FrameSubject })},
 }
 
-// validateRegistry checks the registry encodings against the rest of the configuration.
-func (c *Config) validateRegistry(bad func(key, format string, args ...any)) {
+// checkRegistry checks the registry encodings against the rest of the configuration.
+func (c *Config) checkRegistry(p *problems) {
+	bad := p.bad
 	value, key := RegistryEncoding(c.ValueEncoding), RegistryEncoding(c.KeyEncoding)
 	r := c.SchemaRegistry
 	if (value || key) && len(r.URLs) == 0 {
