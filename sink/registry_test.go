@@ -195,6 +195,11 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 		})
 		held := published.Load()
 		eventually(t, 10*time.Second, "everything handed over acknowledged", func() bool { return acked.Load() == held })
+		// Readiness names the wait once it lasts (registryGrace), without the error's text.
+		eventually(t, 30*time.Second, "readiness naming the wait for the registry", func() bool {
+			why, stalled := s.Stalled()
+			return stalled && strings.Contains(why, "waiting for the schema registry") && !strings.Contains(why, "127.0.0.1")
+		})
 		if err := r.Start(stopCtx); err != nil {
 			t.Fatal(err)
 		}
