@@ -44,7 +44,9 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 	}
 	newAvroSink := func(t *testing.T, topic string, o schemas.Options) (*testSink, string) {
 		t.Helper()
-		o.Value = avro.New()
+		if o.FrameOnly == "" {
+			o.Value = avro.New()
+		}
 		ser, err := schemas.New(relayRegistry, o)
 		if err != nil {
 			t.Fatal(err)
@@ -159,6 +161,23 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 		dead := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), dlq)
 		if len(dead) != 1 || dead[0].Header(sink.HeaderDLQReason) != sink.ReasonSchemaMismatch || !strings.Contains(dead[0].Header(sink.HeaderDLQError), "field qty") {
 			t.Fatalf("dead letters %+v, want one with reason %s naming field qty", dead, sink.ReasonSchemaMismatch)
+		}
+	})
+
+	t.Run("frame-only mode frames the application's Avro bytes with the subject's schema id", func(t *testing.T) {
+		topic := testenv.UniqueName(t, "frame")
+		ctx := context.Background()
+		if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeAvro,
+			Schema: `{"type":"record","name":"Count","fields":[{"name":"n","type":"long"}]}`}); err != nil {
+			t.Fatal(err)
+		}
+		s, _ := newAvroSink(t, topic, schemas.Options{FrameOnly: schemas.FrameBytes})
+		var acked atomic.Int64
+		s.publish(t, newEvent("e0", []byte("Count"), "c", "Counted", []byte{0x0e}), &acker{total: &acked}) // {"n": 7}, as the application wrote it
+		eventually(t, 30*time.Second, "the event settled", func() bool { return acked.Load() == 1 })
+		records := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), topic)
+		if len(records) != 1 || decode(t, records[0].Value) != `{"n":7}` {
+			t.Fatalf("records %+v, want one decoding to {\"n\":7}", records)
 		}
 	})
 
