@@ -103,6 +103,9 @@ type Config struct {
 	// FailoverStandbyDSN is a standby the slot monitor asks about its copy of the failover slot.
 	FailoverStandbyDSN string
 
+	// CloudEvents is the envelope: envelope and cloudevents.* (cloudevents.go).
+	CloudEvents CloudEvents
+
 	// Warnings are what Load found exposed without being wrong (a secret on the command line, a
 	// server not verified): the commands log them at start.
 	Warnings []string

@@ -59,7 +59,7 @@ type setting struct {
 }
 
 // settings is the whole configuration surface; README's table follows it.
-var settings = append([]setting{
+var settings = append(append([]setting{
 	{key: "profile", group: GroupOutbox, kind: kind("debezium"), help: "preset defaults: debezium (Debezium outbox router column names, id header only); empty for none",
 		apply: func(c *Config, v string) error {
 			if v == "" {
@@ -275,7 +275,7 @@ var settings = append([]setting{
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.Password })},
 	{key: "kafka.sasl.password_file", group: GroupKafka, kind: kindString, help: "file holding the SASL password (a mounted Secret), read for every connection, so a rotated password is used at the next reconnect; instead of kafka.sasl.password",
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.PasswordFile })},
-}, registrySettings...)
+}, cloudEventsSettings...), registrySettings...) // the envelope's keys live beside it (cloudevents.go), the registry's too (registry.go)
 
 // profiles preset defaults; keys set explicitly still win.
 var profiles = map[string]map[string]string{

@@ -34,20 +34,36 @@ type Delivery struct {
 	Version int64
 	// SchemaVersion is the schema_version header; 1 when the event carries none.
 	SchemaVersion int
-	// Payload is the record value, or, once a Registry upcast it, the upcast value.
+	// Payload is the record value (a CloudEvent's data), or, once a Registry upcast it, the
+	// upcast value.
 	Payload []byte
 	Replay  bool // the record came from `outbox-relay replay`
+	// CloudEvent is the record's CloudEvents envelope (envelope: cloudevents, structured or
+	// binary), nil when it has none.
+	CloudEvent *CloudEvent
 }
 
 // ParseDelivery reads m's headers. Header values that are JSON strings (what Kafka Connect writes
-// with the JsonConverter) are unquoted, as EventID does.
+// with the JsonConverter) are unquoted, as EventID does. A CloudEvent (structured or binary) is
+// read too: its data is the payload, and its id and type stand for the id and event_type headers
+// when the record lacks them.
 func ParseDelivery(m kafka.Message) (Delivery, error) {
-	id, err := EventID(m)
+	ce, err := ParseCloudEvent(m)
 	if err != nil {
 		return Delivery{}, err
 	}
-	d := Delivery{Message: m, ID: id, AggregateID: string(m.Key), SchemaVersion: 1, Payload: m.Value}
+	id, err := eventID(m, ce)
+	if err != nil {
+		return Delivery{}, err
+	}
+	d := Delivery{Message: m, ID: id, AggregateID: string(m.Key), SchemaVersion: 1, Payload: m.Value, CloudEvent: ce}
 	d.EventType, _ = header(m, HeaderEventType)
+	if ce != nil {
+		d.Payload = ce.Data
+		if d.EventType == "" {
+			d.EventType = ce.Type
+		}
+	}
 	var ok bool
 	if d.AggregateType, ok = header(m, HeaderAggregateType); !ok || d.AggregateType == "" {
 		d.AggregateType = m.Topic

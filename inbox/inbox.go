@@ -288,11 +288,27 @@ func TransactionMarker(m kafka.Message) bool {
 // EventID returns a Kafka message's event id from its id header. If the header occurs more than
 // once the last one wins, as with Java's Headers.lastHeader. A value that is a JSON string (what
 // Kafka Connect writes when its header converter is the JsonConverter) is unquoted, so records from
-// a Debezium deployment and from the relay give the same id.
+// a Debezium deployment and from the relay give the same id. A record without the header that is
+// a CloudEvent (structured or binary) has the CloudEvent's id.
 func EventID(m kafka.Message) (string, error) {
+	if v, _ := header(m, HeaderID); v != "" {
+		return v, nil
+	}
+	ce, err := ParseCloudEvent(m)
+	if err != nil {
+		return "", err
+	}
+	return eventID(m, ce)
+}
+
+// eventID is EventID for a record whose CloudEvent, if any, was read already.
+func eventID(m kafka.Message, ce *CloudEvent) (string, error) {
 	v, _ := header(m, HeaderID)
+	if v == "" && ce != nil {
+		v = ce.ID
+	}
 	if v == "" {
-		return "", fmt.Errorf("inbox: message %s/%d@%d has no %q header: %w", m.Topic, m.Partition, m.Offset, HeaderID, ErrNoEventID)
+		return "", fmt.Errorf("inbox: message %s/%d@%d has no %q header and is no CloudEvent: %w", m.Topic, m.Partition, m.Offset, HeaderID, ErrNoEventID)
 	}
 	return v, nil
 }

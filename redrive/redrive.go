@@ -321,6 +321,10 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 		// The row asked for a topic outbox rows may not reach (a platform's internal topic, the
 		// relay's positions): sending it there is what the refusal prevented.
 		return out, fmt.Errorf("the event was refused its topic %s, one outbox rows may not reach (topic_allow, topic_deny): it never goes there; fix the row's aggregate type (or topic_allow), then replay the event by id", topic)
+	case reason == sink.ReasonInvalidCloudEvent:
+		// Its value is the record without its CloudEvents envelope: sent back, consumers that read
+		// CloudEvents would get a bare payload.
+		return out, errors.New("the event could not be a CloudEvent (its value is the record without the envelope): fix the row or the cloudevents settings, then replay the event by id")
 	case reason == sink.ReasonInvalidMessage:
 		// Its value is the message's whole content as written, not a payload: sent back, it would
 		// reach consumers as a malformed event.

@@ -54,6 +54,7 @@ func TestADeadLetterBecomesTheRecordTheRelayMeantToPublish(t *testing.T) {
 		{"an incomplete row cannot go back", dead(sink.ReasonSchemaMismatch), Config{}, "", "", "incomplete"},
 		{"an invalid message cannot go back: its value is the message's content, not a payload", dead(sink.ReasonInvalidMessage), Config{}, "", "", "not an outbox event"},
 		{"a refused route never goes back", dead(sink.ReasonTopicNotAllowed), Config{}, "", "", "never goes there"},
+		{"an event that could not be a CloudEvent cannot go back: its value lacks the envelope", dead(sink.ReasonInvalidCloudEvent), Config{}, "", "", "could not be a CloudEvent"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

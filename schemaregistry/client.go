@@ -102,11 +102,12 @@ type Metrics struct {
 
 // Client is a schema registry client; safe for concurrent use. Close ends its probe.
 type Client struct {
-	sr      *sr.Client
-	urls    []string
-	latestT time.Duration
-	m       *Metrics
-	log     *zap.Logger
+	sr        *sr.Client
+	transport *http.Transport
+	urls      []string
+	latestT   time.Duration
+	m         *Metrics
+	log       *zap.Logger
 
 	ids    *cache[string, int]
 	byID   *cache[int, sr.Schema]
@@ -121,8 +122,6 @@ type Client struct {
 	closed  bool
 	stop    chan struct{}
 	probeWG sync.WaitGroup
-
-	now func() time.Time // time.Now; tests move it
 }
 
 type latestEntry struct {
@@ -155,7 +154,7 @@ func New(o Options) (*Client, error) {
 	}
 	size := cmp.Or(o.CacheSize, DefaultCacheSize)
 	c := &Client{
-		sr: client, urls: urls, latestT: cmp.Or(o.LatestTTL, DefaultLatestTTL), m: o.Metrics,
+		sr: client, transport: transport, urls: urls, latestT: cmp.Or(o.LatestTTL, DefaultLatestTTL), m: o.Metrics,
 		log:    o.Logger,
 		ids:    newCache[string, int](size),
 		byID:   newCache[int, sr.Schema](size),
@@ -163,12 +162,11 @@ func New(o Options) (*Client, error) {
 		latest: newCache[string, latestEntry](size),
 		health: Health{Up: true},
 		stop:   make(chan struct{}),
-		now:    time.Now,
 	}
 	if c.log == nil {
 		c.log = zap.NewNop()
 	}
-	c.health.Since = c.now()
+	c.health.Since = time.Now()
 	if c.m != nil {
 		c.m.Up.Set(1)
 	}
@@ -203,14 +201,14 @@ func (c *Client) Register(ctx context.Context, subject string, s sr.Schema) (int
 // stream goes on with it, and health says the registry is down).
 func (c *Client) Latest(ctx context.Context, subject string) (sr.SubjectSchema, error) {
 	cached, ok := c.latest.get(subject)
-	if ok && (c.latestT < 0 || c.now().Sub(cached.fetched) < c.latestT) {
+	if ok && (c.latestT < 0 || time.Now().Sub(cached.fetched) < c.latestT) {
 		return cached.ss, nil
 	}
 	req := request{op: "read the latest schema", subject: subject}
 	ss, err := shared(ctx, c, "latest\x00"+subject, req, func(ctx context.Context) (sr.SubjectSchema, error) {
 		ss, err := c.sr.SchemaByVersion(ctx, subject, -1)
 		if err == nil {
-			c.latest.put(subject, latestEntry{ss: ss, fetched: c.now()})
+			c.latest.put(subject, latestEntry{ss: ss, fetched: time.Now()})
 			c.byVer.put(versionKey(subject, ss.Version), ss)
 			c.byID.put(ss.ID, ss.Schema)
 		}
@@ -269,7 +267,7 @@ func (c *Client) Check(ctx context.Context) error {
 	return err
 }
 
-// Close ends the client's probe; the client must not be used afterwards.
+// Close ends the client's probe and its idle connections; the client must not be used afterwards.
 func (c *Client) Close() {
 	c.mu.Lock()
 	if !c.closed {
@@ -278,6 +276,7 @@ func (c *Client) Close() {
 	}
 	c.mu.Unlock()
 	c.probeWG.Wait()
+	c.transport.CloseIdleConnections()
 }
 
 // shared runs call once for every caller that asks for key while it runs: a burst of records with

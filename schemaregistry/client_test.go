@@ -1,6 +1,7 @@
 package schemaregistry_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -46,6 +47,9 @@ func newClient(t *testing.T, o schemaregistry.Options) (*schemaregistry.Client, 
 	m := metrics.New(prometheus.NewRegistry())
 	up, requests := m.SchemaRegistryMetrics()
 	o.Metrics = &schemaregistry.Metrics{Up: up, Requests: requests}
+	// A cold registry on a loaded machine can take longer than DefaultTimeout to answer its first
+	// requests; a test that is about timeouts sets its own.
+	o.Timeout = cmp.Or(o.Timeout, time.Minute)
 	c, err := schemaregistry.New(o)
 	if err != nil {
 		t.Fatal(err)
@@ -370,6 +374,15 @@ func TestCredentialsAreReadFromTheirFilesForEveryRequest(t *testing.T) {
 			}
 			if h := c.Health(); !h.Up || testutil.ToFloat64(m.SchemaRegistryUp.WithLabelValues()) != 1 {
 				t.Fatalf("health %+v after a success, want up (and the gauge 1)", h)
+			}
+
+			// The Secret is unmounted for a moment: the request waits (unavailable), naming the key.
+			if err := os.Remove(file); err != nil {
+				t.Fatal(err)
+			}
+			_, err = c.Register(ctx, subject(t), avro(idField))
+			if !schemaregistry.IsUnavailable(err) || !strings.Contains(err.Error(), "schema_registry.") || !strings.Contains(err.Error(), "remount") {
+				t.Fatalf("with the file gone: %v; want unavailable naming the key and the fix", err)
 			}
 		})
 	}

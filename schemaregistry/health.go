@@ -48,10 +48,10 @@ func (c *Client) record(ctx context.Context, err error) {
 	was := c.health.Up
 	switch {
 	case up && !was:
-		c.health = Health{Up: true, Since: c.now()}
+		c.health = Health{Up: true, Since: time.Now()}
 		c.log.Info("schema registry available again", zap.Strings("urls", c.urls))
 	case !up && was:
-		c.health = Health{Up: false, Since: c.now(), Reason: err.Error()}
+		c.health = Health{Up: false, Since: time.Now(), Reason: err.Error()}
 		c.log.Warn("schema registry unavailable: events that need a schema not in the cache wait until it answers",
 			zap.Strings("urls", c.urls), zap.String("reason", err.Error()))
 	case !up:

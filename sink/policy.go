@@ -29,6 +29,9 @@ const (
 	// topic_allow, reserved, or not matched by topic_regex). Redrive refuses these: publishing one
 	// would write where the row had no right to.
 	ReasonTopicNotAllowed = "topic_not_allowed"
+	// ReasonInvalidCloudEvent: envelope cloudevents is on and the event cannot be a CloudEvent
+	// (record.Record.EnvelopeErr says why); it is never published without its envelope.
+	ReasonInvalidCloudEvent = "invalid_cloudevent"
 )
 
 // RedriveLedgerSuffix names redrive's ledger topic: the dead-letter topic's name with it appended.

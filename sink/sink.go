@@ -337,6 +337,8 @@ func (s *Sink) hand(ctx context.Context, rec *delivery, built *record.Record, si
 		err = s.fail(ctx, rec, ReasonBadHeaders, hdrErr)
 	case partErr != nil:
 		err = s.fail(ctx, rec, ReasonInvalidPartition, partErr)
+	case built.EnvelopeErr != nil:
+		err = s.fail(ctx, rec, ReasonInvalidCloudEvent, built.EnvelopeErr)
 	case size > int64(s.cfg.MaxMessageBytes):
 		err = s.fail(ctx, rec, ReasonTooLarge, fmt.Errorf("record of %d bytes exceeds the %d-byte limit (max_message_bytes)",
 			size, s.cfg.MaxMessageBytes))

@@ -229,6 +229,7 @@ func sinkConfig(c *config.Config, extraHeaders []string, placements []record.Pla
 		TopicRegex:              c.TopicRegex,
 		TopicReplacement:        c.TopicReplacement,
 		TombstoneOnEmptyPayload: c.TombstoneOnEmptyPayload,
+		CloudEvents:             c.RecordCloudEvents(),
 		PayloadField:            c.Columns.Payload,
 		TopicRegexPassthrough:   c.TopicRegexPassthrough,
 		TopicAllow:              c.TopicAllow,

@@ -124,16 +124,21 @@ func run(topic, group string) error {
 			}
 			continue
 		}
-		id, err := inbox.EventID(m)
-		if err != nil {
-			return err // without an id a redelivery cannot be recognised: stop rather than guess
-		}
 		if framed != nil {
+			// Avro (value_encoding or key_encoding avro): the key and value read back as the
+			// aggregate id and the JSON payload, through the registry.
 			if m, err = inbox.Unframe(ctx, framed, m); err != nil {
 				return err // the registry cannot answer: its offset is not committed
 			}
 		}
-		processed, err := applyWithRetry(ctx, store, pool, id, m.Value)
+		// ParseDelivery reads the relay's headers, and a CloudEvent (envelope: cloudevents) in
+		// either content mode: the payload is then the event's data.
+		d, err := inbox.ParseDelivery(m)
+		if err != nil {
+			return err // without an id a redelivery cannot be recognised: stop rather than guess
+		}
+		id := d.ID
+		processed, err := applyWithRetry(ctx, store, pool, id, d.Payload)
 		if err != nil {
 			return fmt.Errorf("event %s at %s/%d@%d: %w (its offset is not committed; it is redelivered after a restart)",
 				id, m.Topic, m.Partition, m.Offset, err)

@@ -5,7 +5,8 @@
 // happens to a record that cannot be built, or that Kafka refuses, is the sink's policy.
 //
 // Files by job: the Builder (record.go), the topic (route.go, allow.go), the key (key.go), the
-// value (value.go, connectjson.go, debezium.go's envelope) and the headers (headers.go).
+// value (value.go, connectjson.go, debezium.go's envelope), the headers (headers.go) and the
+// CloudEvents envelope around them all (cloudevents.go).
 package record
 
 import (
@@ -52,6 +53,9 @@ type Options struct {
 	TopicAllow            []string
 	TopicDeny             []string
 	TopicRegexPassthrough bool
+
+	// CloudEvents, when set, makes every record a CloudEvent (cloudevents.go).
+	CloudEvents *CloudEvents
 }
 
 // WithDefaults returns o with its zero values replaced by the defaults.
@@ -83,6 +87,7 @@ type Builder struct {
 	router      *router
 	headers     []string // the extra values that go into headers by name; the others' names are empty
 	nullHeaders []bool   // which of them stand as a null header when NULL
+	ce          *cloudEvents
 }
 
 // NewBuilder checks o and returns a Builder for it.
@@ -119,6 +124,11 @@ func NewBuilder(o Options) (*Builder, error) {
 		return nil, err
 	}
 	b := &Builder{o: o, router: rt, headers: o.ExtraHeaders}
+	if o.CloudEvents != nil {
+		if b.ce, err = newCloudEvents(*o.CloudEvents, o); err != nil {
+			return nil, err
+		}
+	}
 	if o.ExtraPlacement != nil {
 		b.headers = make([]string, len(o.ExtraHeaders))
 		b.nullHeaders = make([]bool, len(o.ExtraHeaders))
@@ -148,6 +158,9 @@ type Record struct {
 	TopicErr     error // no topic, or one Kafka does not allow
 	HeadersErr   error // the headers column, or the aggregate version, is not what a header can be
 	PartitionErr error // the partition column is not a partition number
+	// EnvelopeErr says why the event cannot be a CloudEvent (Options.CloudEvents); the record then
+	// has no envelope and must not go to its topic.
+	EnvelopeErr error
 }
 
 // Build builds ev's record; now is its timestamp when the event has neither its own nor a commit
@@ -168,5 +181,8 @@ func (b *Builder) Build(ev *decoder.Event, now time.Time) Record {
 	hs, r.HeadersErr = buildHeaders(ev, b.o.BuiltinHeaders, b.headers, b.nullHeaders)
 	r.Msg.Headers = traceHeaders(hs, ev.SpanContext)
 	r.Partition, r.PartitionErr = b.partitionOf(ev)
+	if b.ce != nil && r.HeadersErr == nil {
+		r.EnvelopeErr = b.ce.wrap(&r, ev)
+	}
 	return r
 }

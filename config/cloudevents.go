@@ -1,0 +1,69 @@
+package config
+
+import (
+	"github.com/outbox-relay/outbox-relay/sink/record"
+)
+
+// CloudEvents holds the envelope keys: envelope and cloudevents.* (record.CloudEvents).
+type CloudEvents struct {
+	Envelope        string // EnvelopeNone or EnvelopeCloudEvents
+	Mode            string // structured or binary
+	Source          string
+	Type            string
+	Subject         string
+	DataContentType string
+}
+
+// Values of envelope.
+const (
+	EnvelopeNone        = "none"
+	EnvelopeCloudEvents = "cloudevents"
+)
+
+// cloudEventsSettings are the envelope's keys; settings (keys.go) ends with them.
+var cloudEventsSettings = []setting{
+	{key: "envelope", group: GroupRouting, kind: choices(EnvelopeNone, EnvelopeCloudEvents), def: EnvelopeNone, help: "none, or cloudevents: every record is a CloudEvent 1.0 (Kafka protocol binding) in cloudevents.mode, around the value value_encoding builds",
+		apply: oneOf(func(c *Config) *string { return &c.CloudEvents.Envelope }, EnvelopeNone, EnvelopeCloudEvents)},
+	{key: "cloudevents.mode", group: GroupRouting, kind: choices(record.CloudEventsStructured, record.CloudEventsBinary), def: record.CloudEventsStructured, help: "structured: the value is a JSON CloudEvent (content-type application/cloudevents+json) named as Debezium's CloudEventsConverter names its fields, the encoded value as data; binary: the value as encoded, the attributes in ce_ headers and content-type",
+		apply: oneOf(func(c *Config) *string { return &c.CloudEvents.Mode }, record.CloudEventsStructured, record.CloudEventsBinary)},
+	{key: "cloudevents.source", group: GroupRouting, kind: kindString, def: record.DefaultCloudEventsSource, help: "the source attribute, a URI-reference; {aggregate_type}, {aggregate_id} and {event_type} are replaced",
+		apply: str(func(c *Config) *string { return &c.CloudEvents.Source })},
+	{key: "cloudevents.type", group: GroupRouting, kind: kindString, def: record.DefaultCloudEventsType, help: "the type attribute; {aggregate_type}, {aggregate_id} and {event_type} are replaced (e.g. com.example.{event_type})",
+		apply: str(func(c *Config) *string { return &c.CloudEvents.Type })},
+	{key: "cloudevents.subject", group: GroupRouting, kind: kindString, help: "the subject attribute, e.g. {aggregate_id}; empty sends none",
+		apply: str(func(c *Config) *string { return &c.CloudEvents.Subject })},
+	{key: "cloudevents.data_content_type", group: GroupRouting, kind: kindString, def: record.DefaultCloudEventsContentType, help: "the datacontenttype attribute (binary: the content-type header); a JSON type puts the value as data, another puts it base64 in data_base64 (structured)",
+		apply: str(func(c *Config) *string { return &c.CloudEvents.DataContentType })},
+}
+
+// RecordCloudEvents is the record builder's CloudEvents option: nil without the envelope.
+func (c *Config) RecordCloudEvents() *record.CloudEvents {
+	if c.CloudEvents.Envelope != EnvelopeCloudEvents {
+		return nil
+	}
+	return &record.CloudEvents{Mode: c.CloudEvents.Mode, Source: c.CloudEvents.Source, Type: c.CloudEvents.Type,
+		Subject: c.CloudEvents.Subject, DataContentType: c.CloudEvents.DataContentType}
+}
+
+// checkCloudEvents checks the envelope keys together with the value encoding.
+func (c *Config) checkCloudEvents(p *problems) {
+	if ce := c.RecordCloudEvents(); ce != nil {
+		if err := record.CheckCloudEvents(*ce, record.Encoding(c.ValueEncoding)); err != nil {
+			p.bad("envelope", "%v", err)
+		}
+		return
+	}
+	// Set to what is not the default, a key would look in effect while it is not.
+	ce := c.CloudEvents
+	for _, k := range []struct{ key, value, def string }{
+		{"cloudevents.mode", ce.Mode, record.CloudEventsStructured},
+		{"cloudevents.source", ce.Source, record.DefaultCloudEventsSource},
+		{"cloudevents.type", ce.Type, record.DefaultCloudEventsType},
+		{"cloudevents.subject", ce.Subject, ""},
+		{"cloudevents.data_content_type", ce.DataContentType, record.DefaultCloudEventsContentType},
+	} {
+		if k.value != k.def {
+			p.bad(k.key, "applies with envelope: cloudevents only; remove it or set envelope: cloudevents")
+		}
+	}
+}
