@@ -6,9 +6,10 @@
 //
 // # What Encode returns
 //
-// Encode returns everything the Confluent wire format puts after the magic byte and the 4-byte
-// schema id: the message-index list (sr.ConfluentHeader's encoding: the single byte 0 for the
-// file's first message) followed by the serialized message. Decode takes the same bytes.
+// Encode returns the message's Confluent message-index list ([0] for the file's first message)
+// and the serialized message; the caller frames them: magic byte, 4-byte schema id, the list as
+// sr.ConfluentHeader writes it (the single byte 0 for [0]), the message. Decode takes the list
+// read back from the framing and the message.
 //
 // # How a JSON payload maps to a schema (Infer)
 //

@@ -39,12 +39,19 @@ type Format struct {
 	files map[string]protoreflect.FileDescriptor // by schema text
 }
 
-// Encode converts payload (JSON) to a message of s and returns the message-index list followed by
-// the serialized message (see the package doc).
-func (f *Format) Encode(s sr.Schema, payload []byte) ([]byte, error) {
+// New returns a Protobuf format whose strict schemas' payloads are their first message.
+func New() *Format { return &Format{} }
+
+// Type is sr.TypeProtobuf.
+func (*Format) Type() sr.SchemaType { return sr.TypeProtobuf }
+
+// Encode converts payload (JSON) to a message of s: index is the message's Confluent
+// message-index list (the caller frames it after the schema id, with sr.ConfluentHeader), data
+// the serialized message. A payload that does not fit returns an error wrapping ErrMismatch.
+func (f *Format) Encode(s sr.Schema, payload []byte) (index []int, data []byte, err error) {
 	md, err := f.message(s)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	msg := dynamicpb.NewMessage(md)
 	if err := protojson.Unmarshal(payload, msg); err != nil {
@@ -53,42 +60,33 @@ func (f *Format) Encode(s sr.Schema, payload []byte) ([]byte, error) {
 		// payload parses once.
 		trimmed, ok := dropUntypedUnknown(payload, md)
 		if !ok {
-			return nil, mismatch(md, err)
+			return nil, nil, mismatch(md, err)
 		}
 		msg = dynamicpb.NewMessage(md)
 		if err := protojson.Unmarshal(trimmed, msg); err != nil {
-			return nil, mismatch(md, err)
+			return nil, nil, mismatch(md, err)
 		}
 	}
-	b, err := (&sr.ConfluentHeader{}).AppendEncode(nil, 0, messageIndex(md))
+	data, err = proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 	if err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("serialize protobuf message %s: %w", md.FullName(), err)
 	}
-	b = b[5:] // AppendEncode writes magic and id first; the caller writes those
-	b, err = proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, msg)
-	if err != nil {
-		return nil, fmt.Errorf("serialize protobuf message %s: %w", md.FullName(), err)
-	}
-	return b, nil
+	return messageIndex(md), data, nil
 }
 
-// Decode reads what Encode returns (the bytes after the magic byte and schema id) as a message of
-// s and gives it as JSON (see the package doc).
-func (f *Format) Decode(s sr.Schema, data []byte) ([]byte, error) {
+// Decode reads data as the message of s that index (the message-index list read from the
+// framing) names, and gives it as JSON (see the package doc).
+func (f *Format) Decode(s sr.Schema, index []int, data []byte) ([]byte, error) {
 	fd, err := f.file(s)
 	if err != nil {
 		return nil, err
-	}
-	index, rest, err := (&sr.ConfluentHeader{}).DecodeIndex(data, 0)
-	if err != nil {
-		return nil, fmt.Errorf("read protobuf message-index list: %w", err)
 	}
 	md, err := messageAt(fd, index)
 	if err != nil {
 		return nil, err
 	}
 	msg := dynamicpb.NewMessage(md)
-	if err := proto.Unmarshal(rest, msg); err != nil {
+	if err := proto.Unmarshal(data, msg); err != nil {
 		return nil, fmt.Errorf("parse protobuf message %s: %w", md.FullName(), err)
 	}
 	return appendMessage(nil, msg)

@@ -34,14 +34,14 @@ func TestInferredSchemasCarryPayloadsThere(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Infer: %v", err)
 			}
-			enc, err := f.Encode(s, []byte(tc.payload))
+			index, data, err := f.Encode(s, []byte(tc.payload))
 			if err != nil {
 				t.Fatalf("Encode: %v\nschema:\n%s", err, s.Schema)
 			}
-			if enc[0] != 0 {
-				t.Errorf("message-index list starts with %#x, want 0 (the first message)", enc[0])
+			if !reflect.DeepEqual(index, []int{0}) {
+				t.Errorf("message-index list %v, want [0] (the first message)", index)
 			}
-			dec, err := f.Decode(s, enc)
+			dec, err := f.Decode(s, index, data)
 			if err != nil {
 				t.Fatalf("Decode: %v", err)
 			}
@@ -181,14 +181,15 @@ func TestStrictSchemasEncodeTheirMessage(t *testing.T) {
 	s := sr.Schema{Schema: strictSchema, Type: sr.TypeProtobuf}
 	payload := `{"order_id":"o-1","totalCents":"9007199254740993","status":"PAID","lines":[{"sku":"a","qty":2}],` +
 		`"placed_at":"2026-12-06T10:00:00Z","attrs":{"k":"v"},"blob":"AAE="}`
-	enc, err := f.Encode(s, []byte(payload))
+	index, data, err := f.Encode(s, []byte(payload))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.HasPrefix(enc, []byte{2, 2}) { // varint count 1, varint index 1: the second message
-		t.Errorf("message-index list % x, want 02 02 (one index: 1)", enc[:2])
+	framed, _ := (&sr.ConfluentHeader{}).AppendEncode(nil, 7, index)
+	if want := []byte{0, 0, 0, 0, 7, 2, 2}; !bytes.Equal(framed, want) { // count 1, index 1 (zigzag varints)
+		t.Errorf("framing % x, want % x (the second message)", framed, want)
 	}
-	dec, err := f.Decode(s, enc)
+	dec, err := f.Decode(s, index, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestStrictSchemasNameTheMemberThatDoesNotFit(t *testing.T) {
 		{"an unknown enum name", `{"status":"SHIPPED"}`, `SHIPPED`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := f.Encode(s, []byte(tc.payload))
+			_, _, err := f.Encode(s, []byte(tc.payload))
 			if err == nil {
 				t.Fatal("Encode succeeded")
 			}
@@ -237,7 +238,7 @@ func TestSchemasThatCannotBeUsedSaySo(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := Format{Message: tc.message}
-			_, err := f.Encode(tc.s, []byte(`{}`))
+			_, _, err := f.Encode(tc.s, []byte(`{}`))
 			if err == nil || !strings.Contains(err.Error(), tc.wantInErr) {
 				t.Errorf("Encode error %v, want one saying %q", err, tc.wantInErr)
 			}
@@ -254,11 +255,14 @@ func TestDecodeRefusesBadFraming(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Decode(s, []byte{2, 6}); err == nil || !strings.Contains(err.Error(), "names no message") {
+	if _, err := f.Decode(s, []int{3}, nil); err == nil || !strings.Contains(err.Error(), "names no message") {
 		t.Errorf("an index past the schema's messages gave %v", err)
 	}
-	if _, err := f.Decode(s, nil); err == nil {
-		t.Error("empty data decoded")
+	if _, err := f.Decode(s, nil, nil); err == nil {
+		t.Error("an empty message-index list decoded")
+	}
+	if _, err := f.Decode(s, []int{0}, []byte{0xff}); err == nil {
+		t.Error("a truncated message decoded")
 	}
 }
 
