@@ -52,12 +52,15 @@
 // # Encode and strict schemas
 //
 // Encode parses the schema text with protocompile (google/protobuf/*.proto imports resolved from
-// the well-known types; other references are not resolved and are an error), takes the file's
-// first top-level message (or Format.Message), and converts the JSON payload with the proto3 JSON
-// mapping (protojson): members by field name or json_name, int64 from a number or a string, enums
-// by name or number, bytes as base64, well-known types in their JSON forms. A member the message
-// has no field for, or a value of the wrong type, is an error wrapping ErrMismatch that names the
-// member: a strict schema never drops data silently. Parsed schemas are cached by text.
+// the well-known types; references to other subjects are not resolved and are an error), takes
+// the file's first top-level message (or Format.Message), and converts the JSON payload with the
+// proto3 JSON mapping: members by json_name or field name; a 64-bit integer from a number or a
+// string; an integer field also from 1e3 or 2.0, never from 2.5 or beyond its range; enums by
+// name or number; bytes from base64; well-known types (Timestamp, Duration, Struct, wrappers) in
+// their JSON forms; a null member is the field unset. A member the message has no field for (but
+// a null or [], which an inferred schema leaves out), or a value that does not fit its field, is a
+// *FieldError (wrapping ErrMismatch) naming the member's path (lines[1].qty) and what was wanted:
+// a strict schema never drops data silently. Parsed schemas are cached by text.
 //
 // # Decode
 //

@@ -2,15 +2,12 @@ package protobuf
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/bufbuild/protocompile"
 	"github.com/twmb/franz-go/pkg/sr"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -53,19 +50,13 @@ func (f *Format) Encode(s sr.Schema, payload []byte) (index []int, data []byte, 
 	if err != nil {
 		return nil, nil, err
 	}
+	doc, err := parseJSON(payload)
+	if err != nil {
+		return nil, nil, &FieldError{Problem: "the payload is not JSON: " + err.Error()}
+	}
 	msg := dynamicpb.NewMessage(md)
-	if err := protojson.Unmarshal(payload, msg); err != nil {
-		// An inferred schema leaves out the members that were null or [] (see the package doc),
-		// which protojson calls unknown: drop those (and only those) and try again. The common
-		// payload parses once.
-		trimmed, ok := dropUntypedUnknown(payload, md)
-		if !ok {
-			return nil, nil, mismatch(md, err)
-		}
-		msg = dynamicpb.NewMessage(md)
-		if err := protojson.Unmarshal(trimmed, msg); err != nil {
-			return nil, nil, mismatch(md, err)
-		}
+	if err := setMessage(msg, doc, ""); err != nil {
+		return nil, nil, err
 	}
 	data, err = proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 	if err != nil {
@@ -90,62 +81,6 @@ func (f *Format) Decode(s sr.Schema, index []int, data []byte) ([]byte, error) {
 		return nil, fmt.Errorf("parse protobuf message %s: %w", md.FullName(), err)
 	}
 	return appendMessage(nil, msg)
-}
-
-// mismatch wraps protojson's error (which names the member by its JSON name) in ErrMismatch.
-func mismatch(md protoreflect.MessageDescriptor, err error) error {
-	msg := err.Error()
-	msg = strings.TrimPrefix(strings.TrimPrefix(strings.TrimPrefix(msg, "proto:"), "\u00a0"), " ")
-	return fmt.Errorf("%w %s: %s", ErrMismatch, md.FullName(), msg)
-}
-
-// dropUntypedUnknown returns payload without the null and [] members the message has no field
-// for, at any depth, and whether it dropped any.
-func dropUntypedUnknown(payload []byte, md protoreflect.MessageDescriptor) ([]byte, bool) {
-	doc, err := parseJSON(payload)
-	if err != nil {
-		return nil, false
-	}
-	obj, ok := doc.(map[string]any)
-	if !ok || !dropIn(obj, md) {
-		return nil, false
-	}
-	out, err := json.Marshal(obj)
-	if err != nil {
-		return nil, false
-	}
-	return out, true
-}
-
-func dropIn(obj map[string]any, md protoreflect.MessageDescriptor) bool {
-	dropped := false
-	for k, v := range obj {
-		fd := md.Fields().ByJSONName(k)
-		if fd == nil {
-			fd = md.Fields().ByName(protoreflect.Name(k))
-		}
-		if fd == nil {
-			if isUntyped(v) {
-				delete(obj, k)
-				dropped = true
-			}
-			continue
-		}
-		if fd.Message() == nil || fd.IsMap() {
-			continue
-		}
-		switch x := v.(type) {
-		case map[string]any:
-			dropped = dropIn(x, fd.Message()) || dropped
-		case []any:
-			for _, el := range x {
-				if o, ok := el.(map[string]any); ok {
-					dropped = dropIn(o, fd.Message()) || dropped
-				}
-			}
-		}
-	}
-	return dropped
 }
 
 // message returns the message a payload of s is encoded as.

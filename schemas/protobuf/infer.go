@@ -27,11 +27,11 @@ func (f *Format) Infer(name, namespace string, payload []byte) (sr.Schema, error
 	}
 	doc, err := parseJSON(payload)
 	if err != nil {
-		return sr.Schema{}, fmt.Errorf("%w: payload is not JSON: %v", ErrMismatch, err)
+		return sr.Schema{}, &FieldError{Problem: "the payload is not JSON: " + err.Error()}
 	}
 	obj, ok := doc.(map[string]any)
 	if !ok {
-		return sr.Schema{}, fmt.Errorf("%w: payload is a JSON %s, and a Protobuf message needs a JSON object: write an object, or use value_encoding json-string or raw", ErrMismatch, kindName(doc))
+		return sr.Schema{}, fieldErr("", "a JSON %s, and a Protobuf message needs a JSON object: write an object, or use value_encoding json-string or raw", kindName(doc))
 	}
 	m, err := inferMessage(msgName, obj, "")
 	if err != nil {
@@ -75,7 +75,7 @@ func inferMessage(name string, obj map[string]any, path string) (*message, error
 	// its parent: names are given fields first, then types.
 	used := map[string]bool{name: true}
 	for _, k := range keys {
-		fd, err := inferField(k, obj[k], joinPath(path, k))
+		fd, err := inferField(k, obj[k], memberPath(path, k))
 		if err != nil {
 			return nil, err
 		}
@@ -137,7 +137,7 @@ func inferValue(v any, path string) (*protoField, error) {
 		}
 		return &protoField{msg: m}, nil
 	}
-	return nil, fmt.Errorf("%w: member %s is a JSON %s, which has no Protobuf type here", ErrMismatch, path, kindName(v))
+	return nil, fieldErr(path, "a JSON %s, which has no Protobuf type here", kindName(v))
 }
 
 // mergeElements types an array's elements as one repeated field's element.
@@ -148,11 +148,11 @@ func mergeElements(arr []any, path string) (*protoField, error) {
 		k := kindName(v)
 		switch {
 		case v == nil:
-			return nil, fmt.Errorf("%w: member %s holds a null at index %d; a Protobuf repeated field cannot hold null: leave the null out", ErrMismatch, path, i)
+			return nil, fieldErr(fmt.Sprintf("%s[%d]", path, i), "null in an array; a Protobuf repeated field cannot hold one: leave the null out")
 		case k == "array":
-			return nil, fmt.Errorf("%w: member %s is an array of arrays, which Protobuf cannot say without a wrapper message: nest the inner arrays in objects", ErrMismatch, path)
+			return nil, fieldErr(path, "an array of arrays, which Protobuf cannot say without a wrapper message: nest the inner arrays in objects")
 		case kind != "" && k != kind:
-			return nil, fmt.Errorf("%w: member %s mixes a JSON %s and a JSON %s; a Protobuf repeated field has one type", ErrMismatch, path, kind, k)
+			return nil, fieldErr(path, "an array mixing a JSON %s and a JSON %s; a Protobuf repeated field has one type", kind, k)
 		}
 		kind = k
 		switch x := v.(type) {
@@ -174,7 +174,7 @@ func mergeElements(arr []any, path string) (*protoField, error) {
 		}
 		return fd, nil
 	}
-	merged, err := mergeObjects(objs, path)
+	merged, err := mergeObjects(objs, path+"[]")
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +200,7 @@ func mergeObjects(objs []map[string]any, path string) (map[string]any, error) {
 			if isUntyped(v) {
 				continue
 			}
-			mv, err := mergeValues(prev, v, joinPath(path+"[]", k))
+			mv, err := mergeValues(prev, v, memberPath(path, k))
 			if err != nil {
 				return nil, err
 			}
@@ -213,7 +213,7 @@ func mergeObjects(objs []map[string]any, path string) (map[string]any, error) {
 func mergeValues(a, b any, path string) (any, error) {
 	ka, kb := kindName(a), kindName(b)
 	if ka != kb {
-		return nil, fmt.Errorf("%w: member %s is a JSON %s in one array element and a JSON %s in another; a Protobuf field has one type", ErrMismatch, path, ka, kb)
+		return nil, fieldErr(path, "a JSON %s in one array element and a JSON %s in another; a Protobuf field has one type", ka, kb)
 	}
 	switch x := a.(type) {
 	case json.Number:
@@ -222,7 +222,7 @@ func mergeValues(a, b any, path string) (any, error) {
 		}
 		return b, nil // b is double or int64: either is wide enough
 	case map[string]any:
-		return mergeObjects([]map[string]any{x, b.(map[string]any)}, strings.TrimSuffix(path, "[]"))
+		return mergeObjects([]map[string]any{x, b.(map[string]any)}, path)
 	case []any:
 		return append(append([]any{}, x...), b.([]any)...), nil // merged element-wise by mergeElements
 	}
@@ -369,13 +369,6 @@ func unique(s string, used map[string]bool) string {
 	}
 	used[out] = true
 	return out
-}
-
-func joinPath(path, key string) string {
-	if path == "" {
-		return strconv.Quote(key)
-	}
-	return path + "." + strconv.Quote(key)
 }
 
 func kindName(v any) string {

@@ -126,12 +126,13 @@ func TestInferRefusesWhatProtobufCannotSay(t *testing.T) {
 	for _, tc := range []struct {
 		name, payload, wantInErr string
 	}{
-		{"a payload that is not an object", `[1,2]`, "JSON array"},
+		{"a payload that is not an object", `[1,2]`, "payload: a JSON array"},
 		{"a payload that is not JSON", `{"a":`, "not JSON"},
-		{"an array holding a null", `{"tags":["a",null]}`, `"tags" holds a null`},
-		{"an array of arrays", `{"m":[[1]]}`, `"m" is an array of arrays`},
-		{"an array mixing kinds", `{"v":[1,"a"]}`, `"v" mixes a JSON number and a JSON string`},
-		{"array elements disagreeing on a member", `{"l":[{"x":1},{"x":"a"}]}`, `"l"[]."x" is a JSON number in one array element`},
+		{"an array holding a null", `{"tags":["a",null]}`, `field tags[1]: null in an array`},
+		{"an array of arrays", `{"m":[[1]]}`, `field m: an array of arrays`},
+		{"an array mixing kinds", `{"v":[1,"a"]}`, `field v: an array mixing a JSON number and a JSON string`},
+		{"array elements disagreeing on a member", `{"l":[{"x":1},{"x":"a"}]}`, `field l[].x: a JSON number in one array element`},
+		{"nested arrays elements disagreeing", `{"l":[{"o":{"x":1}},{"o":{"x":true}}]}`, `field l[].o.x: a JSON number`},
 		{"content after the value", `{"a":1} x`, "not JSON"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,21 +204,28 @@ func TestStrictSchemasNameTheMemberThatDoesNotFit(t *testing.T) {
 	for _, tc := range []struct {
 		name, payload, wantInErr string
 	}{
-		{"a member the schema has no field for", `{"order_id":"o","coupon":"x"}`, `coupon`},
-		{"a string where a number belongs", `{"total_cents":"lots"}`, `totalCents`},
-		{"a nested member of the wrong type", `{"lines":[{"sku":"a","qty":"two"}]}`, `qty`},
-		{"an unknown enum name", `{"status":"SHIPPED"}`, `SHIPPED`},
+		{"a member the schema has no field for", `{"order_id":"o","coupon":"x"}`, `field coupon: message shop.v1.Order has no field for it`},
+		{"a string where a number belongs", `{"total_cents":"lots"}`, `field total_cents: want an integer`},
+		{"a number out of a field's range", `{"lines":[{"qty":3000000000}]}`, `field lines[0].qty: want an integer (int32), got "3000000000" (out of range)`},
+		{"a fraction where an integer belongs", `{"totalCents":2.5}`, `field totalCents: want an integer`},
+		{"a null in a repeated field", `{"lines":[null]}`, `field lines[0]: null`},
+		{"a timestamp that is none", `{"placed_at":"yesterday"}`, `field placed_at: not a google.protobuf.Timestamp`},
+		{"bytes that are not base64", `{"blob":"!!"}`, `field blob: want base64`},
+		{"an object where a string belongs", `{"order_id":{"a":1}}`, `field order_id: want a string, got object`},
+		{"a nested member of the wrong type", `{"lines":[{"sku":"a","qty":1},{"sku":"a","qty":"two"}]}`, `field lines[1].qty: want an integer (int32), got "two"`},
+		{"an unknown enum name", `{"status":"SHIPPED"}`, `field status: "SHIPPED" is not a value of enum shop.v1.Order.Status`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := f.Encode(s, []byte(tc.payload))
 			if err == nil {
 				t.Fatal("Encode succeeded")
 			}
-			if !errors.Is(err, ErrMismatch) {
-				t.Errorf("error %q does not wrap ErrMismatch", err)
+			var fe *FieldError
+			if !errors.As(err, &fe) || !errors.Is(err, ErrMismatch) {
+				t.Errorf("error %q is no *FieldError wrapping ErrMismatch", err)
 			}
 			if !strings.Contains(err.Error(), tc.wantInErr) {
-				t.Errorf("error %q does not name %q", err, tc.wantInErr)
+				t.Errorf("error %q does not say %q", err, tc.wantInErr)
 			}
 		})
 	}
