@@ -36,6 +36,7 @@ type Config struct {
 	BuiltinHeaders    []string
 	ValueEncoding     string
 	KeyEncoding       string
+	SchemaRegistry    SchemaRegistry // value_encoding or key_encoding avro (registry.go)
 	Profile           string
 	TopicTemplate     string
 	OnFailure         string
@@ -288,7 +289,7 @@ func (c *Config) UsesMessages() bool {
 }
 
 // settings is the whole configuration surface; README's table follows it.
-var settings = []setting{
+var settings = append([]setting{
 	{key: "profile", group: GroupOutbox, kind: kind("debezium"), help: "preset defaults: debezium (Debezium outbox router column names, id header only); empty for none",
 		apply: func(c *Config, v string) error {
 			if v == "" {
@@ -388,10 +389,10 @@ var settings = []setting{
 			}
 			return nil
 		}},
-	{key: "value_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-expanded", "json-with-schema"), def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it) or json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true)",
-		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema")},
-	{key: "key_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-with-schema"), def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled) or json-with-schema (JsonConverter's envelope with schemas enabled)",
-		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema")},
+	{key: "value_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-expanded", "json-with-schema", "avro"), def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it), json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true) or avro (Avro in the Confluent wire format through schema_registry, like Debezium's AvroConverter)",
+		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema", "avro")},
+	{key: "key_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-with-schema", "avro"), def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled), json-with-schema (JsonConverter's envelope with schemas enabled) or avro (an Avro string through schema_registry, like Connect's AvroConverter)",
+		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema", "avro")},
 	{key: "topic_template", group: GroupRouting, kind: kindString, def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",
 		apply: str(func(c *Config) *string { return &c.TopicTemplate })},
 	{key: "topic_regex", group: GroupRouting, kind: kindString, help: "route by regular expression (Debezium's route.topic.regex, Go syntax) matched against the whole aggregate type: the topic is topic_replacement with its groups; an aggregate type it does not match is refused (reason topic_not_allowed) unless topic_regex_passthrough; replaces topic_template",
@@ -583,7 +584,7 @@ var settings = []setting{
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.Password })},
 	{key: "kafka.sasl.password_file", group: GroupKafka, kind: kindString, help: "file holding the SASL password (a mounted Secret), read for every connection, so a rotated password is used at the next reconnect; instead of kafka.sasl.password",
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.PasswordFile })},
-}
+}, registrySettings...)
 
 // profiles preset defaults; keys set explicitly still win.
 var profiles = map[string]map[string]string{
@@ -869,6 +870,7 @@ func (c *Config) validate(from func(key string) string, needKafka, needPG bool) 
 	if c.TopicRegex != "" && from("topic_template") != "default" && !strings.HasPrefix(from("topic_template"), "profile") {
 		bad("topic_regex", "and topic_template (from %s) both route: set one", from("topic_template"))
 	}
+	c.validateRegistry(bad)
 	if c.ValueEncoding == "json-with-schema" {
 		for _, f := range c.ExtraFields {
 			if strings.Contains(f, ":envelope") {

@@ -68,6 +68,11 @@ type Metrics struct {
 
 	TopicUnavailable *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 
+	// The schema registry of the registry-backed encodings (package schemaregistry); no series
+	// without one: SchemaRegistryMetrics makes them.
+	SchemaRegistryUp       *prometheus.GaugeVec
+	SchemaRegistryRequests *prometheus.CounterVec // by outcome
+
 	PublicationCheckAge prometheus.Gauge
 
 	// The polling mode (source: poll; package poll).
@@ -96,6 +101,12 @@ type Metrics struct {
 // latencyBuckets spans 1 ms to ~1 min: commit-to-ack latency is milliseconds when healthy and
 // seconds to minutes while the broker is down.
 var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
+
+// SchemaRegistryMetrics returns the collectors of a schema registry client
+// (schemaregistry.Options.Metrics wants these two), creating the series.
+func (m *Metrics) SchemaRegistryMetrics() (up prometheus.Gauge, requests *prometheus.CounterVec) {
+	return m.SchemaRegistryUp.WithLabelValues(), m.SchemaRegistryRequests
+}
 
 // New creates the collectors and registers them with reg.
 func New(reg prometheus.Registerer) *Metrics {
@@ -182,6 +193,11 @@ func New(reg prometheus.Registerer) *Metrics {
 
 		TopicUnavailable: f.gaugeVec("topic_unavailable",
 			"1 for a topic the relay has waited for more than 3s because it does not exist (auto-creation off) or is not authorized; every event waits behind it.", "topic"),
+
+		SchemaRegistryUp: f.gaugeVec("schema_registry_up",
+			"1 while the schema registry answers, 0 from a request it could not answer (down, 5xx, 408, 429, refused credentials) until it answers again; no series without a registry."),
+		SchemaRegistryRequests: f.counterVec("schema_registry_requests_total",
+			"Requests to the schema registry (cache misses), by outcome: ok, unavailable, incompatible, not_found, rejected.", "outcome"),
 
 		PollPendingRows: f.gauge("poll_pending_rows",
 			"Polling mode: outbox rows not yet processed (dead letters waiting under the halt policy included)."),
