@@ -36,7 +36,7 @@ type Config struct {
 	BuiltinHeaders    []string
 	ValueEncoding     string
 	KeyEncoding       string
-	SchemaRegistry    SchemaRegistry // value_encoding or key_encoding avro (registry.go)
+	SchemaRegistry    SchemaRegistry // value_encoding avro, protobuf or json-schema, key_encoding avro (registry.go)
 	Profile           string
 	TopicTemplate     string
 	OnFailure         string
@@ -389,8 +389,8 @@ var settings = append([]setting{
 			}
 			return nil
 		}},
-	{key: "value_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-expanded", "json-with-schema", "avro"), def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it), json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true) or avro (Avro in the Confluent wire format through schema_registry, like Debezium's AvroConverter)",
-		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema", "avro")},
+	{key: "value_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-expanded", "json-with-schema", "avro", "protobuf", "json-schema"), def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it), json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true), avro (Avro in the Confluent wire format through schema_registry, like Debezium's AvroConverter), protobuf (Protobuf, with its message-index list, likewise; like Confluent's ProtobufConverter) or json-schema (the JSON document checked against a JSON Schema, likewise; like Confluent's JsonSchemaConverter)",
+		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema", "avro", "protobuf", "json-schema")},
 	{key: "key_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-with-schema", "avro"), def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled), json-with-schema (JsonConverter's envelope with schemas enabled) or avro (an Avro string through schema_registry, like Connect's AvroConverter)",
 		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema", "avro")},
 	{key: "topic_template", group: GroupRouting, kind: kindString, def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",

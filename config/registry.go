@@ -9,14 +9,18 @@ import (
 
 // Record encodings framed through a schema registry (value_encoding, key_encoding).
 const (
-	EncodingAvro = "avro"
+	EncodingAvro       = "avro"
+	EncodingProtobuf   = "protobuf"    // values only
+	EncodingJSONSchema = "json-schema" // values only
 )
 
 // RegistryEncoding reports whether a value or key encoding is framed through the schema registry.
-func RegistryEncoding(enc string) bool { return enc == EncodingAvro }
+func RegistryEncoding(enc string) bool {
+	return enc == EncodingAvro || enc == EncodingProtobuf || enc == EncodingJSONSchema
+}
 
 // SchemaRegistry configures the schema registry that registry encodings (value_encoding avro,
-// key_encoding avro) frame records with, and how subjects and schemas are chosen (package schemas).
+// protobuf or json-schema; key_encoding avro) frame records with, and how subjects and schemas are chosen (package schemas).
 type SchemaRegistry struct {
 	URLs            []string
 	Username        string
@@ -39,7 +43,7 @@ type SchemaRegistry struct {
 
 // registrySettings are the schema_registry.* keys.
 var registrySettings = []setting{
-	{key: "schema_registry.urls", group: GroupRouting, kind: kindList, help: "base URLs of the schema registry's Confluent-compatible API (Confluent: http://host:8081; Apicurio 2.x: http://host:8080/apis/ccompat/v7), comma-separated, tried in order; required by value_encoding or key_encoding avro",
+	{key: "schema_registry.urls", group: GroupRouting, kind: kindList, help: "base URLs of the schema registry's Confluent-compatible API (Confluent: http://host:8081; Apicurio 2.x: http://host:8080/apis/ccompat/v7), comma-separated, tried in order; required by value_encoding avro, protobuf or json-schema, or key_encoding avro",
 		apply: list(func(c *Config) *[]string { return &c.SchemaRegistry.URLs })},
 	{key: "schema_registry.username", group: GroupRouting, kind: kindString, help: "basic auth user name for the registry",
 		apply: str(func(c *Config) *string { return &c.SchemaRegistry.Username })},
@@ -107,7 +111,7 @@ func (c *Config) validateRegistry(bad func(key, format string, args ...any)) {
 	}
 	if r.FrameOnly != "" {
 		if !value {
-			bad("schema_registry.frame_only", "needs a registry value_encoding (avro): the subject's schema says what the application wrote")
+			bad("schema_registry.frame_only", "needs a registry value_encoding (avro, protobuf or json-schema): the subject's schema says what the application wrote")
 		}
 		if r.AutoRegister {
 			bad("schema_registry.frame_only", "frames payloads with the registry's schema: set schema_registry.auto_register to false")

@@ -210,3 +210,18 @@ func foldNames(v any) any {
 	}
 	return v
 }
+
+func TestValueFormatsByEncodingName(t *testing.T) {
+	for enc, typ := range map[string]sr.SchemaType{"avro": sr.TypeAvro, "protobuf": sr.TypeProtobuf, "json-schema": sr.TypeJSON} {
+		f, err := schemas.ValueFormat(enc)
+		if err != nil || f.Type() != typ {
+			t.Errorf("ValueFormat(%q) = %v, %v; want a %s format", enc, f, err, typ)
+		}
+	}
+	if _, err := schemas.ValueFormat("json-string"); err == nil {
+		t.Error("ValueFormat accepted json-string, which needs no registry")
+	}
+	if n := len(schemas.Formats()); n != 3 {
+		t.Errorf("Formats() has %d formats, want 3", n)
+	}
+}
