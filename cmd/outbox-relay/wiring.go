@@ -141,6 +141,14 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 	if err != nil {
 		return relay.Config{}, err
 	}
+	// Registry encodings: record builds the key and value raw, the sink frames them. The client
+	// reports nothing (run swaps in one with metrics); every caller gets one, so nothing built
+	// from this configuration publishes unframed.
+	valueEnc, keyEnc := recordEncodings(c)
+	serializer, _, err := newSerializer(c, nil, nil)
+	if err != nil {
+		return relay.Config{}, err
+	}
 	var backfill *relay.Backfill
 	if c.Backfill {
 		backfill = &relay.Backfill{Since: c.BackfillFrom(time.Now()), CreatedColumn: c.Columns.CreatedAt, Where: c.BackfillWhere,
@@ -181,8 +189,8 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 				TopicTemplate:           c.TopicTemplate,
 				BuiltinHeaders:          c.BuiltinHeaders,
 				ExtraHeaders:            extraHeaders,
-				ValueEncoding:           record.Encoding(c.ValueEncoding),
-				KeyEncoding:             record.Encoding(c.KeyEncoding),
+				ValueEncoding:           valueEnc,
+				KeyEncoding:             keyEnc,
 				ExtraPlacement:          placements,
 				TopicRegex:              c.TopicRegex,
 				TopicReplacement:        c.TopicReplacement,
@@ -210,6 +218,7 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			Idempotence:     sink.Idempotence(c.Kafka.Idempotence),
 			// Only on request: a row inventing aggregate types would otherwise create topics.
 			NoAutoCreateTopics: !c.Kafka.AutoCreateTopics,
+			Serializer:         serializer,
 		},
 		OnUpdate:          c.OnUpdate,
 		ShutdownTimeout:   c.ShutdownTimeout,
