@@ -197,6 +197,72 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 			if err != nil || len(versions) != 2 {
 				t.Fatalf("%s: subject versions %v, %v; want 2", enc, versions, err)
 			}
+			latest, err := relayRegistry.SchemaByVersion(ctx, topic+"-value", -1)
+			if err != nil || latest.Type != f.Type() {
+				t.Fatalf("%s: the registry holds the subject's schema as %v (%v), want %s", enc, latest.Type, err, f.Type())
+			}
+			s.mustClose(t)
+		}
+	})
+
+	t.Run("strict protobuf and json-schema subjects take what fits and name the field of what does not", func(t *testing.T) {
+		anyFormat := schemas.NewDeserializer(registryClient(t, r), schemas.Formats()...)
+		for _, tc := range []struct {
+			encoding string
+			schema   sr.Schema
+		}{
+			// A well-known import: the registry takes it without a reference, and so does the relay.
+			{schemas.EncodingProtobuf, sr.Schema{Type: sr.TypeProtobuf, Schema: `syntax = "proto3";
+package shop.v1;
+import "google/protobuf/timestamp.proto";
+message Order {
+  message Line { string sku = 1; int32 qty = 2; }
+  string id = 1;
+  repeated Line lines = 2;
+  google.protobuf.Timestamp placed_at = 3 [json_name = "placed_at"];
+}
+`}},
+			{schemas.EncodingJSONSchema, sr.Schema{Type: sr.TypeJSON, Schema: `{"$schema":"http://json-schema.org/draft-07/schema#",` +
+				`"type":"object","required":["id"],"additionalProperties":false,"properties":{"id":{"type":"string"},"placed_at":{"type":"string"},` +
+				`"lines":{"type":"array","items":{"type":"object","properties":{"sku":{"type":"string"},"qty":{"type":"integer"}}}}}}`}},
+		} {
+			topic := testenv.UniqueName(t, "strict-"+tc.encoding)
+			ctx := context.Background()
+			if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", tc.schema); err != nil {
+				t.Fatalf("%s: register the subject's schema: %v", tc.encoding, err)
+			}
+			f, err := schemas.ValueFormat(tc.encoding)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ser, err := schemas.New(relayRegistry, schemas.Options{Value: f})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dlq := testenv.UniqueName(t, "dlq")
+			s := readySink(t, k.Brokers(), sink.Config{Record: record.Options{TopicTemplate: topic}, DeadLetterTopic: dlq, Serializer: ser})
+			payloads := []string{
+				`{"id":"o1","lines":[{"sku":"a","qty":2}],"placed_at":"2026-12-06T10:00:00Z"}`,
+				`{"id":"o2","lines":[{"sku":"a","qty":1},{"sku":"b","qty":"two"}]}`,
+			}
+			var acked atomic.Int64
+			for i, p := range payloads {
+				s.publish(t, newEvent(fmt.Sprintf("e%d", i), []byte("Order"), "order", "Created", []byte(p)), &acker{total: &acked})
+			}
+			eventually(t, 30*time.Second, tc.encoding+": every event settled", func() bool { return acked.Load() == int64(len(payloads)) })
+			records := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), topic)
+			if len(records) != 1 {
+				t.Fatalf("%s: %d records, want 1", tc.encoding, len(records))
+			}
+			doc, _, err := anyFormat.Decode(ctx, records[0].Value)
+			var got, exp any
+			if err != nil || json.Unmarshal(doc, &got) != nil || json.Unmarshal([]byte(payloads[0]), &exp) != nil || !reflect.DeepEqual(got, exp) {
+				t.Errorf("%s: the record decodes to %s (%v), want %s", tc.encoding, doc, err, payloads[0])
+			}
+			dead := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), dlq)
+			if len(dead) != 1 || dead[0].Header(sink.HeaderDLQReason) != sink.ReasonSchemaMismatch || !strings.Contains(dead[0].Header(sink.HeaderDLQError), "field lines[1].qty") {
+				t.Fatalf("%s: dead letters %+v, want one with reason %s naming field lines[1].qty", tc.encoding, dead, sink.ReasonSchemaMismatch)
+			}
 			s.mustClose(t)
 		}
 	})
