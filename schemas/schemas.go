@@ -6,10 +6,12 @@
 // schema and its id, encodes and frames. Schemas come in one of three ways:
 //
 //   - infer and register (Options.AutoRegister): the schema is inferred from each JSON payload by
-//     the value format (schemas/avro says precisely how a payload maps to an Avro record) and
-//     registered under the subject. Two events of one subject that infer different schemas are two
-//     versions of it: the registry accepts the second if the subject's compatibility rule allows
-//     it, and refuses it otherwise (409), which fails the event with ReasonIncompatible.
+//     the value format (schemas/avro says precisely how a payload maps to an Avro record), merged
+//     into the subject's latest where the format can (Widener: the subject's schema only grows, so
+//     an event that leaves a member out or holds a smaller number reuses it), and registered under
+//     the subject. Two events of one subject whose schemas cannot merge are two versions of it:
+//     the registry accepts the second if the subject's compatibility rule allows it, and refuses
+//     it otherwise (409), which fails the event with ReasonIncompatible.
 //   - strict (AutoRegister false): the subject's latest version (refreshed every LatestRefresh) or a
 //     pinned Version; the payload is converted to it, and a payload that does not fit fails with
 //     ReasonMismatch naming the field.
@@ -34,6 +36,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -67,6 +70,13 @@ type Format interface {
 	Encode(s sr.Schema, payload []byte) (index []int, data []byte, err error)
 	// Decode writes data of s (the message at index) as JSON.
 	Decode(s sr.Schema, index []int, data []byte) ([]byte, error)
+}
+
+// Widener is a Format whose inferred schemas merge (avro.Format.Widen): with it, a subject's
+// inferred schema only grows, so an event that leaves a member out, or holds a smaller number,
+// reuses the registered schema instead of registering a narrower one.
+type Widener interface {
+	Widen(latest, inferred sr.Schema) (sr.Schema, bool)
 }
 
 // Strategy names subjects (Confluent's subject name strategies).
@@ -167,8 +177,9 @@ type Serializer struct {
 	o   Options
 
 	mu       sync.Mutex
-	ids      map[idKey]int      // registered (subject, schema text) -> id
-	subjects map[string]*strict // strict and frame-only subjects
+	ids      map[idKey]int        // registered (subject, schema text) -> id
+	subjects map[string]*strict   // strict and frame-only subjects
+	inferred map[string]sr.Schema // the last schema registered per inferred subject (Widener)
 	now      func() time.Time
 }
 
@@ -217,7 +228,8 @@ func New(reg Registry, o Options) (*Serializer, error) {
 	if o.FrameOnly != "" && o.FrameIndex == nil {
 		o.FrameIndex = []int{0}
 	}
-	return &Serializer{reg: reg, o: o, ids: make(map[idKey]int), subjects: make(map[string]*strict), now: time.Now}, nil
+	return &Serializer{reg: reg, o: o, ids: make(map[idKey]int), subjects: make(map[string]*strict),
+		inferred: make(map[string]sr.Schema), now: time.Now}, nil
 }
 
 // Serialize returns the framed key and value of an event routed to topic: key is the aggregate
@@ -272,8 +284,16 @@ func (s *Serializer) value(ctx context.Context, topic, eventType string, payload
 		if schema, err = s.o.Value.Infer(name, namespace, payload); err != nil {
 			return nil, &Error{Reason: ReasonMismatch, Subject: subject, Field: fieldOf(err), Err: fmt.Errorf("no schema can be inferred from the payload: %w", err)}
 		}
+		if schema, err = s.widen(ctx, subject, schema); err != nil {
+			return nil, err
+		}
 		if id, err = s.register(ctx, subject, schema); err != nil {
 			return nil, err
+		}
+		if _, ok := s.o.Value.(Widener); ok {
+			s.mu.Lock()
+			s.inferred[subject] = schema
+			s.mu.Unlock()
 		}
 	} else {
 		st, err := s.strict(ctx, subject)
@@ -319,6 +339,34 @@ func (s *Serializer) frame(ctx context.Context, topic, eventType string, payload
 		index = s.o.FrameIndex
 	}
 	return append(header(st.id, index), data...), nil
+}
+
+// widen merges inferred into the subject's schema (Widener): the one this Serializer registered
+// last, or, the first time, the registry's latest (so a restart does not register a narrower
+// schema). A subject without a schema, or one that cannot merge, takes inferred as it is.
+func (s *Serializer) widen(ctx context.Context, subject string, inferred sr.Schema) (sr.Schema, error) {
+	w, ok := s.o.Value.(Widener)
+	if !ok {
+		return inferred, nil
+	}
+	s.mu.Lock()
+	base, known := s.inferred[subject]
+	s.mu.Unlock()
+	if !known {
+		latest, err := s.reg.Latest(ctx, subject)
+		var re *sr.ResponseError
+		switch {
+		case errors.As(err, &re) && re.StatusCode == http.StatusNotFound:
+			return inferred, nil // a new subject
+		case err != nil:
+			return sr.Schema{}, heldError(subject, "looking up the subject's latest schema", err)
+		}
+		base = latest.Schema
+	}
+	if merged, ok := w.Widen(base, inferred); ok {
+		return merged, nil
+	}
+	return inferred, nil
 }
 
 // recordName is the value's record name and namespace for an event of eventType.

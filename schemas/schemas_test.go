@@ -257,3 +257,33 @@ func TestFrameOnlyFramesTheApplicationsBytesAsTheyAre(t *testing.T) {
 		t.Fatalf("bad base64: %v, want schema_mismatch", err)
 	}
 }
+
+func TestAnInferredSubjectOnlyGrows(t *testing.T) {
+	reg := &fakeRegistry{}
+	s, err := schemas.New(reg, schemas.Options{Value: avro.New(), AutoRegister: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var ids []byte
+	for _, p := range []string{`{"qty":5000000000,"note":"x"}`, `{"qty":1}`, `{}`, `{"note":"y","qty":2}`} {
+		_, v, err := s.Serialize(ctx, "orders", "", nil, []byte(p))
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		ids = append(ids, v[4])
+	}
+	if !bytes.Equal(ids, []byte{1, 1, 1, 1}) || len(reg.ids) != 1 {
+		t.Fatalf("schema ids %v, %d registered; want every event under the first schema", ids, len(reg.ids))
+	}
+	// A restarted relay starts from the registry's latest, not from a narrower inferred schema.
+	latest := sr.SubjectSchema{Subject: "orders-value", ID: 1}
+	for k := range reg.ids {
+		_, latest.Schema.Schema, _ = strings.Cut(k, "\x00")
+	}
+	reg.latest = map[string]sr.SubjectSchema{"orders-value": latest}
+	again, _ := schemas.New(reg, schemas.Options{Value: avro.New(), AutoRegister: true})
+	if _, v, err := again.Serialize(ctx, "orders", "", nil, []byte(`{"qty":1}`)); err != nil || v[4] != 1 || len(reg.ids) != 1 {
+		t.Fatalf("after a restart: id %d, %v, %d registered; want the first schema again", v[4], err, len(reg.ids))
+	}
+}

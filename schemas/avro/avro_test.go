@@ -146,3 +146,43 @@ func TestStrictConversionNamesTheFieldThatFails(t *testing.T) {
 		})
 	}
 }
+
+func TestWideningKeepsASubjectsSchemaGrowing(t *testing.T) {
+	f := avro.New()
+	infer := func(payload string) sr.Schema {
+		s, err := f.Infer("payload", "", []byte(payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	tests := []struct {
+		name            string
+		latest, payload string
+		want            string // the merged schema's payload that infers it; "" when they do not merge
+	}{
+		{"a member left out keeps its field", `{"a":1,"b":"x"}`, `{"a":2}`, `{"a":1,"b":"x"}`},
+		{"a smaller number keeps the wider type", `{"a":5000000000}`, `{"a":1}`, `{"a":5000000000}`},
+		{"a fraction widens an integer to a double", `{"a":1}`, `{"a":1.5}`, `{"a":1.5}`},
+		{"new members come after the known ones", `{"a":1}`, `{"c":true,"a":1}`, `{"a":1,"c":true}`},
+		{"nested records merge", `{"o":{"x":1}}`, `{"o":{"y":"z"}}`, `{"o":{"x":1,"y":"z"}}`},
+		{"a string and a number do not merge", `{"a":1}`, `{"a":"one"}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := f.Widen(infer(tt.latest), infer(tt.payload))
+			if tt.want == "" {
+				if ok {
+					t.Fatalf("merged into %s, want no merge", got.Schema)
+				}
+				return
+			}
+			if !ok || got.Schema != infer(tt.want).Schema {
+				t.Fatalf("merged %v into\n%s\nwant\n%s", ok, got.Schema, infer(tt.want).Schema)
+			}
+			if _, _, err := f.Encode(got, []byte(tt.payload)); err != nil {
+				t.Fatalf("the payload does not fit the merged schema: %v", err)
+			}
+		})
+	}
+}
