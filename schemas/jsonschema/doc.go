@@ -27,11 +27,14 @@
 // Properties are written in name order, so two payloads with the same members in another order
 // infer the same schema text (and the caller's cache finds one id for both).
 //
-// Evolution under the registry's BACKWARD rule (as Apicurio Registry checks it): a member that
-// appears is a compatible change; a member that disappears (or turns null) after the subject has a
-// version with it, or changes type, is not, and the event goes to the failure policy as
-// schema_incompatible, unless the version without it was registered first (registering a schema
-// the subject already has returns its id, with no check).
+// Evolution under the registry's BACKWARD rule (as Apicurio Registry checks it): a property added
+// to a closed model is a compatible change; one removed, or a type changed, is not. So the
+// Serializer (auto_register) does not register each event's schema as inferred: Widen merges it
+// into the subject's latest inferred schema, which therefore only grows. A member that appears is
+// a new version; a member left out, null or [] reuses the subject's schema (the event fits it: no
+// property is required, and a null member is left out of the data, see Encode); a member whose
+// type changes (a number, then a string) keeps the event's type in the merge, and the registry
+// refuses the change: schema_incompatible.
 //
 // # Encode and strict schemas
 //
