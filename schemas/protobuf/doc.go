@@ -46,6 +46,13 @@
 // compatible change (a field added or removed), and a consumer's generated code keeps working. A
 // tag costs up to 4 bytes instead of 1: the price of numbers that never move.
 //
+// Evolution: the Serializer (auto_register) does not register each event's schema as inferred:
+// Widen merges it into the subject's latest inferred schema, which therefore only grows (a member
+// left out or null reuses the subject's schema; a member that appears is a new version, a field
+// added). A member whose type changes (int64, then string; a scalar, then an array) keeps the
+// event's type in the merge, and the registry refuses the change under BACKWARD:
+// schema_incompatible. A field's number never changes, since it comes from its name.
+//
 // Fields and nested messages are written in name order, so two payloads with the same members in
 // another order infer the same schema text (and the caller's cache finds one id for both).
 //
