@@ -160,7 +160,8 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 				`{"id":"o1","qty":1,"address":{"city":"Oslo"}}`,
 				`{"id":"o2","qty":2,"address":{"city":"Bergen"},"note":"gift"}`, // a new member: compatible
 				`{"id":"o3","qty":"three","address":{"city":"Oslo"}}`,           // a number to a string: not
-				`{"id":"o4","qty":4,"address":{"city":"Oslo"}}`,                 // the first version again
+				`{"id":"o4","qty":4,"address":{"city":"Oslo"}}`,                 // the first shape: the subject's schema again
+				`{"id":"o5","qty":null}`,                                        // members left out or null: likewise
 			}
 			var acked atomic.Int64
 			for i, p := range payloads {
@@ -171,8 +172,8 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 			if len(dead) != 1 || dead[0].Header(sink.HeaderDLQReason) != sink.ReasonSchemaIncompatible || string(dead[0].Value) != payloads[2] {
 				t.Fatalf("%s: %d dead letters, want the third event with reason %s", enc, len(dead), sink.ReasonSchemaIncompatible)
 			}
-			records := readBack(t, k.Brokers(), 30*time.Second, atLeast(3), topic)
-			want := map[string]string{"order-0": payloads[0], "order-1": payloads[1], "order-3": payloads[3]}
+			records := readBack(t, k.Brokers(), 30*time.Second, atLeast(4), topic)
+			want := map[string]string{"order-0": payloads[0], "order-1": payloads[1], "order-3": payloads[3], "order-4": `{"id":"o5"}`}
 			if len(records) != len(want) {
 				t.Fatalf("%s: %d records on %s, want %d", enc, len(records), topic, len(want))
 			}
