@@ -8,37 +8,6 @@ import (
 	"strings"
 )
 
-// Group is a section of the configuration keys, as help lists them.
-type Group string
-
-// The groups, in the order help lists them.
-const (
-	GroupPostgres   Group = "PostgreSQL"
-	GroupOutbox     Group = "Outbox table and source"
-	GroupKafka      Group = "Kafka"
-	GroupRouting    Group = "Routing (event to record)"
-	GroupDelivery   Group = "Delivery"
-	GroupOperations Group = "Operations"
-)
-
-var groups = []Group{GroupPostgres, GroupOutbox, GroupKafka, GroupRouting, GroupDelivery, GroupOperations}
-
-// kind is what a key's value is, in the words help uses after the flag ("duration", "size",
-// "a|b|c"); booleans have none, so that help shows them as switches.
-type kind string
-
-const (
-	kindBool     kind = ""
-	kindString   kind = "string"
-	kindInt      kind = "int"
-	kindDuration kind = "duration"
-	kindSize     kind = "size"
-	kindList     kind = "list"
-	kindIntAuto  kind = "int|auto"
-)
-
-func choices(allowed ...string) kind { return kind(strings.Join(allowed, "|")) }
-
 // Key describes one configuration key, for help and documentation.
 type Key struct {
 	Name    string // e.g. kafka.sasl.password

@@ -2,7 +2,6 @@ package config
 
 import (
 	"net/url"
-	"regexp"
 	"strings"
 )
 
@@ -28,9 +27,6 @@ func RedactDSN(dsn string) string {
 	}
 	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
 }
-
-// kvPassword matches password= and, as its suffix, sslpassword=.
-var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
 // urlSecrets are the query parameters of a URL DSN that hold secrets.
 var urlSecrets = []string{"password", "sslpassword"}
@@ -63,57 +59,4 @@ func Scrub(s string, secrets ...string) string {
 		}
 	}
 	return s
-}
-
-func dsnPassword(dsn string) string {
-	if isURL(dsn) {
-		u, _, err := parseURL(dsn)
-		if err != nil {
-			return ""
-		}
-		if pw, ok := u.User.Password(); ok {
-			return pw
-		}
-		return u.Query().Get("password")
-	}
-	for _, m := range kvPassword.FindAllStringSubmatchIndex(dsn, -1) {
-		if start := m[2]; start < 3 || dsn[start-3:start] != "ssl" { // password=, not sslpassword=
-			return unquoteKV(dsn[m[4]:m[5]])
-		}
-	}
-	return ""
-}
-
-// unquoteKV undoes libpq's quoting of a key=value value ('it\'s' is it's), so the secret matches
-// what a server or driver might echo.
-func unquoteKV(v string) string {
-	if len(v) < 2 || v[0] != '\'' || v[len(v)-1] != '\'' {
-		return v
-	}
-	v = v[1 : len(v)-1]
-	var b strings.Builder
-	for i := 0; i < len(v); i++ {
-		if v[i] == '\\' && i+1 < len(v) {
-			i++
-		}
-		b.WriteByte(v[i])
-	}
-	return b.String()
-}
-
-// dsnSSLPassword is the sslpassword of a DSN (the client key's passphrase), or "".
-func dsnSSLPassword(dsn string) string {
-	if isURL(dsn) {
-		u, _, err := parseURL(dsn)
-		if err != nil {
-			return ""
-		}
-		return u.Query().Get("sslpassword")
-	}
-	for _, m := range kvPassword.FindAllStringSubmatchIndex(dsn, -1) {
-		if start := m[2]; start >= 3 && dsn[start-3:start] == "ssl" {
-			return unquoteKV(dsn[m[4]:m[5]])
-		}
-	}
-	return ""
 }

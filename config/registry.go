@@ -90,8 +90,9 @@ var registrySettings = []setting{
 		apply: str(func(c *Config) *string { return &c.SchemaRegistry.FrameSubject })},
 }
 
-// validateRegistry checks the registry encodings against the rest of the configuration.
-func (c *Config) validateRegistry(bad func(key, format string, args ...any)) {
+// checkRegistry checks the registry encodings against the rest of the configuration.
+func (c *Config) checkRegistry(p *problems) {
+	bad := p.bad
 	value, key := RegistryEncoding(c.ValueEncoding), RegistryEncoding(c.KeyEncoding)
 	r := c.SchemaRegistry
 	if (value || key) && len(r.URLs) == 0 {
@@ -123,4 +124,13 @@ func (c *Config) validateRegistry(bad func(key, format string, args ...any)) {
 	if r.PasswordFile != "" && r.BearerTokenFile != "" {
 		bad("schema_registry.bearer_token_file", "and schema_registry.password_file are both set: use one")
 	}
+}
+
+// RegistryKeys lists the schema_registry.* keys, for the commands that frame records too.
+func RegistryKeys() []string {
+	keys := make([]string, len(registrySettings))
+	for i, s := range registrySettings {
+		keys[i] = s.key
+	}
+	return keys
 }

@@ -480,20 +480,20 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN, size int) (Change, e
 	if r.err != nil {
 		return Change{}, nil
 	}
-	value := func(i int) ([]byte, error) {
-		if i < 0 {
-			return nil, nil
-		}
-		if i >= len(d.cols) {
-			return nil, fmt.Errorf("insert into %s has %d columns, the relation promised at least %d", rel.name, len(d.cols), i+1)
-		}
-		if d.cols[i].kind == colUnchanged {
-			return nil, fmt.Errorf("insert into %s carries an unchanged TOAST value in column %d", rel.name, i)
-		}
-		return d.cols[i].data, nil
-	}
 	ev := &Event{LSN: walStart, Tx: d.tx, RawSize: int64(size)}
-	var err error
+	unusable, err := d.fillFromRow(rel, ev)
+	if err != nil {
+		return Change{}, err
+	}
+	ev.Index = d.events
+	d.events++
+	return Change{Kind: Insert, Tx: d.tx, Event: ev, Unusable: unusable}, nil
+}
+
+// fillFromRow fills ev from the mapped columns of the insert's row (d.cols). An error is a row
+// that breaks the protocol's promises; unusable is an event that cannot be published as it is (a
+// bad timestamp, the relation's own fault), and still goes to the failure policy.
+func (d *Decoder) fillFromRow(rel *relation, ev *Event) (unusable, err error) {
 	for _, f := range []struct {
 		dst *[]byte
 		idx int
@@ -502,25 +502,25 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN, size int) (Change, e
 		{&ev.EventType, rel.evType}, {&ev.Payload, rel.payload}, {&ev.Headers, rel.headers},
 		{&ev.AggregateVersion, rel.aggVersion},
 	} {
-		if *f.dst, err = value(f.idx); err != nil {
-			return Change{}, err
+		if *f.dst, err = d.column(rel, f.idx); err != nil {
+			return nil, err
 		}
 	}
 	if len(rel.extra) > 0 {
 		ev.Extra = make([][]byte, len(rel.extra))
 		for i, idx := range rel.extra {
-			if ev.Extra[i], err = value(idx); err != nil {
-				return Change{}, err
+			if ev.Extra[i], err = d.column(rel, idx); err != nil {
+				return nil, err
 			}
 		}
 		ev.ExtraKinds = rel.extraKinds
 	}
-	if ev.SpanContext, err = value(rel.spanContext); err != nil {
-		return Change{}, err
+	if ev.SpanContext, err = d.column(rel, rel.spanContext); err != nil {
+		return nil, err
 	}
-	unusable := rel.unusable
-	if ts, err := value(rel.timestamp); err != nil {
-		return Change{}, err
+	unusable = rel.unusable
+	if ts, err := d.column(rel, rel.timestamp); err != nil {
+		return nil, err
 	} else if ts != nil && unusable == nil {
 		if ev.Time, err = ParseTimestamp(ts, rel.timestampTZ); err != nil {
 			unusable = fmt.Errorf("outbox table %s, timestamp column %q: %w", rel.name, d.cfg.Columns.Timestamp, err)
@@ -528,13 +528,25 @@ func (d *Decoder) insert(r *reader, walStart pglogrepl.LSN, size int) (Change, e
 	}
 	if rel.payloadBytea && ev.Payload != nil {
 		if ev.Payload, err = unhexBytea(ev.Payload); err != nil {
-			return Change{}, fmt.Errorf("payload of event %s: %w", ev.ID, err)
+			return nil, fmt.Errorf("payload of event %s: %w", ev.ID, err)
 		}
 		ev.RawSize += int64(len(ev.Payload))
 	}
-	ev.Index = d.events
-	d.events++
-	return Change{Kind: Insert, Tx: d.tx, Event: ev, Unusable: unusable}, nil
+	return unusable, nil
+}
+
+// column is the value of the insert's column i (d.cols), nil for an unmapped column (i < 0).
+func (d *Decoder) column(rel *relation, i int) ([]byte, error) {
+	if i < 0 {
+		return nil, nil
+	}
+	if i >= len(d.cols) {
+		return nil, fmt.Errorf("insert into %s has %d columns, the relation promised at least %d", rel.name, len(d.cols), i+1)
+	}
+	if d.cols[i].kind == colUnchanged {
+		return nil, fmt.Errorf("insert into %s carries an unchanged TOAST value in column %d", rel.name, i)
+	}
+	return d.cols[i].data, nil
 }
 
 // update reports an UPDATE of an outbox relation; updates of other relations are skipped.

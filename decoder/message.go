@@ -78,25 +78,8 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 		}
 		return fmt.Errorf("content must be a JSON object, got %.60s", content)
 	}
-	c := d.cfg.Columns
-	var problems []string
-	str := func(member string, dst *[]byte, raw []byte, required bool) {
-		v, copied, err := jsonText(raw)
-		switch {
-		case err != nil:
-			problems = append(problems, fmt.Sprintf("member %q %v", member, err))
-		case v == nil && required:
-			problems = append(problems, fmt.Sprintf("member %q is missing or null", member))
-		default:
-			*dst = v
-			if copied {
-				ev.RawSize += int64(len(v))
-			}
-		}
-	}
 	// The mapped members' values by slot: id, aggregate type, aggregate id, event type, payload,
-	// headers, timestamp, tracing span context, aggregate version, then the extra members. A later duplicate member
-	// wins, as in jsonb.
+	// headers, timestamp, tracing span context, aggregate version, then the extra members.
 	names := d.memberNames()
 	var fixed [12][]byte
 	values := fixed[:0]
@@ -104,7 +87,36 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 		values = make([][]byte, 0, len(names))
 	}
 	values = values[:len(names)]
-	end := eachMember(content, start, func(name []byte, escaped bool, value []byte) {
+	if end := memberValues(content, start, names, values); end < 0 || skipSpace(content, end) != len(content) {
+		// Nothing of content that is not JSON reaches ev: the members before the fault were only scanned.
+		return fmt.Errorf("content is not valid JSON: %.60q", content)
+	}
+	c := d.cfg.Columns
+	m := members{ev: ev}
+	m.str(c.ID, &ev.ID, values[0], true)
+	if ev.ID != nil && len(ev.ID) == 0 {
+		m.problem("member %q is empty", c.ID)
+	}
+	m.str(c.AggregateType, &ev.AggregateType, values[1], true)
+	m.str(c.AggregateID, &ev.AggregateID, values[2], true)
+	m.str(c.EventType, &ev.EventType, values[3], false)
+	m.payload(c.Payload, values[4], d.cfg.PayloadBase64)
+	m.headers(c.Headers, values[5])
+	m.timestamp(c.Timestamp, values[6])
+	m.spanContext(c.TracingSpanContext, values[7])
+	m.aggregateVersion(c.AggregateVersion, values[8])
+	m.extra(d.cfg.Extra, values[9:])
+	if len(m.problems) > 0 {
+		return errors.New(strings.Join(m.problems, "; "))
+	}
+	return nil
+}
+
+// memberValues scans the JSON object at content[start] and puts the value of each member named
+// names[i] in values[i]; a later duplicate member wins, as in jsonb. It returns the index just past
+// the object, or -1 when content holds no valid JSON object there.
+func memberValues(content []byte, start int, names []string, values [][]byte) int {
+	return eachMember(content, start, func(name []byte, escaped bool, value []byte) {
 		key := unsafeString(name)
 		if escaped {
 			var s string
@@ -119,83 +131,122 @@ func (d *Decoder) readContent(ev *Event, content []byte) error {
 			}
 		}
 	})
-	if end < 0 || skipSpace(content, end) != len(content) {
-		// Nothing of content that is not JSON reaches ev: the members before the fault were only scanned.
-		return fmt.Errorf("content is not valid JSON: %.60q", content)
-	}
-	str(c.ID, &ev.ID, values[0], true)
-	if ev.ID != nil && len(ev.ID) == 0 {
-		problems = append(problems, fmt.Sprintf("member %q is empty", c.ID))
-	}
-	str(c.AggregateType, &ev.AggregateType, values[1], true)
-	str(c.AggregateID, &ev.AggregateID, values[2], true)
-	str(c.EventType, &ev.EventType, values[3], false)
-	if p := values[4]; p != nil && string(p) != "null" {
-		if d.cfg.PayloadBase64 {
-			if err := decodeBase64(ev, p); err != nil {
-				problems = append(problems, fmt.Sprintf("member %q (payload_encoding base64) %v", c.Payload, err))
-			}
-		} else {
-			ev.Payload = p
+}
+
+// members fills an event from a message's member values, and collects what is wrong with them:
+// every problem is reported, not only the first.
+type members struct {
+	ev       *Event
+	problems []string
+}
+
+func (m *members) problem(format string, args ...any) {
+	m.problems = append(m.problems, fmt.Sprintf(format, args...))
+}
+
+// isSet says whether a member is present and not null.
+func isSet(raw []byte) bool { return raw != nil && string(raw) != "null" }
+
+// str sets *dst to the text of a JSON string member (nil when it is missing or null).
+func (m *members) str(member string, dst *[]byte, raw []byte, required bool) {
+	v, copied, err := jsonText(raw)
+	switch {
+	case err != nil:
+		m.problem("member %q %v", member, err)
+	case v == nil && required:
+		m.problem("member %q is missing or null", member)
+	default:
+		*dst = v
+		if copied {
+			m.ev.RawSize += int64(len(v))
 		}
 	}
-	if h := values[5]; h != nil && string(h) != "null" {
-		if h[0] != '{' {
-			problems = append(problems, fmt.Sprintf("member %q must be a JSON object, got %.40s", c.Headers, h))
-		} else {
-			ev.Headers = h
+}
+
+// payload is any JSON value, sent as its JSON text, or with payload_encoding base64 a string
+// decoded to bytes.
+func (m *members) payload(member string, raw []byte, isBase64 bool) {
+	switch {
+	case !isSet(raw):
+	case !isBase64:
+		m.ev.Payload = raw
+	default:
+		if err := decodeBase64(m.ev, raw); err != nil {
+			m.problem("member %q (payload_encoding base64) %v", member, err)
 		}
 	}
-	if t := values[6]; t != nil && string(t) != "null" {
-		var err error
-		if ev.Time, err = parseMessageTimestamp(t); err != nil {
-			problems = append(problems, fmt.Sprintf("member %q (columns.timestamp) %v", c.Timestamp, err))
+}
+
+func (m *members) headers(member string, raw []byte) {
+	switch {
+	case !isSet(raw):
+	case raw[0] != '{':
+		m.problem("member %q must be a JSON object, got %.40s", member, raw)
+	default:
+		m.ev.Headers = raw
+	}
+}
+
+func (m *members) timestamp(member string, raw []byte) {
+	if !isSet(raw) {
+		return
+	}
+	var err error
+	if m.ev.Time, err = parseMessageTimestamp(raw); err != nil {
+		m.problem("member %q (columns.timestamp) %v", member, err)
+	}
+}
+
+func (m *members) spanContext(member string, raw []byte) {
+	switch {
+	case !isSet(raw):
+	case raw[0] == '{':
+		m.ev.SpanContext = raw // the trace context as a JSON object
+	default:
+		m.str(member, &m.ev.SpanContext, raw, false)
+	}
+}
+
+// aggregateVersion is a JSON integer, or a string holding one: the sink sends its decimal text.
+func (m *members) aggregateVersion(member string, raw []byte) {
+	if !isSet(raw) {
+		return
+	}
+	text := raw
+	if raw[0] == '"' {
+		text, _, _ = jsonText(raw)
+	}
+	var buf [20]byte
+	if n, err := strconv.ParseInt(string(text), 10, 64); err != nil {
+		m.problem("member %q (columns.aggregate_version) must be an integer, got %.40s", member, raw)
+	} else if canonical := strconv.AppendInt(buf[:0], n, 10); string(canonical) != string(text) {
+		// "+7" or "007" in a string: the decimal a bigint column prints, which is all the sink
+		// sends (it refuses anything else as invalid headers, dropping the event's headers).
+		m.ev.AggregateVersion = bytes.Clone(canonical)
+		m.ev.RawSize += int64(len(canonical))
+	} else {
+		m.ev.AggregateVersion = text
+	}
+}
+
+// extra sets the extra members: a string is sent as its text, another JSON value (a number,
+// boolean, object or array) as its JSON text.
+func (m *members) extra(names []string, raws [][]byte) {
+	if len(names) == 0 {
+		return
+	}
+	m.ev.Extra = make([][]byte, len(names))
+	m.ev.ExtraKinds = make([]ValueKind, len(names))
+	for i, name := range names {
+		v := raws[i]
+		switch {
+		case !isSet(v):
+		case v[0] != '"':
+			m.ev.Extra[i], m.ev.ExtraKinds[i] = v, KindJSON
+		default:
+			m.str(name, &m.ev.Extra[i], v, false)
 		}
 	}
-	if sc := values[7]; sc != nil && string(sc) != "null" {
-		if sc[0] == '{' {
-			ev.SpanContext = sc // the trace context as a JSON object
-		} else {
-			str(c.TracingSpanContext, &ev.SpanContext, sc, false)
-		}
-	}
-	if v := values[8]; v != nil && string(v) != "null" {
-		// A JSON integer, or a string holding one: the sink sends its decimal text.
-		text := v
-		if v[0] == '"' {
-			text, _, _ = jsonText(v)
-		}
-		var buf [20]byte
-		if n, err := strconv.ParseInt(string(text), 10, 64); err != nil {
-			problems = append(problems, fmt.Sprintf("member %q (columns.aggregate_version) must be an integer, got %.40s", c.AggregateVersion, v))
-		} else if canonical := strconv.AppendInt(buf[:0], n, 10); string(canonical) != string(text) {
-			// "+7" or "007" in a string: the decimal a bigint column prints, which is all the sink
-			// sends (it refuses anything else as invalid headers, dropping the event's headers).
-			ev.AggregateVersion = bytes.Clone(canonical)
-			ev.RawSize += int64(len(canonical))
-		} else {
-			ev.AggregateVersion = text
-		}
-	}
-	if len(d.cfg.Extra) > 0 {
-		ev.Extra = make([][]byte, len(d.cfg.Extra))
-		ev.ExtraKinds = make([]ValueKind, len(d.cfg.Extra))
-		for i, name := range d.cfg.Extra {
-			v := values[9+i]
-			if v == nil || string(v) == "null" {
-				continue
-			}
-			if v[0] != '"' {
-				ev.Extra[i], ev.ExtraKinds[i] = v, KindJSON // a number, boolean, object or array: its JSON text
-				continue
-			}
-			str(name, &ev.Extra[i], v, false)
-		}
-	}
-	if len(problems) > 0 {
-		return errors.New(strings.Join(problems, "; "))
-	}
-	return nil
 }
 
 // decodeBase64 decodes a payload member written as a base64 string (line breaks, as PostgreSQL's

@@ -68,22 +68,21 @@ type Metrics struct {
 
 	TopicUnavailable *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 
+	PublicationCheckAge prometheus.Gauge
+
+	// The polling mode (source: poll; package poll).
 	// The schema registry of the registry-backed encodings (package schemaregistry); no series
 	// without one: SchemaRegistryMetrics makes them.
 	SchemaRegistryUp       *prometheus.GaugeVec
 	SchemaRegistryRequests *prometheus.CounterVec // by outcome
-
-	PublicationCheckAge prometheus.Gauge
-
-	// The polling mode (source: poll; package poll).
-	PollPendingRows      prometheus.Gauge
-	PollOldestPendingAge prometheus.Gauge
-	PollDeadLetters      prometheus.Gauge
-	PollClaims           prometheus.Counter
-	PollClaimedRows      prometheus.Counter
-	PollBatchDuration    prometheus.Histogram
-	PollRefused          *prometheus.CounterVec // by reason
-	PollDeadLettered     prometheus.Counter
+	PollPendingRows        prometheus.Gauge
+	PollOldestPendingAge   prometheus.Gauge
+	PollDeadLetters        prometheus.Gauge
+	PollClaims             prometheus.Counter
+	PollClaimedRows        prometheus.Counter
+	PollBatchDuration      prometheus.Histogram
+	PollRefused            *prometheus.CounterVec // by reason
+	PollDeadLettered       prometheus.Counter
 	// Source is 1 for the source this process reads (wal or poll), so alerts about the slot or a
 	// single leader can leave polling deployments out.
 	Source *prometheus.GaugeVec
@@ -108,126 +107,153 @@ func (m *Metrics) SchemaRegistryMetrics() (up prometheus.Gauge, requests *promet
 	return m.SchemaRegistryUp.WithLabelValues(), m.SchemaRegistryRequests
 }
 
+// registryCollectors creates the schema registry client's collectors.
+func (m *Metrics) registryCollectors(f factory) {
+	m.SchemaRegistryUp = f.gaugeVec("schema_registry_up",
+		"1 while the schema registry answers, 0 from a request it could not answer (down, 5xx, 408, 429, refused credentials) until it answers again; no series without a registry.")
+	m.SchemaRegistryRequests = f.counterVec("schema_registry_requests_total",
+		"Requests to the schema registry (cache misses), by outcome: ok, unavailable, incompatible, not_found, rejected.", "outcome")
+}
+
 // New creates the collectors and registers them with reg.
 func New(reg prometheus.Registerer) *Metrics {
 	f := factory{reg: reg}
-	return &Metrics{
-		EventsPublished: f.counterVec("events_published_total",
-			"Outbox events acknowledged by Kafka, by topic.", "topic"),
-		EventsFailed: f.counterVec("events_failed_total",
-			"Outbox events that could not be published to their topic, by reason; each then went to the failure policy.", "reason"),
-		EventsDeadLettered: f.counterVec("events_dead_lettered_total",
-			"Outbox events published to the dead-letter topic instead of their own, by original topic.", "topic"),
-		BytesPublished: f.counter("published_bytes_total", "Bytes acknowledged by Kafka, counted like max_in_flight_bytes: the memory each event held (at least key, value and headers)."),
-		PublishLatency: f.histogram("publish_latency_seconds",
-			"Time from handing an event to the Kafka producer to its acknowledgement."),
-		EndToEndLatency: f.histogram("end_to_end_latency_seconds",
-			"Time from the PostgreSQL commit of an event to its Kafka acknowledgement."),
-		InFlightEvents: f.gauge("in_flight_events", "Events handed to Kafka and not yet acknowledged."),
-		InFlightBytes:  f.gauge("in_flight_bytes", "Bytes of events handed to Kafka and not yet acknowledged."),
-		LastAckTimestamp: f.gauge("last_ack_timestamp_seconds",
-			"Unix time of the most recent Kafka acknowledgement."),
-		SecondsBehind: f.gauge("seconds_behind_source",
-			"Age of the newest acknowledged event's commit while a backlog is in flight; 0 when caught up."),
-		Halted: f.gauge("halted",
-			"1 when the halt policy stopped publishing because an event could not be published."),
-		KafkaRetries: f.counter("kafka_retries_total", "Kafka requests retried after a transient error."),
-		PrunedRows:   f.counter("pruned_rows_total", "Outbox rows deleted by the periodic prune (prune_interval)."),
-		ProduceRequests: f.counter("kafka_produce_requests_total",
-			"Produce requests sent to Kafka brokers (each carries every ready partition the broker leads)."),
-		RequestRecords: f.histogramWith("kafka_request_records", "Records per produce request.",
-			prometheus.ExponentialBuckets(1, 4, 8)),
-		KafkaTransactions: f.counterVec("kafka_transactions_total",
-			"Kafka transactions ended (delivery exactly-once), by outcome: committed, aborted, fenced.", "outcome"),
+	m := &Metrics{}
+	m.sinkCollectors(f)
+	m.streamCollectors(f)
+	m.slotCollectors(f)
+	m.failoverCollectors(f)
+	m.pollCollectors(f)
+	m.registryCollectors(f)
+	return m
+}
 
-		ReceivedLSN:       f.gauge("received_lsn", "Highest WAL position received from PostgreSQL."),
-		ConfirmedLSN:      f.gauge("confirmed_lsn", "WAL position last confirmed to PostgreSQL as flushed."),
-		TransactionsTotal: f.counter("transactions_total", "Transactions decoded from the WAL, with or without outbox events (PostgreSQL 14 sends every transaction of the database)."),
-		Reconnects: f.counterVec("reconnects_total",
-			"Reconnections after a lost connection, by component.", "component"),
-		StatusUpdates: f.counter("status_updates_total", "Standby status updates sent to PostgreSQL."),
+// sinkCollectors creates the collectors of the sink: what Kafka acknowledged, refused or
+// dead-lettered, and what waits in flight.
+func (m *Metrics) sinkCollectors(f factory) {
+	m.EventsPublished = f.counterVec("events_published_total",
+		"Outbox events acknowledged by Kafka, by topic.", "topic")
+	m.EventsFailed = f.counterVec("events_failed_total",
+		"Outbox events that could not be published to their topic, by reason; each then went to the failure policy.", "reason")
+	m.EventsDeadLettered = f.counterVec("events_dead_lettered_total",
+		"Outbox events published to the dead-letter topic instead of their own, by original topic.", "topic")
+	m.BytesPublished = f.counter("published_bytes_total", "Bytes acknowledged by Kafka, counted like max_in_flight_bytes: the memory each event held (at least key, value and headers).")
+	m.PublishLatency = f.histogram("publish_latency_seconds",
+		"Time from handing an event to the Kafka producer to its acknowledgement.")
+	m.EndToEndLatency = f.histogram("end_to_end_latency_seconds",
+		"Time from the PostgreSQL commit of an event to its Kafka acknowledgement.")
+	m.InFlightEvents = f.gauge("in_flight_events", "Events handed to Kafka and not yet acknowledged.")
+	m.InFlightBytes = f.gauge("in_flight_bytes", "Bytes of events handed to Kafka and not yet acknowledged.")
+	m.LastAckTimestamp = f.gauge("last_ack_timestamp_seconds",
+		"Unix time of the most recent Kafka acknowledgement.")
+	m.SecondsBehind = f.gauge("seconds_behind_source",
+		"Age of the newest acknowledged event's commit while a backlog is in flight; 0 when caught up.")
+	m.Halted = f.gauge("halted",
+		"1 when the halt policy stopped publishing because an event could not be published.")
+	m.KafkaRetries = f.counter("kafka_retries_total", "Kafka requests retried after a transient error.")
+	m.ProduceRequests = f.counter("kafka_produce_requests_total",
+		"Produce requests sent to Kafka brokers (each carries every ready partition the broker leads).")
+	m.RequestRecords = f.histogramWith("kafka_request_records", "Records per produce request.",
+		prometheus.ExponentialBuckets(1, 4, 8))
+	m.KafkaTransactions = f.counterVec("kafka_transactions_total",
+		"Kafka transactions ended (delivery exactly-once), by outcome: committed, aborted, fenced.", "outcome")
+	m.TopicUnavailable = f.gaugeVec("topic_unavailable",
+		"1 for a topic the relay has waited for more than 3s because it does not exist (auto-creation off) or is not authorized; every event waits behind it.", "topic")
+	m.EventsSkipped = f.counter("events_replay_skipped_total",
+		"Events PostgreSQL streamed again that were not published again: the position committed in Kafka covers them (delivery: exactly-once), or this process handed them over before a reconnect.")
+	m.PrunedRows = f.counter("pruned_rows_total", "Outbox rows deleted by the periodic prune (prune_interval).")
+}
 
-		SlotLagBytes: f.gauge("slot_lag_bytes",
-			"pg_current_wal_lsn() minus the slot's confirmed_flush_lsn."),
-		SlotAheadOfWALBytes: f.gauge("slot_confirmed_ahead_of_wal_bytes",
-			"The slot's confirmed_flush_lsn minus pg_current_wal_lsn() when positive: the slot was confirmed beyond the server's end of WAL (a data directory restored from an earlier copy), and transactions below it are skipped. 0 otherwise."),
-		SlotRetainedBytes: f.gauge("slot_retained_wal_bytes",
-			"pg_current_wal_lsn() minus the slot's restart_lsn: WAL kept on disk for the slot."),
-		SlotSafeWALSize: f.gauge("slot_safe_wal_size_bytes",
-			"Bytes of WAL that can still be written before the slot is in danger of being lost (safe_wal_size); -1 when unlimited."),
-		SlotWALStatus: f.gaugeVec("slot_wal_status",
-			"1 for the slot's current wal_status (reserved, extended, unreserved, lost).", "status"),
-		SlotActive: f.gauge("slot_active", "1 when the replication slot is being streamed by some process."),
-		SlotInvalidated: f.gaugeVec("slot_invalidated",
-			"1 for the reason PostgreSQL invalidated the slot (invalidation_reason: wal_removed, rows_removed, wal_level_insufficient, idle_timeout, other), 0 for the others; no series before PostgreSQL 17, which does not report it (see slot_wal_status lost).", "reason"),
-		SlotInactiveSince: f.gaugeVec("slot_inactive_since_timestamp_seconds",
-			"Unix time since when nothing streams the slot (inactive_since); no series while it is streamed or before PostgreSQL 17."),
-		IdleSlotTimeout: f.gaugeVec("idle_replication_slot_timeout_seconds",
-			"The server's idle_replication_slot_timeout: a slot inactive for longer is invalidated at the next checkpoint; 0 disables it; no series before PostgreSQL 18."),
-		Leader: f.gauge("leader", "1 when this instance holds leadership and streams the slot."),
-		Ready:  f.gauge("ready", "1 when this instance is ready (streaming, or a healthy standby)."),
+// streamCollectors creates the collectors of the replication stream: what PostgreSQL sent and what
+// the relay confirmed.
+func (m *Metrics) streamCollectors(f factory) {
+	m.ReceivedLSN = f.gauge("received_lsn", "Highest WAL position received from PostgreSQL.")
+	m.ConfirmedLSN = f.gauge("confirmed_lsn", "WAL position last confirmed to PostgreSQL as flushed.")
+	m.TransactionsTotal = f.counter("transactions_total", "Transactions decoded from the WAL, with or without outbox events (PostgreSQL 14 sends every transaction of the database).")
+	m.Reconnects = f.counterVec("reconnects_total",
+		"Reconnections after a lost connection, by component.", "component")
+	m.StatusUpdates = f.counter("status_updates_total", "Standby status updates sent to PostgreSQL.")
+	m.PublicationCheckAge = f.gauge("publication_check_age_seconds",
+		"Seconds since the last successful check that the outbox table is still in the publication; the slot is not confirmed past what that check covered, and the relay stops after 5 minutes of checks PostgreSQL refuses.")
+}
 
-		SlotExists: f.gauge("slot_exists", "1 when the replication slot exists (read from pg_replication_slots)."),
-		SlotFailover: f.gauge("slot_failover",
-			"1 when the replication slot is a failover slot (PostgreSQL 17+), which standbys with sync_replication_slots = on keep through a promotion."),
-		StandbySlots: f.gauge("synchronized_standby_slots",
-			"Physical slots listed in the server's synchronized_standby_slots (PostgreSQL 17+): a failover slot's changes reach the relay only once their standbys have the WAL. 0: the relay may publish transactions no standby has received."),
-		StandbySlotsActive: f.gauge("synchronized_standby_slots_active",
-			"Slots of synchronized_standby_slots that exist and are streamed; below outbox_relay_synchronized_standby_slots, PostgreSQL holds the failover slot's changes back."),
-		StandbyUp: f.gaugeVec("standby_up",
-			"1 when the last poll of the standby of failover_standby_dsn succeeded; no series without failover_standby_dsn."),
-		StandbySlotReady: f.gaugeVec("standby_slot_ready",
-			"1 when a promotion of the standby of failover_standby_dsn now keeps a usable copy of the slot (in recovery, PostgreSQL 17+, slot synchronisation set up, the copy synced, persisted and valid); 0 otherwise, also while the standby cannot be asked."),
-		StandbySlotPersisted: f.gaugeVec("standby_slot_persisted",
-			"1 when the standby's copy of the slot is synced and no longer temporary (pg_replication_slots on the standby); 0 while it is missing or temporary: PostgreSQL drops a temporary copy at promotion."),
-		StandbySlotTrailBytes: f.gaugeVec("standby_slot_trail_bytes",
-			"The primary slot's confirmed_flush_lsn minus the standby copy's: what a promotion now would publish again; no series without a copy."),
-		StandbySlotRestartTrailBytes: f.gaugeVec("standby_slot_restart_trail_bytes",
-			"The primary slot's restart_lsn minus the standby copy's; no series without a copy."),
-		PostgresUp: f.gauge("postgres_up",
-			"1 when the last poll of pg_replication_slots (with source poll: of the outbox table's statistics) succeeded; 0 means the slot (poll_*) metrics are stale."),
-		Fenced: f.counter("fenced_total",
-			"Leadership terms ended because the leader-lock connection failed; streaming stopped at once."),
-		LeaderSlowChecks: f.counter("leader_slow_checks_total",
-			"Checks of the leader-lock connection that took more than half of leader_check_timeout: near misses of a fence."),
+// slotCollectors creates the collectors of the slot as the server reports it (read by every
+// instance, leader or not), and its recoveries.
+func (m *Metrics) slotCollectors(f factory) {
+	m.SlotLagBytes = f.gauge("slot_lag_bytes",
+		"pg_current_wal_lsn() minus the slot's confirmed_flush_lsn.")
+	m.SlotAheadOfWALBytes = f.gauge("slot_confirmed_ahead_of_wal_bytes",
+		"The slot's confirmed_flush_lsn minus pg_current_wal_lsn() when positive: the slot was confirmed beyond the server's end of WAL (a data directory restored from an earlier copy), and transactions below it are skipped. 0 otherwise.")
+	m.SlotRetainedBytes = f.gauge("slot_retained_wal_bytes",
+		"pg_current_wal_lsn() minus the slot's restart_lsn: WAL kept on disk for the slot.")
+	m.SlotSafeWALSize = f.gauge("slot_safe_wal_size_bytes",
+		"Bytes of WAL that can still be written before the slot is in danger of being lost (safe_wal_size); -1 when unlimited.")
+	m.SlotWALStatus = f.gaugeVec("slot_wal_status",
+		"1 for the slot's current wal_status (reserved, extended, unreserved, lost).", "status")
+	m.SlotActive = f.gauge("slot_active", "1 when the replication slot is being streamed by some process.")
+	m.SlotInvalidated = f.gaugeVec("slot_invalidated",
+		"1 for the reason PostgreSQL invalidated the slot (invalidation_reason: wal_removed, rows_removed, wal_level_insufficient, idle_timeout, other), 0 for the others; no series before PostgreSQL 17, which does not report it (see slot_wal_status lost).", "reason")
+	m.SlotInactiveSince = f.gaugeVec("slot_inactive_since_timestamp_seconds",
+		"Unix time since when nothing streams the slot (inactive_since); no series while it is streamed or before PostgreSQL 17.")
+	m.IdleSlotTimeout = f.gaugeVec("idle_replication_slot_timeout_seconds",
+		"The server's idle_replication_slot_timeout: a slot inactive for longer is invalidated at the next checkpoint; 0 disables it; no series before PostgreSQL 18.")
+	m.SlotExists = f.gauge("slot_exists", "1 when the replication slot exists (read from pg_replication_slots).")
+	m.PostgresUp = f.gauge("postgres_up",
+		"1 when the last poll of pg_replication_slots (with source poll: of the outbox table's statistics) succeeded; 0 means the slot (poll_*) metrics are stale.")
+	m.SlotRecoveries = f.counter("slot_recoveries_total",
+		"Lost replication slots this process replaced and whose gap it published from the outbox table (on_slot_lost: recover).")
+	m.SlotRecoveredEvents = f.counter("slot_recovered_events_total",
+		"Events a lost slot's recovery published from the outbox table; some may be duplicates (see the recovery's log line).")
+	m.SlotCreationWait = f.gauge("slot_creation_wait_seconds",
+		"Seconds the replication slot's creation has waited while a transaction that began before it (one holding a transaction id, or a prepared transaction) had not ended; 0 when no creation waits. The relay's log names the transaction.")
+}
 
-		TopicUnavailable: f.gaugeVec("topic_unavailable",
-			"1 for a topic the relay has waited for more than 3s because it does not exist (auto-creation off) or is not authorized; every event waits behind it.", "topic"),
+// failoverCollectors creates the collectors of leadership, and whether the slot survives a
+// promotion (failover slots, the standby of failover_standby_dsn).
+func (m *Metrics) failoverCollectors(f factory) {
+	m.Leader = f.gauge("leader", "1 when this instance holds leadership and streams the slot.")
+	m.Ready = f.gauge("ready", "1 when this instance is ready (streaming, or a healthy standby).")
+	m.Fenced = f.counter("fenced_total",
+		"Leadership terms ended because the leader-lock connection failed; streaming stopped at once.")
+	m.LeaderSlowChecks = f.counter("leader_slow_checks_total",
+		"Checks of the leader-lock connection that took more than half of leader_check_timeout: near misses of a fence.")
+	m.SlotFailover = f.gauge("slot_failover",
+		"1 when the replication slot is a failover slot (PostgreSQL 17+), which standbys with sync_replication_slots = on keep through a promotion.")
+	m.StandbySlots = f.gauge("synchronized_standby_slots",
+		"Physical slots listed in the server's synchronized_standby_slots (PostgreSQL 17+): a failover slot's changes reach the relay only once their standbys have the WAL. 0: the relay may publish transactions no standby has received.")
+	m.StandbySlotsActive = f.gauge("synchronized_standby_slots_active",
+		"Slots of synchronized_standby_slots that exist and are streamed; below outbox_relay_synchronized_standby_slots, PostgreSQL holds the failover slot's changes back.")
+	m.StandbyUp = f.gaugeVec("standby_up",
+		"1 when the last poll of the standby of failover_standby_dsn succeeded; no series without failover_standby_dsn.")
+	m.StandbySlotReady = f.gaugeVec("standby_slot_ready",
+		"1 when a promotion of the standby of failover_standby_dsn now keeps a usable copy of the slot (in recovery, PostgreSQL 17+, slot synchronisation set up, the copy synced, persisted and valid); 0 otherwise, also while the standby cannot be asked.")
+	m.StandbySlotPersisted = f.gaugeVec("standby_slot_persisted",
+		"1 when the standby's copy of the slot is synced and no longer temporary (pg_replication_slots on the standby); 0 while it is missing or temporary: PostgreSQL drops a temporary copy at promotion.")
+	m.StandbySlotTrailBytes = f.gaugeVec("standby_slot_trail_bytes",
+		"The primary slot's confirmed_flush_lsn minus the standby copy's: what a promotion now would publish again; no series without a copy.")
+	m.StandbySlotRestartTrailBytes = f.gaugeVec("standby_slot_restart_trail_bytes",
+		"The primary slot's restart_lsn minus the standby copy's; no series without a copy.")
+}
 
-		SchemaRegistryUp: f.gaugeVec("schema_registry_up",
-			"1 while the schema registry answers, 0 from a request it could not answer (down, 5xx, 408, 429, refused credentials) until it answers again; no series without a registry."),
-		SchemaRegistryRequests: f.counterVec("schema_registry_requests_total",
-			"Requests to the schema registry (cache misses), by outcome: ok, unavailable, incompatible, not_found, rejected.", "outcome"),
-
-		PollPendingRows: f.gauge("poll_pending_rows",
-			"Polling mode: outbox rows not yet processed (dead letters waiting under the halt policy included)."),
-		PollOldestPendingAge: f.gauge("poll_oldest_pending_age_seconds",
-			"Polling mode: age (by created_at) of the oldest pending row that is not a dead letter; 0 when none."),
-		PollDeadLetters: f.gauge("poll_dead_letters",
-			"Polling mode: rows in the dead-letter view (refused poll_max_attempts times) still in the table."),
-		PollClaims: f.counter("poll_claims_total", "Polling mode: batches claimed (each one short transaction)."),
-		PollClaimedRows: f.counter("poll_claimed_rows_total",
-			"Polling mode: rows claimed; above events published, the difference is rows published again after a refusal or a lost transaction."),
-		PollBatchDuration: f.histogram("poll_batch_duration_seconds",
-			"Polling mode: one batch from its claim to the commit that marks it, Kafka's acknowledgements included."),
-		PollRefused: f.counterVec("poll_refused_total",
-			"Polling mode: publish attempts Kafka refused for good, by reason; each counts against poll_max_attempts and is retried after a backoff.", "reason"),
-		PollDeadLettered: f.counter("poll_dead_lettered_total",
-			"Polling mode: rows that reached poll_max_attempts and went to the failure policy."),
-		Source: f.gaugeVec("source", "1 for where this process reads events from: wal (a replication slot) or poll (the outbox table).", "source"),
-
-		PublicationCheckAge: f.gauge("publication_check_age_seconds",
-			"Seconds since the last successful check that the outbox table is still in the publication; the slot is not confirmed past what that check covered, and the relay stops after 5 minutes of checks PostgreSQL refuses."),
-
-		EventsSkipped: f.counter("events_replay_skipped_total",
-			"Events PostgreSQL streamed again that were not published again: the position committed in Kafka covers them (delivery: exactly-once), or this process handed them over before a reconnect."),
-		SlotRecoveries: f.counter("slot_recoveries_total",
-			"Lost replication slots this process replaced and whose gap it published from the outbox table (on_slot_lost: recover)."),
-		SlotRecoveredEvents: f.counter("slot_recovered_events_total",
-			"Events a lost slot's recovery published from the outbox table; some may be duplicates (see the recovery's log line)."),
-		SlotCreationWait: f.gauge("slot_creation_wait_seconds",
-			"Seconds the replication slot's creation has waited while a transaction that began before it (one holding a transaction id, or a prepared transaction) had not ended; 0 when no creation waits. The relay's log names the transaction."),
-	}
+// pollCollectors creates the collectors of the polling mode (source: poll), and which source this
+// process reads.
+func (m *Metrics) pollCollectors(f factory) {
+	m.PollPendingRows = f.gauge("poll_pending_rows",
+		"Polling mode: outbox rows not yet processed (dead letters waiting under the halt policy included).")
+	m.PollOldestPendingAge = f.gauge("poll_oldest_pending_age_seconds",
+		"Polling mode: age (by created_at) of the oldest pending row that is not a dead letter; 0 when none.")
+	m.PollDeadLetters = f.gauge("poll_dead_letters",
+		"Polling mode: rows in the dead-letter view (refused poll_max_attempts times) still in the table.")
+	m.PollClaims = f.counter("poll_claims_total", "Polling mode: batches claimed (each one short transaction).")
+	m.PollClaimedRows = f.counter("poll_claimed_rows_total",
+		"Polling mode: rows claimed; above events published, the difference is rows published again after a refusal or a lost transaction.")
+	m.PollBatchDuration = f.histogram("poll_batch_duration_seconds",
+		"Polling mode: one batch from its claim to the commit that marks it, Kafka's acknowledgements included.")
+	m.PollRefused = f.counterVec("poll_refused_total",
+		"Polling mode: publish attempts Kafka refused for good, by reason; each counts against poll_max_attempts and is retried after a backoff.", "reason")
+	m.PollDeadLettered = f.counter("poll_dead_lettered_total",
+		"Polling mode: rows that reached poll_max_attempts and went to the failure policy.")
+	m.Source = f.gaugeVec("source", "1 for where this process reads events from: wal (a replication slot) or poll (the outbox table).", "source")
 }
 
 // EndTerm clears what describes one leadership term, when it ends: a standby (or a leader between

@@ -72,11 +72,40 @@ type aggregateKey struct{ typ, id string }
 // consecutive versions in slice order, after the last one the counter table gave out. It queries
 // through pgxTx or, when that is nil, sqlTx.
 func (v *versionTable) assign(ctx context.Context, pgxTx Execer, sqlTx SQLExecer, events []Event) ([]Event, error) {
+	counts, keys, err := countByAggregate(events)
+	if err != nil {
+		return nil, err
+	}
+	if len(keys) == 0 {
+		return events, nil
+	}
+	last, err := v.bumpCounters(ctx, pgxTx, sqlTx, counts, keys)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Event, len(events))
+	for i, e := range events {
+		k := aggregateKey{e.AggregateType, e.AggregateID}
+		top, ok := last[k]
+		if !ok {
+			return nil, fmt.Errorf("outbox: %s returned no version for aggregate %s/%s", v.table, k.typ, k.id)
+		}
+		// The first of the aggregate's events in this call gets top-count+1, the last top.
+		e.AggregateVersion = top - counts[k] + 1
+		counts[k]--
+		out[i] = e
+	}
+	return out, nil
+}
+
+// countByAggregate counts events per aggregate, and lists the aggregates in (type, id) order: the
+// order the counter rows are locked in.
+func countByAggregate(events []Event) (map[aggregateKey]int64, []aggregateKey, error) {
 	counts := make(map[aggregateKey]int64)
 	var keys []aggregateKey
 	for i, e := range events {
 		if e.AggregateVersion != 0 {
-			return nil, fmt.Errorf("outbox: event %d sets AggregateVersion, but the Writer assigns versions (Config.VersionTable): leave it 0", i)
+			return nil, nil, fmt.Errorf("outbox: event %d sets AggregateVersion, but the Writer assigns versions (Config.VersionTable): leave it 0", i)
 		}
 		k := aggregateKey{e.AggregateType, e.AggregateID}
 		if counts[k] == 0 {
@@ -84,12 +113,18 @@ func (v *versionTable) assign(ctx context.Context, pgxTx Execer, sqlTx SQLExecer
 		}
 		counts[k]++
 	}
-	if len(keys) == 0 {
-		return events, nil
-	}
 	sort.Slice(keys, func(i, j int) bool {
 		return keys[i].typ < keys[j].typ || keys[i].typ == keys[j].typ && keys[i].id < keys[j].id
 	})
+	return counts, keys, nil
+}
+
+// bumpCounters adds each aggregate's count to its counter row in one statement, through pgxTx or,
+// when that is nil, sqlTx, and returns the last version each aggregate now has.
+func (v *versionTable) bumpCounters(ctx context.Context, pgxTx Execer, sqlTx SQLExecer, counts map[aggregateKey]int64, keys []aggregateKey) (map[aggregateKey]int64, error) {
+	failed := func(err error) error {
+		return fmt.Errorf("outbox: take the next versions of %d aggregates from %s: %w", len(keys), v.table, err)
+	}
 	types, ids, ns := make([]string, len(keys)), make([]string, len(keys)), make([]int64, len(keys))
 	for i, k := range keys {
 		types[i], ids[i], ns[i] = k.typ, k.id, counts[k]
@@ -106,7 +141,6 @@ func (v *versionTable) assign(ctx context.Context, pgxTx Execer, sqlTx SQLExecer
 		}
 		return nil
 	}
-	var err error
 	switch q := pgxTx.(type) {
 	case nil:
 		sq, ok := sqlTx.(interface {
@@ -115,44 +149,38 @@ func (v *versionTable) assign(ctx context.Context, pgxTx Execer, sqlTx SQLExecer
 		if !ok {
 			return nil, fmt.Errorf("outbox: assigning versions needs a transaction that can query (*sql.Tx), got %T", sqlTx)
 		}
-		var rows *sql.Rows
-		if rows, err = sq.QueryContext(ctx, v.bump, types, ids, ns); err == nil {
-			err = scan(rows.Next, rows.Scan)
-			if cerr := rows.Close(); err == nil {
-				err = cerr
-			}
-			if err == nil {
-				err = rows.Err()
-			}
+		rows, err := sq.QueryContext(ctx, v.bump, types, ids, ns)
+		if err != nil {
+			return nil, failed(err)
 		}
+		err = scan(rows.Next, rows.Scan)
+		if cerr := rows.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = rows.Err()
+		}
+		if err != nil {
+			return nil, failed(err)
+		}
+		return last, nil
 	case interface {
 		Query(context.Context, string, ...any) (pgx.Rows, error)
 	}:
-		var rows pgx.Rows
-		if rows, err = q.Query(ctx, v.bump, types, ids, ns); err == nil {
-			err = scan(rows.Next, rows.Scan)
-			rows.Close()
-			if err == nil {
-				err = rows.Err()
-			}
+		rows, err := q.Query(ctx, v.bump, types, ids, ns)
+		if err != nil {
+			return nil, failed(err)
 		}
+		err = scan(rows.Next, rows.Scan)
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		if err != nil {
+			return nil, failed(err)
+		}
+		return last, nil
 	default:
 		return nil, fmt.Errorf("outbox: assigning versions needs a transaction that can query (pgx.Tx), got %T", pgxTx)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("outbox: take the next versions of %d aggregates from %s: %w", len(keys), v.table, err)
-	}
-	out := make([]Event, len(events))
-	for i, e := range events {
-		k := aggregateKey{e.AggregateType, e.AggregateID}
-		top, ok := last[k]
-		if !ok {
-			return nil, fmt.Errorf("outbox: %s returned no version for aggregate %s/%s", v.table, k.typ, k.id)
-		}
-		// The first of the aggregate's events in this call gets top-count+1, the last top.
-		e.AggregateVersion = top - counts[k] + 1
-		counts[k]--
-		out[i] = e
-	}
-	return out, nil
 }

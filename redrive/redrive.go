@@ -28,6 +28,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/schemas"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
@@ -41,9 +42,12 @@ const LedgerSuffix = sink.RedriveLedgerSuffix
 
 // Config says what to redrive and how to reach Kafka.
 type Config struct {
-	Brokers   []string
-	Transport *kafka.Transport // TLS, SASL and client id; nil for kafka-go's default
-	Dialer    *kafka.Dialer    // for reading; the same TLS and SASL as Transport
+	Brokers []string
+	// Transport (TLS, SASL and client id; nil for kafka-go's default) and Dialer (for reading;
+	// the same TLS and SASL) come from sink.NewClient and sink.NewDialer in the relay's binary,
+	// so redrive reaches Kafka exactly as the relay does.
+	Transport *kafka.Transport
+	Dialer    *kafka.Dialer
 
 	DeadLetterTopic string
 	LedgerTopic     string // default DeadLetterTopic + LedgerSuffix
@@ -60,6 +64,12 @@ type Config struct {
 	// KeyEncoding is the relay's key_encoding: the dead letter's key is the raw aggregate id, the
 	// original record's key is encoded with it.
 	KeyEncoding record.Encoding
+	// Serializer, when the relay frames records for a schema registry (value_encoding or
+	// key_encoding avro), frames what goes back the same way: the key from the raw aggregate id
+	// (KeyEncoding is then raw), and a value the dead letter holds unframed (the payload as
+	// written: it failed before it was framed, e.g. schema_incompatible) from that payload. A value
+	// already framed (magic byte 0; a JSON payload never starts with it) goes back as it is.
+	Serializer sink.Serializer
 	// BuiltinHeaders is the relay's builtin_headers: dead letters always carry id, event_type and
 	// aggregate_type, and the ones the original records did not carry are removed.
 	BuiltinHeaders []string
@@ -107,6 +117,36 @@ type ledgerEntry struct {
 
 // Run redrives the dead letters cfg selects and reports each one that still fails.
 func Run(ctx context.Context, cfg Config) (Result, error) {
+	cfg, err := withDefaults(cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	targets, err := newTargets(cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	if !cfg.DryRun {
+		if err := ensureLedger(ctx, cfg); err != nil {
+			return Result{}, err
+		}
+	}
+	done, err := readLedger(ctx, cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	r := newRedriver(cfg, targets, done)
+	defer r.close()
+	if err := scan(ctx, cfg, cfg.DeadLetterTopic, cfg.Partition, cfg.FromOffset, cfg.ToOffset, false, func(m kafka.Message) error {
+		return r.redrive(ctx, m)
+	}); err != nil {
+		return r.res, fmt.Errorf("redrive: %w", err)
+	}
+	return r.res, nil
+}
+
+// withDefaults fills in what cfg leaves to the defaults, and refuses a cfg without brokers or a
+// dead-letter topic.
+func withDefaults(cfg Config) (Config, error) {
 	if cfg.LedgerTopic == "" {
 		cfg.LedgerTopic = cfg.DeadLetterTopic + LedgerSuffix
 	}
@@ -125,20 +165,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		cfg.BuiltinHeaders = record.BuiltinHeaders
 	}
 	if len(cfg.Brokers) == 0 || cfg.DeadLetterTopic == "" {
-		return Result{}, errors.New("redrive: brokers and the dead-letter topic are required")
+		return cfg, errors.New("redrive: brokers and the dead-letter topic are required")
 	}
-	targets, err := newTargets(cfg)
-	if err != nil {
-		return Result{}, err
-	}
-	if !cfg.DryRun {
-		if err := ensureLedger(ctx, cfg); err != nil {
-			return Result{}, err
-		}
-	}
-	// The event each ledger entry recorded, by the dead letter's position. The position alone
-	// does not name a dead letter: a dead-letter topic deleted and created again counts its
-	// offsets from 0 again, so an entry counts only for the event it names.
+	return cfg, nil
+}
+
+// readLedger returns the event each ledger entry recorded, by the dead letter's position. The
+// position alone does not name a dead letter: a dead-letter topic deleted and created again counts
+// its offsets from 0 again, so an entry counts only for the event it names.
+func readLedger(ctx context.Context, cfg Config) (map[string]string, error) {
 	done := make(map[string]string)
 	if err := scan(ctx, cfg, cfg.LedgerTopic, -1, -1, -1, true, func(m kafka.Message) error {
 		var e ledgerEntry
@@ -149,97 +184,122 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		return nil
 	}); err != nil {
-		return Result{}, fmt.Errorf("redrive: read the ledger %s: %w", cfg.LedgerTopic, err)
+		return nil, fmt.Errorf("redrive: read the ledger %s: %w", cfg.LedgerTopic, err)
 	}
+	return done, nil
+}
 
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(cfg.Brokers...),
-		Transport:    cfg.Transport,
-		Balancer:     &kafka.Murmur2Balancer{Consistent: true}, // the relay's partitioner (murmur2, as Java's)
-		RequiredAcks: kafka.RequireAll,
-		MaxAttempts:  3,
-		BatchSize:    1,
-		WriteTimeout: cfg.WriteTimeout,
+// redriver redrives dead letters one at a time, in dead-letter order, and counts what became of
+// each.
+type redriver struct {
+	cfg     Config
+	targets *targets
+	done    map[string]string // the ledger: dead letter's position -> event id
+	wanted  map[string]bool   // cfg.EventIDs; empty for all
+	held    map[string]error  // original topic + key -> the failure holding them back
+	// byKey partitions as the relay does and writes the ledger; named sends the records whose
+	// event named its own partition.
+	byKey, named *kafka.Writer
+	res          Result
+}
+
+func newRedriver(cfg Config, t *targets, done map[string]string) *redriver {
+	r := &redriver{cfg: cfg, targets: t, done: done, wanted: make(map[string]bool, len(cfg.EventIDs)), held: make(map[string]error)}
+	for _, id := range cfg.EventIDs {
+		r.wanted[id] = true
 	}
-	defer w.Close()
+	writer := func(b kafka.Balancer) *kafka.Writer {
+		return &kafka.Writer{
+			Addr:         kafka.TCP(cfg.Brokers...),
+			Transport:    cfg.Transport,
+			Balancer:     b,
+			RequiredAcks: kafka.RequireAll,
+			MaxAttempts:  3,
+			BatchSize:    1,
+			WriteTimeout: cfg.WriteTimeout,
+		}
+	}
+	r.byKey = writer(&kafka.Murmur2Balancer{Consistent: true}) // the relay's partitioner (murmur2, as Java's)
 	// Events that named their own partition (extra_fields placement partition) go back there, as
 	// the relay would have sent them, next to their aggregate's other events.
-	named := &kafka.Writer{
-		Addr:         kafka.TCP(cfg.Brokers...),
-		Transport:    cfg.Transport,
-		Balancer:     namedPartition{},
-		RequiredAcks: kafka.RequireAll,
-		MaxAttempts:  3,
-		BatchSize:    1,
-		WriteTimeout: cfg.WriteTimeout,
-	}
-	defer named.Close()
-	wanted := make(map[string]bool, len(cfg.EventIDs))
-	for _, id := range cfg.EventIDs {
-		wanted[id] = true
-	}
-	var res Result
-	heldKeys := make(map[string]error) // original topic + key -> the failure holding them back
-	err = scan(ctx, cfg, cfg.DeadLetterTopic, cfg.Partition, cfg.FromOffset, cfg.ToOffset, false, func(m kafka.Message) error {
-		id := headerValue(m, record.HeaderID)
-		if len(wanted) > 0 && !wanted[id] {
-			return nil
-		}
-		res.Read++
-		ledgerKey := fmt.Sprintf("%s/%d/%d", cfg.DeadLetterTopic, m.Partition, m.Offset)
-		if recorded, ok := done[ledgerKey]; ok && recorded == id {
-			res.Already++
-			return nil
-		}
-		orig, err := original(m, cfg)
-		fail := func(err error) {
-			res.Failed = append(res.Failed, Failure{Partition: m.Partition, Offset: m.Offset, EventID: id, Topic: orig.Topic, Err: err})
-		}
-		if err == nil {
-			orig.Topic, err = targets.of(m, orig.Topic)
-		}
-		if err != nil {
-			fail(err)
-			return nil
-		}
-		order := orig.Topic + "\x00" + string(orig.Key)
-		if cause, held := heldKeys[order]; held {
-			fail(fmt.Errorf("held back: an earlier dead letter of the same key failed (%v)", cause))
-			return nil
-		}
-		if cfg.DryRun {
-			return nil
-		}
-		send := w
-		if p := headerValue(m, sink.HeaderDLQPartition); p != "" {
-			if orig.Partition, err = strconv.Atoi(p); err != nil || orig.Partition < 0 {
-				fail(fmt.Errorf("header %s is %q, not a partition", sink.HeaderDLQPartition, p))
-				return nil
-			}
-			send = named
-		}
-		if err := send.WriteMessages(ctx, orig); err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			heldKeys[order] = err
-			fail(err)
-			return nil
-		}
-		entry, _ := json.Marshal(ledgerEntry{EventID: id, Topic: orig.Topic, At: time.Now().UTC()})
-		if err := w.WriteMessages(ctx, kafka.Message{Topic: cfg.LedgerTopic, Key: []byte(ledgerKey), Value: entry}); err != nil {
-			// The record is back but not recorded: stop, so the operator learns of it before a
-			// re-run publishes it again.
-			return fmt.Errorf("event %s is back on %s but could not be recorded in the ledger %s (a re-run publishes it once more): %w",
-				id, orig.Topic, cfg.LedgerTopic, err)
-		}
-		res.Redriven++
+	r.named = writer(namedPartition{})
+	return r
+}
+
+func (r *redriver) close() {
+	r.byKey.Close()
+	r.named.Close()
+}
+
+// redrive sends dead letter m back unless it is not selected, already redriven, or cannot go back
+// (then it is counted as a failure). An error ends the run: the context ended, or a record went
+// back that the ledger could not record.
+func (r *redriver) redrive(ctx context.Context, m kafka.Message) error {
+	id := headerValue(m, record.HeaderID)
+	if len(r.wanted) > 0 && !r.wanted[id] {
 		return nil
-	})
-	if err != nil {
-		return res, fmt.Errorf("redrive: %w", err)
 	}
-	return res, nil
+	r.res.Read++
+	ledgerKey := fmt.Sprintf("%s/%d/%d", r.cfg.DeadLetterTopic, m.Partition, m.Offset)
+	if recorded, ok := r.done[ledgerKey]; ok && recorded == id {
+		r.res.Already++
+		return nil
+	}
+	orig, err := original(m, r.cfg)
+	fail := func(err error) {
+		r.res.Failed = append(r.res.Failed, Failure{Partition: m.Partition, Offset: m.Offset, EventID: id, Topic: orig.Topic, Err: err})
+	}
+	if err == nil {
+		orig.Topic, err = r.targets.of(m, orig.Topic)
+	}
+	if err == nil && r.cfg.Serializer != nil {
+		var held bool
+		if held, err = reframe(ctx, r.cfg.Serializer, m, &orig); held {
+			return err // the registry cannot answer: the run stops, nothing more goes back
+		}
+	}
+	if err != nil {
+		fail(err)
+		return nil
+	}
+	order := orig.Topic + "\x00" + string(orig.Key)
+	if cause, held := r.held[order]; held {
+		fail(fmt.Errorf("held back: an earlier dead letter of the same key failed (%v)", cause))
+		return nil
+	}
+	if r.cfg.DryRun {
+		return nil
+	}
+	send := r.byKey
+	if p := headerValue(m, sink.HeaderDLQPartition); p != "" {
+		if orig.Partition, err = strconv.Atoi(p); err != nil || orig.Partition < 0 {
+			fail(fmt.Errorf("header %s is %q, not a partition", sink.HeaderDLQPartition, p))
+			return nil
+		}
+		send = r.named
+	}
+	if err := send.WriteMessages(ctx, orig); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.held[order] = err
+		fail(err)
+		return nil
+	}
+	return r.record(ctx, ledgerKey, id, orig.Topic)
+}
+
+// record writes the ledger entry of a dead letter that went back.
+func (r *redriver) record(ctx context.Context, ledgerKey, id, topic string) error {
+	entry, _ := json.Marshal(ledgerEntry{EventID: id, Topic: topic, At: time.Now().UTC()})
+	if err := r.byKey.WriteMessages(ctx, kafka.Message{Topic: r.cfg.LedgerTopic, Key: []byte(ledgerKey), Value: entry}); err != nil {
+		// The record is back but not recorded: stop, so the operator learns of it before a
+		// re-run publishes it again.
+		return fmt.Errorf("event %s is back on %s but could not be recorded in the ledger %s (a re-run publishes it once more): %w",
+			id, topic, r.cfg.LedgerTopic, err)
+	}
+	r.res.Redriven++
+	return nil
 }
 
 // original rebuilds the record the relay meant to publish.
@@ -285,6 +345,30 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 	}
 	out.Headers = append(out.Headers, kafka.Header{Key: Header, Value: []byte("true")})
 	return out, nil
+}
+
+// reframe frames orig's key, and its value unless already framed, as the relay frames records. An
+// error the Serializer says is the event's (schemas.Permanent) fails this dead letter; any other
+// (the registry cannot answer) is held: it ends the run.
+func reframe(ctx context.Context, ser sink.Serializer, m kafka.Message, orig *kafka.Message) (held bool, err error) {
+	eventType := headerValue(m, record.HeaderEventType)
+	value := orig.Value
+	framed := len(value) >= 5 && value[0] == 0
+	if framed {
+		value = nil
+	}
+	k, v, err := ser.Serialize(ctx, orig.Topic, eventType, orig.Key, value)
+	if err != nil {
+		if _, ok := schemas.Permanent(err); ok {
+			return false, fmt.Errorf("cannot be framed for the schema registry: %w", err)
+		}
+		return true, fmt.Errorf("schema registry: %w", err)
+	}
+	orig.Key = k
+	if !framed {
+		orig.Value = v
+	}
+	return false, nil
 }
 
 func headerValue(m kafka.Message, name string) string {

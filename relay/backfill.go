@@ -39,9 +39,9 @@ type Backfill struct {
 // (the slot already existed), it runs only if the slot ledger records no completed backfill for the
 // slot — a relay that stopped mid-backfill, or one that just enabled it — and then reads the table
 // as it is now, which may publish some events twice but loses none.
-func (r *Relay) backfill(ctx context.Context, snapshot string) error {
-	b := r.cfg.Backfill
-	rc := r.cfg.Replication
+func (w *walSource) backfill(ctx context.Context, snapshot string) error {
+	b := w.cfg.Backfill
+	rc := w.cfg.Replication
 	conn, err := rc.Connect(ctx)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
@@ -62,32 +62,32 @@ func (r *Relay) backfill(ctx context.Context, snapshot string) error {
 		if e.BackfillDone {
 			return nil
 		}
-		r.log.Warn("no completed backfill is recorded for this slot (a previous start stopped mid-backfill, or backfill was just enabled); backfilling from the table's current rows, so some events may be published twice",
+		w.log.Warn("no completed backfill is recorded for this slot (a previous start stopped mid-backfill, or backfill was just enabled); backfilling from the table's current rows, so some events may be published twice",
 			zap.String("slot", rc.Slot))
 	}
 
 	started := time.Now()
-	n, err := r.publishRows(ctx, conn, snapshot, b)
-	if err := r.cancelledReads.note(ctx, "the backfill's rows", err); err != nil {
+	n, err := w.publishRows(ctx, conn, snapshot, b)
+	if err := w.cancelledReads.note(ctx, "the backfill's rows", err); err != nil {
 		return err
 	}
 	if err := ledger.RecordBackfill(ctx, conn, rc.Slot, n); err != nil {
 		return fmt.Errorf("record the completed backfill in %s (the relay's role needs INSERT and UPDATE on it): %w", replication.LedgerTable, err)
 	}
-	r.log.Info("backfill complete", zap.Int64("events", n), zap.Duration("took", time.Since(started)),
+	w.log.Info("backfill complete", zap.Int64("events", n), zap.Duration("took", time.Since(started)),
 		zap.Bool("from_slot_snapshot", snapshot != ""))
 	return nil
 }
 
 // publishRows reads the rows in the snapshot (or as they are now) and publishes them in OrderColumn
 // order, returning once Kafka has acknowledged them all.
-func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string, b *Backfill) (int64, error) {
+func (w *walSource) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string, b *Backfill) (int64, error) {
 	tx, err := outboxrow.Begin(ctx, conn, snapshot)
 	if err != nil {
 		return 0, err
 	}
 	defer rollback(ctx, tx)
-	t, err := r.outboxTable(ctx, tx, b.CreatedColumn, b.OrderColumn)
+	t, err := w.outboxTable(ctx, tx, b.CreatedColumn, b.OrderColumn)
 	if err != nil {
 		return 0, err
 	}
@@ -113,6 +113,6 @@ func (r *Relay) publishRows(ctx context.Context, conn *pgx.Conn, snapshot string
 		}
 		q.where = append(q.where, cond)
 	}
-	n, _, err := r.publishSelected(ctx, tx, t, q)
+	n, _, err := w.publishSelected(ctx, tx, t, q)
 	return n, err
 }

@@ -41,7 +41,7 @@ var ErrSuperseded = errors.New("fenced by Kafka: another producer with the same 
 // resumes from the position committed in Kafka, publishing what the aborted transaction held again.
 var ErrRestart = errors.New("a Kafka transaction was aborted; the relay must start afresh")
 
-func (r *Relay) exactlyOnce() bool { return r.cfg.Sink.Transactions != nil }
+func (w *walSource) exactlyOnce() bool { return w.cfg.Sink.Transactions != nil }
 
 // transactionsHintAfter is how long a start waits for Kafka's transaction coordinator before it
 // says, at ERROR, what usually keeps it away.
@@ -50,12 +50,12 @@ const transactionsHintAfter = 30 * time.Second
 // transactionsHint is logged when the sink has not become ready within transactionsHintAfter. The
 // sink logs each retry with Kafka's error; what it cannot say is the usual cause: a coordinator
 // that never becomes available because the transaction state topic cannot be created or led.
-func (r *Relay) transactionsHint() {
-	r.log.Error("exactly-once: Kafka has not given the relay a transactional producer for "+transactionsHintAfter.String()+"; nothing is published until it does, and the relay never falls back to at-least-once. "+
+func (w *walSource) transactionsHint() {
+	w.log.Error("exactly-once: Kafka has not given the relay a transactional producer for "+transactionsHintAfter.String()+"; nothing is published until it does, and the relay never falls back to at-least-once. "+
 		"If the retries logged above say COORDINATOR_NOT_AVAILABLE (or NOT_COORDINATOR), the brokers' transaction coordinator is not available: its topic __transaction_state needs transaction.state.log.replication.factor and transaction.state.log.min.isr no higher than the number of brokers running (both 1 on a single broker), see docs/operations.md; "+
 		"if they say the positions topic is not available, the relay's principal needs Describe, Read and Write on positions_topic (and Create, to create it); "+
 		"if they say the brokers are unreachable, see kafka_brokers",
-		zap.String("transactional_id", r.cfg.Sink.Transactions.ID), zap.Strings("kafka_brokers", r.cfg.Sink.Brokers))
+		zap.String("transactional_id", w.cfg.Sink.Transactions.ID), zap.Strings("kafka_brokers", w.cfg.Sink.Brokers))
 }
 
 // sinkFailed turns the sink's terminal error into what Run returns: fenced, aborted (a fresh start
@@ -80,33 +80,33 @@ func sinkFailed(err error) error {
 // history: after a failover while streaming, the tracker forgot the old timeline's floor (Reset),
 // and the position read now may still be the old timeline's; a new Relay (a leader's next term,
 // ErrRestart, a new process) knows nothing of the failover at all.
-func (r *Relay) takeUpPosition(ctx context.Context, session replication.Message) error {
+func (w *walSource) takeUpPosition(ctx context.Context, session replication.Message) error {
 	var pos sink.Position
 	var found bool
-	if start := r.startPosition; start != nil {
+	if start := w.startPosition; start != nil {
 		// Read before this session started streaming (startingPosition).
-		pos, found, r.startPosition = start.pos, start.found, nil
+		pos, found, w.startPosition = start.pos, start.found, nil
 	} else {
 		var err error
-		if pos, found, err = r.readPosition(ctx); err != nil {
+		if pos, found, err = w.readPosition(ctx); err != nil {
 			return err
 		}
-		if !r.positionChecked {
-			if err := r.checkPositionLedger(ctx, found); err != nil {
+		if !w.positionChecked {
+			if err := w.checkPositionLedger(ctx, found); err != nil {
 				return err
 			}
-			r.positionChecked = true
+			w.positionChecked = true
 		}
 	}
 	if !found {
-		if !r.positionLogged {
-			r.positionLogged = true
-			r.log.Info("exactly-once: no position committed in Kafka yet for this transactional id; publishing from the slot's confirmed position",
-				zap.String("transactional_id", r.cfg.Sink.Transactions.ID), zap.Stringer("slot_confirmed", session.WALEnd))
+		if !w.positionLogged {
+			w.positionLogged = true
+			w.log.Info("exactly-once: no position committed in Kafka yet for this transactional id; publishing from the slot's confirmed position",
+				zap.String("transactional_id", w.cfg.Sink.Transactions.ID), zap.Stringer("slot_confirmed", session.WALEnd))
 		}
 		return nil
 	}
-	use, ok, err := r.positionOnServer(ctx, pos, session)
+	use, ok, err := w.positionOnServer(ctx, pos, session)
 	if err != nil || !ok {
 		return err
 	}
@@ -115,19 +115,19 @@ func (r *Relay) takeUpPosition(ctx context.Context, session replication.Message)
 		// reached here (forged, or a data directory restored from before it). Skipping by it
 		// would drop every event up to it for good; skipping nothing publishes again, at most,
 		// what Kafka already holds past the slot's confirmed position.
-		r.log.Error("exactly-once: the position committed in Kafka lies beyond the server's end of WAL, so no transaction of this server reached it; it skips nothing here (events after the slot's confirmed position may be published again). "+
+		w.log.Error("exactly-once: the position committed in Kafka lies beyond the server's end of WAL, so no transaction of this server reached it; it skips nothing here (events after the slot's confirmed position may be published again). "+
 			"If the server was not restored from a backup, someone else wrote the position: check who may write to positions_topic",
-			zap.String("transactional_id", r.cfg.Sink.Transactions.ID), zap.Stringer("commit_lsn", use.CommitLSN),
+			zap.String("transactional_id", w.cfg.Sink.Transactions.ID), zap.Stringer("commit_lsn", use.CommitLSN),
 			zap.Stringer("server_wal_end", session.ServerEnd), zap.Stringer("slot_confirmed", session.WALEnd))
 		return nil
 	}
-	r.tracker.Cover(use.CommitLSN, use.Events)
+	w.tracker.Cover(use.CommitLSN, use.Events)
 	level := zap.DebugLevel
-	if !r.positionLogged {
-		r.positionLogged, level = true, zap.InfoLevel
+	if !w.positionLogged {
+		w.positionLogged, level = true, zap.InfoLevel
 	}
-	r.log.Check(level, "exactly-once: resuming after the position committed in Kafka; PostgreSQL replays from the slot's confirmed position and what the position covers is not published again").Write(
-		zap.String("transactional_id", r.cfg.Sink.Transactions.ID), zap.Stringer("commit_lsn", pos.CommitLSN),
+	w.log.Check(level, "exactly-once: resuming after the position committed in Kafka; PostgreSQL replays from the slot's confirmed position and what the position covers is not published again").Write(
+		zap.String("transactional_id", w.cfg.Sink.Transactions.ID), zap.Stringer("commit_lsn", pos.CommitLSN),
 		zap.Int("events_of_that_transaction", pos.Events), zap.Stringer("slot_confirmed", session.WALEnd))
 	return nil
 }
@@ -142,16 +142,16 @@ type positionRead struct {
 // first session starts streaming (BeforeStream, after the sink fenced earlier producers), so a
 // position that cannot be read, or was lost, stops the relay before PostgreSQL sends anything.
 // The session's start then takes it up (takeUpPosition); later sessions read it again.
-func (r *Relay) startingPosition(ctx context.Context) error {
-	pos, found, err := r.readPosition(ctx)
+func (w *walSource) startingPosition(ctx context.Context) error {
+	pos, found, err := w.readPosition(ctx)
 	if err != nil {
 		return err
 	}
-	if err := r.checkPositionLedger(ctx, found); err != nil {
+	if err := w.checkPositionLedger(ctx, found); err != nil {
 		return err
 	}
-	r.positionChecked = true
-	r.startPosition = &positionRead{pos: pos, found: found}
+	w.positionChecked = true
+	w.startPosition = &positionRead{pos: pos, found: found}
 	return nil
 }
 
@@ -159,13 +159,13 @@ func (r *Relay) startingPosition(ctx context.Context) error {
 // coordinator moving) until ctx ends. An authorization failure, or a broker that cannot serve the
 // request, ends the relay with an error that says what to fix: never a fallback to publishing from
 // the slot's position, which would repeat what Kafka holds.
-func (r *Relay) readPosition(ctx context.Context) (sink.Position, bool, error) {
-	topic := r.cfg.Sink.Transactions.PositionsTopic
+func (w *walSource) readPosition(ctx context.Context) (sink.Position, bool, error) {
+	topic := w.cfg.Sink.Transactions.PositionsTopic
 	if topic == "" {
 		topic = sink.DefaultPositionsTopic
 	}
 	for attempt := 0; ; attempt++ {
-		pos, found, err := r.positions(ctx)
+		pos, found, err := w.positions(ctx)
 		if err == nil {
 			return pos, found, nil
 		}
@@ -174,10 +174,10 @@ func (r *Relay) readPosition(ctx context.Context) (sink.Position, bool, error) {
 		}
 		if positionErrorIsPermanent(err) {
 			return sink.Position{}, false, replication.Fatal(fmt.Errorf("exactly-once: cannot read the committed position from positions_topic %q with transactional id %q: %w. The relay's Kafka principal needs Read and Describe on the topic (and Create on the cluster or topic to create it), Write and Describe on the transactional id, and the brokers must support transactions (Kafka 0.11 or later, with the transaction state topic available); see docs/operations.md",
-				topic, r.cfg.Sink.Transactions.ID, err))
+				topic, w.cfg.Sink.Transactions.ID, err))
 		}
 		delay := backoffPosition(attempt)
-		r.log.Warn("exactly-once: cannot read the committed position yet; retrying (nothing is published until it is known)",
+		w.log.Warn("exactly-once: cannot read the committed position yet; retrying (nothing is published until it is known)",
 			zap.String("positions_topic", topic), zap.Error(err), zap.Duration("retry_in", delay))
 		select {
 		case <-time.After(delay):
@@ -211,9 +211,9 @@ func positionErrorIsPermanent(err error) bool {
 // first start: the positions topic was deleted or recreated, or its record removed by retention.
 // Publishing from the slot's confirmed position would publish again what Kafka committed after it,
 // so the relay refuses and says how to go on.
-func (r *Relay) checkPositionLedger(ctx context.Context, found bool) error {
-	rc := r.cfg.Replication
-	txn := r.cfg.Sink.Transactions
+func (w *walSource) checkPositionLedger(ctx context.Context, found bool) error {
+	rc := w.cfg.Replication
+	txn := w.cfg.Sink.Transactions
 	conn, err := connect(ctx, &rc)
 	if err != nil {
 		return fmt.Errorf("exactly-once: connect to read the slot ledger: %w", err)
@@ -243,7 +243,7 @@ func (r *Relay) checkPositionLedger(ctx context.Context, found bool) error {
 			return fmt.Errorf("exactly-once: record the position in %s (the relay's role needs INSERT and UPDATE on it): %w", ledger.Table(), err)
 		}
 	case !found:
-		r.recordFirstPosition.Store(true) // once the first Kafka transaction has committed (recordPositions)
+		w.recordFirstPosition.Store(true) // once the first Kafka transaction has committed (recordPositions)
 	}
 	return nil
 }
@@ -260,17 +260,17 @@ func connect(ctx context.Context, rc *replication.Config) (*pgx.Conn, error) {
 // recordPositions notes in the slot ledger, once the first Kafka transaction of a first
 // exactly-once start has committed, that positions exist now: from then on a start that finds
 // none refuses (checkPositionLedger). A failure is logged and retried at the next start.
-func (r *Relay) recordPositions(ctx context.Context) {
+func (w *walSource) recordPositions(ctx context.Context) {
 	select {
-	case <-r.tracker.Acknowledged():
+	case <-w.tracker.Acknowledged():
 	case <-ctx.Done():
 		return
 	}
-	if !r.recordFirstPosition.Load() {
+	if !w.recordFirstPosition.Load() {
 		return // a position was found at the start, and the ledger checked and updated then
 	}
-	rc := r.cfg.Replication
-	txn := r.cfg.Sink.Transactions
+	rc := w.cfg.Replication
+	txn := w.cfg.Sink.Transactions
 	ledger := replication.NewLedger(rc.Schema)
 	err := func() error {
 		conn, err := connect(ctx, &rc)
@@ -281,12 +281,12 @@ func (r *Relay) recordPositions(ctx context.Context) {
 		return ledger.RecordPositions(ctx, conn, rc.Slot, txn.ID, positionsTopic(txn))
 	}()
 	if err != nil && ctx.Err() == nil {
-		r.log.Error("exactly-once: cannot record in the slot ledger that positions were committed in Kafka; until it is recorded, a lost positions topic would go unnoticed (the next start tries again)",
+		w.log.Error("exactly-once: cannot record in the slot ledger that positions were committed in Kafka; until it is recorded, a lost positions topic would go unnoticed (the next start tries again)",
 			zap.String("table", ledger.Table()), zap.Error(err))
 		return
 	}
 	if err == nil {
-		r.log.Info("exactly-once: the first Kafka transaction committed; recorded in the slot ledger that this slot's position lives in Kafka",
+		w.log.Info("exactly-once: the first Kafka transaction committed; recorded in the slot ledger that this slot's position lives in Kafka",
 			zap.String("transactional_id", txn.ID), zap.String("positions_topic", positionsTopic(txn)))
 	}
 }

@@ -40,14 +40,14 @@ func stream(msgs ...any) <-chan replication.Message {
 	return ch
 }
 
-// exactlyOnceRelay is a relay whose pipeline behaves as with delivery: exactly-once, reading the
+// exactlyOnceWAL is a WAL source whose pipeline behaves as with delivery: exactly-once, reading the
 // position pos (found says whether there is one) from a fake. It has a database with the slot
 // ledger, for the checks against it.
-func exactlyOnceRelay(t *testing.T, pos sink.Position, found bool) (*Relay, *prometheus.Registry, *countingReads) {
+func exactlyOnceWAL(t *testing.T, pos sink.Position, found bool) (*walSource, *prometheus.Registry, *countingReads) {
 	t.Helper()
 	k := testenv.SharedKafka(t)
 	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
-	r, reg := newTestRelay(t, Config{Sink: sink.Config{Brokers: []string{k.Brokers()}}})
+	r, reg := newTestWAL(t, Config{Sink: sink.Config{Brokers: []string{k.Brokers()}}})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -55,15 +55,15 @@ func exactlyOnceRelay(t *testing.T, pos sink.Position, found bool) (*Relay, *pro
 	})
 	r.cfg.Replication.DSN = dsn
 	r.cfg.Replication.Slot = testenv.UniqueName(t, "slot")
-	// Set after New, so the sink stays the plain one: the pipeline alone is under test.
+	// Set after newTestWAL, so the sink stays the plain one: the pipeline alone is under test.
 	r.cfg.Sink.Transactions = &sink.Transactions{ID: "relay-test-" + r.cfg.Replication.Slot}
-	reads := &countingReads{relay: r, pos: pos, found: found}
+	reads := &countingReads{wal: r, pos: pos, found: found}
 	r.positions = reads.read
 	return r, reg, reads
 }
 
 type countingReads struct {
-	relay *Relay
+	wal   *walSource
 	pos   sink.Position
 	found bool
 	err   error
@@ -78,7 +78,7 @@ func (c *countingReads) read(context.Context) (sink.Position, bool, error) {
 func TestAReplayPublishesOnlyWhatTheCommittedPositionDoesNotCover(t *testing.T) {
 	t.Parallel()
 	aggType := testenv.UniqueName(t, "eos")
-	r, reg, reads := exactlyOnceRelay(t, sink.Position{CommitLSN: 200, Events: 2}, true)
+	r, reg, reads := exactlyOnceWAL(t, sink.Position{CommitLSN: 200, Events: 2}, true)
 	ctx := context.Background()
 	msgs := stream(session(1, 50), relationMessage(outboxColumns),
 		// Before the position's transaction: all of it is in Kafka.
@@ -109,7 +109,7 @@ func TestAReplayPublishesOnlyWhatTheCommittedPositionDoesNotCover(t *testing.T) 
 func TestAPositionBeyondTheServersEndOfWALSkipsNothing(t *testing.T) {
 	t.Parallel()
 	aggType := testenv.UniqueName(t, "forged")
-	r, reg, _ := exactlyOnceRelay(t, sink.Position{CommitLSN: 0xFFFFFFFF00000000}, true)
+	r, reg, _ := exactlyOnceWAL(t, sink.Position{CommitLSN: 0xFFFFFFFF00000000}, true)
 	ctx := context.Background()
 	start := session(1, 50)
 	start.ServerEnd = 400
@@ -141,12 +141,12 @@ func TestAResumedTransactionIsNotPublishedTwiceAfterAReconnect(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			aggType := testenv.UniqueName(t, "resume")
-			var r *Relay
+			var r *walSource
 			var reg *prometheus.Registry
 			if tt.exactlyOnce {
-				r, reg, _ = exactlyOnceRelay(t, sink.Position{}, false)
+				r, reg, _ = exactlyOnceWAL(t, sink.Position{}, false)
 			} else {
-				r, reg = newTestRelay(t, Config{Sink: sink.Config{Brokers: []string{testenv.SharedKafka(t).Brokers()}}})
+				r, reg = newTestWAL(t, Config{Sink: sink.Config{Brokers: []string{testenv.SharedKafka(t).Brokers()}}})
 			}
 			ctx := context.Background()
 			// The first session ends after two events of a transaction; the second replays it whole.
@@ -168,7 +168,7 @@ func TestAResumedTransactionIsNotPublishedTwiceAfterAReconnect(t *testing.T) {
 
 func TestAPositionLostFromKafkaStopsTheRelayWithTheFix(t *testing.T) {
 	t.Parallel()
-	r, _, _ := exactlyOnceRelay(t, sink.Position{}, false)
+	r, _, _ := exactlyOnceWAL(t, sink.Position{}, false)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, r.cfg.Replication.DSN)
 	if err != nil {
@@ -193,7 +193,7 @@ func TestAPositionLostFromKafkaStopsTheRelayWithTheFix(t *testing.T) {
 func TestAFirstCommitIsRecordedInTheLedgerSoALaterLossIsNoticed(t *testing.T) {
 	t.Parallel()
 	aggType := testenv.UniqueName(t, "first")
-	r, _, _ := exactlyOnceRelay(t, sink.Position{}, false)
+	r, _, _ := exactlyOnceWAL(t, sink.Position{}, false)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan struct{})
@@ -230,8 +230,8 @@ func TestAPositionThatCannotBeReadForGoodStopsTheRelay(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+" ends the relay with the fix", func(t *testing.T) {
-			_, _, reads := exactlyOnceRelay(t, sink.Position{}, false)
-			r := reads.relay
+			_, _, reads := exactlyOnceWAL(t, sink.Position{}, false)
+			r := reads.wal
 			reads.err = tt.err
 			ctx := context.Background()
 			err := r.pipeline(ctx, ctx, stream(session(1, 50)))
@@ -244,8 +244,8 @@ func TestAPositionThatCannotBeReadForGoodStopsTheRelay(t *testing.T) {
 		})
 	}
 	t.Run("a broker that is unreachable is retried until the stop", func(t *testing.T) {
-		_, _, reads := exactlyOnceRelay(t, sink.Position{}, false)
-		r := reads.relay
+		_, _, reads := exactlyOnceWAL(t, sink.Position{}, false)
+		r := reads.wal
 		reads.err = errors.New("dial tcp: connection refused")
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -261,7 +261,7 @@ func TestAPositionThatCannotBeReadForGoodStopsTheRelay(t *testing.T) {
 func TestANewTimelineWhileStreamingStopsSkippingByTheOldPosition(t *testing.T) {
 	t.Parallel()
 	aggType := testenv.UniqueName(t, "timeline")
-	r, reg, _ := exactlyOnceRelay(t, sink.Position{CommitLSN: 200, Events: 1}, true)
+	r, reg, _ := exactlyOnceWAL(t, sink.Position{CommitLSN: 200, Events: 1}, true)
 	r.history = func(context.Context, uint32) (replication.Identity, []replication.TimelineSwitch, error) {
 		return replication.Identity{Timeline: 2}, []replication.TimelineSwitch{{Timeline: 1, End: 150}}, nil
 	}
@@ -280,7 +280,7 @@ func TestANewTimelineWhileStreamingStopsSkippingByTheOldPosition(t *testing.T) {
 	}
 }
 
-func waitSafe(t *testing.T, r *Relay, lsn pglogrepl.LSN) {
+func waitSafe(t *testing.T, r *walSource, lsn pglogrepl.LSN) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for r.tracker.Safe() < lsn {

@@ -18,7 +18,7 @@ import (
 func TestAFencedPipelinePublishesNothingMore(t *testing.T) {
 	k := testenv.SharedKafka(t)
 	aggType := testenv.UniqueName(t, "fence")
-	r, reg := newTestRelay(t, Config{Sink: sink.Config{Brokers: []string{k.Brokers()}}})
+	r, reg := newTestWAL(t, Config{Sink: sink.Config{Brokers: []string{k.Brokers()}}})
 	ctx := context.Background()
 
 	// One transaction with live contexts, so the topic is known and the sink has room.

@@ -14,7 +14,7 @@ const heartbeatPrefix = "outbox-relay-heartbeat"
 // heartbeat writes a non-transactional logical decoding message every interval. It gives the
 // stream a position to confirm when the outbox is quiet: on a database whose own tables are idle
 // while other databases of the cluster write WAL, keepalives alone would leave the slot behind.
-func (r *Relay) heartbeat(ctx context.Context, interval time.Duration) {
+func (w *walSource) heartbeat(ctx context.Context, interval time.Duration) {
 	var conn *pgx.Conn
 	// Run waits for this goroutine, so closing must not hang on a silent server.
 	closeConn := func() {
@@ -37,16 +37,16 @@ func (r *Relay) heartbeat(ctx context.Context, interval time.Duration) {
 		case <-ticker.C:
 		}
 		if conn == nil {
-			c, err := r.cfg.Replication.Connect(ctx)
+			c, err := w.cfg.Replication.Connect(ctx)
 			if err != nil {
-				r.log.Warn("heartbeat: cannot connect", zap.Error(err))
+				w.log.Warn("heartbeat: cannot connect", zap.Error(err))
 				continue
 			}
 			conn = c
 		}
 		if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, '')", heartbeatPrefix); err != nil {
 			if ctx.Err() == nil {
-				r.log.Warn("heartbeat failed", zap.Error(err))
+				w.log.Warn("heartbeat failed", zap.Error(err))
 			}
 			closeConn()
 		}

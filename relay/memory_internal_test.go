@@ -13,7 +13,6 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -52,7 +51,7 @@ func TestTheSinkCountsTheRowMemoryEachEventHolds(t *testing.T) {
 			func(msg []byte) int64 { return int64(len(msg)) + int64(len(blob)/2) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, reg := newTestRelay(t, Config{Sink: sink.Config{Brokers: []string{k.Brokers()}, Record: record.Options{ValueEncoding: tc.encoding}}})
+			r, reg := newTestWAL(t, Config{Sink: sink.Config{Brokers: []string{k.Brokers()}, Record: record.Options{ValueEncoding: tc.encoding}}})
 			defer func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 				defer cancel()
@@ -102,11 +101,7 @@ func createStuckTopic(t *testing.T, brokers, topic string) {
 func TestTransactionsWithoutEventsBehindAnUnacknowledgedEventLeaveTheHeapFlat(t *testing.T) {
 	const empties = 100_000
 	reg := prometheus.NewRegistry()
-	r, err := New(Config{Decoder: decoder.Config{Table: "outbox_events", Columns: decoder.DefaultColumns()},
-		Sink: sink.Config{Brokers: []string{"127.0.0.1:1"}, Policy: sink.Halt}}, zap.NewNop(), metrics.New(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newWAL(t, Config{Sink: sink.Config{Brokers: []string{"127.0.0.1:1"}, Policy: sink.Halt}}, zap.NewNop(), metrics.New(reg))
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()

@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -47,15 +46,11 @@ func TestTheOnUpdateCheckLogsInWithThePasswordFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.WarnLevel)
-	r, err := New(Config{
+	r := newWAL(t, Config{
 		Replication: replication.Config{DSN: u.String(), PasswordFile: file, Publication: pub},
-		Decoder:     decoder.Config{Table: "outbox_events", Columns: decoder.DefaultColumns()},
 		Sink:        sink.Config{Brokers: []string{"127.0.0.1:1"}},
 		OnUpdate:    "error",
 	}, zap.New(core), metrics.New(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer r.sink.Close(ctx)
 	r.checkUpdatesPublished(ctx)
 	if logs.FilterMessageSnippet("on_update has no effect").Len() != 1 {

@@ -98,7 +98,7 @@ func needsHistory(pos sink.Position, server replication.Identity) bool {
 
 // positionOnServer is the part of pos that may skip events in session (usablePosition), reading
 // the server's timeline history when it is needed; what was given up is logged.
-func (r *Relay) positionOnServer(ctx context.Context, pos sink.Position, session replication.Message) (sink.Position, bool, error) {
+func (w *walSource) positionOnServer(ctx context.Context, pos sink.Position, session replication.Message) (sink.Position, bool, error) {
 	server := replication.Identity{SystemID: session.SystemID, Timeline: session.Timeline}
 	if err := supersededServer(pos, server); err != nil {
 		return sink.Position{}, false, err
@@ -106,14 +106,14 @@ func (r *Relay) positionOnServer(ctx context.Context, pos sink.Position, session
 	var history []replication.TimelineSwitch
 	if needsHistory(pos, server) {
 		var err error
-		if history, err = r.readHistory(ctx, server); err != nil {
+		if history, err = w.readHistory(ctx, server); err != nil {
 			return sink.Position{}, false, err
 		}
 	}
 	use, ok, why := usablePosition(pos, server, history)
 	if why != "" {
-		r.log.Warn("exactly-once: "+why,
-			zap.String("transactional_id", r.cfg.Sink.Transactions.ID), zap.Stringer("commit_lsn", pos.CommitLSN),
+		w.log.Warn("exactly-once: "+why,
+			zap.String("transactional_id", w.cfg.Sink.Transactions.ID), zap.Stringer("commit_lsn", pos.CommitLSN),
 			zap.Int("events_of_that_transaction", pos.Events), zap.String("position_system_identifier", pos.SystemID),
 			zap.Uint32("position_timeline", pos.Timeline), zap.String("system_identifier", server.SystemID),
 			zap.Uint32("timeline", server.Timeline), zap.Stringer("skips_before", use.CommitLSN))
@@ -124,9 +124,9 @@ func (r *Relay) positionOnServer(ctx context.Context, pos sink.Position, session
 // readHistory reads the timeline history of the session's server, retrying what may heal until
 // ctx ends: nothing is published until it is known. The answer must come from the session's
 // database cluster (a multi-host pg_dsn may lead elsewhere meanwhile).
-func (r *Relay) readHistory(ctx context.Context, server replication.Identity) ([]replication.TimelineSwitch, error) {
+func (w *walSource) readHistory(ctx context.Context, server replication.Identity) ([]replication.TimelineSwitch, error) {
 	for attempt := 0; ; attempt++ {
-		id, history, err := r.history(ctx, server.Timeline)
+		id, history, err := w.history(ctx, server.Timeline)
 		if err == nil && server.SystemID != "" && id.SystemID != server.SystemID {
 			err = fmt.Errorf("pg_dsn led to database cluster %s for the timeline history, not to %s that the session streams from", id.SystemID, server.SystemID)
 		}
@@ -140,7 +140,7 @@ func (r *Relay) readHistory(ctx context.Context, server replication.Identity) ([
 			return nil, ctx.Err()
 		}
 		delay := backoffPosition(attempt)
-		r.log.Warn("exactly-once: cannot read the server's timeline history (TIMELINE_HISTORY) to tell which part of the position committed in Kafka belongs to its timeline; retrying (nothing is published until it is known)",
+		w.log.Warn("exactly-once: cannot read the server's timeline history (TIMELINE_HISTORY) to tell which part of the position committed in Kafka belongs to its timeline; retrying (nothing is published until it is known)",
 			zap.Uint32("timeline", server.Timeline), zap.Error(err), zap.Duration("retry_in", delay))
 		select {
 		case <-time.After(delay):

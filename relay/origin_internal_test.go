@@ -70,7 +70,7 @@ func TestANewRelayOnANewTimelineSkipsOnlyBelowTheForkPoint(t *testing.T) {
 	t.Parallel()
 	aggType := testenv.UniqueName(t, "newtimeline")
 	const sys = "7714668250760685997"
-	r, reg, _ := exactlyOnceRelay(t, sink.Position{SystemID: sys, Timeline: 1, CommitLSN: 400, Events: 1}, true)
+	r, reg, _ := exactlyOnceWAL(t, sink.Position{SystemID: sys, Timeline: 1, CommitLSN: 400, Events: 1}, true)
 	var asked []uint32
 	r.history = func(_ context.Context, timeline uint32) (replication.Identity, []replication.TimelineSwitch, error) {
 		asked = append(asked, timeline)

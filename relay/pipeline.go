@@ -16,7 +16,7 @@ import (
 // so the checkpoint knows what Kafka still owes. It returns when msgs is closed, on an error, at the
 // first transaction boundary after stop ends, or at once when hard ends (nothing more is handed to
 // Kafka then, not even what was already received).
-func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Message) error {
+func (w *walSource) pipeline(stop, hard context.Context, msgs <-chan replication.Message) error {
 	var tx *checkpoint.Txn
 	stopping := stop.Done()
 	for {
@@ -27,7 +27,7 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 			// A transaction a lost session was in the middle of may still be open in the tracker
 			// (the new session was replaying older ones when the stop came): the stop must not wait
 			// for its Commit, which will not come now.
-			r.forgetOpenTransaction()
+			w.forgetOpenTransaction()
 			return nil
 		}
 		var msg replication.Message
@@ -41,10 +41,10 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 			return nil
 		}
 		if !ok {
-			r.forgetOpenTransaction()
+			w.forgetOpenTransaction()
 			return nil
 		}
-		if done, err := r.handle(stop, hard, msg, &tx); done || err != nil {
+		if done, err := w.handle(stop, hard, msg, &tx); done || err != nil {
 			return err
 		}
 		// The sink has the event now (and counts its bytes); the stream may read ahead again.
@@ -54,25 +54,25 @@ func (r *Relay) pipeline(stop, hard context.Context, msgs <-chan replication.Mes
 
 // handle is the pipeline's step for one message; tx is the transaction being read (nil between
 // transactions, and in one already handled before a reconnect). done: the pipeline ends (with err).
-func (r *Relay) handle(stop, hard context.Context, msg replication.Message, tx **checkpoint.Txn) (done bool, err error) {
+func (w *walSource) handle(stop, hard context.Context, msg replication.Message, tx **checkpoint.Txn) (done bool, err error) {
 	switch msg.Kind {
 	case replication.Session:
 		*tx = nil
-		return r.session(stop, hard, msg)
+		return w.session(stop, hard, msg)
 	case replication.Barrier:
 		close(msg.Done) // everything before it is with the sink
 	case replication.Keepalive:
 		// Inside a transaction (even one being skipped as a replay) the server's WAL end may lie
 		// beyond events not yet received.
-		if !r.dec.InTransaction() {
-			r.tracker.Idle(msg.WALEnd)
+		if !w.dec.InTransaction() {
+			w.tracker.Idle(msg.WALEnd)
 		}
 	case replication.Data:
-		ch, err := r.dec.Decode(msg.WALStart, msg.Data)
+		ch, err := w.dec.Decode(msg.WALStart, msg.Data)
 		if err != nil {
 			return true, fmt.Errorf("decode the replication stream: %w", err)
 		}
-		if err := r.change(hard, ch, tx); err != nil {
+		if err := w.change(hard, ch, tx); err != nil {
 			if errors.Is(err, errHardStopped) {
 				return true, nil
 			}
@@ -83,18 +83,18 @@ func (r *Relay) handle(stop, hard context.Context, msg replication.Message, tx *
 }
 
 // session starts a new replication session in the pipeline. done: the pipeline ends (with err).
-func (r *Relay) session(stop, hard context.Context, msg replication.Message) (done bool, err error) {
-	r.dec.Reset()
+func (w *walSource) session(stop, hard context.Context, msg replication.Message) (done bool, err error) {
+	w.dec.Reset()
 	// Events carry the server they come from into the positions committed in Kafka.
-	r.dec.SetOrigin(msg.SystemID, msg.Timeline)
+	w.dec.SetOrigin(msg.SystemID, msg.Timeline)
 	// A transaction the lost session was in the middle of stays open: the new session replays it
 	// from its Begin (nothing after the slot's confirmed position is skipped), and the tracker
 	// resumes it, so its events already handed over are not published twice.
-	if msg.Timeline != r.tracker.Timeline() {
+	if msg.Timeline != w.tracker.Timeline() {
 		// First session, or a failover: positions of another timeline mean nothing here.
-		r.tracker.Reset(msg.WALEnd, msg.Timeline)
+		w.tracker.Reset(msg.WALEnd, msg.Timeline)
 	}
-	if !r.exactlyOnce() {
+	if !w.exactlyOnce() {
 		return false, nil
 	}
 	// Reading the position may wait (another producer's open transaction in the positions
@@ -102,7 +102,7 @@ func (r *Relay) session(stop, hard context.Context, msg replication.Message) (do
 	// session has been handed to Kafka yet.
 	taking, cancel := context.WithCancel(hard)
 	unhook := context.AfterFunc(stop, cancel)
-	err = r.takeUpPosition(taking, msg)
+	err = w.takeUpPosition(taking, msg)
 	unhook()
 	cancel()
 	switch {
@@ -111,7 +111,7 @@ func (r *Relay) session(stop, hard context.Context, msg replication.Message) (do
 	case hard.Err() != nil:
 		return true, nil
 	case stop.Err() != nil:
-		r.forgetOpenTransaction()
+		w.forgetOpenTransaction()
 		return true, nil
 	}
 	return true, err
@@ -123,12 +123,12 @@ var errHardStopped = errors.New("hard stop")
 
 // change applies one decoded change: a transaction's bounds to the tracker, its events to the
 // sink.
-func (r *Relay) change(hard context.Context, ch decoder.Change, tx **checkpoint.Txn) error {
+func (w *walSource) change(hard context.Context, ch decoder.Change, tx **checkpoint.Txn) error {
 	switch ch.Kind {
 	case decoder.Begin:
-		*tx = r.tracker.BeginAt(ch.Tx.CommitLSN, ch.Tx.CommitTime) // nil: already handled before a reconnect
+		*tx = w.tracker.BeginAt(ch.Tx.CommitLSN, ch.Tx.CommitTime) // nil: already handled before a reconnect
 	case decoder.Relation:
-		return orHardStop(hard, r.relation(hard, ch.Relation))
+		return orHardStop(hard, w.relation(hard, ch.Relation))
 	case decoder.Insert:
 		if *tx == nil {
 			return nil
@@ -136,31 +136,31 @@ func (r *Relay) change(hard context.Context, ch decoder.Change, tx **checkpoint.
 		if !(*tx).Take(ch.Event.Index) {
 			// Committed in Kafka already (exactly-once), or handed over before a reconnect: done,
 			// or acknowledged through tx when Kafka has it.
-			r.m.EventsSkipped.Inc()
+			w.m.EventsSkipped.Inc()
 			return nil
 		}
-		publish := r.sink.Publish
+		publish := w.sink.Publish
 		if ch.Unusable != nil {
-			publish = r.reject(ch.Unusable)
+			publish = w.reject(ch.Unusable)
 		}
 		return orHardStop(hard, publish(hard, ch.Event, *tx))
 	case decoder.Update:
-		return r.update(ch)
+		return w.update(ch)
 	case decoder.Commit:
 		if *tx != nil {
-			r.tracker.Commit(*tx, ch.EndLSN)
-			r.m.TransactionsTotal.Inc()
+			w.tracker.Commit(*tx, ch.EndLSN)
+			w.m.TransactionsTotal.Inc()
 			*tx = nil
 		}
 	case decoder.Message:
-		if ch.Prefix != "" && ch.Prefix == r.cfg.Decoder.MessagePrefix {
+		if ch.Prefix != "" && ch.Prefix == w.cfg.Decoder.MessagePrefix {
 			// Written outside any transaction's commit: it is not an outbox event, and publishing
 			// it could not be tied to a commit. Say so, loudly, each time.
-			r.log.Warn("ignored a non-transactional logical decoding message with the outbox prefix: only pg_logical_emit_message(true, ...) inside the producing transaction is an outbox event",
+			w.log.Warn("ignored a non-transactional logical decoding message with the outbox prefix: only pg_logical_emit_message(true, ...) inside the producing transaction is an outbox event",
 				zap.String("prefix", ch.Prefix), zap.Stringer("lsn", ch.LSN))
 		}
-		if !r.dec.InTransaction() {
-			r.tracker.Idle(ch.LSN)
+		if !w.dec.InTransaction() {
+			w.tracker.Idle(ch.LSN)
 		}
 	}
 	return nil
@@ -176,16 +176,16 @@ func orHardStop(hard context.Context, err error) error {
 
 // update handles an UPDATE of the outbox table: never an event (the outbox is append-only), but
 // said, at the level OnUpdate chooses, or the end of the relay before the transaction is confirmed.
-func (r *Relay) update(ch decoder.Change) error {
+func (w *walSource) update(ch decoder.Change) error {
 	fields := []zap.Field{zap.String("table", ch.Prefix), zap.Uint32("xid", ch.Tx.Xid), zap.Stringer("commit_lsn", ch.Tx.CommitLSN)}
-	switch r.cfg.OnUpdate {
+	switch w.cfg.OnUpdate {
 	case "fatal":
 		return replication.Fatal(fmt.Errorf("an UPDATE of outbox table %s in transaction %d (commit %s) and on_update is fatal: outbox rows must only be inserted; fix the producer, then set on_update to warn or error to go past this transaction (the slot stays before it)",
 			ch.Prefix, ch.Tx.Xid, ch.Tx.CommitLSN))
 	case "error":
-		r.log.Error("an UPDATE of the outbox table was ignored: outbox rows must only be inserted", fields...)
+		w.log.Error("an UPDATE of the outbox table was ignored: outbox rows must only be inserted", fields...)
 	default:
-		r.log.Warn("an UPDATE of the outbox table was ignored: outbox rows must only be inserted", fields...)
+		w.log.Warn("an UPDATE of the outbox table was ignored: outbox rows must only be inserted", fields...)
 	}
 	return nil
 }
@@ -195,9 +195,9 @@ func (r *Relay) update(ch decoder.Change) error {
 // session was replaying transactions before it. The next start replays it from its Begin, events
 // already sent included (unless, with exactly-once delivery, a committed Kafka transaction holds
 // them).
-func (r *Relay) forgetOpenTransaction() {
-	if commitLSN, aborted := r.tracker.Abort(); aborted {
-		r.log.Warn("the replication stream ended inside a transaction; the next start replays it, publishing its events already sent again",
+func (w *walSource) forgetOpenTransaction() {
+	if commitLSN, aborted := w.tracker.Abort(); aborted {
+		w.log.Warn("the replication stream ended inside a transaction; the next start replays it, publishing its events already sent again",
 			zap.Stringer("commit_lsn", commitLSN))
 	}
 }

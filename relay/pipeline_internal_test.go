@@ -7,11 +7,13 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // pgoutput builds pgoutput (protocol 1) messages for feeding the pipeline directly.
@@ -70,17 +72,25 @@ func feed(msgs ...[]byte) <-chan replication.Message {
 	return ch
 }
 
-func newTestRelay(t *testing.T, cfg Config) (*Relay, *prometheus.Registry) {
+// newTestWAL builds a WAL source with a test logger and metrics on a registry of its own.
+func newTestWAL(t *testing.T, cfg Config) (*walSource, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
+	return newWAL(t, cfg, zaptest.NewLogger(t), metrics.New(reg)), reg
+}
+
+// newWAL builds a WAL source over a sink of its own, with no relay around it: the test closes the
+// sink. An empty decoder configuration is the default outbox table.
+func newWAL(t *testing.T, cfg Config, log *zap.Logger, m *metrics.Metrics) *walSource {
+	t.Helper()
 	if cfg.Decoder.Table == "" {
 		cfg.Decoder = decoder.Config{Table: "outbox_events", Columns: decoder.DefaultColumns()}
 	}
-	r, err := New(cfg, zaptest.NewLogger(t), metrics.New(reg))
+	sk, err := sink.New(cfg.Sink, log.Named("sink"), m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r, reg
+	return newWALSource(cfg, sk, log, m)
 }
 
 // publishedTotal sums outbox_relay_events_published_total.

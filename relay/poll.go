@@ -5,6 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -15,6 +16,12 @@ type pollSource struct {
 	sink    *sink.Sink
 	log     *zap.Logger
 	timeout time.Duration // the relay's ShutdownTimeout, for the warning
+}
+
+// newPollSource builds the polling source over sk, which the relay owns (it closes it). cfg is the
+// relay's, with New's defaults applied; cfg.Poll is set.
+func newPollSource(cfg Config, sk *sink.Sink, log *zap.Logger, m *metrics.Metrics) pollSource {
+	return pollSource{poller: poll.New(*cfg.Poll, sk, log.Named("poll"), m), sink: sk, log: log, timeout: cfg.ShutdownTimeout}
 }
 
 func (p pollSource) streaming() bool { return p.poller.Polling() }

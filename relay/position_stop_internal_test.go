@@ -13,7 +13,7 @@ import (
 // open transaction in the positions partition, or TIMELINE_HISTORY retries) ends the wait: nothing
 // of the session was handed over. It ran on hard alone, so the stop waited for shutdown_timeout.
 func TestAStopDuringThePositionWaitIsNotHeldUntilTheShutdownTimeout(t *testing.T) {
-	r, _ := newTestRelay(t, Config{Sink: sink.Config{Brokers: []string{"127.0.0.1:1"}}})
+	r, _ := newTestWAL(t, Config{Sink: sink.Config{Brokers: []string{"127.0.0.1:1"}}})
 	r.cfg.Sink.Transactions = &sink.Transactions{ID: "review"}
 	r.positionChecked = true
 	r.positions = func(ctx context.Context) (sink.Position, bool, error) {

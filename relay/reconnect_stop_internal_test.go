@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -19,11 +18,7 @@ import (
 // reaches that transaction's Begin ended the pipeline at once (tx == nil) without aborting the
 // tracker's open transaction: Drained never closed, so Run waited for the shutdown timeout.
 func TestAStopRightAfterAReconnectMidTransactionLeavesTheCheckpointDrained(t *testing.T) {
-	r, err := New(Config{Decoder: decoder.Config{Table: "outbox_events", Columns: decoder.DefaultColumns()},
-		Sink: sink.Config{Brokers: []string{"127.0.0.1:1"}}}, zap.NewNop(), metrics.New(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newWAL(t, Config{Sink: sink.Config{Brokers: []string{"127.0.0.1:1"}}}, zap.NewNop(), metrics.New(prometheus.NewRegistry()))
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()

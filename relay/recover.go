@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/outboxrow"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -59,9 +60,9 @@ const commitSkew = time.Second
 const confirmedEvery = 5 * time.Second
 
 // recoverGap publishes the gap of a lost slot (replication.Config.Recover).
-func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replication.LostSlot) (replication.Recovery, error) {
+func (w *walSource) recoverGap(ctx context.Context, snapshot string, lost replication.LostSlot) (replication.Recovery, error) {
 	started := time.Now()
-	conn, err := r.cfg.Replication.Connect(ctx)
+	conn, err := w.cfg.Replication.Connect(ctx)
 	if err != nil {
 		return replication.Recovery{}, fmt.Errorf("connect: %w", err)
 	}
@@ -71,11 +72,11 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 		return replication.Recovery{}, err
 	}
 	defer rollback(ctx, tx) // not beyond a fence: see rollback
-	rc := r.cfg.Recovery
+	rc := w.cfg.Recovery
 	if rc == nil {
 		rc = &Recovery{}
 	}
-	t, err := r.outboxTable(ctx, tx, rc.CreatedColumn, rc.OrderColumn)
+	t, err := w.outboxTable(ctx, tx, rc.CreatedColumn, rc.OrderColumn)
 	if err != nil {
 		return replication.Recovery{}, err
 	}
@@ -83,17 +84,17 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 	if err != nil {
 		return replication.Recovery{}, err
 	}
-	left, acknowledged, err := r.countGap(ctx, tx, t, g, lost)
+	left, acknowledged, err := w.countGap(ctx, tx, t, g, lost)
 	if err != nil {
 		return replication.Recovery{}, err
 	}
-	r.log.Warn("recovering a lost slot's gap from the outbox table: the events of transactions committed after the last one Kafka acknowledged",
+	w.log.Warn("recovering a lost slot's gap from the outbox table: the events of transactions committed after the last one Kafka acknowledged",
 		zap.String("slot", lost.Slot), zap.String("reason", lost.Reason), zap.Time("after", lost.Since),
 		zap.String("rule", g.rule), zap.Duration("margin", g.margin), zap.Uint64("xmin_horizon", lost.Xmin),
 		zap.Int64("rows", left), zap.Int64("may_be_duplicates", acknowledged),
 		zap.Stringer("new_slot_consistent_point", lost.ConsistentLSN), zap.Bool("again", lost.Again))
 	q := rowQuery{where: []string{g.where}, args: g.args, flag: g.duplicate}
-	if r.exactlyOnce() {
+	if w.exactlyOnce() {
 		// Exactly-once positions order events by the stream's LSNs, which table rows do not have:
 		// the gap goes out as one pseudo-transaction just before the new slot's first, at least
 		// once (a crash during it publishes it all again), and no position it leaves can skip
@@ -104,22 +105,22 @@ func (r *Relay) recoverGap(ctx context.Context, snapshot string, lost replicatio
 			ev.Index = int(n)
 		}
 	}
-	n, dups, err := r.publishSelected(ctx, tx, t, q)
+	n, dups, err := w.publishSelected(ctx, tx, t, q)
 	if err != nil {
 		err = fmt.Errorf("publish the gap (%d events published so far; the next start publishes it all again): %w", n, err)
 	}
-	if err := r.cancelledReads.note(ctx, "the lost slot's gap", err); err != nil {
+	if err := w.cancelledReads.note(ctx, "the lost slot's gap", err); err != nil {
 		return replication.Recovery{}, err
 	}
 	took := time.Since(started)
-	r.m.SlotRecoveries.Inc()
-	r.m.SlotRecoveredEvents.Add(float64(n))
+	w.m.SlotRecoveries.Inc()
+	w.m.SlotRecoveredEvents.Add(float64(n))
 	fields := []zap.Field{zap.String("slot", lost.Slot), zap.Int64("events", n), zap.Int64("may_be_duplicates", dups),
 		zap.Time("after", lost.Since), zap.String("rule", g.rule), zap.Duration("took", took)}
-	if r.exactlyOnce() {
-		r.log.Warn("recovered the lost slot's gap, at least once: exactly-once cannot cover events read from the table (read_committed consumers may see the ones counted in may_be_duplicates twice); streaming from the new slot", fields...)
+	if w.exactlyOnce() {
+		w.log.Warn("recovered the lost slot's gap, at least once: exactly-once cannot cover events read from the table (read_committed consumers may see the ones counted in may_be_duplicates twice); streaming from the new slot", fields...)
 	} else {
-		r.log.Warn("recovered the lost slot's gap; streaming from the new slot", fields...)
+		w.log.Warn("recovered the lost slot's gap; streaming from the new slot", fields...)
 	}
 	return replication.Recovery{Events: n, From: lost.Since, Rule: g.rule, Took: took}, nil
 }
@@ -149,7 +150,7 @@ func chooseGap(ctx context.Context, tx pgx.Tx, t outboxTable, lost replication.L
 // the relay's pruning keeps rows for (a transaction that long, or rows rewritten since their
 // commit), which it warns of. A gap that pruning may have cut is fatal. The count is a scan of
 // the whole table, so without the role's timeouts, like the read.
-func (r *Relay) countGap(ctx context.Context, tx pgx.Tx, t outboxTable, g gap, lost replication.LostSlot) (left, acknowledged int64, err error) {
+func (w *walSource) countGap(ctx context.Context, tx pgx.Tx, t outboxTable, g gap, lost replication.LostSlot) (left, acknowledged int64, err error) {
 	if err := outboxrow.ClearTimeouts(ctx, tx); err != nil {
 		return 0, 0, err
 	}
@@ -159,7 +160,7 @@ func (r *Relay) countGap(ctx context.Context, tx pgx.Tx, t outboxTable, g gap, l
 	if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*), count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s < $%d), min(%s) FROM %s WHERE %s",
 		g.duplicate, t.created, len(counted), t.created, t.name, g.where), counted...).Scan(&left, &acknowledged, &old, &oldestRow); err != nil {
 		// A cancellation counts as one of the read's: repeated, it ends the relay.
-		return 0, 0, r.cancelledReads.note(ctx, "the lost slot's gap", fmt.Errorf("count the gap's rows: %w", err))
+		return 0, 0, w.cancelledReads.note(ctx, "the lost slot's gap", fmt.Errorf("count the gap's rows: %w", err))
 	}
 
 	// The relay's own pruning never deletes the gap's rows (run.go guards it by the ledger), but
@@ -174,7 +175,7 @@ func (r *Relay) countGap(ctx context.Context, tx pgx.Tx, t outboxTable, g gap, l
 		// Not left out: a row the rule chooses may be a long transaction's, which only costs a
 		// duplicate if it is not. Said before publishing, so that an operator sees why a recovery
 		// publishes much more than the gap.
-		r.log.Warn("rows of the lost slot's gap were created long before the last acknowledged commit: rows rewritten since their commit (an UPDATE, pg_repack, a rewriting ALTER TABLE, a move between partitions) carry a new transaction id and count as committed after it, so they are published again; a transaction that ran that long is the other cause",
+		w.log.Warn("rows of the lost slot's gap were created long before the last acknowledged commit: rows rewritten since their commit (an UPDATE, pg_repack, a rewriting ALTER TABLE, a move between partitions) carry a new transaction id and count as committed after it, so they are published again; a transaction that ran that long is the other cause",
 			zap.String("slot", lost.Slot), zap.Int64("rows", old), zap.Time("created_before", g.oldest), zap.Timep("oldest_created", oldestRow),
 			zap.Int64("gap_rows", left), zap.String("rule", g.rule))
 	}
@@ -271,8 +272,10 @@ func gapQuery(t outboxTable, lost replication.LostSlot, margin time.Duration, co
 // Kafka acknowledged with every one before it: where a lost slot's gap would start. The relay runs
 // it every confirmedEvery while it streams, and once more after a clean stop's drain.
 type confirmedRecorder struct {
-	r      *Relay
-	ledger replication.Ledger
+	tracker *checkpoint.Tracker
+	rc      *replication.Config // the slot, and how to connect
+	log     *zap.Logger
+	ledger  replication.Ledger
 
 	mu           sync.Mutex
 	conn         *pgx.Conn
@@ -301,8 +304,10 @@ type horizonSample struct {
 // is replaced, which only makes the recorded horizon older (more duplicates), never wrong.
 const maxHorizonSamples = 64
 
-func (r *Relay) newConfirmedRecorder() *confirmedRecorder {
-	return &confirmedRecorder{r: r, ledger: replication.NewLedger(r.cfg.Replication.Schema)}
+// newConfirmedRecorder records how far tracker acknowledged for the slot of rc, connecting with
+// rc's credentials.
+func newConfirmedRecorder(tracker *checkpoint.Tracker, rc *replication.Config, log *zap.Logger) *confirmedRecorder {
+	return &confirmedRecorder{tracker: tracker, rc: rc, log: log, ledger: replication.NewLedger(rc.Schema)}
 }
 
 // run records every confirmedEvery until ctx ends, beginning with a horizon sample at once.
@@ -325,18 +330,17 @@ func (c *confirmedRecorder) run(ctx context.Context) {
 func (c *confirmedRecorder) write(ctx context.Context) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r := c.r
 	if c.gaveUp {
 		return
 	}
-	timeline := r.tracker.Timeline() // before Safe, as the stream reads them
-	at, safe := r.tracker.SafeTime(), r.tracker.Safe()
+	timeline := c.tracker.Timeline() // before Safe, as the stream reads them
+	at, safe := c.tracker.SafeTime(), c.tracker.Safe()
 	xmin := c.passed(safe, timeline)
 	moved := !at.IsZero() && at.After(c.recorded)
 	if c.conn == nil {
-		conn, err := r.cfg.Replication.Connect(ctx)
+		conn, err := c.rc.Connect(ctx)
 		if err != nil {
-			r.log.Debug("record the acknowledged position: cannot connect", zap.Error(err))
+			c.log.Debug("record the acknowledged position: cannot connect", zap.Error(err))
 			return
 		}
 		c.conn = conn
@@ -345,7 +349,7 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 		c.sample(ctx) // nothing new to record
 		return
 	}
-	err := c.ledger.RecordConfirmed(ctx, c.conn, r.cfg.Replication.Slot, replication.Confirmed{CommitTime: at, EndLSN: safe, Xmin: xmin})
+	err := c.ledger.RecordConfirmed(ctx, c.conn, c.rc.Slot, replication.Confirmed{CommitTime: at, EndLSN: safe, Xmin: xmin})
 	if err == nil {
 		if moved {
 			c.recorded = at
@@ -358,10 +362,10 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 	switch {
 	case ctx.Err() != nil:
 	case errors.Is(err, replication.ErrLedgerNotMigrated) || errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42501"):
-		r.log.Warn("cannot record in the slot ledger how far Kafka has acknowledged, so a lost slot could not be recovered automatically: run outbox-relay migrate, and grant the relay's role INSERT and UPDATE on the ledger", zap.Error(err))
+		c.log.Warn("cannot record in the slot ledger how far Kafka has acknowledged, so a lost slot could not be recovered automatically: run outbox-relay migrate, and grant the relay's role INSERT and UPDATE on the ledger", zap.Error(err))
 		c.gaveUp = true
 	case !c.warned:
-		r.log.Warn("cannot record in the slot ledger how far Kafka has acknowledged (retrying); a lost slot's recovery would start from an older point, publishing more twice", zap.Error(err))
+		c.log.Warn("cannot record in the slot ledger how far Kafka has acknowledged (retrying); a lost slot's recovery would start from an older point, publishing more twice", zap.Error(err))
 		c.warned = true
 	}
 	c.closeLocked(ctx)
@@ -406,7 +410,7 @@ func (c *confirmedRecorder) sample(ctx context.Context) {
 	var timeline int64
 	if err := c.conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, l::text, ('x' || substr(pg_walfile_name(l), 1, 8))::bit(32)::bigint
 		FROM pg_current_wal_insert_lsn() AS l`).Scan(&xmin, &lsn, &timeline); err != nil {
-		c.r.log.Debug("sample the transaction horizon for the slot ledger", zap.Error(err))
+		c.log.Debug("sample the transaction horizon for the slot ledger", zap.Error(err))
 		c.closeLocked(ctx)
 		return
 	}

@@ -201,8 +201,7 @@ func TestAHorizonIsRecordedOnlyFromSamplesOfTheStreamsTimeline(t *testing.T) {
 	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t)) // timeline 1
 	slot := testenv.UniqueName(t, "slot")
 	tracker := checkpoint.New(0)
-	r := &Relay{cfg: Config{Replication: replication.Config{DSN: dsn, Slot: slot, Schema: "public"}}, tracker: tracker, log: zaptest.NewLogger(t)}
-	c := r.newConfirmedRecorder()
+	c := newConfirmedRecorder(tracker, &replication.Config{DSN: dsn, Slot: slot, Schema: "public"}, zaptest.NewLogger(t))
 	defer c.close(ctx)
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {

@@ -7,12 +7,10 @@ package relay
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/poll"
@@ -46,38 +44,18 @@ type Config struct {
 	Recovery *Recovery
 }
 
-// Relay moves outbox events from one replication slot to Kafka.
+// Relay moves outbox events from one replication slot to Kafka. It is the supervisor: it owns the
+// sink and the one lifecycle of the run, and hands both to the source configured (a walSource or a
+// pollSource), which knows nothing else of it.
 type Relay struct {
-	cfg     Config
-	log     *zap.Logger
-	m       *metrics.Metrics
-	tracker *checkpoint.Tracker
-	dec     *decoder.Decoder
-	sink    *sink.Sink
-	stream  *replication.Stream
-	// source reads the outbox: the WAL through stream (wal.go), or the table by polling (poll.go).
+	cfg  Config
+	log  *zap.Logger
+	sink *sink.Sink
+	// source reads the outbox: the WAL through a replication slot (wal.go), or the table by
+	// polling (poll.go).
 	source source
 	// life is the one shutdown signal of the run: stop, hard stop, abandon (lifecycle.go).
 	life *lifecycle
-	// kafkaReady is set by the stream's goroutine once Kafka has answered.
-	kafkaReady bool
-
-	// Exactly-once (exactlyonce.go), all used by the pipeline's goroutine only. positions reads the
-	// position committed in Kafka (Sink.ReadPosition; a fake in tests).
-	positions       func(ctx context.Context) (sink.Position, bool, error)
-	positionChecked bool          // compared with the slot ledger
-	startPosition   *positionRead // read before the first session streamed (BeforeStream's goroutine; handed over by the Session message)
-	positionLogged  bool          // the first position read was logged at info level
-	// history reads the server's timeline history (replication.TimelineHistory; a fake in tests),
-	// for what an older timeline's position may skip (origin.go).
-	history func(ctx context.Context, timeline uint32) (replication.Identity, []replication.TimelineSwitch, error)
-	// recordFirstPosition is set on a first exactly-once start: recordPositions notes the first
-	// commit in the slot ledger.
-	recordFirstPosition atomic.Bool
-	// updatesChecked: checkUpdatesPublished ran (once per relay).
-	updatesChecked bool
-	// cancelledReads ends the relay when reads of the outbox table are cancelled again and again.
-	cancelledReads cancelledReads
 }
 
 // New builds a relay. Nothing is contacted until Run.
@@ -103,39 +81,12 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	r := &Relay{cfg: cfg, log: log, sink: sk, life: newLifecycle()}
 	if cfg.Poll != nil {
-		r := &Relay{cfg: cfg, log: log, m: m, sink: sk, life: newLifecycle()}
-		r.source = pollSource{poller: poll.New(*cfg.Poll, sk, log.Named("poll"), m), sink: sk, log: log, timeout: cfg.ShutdownTimeout}
-		return r, nil
+		r.source = newPollSource(cfg, sk, log, m)
+	} else {
+		r.source = newWALSource(cfg, sk, log, m)
 	}
-	tracker := checkpoint.New(0)
-	r := &Relay{
-		cfg:     cfg,
-		log:     log,
-		m:       m,
-		tracker: tracker,
-		dec:     decoder.New(cfg.Decoder),
-		sink:    sk,
-		life:    newLifecycle(),
-	}
-	r.source = walSource{r}
-	r.positions = sk.ReadPosition // after the sink has fenced earlier producers
-	r.history = func(ctx context.Context, timeline uint32) (replication.Identity, []replication.TimelineSwitch, error) {
-		return replication.TimelineHistory(ctx, &r.cfg.Replication, timeline)
-	}
-	if cfg.Sink.MaxInFlightSize > 0 && r.cfg.Replication.BufferBytes <= 0 {
-		// Rows read ahead of the sink are a quarter of what the sink may hold (16 MiB with the
-		// defaults), so memory stays a small multiple of max_in_flight_bytes (docs/guarantees.md).
-		r.cfg.Replication.BufferBytes = cfg.Sink.MaxInFlightSize / 4
-	}
-	r.cfg.Replication.BeforeStream = r.beforeStream
-	if cfg.Replication.OnSlotLost == replication.SlotLostRecover {
-		r.cfg.Replication.Recover = r.recoverGap
-		// Messages are stored nowhere but the WAL: a lost slot takes them with it.
-		r.cfg.Replication.MessageEvents = cfg.Decoder.MessagePrefix != ""
-	}
-	r.cfg.Replication.ExportSnapshot = cfg.Backfill != nil
-	r.stream = replication.New(r.cfg.Replication, tracker, log.Named("replication"), m)
 	return r, nil
 }
 

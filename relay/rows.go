@@ -79,8 +79,8 @@ type outboxTable struct {
 }
 
 // outboxTable checks the columns a read of the table relies on and chooses its order.
-func (r *Relay) outboxTable(ctx context.Context, tx pgx.Tx, createdColumn, orderColumn string) (outboxTable, error) {
-	rc := r.cfg.Replication
+func (w *walSource) outboxTable(ctx context.Context, tx pgx.Tx, createdColumn, orderColumn string) (outboxTable, error) {
+	rc := w.cfg.Replication
 	if rc.Schema == "" {
 		rc.Schema = "public"
 	}
@@ -93,12 +93,12 @@ func (r *Relay) outboxTable(ctx context.Context, tx pgx.Tx, createdColumn, order
 	} else if !ok {
 		return outboxTable{}, replication.Fatal(fmt.Errorf("columns.created_at %q: the outbox table %s has no such column; reading rows from the table (a backfill, a lost slot's recovery) needs each row's creation time from it (the record timestamp, which rows to read): name the table's creation time column in columns.created_at, or add one (Debezium's outbox table has none)", createdColumn, table))
 	}
-	order, err := r.backfillOrder(ctx, tx, table, orderColumn, createdColumn, r.cfg.Decoder.Columns.ID)
+	order, err := w.backfillOrder(ctx, tx, table, orderColumn, createdColumn, w.cfg.Decoder.Columns.ID)
 	if err != nil {
 		return outboxTable{}, err
 	}
 	return outboxTable{name: table, created: pgx.Identifier{createdColumn}.Sanitize(), order: order,
-		rows: outboxrow.NewReader(r.cfg.Decoder, createdColumn)}, nil
+		rows: outboxrow.NewReader(w.cfg.Decoder, createdColumn)}, nil
 }
 
 // rowQuery chooses outbox rows to publish.
@@ -114,7 +114,7 @@ type rowQuery struct {
 
 // publishSelected publishes the rows q chooses in t.order, returning once Kafka has acknowledged
 // them all: how many, and how many of them q.flag held for.
-func (r *Relay) publishSelected(ctx context.Context, tx pgx.Tx, t outboxTable, q rowQuery) (n, flagged int64, err error) {
+func (w *walSource) publishSelected(ctx context.Context, tx pgx.Tx, t outboxTable, q rowQuery) (n, flagged int64, err error) {
 	where := append([]string{"true"}, q.where...)
 	query := fmt.Sprintf("SELECT %s, coalesce(%s, false) FROM %s WHERE %s ORDER BY %s",
 		t.rows.Select(""), cmp.Or(q.flag, "false"), t.name, strings.Join(where, " AND "), t.order)
@@ -138,9 +138,9 @@ func (r *Relay) publishSelected(ctx context.Context, tx pgx.Tx, t outboxTable, q
 			q.stamp(row.Event, n)
 		}
 		acks.Add()
-		publish := r.sink.Publish
+		publish := w.sink.Publish
 		if row.Unusable != nil {
-			publish = r.reject(row.Unusable) // to the failure policy, as from the stream
+			publish = w.reject(row.Unusable) // to the failure policy, as from the stream
 		}
 		if err := publish(ctx, row.Event, &acks); err != nil {
 			return n, flagged, err
@@ -163,7 +163,7 @@ const defaultOrderColumn = "seq"
 // Without the default one (a table of the user's own), the creation time and the id, with a
 // warning that this order is not insertion order; without a column the operator named, an error:
 // a typo must not quietly cost the order it was named for.
-func (r *Relay) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, created, id string) (string, error) {
+func (w *walSource) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, created, id string) (string, error) {
 	if column == "" {
 		column = defaultOrderColumn
 	}
@@ -178,7 +178,7 @@ func (r *Relay) backfillOrder(ctx context.Context, tx pgx.Tx, table, column, cre
 	if column != defaultOrderColumn {
 		return "", replication.Fatal(fmt.Errorf("backfill_order_column %q: the outbox table %s has no such column; name its insertion sequence column, or leave the key unset to use seq (which `outbox-relay migrate` adds)", column, table))
 	}
-	r.log.Warn("the outbox table has no insertion sequence column, so the backfill publishes in creation time order: events of one aggregate written in one transaction, or by transactions that started in another order than they committed, may go out of order. Run `outbox-relay migrate` (it adds seq) or name your table's sequence column in backfill_order_column",
+	w.log.Warn("the outbox table has no insertion sequence column, so the backfill publishes in creation time order: events of one aggregate written in one transaction, or by transactions that started in another order than they committed, may go out of order. Run `outbox-relay migrate` (it adds seq) or name your table's sequence column in backfill_order_column",
 		zap.String("table", table), zap.String("backfill_order_column", column))
 	return pgx.Identifier{created}.Sanitize() + ", " + pgx.Identifier{id}.Sanitize(), nil
 }

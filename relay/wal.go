@@ -5,47 +5,104 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// walSource reads the outbox from the WAL through the relay's replication slot: the stream feeds
-// the relay's pipeline (decoder, tracker, sink; pipeline.go), and the position Kafka acknowledged
-// goes back to the slot.
-type walSource struct{ r *Relay }
+// walSource reads the outbox from the WAL through a replication slot: the stream feeds the
+// pipeline (decoder, tracker, sink; pipeline.go), and the position Kafka acknowledged goes back to
+// the slot. It is built from the relay's configuration and the sink the relay owns (newWALSource)
+// and knows nothing else of the relay: the lifecycle comes with run.
+type walSource struct {
+	cfg     Config
+	log     *zap.Logger
+	m       *metrics.Metrics
+	tracker *checkpoint.Tracker
+	dec     *decoder.Decoder
+	sink    *sink.Sink
+	stream  *replication.Stream
+	// kafkaReady is set by the stream's goroutine once Kafka has answered.
+	kafkaReady bool
+
+	// Exactly-once (exactlyonce.go), all used by the pipeline's goroutine only. positions reads the
+	// position committed in Kafka (Sink.ReadPosition; a fake in tests).
+	positions       func(ctx context.Context) (sink.Position, bool, error)
+	positionChecked bool          // compared with the slot ledger
+	startPosition   *positionRead // read before the first session streamed (BeforeStream's goroutine; handed over by the Session message)
+	positionLogged  bool          // the first position read was logged at info level
+	// history reads the server's timeline history (replication.TimelineHistory; a fake in tests),
+	// for what an older timeline's position may skip (origin.go).
+	history func(ctx context.Context, timeline uint32) (replication.Identity, []replication.TimelineSwitch, error)
+	// recordFirstPosition is set on a first exactly-once start: recordPositions notes the first
+	// commit in the slot ledger.
+	recordFirstPosition atomic.Bool
+	// updatesChecked: checkUpdatesPublished ran (once per source).
+	updatesChecked bool
+	// cancelledReads ends the relay when reads of the outbox table are cancelled again and again.
+	cancelledReads cancelledReads
+}
+
+// newWALSource builds the WAL source over sk, which the relay owns (it closes it). cfg is the
+// relay's, with New's defaults applied; the replication settings that follow from the rest of it
+// (read-ahead, the callbacks, the exported snapshot) are set here. Nothing is contacted until run.
+func newWALSource(cfg Config, sk *sink.Sink, log *zap.Logger, m *metrics.Metrics) *walSource {
+	w := &walSource{cfg: cfg, log: log, m: m, tracker: checkpoint.New(0), dec: decoder.New(cfg.Decoder), sink: sk}
+	w.positions = sk.ReadPosition // after the sink has fenced earlier producers
+	w.history = func(ctx context.Context, timeline uint32) (replication.Identity, []replication.TimelineSwitch, error) {
+		return replication.TimelineHistory(ctx, &w.cfg.Replication, timeline)
+	}
+	if cfg.Sink.MaxInFlightSize > 0 && w.cfg.Replication.BufferBytes <= 0 {
+		// Rows read ahead of the sink are a quarter of what the sink may hold (16 MiB with the
+		// defaults), so memory stays a small multiple of max_in_flight_bytes (docs/guarantees.md).
+		w.cfg.Replication.BufferBytes = cfg.Sink.MaxInFlightSize / 4
+	}
+	w.cfg.Replication.BeforeStream = w.beforeStream
+	if cfg.Replication.OnSlotLost == replication.SlotLostRecover {
+		w.cfg.Replication.Recover = w.recoverGap
+		// Messages are stored nowhere but the WAL: a lost slot takes them with it.
+		w.cfg.Replication.MessageEvents = cfg.Decoder.MessagePrefix != ""
+	}
+	w.cfg.Replication.ExportSnapshot = cfg.Backfill != nil
+	w.stream = replication.New(w.cfg.Replication, w.tracker, log.Named("replication"), m)
+	return w
+}
 
 // streaming reports whether a replication session has started (it stays set across reconnects).
-func (w walSource) streaming() bool { return w.r.stream.Streamed() }
+func (w *walSource) streaming() bool { return w.stream.Streamed() }
 
 // stopping: a session lost from here on is not replaced, since the stop would only wait for it.
-func (w walSource) stopping() { w.r.stream.StopReconnecting() }
+func (w *walSource) stopping() { w.stream.StopReconnecting() }
 
 // run streams until the stop, and drains (see Relay.Run). Every goroutine it starts ends before it
 // returns; closing the sink is left to the relay, with the wait run returns: none once nothing
 // more will be acknowledged (a halted sink, a fence).
-func (w walSource) run(life *lifecycle) (closeWait time.Duration, err error) {
-	r := w.r
+func (w *walSource) run(life *lifecycle) (closeWait time.Duration, err error) {
 	// reading ends once the pipeline has stopped (at a transaction boundary after the stop, or on
 	// an error), or with hard.
 	reading, stopReading := context.WithCancel(life.hard)
 	defer stopReading()
 	var helpers sync.WaitGroup
-	sinkErr := r.startHelpers(&helpers, life, reading)
-	confirmed := r.newConfirmedRecorder()
+	sinkErr := w.startHelpers(&helpers, life, reading)
+	confirmed := newConfirmedRecorder(w.tracker, &w.cfg.Replication, w.log)
 	helpers.Go(func() { confirmed.run(reading) })
 
-	msgs := make(chan replication.Message, r.stream.Buffer())
+	msgs := make(chan replication.Message, w.stream.Buffer())
 	drained := make(chan struct{}) // closed once the pipeline is done and Kafka has acknowledged it all
 	piped := make(chan error, 1)
 	go func() {
-		err := r.pipeline(life.stop, life.abandon, msgs)
+		err := w.pipeline(life.stop, life.abandon, msgs)
 		stopReading()
 		if err == nil {
 			select {
-			case <-r.tracker.Drained():
+			case <-w.tracker.Drained():
 			case <-life.abandon.Done():
 			}
 		}
@@ -55,8 +112,8 @@ func (w walSource) run(life *lifecycle) (closeWait time.Duration, err error) {
 
 	// Kafka's part of the start (metadata, the idempotent producer's id) overlaps PostgreSQL's
 	// checks; the verdict stays in beforeStream, after the slot exists.
-	r.sink.Prestart(reading)
-	streamErr := w.stream(life, reading, msgs, drained)
+	w.sink.Prestart(reading)
+	streamErr := w.replicate(life, reading, msgs, drained)
 	if life.hard.Err() == nil {
 		// The last word on how far Kafka acknowledged, after the drain: a clean stop leaves a lost
 		// slot's recovery nothing to publish twice. Not on a fence or after the shutdown timeout
@@ -90,23 +147,22 @@ func (w walSource) run(life *lifecycle) (closeWait time.Duration, err error) {
 	return closeWait, nil
 }
 
-// stream runs the replication stream until reading ends, then keeps reporting while Kafka
+// replicate runs the replication stream until reading ends, then keeps reporting while Kafka
 // acknowledges what is in flight (until drained, or hard ends), and reports the final position.
-func (w walSource) stream(life *lifecycle, reading context.Context, msgs chan<- replication.Message, drained <-chan struct{}) error {
-	r := w.r
-	err := r.stream.Run(reading, msgs)
+func (w *walSource) replicate(life *lifecycle, reading context.Context, msgs chan<- replication.Message, drained <-chan struct{}) error {
+	err := w.stream.Run(reading, msgs)
 	if err == nil {
-		if ferr := r.stream.Finish(life.hard, drained); ferr != nil {
-			r.log.Warn("could not report the final position; the next start replays from the last one reported", zap.Error(ferr))
+		if ferr := w.stream.Finish(life.hard, drained); ferr != nil {
+			w.log.Warn("could not report the final position; the next start replays from the last one reported", zap.Error(ferr))
 			if replication.IsFatal(ferr) {
 				err = ferr // a publication check failed during the drain: not a clean stop
 			}
 		}
 	}
 	if life.timedOut() {
-		events, _ := r.sink.InFlight()
-		r.log.Warn("shutdown timeout: events not acknowledged by Kafka will be published again on the next start",
-			zap.Int64("events", events), zap.Duration("shutdown_timeout", r.cfg.ShutdownTimeout))
+		events, _ := w.sink.InFlight()
+		w.log.Warn("shutdown timeout: events not acknowledged by Kafka will be published again on the next start",
+			zap.Int64("events", events), zap.Duration("shutdown_timeout", w.cfg.ShutdownTimeout))
 	}
 	return err
 }
@@ -114,30 +170,30 @@ func (w walSource) stream(life *lifecycle, reading context.Context, msgs chan<- 
 // startHelpers starts the goroutines that serve the stream beside the pipeline, each ended by the
 // lifecycle or by reading: the heartbeat, the halt watch, the sink-failure watch and (exactly-once)
 // the positions recorder. The sink's failure, if it comes, is in *sinkErr once helpers are done.
-func (r *Relay) startHelpers(helpers *sync.WaitGroup, life *lifecycle, reading context.Context) (sinkErr *error) {
-	if r.cfg.HeartbeatInterval > 0 {
-		helpers.Go(func() { r.heartbeat(reading, r.cfg.HeartbeatInterval) })
+func (w *walSource) startHelpers(helpers *sync.WaitGroup, life *lifecycle, reading context.Context) (sinkErr *error) {
+	if w.cfg.HeartbeatInterval > 0 {
+		helpers.Go(func() { w.heartbeat(reading, w.cfg.HeartbeatInterval) })
 	}
-	helpers.Go(func() { r.watchHalt(life) })
+	helpers.Go(func() { w.watchHalt(life) })
 	// A sink that failed for good (exactly-once: fenced by a newer producer, or a Kafka transaction
 	// aborted; either mode: a producer the broker refused for good) acknowledges nothing more: stop
 	// at once, like a fence, without waiting for anything.
 	failedMsg := "the Kafka producer stopped for good; stopping at once: nothing more is published, and what Kafka had not acknowledged is not confirmed to PostgreSQL (the next start publishes it again)"
-	if r.exactlyOnce() {
+	if w.exactlyOnce() {
 		failedMsg = "exactly-once: the Kafka producer stopped for good; stopping at once: nothing more is published, what its open transaction held is invisible to read_committed consumers and never confirmed to PostgreSQL"
 	}
 	sinkErr = new(error)
 	helpers.Go(func() {
 		select {
-		case <-r.sink.Failed():
-			*sinkErr = sinkFailed(r.sink.Err())
-			r.log.Error(failedMsg, zap.Error(r.sink.Err()))
+		case <-w.sink.Failed():
+			*sinkErr = sinkFailed(w.sink.Err())
+			w.log.Error(failedMsg, zap.Error(w.sink.Err()))
 			life.hardStop(*sinkErr)
 		case <-life.hard.Done():
 		}
 	})
-	if r.exactlyOnce() {
-		helpers.Go(func() { r.recordPositions(reading) })
+	if w.exactlyOnce() {
+		helpers.Go(func() { w.recordPositions(reading) })
 	}
 	return sinkErr
 }
@@ -146,7 +202,7 @@ func (r *Relay) startHelpers(helpers *sync.WaitGroup, life *lifecycle, reading c
 // once it halts afterwards: the halted event is never acknowledged, and nothing after it is sent,
 // so waiting for the open transaction or for Kafka could only end in the shutdown timeout. The
 // halt guarantee does not depend on it: the checkpoint never passes the unacknowledged event.
-func (r *Relay) watchHalt(life *lifecycle) {
+func (w *walSource) watchHalt(life *lifecycle) {
 	select {
 	case <-life.stop.Done():
 		if life.abandon.Err() != nil {
@@ -159,9 +215,9 @@ func (r *Relay) watchHalt(life *lifecycle) {
 	tick := time.NewTicker(haltPoll)
 	defer tick.Stop()
 	for {
-		if id, reason, err, halted := r.sink.Halted(); halted {
-			r.log.Warn("stopping while halted on an event: nothing more will be acknowledged, so the stop waits for nothing; the slot stays before the halted event",
-				zap.String("event_id", id), zap.String("reason", reason), zap.Error(err), zap.Stringer("final_position", r.tracker.Safe()))
+		if id, reason, err, halted := w.sink.Halted(); halted {
+			w.log.Warn("stopping while halted on an event: nothing more will be acknowledged, so the stop waits for nothing; the slot stays before the halted event",
+				zap.String("event_id", id), zap.String("reason", reason), zap.Error(err), zap.Stringer("final_position", w.tracker.Safe()))
 			life.giveUp(errHalted)
 			return
 		}
@@ -179,32 +235,32 @@ const haltPoll = 50 * time.Millisecond
 // beforeStream runs once the slot exists and before streaming starts: waiting for Kafka there
 // rather than before connecting to PostgreSQL means a first start during a Kafka outage has already
 // created its slot, so events committed while it waits are not missed.
-func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
-	if !r.kafkaReady {
-		if r.exactlyOnce() {
-			defer time.AfterFunc(transactionsHintAfter, r.transactionsHint).Stop()
+func (w *walSource) beforeStream(ctx context.Context, snapshot string) error {
+	if !w.kafkaReady {
+		if w.exactlyOnce() {
+			defer time.AfterFunc(transactionsHintAfter, w.transactionsHint).Stop()
 		}
-		if err := r.sink.WaitReady(ctx); err != nil {
+		if err := w.sink.WaitReady(ctx); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
 			return replication.Fatal(err)
 		}
-		r.kafkaReady = true
+		w.kafkaReady = true
 	}
-	if !r.updatesChecked && (r.cfg.OnUpdate == "error" || r.cfg.OnUpdate == "fatal") && !r.cfg.Decoder.NoTable {
-		r.updatesChecked = true
-		r.checkUpdatesPublished(ctx)
+	if !w.updatesChecked && (w.cfg.OnUpdate == "error" || w.cfg.OnUpdate == "fatal") && !w.cfg.Decoder.NoTable {
+		w.updatesChecked = true
+		w.checkUpdatesPublished(ctx)
 	}
-	if r.exactlyOnce() {
-		if err := r.startingPosition(ctx); err != nil {
+	if w.exactlyOnce() {
+		if err := w.startingPosition(ctx); err != nil {
 			return err
 		}
 	}
-	if r.cfg.Backfill == nil {
+	if w.cfg.Backfill == nil {
 		return nil
 	}
-	if err := r.backfill(ctx, snapshot); err != nil {
+	if err := w.backfill(ctx, snapshot); err != nil {
 		return fmt.Errorf("backfill: %w", err)
 	}
 	return nil
@@ -212,15 +268,15 @@ func (r *Relay) beforeStream(ctx context.Context, snapshot string) error {
 
 // checkUpdatesPublished warns when on_update asks to act on UPDATEs that the publication does not
 // publish: pgoutput sends an UPDATE only if it does, so the setting would do nothing.
-func (r *Relay) checkUpdatesPublished(ctx context.Context) {
-	conn, err := r.cfg.Replication.Connect(ctx) // the relay's credentials: pg_password_file
+func (w *walSource) checkUpdatesPublished(ctx context.Context) {
+	conn, err := w.cfg.Replication.Connect(ctx) // the relay's credentials: pg_password_file
 	if err != nil {
 		return // the stream reports connection problems itself
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var published bool
-	if err := conn.QueryRow(ctx, "SELECT pubupdate FROM pg_publication WHERE pubname = $1", r.cfg.Replication.Publication).Scan(&published); err == nil && !published {
-		r.log.Warn("on_update has no effect: the publication does not publish UPDATEs, so the stream never carries one; run ALTER PUBLICATION ... SET (publish = 'insert, update') to have UPDATEs of the outbox table reported (the table then needs a replica identity, which its primary key gives)",
-			zap.String("publication", r.cfg.Replication.Publication), zap.String("on_update", r.cfg.OnUpdate))
+	if err := conn.QueryRow(ctx, "SELECT pubupdate FROM pg_publication WHERE pubname = $1", w.cfg.Replication.Publication).Scan(&published); err == nil && !published {
+		w.log.Warn("on_update has no effect: the publication does not publish UPDATEs, so the stream never carries one; run ALTER PUBLICATION ... SET (publish = 'insert, update') to have UPDATEs of the outbox table reported (the table then needs a replica identity, which its primary key gives)",
+			zap.String("publication", w.cfg.Replication.Publication), zap.String("on_update", w.cfg.OnUpdate))
 	}
 }

@@ -38,7 +38,7 @@ func (s *Sink) Starting() bool { return s.starting.Load() }
 func Reachable(ctx context.Context, cfg Config, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	client, probe := newClient(cfg, timeout)
+	client, probe := NewClient(cfg, timeout)
 	defer probe.CloseIdleConnections()
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
 	if err == nil && len(md.Brokers) == 0 {

@@ -29,7 +29,7 @@ func ReadPosition(ctx context.Context, cfg Config) (pos Position, ok bool, err e
 	if len(cfg.Brokers) == 0 {
 		return Position{}, false, errors.New("sink: no Kafka brokers configured")
 	}
-	client, transport := newClient(cfg, cfg.WriteTimeout)
+	client, transport := NewClient(cfg, cfg.WriteTimeout)
 	defer transport.CloseIdleConnections()
 	pos, _, ok, err = positions.Read(ctx, client, cfg.Transactions.PositionsTopic, cfg.Transactions.ID,
 		positions.StableWait(cfg.Transactions.Timeout), zap.NewNop())

@@ -71,7 +71,7 @@ func (s *Sink) WaitReady(ctx context.Context) error {
 func (s *Sink) reach(ctx context.Context) error {
 	// A fresh transport per attempt: a pooled one would answer from state cached while the
 	// brokers were down.
-	client, probe := newClient(s.cfg, 10*time.Second)
+	client, probe := NewClient(s.cfg, 10*time.Second)
 	defer probe.CloseIdleConnections()
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}})
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/redrive"
 	"github.com/outbox-relay/outbox-relay/schemas"
 	"github.com/outbox-relay/outbox-relay/schemas/avro"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -44,7 +45,9 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 	}
 	newAvroSink := func(t *testing.T, topic string, o schemas.Options) (*testSink, string) {
 		t.Helper()
-		o.Value = avro.New()
+		if o.FrameOnly == "" {
+			o.Value = avro.New()
+		}
 		ser, err := schemas.New(relayRegistry, o)
 		if err != nil {
 			t.Fatal(err)
@@ -111,6 +114,31 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 		versions, err := relayRegistry.SubjectVersions(ctx, topic+"-value")
 		if err != nil || len(versions) != 3 {
 			t.Fatalf("subject versions %v, %v; want 3", versions, err)
+		}
+
+		// Once the rule allows the change, redrive sends the dead letter back framed as the relay
+		// frames: its payload, written as JSON, is serialized on the way.
+		if err := r.SetCompatibility(ctx, topic+"-value", "NONE"); err != nil {
+			t.Fatal(err)
+		}
+		ser, err := schemas.New(relayRegistry, schemas.Options{Value: avro.New(), AvroKey: true, AutoRegister: true, RecordNamespace: "shop"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := redrive.Run(ctx, redrive.Config{Brokers: []string{k.Brokers()}, DeadLetterTopic: dlq, Partition: -1, FromOffset: -1, ToOffset: -1,
+			Serializer: ser, BuiltinHeaders: record.BuiltinHeaders})
+		if err != nil || res.Redriven != 1 {
+			t.Fatalf("redrive: %+v, %v", res, err)
+		}
+		back := readBack(t, k.Brokers(), 30*time.Second, atLeast(len(want)+1), topic)
+		last := back[len(back)-1]
+		for _, rec := range back {
+			if rec.Header(redrive.Header) == "true" {
+				last = rec
+			}
+		}
+		if got := decode(t, last.Value); got != payloads[4] || decode(t, last.Key) != `"order-4"` {
+			t.Fatalf("the redriven record decodes to %s (key %s), want %s", got, decode(t, last.Key), payloads[4])
 		}
 	})
 
@@ -269,6 +297,23 @@ message Order {
 		}
 	})
 
+	t.Run("frame-only mode frames the application's Avro bytes with the subject's schema id", func(t *testing.T) {
+		topic := testenv.UniqueName(t, "frame")
+		ctx := context.Background()
+		if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeAvro,
+			Schema: `{"type":"record","name":"Count","fields":[{"name":"n","type":"long"}]}`}); err != nil {
+			t.Fatal(err)
+		}
+		s, _ := newAvroSink(t, topic, schemas.Options{FrameOnly: schemas.FrameBytes})
+		var acked atomic.Int64
+		s.publish(t, newEvent("e0", []byte("Count"), "c", "Counted", []byte{0x0e}), &acker{total: &acked}) // {"n": 7}, as the application wrote it
+		eventually(t, 30*time.Second, "the event settled", func() bool { return acked.Load() == 1 })
+		records := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), topic)
+		if len(records) != 1 || decode(t, records[0].Value) != `{"n":7}` {
+			t.Fatalf("records %+v, want one decoding to {\"n\":7}", records)
+		}
+	})
+
 	t.Run("a registry stopped mid-stream holds the stream, and it resumes with nothing lost or unframed", func(t *testing.T) {
 		topic := testenv.UniqueName(t, "outage")
 		// Every event is a subject of its own (the record strategy, an event type each), so every
@@ -277,7 +322,10 @@ message Order {
 		var acked, published atomic.Int64
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
+		finished := make(chan struct{})
+		defer func() { cancel(); <-finished }() // a failed test stops the publisher before it ends
 		go func() {
+			defer close(finished)
 			for i := 0; ; i++ {
 				ev := newEvent(fmt.Sprintf("e%d", i), []byte("Order"), "order", fmt.Sprintf("E%d", i), fmt.Appendf(nil, `{"seq":%d}`, i))
 				if err := s.Publish(ctx, ev, &acker{total: &acked}); err != nil {
@@ -299,6 +347,11 @@ message Order {
 		})
 		held := published.Load()
 		eventually(t, 10*time.Second, "everything handed over acknowledged", func() bool { return acked.Load() == held })
+		// Readiness names the wait once it lasts (registryGrace), without the error's text.
+		eventually(t, 30*time.Second, "readiness naming the wait for the registry", func() bool {
+			why, stalled := s.Stalled()
+			return stalled && strings.Contains(why, "waiting for the schema registry") && !strings.Contains(why, "127.0.0.1")
+		})
 		if err := r.Start(stopCtx); err != nil {
 			t.Fatal(err)
 		}

@@ -129,7 +129,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Sink, error) {
 		topics:  &topicWaits{log: log, gauge: m.TopicUnavailable, labels: labels, waiting: make(map[string]*topicWait)},
 		failed:  make(chan struct{}),
 	}
-	client, transport := newClient(cfg, cfg.WriteTimeout)
+	client, transport := NewClient(cfg, cfg.WriteTimeout)
 	s.client, s.transport = client, transport
 	var txnID string
 	var txnTimeout time.Duration

@@ -7,9 +7,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/outbox-relay/outbox-relay/redrive"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
 
@@ -41,26 +40,34 @@ func runRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	for _, w := range cfg.Warnings {
 		fmt.Fprintf(stderr, "outbox-relay: warning: %s\n", w)
 	}
-	tlsCfg, err := tlsConfig(cfg.Kafka.TLS)
+	kc, err := kafkaConnection(cfg)
 	if err != nil {
 		return err
 	}
-	mech, err := saslMechanism(cfg.Kafka.SASL)
+	_, transport := sink.NewClient(kc, kc.WriteTimeout)
+	defer transport.CloseIdleConnections()
+	// Registry encodings: the key goes back raw from record, framed by the serializer.
+	_, keyEnc := recordEncodings(cfg)
+	serializer, client, err := newSerializer(cfg, nil, nil)
 	if err != nil {
 		return err
+	}
+	if client != nil {
+		defer client.Close()
 	}
 	started := time.Now()
 	res, err := redrive.Run(ctx, redrive.Config{
 		Brokers:         cfg.KafkaBrokers,
-		Transport:       &kafka.Transport{TLS: tlsCfg, SASL: mech, ClientID: cfg.Kafka.ClientID, DialTimeout: 10 * time.Second},
-		Dialer:          &kafka.Dialer{TLS: tlsCfg, SASLMechanism: mech, ClientID: cfg.Kafka.ClientID, Timeout: 10 * time.Second},
+		Transport:       transport,
+		Dialer:          sink.NewDialer(kc),
 		DeadLetterTopic: cfg.DeadLetterTopic,
 		LedgerTopic:     *ledger,
 		Partition:       *partition,
 		FromOffset:      *fromOffset,
 		ToOffset:        *toOffset,
 		EventIDs:        ids,
-		KeyEncoding:     record.Encoding(cfg.KeyEncoding),
+		KeyEncoding:     keyEnc,
+		Serializer:      serializer,
 		BuiltinHeaders:  cfg.BuiltinHeaders,
 		Route: &record.Options{TopicTemplate: cfg.TopicTemplate, TopicRegex: cfg.TopicRegex, TopicReplacement: cfg.TopicReplacement,
 			TopicRegexPassthrough: cfg.TopicRegexPassthrough, TopicAllow: cfg.TopicAllow, TopicDeny: cfg.TopicDeny},

@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -407,6 +408,30 @@ func TestTLSMutualTLSSASLSSLAndSecretFilesAgainstRealServers(t *testing.T) {
 		t.Logf("through SCRAM-SHA-512: %s", f.verify(t, e.k.Brokers()))
 		r.stop(t)
 		e.noSecrets(t, "relay output", r.Output())
+
+		// redrive reaches Kafka as the relay does (sink.NewClient, sink.NewDialer): a dry run reads,
+		// over SCRAM, a topic of ordinary records given as the dead-letter topic, and finds that
+		// none names an original topic.
+		topic := harness.TopicFor(f.outbox.Written()[0].AggregateType)
+		want := 0
+		for _, w := range f.outbox.Written() {
+			if harness.TopicFor(w.AggregateType) == topic {
+				want++
+			}
+		}
+		env := sasl(scramPassword)
+		env["OUTBOX_DEAD_LETTER_TOPIC"], env["GORACE"] = topic, "atexit_sleep_ms=0"
+		started := time.Now()
+		code, out := relayproc.Run(t, relayproc.Options{Subcommand: "redrive", Args: []string{"--dry-run"}, Env: env}, 30*time.Second)
+		t.Logf("redrive --dry-run over SCRAM in %s: %s", time.Since(started).Round(time.Millisecond), strings.TrimSpace(out))
+		m := regexp.MustCompile(`dry run: (\d+) dead letters read from ` + regexp.QuoteMeta(topic) + `: 0 would go back, 0 were redriven by an earlier run, (\d+) would fail`).FindStringSubmatch(out)
+		if code != 3 || m == nil || m[1] != m[2] {
+			t.Fatalf("redrive --dry-run over SCRAM: exit status %d, want 3 (every record fails), and the count of records read and failing:\n%s", code, out)
+		}
+		if n, _ := strconv.Atoi(m[1]); n < want {
+			t.Errorf("redrive read %d records of %s over SCRAM, want at least the %d written to it", n, topic, want)
+		}
+		e.noSecrets(t, "redrive output", out)
 	})
 
 	t.Run("a wrong SCRAM password ends the start with one line naming kafka.sasl", func(t *testing.T) {

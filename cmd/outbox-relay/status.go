@@ -322,9 +322,8 @@ func deliveryStatus(ctx context.Context, cfg *config.Config, rep *statusReport) 
 
 // topicExists asks the brokers whether topic exists.
 func topicExists(ctx context.Context, c sink.Config, topic string) (bool, error) {
-	transport := &kafka.Transport{ClientID: c.ClientID, TLS: c.TLS, SASL: c.SASL, DialTimeout: 5 * time.Second}
+	client, transport := sink.NewClient(c, positionReadTimeout)
 	defer transport.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: transport}
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	switch {
 	case err != nil:
@@ -339,63 +338,91 @@ func topicExists(ctx context.Context, c sink.Config, topic string) (bool, error)
 	return true, nil
 }
 
+// printStatus prints rep for a person: a table of what is known, then the problems and warnings.
 func printStatus(w io.Writer, rep statusReport) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "slot\t%s (database %s)\n", rep.Slot, rep.Database)
 	if !rep.Exists {
 		fmt.Fprintf(tw, "exists\tno\n")
 	} else {
-		fmt.Fprintf(tw, "exists\tyes (plugin %s)\n", rep.Plugin)
-		if rep.Active {
-			fmt.Fprintf(tw, "active\tyes: backend PID %d%s\n", rep.ActivePID, describe(rep.ActiveApplicationName, rep.ActiveClientAddr))
-		} else {
-			fmt.Fprintf(tw, "active\tno: nothing streams the slot\n")
-		}
-		fmt.Fprintf(tw, "wal_status\t%s\n", rep.WALStatus)
-		printVersioned(tw, rep.State)
-		if rep.SafeWALSize != nil {
-			fmt.Fprintf(tw, "safe_wal_size\t%s\n", bytesText(*rep.SafeWALSize))
-		} else {
-			fmt.Fprintf(tw, "safe_wal_size\tunlimited (max_slot_wal_keep_size = -1)\n")
-		}
-		fmt.Fprintf(tw, "confirmed LSN\t%s\n", rep.ConfirmedFlushLSN)
-		fmt.Fprintf(tw, "current LSN\t%s\n", rep.CurrentWALLSN)
-		fmt.Fprintf(tw, "lag\t%s (current - confirmed)\n", bytesText(rep.LagBytes))
-		if rep.AheadOfWALBytes > 0 {
-			fmt.Fprintf(tw, "AHEAD OF WAL\t%s: the slot is confirmed beyond the server's end of WAL (a data directory restored from an earlier copy?); transactions below it are skipped: docs/operations.md, \"Recovering a lost or missing slot\"\n", bytesText(rep.AheadOfWALBytes))
-		}
-		fmt.Fprintf(tw, "retained WAL\t%s (current - restart_lsn %s)\n", bytesText(rep.RetainedBytes), rep.RestartLSN)
+		printSlot(tw, rep)
 	}
 	if w := rep.CreationWait; w != nil {
 		fmt.Fprintf(tw, "CREATION WAITS\tfor %s\n", w.Describe(time.Now()))
 	}
-	if rep.Leader != nil {
-		since := ""
-		if !rep.Leader.BackendStart.IsZero() {
-			since = ", connected since " + rep.Leader.BackendStart.UTC().Format(time.RFC3339)
-		}
-		fmt.Fprintf(tw, "leader lock\theld by backend PID %d%s%s\n", rep.Leader.PID, describe(rep.Leader.ApplicationName, rep.Leader.ClientAddr), since)
-	} else {
-		fmt.Fprintf(tw, "leader lock\tnot held: no relay with leader_election runs for this slot\n")
-	}
+	printLeaderLock(tw, rep.Leader)
 	if rep.Exists {
 		fmt.Fprintf(tw, "failover slot\t%s\n", rep.Failover.Describe())
 	}
 	if r := rep.Recovery; r != nil {
-		if r.AcknowledgedCommitTime != nil {
-			fmt.Fprintf(tw, "acknowledged\tKafka holds every event committed up to %s (a lost slot's gap starts there)\n", r.AcknowledgedCommitTime.UTC().Format(time.RFC3339Nano))
-		}
-		if r.AcknowledgedXmin != nil {
-			fmt.Fprintf(tw, "horizon\tKafka holds the events of every transaction below id %d (a lost slot's gap is the rows of that id on)\n", *r.AcknowledgedXmin)
-		}
-		if r.UnderWaySince != nil {
-			fmt.Fprintf(tw, "RECOVERY UNDER WAY\tthe gap of a lost slot (rows committed after %s) is being published\n", r.UnderWaySince.UTC().Format(time.RFC3339))
-		}
-		if l := r.Last; l != nil {
-			fmt.Fprintf(tw, "last recovery\t%s: %d events committed after %s (rule %s) in %.1fs\n",
-				l.At.UTC().Format(time.RFC3339), l.Events, l.After.UTC().Format(time.RFC3339), l.Rule, l.Seconds)
-		}
+		printRecovery(tw, r)
 	}
+	printStandbys(tw, rep)
+	printDelivery(tw, rep.Delivery)
+	tw.Flush()
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "PROBLEM: %s\n", p)
+	}
+	for _, p := range rep.Warnings {
+		fmt.Fprintf(w, "WARNING: %s\n", p)
+	}
+}
+
+// printSlot prints the rows of a slot that exists: who streams it, its WAL and its lag.
+func printSlot(tw io.Writer, rep statusReport) {
+	fmt.Fprintf(tw, "exists\tyes (plugin %s)\n", rep.Plugin)
+	if rep.Active {
+		fmt.Fprintf(tw, "active\tyes: backend PID %d%s\n", rep.ActivePID, describe(rep.ActiveApplicationName, rep.ActiveClientAddr))
+	} else {
+		fmt.Fprintf(tw, "active\tno: nothing streams the slot\n")
+	}
+	fmt.Fprintf(tw, "wal_status\t%s\n", rep.WALStatus)
+	printVersioned(tw, rep.State)
+	if rep.SafeWALSize != nil {
+		fmt.Fprintf(tw, "safe_wal_size\t%s\n", bytesText(*rep.SafeWALSize))
+	} else {
+		fmt.Fprintf(tw, "safe_wal_size\tunlimited (max_slot_wal_keep_size = -1)\n")
+	}
+	fmt.Fprintf(tw, "confirmed LSN\t%s\n", rep.ConfirmedFlushLSN)
+	fmt.Fprintf(tw, "current LSN\t%s\n", rep.CurrentWALLSN)
+	fmt.Fprintf(tw, "lag\t%s (current - confirmed)\n", bytesText(rep.LagBytes))
+	if rep.AheadOfWALBytes > 0 {
+		fmt.Fprintf(tw, "AHEAD OF WAL\t%s: the slot is confirmed beyond the server's end of WAL (a data directory restored from an earlier copy?); transactions below it are skipped: docs/operations.md, \"Recovering a lost or missing slot\"\n", bytesText(rep.AheadOfWALBytes))
+	}
+	fmt.Fprintf(tw, "retained WAL\t%s (current - restart_lsn %s)\n", bytesText(rep.RetainedBytes), rep.RestartLSN)
+}
+
+func printLeaderLock(tw io.Writer, holder *leader.Holder) {
+	if holder == nil {
+		fmt.Fprintf(tw, "leader lock\tnot held: no relay with leader_election runs for this slot\n")
+		return
+	}
+	since := ""
+	if !holder.BackendStart.IsZero() {
+		since = ", connected since " + holder.BackendStart.UTC().Format(time.RFC3339)
+	}
+	fmt.Fprintf(tw, "leader lock\theld by backend PID %d%s%s\n", holder.PID, describe(holder.ApplicationName, holder.ClientAddr), since)
+}
+
+// printRecovery prints what the slot ledger says of lost-slot recovery.
+func printRecovery(tw io.Writer, r *recoveryReport) {
+	if r.AcknowledgedCommitTime != nil {
+		fmt.Fprintf(tw, "acknowledged\tKafka holds every event committed up to %s (a lost slot's gap starts there)\n", r.AcknowledgedCommitTime.UTC().Format(time.RFC3339Nano))
+	}
+	if r.AcknowledgedXmin != nil {
+		fmt.Fprintf(tw, "horizon\tKafka holds the events of every transaction below id %d (a lost slot's gap is the rows of that id on)\n", *r.AcknowledgedXmin)
+	}
+	if r.UnderWaySince != nil {
+		fmt.Fprintf(tw, "RECOVERY UNDER WAY\tthe gap of a lost slot (rows committed after %s) is being published\n", r.UnderWaySince.UTC().Format(time.RFC3339))
+	}
+	if l := r.Last; l != nil {
+		fmt.Fprintf(tw, "last recovery\t%s: %d events committed after %s (rule %s) in %.1fs\n",
+			l.At.UTC().Format(time.RFC3339), l.Events, l.After.UTC().Format(time.RFC3339), l.Rule, l.Seconds)
+	}
+}
+
+// printStandbys prints each --standby-dsn standby's copy of the slot, and how far it trails.
+func printStandbys(tw io.Writer, rep statusReport) {
 	for _, sb := range rep.Standbys {
 		state := "copy ready for a promotion"
 		if !sb.Ready() {
@@ -412,25 +439,22 @@ func printStatus(w io.Writer, rep statusReport) {
 			fmt.Fprintf(tw, "  copy restart trails by\t%s (primary restart_lsn %s - copy restart_lsn %s)\n", bytesText(*sb.RestartTrailBytes), rep.RestartLSN, sb.RestartLSN)
 		}
 	}
-	d := rep.Delivery
+}
+
+// printDelivery prints the delivery mode and, with exactly-once, the position committed in Kafka.
+func printDelivery(tw io.Writer, d deliveryReport) {
 	fmt.Fprintf(tw, "delivery\t%s\n", d.Mode)
-	if d.Mode == config.DeliveryExactlyOnce {
-		fmt.Fprintf(tw, "transactional id\t%s\n", d.TransactionalID)
-		switch {
-		case d.Position != nil:
-			fmt.Fprintf(tw, "committed position\t%d events of the transaction committed at %s (in %s)\n", d.Position.Events, d.Position.CommitLSN, d.PositionsTopic)
-		case d.PositionError != "":
-			fmt.Fprintf(tw, "committed position\tunknown: %s\n", d.PositionError)
-		default:
-			fmt.Fprintf(tw, "committed position\tnone yet (in %s)\n", d.PositionsTopic)
-		}
+	if d.Mode != config.DeliveryExactlyOnce {
+		return
 	}
-	tw.Flush()
-	for _, p := range rep.Problems {
-		fmt.Fprintf(w, "PROBLEM: %s\n", p)
-	}
-	for _, p := range rep.Warnings {
-		fmt.Fprintf(w, "WARNING: %s\n", p)
+	fmt.Fprintf(tw, "transactional id\t%s\n", d.TransactionalID)
+	switch {
+	case d.Position != nil:
+		fmt.Fprintf(tw, "committed position\t%d events of the transaction committed at %s (in %s)\n", d.Position.Events, d.Position.CommitLSN, d.PositionsTopic)
+	case d.PositionError != "":
+		fmt.Fprintf(tw, "committed position\tunknown: %s\n", d.PositionError)
+	default:
+		fmt.Fprintf(tw, "committed position\tnone yet (in %s)\n", d.PositionsTopic)
 	}
 }
 

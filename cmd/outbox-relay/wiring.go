@@ -124,7 +124,6 @@ func eventColumns(c *config.Config) decoder.Columns {
 func relayConfig(c *config.Config) (relay.Config, error) {
 	cols := eventColumns(c)
 	extraCols, extraHeaders, placements := extraColumns(c)
-	required := decoder.Config{Columns: cols, Extra: extraCols}.RowColumns()
 
 	// The password and certificate files are read once now, so a missing one ends the start naming
 	// its key, and again for every connection.
@@ -133,97 +132,123 @@ func relayConfig(c *config.Config) (relay.Config, error) {
 			return relay.Config{}, err
 		}
 	}
-	tlsCfg, err := tlsConfig(c.Kafka.TLS)
+	sinkCfg, err := sinkConfig(c, extraHeaders, placements)
 	if err != nil {
 		return relay.Config{}, err
 	}
+	return relay.Config{
+		Poll:              pollConfig(c, cols, extraCols),
+		Backfill:          backfillConfig(c),
+		Replication:       replicationConfig(c, decoder.Config{Columns: cols, Extra: extraCols}.RowColumns()),
+		Recovery:          &relay.Recovery{Margin: c.SlotRecoveryMargin, CreatedColumn: c.Columns.CreatedAt, OrderColumn: c.BackfillOrder},
+		Decoder:           decoderConfig(c, cols, extraCols),
+		Sink:              sinkCfg,
+		OnUpdate:          c.OnUpdate,
+		ShutdownTimeout:   c.ShutdownTimeout,
+		HeartbeatInterval: c.HeartbeatInterval,
+	}, nil
+}
+
+// backfillConfig is the backfill of the rows written before the slot existed; nil without backfill.
+func backfillConfig(c *config.Config) *relay.Backfill {
+	if !c.Backfill {
+		return nil
+	}
+	return &relay.Backfill{Since: c.BackfillFrom(time.Now()), CreatedColumn: c.Columns.CreatedAt, Where: c.BackfillWhere,
+		OrderColumn: c.BackfillOrder}
+}
+
+// pollConfig is the polling source (source: poll); nil for the WAL.
+func pollConfig(c *config.Config, cols decoder.Columns, extra []string) *poll.Config {
+	if c.Source != "poll" {
+		return nil
+	}
+	return &poll.Config{
+		DSN: c.PGDSN, PasswordFile: c.PGPasswordFile, Schema: c.Schema, Table: c.Table, Columns: cols, Extra: extra, CreatedColumn: c.Columns.CreatedAt,
+		BatchSize: c.PollBatchSize, Interval: c.PollInterval, MaxAttempts: c.PollMaxAttempts, RetryBackoff: c.PollRetryBackoff,
+		Workers: c.PollWorkers, StatsInterval: c.SlotPollInterval,
+	}
+}
+
+// replicationConfig is the slot, the publication and the stream; required are the outbox table's
+// columns the relay reads.
+func replicationConfig(c *config.Config, required []string) replication.Config {
+	return replication.Config{
+		DSN:               c.PGDSN,
+		PasswordFile:      c.PGPasswordFile,
+		Slot:              c.Slot,
+		Publication:       c.Publication,
+		Schema:            c.Schema,
+		Table:             c.Table,
+		Columns:           required,
+		CreateSlot:        c.CreateSlot,
+		CreatePublication: c.CreatePublication,
+		StatusInterval:    c.StatusInterval,
+		SlotBusyWait:      c.SlotBusyWait,
+		Messages:          c.HeartbeatInterval > 0,
+		Failover:          c.Failover,
+		OnSlotLost:        c.OnSlotLost,
+	}
+}
+
+// kafkaConnection is how every subcommand reaches Kafka: the brokers, TLS, SASL, client id and
+// request timeout of the sink's client.
+func kafkaConnection(c *config.Config) (sink.Config, error) {
+	tlsCfg, err := tlsConfig(c.Kafka.TLS)
+	if err != nil {
+		return sink.Config{}, err
+	}
 	mech, err := saslMechanism(c.Kafka.SASL)
 	if err != nil {
-		return relay.Config{}, err
+		return sink.Config{}, err
+	}
+	return sink.Config{Brokers: c.KafkaBrokers, TLS: tlsCfg, SASL: mech, ClientID: c.Kafka.ClientID, WriteTimeout: c.Kafka.WriteTimeout}, nil
+}
+
+// sinkConfig is the sink: kafkaConnection, how records are built and routed, batching, limits and
+// the failure policy.
+func sinkConfig(c *config.Config, extraHeaders []string, placements []record.Placement) (sink.Config, error) {
+	s, err := kafkaConnection(c)
+	if err != nil {
+		return sink.Config{}, err
 	}
 	// Registry encodings: record builds the key and value raw, the sink frames them. The client
 	// reports nothing (run swaps in one with metrics); every caller gets one, so nothing built
 	// from this configuration publishes unframed.
 	valueEnc, keyEnc := recordEncodings(c)
-	serializer, _, err := newSerializer(c, nil, nil)
-	if err != nil {
-		return relay.Config{}, err
+	if s.Serializer, _, err = newSerializer(c, nil, nil); err != nil {
+		return sink.Config{}, err
 	}
-	var backfill *relay.Backfill
-	if c.Backfill {
-		backfill = &relay.Backfill{Since: c.BackfillFrom(time.Now()), CreatedColumn: c.Columns.CreatedAt, Where: c.BackfillWhere,
-			OrderColumn: c.BackfillOrder}
+	s.Record = record.Options{
+		TopicTemplate:           c.TopicTemplate,
+		BuiltinHeaders:          c.BuiltinHeaders,
+		ExtraHeaders:            extraHeaders,
+		ValueEncoding:           valueEnc,
+		KeyEncoding:             keyEnc,
+		ExtraPlacement:          placements,
+		TopicRegex:              c.TopicRegex,
+		TopicReplacement:        c.TopicReplacement,
+		TombstoneOnEmptyPayload: c.TombstoneOnEmptyPayload,
+		PayloadField:            c.Columns.Payload,
+		TopicRegexPassthrough:   c.TopicRegexPassthrough,
+		TopicAllow:              c.TopicAllow,
+		// The positions topic is refused in every delivery mode: a position written by a row
+		// would be trusted once exactly-once is turned on.
+		TopicDeny: append(append([]string(nil), c.TopicDeny...), c.PositionsTopic),
 	}
-	var pollCfg *poll.Config
-	if c.Source == "poll" {
-		pollCfg = &poll.Config{
-			DSN: c.PGDSN, PasswordFile: c.PGPasswordFile, Schema: c.Schema, Table: c.Table, Columns: cols, Extra: extraCols, CreatedColumn: c.Columns.CreatedAt,
-			BatchSize: c.PollBatchSize, Interval: c.PollInterval, MaxAttempts: c.PollMaxAttempts, RetryBackoff: c.PollRetryBackoff,
-			Workers: c.PollWorkers, StatsInterval: c.SlotPollInterval,
-		}
-	}
-	return relay.Config{
-		Poll:     pollCfg,
-		Backfill: backfill,
-		Replication: replication.Config{
-			DSN:               c.PGDSN,
-			PasswordFile:      c.PGPasswordFile,
-			Slot:              c.Slot,
-			Publication:       c.Publication,
-			Schema:            c.Schema,
-			Table:             c.Table,
-			Columns:           required,
-			CreateSlot:        c.CreateSlot,
-			CreatePublication: c.CreatePublication,
-			StatusInterval:    c.StatusInterval,
-			SlotBusyWait:      c.SlotBusyWait,
-			Messages:          c.HeartbeatInterval > 0,
-			Failover:          c.Failover,
-			OnSlotLost:        c.OnSlotLost,
-		},
-		Recovery: &relay.Recovery{Margin: c.SlotRecoveryMargin, CreatedColumn: c.Columns.CreatedAt, OrderColumn: c.BackfillOrder},
-		Decoder:  decoderConfig(c, cols, extraCols),
-		Sink: sink.Config{
-			Brokers: c.KafkaBrokers,
-			Record: record.Options{
-				TopicTemplate:           c.TopicTemplate,
-				BuiltinHeaders:          c.BuiltinHeaders,
-				ExtraHeaders:            extraHeaders,
-				ValueEncoding:           valueEnc,
-				KeyEncoding:             keyEnc,
-				ExtraPlacement:          placements,
-				TopicRegex:              c.TopicRegex,
-				TopicReplacement:        c.TopicReplacement,
-				TombstoneOnEmptyPayload: c.TombstoneOnEmptyPayload,
-				PayloadField:            c.Columns.Payload,
-				TopicRegexPassthrough:   c.TopicRegexPassthrough,
-				TopicAllow:              c.TopicAllow,
-				// The positions topic is refused in every delivery mode: a position written by a
-				// row would be trusted once exactly-once is turned on.
-				TopicDeny: append(append([]string(nil), c.TopicDeny...), c.PositionsTopic),
-			},
-			MaxMessageBytes: c.MaxMessageBytes,
-			BatchSize:       c.Kafka.BatchSize,
-			Linger:          linger(c.Kafka.Linger),
-			WriteTimeout:    c.Kafka.WriteTimeout,
-			MaxInFlight:     c.MaxInFlight,
-			MaxInFlightSize: c.MaxInFlightBytes,
-			Compression:     compression(c.Kafka.Compression),
-			Policy:          sink.Policy(c.OnFailure),
-			DeadLetterTopic: c.DeadLetterTopic,
-			TLS:             tlsCfg,
-			SASL:            mech,
-			ClientID:        c.Kafka.ClientID,
-			Transactions:    transactions(c),
-			Idempotence:     sink.Idempotence(c.Kafka.Idempotence),
-			// Only on request: a row inventing aggregate types would otherwise create topics.
-			NoAutoCreateTopics: !c.Kafka.AutoCreateTopics,
-			Serializer:         serializer,
-		},
-		OnUpdate:          c.OnUpdate,
-		ShutdownTimeout:   c.ShutdownTimeout,
-		HeartbeatInterval: c.HeartbeatInterval,
-	}, nil
+	s.MaxMessageBytes = c.MaxMessageBytes
+	s.BatchSize = c.Kafka.BatchSize
+	s.Linger = linger(c.Kafka.Linger)
+	s.MaxInFlight = c.MaxInFlight
+	s.MaxInFlightSize = c.MaxInFlightBytes
+	s.Compression = compression(c.Kafka.Compression)
+	s.Policy = sink.Policy(c.OnFailure)
+	s.DeadLetterTopic = c.DeadLetterTopic
+	s.Transactions = transactions(c)
+	s.Idempotence = sink.Idempotence(c.Kafka.Idempotence)
+	// Only on request: a row inventing aggregate types would otherwise create topics.
+	s.NoAutoCreateTopics = !c.Kafka.AutoCreateTopics
+	return s, nil
 }
 
 // transactions is the sink's exactly-once setting: nil for at-least-once. An empty ID is resolved

@@ -78,37 +78,9 @@ func run() error {
 			return err
 		}
 	}
-
-	store, err := inbox.New(inbox.Config{Consumer: "receipts"})
+	consumer, err := newConsumer(ctx, pool, mailAPI)
 	if err != nil {
 		return err
-	}
-	if err := store.Migrate(ctx, pool); err != nil { // processed_events, versions, operations
-		return err
-	}
-	reg := inbox.NewRegistry().Handle("OrderCreated", 1, func(ctx context.Context, e *inbox.Event) error {
-		var o orderCreated
-		if err := json.Unmarshal(e.Payload, &o); err != nil {
-			return fmt.Errorf("decode payload: %w", err)
-		}
-		if _, err := e.Tx.Exec(ctx, `INSERT INTO customer_totals (customer, orders, total) VALUES ($1, 1, $2)
-			ON CONFLICT (customer) DO UPDATE SET orders = customer_totals.orders + 1,
-				total = customer_totals.total + excluded.total`, o.Customer, o.Total); err != nil {
-			return err
-		}
-		// Not sent here: recorded, and sent after this transaction commits.
-		_, err := e.Intend(ctx, "receipt", o)
-		return err
-	})
-	consumer := &inbox.Consumer{
-		DB: pool, Store: store, Registry: reg,
-		// One topic per aggregate type and key = order id: a gap means an event was lost on the
-		// way, so ask for it again instead of waiting.
-		OnGap: inbox.ReplayOnGap(func(_ context.Context, _ pgx.Tx, g inbox.GapInfo) error {
-			log.Printf("versions missing before event %s; to fill the gap run: %s", g.ID, g.ReplayCommand())
-			return nil
-		}),
-		Effects: map[string]inbox.Effect{"receipt": mailEffect(mailAPI)},
 	}
 	// Receipts whose events will not come again (a crash after the offset commit of a consumer
 	// that did not wait for Handle) are settled at every start.
@@ -117,12 +89,57 @@ func run() error {
 	} else if n > 0 {
 		log.Printf("settled %d receipts left pending by an earlier run", n)
 	}
-
 	reader := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: strings.Split(brokers, ","), GroupID: "receipts", Topic: "outbox.event.order",
 		StartOffset: kafka.FirstOffset,
 	})
 	defer reader.Close()
+	return consume(ctx, reader, consumer)
+}
+
+// newConsumer sets up the inbox's tables and the consumer that counts each order and e-mails its
+// receipt.
+func newConsumer(ctx context.Context, pool *pgxpool.Pool, mailAPI string) (*inbox.Consumer, error) {
+	store, err := inbox.New(inbox.Config{Consumer: "receipts"})
+	if err != nil {
+		return nil, err
+	}
+	if err := store.Migrate(ctx, pool); err != nil { // processed_events, versions, operations
+		return nil, err
+	}
+	reg := inbox.NewRegistry().Handle("OrderCreated", 1, countOrder)
+	return &inbox.Consumer{
+		DB: pool, Store: store, Registry: reg,
+		// One topic per aggregate type and key = order id: a gap means an event was lost on the
+		// way, so ask for it again instead of waiting.
+		OnGap: inbox.ReplayOnGap(func(_ context.Context, _ pgx.Tx, g inbox.GapInfo) error {
+			log.Printf("versions missing before event %s; to fill the gap run: %s", g.ID, g.ReplayCommand())
+			return nil
+		}),
+		Effects: map[string]inbox.Effect{"receipt": mailEffect(mailAPI)},
+	}, nil
+}
+
+// countOrder handles OrderCreated: the order is counted in customer_totals and its receipt
+// recorded, both in the event's transaction.
+func countOrder(ctx context.Context, e *inbox.Event) error {
+	var o orderCreated
+	if err := json.Unmarshal(e.Payload, &o); err != nil {
+		return fmt.Errorf("decode payload: %w", err)
+	}
+	if _, err := e.Tx.Exec(ctx, `INSERT INTO customer_totals (customer, orders, total) VALUES ($1, 1, $2)
+			ON CONFLICT (customer) DO UPDATE SET orders = customer_totals.orders + 1,
+				total = customer_totals.total + excluded.total`, o.Customer, o.Total); err != nil {
+		return err
+	}
+	// Not sent here: recorded, and sent after this transaction commits.
+	_, err := e.Intend(ctx, "receipt", o)
+	return err
+}
+
+// consume handles the topic's events one by one, committing each offset only once the event is
+// handled.
+func consume(ctx context.Context, reader *kafka.Reader, consumer *inbox.Consumer) error {
 	for {
 		m, err := reader.FetchMessage(ctx)
 		if err != nil {

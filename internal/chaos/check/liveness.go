@@ -30,6 +30,33 @@ var serverAway = map[string]bool{
 	"isr-shrink": true, "broker-kill": true, "coordinator-move": true, "leader-change": true,
 }
 
+// brokerFenced is how long a broker that stops answering on three brokers keeps its partitions:
+// the controller fences it after broker.session.timeout.ms (4.5 s, internal/chaos/cluster) and
+// elects another in-sync replica, which the producer finds at its next metadata refresh. A
+// broker stopped cleanly hands its leaderships over at once; this bound covers it too.
+const brokerFenced = 6 * time.Second
+
+// replicatedAway are the fault kinds that take one broker of three away: the two others go on,
+// so only the election counts as away, not the whole time until the broker restarts (a relay
+// stuck on the dead leader for the rest of it is the bug a three-broker cluster is there to
+// catch). Node 1 is the only KRaft controller: while it is away nothing is elected, and its own
+// partitions wait for its return.
+var replicatedAway = map[string]bool{"broker-kill": true, "broker-stop": true, "broker-pause": true, "coordinator-move": true}
+
+// awayUntil is when a server fault stops excusing a wait: its end, or for one broker of three
+// (Target broker-N, which the nemesis sets only then) other than the controller's, the election.
+func awayUntil(f history.Fault) time.Time {
+	end := faultEnd(f)
+	node, ok := strings.CutPrefix(f.Target, "broker-")
+	if !replicatedAway[f.Kind] || !ok || node == "1" {
+		return end
+	}
+	if elected := f.Start.Add(brokerFenced); elected.Before(end) {
+		return elected
+	}
+	return end
+}
+
 // relayDown are the fault kinds that take one relay out (killed, stopped, frozen, cut off): when
 // every relay of a mode is out at once, nobody can publish. A relay whose path is slowed (to 64
 // KiB/s at worst) or whose replies are lost publishes nothing that counts either.
@@ -151,7 +178,7 @@ func (r *run) awaySpans(relays []string) []span {
 	for _, f := range h.Faults {
 		switch {
 		case serverAway[f.Kind]:
-			away = append(away, span{f.Start, faultEnd(f)})
+			away = append(away, span{f.Start, awayUntil(f)})
 		case relayDown[f.Kind]:
 			down[f.Target] = append(down[f.Target], span{f.Start, faultEnd(f)})
 		}

@@ -174,3 +174,36 @@ func TestReviewALostSlotExcusesNoStallBeforeTheLoss(t *testing.T) {
 		}
 	}
 }
+
+// On three brokers (replication factor 3, min.insync.replicas 2) a broker SIGKILLed is fenced by
+// the controller within broker.session.timeout (4.5 s) and its partitions get another leader: two
+// in-sync replicas remain, so producers go on. Only the election counts as the broker away, not
+// the time until its restart: a relay stuck on the dead leader for the whole kill (the bug a
+// three-broker cluster is there to catch) fails. The controller's node and a one-broker cluster
+// (no target broker-N) still excuse the whole fault: nothing else can lead there.
+func TestReviewABrokerKillOnThreeBrokersExcusesOnlyTheElection(t *testing.T) {
+	for _, tc := range []struct {
+		name, kind, target string
+		failed             bool
+	}{
+		{"a follower broker killed", "broker-kill", "broker-2", true},
+		{"a follower broker paused", "broker-pause", "broker-3", true},
+		{"the coordinator's broker killed", "coordinator-move", "broker-2", true},
+		{"the controller's broker stopped", "broker-stop", "broker-1", false},
+		{"the only broker stopped", "broker-stop", "", false},
+		{"every follower stopped (below min.insync.replicas)", "isr-shrink", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			late := map[string]float64{}
+			for i := 5; i < 15; i++ {
+				late["e"+itoa(i)] = 30.5 // committed from 10 s on, delivered after the restart
+			}
+			b := live(history.AtLeastOnce, late)
+			b.fault(tc.kind, tc.target, 9, 29)
+			got := rulesOf(Check(b.done(bothConsumers)), RuleUnavailable)
+			if failed := len(got) > 0; failed != tc.failed {
+				t.Fatalf("events delivered 20 s after a %s at 9-29 s: liveness failed %v, want %v (%v)", tc.kind, failed, tc.failed, got)
+			}
+		})
+	}
+}
