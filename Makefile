@@ -29,8 +29,10 @@ pg-lib: tools
 registry-lib: tools
 	@bash scripts/registry-lib.sh >/dev/null
 
-up: tools kafka-lib pg-lib
-	@$(DEVENV) up --dir $(LOCAL) $(if $(PG_VERSION),--pg-version $(PG_VERSION))
+# REGISTRY=1 also runs a schema registry (for value_encoding avro, protobuf, json-schema) and
+# adds OUTBOX_SCHEMA_REGISTRY_URLS to services.env.
+up: tools kafka-lib pg-lib $(if $(REGISTRY),registry-lib)
+	@$(DEVENV) up --dir $(LOCAL) $(if $(PG_VERSION),--pg-version $(PG_VERSION)) $(if $(REGISTRY),--registry)
 
 down:
 	@$(DEVENV) down --dir $(LOCAL)

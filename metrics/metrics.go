@@ -68,21 +68,22 @@ type Metrics struct {
 
 	TopicUnavailable *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 
-	PublicationCheckAge prometheus.Gauge
-
-	// The polling mode (source: poll; package poll).
 	// The schema registry of the registry-backed encodings (package schemaregistry); no series
 	// without one: SchemaRegistryMetrics makes them.
 	SchemaRegistryUp       *prometheus.GaugeVec
 	SchemaRegistryRequests *prometheus.CounterVec // by outcome
-	PollPendingRows        prometheus.Gauge
-	PollOldestPendingAge   prometheus.Gauge
-	PollDeadLetters        prometheus.Gauge
-	PollClaims             prometheus.Counter
-	PollClaimedRows        prometheus.Counter
-	PollBatchDuration      prometheus.Histogram
-	PollRefused            *prometheus.CounterVec // by reason
-	PollDeadLettered       prometheus.Counter
+
+	PublicationCheckAge prometheus.Gauge
+
+	// The polling mode (source: poll; package poll).
+	PollPendingRows      prometheus.Gauge
+	PollOldestPendingAge prometheus.Gauge
+	PollDeadLetters      prometheus.Gauge
+	PollClaims           prometheus.Counter
+	PollClaimedRows      prometheus.Counter
+	PollBatchDuration    prometheus.Histogram
+	PollRefused          *prometheus.CounterVec // by reason
+	PollDeadLettered     prometheus.Counter
 	// Source is 1 for the source this process reads (wal or poll), so alerts about the slot or a
 	// single leader can leave polling deployments out.
 	Source *prometheus.GaugeVec
@@ -101,20 +102,6 @@ type Metrics struct {
 // seconds to minutes while the broker is down.
 var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
 
-// SchemaRegistryMetrics returns the collectors of a schema registry client
-// (schemaregistry.Options.Metrics wants these two), creating the series.
-func (m *Metrics) SchemaRegistryMetrics() (up prometheus.Gauge, requests *prometheus.CounterVec) {
-	return m.SchemaRegistryUp.WithLabelValues(), m.SchemaRegistryRequests
-}
-
-// registryCollectors creates the schema registry client's collectors.
-func (m *Metrics) registryCollectors(f factory) {
-	m.SchemaRegistryUp = f.gaugeVec("schema_registry_up",
-		"1 while the schema registry answers, 0 from a request it could not answer (down, 5xx, 408, 429, refused credentials) until it answers again; no series without a registry.")
-	m.SchemaRegistryRequests = f.counterVec("schema_registry_requests_total",
-		"Requests to the schema registry (cache misses), by outcome: ok, unavailable, incompatible, not_found, rejected.", "outcome")
-}
-
 // New creates the collectors and registers them with reg.
 func New(reg prometheus.Registerer) *Metrics {
 	f := factory{reg: reg}
@@ -126,6 +113,20 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.pollCollectors(f)
 	m.registryCollectors(f)
 	return m
+}
+
+// registryCollectors creates the collectors of the schema registry client.
+func (m *Metrics) registryCollectors(f factory) {
+	m.SchemaRegistryUp = f.gaugeVec("schema_registry_up",
+		"1 while the schema registry answers, 0 from a request it could not answer (down, 5xx, 408, 429, refused credentials) until it answers again; no series without a registry.")
+	m.SchemaRegistryRequests = f.counterVec("schema_registry_requests_total",
+		"Requests to the schema registry (cache misses), by outcome: ok, unavailable, incompatible, not_found, rejected.", "outcome")
+}
+
+// SchemaRegistryMetrics returns the collectors of a schema registry client
+// (schemaregistry.Options.Metrics wants these two), creating the series.
+func (m *Metrics) SchemaRegistryMetrics() (up prometheus.Gauge, requests *prometheus.CounterVec) {
+	return m.SchemaRegistryUp.WithLabelValues(), m.SchemaRegistryRequests
 }
 
 // sinkCollectors creates the collectors of the sink: what Kafka acknowledged, refused or

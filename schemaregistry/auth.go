@@ -98,22 +98,22 @@ func tlsConfig(o Options) (*tls.Config, error) {
 	if o.CAFile != "" {
 		pem, err := os.ReadFile(o.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("config key schema_registry.tls.ca_file: %w", err)
+			return nil, fmt.Errorf("config key schema_registry.ca_file: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("config key schema_registry.tls.ca_file: %s holds no PEM certificate", o.CAFile)
+			return nil, fmt.Errorf("config key schema_registry.ca_file: %s holds no PEM certificate", o.CAFile)
 		}
 		out.RootCAs = pool
 	}
 	if o.CertFile != "" || o.KeyFile != "" {
 		load := func() (*tls.Certificate, error) {
 			if o.CertFile == "" || o.KeyFile == "" {
-				return nil, errors.New("config keys schema_registry.tls.cert_file and schema_registry.tls.key_file go together: set both or neither")
+				return nil, errors.New("config keys schema_registry.cert_file and schema_registry.key_file go together: set both or neither")
 			}
 			cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
 			if err != nil {
-				return nil, fmt.Errorf("config keys schema_registry.tls.cert_file and schema_registry.tls.key_file: %w", err)
+				return nil, fmt.Errorf("config keys schema_registry.cert_file and schema_registry.key_file: %w", err)
 			}
 			return &cert, nil
 		}

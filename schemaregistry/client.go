@@ -18,14 +18,15 @@
 //     credential.
 //   - Health: up or down with the reason, from every request's outcome; while down, the client
 //     probes the registry itself (with backoff) so that health comes back when the registry does,
-//     also while nothing needs it. Health feeds /readyz, the metrics
-//     outbox_relay_schema_registry_up and outbox_relay_schema_registry_requests_total{outcome}, and
-//     the alert OutboxRelaySchemaRegistryDown.
+//     also while nothing needs it. Health feeds the metrics outbox_relay_schema_registry_up and
+//     outbox_relay_schema_registry_requests_total{outcome}, the alert
+//     OutboxRelaySchemaRegistryDown; Status asks the registry now, for a status report. /readyz
+//     names a wait for the registry where one happens: in the sink, whose events wait.
 //
 // Why 401 and 403 hold the stream instead of sending the event to the failure policy: they are the
 // registry's verdict on the relay's credentials, the same for every event; dead-lettering every
 // event until an operator fixes a Secret would scatter the stream, while holding it loses nothing
-// and /readyz, the metric and the ERROR line say what to fix.
+// and the metric, the alert, /readyz (once events wait) and the log say what to fix.
 package schemaregistry
 
 import (
@@ -33,12 +34,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/sr"
 	"go.uber.org/zap"
+	"golang.org/x/sync/singleflight"
 )
 
 // Defaults of Options.
@@ -109,6 +112,8 @@ type Client struct {
 	byID   *cache[int, sr.Schema]
 	byVer  *cache[string, sr.SubjectSchema]
 	latest *cache[string, latestEntry]
+
+	flight singleflight.Group
 
 	mu      sync.Mutex
 	health  Health
@@ -182,15 +187,15 @@ func (c *Client) Register(ctx context.Context, subject string, s sr.Schema) (int
 		return id, nil
 	}
 	req := request{op: "register a schema", subject: subject}
-	id, err := do(ctx, c, req, func(ctx context.Context) (int, error) {
-		return c.sr.RegisterSchema(ctx, subject, s, -1, -1)
+	id, err := shared(ctx, c, "register\x00"+key, req, func(ctx context.Context) (int, error) {
+		id, err := c.sr.RegisterSchema(ctx, subject, s, -1, -1)
+		if err == nil {
+			c.ids.put(key, id)
+			c.byID.put(id, s)
+		}
+		return id, err
 	})
-	if err != nil {
-		return 0, err
-	}
-	c.ids.put(key, id)
-	c.byID.put(id, s)
-	return id, nil
+	return id, err
 }
 
 // Latest returns subject's latest schema, from the cache while it is younger than LatestTTL. A
@@ -202,19 +207,19 @@ func (c *Client) Latest(ctx context.Context, subject string) (sr.SubjectSchema, 
 		return cached.ss, nil
 	}
 	req := request{op: "read the latest schema", subject: subject}
-	ss, err := do(ctx, c, req, func(ctx context.Context) (sr.SubjectSchema, error) {
-		return c.sr.SchemaByVersion(ctx, subject, -1)
-	})
-	if err != nil {
-		if ok && IsUnavailable(err) {
-			return cached.ss, nil
+	ss, err := shared(ctx, c, "latest\x00"+subject, req, func(ctx context.Context) (sr.SubjectSchema, error) {
+		ss, err := c.sr.SchemaByVersion(ctx, subject, -1)
+		if err == nil {
+			c.latest.put(subject, latestEntry{ss: ss, fetched: c.now()})
+			c.byVer.put(versionKey(subject, ss.Version), ss)
+			c.byID.put(ss.ID, ss.Schema)
 		}
-		return sr.SubjectSchema{}, err
+		return ss, err
+	})
+	if err != nil && ok && IsUnavailable(err) {
+		return cached.ss, nil
 	}
-	c.latest.put(subject, latestEntry{ss: ss, fetched: c.now()})
-	c.byVer.put(versionKey(subject, ss.Version), ss)
-	c.byID.put(ss.ID, ss.Schema)
-	return ss, nil
+	return ss, err
 }
 
 // Version returns version version (1 and up) of subject's schema, cached once read.
@@ -227,15 +232,15 @@ func (c *Client) Version(ctx context.Context, subject string, version int) (sr.S
 		return ss, nil
 	}
 	req := request{op: "read a schema version", subject: subject, version: version}
-	ss, err := do(ctx, c, req, func(ctx context.Context) (sr.SubjectSchema, error) {
-		return c.sr.SchemaByVersion(ctx, subject, version)
+	ss, err := shared(ctx, c, "version\x00"+key, req, func(ctx context.Context) (sr.SubjectSchema, error) {
+		ss, err := c.sr.SchemaByVersion(ctx, subject, version)
+		if err == nil {
+			c.byVer.put(key, ss)
+			c.byID.put(ss.ID, ss.Schema)
+		}
+		return ss, err
 	})
-	if err != nil {
-		return sr.SubjectSchema{}, err
-	}
-	c.byVer.put(key, ss)
-	c.byID.put(ss.ID, ss.Schema)
-	return ss, nil
+	return ss, err
 }
 
 // SchemaByID returns the schema with id id (what a consumer reads from a record's frame), cached
@@ -245,14 +250,14 @@ func (c *Client) SchemaByID(ctx context.Context, id int) (sr.Schema, error) {
 		return s, nil
 	}
 	req := request{op: "read a schema by id", id: id}
-	s, err := do(ctx, c, req, func(ctx context.Context) (sr.Schema, error) {
-		return c.sr.SchemaByID(ctx, id)
+	s, err := shared(ctx, c, "id\x00"+strconv.Itoa(id), req, func(ctx context.Context) (sr.Schema, error) {
+		s, err := c.sr.SchemaByID(ctx, id)
+		if err == nil {
+			c.byID.put(id, s)
+		}
+		return s, err
 	})
-	if err != nil {
-		return sr.Schema{}, err
-	}
-	c.byID.put(id, s)
-	return s, nil
+	return s, err
 }
 
 // Check asks the registry a cheap question (the schema types it supports) and records the
@@ -273,6 +278,27 @@ func (c *Client) Close() {
 	}
 	c.mu.Unlock()
 	c.probeWG.Wait()
+}
+
+// shared runs call once for every caller that asks for key while it runs: a burst of records with
+// an id a consumer has not seen yet, or of events with a new schema, makes one request. call fills
+// the caches itself, so that a caller arriving just after it ended finds the answer there. The
+// request runs to its own end (the per-request timeout bounds it) whoever leaves: each caller waits
+// under its own context.
+func shared[T any](ctx context.Context, c *Client, key string, req request, call func(context.Context) (T, error)) (T, error) {
+	ch := c.flight.DoChan(key, func() (any, error) {
+		return do(context.WithoutCancel(ctx), c, req, call)
+	})
+	var zero T
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return zero, r.Err
+		}
+		return r.Val.(T), nil
+	case <-ctx.Done():
+		return zero, fmt.Errorf("schema registry: %s: %w", req.op, ctx.Err())
+	}
 }
 
 // do runs one request, classifies its error and records the outcome.

@@ -2,6 +2,8 @@ package schemaregistry_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/internal/testpki"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/schemaregistry"
 )
@@ -58,6 +61,7 @@ func requests(m *metrics.Metrics, outcome string) float64 {
 func subject(t *testing.T) string { return testenv.UniqueName(t, "orders") + "-value" }
 
 func TestRegisteredIdsAndSchemasAreServedFromTheCacheAfterTheFirstRequest(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	c, m := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}})
@@ -122,6 +126,7 @@ func TestRegisteredIdsAndSchemasAreServedFromTheCacheAfterTheFirstRequest(t *tes
 }
 
 func TestLatestIsAskedAgainAfterItsTTL(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	c, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}, LatestTTL: 50 * time.Millisecond})
@@ -144,6 +149,7 @@ func TestLatestIsAskedAgainAfterItsTTL(t *testing.T) {
 }
 
 func TestErrorsSayWhatToDoAndWhetherToRetry(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	c, m := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}})
@@ -196,7 +202,7 @@ func TestErrorsSayWhatToDoAndWhetherToRetry(t *testing.T) {
 			true, false, false, []string{"schema_registry.urls", "/apis/ccompat/v7"}},
 		{"nothing listening: unavailable",
 			func() error { _, err := down.SchemaByID(ctx, 1); return err },
-			true, false, false, []string{"read a schema by id", "connection refused"}},
+			true, false, false, []string{"read a schema by id", `Get "http://127.0.0.1:`, "connection refused"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -218,8 +224,8 @@ func TestErrorsSayWhatToDoAndWhetherToRetry(t *testing.T) {
 					t.Errorf("error %q does not say %q", err, s)
 				}
 			}
-			if strings.Contains(err.Error(), "\n") {
-				t.Errorf("error %q is more than one line", err)
+			if strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "unable to") {
+				t.Errorf("error %q is more than one line, or repeats the URL (sr's preamble)", err)
 			}
 		})
 	}
@@ -234,6 +240,7 @@ func TestErrorsSayWhatToDoAndWhetherToRetry(t *testing.T) {
 }
 
 func TestHTTPSWithTheRegistrysOwnCA(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	c, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.TLSURL()}, CAFile: reg.TLSCAFile()})
@@ -270,8 +277,8 @@ func TestOptionsRefusedAtStartNameTheKey(t *testing.T) {
 		{"basic auth and a token", schemaregistry.Options{URLs: []string{"http://reg"}, Username: "relay", PasswordFile: pw, BearerTokenFile: pw}, "set one, not both"},
 		{"an empty password file", schemaregistry.Options{URLs: []string{"http://reg"}, Username: "relay", PasswordFile: empty}, "schema_registry.password_file"},
 		{"a missing token file", schemaregistry.Options{URLs: []string{"http://reg"}, BearerTokenFile: filepath.Join(dir, "nope")}, "schema_registry.bearer_token_file"},
-		{"a CA file without a certificate", schemaregistry.Options{URLs: []string{"https://reg"}, CAFile: pw}, "schema_registry.tls.ca_file"},
-		{"a client certificate without its key", schemaregistry.Options{URLs: []string{"https://reg"}, CertFile: pw}, "schema_registry.tls.key_file"},
+		{"a CA file without a certificate", schemaregistry.Options{URLs: []string{"https://reg"}, CAFile: pw}, "schema_registry.ca_file"},
+		{"a client certificate without its key", schemaregistry.Options{URLs: []string{"https://reg"}, CertFile: pw}, "schema_registry.key_file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -309,6 +316,7 @@ func authProxy(t *testing.T, target string, want func(*http.Request) bool) strin
 }
 
 func TestCredentialsAreReadFromTheirFilesForEveryRequest(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	dir := t.TempDir()
@@ -368,6 +376,7 @@ func TestCredentialsAreReadFromTheirFilesForEveryRequest(t *testing.T) {
 }
 
 func TestServerErrorsAndThrottlingAreUnavailableAndTheProbeSeesTheRecovery(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	reg := testenv.SharedRegistry(t)
 	u, _ := url.Parse(reg.ConfluentURL())
@@ -396,9 +405,8 @@ func TestServerErrorsAndThrottlingAreUnavailableAndTheProbeSeesTheRecovery(t *te
 			t.Fatalf("answer %d: %v; want unavailable naming the status", code, err)
 		}
 	}
-	why, down := c.Unavailable()
-	if !down || !strings.Contains(why, "schema registry unavailable since") {
-		t.Fatalf("Unavailable() = %q, %v; want down with the reason", why, down)
+	if h := c.Health(); h.Up || !strings.Contains(h.Reason, "408") {
+		t.Fatalf("Health() = %+v; want down, saying why (the last answer, 408)", h)
 	}
 	if got := requests(m, "unavailable"); got < 4 {
 		t.Fatalf("unavailable requests = %v, want at least 4", got)
@@ -407,7 +415,195 @@ func TestServerErrorsAndThrottlingAreUnavailableAndTheProbeSeesTheRecovery(t *te
 	// The registry recovers while nobody asks it: the client's own probe brings health back.
 	set(0)
 	await.True(t, 20*time.Second, "health comes back without a request of ours", func() bool { return c.Health().Up })
-	if _, down := c.Unavailable(); down {
-		t.Fatal("Unavailable() still down")
+
+}
+
+func TestARegistryOutageHoldsOnlyWhatTheCachesCannotAnswer(t *testing.T) {
+	t.Parallel() // its own registry starts while the other tests use the shared one
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	reg := testenv.Registry(t) // its own: this test stops it
+	c, m := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}, LatestTTL: time.Millisecond})
+	subj := subject(t)
+	known := avro(idField)
+	id, err := c.Register(ctx, subj, known)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Latest(ctx, subj); err != nil {
+		t.Fatal(err)
+	}
+
+	// A registry that accepts connections and answers nothing (frozen) costs one Timeout per
+	// request, not a hung stream.
+	if err := reg.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	impatient, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}, Timeout: 300 * time.Millisecond})
+	start := time.Now()
+	_, err = impatient.SchemaByID(ctx, id)
+	if took := time.Since(start); !schemaregistry.IsUnavailable(err) || !strings.Contains(err.Error(), "Timeout") || took > 5*time.Second {
+		t.Fatalf("SchemaByID from a frozen registry: %v after %v; want unavailable, a timeout, within 300ms or so", err, took)
+	}
+	if err := reg.Resume(); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := reg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// What the caches hold needs no registry: the stream goes on.
+	if got, err := c.Register(ctx, subj, known); err != nil || got != id {
+		t.Fatalf("Register(cached) during the outage = %d, %v; want %d", got, err, id)
+	}
+	if got, err := c.SchemaByID(ctx, id); err != nil || got.Schema != known.Schema {
+		t.Fatalf("SchemaByID(cached) during the outage = %+v, %v", got, err)
+	}
+	// A latest past its TTL is asked for, and served stale when nothing answers.
+	if ss, err := c.Latest(ctx, subj); err != nil || ss.ID != id {
+		t.Fatalf("Latest during the outage = %+v, %v; want the cached one", ss, err)
+	}
+	if h := c.Health(); h.Up || !strings.Contains(h.Reason, "connection refused") {
+		t.Fatalf("health after a refused request = %+v, want down, saying why", h)
+	}
+	if st := c.Status(ctx); st.Up || !strings.Contains(st.Error, "check the registry") || st.URLs[0] != reg.ConfluentURL() {
+		t.Fatalf("Status during the outage = %+v, want down with the check's error", st)
+	}
+	// A new schema needs the registry: unavailable, to be retried.
+	if _, err := c.Register(ctx, subj, avro(idField, noteField)); !schemaregistry.IsUnavailable(err) {
+		t.Fatalf("Register(new) during the outage: %v, want unavailable", err)
+	}
+	if got := testutil.ToFloat64(m.SchemaRegistryUp.WithLabelValues()); got != 0 {
+		t.Fatalf("outbox_relay_schema_registry_up = %v during the outage, want 0", got)
+	}
+
+	// Back, with its schemas (a registry's storage outlives it): the probe notices by itself.
+	if err := reg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	await.True(t, 30*time.Second, "health comes back with the registry", func() bool { return c.Health().Up })
+	if st := c.Status(ctx); !st.Up || st.Error != "" {
+		t.Fatalf("Status after the outage = %+v, want up", st)
+	}
+	fresh, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}})
+	if got, err := fresh.SchemaByID(ctx, id); err != nil || got.Schema != known.Schema {
+		t.Fatalf("SchemaByID(%d) after the restart = %+v, %v; want the schema registered before", id, got, err)
+	}
+	if _, err := c.Register(ctx, subj, avro(idField, noteField)); err != nil {
+		t.Fatalf("Register(new) after the outage: %v", err)
+	}
+}
+
+func TestConcurrentMissesForOneKeyMakeOneRequest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg := testenv.SharedRegistry(t)
+	writer, _ := newClient(t, schemaregistry.Options{URLs: []string{reg.ConfluentURL()}})
+	id, err := writer.Register(ctx, subject(t), avro(idField))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The real registry behind a gate that holds every request until released.
+	u, _ := url.Parse(reg.ConfluentURL())
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	arrived, release := make(chan struct{}, 100), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		proxy.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	c, m := newClient(t, schemaregistry.Options{URLs: []string{srv.URL}})
+
+	const readers = 20
+	errs := make(chan error, readers)
+	for range readers {
+		go func() {
+			s, err := c.SchemaByID(ctx, id)
+			if err == nil && !strings.Contains(s.Schema, "Order") {
+				err = fmt.Errorf("SchemaByID(%d) = %+v", id, s)
+			}
+			errs <- err
+		}()
+	}
+	<-arrived
+	// A caller whose context ends leaves at once; the request goes on for the others.
+	impatient, cancel := context.WithCancel(ctx)
+	left := make(chan error, 1)
+	go func() { _, err := c.SchemaByID(impatient, id); left <- err }()
+	cancel()
+	if err := <-left; err == nil || !strings.Contains(err.Error(), "context canceled") || schemaregistry.IsUnavailable(err) {
+		t.Fatalf("a cancelled caller got %v, want its context's error (not unavailability)", err)
+	}
+	close(release)
+	for range readers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(arrived); n != 0 {
+		t.Fatalf("%d more requests reached the registry, want the one", n)
+	}
+	if got := requests(m, "ok"); got != 1 {
+		t.Fatalf("%v requests recorded, want 1", got)
+	}
+	if h := c.Health(); !h.Up {
+		t.Fatalf("health %+v: a caller's cancelled context says nothing of the registry", h)
+	}
+}
+
+func TestTheNextURLIsAskedWhenOneGivesNoAnswer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg := testenv.SharedRegistry(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + l.Addr().String()
+	l.Close()
+	c, _ := newClient(t, schemaregistry.Options{URLs: []string{dead, reg.ConfluentURL()}})
+	if _, err := c.Register(ctx, subject(t), avro(idField)); err != nil {
+		t.Fatalf("Register with the first URL dead: %v", err)
+	}
+	if h := c.Health(); !h.Up {
+		t.Fatalf("health %+v, want up: the second URL answered", h)
+	}
+}
+
+func TestAClientCertificateIsReadAgainForEveryHandshake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg := testenv.SharedRegistry(t)
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, "registry gate CA")
+	caFile := ca.WriteCA(t, dir, "ca")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.CertPEM)
+
+	// The real registry behind a gate that wants a client certificate of ca (mutual TLS).
+	u, _ := url.Parse(reg.ConfluentURL())
+	srv := httptest.NewUnstartedServer(httputil.NewSingleHostReverseProxy(u))
+	pair := ca.Localhost(t)
+	server, err := tls.X509KeyPair(pair.CertPEM, pair.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{server}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool}
+	srv.StartTLS()
+	defer srv.Close()
+
+	// At first the files hold a certificate of another CA.
+	other := testpki.NewCA(t, "another CA").Issue(t, testpki.Leaf{CommonName: "relay", Client: true})
+	files := other.Write(t, dir, "client")
+	c, _ := newClient(t, schemaregistry.Options{URLs: []string{srv.URL}, CAFile: caFile, CertFile: files.Cert, KeyFile: files.Key})
+	if _, err := c.Register(ctx, subject(t), avro(idField)); !schemaregistry.IsUnavailable(err) {
+		t.Fatalf("with a certificate the gate does not trust: %v, want unavailable", err)
+	}
+	// cert-manager renews the files in place: the next handshake uses them.
+	ca.Issue(t, testpki.Leaf{CommonName: "relay", Client: true}).Write(t, dir, "client")
+	if _, err := c.Register(ctx, subject(t), avro(idField)); err != nil {
+		t.Fatalf("with the renewed certificate: %v", err)
 	}
 }

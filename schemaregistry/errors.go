@@ -189,10 +189,17 @@ func notFoundFix(req request, code int) string {
 	}
 }
 
-// transportMessage is err's text without sr's "unable to GET \"url\": " preamble where there is
-// one (the URL is in the error already, without credentials: Options refuses a URL with them).
+// transportMessage is err's text on one line, without sr's `unable to GET "url": ` preamble where
+// the rest names the URL again (net/http's `Get "url": ...`). URLs hold no credentials: Options
+// refuses a URL with them.
 func transportMessage(err error) string {
-	return oneLine(err.Error())
+	msg := oneLine(err.Error())
+	if rest, ok := strings.CutPrefix(msg, "unable to "); ok {
+		if _, after, ok := strings.Cut(rest, `": `); ok && strings.Contains(after, `"http`) {
+			return after
+		}
+	}
+	return msg
 }
 
 func oneLine(s string) string {

@@ -25,16 +25,6 @@ func (c *Client) Health() Health {
 	return c.health
 }
 
-// Unavailable reports, for /readyz, whether the registry is down and why: the events that need a
-// schema the caches do not hold wait until it is back.
-func (c *Client) Unavailable() (why string, down bool) {
-	h := c.Health()
-	if h.Up {
-		return "", false
-	}
-	return "schema registry unavailable since " + h.Since.UTC().Format(time.RFC3339) + ": " + h.Reason, true
-}
-
 // record updates health and the metrics with a request's outcome. A request ended by its caller's
 // context says nothing of the registry.
 func (c *Client) record(ctx context.Context, err error) {
@@ -115,4 +105,24 @@ func (c *Client) probe() {
 		c.mu.Unlock()
 		pause = min(2*pause, probeMax)
 	}
+}
+
+// Status is the registry at a glance, for `outbox-relay status`.
+type Status struct {
+	URLs  []string  `json:"urls"`
+	Up    bool      `json:"up"`
+	Since time.Time `json:"since"`
+	// Error is why it is down (one line, no credentials); "" while up.
+	Error string `json:"error,omitempty"`
+}
+
+// Status asks the registry now (Check) and returns what that found.
+func (c *Client) Status(ctx context.Context) Status {
+	err := c.Check(ctx)
+	h := c.Health()
+	st := Status{URLs: c.URLs(), Up: err == nil, Since: h.Since}
+	if err != nil {
+		st.Error = err.Error()
+	}
+	return st
 }

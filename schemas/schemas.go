@@ -177,13 +177,16 @@ type Serializer struct {
 	o   Options
 
 	mu       sync.Mutex
-	ids      map[idKey]int        // registered (subject, schema text) -> id
-	subjects map[string]*strict   // strict and frame-only subjects
-	inferred map[string]sr.Schema // the last schema registered per inferred subject (Widener)
+	ids      map[idKey]int          // registered (subject, schema text) -> id
+	subjects map[string]*strict     // strict and frame-only subjects
+	inferred map[string]sr.Schema   // the last schema registered per inferred subject (Widener)
+	widened  map[widenKey]sr.Schema // (subject's schema, inferred schema) -> merged: the steady state merges nothing
 	now      func() time.Time
 }
 
 type idKey struct{ subject, schema string }
+
+type widenKey struct{ base, inferred string }
 
 type strict struct {
 	schema sr.Schema
@@ -229,7 +232,7 @@ func New(reg Registry, o Options) (*Serializer, error) {
 		o.FrameIndex = []int{0}
 	}
 	return &Serializer{reg: reg, o: o, ids: make(map[idKey]int), subjects: make(map[string]*strict),
-		inferred: make(map[string]sr.Schema), now: time.Now}, nil
+		inferred: make(map[string]sr.Schema), widened: make(map[widenKey]sr.Schema), now: time.Now}, nil
 }
 
 // Serialize returns the framed key and value of an event routed to topic: key is the aggregate
@@ -363,10 +366,26 @@ func (s *Serializer) widen(ctx context.Context, subject string, inferred sr.Sche
 		}
 		base = latest.Schema
 	}
-	if merged, ok := w.Widen(base, inferred); ok {
+	if base.Schema == inferred.Schema {
+		return inferred, nil
+	}
+	k := widenKey{base.Schema, inferred.Schema}
+	s.mu.Lock()
+	merged, ok := s.widened[k]
+	s.mu.Unlock()
+	if ok {
 		return merged, nil
 	}
-	return inferred, nil
+	if merged, ok = w.Widen(base, inferred); !ok {
+		merged = inferred
+	}
+	s.mu.Lock()
+	if len(s.widened) >= maxIDs {
+		clear(s.widened)
+	}
+	s.widened[k] = merged
+	s.mu.Unlock()
+	return merged, nil
 }
 
 // recordName is the value's record name and namespace for an event of eventType.

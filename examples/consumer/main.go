@@ -10,6 +10,10 @@
 // be applied is retried and, if it still fails, the consumer exits without committing its offset:
 // it is redelivered after the restart, never skipped.
 //
+// With OUTBOX_SCHEMA_REGISTRY_URLS set (a relay with value_encoding or key_encoding avro), it
+// reads each record's key and value back through the registry (inbox.Unframe), knowing nothing but
+// the registry's URL.
+//
 //	make up && set -a && . .local/services.env && set +a
 //	go run ./examples/consumer -group order-totals
 package main
@@ -32,6 +36,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/schemaregistry"
+	"github.com/outbox-relay/outbox-relay/schemas"
+	"github.com/outbox-relay/outbox-relay/schemas/avro"
 )
 
 // orderCreated is the part of the producer's payload this consumer needs.
@@ -93,6 +100,15 @@ func run(topic, group string) error {
 		IsolationLevel: kafka.ReadCommitted,
 	})
 	defer reader.Close()
+	var framed inbox.Framed
+	if urls := os.Getenv("OUTBOX_SCHEMA_REGISTRY_URLS"); urls != "" {
+		client, err := schemaregistry.New(schemaregistry.Options{URLs: strings.Split(urls, ",")})
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		framed = schemas.NewDeserializer(client, avro.New())
+	}
 	log.Printf("consuming %s as group %s", topic, group)
 
 	for {
@@ -111,6 +127,11 @@ func run(topic, group string) error {
 		id, err := inbox.EventID(m)
 		if err != nil {
 			return err // without an id a redelivery cannot be recognised: stop rather than guess
+		}
+		if framed != nil {
+			if m, err = inbox.Unframe(ctx, framed, m); err != nil {
+				return err // the registry cannot answer: its offset is not committed
+			}
 		}
 		processed, err := applyWithRetry(ctx, store, pool, id, m.Value)
 		if err != nil {

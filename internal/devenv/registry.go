@@ -196,9 +196,11 @@ func (r *Registry) args() []string {
 		props["quarkus.http.ssl.certificate.key-files"] = r.st.TLSKey
 	}
 	maps.Copy(props, r.st.Settings)
-	// The serial collector and a small initial heap: the registry serves a few requests per test
-	// on a loaded two-core machine, where G1's threads only compete with the servers under test.
-	args := []string{"-Xms64m", fmt.Sprintf("-Xmx%dm", r.st.HeapMB), "-XX:+UseSerialGC", "-Djava.awt.headless=true"}
+	// The serial collector, a small initial heap and the quick compiler only: the registry serves
+	// a few requests per test on a loaded two-core machine, where G1's threads and C2's
+	// compilations would only compete with the servers under test and slow its start.
+	args := []string{"-Xms64m", fmt.Sprintf("-Xmx%dm", r.st.HeapMB), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+		"-Djava.awt.headless=true"}
 	for _, k := range slices.Sorted(maps.Keys(props)) {
 		args = append(args, "-D"+k+"="+props[k])
 	}

@@ -106,35 +106,3 @@ func TestSharedRegistry(t *testing.T) {
 		t.Fatalf("incompatible schema: err %v, want a 409", err)
 	}
 }
-
-func TestDedicatedRegistryKeepsItsSchemasAcrossARestart(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	reg := testenv.Registry(t)
-	client, err := sr.NewClient(sr.URLs(reg.ConfluentURL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	subject := testenv.UniqueName(t, "subject") + "-value"
-	schema := sr.Schema{Type: sr.TypeAvro, Schema: `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"}]}`}
-	registered, err := client.CreateSchema(ctx, subject, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := reg.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.SchemaByID(ctx, registered.ID); err == nil {
-		t.Fatal("a stopped registry answered")
-	}
-	if err := reg.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	got, err := client.SchemaByID(ctx, registered.ID)
-	if err != nil {
-		t.Fatalf("schema %d after the restart: %v", registered.ID, err)
-	}
-	if got.Schema != schema.Schema {
-		t.Fatalf("schema %d after the restart = %s, want %s", registered.ID, got.Schema, schema.Schema)
-	}
-}

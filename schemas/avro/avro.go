@@ -11,6 +11,7 @@
 package avro
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"sync"
@@ -36,6 +37,10 @@ const maxParsed = 1024
 type Format struct {
 	mu     sync.Mutex
 	parsed map[string]avro.Schema
+	// The document Infer parsed last: Encode of the same payload, which follows at once on the
+	// serializer's path, does not parse it again.
+	lastPayload []byte
+	lastDoc     *node
 }
 
 // New returns an Avro format.
@@ -45,12 +50,32 @@ func New() *Format { return &Format{parsed: make(map[string]avro.Schema)} }
 func (*Format) Type() sr.SchemaType { return sr.TypeAvro }
 
 // Infer returns the record schema named name in namespace inferred from the JSON payload.
-func (*Format) Infer(name, namespace string, payload []byte) (sr.Schema, error) {
-	text, err := Infer(name, namespace, payload)
+func (f *Format) Infer(name, namespace string, payload []byte) (sr.Schema, error) {
+	doc, err := parse(payload)
 	if err != nil {
 		return sr.Schema{}, err
 	}
+	text, err := inferDoc(name, namespace, doc)
+	if err != nil {
+		return sr.Schema{}, err
+	}
+	f.mu.Lock()
+	// A copy: the caller may reuse its buffer, and a document kept for bytes that changed in
+	// place would encode the old event.
+	f.lastPayload, f.lastDoc = append(f.lastPayload[:0], payload...), doc
+	f.mu.Unlock()
 	return sr.Schema{Schema: text, Type: sr.TypeAvro}, nil
+}
+
+// doc parses payload, or takes the document Infer parsed from the same bytes.
+func (f *Format) doc(payload []byte) (*node, error) {
+	f.mu.Lock()
+	last, doc := f.lastPayload, f.lastDoc
+	f.mu.Unlock()
+	if doc != nil && bytes.Equal(last, payload) {
+		return doc, nil
+	}
+	return parse(payload)
 }
 
 // Encode writes the JSON payload in schema s. A payload that does not fit returns a *FieldError.
@@ -60,7 +85,7 @@ func (f *Format) Encode(s sr.Schema, payload []byte) (index []int, data []byte, 
 	if err != nil {
 		return nil, nil, err
 	}
-	doc, err := parse(payload)
+	doc, err := f.doc(payload)
 	if err != nil {
 		return nil, nil, &FieldError{Problem: err.Error()}
 	}

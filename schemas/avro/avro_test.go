@@ -186,3 +186,20 @@ func TestWideningKeepsASubjectsSchemaGrowing(t *testing.T) {
 		})
 	}
 }
+
+func TestAPayloadBufferReusedAfterInferIsEncodedAsItIsNow(t *testing.T) {
+	f := avro.New()
+	buf := []byte(`{"a":"x"}`)
+	s, err := f.Infer("payload", "", buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, `{"a":"y"}`) // the caller's buffer now holds the next event
+	_, data, err := f.Encode(s, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if js, err := f.Decode(s, nil, data); err != nil || string(js) != `{"a":"y"}` {
+		t.Fatalf("encoded %s, %v; want the buffer's current document", js, err)
+	}
+}

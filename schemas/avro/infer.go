@@ -37,6 +37,15 @@ import (
 
 // Infer returns the Avro schema inferred from payload, as schema JSON.
 func Infer(name, namespace string, payload []byte) (string, error) {
+	doc, err := parse(payload)
+	if err != nil {
+		return "", err
+	}
+	return inferDoc(name, namespace, doc)
+}
+
+// inferDoc is Infer of a parsed payload.
+func inferDoc(name, namespace string, doc *node) (string, error) {
 	if err := validName(name); err != nil {
 		return "", fmt.Errorf("record name: %w", err)
 	}
@@ -47,10 +56,6 @@ func Infer(name, namespace string, payload []byte) (string, error) {
 		if err := validName(part); err != nil {
 			return "", fmt.Errorf("record namespace %q: %w", namespace, err)
 		}
-	}
-	doc, err := parse(payload)
-	if err != nil {
-		return "", err
 	}
 	if doc.kind != 'o' {
 		return "", fmt.Errorf("the payload is %s, not a JSON object: an Avro record can be inferred only from an object", kindName(doc))
