@@ -287,9 +287,30 @@ func (m *message) write(b *strings.Builder, indent string) {
 		} else if fd.msg != nil {
 			label = "" // message fields have presence already
 		}
-		fmt.Fprintf(b, "%s  %s%s %s = %d [json_name = %s];\n", indent, label, fd.typ, fd.name, fd.number, strconv.Quote(fd.key))
+		fmt.Fprintf(b, "%s  %s%s %s = %d [json_name = %s];\n", indent, label, fd.typ, fd.name, fd.number, protoQuote(fd.key))
 	}
 	fmt.Fprintf(b, "%s}\n", indent)
+}
+
+// protoQuote writes s as a Protobuf string literal: UTF-8 as it is, '"' and '\\' escaped, other
+// bytes below 0x20 and 0x7f as octal escapes (which every Protobuf parser reads, where \u is not
+// universal).
+func protoQuote(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c == 0x7f:
+			fmt.Fprintf(&b, "\\%03o", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }
 
 // numberType is the Protobuf type of a JSON number: int64 for an integer that fits, else double.

@@ -25,6 +25,7 @@ func TestInferredSchemasCarryPayloadsThere(t *testing.T) {
 			`{"lines":[{"sku":"a","qty":1},{"sku":"b","note":"gift"},{"sku":"c","qty":2.5}]}`},
 		{"member names that are no identifiers survive", `{"order-id":"x","1st":1,"_id":"y","ünï":"z","a b":true}`, ""},
 		{"names that meet after cleaning stay apart", `{"a-b":1,"a_b":2,"a.b":3}`, ""},
+		{"names with quotes, backslashes and control characters survive", `{"tab\tkey":1,"q\"b":2,"back\\slash":3,"del\u007f":4}`, ""},
 		{"a member and a nested type of one name stay apart", `{"Address":{"x":1},"address":"s"}`, ""},
 		{"an empty object is an empty message", `{"meta":{}}`, ""},
 	} {
