@@ -39,6 +39,7 @@ type SchemaRegistry struct {
 	RecordNamespace string
 	FrameOnly       string // "", bytes or base64
 	FrameSubject    string
+	ProtobufMessage string // strict protobuf: the message payloads are; "" the schema's first
 }
 
 // registrySettings are the schema_registry.* keys.
@@ -88,6 +89,8 @@ var registrySettings = []setting{
 		}},
 	{key: "schema_registry.frame_subject", group: GroupRouting, kind: kindString, help: "frame-only: the subject whose schema id frames the payloads; empty: the subject strategy's",
 		apply: str(func(c *Config) *string { return &c.SchemaRegistry.FrameSubject })},
+	{key: "schema_registry.protobuf_message", group: GroupRouting, kind: kind("package.Message"), help: "value_encoding protobuf with auto_register false: the full name of the message the payloads are, in the subject's schema; empty: the schema's first message",
+		apply: str(func(c *Config) *string { return &c.SchemaRegistry.ProtobufMessage })},
 }
 
 // checkRegistry checks the registry encodings against the rest of the configuration.
@@ -120,6 +123,9 @@ func (c *Config) checkRegistry(p *problems) {
 		if r.FrameSubject == "" && r.SubjectStrategy == "record" && r.RecordName == "" {
 			bad("schema_registry.frame_subject", "is needed with frame_only and the record strategy (or set schema_registry.record_name)")
 		}
+	}
+	if r.ProtobufMessage != "" && (c.ValueEncoding != EncodingProtobuf || r.AutoRegister || r.FrameOnly != "") {
+		bad("schema_registry.protobuf_message", "names the message of a strict protobuf subject: it needs value_encoding protobuf, auto_register false and no frame_only")
 	}
 	if r.PasswordFile != "" && r.BearerTokenFile != "" {
 		bad("schema_registry.bearer_token_file", "and schema_registry.password_file are both set: use one")

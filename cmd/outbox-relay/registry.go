@@ -9,6 +9,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/schemaregistry"
 	"github.com/outbox-relay/outbox-relay/schemas"
+	"github.com/outbox-relay/outbox-relay/schemas/protobuf"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
@@ -61,6 +62,9 @@ func newSerializer(c *config.Config, m *metrics.Metrics, log *zap.Logger) (sink.
 		if err != nil {
 			client.Close()
 			return nil, nil, fmt.Errorf("config key value_encoding: %w", err)
+		}
+		if pf, ok := f.(*protobuf.Format); ok {
+			pf.Message = r.ProtobufMessage
 		}
 		so.Value = f
 	}
