@@ -775,6 +775,20 @@ func TestRegistryEncodingsNeedARegistry(t *testing.T) {
 			map[string]string{"OUTBOX_VALUE_ENCODING": "avro", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081", "OUTBOX_SCHEMA_REGISTRY_FRAME_ONLY": "bytes"}, "schema_registry.frame_only"},
 		{"avro values with a registry are valid, registering what they infer by default",
 			map[string]string{"OUTBOX_VALUE_ENCODING": "avro", "OUTBOX_KEY_ENCODING": "avro", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081"}, ""},
+		{"protobuf values without a registry URL are refused naming the key",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "protobuf"}, "schema_registry.urls"},
+		{"json-schema values without a registry URL are refused naming the key",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "json-schema"}, "schema_registry.urls"},
+		{"protobuf keys are refused (a key is an Avro string or JSON)",
+			map[string]string{"OUTBOX_KEY_ENCODING": "protobuf", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081"}, "key_encoding"},
+		{"protobuf values with a registry are valid",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "protobuf", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081"}, ""},
+		{"a protobuf message name without strict protobuf values is refused",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "avro", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081", "OUTBOX_SCHEMA_REGISTRY_PROTOBUF_MESSAGE": "shop.v1.Order"}, "schema_registry.protobuf_message"},
+		{"a protobuf message name with auto-registration is refused",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "protobuf", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081", "OUTBOX_SCHEMA_REGISTRY_PROTOBUF_MESSAGE": "shop.v1.Order"}, "schema_registry.protobuf_message"},
+		{"json-schema values with a registry and avro keys are valid",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "json-schema", "OUTBOX_KEY_ENCODING": "avro", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081"}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

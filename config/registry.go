@@ -9,14 +9,18 @@ import (
 
 // Record encodings framed through a schema registry (value_encoding, key_encoding).
 const (
-	EncodingAvro = "avro"
+	EncodingAvro       = "avro"
+	EncodingProtobuf   = "protobuf"    // values only
+	EncodingJSONSchema = "json-schema" // values only
 )
 
 // RegistryEncoding reports whether a value or key encoding is framed through the schema registry.
-func RegistryEncoding(enc string) bool { return enc == EncodingAvro }
+func RegistryEncoding(enc string) bool {
+	return enc == EncodingAvro || enc == EncodingProtobuf || enc == EncodingJSONSchema
+}
 
 // SchemaRegistry configures the schema registry that registry encodings (value_encoding avro,
-// key_encoding avro) frame records with, and how subjects and schemas are chosen (package schemas).
+// protobuf or json-schema; key_encoding avro) frame records with, and how subjects and schemas are chosen (package schemas).
 type SchemaRegistry struct {
 	URLs            []string
 	Username        string
@@ -35,11 +39,12 @@ type SchemaRegistry struct {
 	RecordNamespace string
 	FrameOnly       string // "", bytes or base64
 	FrameSubject    string
+	ProtobufMessage string // strict protobuf: the message payloads are; "" the schema's first
 }
 
 // registrySettings are the schema_registry.* keys.
 var registrySettings = []setting{
-	{key: "schema_registry.urls", group: GroupRouting, kind: kindList, help: "base URLs of the schema registry's Confluent-compatible API (Confluent: http://host:8081; Apicurio 2.x: http://host:8080/apis/ccompat/v7), comma-separated, tried in order; required by value_encoding or key_encoding avro",
+	{key: "schema_registry.urls", group: GroupRouting, kind: kindList, help: "base URLs of the schema registry's Confluent-compatible API (Confluent: http://host:8081; Apicurio 2.x: http://host:8080/apis/ccompat/v7), comma-separated, tried in order; required by value_encoding avro, protobuf or json-schema, or key_encoding avro",
 		apply: list(func(c *Config) *[]string { return &c.SchemaRegistry.URLs })},
 	{key: "schema_registry.username", group: GroupRouting, kind: kindString, help: "basic auth user name for the registry",
 		apply: str(func(c *Config) *string { return &c.SchemaRegistry.Username })},
@@ -84,6 +89,8 @@ var registrySettings = []setting{
 		}},
 	{key: "schema_registry.frame_subject", group: GroupRouting, kind: kindString, help: "frame-only: the subject whose schema id frames the payloads; empty: the subject strategy's",
 		apply: str(func(c *Config) *string { return &c.SchemaRegistry.FrameSubject })},
+	{key: "schema_registry.protobuf_message", group: GroupRouting, kind: kind("package.Message"), help: "value_encoding protobuf with auto_register false: the full name of the message the payloads are, in the subject's schema; empty: the schema's first message",
+		apply: str(func(c *Config) *string { return &c.SchemaRegistry.ProtobufMessage })},
 }
 
 // checkRegistry checks the registry encodings against the rest of the configuration.
@@ -108,7 +115,7 @@ func (c *Config) checkRegistry(p *problems) {
 	}
 	if r.FrameOnly != "" {
 		if !value {
-			bad("schema_registry.frame_only", "needs a registry value_encoding (avro): the subject's schema says what the application wrote")
+			bad("schema_registry.frame_only", "needs a registry value_encoding (avro, protobuf or json-schema): the subject's schema says what the application wrote")
 		}
 		if r.AutoRegister {
 			bad("schema_registry.frame_only", "frames payloads with the registry's schema: set schema_registry.auto_register to false")
@@ -116,6 +123,9 @@ func (c *Config) checkRegistry(p *problems) {
 		if r.FrameSubject == "" && r.SubjectStrategy == "record" && r.RecordName == "" {
 			bad("schema_registry.frame_subject", "is needed with frame_only and the record strategy (or set schema_registry.record_name)")
 		}
+	}
+	if r.ProtobufMessage != "" && (c.ValueEncoding != EncodingProtobuf || r.AutoRegister || r.FrameOnly != "") {
+		bad("schema_registry.protobuf_message", "names the message of a strict protobuf subject: it needs value_encoding protobuf, auto_register false and no frame_only")
 	}
 	if r.PasswordFile != "" && r.BearerTokenFile != "" {
 		bad("schema_registry.bearer_token_file", "and schema_registry.password_file are both set: use one")

@@ -16,8 +16,9 @@ type Framed interface {
 }
 
 // Unframe returns m with its key and value read back through the registry, for a relay that
-// writes value_encoding or key_encoding avro: the value as the JSON document the payload was, the
-// key as the aggregate id (an Avro string, unquoted). A key or value that is not framed (magic
+// writes a registry encoding (value_encoding avro, protobuf or json-schema, key_encoding avro; a
+// Deserializer of schemas.Formats() reads them all): the value as the JSON document the payload
+// was, the key as the aggregate id (an Avro string, unquoted). A key or value that is not framed (magic
 // byte 0 and a schema id) is left as it is, so one consumer reads a topic while its encoding
 // changes; a null value (a tombstone) stays null. Pass the result to ParseDelivery or Consumer.
 // An error (the registry cannot answer, a schema id it does not know) leaves the record unread:

@@ -53,16 +53,35 @@ func TestUnframeReadsWhatTheRelayFramesAndLeavesTheRestAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// value_encoding protobuf and json-schema, read by the same Deserializer.
+	framedIn := func(encoding, payload string) []byte {
+		t.Helper()
+		f, err := schemas.ValueFormat(encoding)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := schemas.New(reg, schemas.Options{Value: f, AutoRegister: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, v, err := s.Serialize(ctx, "orders", "Placed", nil, []byte(payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
 	tests := []struct {
 		name               string
 		key, value         []byte
 		wantKey, wantValue string
 	}{
 		{"a framed key and value read back as the aggregate id and the JSON payload", k, v, "order-1", `{"total":12.5,"lines":[{"sku":"a"}]}`},
+		{"a protobuf value reads back as its JSON", k, framedIn("protobuf", `{"total":12.5}`), "order-1", `{"total":12.5}`},
+		{"a json-schema value reads back as its JSON", k, framedIn("json-schema", `{"total":12.5,"lines":[{"sku":"a"}]}`), "order-1", `{"total":12.5,"lines":[{"sku":"a"}]}`},
 		{"an unframed record is left as it is", []byte("order-2"), []byte(`{"total":1}`), "order-2", `{"total":1}`},
 		{"a tombstone stays one", k, nil, "order-1", ""},
 	}
-	d := schemas.NewDeserializer(reg, avro.New())
+	d := schemas.NewDeserializer(reg, schemas.Formats()...)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m := kafka.Message{Topic: "orders", Key: tt.key, Value: tt.value, Headers: []kafka.Header{{Key: "id", Value: []byte("e-1")}}}

@@ -285,7 +285,7 @@ func (s *Serializer) value(ctx context.Context, topic, eventType string, payload
 	var err error
 	if s.o.AutoRegister {
 		if schema, err = s.o.Value.Infer(name, namespace, payload); err != nil {
-			return nil, &Error{Reason: ReasonMismatch, Subject: subject, Err: fmt.Errorf("no schema can be inferred from the payload: %w", err)}
+			return nil, &Error{Reason: ReasonMismatch, Subject: subject, Field: fieldOf(err), Err: fmt.Errorf("no schema can be inferred from the payload: %w", err)}
 		}
 		if schema, err = s.widen(ctx, subject, schema); err != nil {
 			return nil, err
@@ -311,12 +311,7 @@ func (s *Serializer) value(ctx context.Context, topic, eventType string, payload
 	}
 	index, data, err := s.o.Value.Encode(schema, payload)
 	if err != nil {
-		e := &Error{Reason: ReasonMismatch, Subject: subject, Err: fmt.Errorf("the payload does not fit the schema (id %d): %w", id, err)}
-		var fe *avro.FieldError
-		if errors.As(err, &fe) {
-			e.Field = fe.Path
-		}
-		return nil, e
+		return nil, &Error{Reason: ReasonMismatch, Subject: subject, Field: fieldOf(err), Err: fmt.Errorf("the payload does not fit the schema (id %d): %w", id, err)}
 	}
 	return append(header(id, index), data...), nil
 }
@@ -468,6 +463,20 @@ func (s *Serializer) strict(ctx context.Context, subject string) (*strict, error
 	s.subjects[subject] = st
 	s.mu.Unlock()
 	return st, nil
+}
+
+// fieldOf returns the path of the member a format's error names: schemas/avro's *FieldError, or
+// any error with a FieldPath method (schemas/protobuf's and schemas/jsonschema's).
+func fieldOf(err error) string {
+	var fe *avro.FieldError
+	if errors.As(err, &fe) {
+		return fe.Path
+	}
+	var fp interface{ FieldPath() string }
+	if errors.As(err, &fp) {
+		return fp.FieldPath()
+	}
+	return ""
 }
 
 // header is the Confluent wire format's header for id and a Protobuf message index.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -161,6 +162,138 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 		dead := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), dlq)
 		if len(dead) != 1 || dead[0].Header(sink.HeaderDLQReason) != sink.ReasonSchemaMismatch || !strings.Contains(dead[0].Header(sink.HeaderDLQError), "field qty") {
 			t.Fatalf("dead letters %+v, want one with reason %s naming field qty", dead, sink.ReasonSchemaMismatch)
+		}
+	})
+
+	t.Run("protobuf and json-schema values go through the registry and the broker alike", func(t *testing.T) {
+		// A consumer that knows only the registry's URL and reads every format.
+		anyFormat := schemas.NewDeserializer(registryClient(t, r), schemas.Formats()...)
+		for _, enc := range []string{schemas.EncodingProtobuf, schemas.EncodingJSONSchema} {
+			topic := testenv.UniqueName(t, enc)
+			ctx := context.Background()
+			if err := r.SetCompatibility(ctx, topic+"-value", "BACKWARD"); err != nil {
+				t.Fatal(err)
+			}
+			f, err := schemas.ValueFormat(enc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ser, err := schemas.New(relayRegistry, schemas.Options{Value: f, AvroKey: true, AutoRegister: true, RecordNamespace: "shop"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dlq := testenv.UniqueName(t, "dlq")
+			s := readySink(t, k.Brokers(), sink.Config{Record: record.Options{TopicTemplate: topic}, DeadLetterTopic: dlq, Serializer: ser})
+			payloads := []string{
+				`{"id":"o1","qty":1,"address":{"city":"Oslo"}}`,
+				`{"id":"o2","qty":2,"address":{"city":"Bergen"},"note":"gift"}`, // a new member: compatible
+				`{"id":"o3","qty":"three","address":{"city":"Oslo"}}`,           // a number to a string: not
+				`{"id":"o4","qty":4,"address":{"city":"Oslo"}}`,                 // the first shape: the subject's schema again
+				`{"id":"o5","qty":null}`,                                        // members left out or null: likewise
+			}
+			var acked atomic.Int64
+			for i, p := range payloads {
+				s.publish(t, newEvent(fmt.Sprintf("e%d", i), []byte("Order"), fmt.Sprintf("order-%d", i), "Created", []byte(p)), &acker{total: &acked})
+			}
+			eventually(t, 30*time.Second, enc+": every event settled", func() bool { return acked.Load() == int64(len(payloads)) })
+			dead := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), dlq)
+			if len(dead) != 1 || dead[0].Header(sink.HeaderDLQReason) != sink.ReasonSchemaIncompatible || string(dead[0].Value) != payloads[2] {
+				t.Fatalf("%s: %d dead letters, want the third event with reason %s", enc, len(dead), sink.ReasonSchemaIncompatible)
+			}
+			records := readBack(t, k.Brokers(), 30*time.Second, atLeast(4), topic)
+			want := map[string]string{"order-0": payloads[0], "order-1": payloads[1], "order-3": payloads[3], "order-4": `{"id":"o5"}`}
+			if len(records) != len(want) {
+				t.Fatalf("%s: %d records on %s, want %d", enc, len(records), topic, len(want))
+			}
+			for _, rec := range records {
+				keyDoc, _, err := anyFormat.Decode(ctx, rec.Key)
+				if err != nil {
+					t.Fatalf("%s: key % x: %v", enc, rec.Key, err)
+				}
+				key, err := strconv.Unquote(string(keyDoc))
+				if err != nil {
+					t.Fatalf("%s: key %s: %v", enc, keyDoc, err)
+				}
+				doc, id, err := anyFormat.Decode(ctx, rec.Value)
+				if err != nil {
+					t.Fatalf("%s: the record of %s: %v", enc, key, err)
+				}
+				var got, exp any
+				if json.Unmarshal(doc, &got) != nil || json.Unmarshal([]byte(want[key]), &exp) != nil || !reflect.DeepEqual(got, exp) {
+					t.Errorf("%s: the record of %s (schema %d) decodes to %s, want %s", enc, key, id, doc, want[key])
+				}
+			}
+			versions, err := relayRegistry.SubjectVersions(ctx, topic+"-value")
+			if err != nil || len(versions) != 2 {
+				t.Fatalf("%s: subject versions %v, %v; want 2", enc, versions, err)
+			}
+			latest, err := relayRegistry.SchemaByVersion(ctx, topic+"-value", -1)
+			if err != nil || latest.Type != f.Type() {
+				t.Fatalf("%s: the registry holds the subject's schema as %v (%v), want %s", enc, latest.Type, err, f.Type())
+			}
+			s.mustClose(t)
+		}
+	})
+
+	t.Run("strict protobuf and json-schema subjects take what fits and name the field of what does not", func(t *testing.T) {
+		anyFormat := schemas.NewDeserializer(registryClient(t, r), schemas.Formats()...)
+		for _, tc := range []struct {
+			encoding string
+			schema   sr.Schema
+		}{
+			// A well-known import: the registry takes it without a reference, and so does the relay.
+			{schemas.EncodingProtobuf, sr.Schema{Type: sr.TypeProtobuf, Schema: `syntax = "proto3";
+package shop.v1;
+import "google/protobuf/timestamp.proto";
+message Order {
+  message Line { string sku = 1; int32 qty = 2; }
+  string id = 1;
+  repeated Line lines = 2;
+  google.protobuf.Timestamp placed_at = 3 [json_name = "placed_at"];
+}
+`}},
+			{schemas.EncodingJSONSchema, sr.Schema{Type: sr.TypeJSON, Schema: `{"$schema":"http://json-schema.org/draft-07/schema#",` +
+				`"type":"object","required":["id"],"additionalProperties":false,"properties":{"id":{"type":"string"},"placed_at":{"type":"string"},` +
+				`"lines":{"type":"array","items":{"type":"object","properties":{"sku":{"type":"string"},"qty":{"type":"integer"}}}}}}`}},
+		} {
+			topic := testenv.UniqueName(t, "strict-"+tc.encoding)
+			ctx := context.Background()
+			if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", tc.schema); err != nil {
+				t.Fatalf("%s: register the subject's schema: %v", tc.encoding, err)
+			}
+			f, err := schemas.ValueFormat(tc.encoding)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ser, err := schemas.New(relayRegistry, schemas.Options{Value: f})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dlq := testenv.UniqueName(t, "dlq")
+			s := readySink(t, k.Brokers(), sink.Config{Record: record.Options{TopicTemplate: topic}, DeadLetterTopic: dlq, Serializer: ser})
+			payloads := []string{
+				`{"id":"o1","lines":[{"sku":"a","qty":2}],"placed_at":"2026-12-06T10:00:00Z"}`,
+				`{"id":"o2","lines":[{"sku":"a","qty":1},{"sku":"b","qty":"two"}]}`,
+			}
+			var acked atomic.Int64
+			for i, p := range payloads {
+				s.publish(t, newEvent(fmt.Sprintf("e%d", i), []byte("Order"), "order", "Created", []byte(p)), &acker{total: &acked})
+			}
+			eventually(t, 30*time.Second, tc.encoding+": every event settled", func() bool { return acked.Load() == int64(len(payloads)) })
+			records := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), topic)
+			if len(records) != 1 {
+				t.Fatalf("%s: %d records, want 1", tc.encoding, len(records))
+			}
+			doc, _, err := anyFormat.Decode(ctx, records[0].Value)
+			var got, exp any
+			if err != nil || json.Unmarshal(doc, &got) != nil || json.Unmarshal([]byte(payloads[0]), &exp) != nil || !reflect.DeepEqual(got, exp) {
+				t.Errorf("%s: the record decodes to %s (%v), want %s", tc.encoding, doc, err, payloads[0])
+			}
+			dead := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), dlq)
+			if len(dead) != 1 || dead[0].Header(sink.HeaderDLQReason) != sink.ReasonSchemaMismatch || !strings.Contains(dead[0].Header(sink.HeaderDLQError), "field lines[1].qty") {
+				t.Fatalf("%s: dead letters %+v, want one with reason %s naming field lines[1].qty", tc.encoding, dead, sink.ReasonSchemaMismatch)
+			}
+			s.mustClose(t)
 		}
 	})
 

@@ -9,7 +9,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/schemaregistry"
 	"github.com/outbox-relay/outbox-relay/schemas"
-	"github.com/outbox-relay/outbox-relay/schemas/avro"
+	"github.com/outbox-relay/outbox-relay/schemas/protobuf"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
@@ -57,10 +57,16 @@ func newSerializer(c *config.Config, m *metrics.Metrics, log *zap.Logger) (sink.
 		FrameOnly: schemas.FrameOnly(r.FrameOnly), FrameSubject: r.FrameSubject,
 	}
 	if value && r.FrameOnly == "" {
-		switch c.ValueEncoding {
-		case config.EncodingAvro:
-			so.Value = avro.New()
+		// Every registry value encoding has its Format: one without would leave values unframed.
+		f, err := schemas.ValueFormat(c.ValueEncoding)
+		if err != nil {
+			client.Close()
+			return nil, nil, fmt.Errorf("config key value_encoding: %w", err)
 		}
+		if pf, ok := f.(*protobuf.Format); ok {
+			pf.Message = r.ProtobufMessage
+		}
+		so.Value = f
 	}
 	s, err := schemas.New(client, so)
 	if err != nil {

@@ -10,7 +10,8 @@
 // be applied is retried and, if it still fails, the consumer exits without committing its offset:
 // it is redelivered after the restart, never skipped.
 //
-// With OUTBOX_SCHEMA_REGISTRY_URLS set (a relay with value_encoding or key_encoding avro), it
+// With OUTBOX_SCHEMA_REGISTRY_URLS set (a relay with value_encoding avro, protobuf or json-schema,
+// or key_encoding avro), it
 // reads each record's key and value back through the registry (inbox.Unframe), knowing nothing but
 // the registry's URL.
 //
@@ -38,7 +39,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/inbox"
 	"github.com/outbox-relay/outbox-relay/schemaregistry"
 	"github.com/outbox-relay/outbox-relay/schemas"
-	"github.com/outbox-relay/outbox-relay/schemas/avro"
 )
 
 // orderCreated is the part of the producer's payload this consumer needs.
@@ -107,7 +107,7 @@ func run(topic, group string) error {
 			return err
 		}
 		defer client.Close()
-		framed = schemas.NewDeserializer(client, avro.New())
+		framed = schemas.NewDeserializer(client, schemas.Formats()...) // the schema's type picks the format
 	}
 	log.Printf("consuming %s as group %s", topic, group)
 
