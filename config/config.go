@@ -26,6 +26,7 @@ type Config struct {
 	BuiltinHeaders    []string
 	ValueEncoding     string
 	KeyEncoding       string
+	SchemaRegistry    SchemaRegistry // value_encoding or key_encoding avro (registry.go)
 	Profile           string
 	TopicTemplate     string
 	OnFailure         string

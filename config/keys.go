@@ -114,10 +114,10 @@ var settings = append([]setting{
 		apply: extraFields},
 	{key: "builtin_headers", group: GroupRouting, kind: kindList, def: "id,event_type,aggregate_type", help: "which of the headers id, event_type and aggregate_type every record carries",
 		apply: builtinHeaders},
-	{key: "value_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-expanded", "json-with-schema"), def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it) or json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true)",
-		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema")},
-	{key: "key_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-with-schema"), def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled) or json-with-schema (JsonConverter's envelope with schemas enabled)",
-		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema")},
+	{key: "value_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-expanded", "json-with-schema", "avro"), def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it), json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true) or avro (Avro in the Confluent wire format through schema_registry, like Debezium's AvroConverter)",
+		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema", "avro")},
+	{key: "key_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-with-schema", "avro"), def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled), json-with-schema (JsonConverter's envelope with schemas enabled) or avro (an Avro string through schema_registry, like Connect's AvroConverter)",
+		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema", "avro")},
 	{key: "topic_template", group: GroupRouting, kind: kindString, def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",
 		apply: str(func(c *Config) *string { return &c.TopicTemplate })},
 	{key: "topic_regex", group: GroupRouting, kind: kindString, help: "route by regular expression (Debezium's route.topic.regex, Go syntax) matched against the whole aggregate type: the topic is topic_replacement with its groups; an aggregate type it does not match is refused (reason topic_not_allowed) unless topic_regex_passthrough; replaces topic_template",
@@ -275,7 +275,7 @@ var settings = append([]setting{
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.Password })},
 	{key: "kafka.sasl.password_file", group: GroupKafka, kind: kindString, help: "file holding the SASL password (a mounted Secret), read for every connection, so a rotated password is used at the next reconnect; instead of kafka.sasl.password",
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.PasswordFile })},
-}, cloudEventsSettings...) // the envelope's keys live beside it (cloudevents.go)
+}, append(cloudEventsSettings, registrySettings...)...) // the envelope's keys (cloudevents.go) and the registry's (registry.go) live beside them
 
 // profiles preset defaults; keys set explicitly still win.
 var profiles = map[string]map[string]string{
