@@ -1,6 +1,7 @@
 package schemaregistry_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -46,6 +47,9 @@ func newClient(t *testing.T, o schemaregistry.Options) (*schemaregistry.Client, 
 	m := metrics.New(prometheus.NewRegistry())
 	up, requests := m.SchemaRegistryMetrics()
 	o.Metrics = &schemaregistry.Metrics{Up: up, Requests: requests}
+	// A cold registry on a loaded machine can take longer than DefaultTimeout to answer its first
+	// requests; a test that is about timeouts sets its own.
+	o.Timeout = cmp.Or(o.Timeout, time.Minute)
 	c, err := schemaregistry.New(o)
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -234,6 +235,14 @@ func (r *Registry) ping(ctx context.Context) error {
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("GET %s: %s", u, resp.Status)
 		}
+	}
+	if r.st.TLSPort != 0 {
+		// The HTTPS listener opens with the HTTP one; a test that starts with it must not race it.
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", "127.0.0.1:"+strconv.Itoa(r.st.TLSPort))
+		if err != nil {
+			return fmt.Errorf("HTTPS port: %w", err)
+		}
+		conn.Close()
 	}
 	return nil
 }

@@ -69,7 +69,8 @@ func TestSharedRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	schema := sr.Schema{Type: sr.TypeAvro, Schema: `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"}]}`}
-	plain, err := sr.NewClient(sr.URLs(reg.ConfluentURL()))
+	// sr's own client gives up after 5 s: a cold registry on a loaded machine can take longer.
+	plain, err := sr.NewClient(sr.URLs(reg.ConfluentURL()), sr.HTTPClient(&http.Client{Timeout: time.Minute}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,7 @@ func TestSharedRegistry(t *testing.T) {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
-	httpsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	httpsClient := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	secure, err := sr.NewClient(sr.URLs(reg.TLSURL()), sr.HTTPClient(httpsClient))
 	if err != nil {
 		t.Fatal(err)
