@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -73,6 +74,10 @@ type avroRow struct {
 	// own. Debezium's record read with the relay's schema as the reader (Avro's resolution) must
 	// then decode to the relay's value: the relay's schema reads everything Debezium wrote.
 	widened bool
+	// refused: the registry refuses this event's schema under the subject's rule (BACKWARD).
+	// Debezium's task fails on it and writes nothing more; the relay sends it to the dead-letter
+	// topic (reason schema_incompatible) and writes the events after it.
+	refused bool
 }
 
 // avroRows are the outbox rows of the Avro cases: JSON objects with members of every kind, a
@@ -87,6 +92,7 @@ var avroRows = map[string]string{
 	"int":     `{"aggregateid": "o-5", "type": "Counted", "payload": {"n": 1}}`,
 	"long":    `{"aggregateid": "o-5", "type": "Counted", "payload": {"n": 5000000000}}`,
 	"smaller": `{"aggregateid": "o-5", "type": "Counted", "payload": {"n": 2}}`,
+	"text":    `{"aggregateid": "o-5", "type": "Counted", "payload": {"n": "many"}}`,
 }
 
 // TestDebeziumAvroConverterRecordsMatchTheRelays writes the same rows to an outbox table that
@@ -116,6 +122,8 @@ func TestDebeziumAvroConverterRecordsMatchTheRelays(t *testing.T) {
 		// A number that grows from int to long: a second version, compatible under BACKWARD. A
 		// smaller number again: Debezium goes back to the int version, the relay stays on long.
 		{name: "avroevolve", smt: expand, rows: []avroRow{{row: "int"}, {row: "long"}, {row: "smaller", widened: true}}},
+		// A member that was a number and is now a string: refused under BACKWARD.
+		{name: "avrorefused", smt: expand, rows: []avroRow{{row: "int"}, {row: "text", refused: true}, {row: "smaller"}}},
 		// Without it: the payload as an optional string of Debezium's Json type.
 		{name: "avrostring", rows: []avroRow{{row: "object"}, {row: "scalar"}, {row: "null"}},
 			gap: "the relay has no Avro encoding of the payload as a string: value_encoding avro infers a record from the JSON " +
@@ -159,6 +167,9 @@ func TestDebeziumAvroConverterRecordsMatchTheRelays(t *testing.T) {
 			}
 		}
 		topics[c.name] = []string{dtopic, rtopic}
+		if err := k.CreateTopic(ctx, rtopic+".dlq", 1); err != nil {
+			t.Fatal(err)
+		}
 		f.exec("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", dslot)
 		if c.gap == "" {
 			f.exec("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", rslot)
@@ -175,7 +186,8 @@ func TestDebeziumAvroConverterRecordsMatchTheRelays(t *testing.T) {
 		}
 		relays = append(relays, f.relay(rslot, append([]string{"--profile=debezium", "--table=public." + table, "--publication=" + pub,
 			"--create-publication=false", "--create-slot=false", "--topic-template=rly.{aggregate_type}",
-			"--value-encoding=avro", "--key-encoding=avro", "--schema-registry.urls=" + reg.ConfluentURL()}, c.args...)...))
+			"--value-encoding=avro", "--key-encoding=avro", "--schema-registry.urls=" + reg.ConfluentURL(),
+			"--on-failure=dead-letter", "--dead-letter-topic=" + rtopic + ".dlq"}, c.args...)...))
 	}
 	worker := startConnect(t, lib, f.brokers, connectors)
 	defer worker.stop()
@@ -192,7 +204,12 @@ func TestDebeziumAvroConverterRecordsMatchTheRelays(t *testing.T) {
 	for ci, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dtopic, rtopic := topics[c.name][0], topics[c.name][1]
-			dbzRecs := readTopic(t, f.brokers, dtopic, len(c.rows))
+			// Debezium writes the rows before the first refused one, then its task fails.
+			first := slices.IndexFunc(c.rows, func(r avroRow) bool { return r.refused })
+			if first < 0 {
+				first = len(c.rows)
+			}
+			dbzRecs := readTopic(t, f.brokers, dtopic, first)
 			rows := map[string]avroRow{} // by event id
 			for ri, r := range c.rows {
 				rows[avroRowID(ci, ri)] = r
@@ -206,7 +223,36 @@ func TestDebeziumAvroConverterRecordsMatchTheRelays(t *testing.T) {
 				}
 				return
 			}
-			compareAvro(t, sr, rows, dtopic, rtopic, dbzRecs, readTopic(t, f.brokers, rtopic, len(c.rows)))
+			var refused []string
+			for ri, r := range c.rows {
+				if r.refused {
+					refused = append(refused, avroRowID(ci, ri))
+				}
+			}
+			if len(refused) == 0 {
+				compareAvro(t, sr, rows, dtopic, rtopic, dbzRecs, readTopic(t, f.brokers, rtopic, len(c.rows)))
+				return
+			}
+			// The relay wrote every other row and dead-lettered the refused ones; the records
+			// before the first refused one are compared.
+			rlyRecs := readTopic(t, f.brokers, rtopic, len(c.rows)-len(refused))
+			before := func(recs []harness.Record) []harness.Record {
+				return slices.DeleteFunc(slices.Clone(recs), func(r harness.Record) bool { return r.Header("id") >= avroRowID(ci, first) })
+			}
+			compareAvro(t, sr, rows, dtopic, rtopic, before(dbzRecs), before(rlyRecs))
+			if len(dbzRecs) != first {
+				t.Errorf("Debezium wrote %d records, want the %d before the refused one", len(dbzRecs), first)
+			}
+			status := worker.waitTaskFailed(t, "c_"+c.name+"_"+run)
+			if !strings.Contains(status, "RuleViolationException") {
+				t.Errorf("Debezium's task failed for another reason than the registry's refusal: %s", status)
+			}
+			for _, d := range readTopic(t, f.brokers, rtopic+".dlq", len(refused)) {
+				if !slices.Contains(refused, d.Header("id")) || d.Header("outbox.dlq.reason") != "schema_incompatible" {
+					t.Errorf("the relay's dead letter %s has reason %q (%s), want one of %v with schema_incompatible",
+						d.Header("id"), d.Header("outbox.dlq.reason"), d.Header("outbox.dlq.error"), refused)
+				}
+			}
 		})
 	}
 	for _, p := range relays {
@@ -604,6 +650,22 @@ func (c *ccompat) resolve(t *testing.T, reader string, d decoded, b []byte) any 
 		t.Fatalf("decoding % x with schema %s as the reader: %v", b, reader, err)
 	}
 	return v
+}
+
+// waitTaskFailed waits until the connector's task has failed and returns its status.
+func (w *connectWorker) waitTaskFailed(t *testing.T, connector string) string {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		status := w.status(t, connector)
+		if strings.Contains(status, `"state":"FAILED"`) {
+			return status
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("connector %s: the task did not fail within a minute: %s", connector, status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // status is a connector's status from the worker's REST API.
