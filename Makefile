@@ -35,6 +35,12 @@ services-status:
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/outbox-relay ./cmd/outbox-relay
 
+# docs/configuration.md from the configuration keys (config/keys.go); internal/configdoc's test
+# fails when the page and the keys disagree.
+.PHONY: docs
+docs:
+	$(GO) run ./internal/cmd/configdoc -o docs/configuration.md
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
