@@ -2,6 +2,14 @@
 # Kafka broker from Maven Central, and runs every test against real PostgreSQL and Kafka.
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The commit and its time, stamped for `outbox-relay version` where Go's own build information has
+# none (a git worktree, an image built without .git).
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+COMMIT_TIME ?= $(shell TZ=UTC git log -1 --format=%cd --date=iso-strict-local 2>/dev/null)
+# The one build of the binary: make build, make release and deploy/Dockerfile (deploy/deploy_test.go
+# checks that the Dockerfile's is this one). Static (CGO_ENABLED=0), no local paths (-trimpath).
+GO_BUILD = CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.commitTime=$(COMMIT_TIME)"
+RELEASE_PLATFORMS ?= linux/amd64 linux/arm64
 TEST_TIMEOUT ?= 20m
 
 # Local services (see internal/devenv): PostgreSQL with wal_level=logical and a KRaft Kafka broker.
@@ -33,7 +41,18 @@ services-status:
 	@$(DEVENV) status --dir $(LOCAL)
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/outbox-relay ./cmd/outbox-relay
+	$(GO_BUILD) -o bin/outbox-relay ./cmd/outbox-relay
+
+# The downloads: a static binary per platform, dist/outbox-relay-VERSION-OS-ARCH, and their SHA-256
+# checksums in dist/SHA256SUMS (sha256sum -c SHA256SUMS checks them).
+.PHONY: release
+release:
+	@rm -rf dist && mkdir -p dist
+	@set -e; for p in $(RELEASE_PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; out=dist/outbox-relay-$(VERSION)-$$os-$$arch; \
+	  echo "$$out"; GOOS=$$os GOARCH=$$arch $(GO_BUILD) -o $$out ./cmd/outbox-relay; \
+	done
+	@cd dist && sha256sum outbox-relay-* > SHA256SUMS && cat SHA256SUMS
 
 # docs/configuration.md from the configuration keys (config/keys.go); internal/configdoc's test
 # fails when the page and the keys disagree.
