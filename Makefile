@@ -19,10 +19,16 @@ LOCAL ?= .local
 PG_VERSION ?=
 DEVENV := go run ./internal/cmd/devenv
 
-.PHONY: tools kafka-lib pg-lib up down services-status build test lint
+.PHONY: tools test-tools kafka-lib pg-lib up down services-status build test lint
 
+# What the local services need (PostgreSQL, Java, Maven): make up and make demo install no more.
 tools:
 	@bash scripts/ensure-tools.sh
+
+# And the test tools: promtool (deploy/'s alert rule checks) and PgBouncer (the leader lock through a
+# pooler).
+test-tools:
+	@bash scripts/ensure-tools.sh test
 
 kafka-lib: tools
 	@bash scripts/kafka-lib.sh
@@ -75,7 +81,7 @@ lint:
 TEST_PACKAGES_AT_ONCE ?= $(shell nproc 2>/dev/null || echo 2)
 TEST_LONGEST_FIRST := ./cmd/outbox-relay ./faults ./sink ./relay ./internal/chaos ./replication \
 	./internal/chaos/cluster ./leader ./poll ./bench ./internal/chaos/workload ./inbox ./internal/devenv
-test: tools kafka-lib pg-lib lint
+test: test-tools kafka-lib pg-lib lint
 	$(GO) test -race -count=1 -p $(TEST_PACKAGES_AT_ONCE) -timeout $(TEST_TIMEOUT) $(TEST_LONGEST_FIRST) ./...
 
 # The fault suite alone (faults/, also part of `make test`): kill -9, broker and PostgreSQL outages,
@@ -106,8 +112,11 @@ test-debezium: tools kafka-lib
 	@bash bench/debezium-lib.sh >/dev/null
 	$(GO) test -tags debezium -count=1 -timeout $(TEST_TIMEOUT) -v -run 'Debezium' ./cmd/outbox-relay/
 
-# The outbox end to end on local services: make up, migrate, relay, orders in, events out, make down.
-# PG_VERSION=15 make demo runs it on another PostgreSQL major version (make up's knob).
+# The outbox end to end on local services: make up, migrate, relay, orders in, events out, where to
+# look next (the metrics, outbox-relay status), make down. It installs only what it runs (make up's
+# tools: PostgreSQL, Java and Maven for Kafka), never the test tools (internal/devenv's
+# TestTheDemoInstallsOnlyWhatItRuns). PG_VERSION=15 make demo runs it on another PostgreSQL major
+# version (make up's knob); DEMO_METRICS_ADDR (127.0.0.1:9187) is where the relay serves /metrics.
 .PHONY: demo
 demo:
 	@LOCAL=$(LOCAL) bash scripts/demo.sh
