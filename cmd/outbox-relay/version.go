@@ -86,10 +86,13 @@ func (v buildVersion) write(w io.Writer) {
 	}
 }
 
-func printVersion(w io.Writer) {
+// thisBuild is what the running binary was built from.
+func thisBuild() buildVersion {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		info = nil
 	}
-	readBuildVersion(stamp{version, commit, commitTime}, info).write(w)
+	return readBuildVersion(stamp{version, commit, commitTime}, info)
 }
+
+func printVersion(w io.Writer) { thisBuild().write(w) }
