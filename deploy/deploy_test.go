@@ -211,7 +211,7 @@ func TestEveryAlertHasARunbookSectionAndAFiringTest(t *testing.T) {
 }
 
 // TestPrometheusAcceptsTheRulesAndTheQueries runs Prometheus' own checks with promtool, which
-// `make test` installs (scripts/ensure-tools.sh; Debian: apt-get install prometheus): without
+// `make test` installs (scripts/ensure-tools.sh test; Debian: apt-get install prometheus): without
 // them the alert rules' unit tests would not run at all.
 func TestPrometheusAcceptsTheRulesAndTheQueries(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
