@@ -1,5 +1,6 @@
 # outbox-relay. `make test` is what CI runs (.ci/run): it installs what is missing, assembles the
-# Kafka broker from Maven Central, and runs every test against real PostgreSQL and Kafka.
+# Kafka broker and the schema registry from Maven Central, and runs every test against real
+# PostgreSQL, Kafka and schema registry.
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # The commit and its time, stamped for `outbox-relay version` where Go's own build information has
@@ -19,7 +20,7 @@ LOCAL ?= .local
 PG_VERSION ?=
 DEVENV := go run ./internal/cmd/devenv
 
-.PHONY: tools test-tools kafka-lib pg-lib up down services-status build test lint
+.PHONY: tools test-tools kafka-lib pg-lib registry-lib up down services-status build test lint
 
 # What the local services need (PostgreSQL, Java, Maven): make up and make demo install no more.
 tools:
@@ -37,8 +38,15 @@ kafka-lib: tools
 pg-lib: tools
 	@bash scripts/pg-lib.sh >/dev/null
 
-up: tools kafka-lib pg-lib
-	@$(DEVENV) up --dir $(LOCAL) $(if $(PG_VERSION),--pg-version $(PG_VERSION))
+# The schema registry the registry-backed encodings are tested against: Apicurio Registry from
+# Maven Central (scripts/registry-lib.sh), its Confluent-compatible API at /apis/ccompat/v7.
+registry-lib: tools
+	@bash scripts/registry-lib.sh >/dev/null
+
+# REGISTRY=1 also runs a schema registry (for value_encoding avro, protobuf, json-schema) and
+# adds OUTBOX_SCHEMA_REGISTRY_URLS to services.env.
+up: tools kafka-lib pg-lib $(if $(REGISTRY),registry-lib)
+	@$(DEVENV) up --dir $(LOCAL) $(if $(PG_VERSION),--pg-version $(PG_VERSION)) $(if $(REGISTRY),--registry)
 
 down:
 	@$(DEVENV) down --dir $(LOCAL)
@@ -81,7 +89,7 @@ lint:
 TEST_PACKAGES_AT_ONCE ?= $(shell nproc 2>/dev/null || echo 2)
 TEST_LONGEST_FIRST := ./cmd/outbox-relay ./faults ./sink ./relay ./internal/chaos ./replication \
 	./internal/chaos/cluster ./leader ./poll ./bench ./internal/chaos/workload ./inbox ./internal/devenv
-test: test-tools kafka-lib pg-lib lint
+test: test-tools kafka-lib pg-lib registry-lib lint
 	$(GO) test -race -count=1 -p $(TEST_PACKAGES_AT_ONCE) -timeout $(TEST_TIMEOUT) $(TEST_LONGEST_FIRST) ./...
 
 # The fault suite alone (faults/, also part of `make test`): kill -9, broker and PostgreSQL outages,

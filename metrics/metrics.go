@@ -68,6 +68,11 @@ type Metrics struct {
 
 	TopicUnavailable *prometheus.GaugeVec // by topic: 1 while the relay waits for a missing or unauthorized topic
 
+	// The schema registry of the registry-backed encodings (package schemaregistry); no series
+	// without one: SchemaRegistryMetrics makes them.
+	SchemaRegistryUp       *prometheus.GaugeVec
+	SchemaRegistryRequests *prometheus.CounterVec // by outcome
+
 	PublicationCheckAge prometheus.Gauge
 
 	// The polling mode (source: poll; package poll).
@@ -106,7 +111,22 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.slotCollectors(f)
 	m.failoverCollectors(f)
 	m.pollCollectors(f)
+	m.registryCollectors(f)
 	return m
+}
+
+// registryCollectors creates the collectors of the schema registry client.
+func (m *Metrics) registryCollectors(f factory) {
+	m.SchemaRegistryUp = f.gaugeVec("schema_registry_up",
+		"1 while the schema registry answers, 0 from a request it could not answer (down, 5xx, 408, 429, refused credentials) until it answers again; no series without a registry.")
+	m.SchemaRegistryRequests = f.counterVec("schema_registry_requests_total",
+		"Requests to the schema registry (cache misses), by outcome: ok, unavailable, incompatible, not_found, rejected.", "outcome")
+}
+
+// SchemaRegistryMetrics returns the collectors of a schema registry client
+// (schemaregistry.Options.Metrics wants these two), creating the series.
+func (m *Metrics) SchemaRegistryMetrics() (up prometheus.Gauge, requests *prometheus.CounterVec) {
+	return m.SchemaRegistryUp.WithLabelValues(), m.SchemaRegistryRequests
 }
 
 // sinkCollectors creates the collectors of the sink: what Kafka acknowledged, refused or

@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/plain"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
 	"github.com/outbox-relay/outbox-relay/sink/record"
@@ -21,7 +22,9 @@ import (
 // TestSinkRetriesBrokerErrorsThatAreNotAboutTheRecord: error codes kafka-go does not mark temporary
 // but that say nothing about the record (a broker restarting, a credential or ACL rotation) must be
 // retried in place, never dead-lettered or halted on; a record-level code must still go to the
-// policy.
+// policy. Which codes are which is the producer's (sink/producer's
+// TestBrokerErrorsThatAreNotAboutTheRecordAreRetriedInPlace holds the whole table); here, what the
+// sink makes of each kind: a retry counted and no policy, or the dead-letter topic.
 func TestSinkRetriesBrokerErrorsThatAreNotAboutTheRecord(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -30,14 +33,7 @@ func TestSinkRetriesBrokerErrorsThatAreNotAboutTheRecord(t *testing.T) {
 		code                    kafka.Error
 		deadLettered            bool // code refuses e0 for good
 	}{
-		{"broker not available on produce", 3, 0, 0, kafka.BrokerNotAvailable, false},
-		{"replica not available on produce", 3, 0, 0, kafka.ReplicaNotAvailable, false},
-		{"the unknown server error on produce", 3, 0, 0, kafka.Unknown, false},
 		{"topic authorization failed on produce (an ACL rotation)", 3, 0, 0, kafka.TopicAuthorizationFailed, false},
-		{"cluster authorization failed on produce", 3, 0, 0, kafka.ClusterAuthorizationFailed, false},
-		{"topic authorization failed on the partition lookup", 0, 3, 0, kafka.TopicAuthorizationFailed, false},
-		{"broker not available on the partition lookup", 0, 3, 0, kafka.BrokerNotAvailable, false},
-		{"SASL authentication failed (a credential rotation)", 0, 0, 3, kafka.SASLAuthenticationFailed, false},
 		{"an invalid record still goes to the dead-letter topic", 0, 0, 0, kafka.InvalidRecord, true},
 	}
 	for _, tt := range tests {
@@ -113,21 +109,21 @@ func TestAHaltHoldsAtTheEarliestRefusedRecordWhateverOrderRefusalsArriveIn(t *te
 	})
 	s := newHaltingSink(t, fb)
 	a := &acker{}
+	attempts := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return attemptsB1
+	}
 	s.publish(t, newEvent("b1", []byte("B"), "K", "X", []byte(`{}`)), a)
-	time.Sleep(50 * time.Millisecond)
+	// b1 is on its way (and b2 goes in a batch of its own behind it) before the others follow.
+	await.True(t, 10*time.Second, "the broker sent b1", func() bool { return attempts() > 0 })
 	s.publish(t, newEvent("b2", []byte("B"), "K", "X", []byte(`{}`)), a)
 	s.publish(t, newEvent("a1", []byte("A"), "J", "X", []byte(`{}`)), a)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		mu.Lock()
-		refused := attemptsB1 > 2
-		mu.Unlock()
-		if refused || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond) // time for anything wrongly released to be sent
+	await.True(t, 10*time.Second, "b1 refused for good (its third attempt)", func() bool { return attempts() > 2 })
+	await.True(t, 10*time.Second, "the sink halted", func() bool { _, _, _, halted := s.Halted(); return halted })
+	// Close returns once every partition's producer has stopped: whatever the halt wrongly
+	// released has been sent by then.
+	s.mustClose(t)
 	stored, _ := fb.State()
 	id, _, _, halted := s.Halted()
 	if !halted || id != "b1" {
@@ -139,9 +135,6 @@ func TestAHaltHoldsAtTheEarliestRefusedRecordWhateverOrderRefusalsArriveIn(t *te
 	if n := a.n.Load(); n != 0 {
 		t.Errorf("%d events acknowledged, want none: each is the halted one or behind it", n)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = s.close(ctx)
 }
 
 // TestAHaltedSinkClosesWithoutWaitingForARecordBehindTheHalt: a record published after the one
@@ -169,14 +162,8 @@ func TestAHaltedSinkClosesWithoutWaitingForARecordBehindTheHalt(t *testing.T) {
 	a := &acker{}
 	s.publish(t, newEvent("a1", []byte("A"), "J", "X", []byte(`{}`)), a)
 	s.publish(t, newEvent("b1", []byte("B"), "K", "X", []byte(`{}`)), a)
-	deadline := time.Now().Add(10 * time.Second)
-	for _, _, _, halted := s.Halted(); !halted; _, _, _, halted = s.Halted() {
-		if time.Now().After(deadline) {
-			t.Fatal("the sink did not halt on a1 within 10s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond) // b1 is retried meanwhile, or withheld
+	await.True(t, 10*time.Second, "the sink halted on a1", func() bool { _, _, _, halted := s.Halted(); return halted })
+	// a1 is refused only once b1 was sent: b1 is being retried now, or withheld.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -196,4 +183,42 @@ func newHaltingSink(t *testing.T, fb *fakebroker.Broker) *testSink {
 		Brokers: []string{fb.Addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
 		Policy: sink.Halt, Linger: -1, WriteTimeout: 5 * time.Second,
 	})
+}
+
+// TestARefusedRecordIsDeadLetteredUnderItsOwnPartitionsSequence: the broker refuses b1 of a batch
+// for good; the policy sends it to the dead-letter topic, whose partition numbers its batches
+// from sequence 0 of the same producer id (the producer's split of the refused batch is
+// sink/producer's TestPartitionsOfOneBrokerShareAProduceRequestAndKeepTheirOwnAnswers).
+func TestARefusedRecordIsDeadLetteredUnderItsOwnPartitionsSequence(t *testing.T) {
+	t.Parallel()
+	fb := fakebroker.New(t)
+	fb.SetIdempotent(true, 0)
+	fb.SetPlan(func(ids []string) int16 {
+		if slices.Contains(ids, "B/b1") {
+			return int16(kafka.InvalidRecord) // alone or with others
+		}
+		return 0
+	})
+	s := newSink(t, "", sink.Config{
+		Brokers: []string{fb.Addr()}, Record: record.Options{TopicTemplate: "{aggregate_type}"}, DeadLetterTopic: "dlq",
+		Linger: 300 * time.Millisecond, WriteTimeout: 5 * time.Second, Idempotence: sink.IdempotenceOn,
+	})
+	a := &acker{}
+	for _, id := range []string{"b0", "b1", "b2"} {
+		s.publish(t, newEvent(id, []byte("B"), "key-B", "Changed", []byte(`{}`)), a)
+	}
+	eventually(t, 30*time.Second, "every event settled", func() bool { return a.n.Load() == 3 })
+	s.mustClose(t)
+	var dlq []string
+	for _, b := range fb.Batches() {
+		if b.Topic == "dlq" {
+			dlq = append(dlq, b.String())
+		}
+	}
+	if want := []string{"[b1] pid 1000 epoch 0 seq 0 -> 0"}; !slices.Equal(dlq, want) {
+		t.Errorf("the broker saw for dlq %v, want %v", dlq, want)
+	}
+	if n := s.metric(t, "outbox_relay_events_dead_lettered_total"); n != 1 {
+		t.Errorf("events_dead_lettered_total = %v, want 1 (b1)", n)
+	}
 }

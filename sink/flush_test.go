@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -38,8 +39,9 @@ func TestFlushSendsWhatWasPublishedWithoutWaitingForTheLinger(t *testing.T) {
 	for i := range n {
 		s.publish(t, newEvent(fmt.Sprintf("%s-after-%d", aggType, i), []byte(aggType), fmt.Sprintf("agg-%d", i), "Changed", []byte(`{}`)), after)
 	}
-	// These were not flushed: they wait for the linger (or Close).
-	time.Sleep(time.Second)
+	// These were not flushed: they wait for the linger (or Close). Nothing comes after a wrong
+	// send that the test could wait for instead, so time is the subject here.
+	await.Window(t, time.Second, "the events published after Flush would be sent by now if they did not linger")
 	if got := after.n.Load(); got != 0 {
 		t.Fatalf("%d of the events published after Flush were acknowledged within a second of a one-hour linger", got)
 	}

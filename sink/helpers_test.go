@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
@@ -152,16 +153,10 @@ func (s *testSink) metric(t *testing.T, name string, labels ...string) float64 {
 	return sum
 }
 
-// eventually polls cond every 20ms until it holds or timeout passes.
+// eventually waits until cond holds (internal/await), failing t after timeout.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	await.True(t, timeout, what, cond)
 }
 
 // readBack reads topics until want(records) holds, then a little longer for late duplicates.

@@ -16,6 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -186,15 +187,27 @@ func testAStartSettlesTheTransactionOfItsPosition(t *testing.T, c *markerCluster
 		for _, tp := range []string{m.data, m.positions} {
 			eventually(t, 30*time.Second, tp+" has its leader", func() bool { return !leaderless(ctx, c.client, tp) })
 		}
-		// The records are still open: no marker, commit or abort, reached them.
-		lso, err := stableOffset(ctx, c.client, m.data)
-		hw, herr := highWatermark(ctx, c.client, m.data)
-		if err != nil || herr != nil || lso != 0 || hw != n {
-			t.Fatalf("%s: LSO %d (%v), high watermark %d (%v), want 0 and %d: the records left open were decided before the start", m.data, lso, err, hw, herr, n)
+		// The records are still open: no marker, commit or abort, reached them. The metadata
+		// names the leader a moment before it answers for the partition (NOT_LEADER_OR_FOLLOWER):
+		// ask until it does.
+		var lso, hw int64
+		await.NoError(t, 30*time.Second, m.data+" answers for its offsets", func() error {
+			var err, herr error
+			lso, err = stableOffset(ctx, c.client, m.data)
+			hw, herr = highWatermark(ctx, c.client, m.data)
+			return errors.Join(err, herr)
+		})
+		if lso != 0 || hw != n {
+			t.Fatalf("%s: LSO %d, high watermark %d, want 0 and %d: the records left open were decided before the start", m.data, lso, hw, n)
 		}
 	}
-	if lso, err := stableOffset(ctx, c.client, ownOpen.positions); err != nil || lso != 0 {
-		t.Fatalf("%s: LSO %d (%v), want 0: the position is not open", ownOpen.positions, lso, err)
+	var posLSO int64
+	await.NoError(t, 30*time.Second, ownOpen.positions+" answers for its offsets", func() (err error) {
+		posLSO, err = stableOffset(ctx, c.client, ownOpen.positions)
+		return err
+	})
+	if posLSO != 0 {
+		t.Fatalf("%s: LSO %d, want 0: the position is not open", ownOpen.positions, posLSO)
 	}
 
 	t.Run("CommitsWhatALostCommitMarkerLeftOpen", func(t *testing.T) {
@@ -632,6 +645,32 @@ func stableOffset(ctx context.Context, client *kafka.Client, topic string) (int6
 	return lastOffset(ctx, client, topic, kafka.ReadCommitted)
 }
 
+// highWatermarks returns the sum of the high watermarks of topic's partitions 0 to partitions-1:
+// how many records were written to it, open transactions included.
+func highWatermarks(ctx context.Context, client *kafka.Client, topic string, partitions int) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req := make([]kafka.OffsetRequest, partitions)
+	for p := range req {
+		req[p] = kafka.LastOffsetOf(p)
+	}
+	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: req}})
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			return 0, p.Error
+		}
+		sum += p.LastOffset
+	}
+	if len(res.Topics[topic]) != partitions {
+		return 0, fmt.Errorf("list offsets: %d of %d partitions answered", len(res.Topics[topic]), partitions)
+	}
+	return sum, nil
+}
+
 // highWatermark returns partition 0's high watermark: records of open transactions included.
 func highWatermark(ctx context.Context, client *kafka.Client, topic string) (int64, error) {
 	return lastOffset(ctx, client, topic, kafka.ReadUncommitted)
@@ -738,7 +777,12 @@ func TestAReadOfThePositionMidRunLeavesTheOpenTransactionAlone(t *testing.T) {
 	for i := range 5 {
 		a.publish(t, stream.next(fmt.Sprintf("order-%d", i)), acks)
 	}
-	time.Sleep(2 * time.Second) // written, not committed (Interval and Linger 40 s)
+	// Written, not committed (Interval and Linger 40 s).
+	topicClient := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 5 * time.Second}
+	await.State(t, 30*time.Second, "the 5 events written to their topic", func() (bool, string) {
+		hw, err := highWatermarks(ctx, topicClient, cfgA.Record.TopicTemplate, 3)
+		return err == nil && hw >= 5, fmt.Sprintf("%d written (%v)", hw, err)
+	})
 	// A reconnect's read.
 	if _, _, err := a.ReadPosition(ctx); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"go.uber.org/zap/zapcore"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/record"
@@ -74,7 +76,13 @@ func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 	if err := k.Stop(stopCtx); err != nil {
 		t.Fatalf("stop broker: %v", err)
 	}
-	time.Sleep(time.Second) // acks of responses that were already on the wire
+	// Acks of responses that were already on the wire come before each partition's next request
+	// fails: once every partition has been retried since the broker was gone, none is left.
+	down := time.Now()
+	await.State(t, 60*time.Second, "every partition retried since the broker stopped", func() (bool, string) {
+		retried := retriedSince(s, topic, down)
+		return len(retried) == 3, fmt.Sprintf("partitions %v", retried)
+	})
 	ackedAtStop, publishedAtStop := acked.Load(), published.Load()
 
 	late := newSink(t, k.Brokers(), sink.Config{DeadLetterTopic: "dlq"})
@@ -114,7 +122,9 @@ func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 		c.mustClose(t)
 	}
 
-	time.Sleep(time.Until(stoppedAt.Add(20 * time.Second)))
+	// The outage's length is the subject: longer than the transport's metadata TTL and than a few
+	// of WaitReady's retries, shorter than the Kafka transaction's timeout.
+	await.Window(t, time.Until(stoppedAt.Add(20*time.Second)), "the broker stays down for 20s")
 	ackedWhileDown := acked.Load() - ackedAtStop
 	select {
 	case err := <-lateDone:
@@ -205,4 +215,23 @@ func TestSinkWithABrokerThatGoesAway(t *testing.T) {
 		}
 		t.Logf("%d events in %v Kafka transactions", total, tx.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "committed"))
 	})
+}
+
+// retriedSince returns the partitions of topic whose retry s logged at or after since.
+func retriedSince(s *testSink, topic string, since time.Time) []int64 {
+	var parts []int64
+	for _, e := range s.logs.FilterMessage("kafka unavailable; retrying in place").All() {
+		if e.Time.Before(since) {
+			continue
+		}
+		fields := e.ContextMap()
+		if fields["topic"] != topic {
+			continue
+		}
+		if p, ok := fields["partition"].(int64); ok && !slices.Contains(parts, p) {
+			parts = append(parts, p)
+		}
+	}
+	slices.Sort(parts)
+	return parts
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink/positions"
@@ -51,16 +52,8 @@ func TestReadingAnAbsentPositionReadsThePartitionOnce(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = kafka.Message{Key: fmt.Appendf(nil, "other-relay-%d", i%7), Value: fmt.Appendf(nil, `{"v":1,"commit_lsn":"0/%X","events":%d}`, 1<<24+i, i%100)}
 	}
-	for attempt := 0; ; attempt++ { // the topic was created moments ago
-		err := w.WriteMessages(ctx, msgs...)
-		if err == nil {
-			break
-		}
-		if attempt == 20 {
-			t.Fatal(err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	// The topic was created moments ago: its partition may not have a leader yet.
+	await.NoError(t, 30*time.Second, "the other relays' positions written", func() error { return w.WriteMessages(ctx, msgs...) })
 	w.Close()
 
 	var read atomic.Int64

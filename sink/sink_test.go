@@ -390,13 +390,9 @@ func TestSinkHaltPolicyStopsAtTheFirstFailure(t *testing.T) {
 			if got := s.metric(t, "outbox_relay_events_failed_total", "reason", tt.reason); got != 1 {
 				t.Errorf("events_failed_total{reason=%q} = %v, want 1", tt.reason, got)
 			}
-			time.Sleep(200 * time.Millisecond)
+			s.mustClose(t) // the producers have stopped: an acknowledgement after the halt would have come
 			if bad.n.Load() != 0 || later.n.Load() != 0 {
-				t.Fatalf("acked after the halt: failed event %d, later event %d", bad.n.Load(), later.n.Load())
-			}
-			s.mustClose(t)
-			if bad.n.Load() != 0 {
-				t.Fatal("the failed event was acked at Close")
+				t.Fatalf("acked after the halt or at Close: failed event %d, later event %d", bad.n.Load(), later.n.Load())
 			}
 			if got := s.metric(t, "outbox_relay_events_dead_lettered_total"); got != 0 {
 				t.Errorf("events_dead_lettered_total = %v under the halt policy", got)

@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -340,16 +341,8 @@ func TestReadPositionFindsTheLatestPositionBehindOtherRelays(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = kafka.Message{Key: []byte("another-relay"), Value: fmt.Appendf(nil, `{"v":1,"commit_lsn":"0/%X","events":1}`, i+1)}
 	}
-	for attempt := 0; ; attempt++ { // the topic was created moments ago
-		err := other.WriteMessages(ctx, msgs...)
-		if err == nil {
-			break
-		}
-		if attempt == 20 {
-			t.Fatal(err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	// The topic was created moments ago: its partition may not have a leader yet.
+	await.NoError(t, 30*time.Second, "another relay's positions written", func() error { return other.WriteMessages(ctx, msgs...) })
 	other.Close()
 	pos, ok, err := sink.ReadPosition(ctx, cfg)
 	if err != nil || !ok || pos != stream.position() {
@@ -421,7 +414,11 @@ func TestAHaltAbortsTheTransactionThatHoldsTheHaltedEvent(t *testing.T) {
 	eventually(t, 30*time.Second, "the transaction aborted", func() bool {
 		return s.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "aborted") == 1
 	})
-	time.Sleep(500 * time.Millisecond) // anything wrongly acknowledged would be by now
+	// Close returns once the producers and the committer have stopped: anything wrongly
+	// acknowledged would be by then. Halted, it reports the halt.
+	cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer ccancel()
+	_ = s.close(cctx)
 	if a.n.Load() != 10 {
 		t.Errorf("%d events acknowledged, want the first transaction's 10", a.n.Load())
 	}
@@ -433,9 +430,6 @@ func TestAHaltAbortsTheTransactionThatHoldsTheHaltedEvent(t *testing.T) {
 	if pos, ok, err := sink.ReadPosition(ctx, cfg); err != nil || !ok || pos != before {
 		t.Errorf("ReadPosition = %v %v %v, want %v", pos, ok, err, before)
 	}
-	cctx, ccancel := context.WithTimeout(context.Background(), time.Second)
-	defer ccancel()
-	_ = s.close(cctx) // halted: the halted event is never acknowledged, so Close gives up
 }
 
 // TestATransactionTheCoordinatorTimedOutEndsTheSinkAsAbortedNotFenced: a transaction left open

@@ -1,4 +1,5 @@
-// Package testenv gives tests real PostgreSQL clusters and Kafka brokers (internal/devenv):
+// Package testenv gives tests real PostgreSQL clusters, Kafka brokers and schema registries
+// (internal/devenv):
 // dedicated ones closed by t.Cleanup, or one shared instance of each per test binary, closed by
 // Main. Instances live in $TMPDIR/outbox-testenv-<pid>-<kind>-*; their servers get a
 // parent-death signal, and Main removes what dead test binaries left behind.
@@ -28,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/testpki"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
@@ -37,6 +39,7 @@ var (
 	mainCalled  atomic.Bool
 	sharedPG    sharedByVersion
 	sharedKafka shared[*devenv.Kafka]
+	sharedReg   shared[*devenv.Registry]
 )
 
 // sharedByVersion is the test binary's shared cluster of each major version asked for.
@@ -212,6 +215,33 @@ func SharedKafka(t testing.TB) *devenv.Kafka {
 	})
 }
 
+// Registry starts a dedicated schema registry for t, closed at t's cleanup: for a test that stops,
+// pauses or restarts it. opts (at most one) may set anything but Dir.
+func Registry(t testing.TB, opts ...devenv.RegistryOptions) *devenv.Registry {
+	t.Helper()
+	o := first(opts)
+	requireRegistryLib(t, o.Lib)
+	return dedicated(t, "registry", func(ctx context.Context, dir string) (*devenv.Registry, error) {
+		o.Dir = dir
+		return devenv.StartRegistry(ctx, o)
+	})
+}
+
+// SharedRegistry returns the test binary's schema registry, started on first use, with an HTTPS
+// port (TLSURL) beside the HTTP one, its certificate signed by the CA in TLSCAFile. Tests must
+// not stop or pause it; UniqueName keeps their subjects apart. Its compatibility rule is NONE
+// unless a test sets one for its subject (SetCompatibility).
+func SharedRegistry(t testing.TB) *devenv.Registry {
+	t.Helper()
+	requireRegistryLib(t, "")
+	return sharedReg.get(t, "registry", func(ctx context.Context, dir string) (*devenv.Registry, error) {
+		ca := testpki.NewCA(t, "outbox-relay test registry CA")
+		pair := ca.Localhost(t).Write(t, dir, "registry")
+		return devenv.StartRegistry(ctx, devenv.RegistryOptions{Dir: dir,
+			TLSCertFile: pair.Cert, TLSKeyFile: pair.Key, TLSCAFile: ca.WriteCA(t, dir, "registry-ca")})
+	})
+}
+
 var nonName = regexp.MustCompile(`[^a-z0-9]+`)
 
 // UniqueName returns "<prefix>_<test name>_<random>" reduced to [a-z0-9_], starting with a
@@ -309,6 +339,7 @@ func closeShared() {
 	var wg sync.WaitGroup
 	wg.Go(sharedPG.close)
 	wg.Go(sharedKafka.close)
+	wg.Go(sharedReg.close)
 	wg.Wait()
 }
 
@@ -322,6 +353,14 @@ func closeWithTimeout(v instance) error {
 func requireKafkaLib(t testing.TB, lib string) {
 	t.Helper()
 	if err := devenv.KafkaLibReady(cmp.Or(lib, devenv.DefaultKafkaLib())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// requireRegistryLib fails, never skips: a missing registry must not turn registry tests green.
+func requireRegistryLib(t testing.TB, lib string) {
+	t.Helper()
+	if err := devenv.RegistryLibReady(cmp.Or(lib, devenv.DefaultRegistryLib())); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -342,6 +381,9 @@ func cleanupStale() {
 		}
 		if k, err := devenv.AttachKafka(dir); err == nil && parts[1] == "kafka" {
 			_ = k.Kill()
+		}
+		if r, err := devenv.AttachRegistry(dir); err == nil && parts[1] == "registry" {
+			_ = r.Kill()
 		}
 		_ = os.RemoveAll(dir)
 	}

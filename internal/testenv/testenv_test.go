@@ -2,9 +2,17 @@ package testenv_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -46,5 +54,56 @@ func TestDedicated(t *testing.T) {
 	}
 	if err := pg.Exec(context.Background(), "outbox", "SELECT 1"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestSharedRegistry(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reg := testenv.SharedRegistry(t)
+	if reg != testenv.SharedRegistry(t) {
+		t.Fatal("SharedRegistry started twice")
+	}
+	subject := testenv.UniqueName(t, "subject") + "-value"
+	if err := reg.SetCompatibility(ctx, subject, "BACKWARD"); err != nil {
+		t.Fatal(err)
+	}
+	schema := sr.Schema{Type: sr.TypeAvro, Schema: `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"}]}`}
+	// sr's own client gives up after 5 s: a cold registry on a loaded machine can take longer.
+	plain, err := sr.NewClient(sr.URLs(reg.ConfluentURL()), sr.HTTPClient(&http.Client{Timeout: time.Minute}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	registered, err := plain.CreateSchema(ctx, subject, schema)
+	if err != nil {
+		t.Fatalf("register over HTTP: %v", err)
+	}
+
+	// The HTTPS port serves the same registry, with a certificate of the CA in TLSCAFile.
+	caPEM, err := os.ReadFile(reg.TLSCAFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	httpsClient := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	secure, err := sr.NewClient(sr.URLs(reg.TLSURL()), sr.HTTPClient(httpsClient))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := secure.CreateSchema(ctx, subject, schema)
+	if err != nil {
+		t.Fatalf("register over HTTPS: %v", err)
+	}
+	if again.ID != registered.ID || again.Version != 1 {
+		t.Fatalf("the same schema registered again: id %d version %d, want id %d version 1", again.ID, again.Version, registered.ID)
+	}
+
+	// The rule set above holds: a new required field without a default is not backward compatible.
+	_, err = plain.CreateSchema(ctx, subject, sr.Schema{Type: sr.TypeAvro,
+		Schema: `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"},{"name":"total","type":"long"}]}`})
+	var rerr *sr.ResponseError
+	if !errors.As(err, &rerr) || rerr.StatusCode != http.StatusConflict {
+		t.Fatalf("incompatible schema: err %v, want a 409", err)
 	}
 }

@@ -1,6 +1,7 @@
 package producer_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -9,8 +10,13 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
+	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
 // TestIdempotentProducerAnswersEachSequenceErrorLikeTheJavaProducer scripts, with the fake broker,
@@ -129,5 +135,64 @@ func TestARefusedBatchIsSplitWithConsistentSequences(t *testing.T) {
 		if !answered || (id == "e1") != (err != nil) || id == "e1" && !errors.Is(err, kafka.InvalidRecord) {
 			t.Errorf("%s answered %v with %v; want e1 alone refused (INVALID_RECORD), the others acknowledged", id, answered, err)
 		}
+	}
+}
+
+// TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired: with idempotence auto the
+// producer publishes without a producer id and says so once; with on, the identity is a start
+// error naming kafka.idempotence (what the sink makes of it, a failed WaitReady and Publish, is
+// sink's TestAStartThatRequiresIdempotenceFailsWhenTheBrokerDeniesIt).
+func TestABrokerThatDeniesIdempotenceIsAWarningUnlessItIsRequired(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		offered    bool        // the broker offers InitProducerId
+		code       kafka.Error // and answers it with
+		mode       producer.Idempotence
+		startError bool
+	}{
+		{"auto, IDEMPOTENT_WRITE denied: published without, with a warning", true, kafka.ClusterAuthorizationFailed, producer.IdempotenceAuto, false},
+		{"auto, a broker without InitProducerId: published without, with a warning", false, 0, producer.IdempotenceAuto, false},
+		{"on, IDEMPOTENT_WRITE denied: a start error naming kafka.idempotence", true, kafka.ClusterAuthorizationFailed, producer.IdempotenceOn, true},
+		{"on, a broker without InitProducerId: a start error", false, 0, producer.IdempotenceOn, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			fb := fakebroker.New(t)
+			fb.SetIdempotent(tt.offered, tt.code)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if tt.startError {
+				client := &kafka.Client{Addr: kafka.TCP(fb.Addr()), Timeout: 5 * time.Second, Transport: &kafka.Transport{}}
+				_, err := producer.NewIdentity(client, zaptest.NewLogger(t), tt.mode, "", 0).Get(ctx)
+				if err == nil || !strings.Contains(err.Error(), "kafka.idempotence") {
+					t.Fatalf("Get = %v, want an error naming kafka.idempotence", err)
+				}
+				return
+			}
+			obs, logs := observer.New(zap.WarnLevel)
+			log := zaptest.NewLogger(t).WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewTee(c, obs) }))
+			f := newOnFakeVia(t, fb, -1, 5*time.Second, &kafka.Transport{}, tt.mode, log)
+			f.enqueue(t, "events", "e0")
+			f.wait(t, 1)
+			if logs.FilterMessageSnippet("refuse the idempotent producer").Len() != 1 {
+				t.Error("no warning says the producer runs without idempotence")
+			}
+			f.mu.Lock()
+			if err := f.answers["e0"]; err != nil {
+				t.Errorf("e0 answered with %v", err)
+			}
+			f.mu.Unlock()
+			batches := fb.Batches()
+			if len(batches) == 0 {
+				t.Fatal("the broker saw no batch")
+			}
+			for _, b := range batches {
+				if b.ProducerID != -1 || b.Seq != -1 {
+					t.Errorf("batch %v carries a producer id", b)
+				}
+			}
+		})
 	}
 }

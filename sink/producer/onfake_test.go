@@ -2,6 +2,7 @@ package producer_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -9,8 +10,10 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/sink/internal/fakebroker"
 	"github.com/outbox-relay/outbox-relay/sink/producer"
 	"github.com/outbox-relay/outbox-relay/sink/record"
@@ -32,13 +35,19 @@ type onFake struct {
 // whose requests time out after timeout.
 func newOnFake(t *testing.T, fb *fakebroker.Broker, linger, timeout time.Duration) *onFake {
 	t.Helper()
-	client := &kafka.Client{Addr: kafka.TCP(fb.Addr()), Timeout: timeout, Transport: &kafka.Transport{}}
-	log := zaptest.NewLogger(t)
+	return newOnFakeVia(t, fb, linger, timeout, &kafka.Transport{}, producer.IdempotenceOn, zaptest.NewLogger(t))
+}
+
+// newOnFakeVia is newOnFake whose client goes through transport (SASL, for one), with
+// idempotence as given, logging to log.
+func newOnFakeVia(t *testing.T, fb *fakebroker.Broker, linger, timeout time.Duration, transport *kafka.Transport, idempotence producer.Idempotence, log *zap.Logger) *onFake {
+	t.Helper()
+	client := &kafka.Client{Addr: kafka.TCP(fb.Addr()), Timeout: timeout, Transport: transport}
 	f := &onFake{answers: map[string]error{}, retried: map[string]bool{}, settled: make(chan struct{}, 100)}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.p = producer.New(ctx, producer.Config{
 		Client: client, MaxBytes: 1 << 20, MaxRecords: 500, Linger: linger, Timeout: timeout, AutoCreateTopics: true,
-		Identity: producer.NewIdentity(client, log, producer.IdempotenceOn, "", 0), Log: log,
+		Identity: producer.NewIdentity(client, log, idempotence, "", 0), Log: log,
 		Done: func(batch []*producer.Record, err error) {
 			f.mu.Lock()
 			for _, rec := range batch {
@@ -104,17 +113,10 @@ func sawFor(fb *fakebroker.Broker, topic string) []string {
 // stored waits until the broker stored every one of ids ("topic/id").
 func stored(t *testing.T, fb *fakebroker.Broker, ids ...string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	await.State(t, 30*time.Second, fmt.Sprintf("the broker stored %v", ids), func() (bool, string) {
 		got, _ := fb.State()
-		if !slices.ContainsFunc(ids, func(id string) bool { return !slices.Contains(got, id) }) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the broker stored %v, want %v among them", got, ids)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return !slices.ContainsFunc(ids, func(id string) bool { return !slices.Contains(got, id) }), fmt.Sprint(got)
+	})
 }
 
 // retriedTopic reports whether a batch of topic was retried.

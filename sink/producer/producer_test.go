@@ -13,17 +13,20 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
 // TestRecordsReachKafkaOnceAndInOrder uses the producer on its own against the real broker, as a
-// project other than the relay would: records of twenty keys over two topics of three partitions
-// each are handed over in rounds; every one is acknowledged once, and a reader finds each key's
-// records once, in one partition, in the order they were handed over. Transactional: the same
-// through a Committer whose owner adds nothing to its transactions, read as read_committed, every
-// batch handed back only once its transaction committed.
+// project other than the relay would: records of twelve keys on each of four topics of three
+// partitions (every partition gets some) are handed over in rounds, with a linger long enough for
+// each round's batches to share requests; every one is acknowledged once, a reader finds each
+// key's records once, in one partition, in the order they were handed over, and the requests
+// prove the batches travelled together. Transactional: the same through a Committer whose owner
+// adds nothing to its transactions, read as read_committed, every batch handed back only once its
+// transaction committed.
 func TestRecordsReachKafkaOnceAndInOrder(t *testing.T) {
 	t.Parallel()
 	for _, transactional := range []bool{false, true} {
@@ -37,7 +40,7 @@ func TestRecordsReachKafkaOnceAndInOrder(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			prefix := testenv.UniqueName(t, "p")
-			topics := []string{prefix + ".a", prefix + ".b"}
+			topics := []string{prefix + ".a", prefix + ".b", prefix + ".c", prefix + ".d"}
 			for _, topic := range topics {
 				if err := k.CreateTopic(ctx, topic, 3); err != nil {
 					t.Fatal(err)
@@ -54,6 +57,7 @@ func TestRecordsReachKafkaOnceAndInOrder(t *testing.T) {
 			var mu sync.Mutex
 			acked := map[string]int{}
 			var failed atomic.Value
+			var requests, sent atomic.Int64
 			done := func(batch []*producer.Record, err error) {
 				if err != nil {
 					failed.Store(fmt.Errorf("a batch of %s was refused: %w", batch[0].Msg.Topic, err))
@@ -66,10 +70,10 @@ func TestRecordsReachKafkaOnceAndInOrder(t *testing.T) {
 				mu.Unlock()
 			}
 			cfg := producer.Config{
-				Client: client, MaxBytes: 1 << 20, MaxRecords: 50, Linger: 5 * time.Millisecond, Timeout: 10 * time.Second,
+				Client: client, MaxBytes: 1 << 20, MaxRecords: 50, Linger: 50 * time.Millisecond, Timeout: 10 * time.Second,
 				Identity: ident, Log: log, Done: done,
 				Retrying: func(string, int, int, error, time.Duration) {},
-				Sent:     func(int) {},
+				Sent:     func(records int) { requests.Add(1); sent.Add(int64(records)) },
 				StopAt:   func() uint64 { return math.MaxUint64 },
 				Failed:   func(err error) { failed.Store(err) },
 			}
@@ -80,7 +84,7 @@ func TestRecordsReachKafkaOnceAndInOrder(t *testing.T) {
 				o := &owner{}
 				c = producer.NewCommitter(producer.CommitterConfig{
 					Client: client, ID: txnID, Identity: ident, Timeout: 10 * time.Second,
-					MaxRecords: 200, Linger: 20 * time.Millisecond, Owner: o, Log: log,
+					MaxRecords: 200, Linger: 200 * time.Millisecond, Owner: o, Log: log,
 				})
 				cfg.Transactions, cfg.TransactionalID = c, txnID
 				committed := func(batch []*producer.Record) { done(batch, nil) }
@@ -103,13 +107,13 @@ func TestRecordsReachKafkaOnceAndInOrder(t *testing.T) {
 				go c.Run(pctx)
 			}
 
-			const keys, rounds = 20, 25
+			const keys, rounds = 4 * 12, 25 // twelve a topic
 			var seq uint64
 			for round := range rounds {
 				for key := range keys {
 					seq++
 					rec := &producer.Record{
-						Msg: kafka.Message{Topic: topics[key%2], Key: fmt.Appendf(nil, "k%02d", key),
+						Msg: kafka.Message{Topic: topics[key%4], Key: fmt.Appendf(nil, "k%02d", key),
 							Value: fmt.Appendf(nil, "k%02d-%03d", key, round), Time: time.Now()},
 						Partition: -1, Seq: seq, Enqueued: time.Now(),
 					}
@@ -121,7 +125,9 @@ func TestRecordsReachKafkaOnceAndInOrder(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				time.Sleep(10 * time.Millisecond) // rounds in several batches and transactions
+				// The round is sent before the next begins: rounds in batches and transactions of
+				// their own.
+				await.True(t, time.Minute, "the round sent", func() bool { return sent.Load() >= int64(seq) })
 			}
 			if c != nil {
 				if err := c.Flush(ctx); err != nil {
@@ -154,6 +160,12 @@ func TestRecordsReachKafkaOnceAndInOrder(t *testing.T) {
 					t.Errorf("%s acknowledged %d times", value, n)
 				}
 			}
+			// Each round fills twelve partitions of one broker; one request per partition would be
+			// at least twelve requests a round.
+			if limit := int64(rounds * 12 * 3 / 4); requests.Load() > limit {
+				t.Errorf("%d produce requests for %d rounds of twelve partitions: more than %d, so batches did not share requests", requests.Load(), rounds, limit)
+			}
+			t.Logf("%d produce requests for %d rounds of twelve partitions", requests.Load(), rounds)
 
 			consumer := harness.NewConsumer(k.Brokers(), topics...)
 			if transactional {

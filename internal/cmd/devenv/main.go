@@ -1,10 +1,11 @@
-// Command devenv runs the local PostgreSQL and Kafka for development (make up / make down):
+// Command devenv runs the local PostgreSQL and Kafka for development (make up / make down), and a
+// schema registry when asked (make up REGISTRY=1):
 //
-//	devenv up     [--dir .local] [--pg-version 18] [--pg-port N] [--kafka-port N]
+//	devenv up     [--dir .local] [--pg-version 18] [--pg-port N] [--kafka-port N] [--registry] [--registry-port N]
 //	devenv down   [--dir .local] [--purge]
-//	devenv status [--dir .local]   (exit status 1 unless both run)
+//	devenv status [--dir .local]   (exit status 1 unless every created service runs)
 //
-// State lives in <dir>/postgres and <dir>/kafka; up writes <dir>/services.env.
+// State lives in <dir>/postgres, <dir>/kafka and <dir>/registry; up writes <dir>/services.env.
 package main
 
 import (
@@ -35,14 +36,18 @@ func main() {
 	pgVersion := flags.String("pg-version", "", "up: PostgreSQL major version ("+strings.Join(devenv.PGVersions(), ", ")+"); empty: the existing cluster's, or "+devenv.NewestPGVersion+" for a new one")
 	pgPort := flags.Int("pg-port", 0, "up: port of a new PostgreSQL cluster (0: a free one)")
 	kafkaPort := flags.Int("kafka-port", 0, "up: port of a new Kafka broker (0: a free one)")
+	withRegistry := flags.Bool("registry", false, "up: also run a schema registry (Apicurio Registry; make registry-lib), for the registry-backed encodings")
+	registryPort := flags.Int("registry-port", 0, "up: port of a new schema registry (0: a free one)")
 	_ = flags.Parse(os.Args[2:])
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	pgDir, kDir := filepath.Join(*dir, "postgres"), filepath.Join(*dir, "kafka")
+	pgDir, kDir, rDir := filepath.Join(*dir, "postgres"), filepath.Join(*dir, "kafka"), filepath.Join(*dir, "registry")
 	envFile := filepath.Join(*dir, "services.env")
 	pg, pgErr := devenv.AttachPostgres(pgDir)
 	k, kErr := devenv.AttachKafka(kDir)
+	// A registry is there only when an earlier up made one (or this one is asked to).
+	reg, rErr := devenv.AttachRegistry(rDir)
 	var err error
 	switch os.Args[1] {
 	case "up":
@@ -75,8 +80,21 @@ func main() {
 			fail(kErr)
 		}
 		env := fmt.Sprintf("OUTBOX_PG_DSN=%s\nOUTBOX_KAFKA_BROKERS=%s\n", pg.DSN(pg.Database()), k.Brokers())
+		logs := pg.Logs() + " " + k.Logs()
+		if *withRegistry && errors.Is(rErr, fs.ErrNotExist) {
+			reg, rErr = devenv.StartRegistry(ctx, devenv.RegistryOptions{Dir: rDir, Port: *registryPort, Detached: true})
+		} else if rErr == nil {
+			rErr = reg.Start(ctx)
+		}
+		switch {
+		case rErr == nil:
+			env += fmt.Sprintf("OUTBOX_SCHEMA_REGISTRY_URLS=%s\n", reg.ConfluentURL())
+			logs += " " + reg.Logs()
+		case *withRegistry || !errors.Is(rErr, fs.ErrNotExist):
+			fail(rErr)
+		}
 		err = os.WriteFile(envFile, []byte(env), 0o644)
-		fmt.Printf("%s# in %s; logs: %s %s\n", env, envFile, pg.Logs(), k.Logs())
+		fmt.Printf("%s# in %s; logs: %s\n", env, envFile, logs)
 	case "down":
 		_ = os.Remove(envFile) // its addresses are dead from here on
 		var errs []error
@@ -92,15 +110,24 @@ func main() {
 				errs = append(errs, k.Close(ctx))
 			}
 		}
+		if rErr == nil {
+			errs = append(errs, reg.Stop(ctx))
+			if *purge {
+				errs = append(errs, reg.Close(ctx))
+			}
+		}
 		if *purge {
 			_ = os.Remove(*dir) // only when empty: it may hold other things
 		}
 		if err = errors.Join(errs...); err == nil {
-			fmt.Println("postgres and kafka stopped")
+			fmt.Println(map[bool]string{false: "postgres and kafka stopped", true: "postgres, kafka and the schema registry stopped"}[rErr == nil])
 		}
 	case "status":
 		ok := report("postgres", pgErr, func() (bool, string, string) { return pg.Running(), pg.DSN(pg.Database()), pg.Logs() })
 		ok = report("kafka", kErr, func() (bool, string, string) { return k.Running(), k.Brokers(), k.Logs() }) && ok
+		if !errors.Is(rErr, fs.ErrNotExist) {
+			ok = report("registry", rErr, func() (bool, string, string) { return reg.Running(), reg.ConfluentURL(), reg.Logs() }) && ok
+		}
 		if !ok {
 			os.Exit(1)
 		}
