@@ -53,6 +53,9 @@ var commandKeys = func() map[string][]string {
 	}
 }()
 
+// Commands is the subcommands that read configuration, in the order the reference lists them.
+func Commands() []string { return slices.Clone(commands) }
+
 // CommandKeys is the keys the subcommand uses, for NewLoader: none (every key) for run and for a
 // command that has no list.
 func CommandKeys(command string) []string { return commandKeys[command] }

@@ -63,27 +63,3 @@ func TestThePageListsEveryKeyWithItsFacts(t *testing.T) {
 		t.Errorf("groups are not in help's order (PostgreSQL before Kafka):\n%s", page)
 	}
 }
-
-// TestEveryCommandUsesTheKeysItsHelpLists: the commands the page names for a key are those whose
-// loader is given the key (run: every key).
-func TestEveryCommandUsesTheKeysItsHelpLists(t *testing.T) {
-	for _, k := range config.Keys() {
-		if len(k.Commands) == 0 || k.Commands[0] != "run" {
-			t.Errorf("%s: commands %v, want run first (run uses every key)", k.Name, k.Commands)
-		}
-		for _, c := range k.Commands[1:] {
-			if list := config.CommandKeys(c); !contains(list, k.Name) {
-				t.Errorf("%s: the page says %s uses it, but %s's keys %v lack it", k.Name, c, c, list)
-			}
-		}
-	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
