@@ -26,11 +26,26 @@ func TestTheConfigurationPageIsTheOneTheKeysGive(t *testing.T) {
 	for line < len(got) && line < len(wantLines) && got[line] == wantLines[line] {
 		line++
 	}
-	at := func(lines []string) string {
-		if line < len(lines) {
-			return lines[line]
+	// A table row of keys is long: show it from a little before the first difference.
+	from := 0
+	if line < len(got) && line < len(wantLines) {
+		for from < len(got[line]) && from < len(wantLines[line]) && got[line][from] == wantLines[line][from] {
+			from++
 		}
-		return "(end of page)"
+		from = max(0, from-40)
+	}
+	at := func(lines []string) string {
+		if line >= len(lines) {
+			return "(end of page)"
+		}
+		l := lines[line][min(from, len(lines[line])):]
+		if from > 0 {
+			l = "..." + l
+		}
+		if len(l) > 160 {
+			l = l[:160] + "..."
+		}
+		return l
 	}
 	t.Errorf("%s disagrees with config/keys.go from line %d:\n  page: %s\n  code: %s\nRegenerate it: %s",
 		Path, line+1, at(got), at(wantLines), Regenerate)
