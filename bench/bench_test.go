@@ -152,8 +152,11 @@ func TestDebeziumConfiguration(t *testing.T) {
 	tests := []struct {
 		name          string
 		tuned         bool
+		exactlyOnce   bool
 		wantConnector map[string]string
+		wantWorker    map[string]string
 		absent        []string
+		absentWorker  []string
 	}{
 		{
 			name:  "the defaults route like the relay and leave Connect's producer and Debezium's queue alone",
@@ -167,7 +170,25 @@ func TestDebeziumConfiguration(t *testing.T) {
 				"transforms.outbox.route.topic.replacement": "b1.debezium-tuned.${routedByValue}",
 				"transforms.outbox.table.field.event.key":   "aggregate_id",
 			},
-			absent: []string{"producer.override.linger.ms", "max.batch.size", "max.queue.size", "poll.interval.ms"},
+			absent:       []string{"producer.override.linger.ms", "max.batch.size", "max.queue.size", "poll.interval.ms", "exactly.once.support"},
+			wantWorker:   map[string]string{"offset.storage.file.filename": "/tmp/offsets"},
+			absentWorker: []string{"exactly.once.source.support", "group.id"},
+		},
+		{
+			name:  "exactly-once runs a distributed worker with exactly-once source support and requires it of the connector",
+			tuned: true, exactlyOnce: true,
+			wantConnector: map[string]string{
+				"exactly.once.support": "required", "transaction.boundary": "poll",
+				"producer.override.linger.ms": "10", "producer.override.enable.idempotence": "true",
+				"transforms.outbox.route.topic.replacement": "b1.debezium-tuned.${routedByValue}",
+			},
+			wantWorker: map[string]string{
+				"exactly.once.source.support": "enabled", "group.id": "b1_debezium-tuned",
+				"config.storage.topic": "b1_debezium-tuned.connect-configs", "offset.storage.topic": "b1_debezium-tuned.connect-offsets",
+				"status.storage.topic": "b1_debezium-tuned.connect-status", "config.storage.replication.factor": "1",
+				"offset.storage.replication.factor": "1", "status.storage.replication.factor": "1",
+			},
+			absentWorker: []string{"offset.storage.file.filename"},
 		},
 		{
 			name:  "the tuned setup batches, compresses and pipelines the producer and enlarges Debezium's queue",
@@ -184,10 +205,20 @@ func TestDebeziumConfiguration(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := setup
-			s.Tuned = tt.tuned
+			s.Tuned, s.ExactlyOnce = tt.tuned, tt.exactlyOnce
 			worker, connector, err := s.properties()
 			if err != nil {
 				t.Fatal(err)
+			}
+			for k, v := range tt.wantWorker {
+				if worker[k] != v {
+					t.Errorf("worker %s = %q, want %q", k, worker[k], v)
+				}
+			}
+			for _, k := range tt.absentWorker {
+				if v, ok := worker[k]; ok {
+					t.Errorf("worker sets %s = %q; it must not", k, v)
+				}
 			}
 			for k, v := range tt.wantConnector {
 				if connector[k] != v {
@@ -364,7 +395,7 @@ func TestEachRoundHasItsOwnSlotTopicsLogAndConnectDirectory(t *testing.T) {
 // poll-standby starts a standby and needs PostgreSQL 17+, while the bench's cluster is by default
 // the PATH's PostgreSQL: a run measures it only when it is named, on the version it is given.
 func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
-	for _, key := range []string{"BENCH_SIDES", "BENCH_STEADY_SIDES", "BENCH_PG_VERSION"} {
+	for _, key := range []string{"BENCH_SIDES", "BENCH_STEADY_SIDES", "BENCH_PG_VERSION", "BENCH_SWEEP", "BENCH_RELAY_ARGS"} {
 		t.Setenv(key, "")
 		os.Unsetenv(key)
 	}
@@ -379,8 +410,8 @@ func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
 		{
 			name:       "the defaults leave it out",
 			args:       nil,
-			wantSides:  []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sidePoll, sideRecover},
-			wantSteady: []string{sideRelay, sideRelayEOS, sideDbzTuned, sidePoll},
+			wantSides:  []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sideDbzEOS, sidePoll, sideRecover},
+			wantSteady: []string{sideRelay, sideRelayEOS, sideDbzTuned, sideDbzEOS, sidePoll},
 		},
 		{
 			name:              "named, it runs in the drain and the steady state on the PostgreSQL asked for",
