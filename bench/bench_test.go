@@ -29,7 +29,8 @@ var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay
 // and its jars are fetched by `make bench`, not `make test`); its configuration is tested below.
 // On PostgreSQL 17+ the poller drains once more with a standby listed in synchronized_standby_slots
 // (a few seconds), and the poller's steady state after it shows that the setting was reset: its
-// claims would otherwise wait for ever for the removed standby's slot.
+// claims would otherwise wait for ever for the removed standby's slot. The relay's steady states
+// are a sweep of two settings, whose table and chart come out.
 func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	pg := testenv.SharedPostgres(t)
 	k := testenv.SharedKafka(t)
@@ -46,12 +47,16 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 		sides = slices.Insert(sides, 4, sidePollStandby)
 		extraRows = append(extraRows, "| outbox-relay, source poll, synchronized_standby_slots |")
 	}
-	profiles := t.TempDir()
+	profiles, charts := t.TempDir(), t.TempDir()
 	cfg := Config{
 		Events: 2000, Partitions: 2, Rate: 400, SteadyFor: 3 * time.Second, BigTx: 3000,
 		Sides: sides, Steady: []string{sideRelay, sideRelayEOS, sidePoll},
 		RelayBin: relayproc.PlainBinary(t), ProfileDir: profiles, WorkDir: t.TempDir(),
 		Log: t.Output(), DrainTimeout: time.Minute, Messages: true, ProducerFor: time.Second, Rounds: 2,
+		// The default setting and a longer transaction_interval: exactly-once runs at both every
+		// round, at-least-once (which has no transactions) at the one linger, so the sweep costs
+		// one steady state a round.
+		Sweep: []sweepPoint{{Linger: 15 * time.Millisecond}, {Linger: 15 * time.Millisecond, Interval: 200 * time.Millisecond}}, ChartDir: charts,
 	}
 	rep, err := Run(ctx, cfg, &Services{PG: pg, Kafka: k, DSN: dsn})
 	if err != nil {
@@ -67,7 +72,9 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 		"| outbox-relay, lost-slot recovery from the table |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events",
 		"| messages |", "| ceiling (pg_recvlogical, messages) (round 2) |", "| outbox-relay, messages (round 2) |",
 		"| outbox-relay (round 2) |", "| outbox-relay, exactly-once (round 2) |", "Interleaved drains", "| table-free drain / its ceiling |",
-		"| steady: exactly-once broker CPU per event / at-least-once |", "Against the targets (medians over the rounds):"}, extraRows...) {
+		"| steady: exactly-once broker CPU per event / at-least-once |", "Against the targets (medians over the rounds):",
+		"Sweep: the steady state", "| outbox-relay | linger 15 ms (default) |", "| outbox-relay, exactly-once | linger 15 ms, transaction_interval 100 ms (default) |",
+		"| outbox-relay, exactly-once | linger 15 ms, transaction_interval 200 ms |", "| outbox-relay, source poll | its own |"}, extraRows...) {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q", want)
 		}
@@ -119,6 +126,11 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	if p := rep.Profile; p == nil || p.Drain.AllocsPerEvent <= 0 || p.Steady == nil || p.Steady.AllocsPerEvent <= 0 || p.Drain.PeakHeap == 0 ||
 		p.Messages == nil || p.Messages.AllocsPerEvent <= 0 || p.Messages.Wall <= 0 {
 		t.Errorf("no profile stats: %+v", rep.Profile)
+	}
+	for _, name := range []string{"sweep.svg", "sweep.png"} {
+		if fi, err := os.Stat(filepath.Join(charts, name)); err != nil || fi.Size() == 0 {
+			t.Errorf("sweep chart %s missing or empty (%v)", name, err)
+		}
 	}
 	for _, phase := range []string{"drain", "messages", "steady"} {
 		for _, name := range []string{"cpu", "allocs", "mutex", "block"} {

@@ -137,7 +137,12 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 		}
 		cfg.RelayBin = abs
 	}
-	return cfg, svcOpts, cfg.validate()
+	// Without --relay-bin, run builds the relay after this: validate the rest.
+	check := cfg
+	if check.RelayBin == "" {
+		check.RelayBin = "(built from this module)"
+	}
+	return cfg, svcOpts, check.validate()
 }
 
 func splitList(s string) []string {

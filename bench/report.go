@@ -386,7 +386,19 @@ func (r *Report) steadyMetrics() []metric {
 		{"steady: exactly-once broker CPU per event / at-least-once", r.steadyRatios(sideRelayEOS, sideRelay, broker), "%.2f"},
 		{"steady: at-least-once p99, ms", r.steadyP99s(sideRelay), "%.1f"},
 		{"steady: exactly-once p99, ms", r.steadyP99s(sideRelayEOS), "%.1f"},
+		{"steady: exactly-once broker CPU per event / Debezium with Connect's exactly-once", r.steadyRatios(sideRelayEOS, sideDbzEOS, broker), "%.2f"},
+		{"steady: Debezium with Connect's exactly-once p99, ms", r.steadyP99s(sideDbzEOS), "%.1f"},
 	}
+}
+
+// exactlyOnceVsConnect is the relay's exactly-once drain (its median round) against Debezium's
+// with Connect's exactly-once, which drains once.
+func (r *Report) exactlyOnceVsConnect() []float64 {
+	eos, dbz := r.drain(sideRelayEOS), r.drain(sideDbzEOS)
+	if eos == nil || dbz == nil || dbz.rate() == 0 || dbz.Partial {
+		return nil
+	}
+	return []float64{eos.rate() / dbz.rate()}
 }
 
 // target is one goal of issue 26: a quantity's median against a bound.
@@ -410,6 +422,8 @@ func (r *Report) targetsTable(b *strings.Builder) {
 		{"table drain vs ceiling, start-up included", r.ratioValues(relayVsCeiling), 0.92, false, "%.2f"},
 		{"steady p99, at-least-once, ms", steady[2].values, 30, true, "%.1f"},
 		{"steady p99, exactly-once (read_committed), ms", steady[3].values, 40, true, "%.1f"},
+		{"exactly-once drain vs Debezium with Connect's exactly-once", r.exactlyOnceVsConnect(), 5, false, "%.1f"},
+		{"broker CPU per event, steady, exactly-once (at its lower p99) vs Debezium with Connect's exactly-once", steady[4].values, 1, true, "%.2f"},
 	}
 	b.WriteString("\nAgainst the targets (medians over the rounds):\n\n| what | median (range) | target | met |\n|---|---:|---:|---|\n")
 	for _, t := range targets {

@@ -485,11 +485,15 @@ func (r SteadyResult) brokerPerEvent() float64 {
 }
 
 func (r SteadyResult) line() string {
+	side := r.Side
+	if r.Point != nil {
+		side += " at " + r.Point.name()
+	}
 	if r.Err != nil {
-		return fmt.Sprintf("steady %s: FAILED: %v", r.Side, r.Err)
+		return fmt.Sprintf("steady %s: FAILED: %v", side, r.Err)
 	}
 	return fmt.Sprintf("steady %s: %d events at %.0f/s, p50 %s p95 %s p99 %s max %s, CPU %s, peak RSS %.0f MB",
-		r.Side, r.Written, r.Rate, ms(r.P50), ms(r.P95), ms(r.P99), ms(r.Max), r.CPU.Round(10*time.Millisecond), mb(r.PeakRSS))
+		side, r.Written, r.Rate, ms(r.P50), ms(r.P95), ms(r.P99), ms(r.Max), r.CPU.Round(10*time.Millisecond), mb(r.PeakRSS))
 }
 
 func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + "ms" }
@@ -550,7 +554,7 @@ func (b *bench) steadyWith(ctx context.Context, side, name string, start func(sl
 		res.Err = err
 		return res
 	}
-	b.logf("steady state with %s: %d events/s for %s", side, b.cfg.Rate, b.cfg.SteadyFor)
+	b.logf("steady state with %s: %d events/s for %s", strings.TrimPrefix(name, "steady-"), b.cfg.Rate, b.cfg.SteadyFor)
 	c, err := start(slot)
 	if err != nil {
 		res.Err = err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -56,7 +57,8 @@ func TestSweepRefusesRelayArgsThatSetTheSweptKeys(t *testing.T) {
 }
 
 // The sweep's table and chart take medians per side and setting over the rounds, leave the swept
-// settings other than the default out of the headline numbers, and mark the defaults.
+// settings other than the default out of the headline numbers, and mark the defaults; the relay's
+// exactly-once drain is set against Debezium's with Connect's exactly-once.
 func TestSweepTableAndChartMarkTheDefaults(t *testing.T) {
 	ms := time.Millisecond
 	d, err := defaultsOfTheRelay()
@@ -77,6 +79,7 @@ func TestSweepTableAndChartMarkTheDefaults(t *testing.T) {
 			steady(sideDbzTuned, round, nil, 500, 6, 9))
 	}
 	rep.Steady = append(rep.Steady, SteadyResult{Side: sideDbzEOS, Err: errors.New("connect refused")})
+	rep.Drains = []Result{{Side: sideRelayEOS, Events: 1000, Wall: time.Second}, {Side: sideDbzEOS, Events: 1000, Wall: 8 * time.Second}}
 	table := rep.Table()
 	for _, want := range []string{
 		"| outbox-relay | linger 15 ms (default) | 20.5 (20.0-21.0) | 8.0 (8.0-8.0) | 3.0 (3.0-3.0) | 2 |",
@@ -88,6 +91,7 @@ func TestSweepTableAndChartMarkTheDefaults(t *testing.T) {
 		// The headline p99s are the default setting's alone.
 		"| steady: at-least-once p99, ms | 20.5 (20.0-21.0) | 20.0, 21.0 |",
 		"| steady: exactly-once p99, ms | 25.0 (24.0-26.0) | 24.0, 26.0 |",
+		"| exactly-once drain vs Debezium with Connect's exactly-once | 8.0 | >= 5.0 | yes |",
 	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
@@ -116,5 +120,16 @@ func TestSweepTableAndChartMarkTheDefaults(t *testing.T) {
 	}
 	if png, err := os.ReadFile(paths[1]); err != nil || !strings.HasPrefix(string(png), "\x89PNG") {
 		t.Errorf("sweep.png is no PNG (%v)", err)
+	}
+}
+
+// `go run ./bench` builds the relay when no binary is named: the flags alone are no error.
+func TestFlagsWithoutARelayBinaryLeaveItToTheBuild(t *testing.T) {
+	for _, key := range []string{"BENCH_RELAY_BIN", "BENCH_RELAY_ARGS"} {
+		t.Setenv(key, "")
+	}
+	cfg, _, err := parseFlags([]string{"--sides", "ceiling,relay", "--steady-sides", "relay", "--sweep", "5ms,15ms"}, io.Discard)
+	if err != nil || cfg.RelayBin != "" || len(cfg.Sweep) != 2 {
+		t.Errorf("parseFlags = relay binary %q, sweep %v, %v; want no binary (run builds it), two points, no error", cfg.RelayBin, cfg.Sweep, err)
 	}
 }
