@@ -186,9 +186,9 @@ func (b *bench) steadyPhase(ctx context.Context, rep *Report) error {
 			}
 		}
 		if len(sweptSides) > 0 {
-			// The union of the sides' points, in the first swept side's (exactly-once's when
-			// it alone is swept) rotated order; at-least-once skips a point whose linger it
-			// has measured this round.
+			// Exactly-once's points when it is swept (the whole list), else at-least-once's, in
+			// this round's rotated order; at-least-once skips a point whose linger it has
+			// measured this round (it has no transaction_interval).
 			points := b.pointsFor(sweptSides[len(sweptSides)-1])
 			done := map[string]map[sweepPoint]bool{}
 			for _, p := range points {
