@@ -134,8 +134,10 @@ demo:
 # Side-by-side benchmark (bench/, results in docs/benchmarks.md): the relay against the
 # pg_recvlogical ceiling and Debezium on Kafka Connect, which bench/debezium-lib.sh fetches through
 # Maven. Not part of `make test` (bench/ has a smoke test that is). BENCH_EVENTS=100000 for a
-# shorter run; the other BENCH_* knobs are listed by `go run ./bench -h`.
+# shorter run; BENCH_SWEEP=on measures the relay's steady state at several kafka.linger /
+# transaction_interval settings and draws the curves to $(LOCAL)/bench/sweep.{svg,png}; the other
+# BENCH_* knobs are listed by `go run ./bench -h`.
 .PHONY: bench
 bench: tools kafka-lib build
 	@bash bench/debezium-lib.sh >/dev/null
-	@$(GO) run ./bench --relay-bin bin/outbox-relay
+	@$(GO) run ./bench --relay-bin bin/outbox-relay --charts "$${BENCH_CHARTS:-$(LOCAL)/bench}"
