@@ -10,8 +10,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/netproxy"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -535,15 +539,26 @@ func TestHorizonWaitsForAStandbyToBePromoted(t *testing.T) {
 	}
 	h, _ := startedHorizon(t, standby.DSN(strings.TrimPrefix(u.Path, "/")), admin, "public", "standby_outbox", "standby_pub", 50*time.Millisecond)
 	h.staleLimit = time.Second
+	core, logs := observer.New(zap.WarnLevel)
+	h.log = zap.New(zapcore.NewTee(h.log.Core(), core))
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { h.run(runCtx); close(done) }()
 	defer func() { cancel(); <-done }()
-	select {
-	case <-done:
-		t.Fatalf("the checks stopped on a standby in recovery: %v", h.Err())
-	case <-time.After(3 * h.staleLimit):
-	}
+	// The standby refuses check after check; they must go on for longer than the stale limit.
+	await.State(t, time.Minute, "checks refused by the standby over twice the stale limit", func() (bool, string) {
+		select {
+		case <-done:
+			t.Fatalf("the checks stopped on a standby in recovery: %v", h.Err())
+		default:
+		}
+		refused := logs.FilterMessageSnippet("cannot check the outbox table's publication").All()
+		if len(refused) == 0 {
+			return false, "no check refused yet"
+		}
+		span := refused[len(refused)-1].Time.Sub(refused[0].Time)
+		return span > 2*h.staleLimit, fmt.Sprintf("%d refused over %s", len(refused), span)
+	})
 	if v := h.Verified(); v != 0 {
 		t.Fatalf("a check on a standby verified %s", v)
 	}
