@@ -936,10 +936,15 @@ func TestKafkaUnreachableAtStartIsWaitedFor(t *testing.T) {
 	if err := writeLoad(ctx, ob, rand.New(rand.NewPCG(21, 22)), types, 30, 3, 5); err != nil {
 		t.Fatal(err)
 	}
-	await.Window(t, 2*time.Second, "a relay that would exit while Kafka is unreachable does so by now")
-	if !relay.running() {
-		t.Fatalf("the relay exited while Kafka was unreachable; stderr:\n%s", lastLines(relay.stderr.String(), 20))
-	}
+	// The relay is still there, and still trying: it comes back to the gate after the events
+	// were committed.
+	refused := gate.refused.Load()
+	await.True(t, time.Minute, "the relay to try Kafka again after the events were committed", func() bool {
+		if !relay.running() {
+			t.Fatalf("the relay exited while Kafka was unreachable; stderr:\n%s", lastLines(relay.stderr.String(), 20))
+		}
+		return gate.refused.Load() > refused
+	})
 	gate.open()
 	if err := writeLoad(ctx, ob, rand.New(rand.NewPCG(23, 24)), types, 10, 3, 5); err != nil {
 		t.Fatal(err)
@@ -952,9 +957,10 @@ func TestKafkaUnreachableAtStartIsWaitedFor(t *testing.T) {
 // kafkaGate listens on a local port in front of a broker: closed, it accepts and at once closes
 // every connection; open, it forwards them.
 type kafkaGate struct {
-	addr   string
-	target string
-	opened atomic.Bool
+	addr    string
+	target  string
+	opened  atomic.Bool
+	refused atomic.Int64 // connections closed at once while the gate was closed
 }
 
 func newKafkaGate(t *testing.T, target string) *kafkaGate {
@@ -973,6 +979,7 @@ func newKafkaGate(t *testing.T, target string) *kafkaGate {
 			}
 			if !g.opened.Load() {
 				c.Close()
+				g.refused.Add(1)
 				continue
 			}
 			go g.forward(c)
