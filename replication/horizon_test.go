@@ -74,6 +74,15 @@ func startedHorizon(t *testing.T, dsn string, admin *pgx.Conn, schema, table, pu
 	return h, c
 }
 
+// anIntervalPasses makes the position h's last check read as old as the safety margin, as if the
+// next check started an interval later: the margin is what a test of it is about, and moving the
+// read time back says so without waiting for the clock.
+func anIntervalPasses(h *horizon) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pendingAt = h.pendingAt.Add(-h.interval())
+}
+
 // checkConn is the connection a horizon's checks reuse.
 type checkConn struct{ conn *pgconn.PgConn }
 
@@ -249,7 +258,7 @@ func publicationShapes(t *testing.T, pg *devenv.Postgres) {
 				if err != nil {
 					break
 				}
-				time.Sleep(h.interval())
+				anIntervalPasses(h)
 			}
 		})
 	}
@@ -370,10 +379,7 @@ func TestHorizonMargin(t *testing.T) {
 	if v := h.Verified(); v != 0 {
 		t.Fatalf("a check right after another promoted %s without the margin of %s", v, h.interval())
 	}
-	// An interval passes: the pending position was read an interval before the next check starts.
-	// Moving its read time back says so without waiting for the clock (the margin is the subject).
-	anIntervalPasses := func() { h.pendingAt = h.pendingAt.Add(-h.interval()) }
-	anIntervalPasses()
+	anIntervalPasses(h)
 	if err := c.check(ctx, h); err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +389,7 @@ func TestHorizonMargin(t *testing.T) {
 
 	// On a new timeline the positions checked so far are forgotten: the next check promotes none.
 	h.reset()
-	anIntervalPasses()
+	anIntervalPasses(h)
 	if err := c.check(ctx, h); err != nil {
 		t.Fatal(err)
 	}
