@@ -295,9 +295,11 @@ func TestReleaseDoesNotWaitForACheckInFlight(t *testing.T) {
 func TestAStandbyThatCouldNotLeadLeavesTheLockAlone(t *testing.T) {
 	dsn := newDatabase(t)
 	var fit atomic.Bool
+	var refused atomic.Int32
 	el := leader.New(leader.Config{DSN: dsn, Slot: testenv.UniqueName(t, "slot"), RetryInterval: 100 * time.Millisecond,
 		BeforeLock: func(context.Context, bool) error {
 			if !fit.Load() {
+				refused.Add(1)
 				return errors.New("kafka does not answer")
 			}
 			return nil
@@ -309,14 +311,18 @@ func TestAStandbyThatCouldNotLeadLeavesTheLockAlone(t *testing.T) {
 		term, _ := el.Campaign(ctx)
 		got <- term
 	}()
-	select {
-	case term := <-got:
-		if term != nil {
-			term.Release()
+	// The lock is free all along: the standby tries, is refused by BeforeLock, and tries again.
+	await.State(t, time.Minute, "three refused attempts to lead", func() (bool, string) {
+		select {
+		case term := <-got:
+			if term != nil {
+				term.Release()
+			}
+			t.Fatalf("a standby that could not lead took the free lock (after %d refused attempts)", refused.Load())
+		default:
 		}
-		t.Fatal("a standby that could not lead took the free lock")
-	case <-time.After(1500 * time.Millisecond):
-	}
+		return refused.Load() >= 3, fmt.Sprintf("%d refused", refused.Load())
+	})
 	fit.Store(true)
 	select {
 	case term := <-got:
