@@ -57,8 +57,9 @@ func TestOneElectorLeadsAndTheOtherTakesOverWhenItReleases(t *testing.T) {
 	termA := campaign(t, ctx, a)
 
 	var standbyConnected atomic.Bool
+	var attempts atomic.Int32
 	b := leader.New(leader.Config{DSN: dsn, Slot: slot, RetryInterval: 100 * time.Millisecond,
-		OnStandby: standbyConnected.Store}, zaptest.NewLogger(t))
+		OnStandby: standbyConnected.Store, BeforeLock: func(context.Context, bool) error { attempts.Add(1); return nil }}, zaptest.NewLogger(t))
 	got := make(chan *leader.Term, 1)
 	bctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -66,11 +67,15 @@ func TestOneElectorLeadsAndTheOtherTakesOverWhenItReleases(t *testing.T) {
 		term, _ := b.Campaign(bctx)
 		got <- term
 	}()
-	select {
-	case <-got:
-		t.Fatal("a second elector took the lock while the first held it")
-	case <-time.After(time.Second):
-	}
+	// BeforeLock runs before each attempt: by the third, two attempts found the lock held.
+	await.State(t, time.Minute, "three attempts by the second elector", func() (bool, string) {
+		select {
+		case <-got:
+			t.Fatal("a second elector took the lock while the first held it")
+		default:
+		}
+		return attempts.Load() >= 3, fmt.Sprintf("%d attempts", attempts.Load())
+	})
 	if !standbyConnected.Load() {
 		t.Fatal("the waiting elector did not report itself as a connected standby")
 	}
