@@ -117,20 +117,37 @@ func TestATermIsLostWithinSecondsWhenItsBackendIsTerminated(t *testing.T) {
 	el := leader.New(leader.Config{DSN: dsn, Slot: slot}, zaptest.NewLogger(t))
 	term := campaign(t, ctx, el)
 	defer term.Release()
-	select {
-	case <-term.Lost():
-		t.Fatalf("term lost before anything happened: %v", term.Err())
-	case <-time.After(1500 * time.Millisecond):
-	}
-	if term.Err() != nil {
-		t.Fatalf("Err = %v while the term holds", term.Err())
-	}
-
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	// The term holds while nothing happens: its lock session answers a check (its query_start
+	// moves) and the term is not lost.
+	var first, last time.Time
+	checks := 0
+	await.State(t, time.Minute, "a check of the lock session answered", func() (bool, string) {
+		select {
+		case <-term.Lost():
+			t.Fatalf("term lost before anything happened: %v", term.Err())
+		default:
+		}
+		var started time.Time
+		if err := conn.QueryRow(ctx, "SELECT query_start FROM pg_stat_activity WHERE pid = $1", int32(term.PID())).Scan(&started); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case first.IsZero():
+			first, last = started, started
+		case started.After(last):
+			checks, last = checks+1, started
+		}
+		return checks >= 1, "no check answered yet"
+	})
+	if term.Err() != nil {
+		t.Fatalf("Err = %v while the term holds", term.Err())
+	}
+
 	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(term.PID())); err != nil {
 		t.Fatal(err)
 	}
