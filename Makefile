@@ -84,7 +84,7 @@ lint:
 # 70%: the packages wait on servers much of the time) and took 11 minutes instead of 14, but the
 # contention made timing-bound tests flake (a status read between two sessions, a log read before a
 # retry): not the default until they are made robust to it. go test starts the packages' runs in
-# the order listed: the longest first (README, "How long make test takes"), so that no long one is
+# the order listed: the longest first (docs/development.md, "How long make test takes"), so that no long one is
 # left to run alone at the end. ./... adds the others once.
 TEST_PACKAGES_AT_ONCE ?= $(shell nproc 2>/dev/null || echo 2)
 TEST_LONGEST_FIRST := ./cmd/outbox-relay ./faults ./sink ./relay ./internal/chaos ./replication \
