@@ -32,7 +32,7 @@ var cloudEventsSettings = []setting{
 		apply: str(func(c *Config) *string { return &c.CloudEvents.Type })},
 	{key: "cloudevents.subject", group: GroupRouting, kind: kindString, help: "the subject attribute, e.g. {aggregate_id}; empty sends none",
 		apply: str(func(c *Config) *string { return &c.CloudEvents.Subject })},
-	{key: "cloudevents.data_content_type", group: GroupRouting, kind: kindString, def: record.DefaultCloudEventsContentType, help: "the datacontenttype attribute (binary: the content-type header); a JSON type puts the value as data, another puts it base64 in data_base64 (structured)",
+	{key: "cloudevents.data_content_type", group: GroupRouting, kind: kindString, def: record.DefaultCloudEventsContentType, help: "the datacontenttype attribute (binary: the content-type header); a JSON type puts the value as data, another puts it base64 in data_base64 (structured); with a registry value_encoding the default is its format's (application/avro, application/protobuf, application/json)",
 		apply: str(func(c *Config) *string { return &c.CloudEvents.DataContentType })},
 }
 
@@ -41,14 +41,40 @@ func (c *Config) RecordCloudEvents() *record.CloudEvents {
 	if c.CloudEvents.Envelope != EnvelopeCloudEvents {
 		return nil
 	}
+	ct := c.CloudEvents.DataContentType
+	if RegistryEncoding(c.ValueEncoding) && ct == record.DefaultCloudEventsContentType {
+		ct = registryMediaTypes[c.ValueEncoding]
+	}
 	return &record.CloudEvents{Mode: c.CloudEvents.Mode, Source: c.CloudEvents.Source, Type: c.CloudEvents.Type,
-		Subject: c.CloudEvents.Subject, DataContentType: c.CloudEvents.DataContentType}
+		Subject: c.CloudEvents.Subject, DataContentType: ct}
+}
+
+// registryMediaTypes are the content-type of a binary CloudEvent whose value a registry encoding
+// frames, where cloudevents.data_content_type is left at its default: the data's format (the
+// Confluent wire format's magic byte and schema id before it, as every record of the encoding).
+var registryMediaTypes = map[string]string{
+	EncodingAvro:       "application/avro",
+	EncodingProtobuf:   "application/protobuf",
+	EncodingJSONSchema: "application/json",
 }
 
 // checkCloudEvents checks the envelope keys together with the value encoding.
 func (c *Config) checkCloudEvents(p *problems) {
 	if ce := c.RecordCloudEvents(); ce != nil {
-		if err := record.CheckCloudEvents(*ce, record.Encoding(c.ValueEncoding)); err != nil {
+		enc := record.Encoding(c.ValueEncoding)
+		if RegistryEncoding(c.ValueEncoding) {
+			// The Builder builds the value raw (the payload) and the sink frames it afterwards:
+			// in binary mode the framed value is the data, the attributes stay in headers. A
+			// structured envelope would be framed whole, or hold framed bytes as base64 data
+			// that no CloudEvents consumer reads through a registry.
+			if ce.Mode != record.CloudEventsBinary {
+				p.bad("cloudevents.mode", "value_encoding %s with envelope cloudevents needs cloudevents.mode binary (the framed value, the attributes in ce_ headers, content-type %s): a structured CloudEvent around data in a registry encoding is not supported",
+					c.ValueEncoding, ce.DataContentType)
+				return
+			}
+			enc = record.Raw
+		}
+		if err := record.CheckCloudEvents(*ce, enc); err != nil {
 			p.bad("envelope", "%v", err)
 		}
 		return
