@@ -54,6 +54,8 @@ func (c *Config) securityWarnings(from func(key string) string) []string {
 	for _, f := range []struct{ key, path string }{
 		{"pg_password_file", c.PGPasswordFile},
 		{"kafka.sasl.password_file", c.Kafka.SASL.PasswordFile},
+		{"kafka.sasl.oauthbearer.token_file", c.Kafka.SASL.OAuthBearer.TokenFile},
+		{"kafka.sasl.oauthbearer.client_secret_file", c.Kafka.SASL.OAuthBearer.ClientSecretFile},
 		{"kafka.tls.key_file", c.Kafka.TLS.KeyFile},
 	} {
 		if w := secretFileWarning(f.key, f.path); w != "" {

@@ -332,5 +332,7 @@ func tlsConfig(c config.TLS) (*tls.Config, error) {
 
 func saslMechanism(c config.SASL) (sasl.Mechanism, error) {
 	return credentials.KafkaMechanism(credentials.KafkaSASL{Mechanism: c.Mechanism, Username: c.Username,
-		Password: c.Password, PasswordFile: c.PasswordFile})
+		Password: c.Password, PasswordFile: c.PasswordFile, OAuthBearer: credentials.OAuthBearer{
+			TokenFile: c.OAuthBearer.TokenFile, TokenEndpointURL: c.OAuthBearer.TokenEndpointURL,
+			ClientID: c.OAuthBearer.ClientID, ClientSecretFile: c.OAuthBearer.ClientSecretFile, Scope: c.OAuthBearer.Scope}})
 }
