@@ -32,8 +32,8 @@ func oauthMechanism(c OAuthBearer) (sasl.Mechanism, error) {
 					return "", err
 				}
 				if exp, ok := jwtExpiry(tok); ok && !time.Now().Before(exp) {
-					return "", fmt.Errorf("config key %s: the token in %s expired at %s: write a fresh token to the file (it is read again at every connection)",
-						key, c.TokenFile, exp.UTC().Format(time.RFC3339))
+					return "", &oauthbearer.AuthError{Err: fmt.Errorf("config key %s: the token in %s expired at %s: write a fresh token to the file (it is read again at every connection)",
+						key, c.TokenFile, exp.UTC().Format(time.RFC3339))}
 				}
 				return tok, nil
 			},

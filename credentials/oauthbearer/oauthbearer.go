@@ -14,8 +14,19 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 )
+
+// AuthError is a token the broker will not take (refused, expired, or none to be had): it reads
+// as its own message and is a kafka.SASLAuthenticationFailed, so that the relay treats it as
+// refused credentials (fatal at the start, retried in place while streaming).
+type AuthError struct{ Err error }
+
+func (e *AuthError) Error() string { return e.Err.Error() }
+
+// Unwrap is both the cause and kafka.SASLAuthenticationFailed.
+func (e *AuthError) Unwrap() []error { return []error{e.Err, kafka.SASLAuthenticationFailed} }
 
 // Token returns the bearer token of one authentication.
 type Token func(ctx context.Context) (string, error)
@@ -65,7 +76,7 @@ func (s session) Next(_ context.Context, challenge []byte) (bool, []byte, error)
 		}
 	}
 	if s.refused != nil {
-		return false, nil, s.refused(status)
+		return false, nil, &AuthError{s.refused(status)}
 	}
-	return false, nil, fmt.Errorf("oauthbearer: the broker refused the token (%s)", status)
+	return false, nil, &AuthError{fmt.Errorf("oauthbearer: the broker refused the token (%s)", status)}
 }
