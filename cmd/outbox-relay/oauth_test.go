@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,8 @@ const (
 	oauthIssuer       = "https://idp.example.test"
 	oauthClientID     = "relay-client"
 	oauthClientSecret = "oauth-client-secret-7e1d"
+	// reauthSession is how long the OAUTH_REAUTH listener keeps a session.
+	reauthSession = 3 * time.Second
 )
 
 // identityProvider is the JWKS and token endpoints of the test: signing keys by kid, the kid that
@@ -132,8 +135,11 @@ func (p *identityProvider) token(kid string, exp time.Time) string {
 	return signed + "." + base64.RawURLEncoding.EncodeToString(sig)
 }
 
-// oauthBroker starts a broker whose SASL_PLAINTEXT listener and SASL_SSL listener OAUTH_TLS accept
-// OAUTHBEARER tokens that Kafka's validator checks against p's JWKS.
+// oauthBroker starts a broker whose SASL_PLAINTEXT listener and SASL_SSL listeners OAUTH_TLS and
+// OAUTH_REAUTH accept OAUTHBEARER tokens that Kafka's validator checks against p's JWKS. OAUTH_REAUTH
+// ends a session after reauthSession (or at its token's expiry), as managed services do: kafka-go
+// does not re-authenticate, so the broker closes the connection and the relay opens a new one,
+// authenticated with the token it reads then.
 func oauthBroker(t *testing.T, p *identityProvider, server testpki.Files) *devenv.Kafka {
 	settings := map[string]string{
 		"sasl.enabled.mechanisms":            "SCRAM-SHA-512,OAUTHBEARER",
@@ -141,16 +147,20 @@ func oauthBroker(t *testing.T, p *identityProvider, server testpki.Files) *deven
 		"sasl.oauthbearer.expected.audience": oauthAudience,
 		"sasl.oauthbearer.expected.issuer":   oauthIssuer,
 	}
-	for _, l := range []string{"sasl_plaintext", "oauth_tls"} {
+	settings["listener.name.oauth_reauth.oauthbearer.connections.max.reauth.ms"] = strconv.Itoa(int(reauthSession.Milliseconds()))
+	for _, l := range []string{"sasl_plaintext", "oauth_tls", "oauth_reauth"} {
 		settings["listener.name."+l+".oauthbearer.sasl.jaas.config"] = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
 		settings["listener.name."+l+".oauthbearer.sasl.server.callback.handler.class"] = "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
 	}
 	start := time.Now()
 	k := testenv.Kafka(t, devenv.KafkaOptions{
 		// The SCRAM user only makes the SASL listeners; OAUTHBEARER is what the cases use.
-		SCRAMUsers:   map[string]string{"unused": "unused-scram-2c9a"},
-		TLSListeners: []devenv.KafkaTLSListener{{Name: "OAUTH_TLS", CertFile: server.Cert, KeyFile: server.Key, SASL: true}},
-		Settings:     settings,
+		SCRAMUsers: map[string]string{"unused": "unused-scram-2c9a"},
+		TLSListeners: []devenv.KafkaTLSListener{
+			{Name: "OAUTH_TLS", CertFile: server.Cert, KeyFile: server.Key, SASL: true},
+			{Name: "OAUTH_REAUTH", CertFile: server.Cert, KeyFile: server.Key, SASL: true},
+		},
+		Settings: settings,
 		// Kafka 4 fetches from no OAuth URL that is not listed.
 		SystemProperties: map[string]string{"org.apache.kafka.sasl.oauthbearer.allowed.urls": p.jwks.URL},
 	})
@@ -196,6 +206,7 @@ func TestOAuthBearerAgainstABrokerThatValidatesJWTs(t *testing.T) {
 	}
 
 	t.Run("a token file over SASL_PLAINTEXT streams end to end", func(t *testing.T) {
+		t.Parallel() // after the sequential cases, with the signing key they leave
 		f := newHAFixture(t, pg, k.Brokers(), 2)
 		tokenFile := filepath.Join(t.TempDir(), "token")
 		tok := p.token(p.current(), time.Now().Add(time.Hour))
@@ -208,6 +219,40 @@ func TestOAuthBearerAgainstABrokerThatValidatesJWTs(t *testing.T) {
 		t.Logf("token file: %s", f.verify(t, k.Brokers()))
 		r.stop(t)
 		noSecrets(t, "relay output", r.Output(), tok)
+	})
+
+	t.Run("an expired token in the file while streaming is logged naming the key, retried, and the relay resumes with nothing lost when the file is fixed", func(t *testing.T) {
+		t.Parallel() // after the sequential cases, with the signing key they leave
+		f := newHAFixture(t, pg, k.Brokers(), 2)
+		tokenFile := filepath.Join(t.TempDir(), "token")
+		good := p.token(p.current(), time.Now().Add(time.Hour))
+		writeSecret(t, tokenFile, good)
+		r := f.start("relay-oauth-reauth", map[string]string{"OUTBOX_KAFKA_BROKERS": k.ListenerAddr("OAUTH_REAUTH"),
+			"OUTBOX_KAFKA_TLS_ENABLED": "true", "OUTBOX_KAFKA_TLS_CA_FILE": caFile,
+			"OUTBOX_KAFKA_SASL_MECHANISM": "OAUTHBEARER", "OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_FILE": tokenFile})
+		logOnFailure(t, f, r)
+		f.waitStreamer(t, r, haStartTimeout)
+		writeEvents(t, f, 20, "before")
+		t.Logf("before: %s", f.verify(t, k.Brokers()))
+
+		expired := p.token(p.current(), time.Now().Add(-time.Minute))
+		writeSecret(t, tokenFile, expired)
+		writeEvents(t, f, 20, "while expired")
+		l := r.waitLog(t, 30*time.Second, "error", "kafka refused the relay's credentials")
+		msg, _ := l["error"].(string)
+		for _, want := range []string{"kafka.sasl.oauthbearer.token_file", "expired", "write a fresh token"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("the retried error lacks %q: %v", want, l)
+			}
+		}
+		t.Logf("while the token is expired: %s", msg)
+
+		fresh := p.token(p.current(), time.Now().Add(time.Hour))
+		writeSecret(t, tokenFile, fresh)
+		writeEvents(t, f, 20, "after")
+		t.Logf("after the file is fixed: %s", f.verify(t, k.Brokers()))
+		r.stop(t)
+		noSecrets(t, "relay output", r.Output(), good, expired, fresh)
 	})
 
 	t.Run("the client-credentials grant over SASL_SSL streams end to end", func(t *testing.T) {
