@@ -33,7 +33,8 @@ type ClientCredentials struct {
 	// RefreshFactor is the part of a token's lifetime after which it is fetched anew; 0.8 when 0.
 	RefreshFactor float64
 
-	mu      sync.Mutex
+	once    sync.Once
+	turn    chan struct{} // held by the one fetch at a time; a channel, so that waiting honours ctx
 	token   string
 	refresh time.Time // fetch anew from then on
 	expiry  time.Time // no use after then
@@ -41,8 +42,14 @@ type ClientCredentials struct {
 
 // Token returns the current token, fetching a new one when the current one is due for refresh.
 func (c *ClientCredentials) Token(ctx context.Context) (string, error) {
-	c.mu.Lock() // one fetch at a time: the connections opened at once share its token
-	defer c.mu.Unlock()
+	// One fetch at a time: the connections opened at once share its token.
+	c.once.Do(func() { c.turn = make(chan struct{}, 1) })
+	select {
+	case c.turn <- struct{}{}:
+	case <-ctx.Done():
+		return "", fmt.Errorf("config key %s: waiting for a token: %w", c.Key, context.Cause(ctx))
+	}
+	defer func() { <-c.turn }()
 	now := time.Now()
 	if c.token != "" && now.Before(c.refresh) {
 		return c.token, nil
