@@ -83,9 +83,11 @@ chaos: tools kafka-lib pg-lib
 
 # The relay's records against Debezium's own (Kafka Connect with the PostgreSQL connector and the
 # outbox event router, jars from bench/debezium-lib.sh) for the router options it supports
-# (cmd/outbox-relay/debezium_router_test.go, build tag debezium): a JVM start and a few minutes.
+# (cmd/outbox-relay/debezium_router_test.go, build tag debezium), and its Avro records against
+# those of Apicurio's AvroConverter through the schema registry (debezium_avro_test.go): two JVM
+# starts and a few minutes.
 .PHONY: test-debezium
-test-debezium: tools kafka-lib
+test-debezium: tools kafka-lib pg-lib registry-lib
 	@bash bench/debezium-lib.sh >/dev/null
 	$(GO) test -tags debezium -count=1 -timeout $(TEST_TIMEOUT) -v -run 'Debezium' ./cmd/outbox-relay/
 

@@ -26,6 +26,7 @@ type Config struct {
 	BuiltinHeaders    []string
 	ValueEncoding     string
 	KeyEncoding       string
+	SchemaRegistry    SchemaRegistry // value_encoding avro, protobuf or json-schema, key_encoding avro (registry.go)
 	Profile           string
 	TopicTemplate     string
 	OnFailure         string

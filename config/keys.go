@@ -59,7 +59,7 @@ type setting struct {
 }
 
 // settings is the whole configuration surface; README's table follows it.
-var settings = append([]setting{
+var settings = append(append([]setting{
 	{key: "profile", group: GroupOutbox, kind: kind("debezium"), help: "preset defaults: debezium (Debezium outbox router column names, id header only); empty for none",
 		apply: func(c *Config, v string) error {
 			if v == "" {
@@ -114,10 +114,10 @@ var settings = append([]setting{
 		apply: extraFields},
 	{key: "builtin_headers", group: GroupRouting, kind: kindList, def: "id,event_type,aggregate_type", help: "which of the headers id, event_type and aggregate_type every record carries",
 		apply: builtinHeaders},
-	{key: "value_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-expanded", "json-with-schema"), def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it) or json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true)",
-		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema")},
-	{key: "key_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-with-schema"), def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled) or json-with-schema (JsonConverter's envelope with schemas enabled)",
-		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema")},
+	{key: "value_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-expanded", "json-with-schema", "avro", "protobuf", "json-schema"), def: "raw", help: "record value: raw (payload bytes as stored), json-string (a JSON string, like Debezium's JsonConverter), json-expanded (the payload as Debezium's table.expand.json.payload writes it), json-with-schema (that in JsonConverter's {\"schema\",\"payload\"} envelope, schemas.enable=true), avro (Avro in the Confluent wire format through schema_registry, like Debezium's AvroConverter), protobuf (Protobuf, with its message-index list, likewise; like Confluent's ProtobufConverter) or json-schema (the JSON document checked against a JSON Schema, likewise; like Confluent's JsonSchemaConverter)",
+		apply: oneOf(func(c *Config) *string { return &c.ValueEncoding }, "raw", "json-string", "json-expanded", "json-with-schema", "avro", "protobuf", "json-schema")},
+	{key: "key_encoding", group: GroupRouting, kind: choices("raw", "json-string", "json-with-schema", "avro"), def: "raw", help: "record key: raw (aggregate id as stored), json-string (a JSON string, like Connect's JsonConverter with schemas disabled), json-with-schema (JsonConverter's envelope with schemas enabled) or avro (an Avro string through schema_registry, like Connect's AvroConverter)",
+		apply: oneOf(func(c *Config) *string { return &c.KeyEncoding }, "raw", "json-string", "json-with-schema", "avro")},
 	{key: "topic_template", group: GroupRouting, kind: kindString, def: "outbox.event.{aggregate_type}", help: "topic name; {aggregate_type} and {event_type} are replaced",
 		apply: str(func(c *Config) *string { return &c.TopicTemplate })},
 	{key: "topic_regex", group: GroupRouting, kind: kindString, help: "route by regular expression (Debezium's route.topic.regex, Go syntax) matched against the whole aggregate type: the topic is topic_replacement with its groups; an aggregate type it does not match is refused (reason topic_not_allowed) unless topic_regex_passthrough; replaces topic_template",
@@ -285,7 +285,7 @@ var settings = append([]setting{
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.OAuthBearer.ClientSecretFile })},
 	{key: "kafka.sasl.oauthbearer.scope", group: GroupKafka, kind: kindString, help: "OAUTHBEARER: the scope asked of the token endpoint (space-separated); empty for the endpoint's default",
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.OAuthBearer.Scope })},
-}, cloudEventsSettings...) // the envelope's keys live beside it (cloudevents.go)
+}, cloudEventsSettings...), registrySettings...) // the envelope's keys live beside it (cloudevents.go), the registry's too (registry.go)
 
 // profiles preset defaults; keys set explicitly still win.
 var profiles = map[string]map[string]string{

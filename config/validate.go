@@ -169,6 +169,7 @@ func (c *Config) checkRouting(p *problems) {
 	if c.TopicRegex != "" && p.from("topic_template") != "default" && !strings.HasPrefix(p.from("topic_template"), "profile") {
 		p.bad("topic_regex", "and topic_template (from %s) both route: set one", p.from("topic_template"))
 	}
+	c.checkRegistry(p)
 	if c.ValueEncoding == "json-with-schema" {
 		for _, f := range c.ExtraFields {
 			if strings.Contains(f, ":envelope") {

@@ -256,6 +256,7 @@ func connectorProps(t *testing.T, dsn, name, slot, publication, table, replaceme
 }
 
 type connectWorker struct {
+	port int // the REST API's, on 127.0.0.1
 	cmd  *exec.Cmd
 	log  string
 	done chan struct{}
@@ -311,7 +312,7 @@ func startConnect(t *testing.T, lib, brokers string, connectors []map[string]str
 		}
 		files = append(files, file)
 	}
-	w := &connectWorker{log: filepath.Join(dir, "connect.log"), done: make(chan struct{})}
+	w := &connectWorker{port: port, log: filepath.Join(dir, "connect.log"), done: make(chan struct{})}
 	logf, err := os.Create(w.log)
 	if err != nil {
 		t.Fatal(err)

@@ -42,8 +42,9 @@ var keys = func() map[string][]string {
 				"shutdown_timeout", "log_level", "log_format"}),
 		// The routing and the positions topic: a dead letter goes where the relay would route it
 		// now, never to a topic outbox rows may not reach.
-		"redrive": cat(kafkaConn, []string{"profile", "dead_letter_topic", "builtin_headers", "key_encoding", "positions_topic",
-			"topic_template", "topic_regex", "topic_replacement", "topic_regex_passthrough", "topic_allow", "topic_deny"}),
+		// The encodings and the registry: a dead letter goes back framed as the relay frames.
+		"redrive": cat(kafkaConn, []string{"profile", "dead_letter_topic", "builtin_headers", "key_encoding", "value_encoding", "positions_topic",
+			"topic_template", "topic_regex", "topic_replacement", "topic_regex_passthrough", "topic_allow", "topic_deny"}, config.RegistryKeys()),
 	}
 }()
 

@@ -66,6 +66,13 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 	m.Source.WithLabelValues(cfg.Source).Set(1)
+	// The registry client that streams reports its health and requests in the metrics.
+	if rcfg.Sink.Serializer, err = swapSerializer(cfg, m, log, rcfg.Sink.Serializer); err != nil {
+		return err
+	}
+	if c, ok := rcfg.Sink.Serializer.(interface{ Close() }); ok {
+		defer c.Close()
+	}
 	state := &health.State{}
 	if cfg.MetricsAddr != "" {
 		stopHTTP, err := serveHTTP(cfg.MetricsAddr, reg, state, log)

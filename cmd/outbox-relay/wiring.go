@@ -214,12 +214,19 @@ func sinkConfig(c *config.Config, extraHeaders []string, placements []record.Pla
 	if err != nil {
 		return sink.Config{}, err
 	}
+	// Registry encodings: record builds the key and value raw, the sink frames them. The client
+	// reports nothing (run swaps in one with metrics); every caller gets one, so nothing built
+	// from this configuration publishes unframed.
+	valueEnc, keyEnc := recordEncodings(c)
+	if s.Serializer, _, err = newSerializer(c, nil, nil); err != nil {
+		return sink.Config{}, err
+	}
 	s.Record = record.Options{
 		TopicTemplate:           c.TopicTemplate,
 		BuiltinHeaders:          c.BuiltinHeaders,
 		ExtraHeaders:            extraHeaders,
-		ValueEncoding:           record.Encoding(c.ValueEncoding),
-		KeyEncoding:             record.Encoding(c.KeyEncoding),
+		ValueEncoding:           valueEnc,
+		KeyEncoding:             keyEnc,
 		ExtraPlacement:          placements,
 		TopicRegex:              c.TopicRegex,
 		TopicReplacement:        c.TopicReplacement,

@@ -10,6 +10,11 @@
 // be applied is retried and, if it still fails, the consumer exits without committing its offset:
 // it is redelivered after the restart, never skipped.
 //
+// With OUTBOX_SCHEMA_REGISTRY_URLS set (a relay with value_encoding avro, protobuf or json-schema,
+// or key_encoding avro), it
+// reads each record's key and value back through the registry (inbox.Unframe), knowing nothing but
+// the registry's URL.
+//
 //	make up && set -a && . .local/services.env && set +a
 //	go run ./examples/consumer -group order-totals
 package main
@@ -32,6 +37,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/schemaregistry"
+	"github.com/outbox-relay/outbox-relay/schemas"
 )
 
 // orderCreated is the part of the producer's payload this consumer needs.
@@ -93,6 +100,15 @@ func run(topic, group string) error {
 		IsolationLevel: kafka.ReadCommitted,
 	})
 	defer reader.Close()
+	var framed inbox.Framed
+	if urls := os.Getenv("OUTBOX_SCHEMA_REGISTRY_URLS"); urls != "" {
+		client, err := schemaregistry.New(schemaregistry.Options{URLs: strings.Split(urls, ",")})
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		framed = schemas.NewDeserializer(client, schemas.Formats()...) // the schema's type picks the format
+	}
 	log.Printf("consuming %s as group %s", topic, group)
 
 	for {
@@ -107,6 +123,13 @@ func run(topic, group string) error {
 				return err
 			}
 			continue
+		}
+		if framed != nil {
+			// Avro (value_encoding or key_encoding avro): the key and value read back as the
+			// aggregate id and the JSON payload, through the registry.
+			if m, err = inbox.Unframe(ctx, framed, m); err != nil {
+				return err // the registry cannot answer: its offset is not committed
+			}
 		}
 		// ParseDelivery reads the relay's headers, and a CloudEvent (envelope: cloudevents) in
 		// either content mode: the payload is then the event's data.
