@@ -28,6 +28,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/credentials"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/netproxy"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/internal/testpki"
@@ -38,8 +39,6 @@ const (
 	oauthIssuer       = "https://idp.example.test"
 	oauthClientID     = "relay-client"
 	oauthClientSecret = "oauth-client-secret-7e1d"
-	// reauthSession is how long the OAUTH_REAUTH listener keeps a session.
-	reauthSession = 3 * time.Second
 )
 
 // identityProvider is the JWKS and token endpoints of the test: signing keys by kid, the kid that
@@ -136,19 +135,19 @@ func (p *identityProvider) token(kid string, exp time.Time) string {
 }
 
 // oauthBroker starts a broker whose SASL_PLAINTEXT listener and SASL_SSL listeners OAUTH_TLS and
-// OAUTH_REAUTH accept OAUTHBEARER tokens that Kafka's validator checks against p's JWKS. OAUTH_REAUTH
-// ends a session after reauthSession (or at its token's expiry), as managed services do: kafka-go
-// does not re-authenticate, so the broker closes the connection and the relay opens a new one,
-// authenticated with the token it reads then.
-func oauthBroker(t *testing.T, p *identityProvider, server testpki.Files) *devenv.Kafka {
+// OAUTH_PROXY accept OAUTHBEARER tokens that Kafka's validator checks against p's JWKS. OAUTH_PROXY
+// sits behind a proxy the broker advertises, so that a case can cut the relay's connections: the
+// relay then opens new ones, authenticated with the token it reads then.
+func oauthBroker(t *testing.T, p *identityProvider, server testpki.Files) (*devenv.Kafka, *netproxy.Proxy) {
+	port := freePort(t)
+	proxy := netproxy.New(t, "127.0.0.1:"+strconv.Itoa(port))
 	settings := map[string]string{
 		"sasl.enabled.mechanisms":            "SCRAM-SHA-512,OAUTHBEARER",
 		"sasl.oauthbearer.jwks.endpoint.url": p.jwks.URL,
 		"sasl.oauthbearer.expected.audience": oauthAudience,
 		"sasl.oauthbearer.expected.issuer":   oauthIssuer,
 	}
-	settings["listener.name.oauth_reauth.oauthbearer.connections.max.reauth.ms"] = strconv.Itoa(int(reauthSession.Milliseconds()))
-	for _, l := range []string{"sasl_plaintext", "oauth_tls", "oauth_reauth"} {
+	for _, l := range []string{"sasl_plaintext", "oauth_tls", "oauth_proxy"} {
 		settings["listener.name."+l+".oauthbearer.sasl.jaas.config"] = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
 		settings["listener.name."+l+".oauthbearer.sasl.server.callback.handler.class"] = "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
 	}
@@ -158,14 +157,14 @@ func oauthBroker(t *testing.T, p *identityProvider, server testpki.Files) *deven
 		SCRAMUsers: map[string]string{"unused": "unused-scram-2c9a"},
 		TLSListeners: []devenv.KafkaTLSListener{
 			{Name: "OAUTH_TLS", CertFile: server.Cert, KeyFile: server.Key, SASL: true},
-			{Name: "OAUTH_REAUTH", CertFile: server.Cert, KeyFile: server.Key, SASL: true},
+			{Name: "OAUTH_PROXY", CertFile: server.Cert, KeyFile: server.Key, SASL: true, Port: port, Advertised: proxy.Addr},
 		},
 		Settings: settings,
 		// Kafka 4 fetches from no OAuth URL that is not listed.
 		SystemProperties: map[string]string{"org.apache.kafka.sasl.oauthbearer.allowed.urls": p.jwks.URL},
 	})
 	t.Logf("broker with OAUTHBEARER started in %s", time.Since(start).Round(time.Millisecond))
-	return k
+	return k, proxy
 }
 
 // authenticate opens a fresh connection to addr with the relay's OAUTHBEARER mechanism for c and
@@ -191,7 +190,7 @@ func TestOAuthBearerAgainstABrokerThatValidatesJWTs(t *testing.T) {
 	ca := testpki.NewCA(t, "outbox-relay test CA")
 	caFile := ca.WriteCA(t, dir, "ca")
 	p := newIdentityProvider(t)
-	k := oauthBroker(t, p, ca.Localhost(t).Write(t, dir, "server"))
+	k, proxy := oauthBroker(t, p, ca.Localhost(t).Write(t, dir, "server"))
 	pg := testenv.SharedPostgres(t)
 	secretFile := filepath.Join(dir, "client-secret")
 	writeSecret(t, secretFile, oauthClientSecret)
@@ -227,7 +226,7 @@ func TestOAuthBearerAgainstABrokerThatValidatesJWTs(t *testing.T) {
 		tokenFile := filepath.Join(t.TempDir(), "token")
 		good := p.token(p.current(), time.Now().Add(time.Hour))
 		writeSecret(t, tokenFile, good)
-		r := f.start("relay-oauth-reauth", map[string]string{"OUTBOX_KAFKA_BROKERS": k.ListenerAddr("OAUTH_REAUTH"),
+		r := f.start("relay-oauth-reconnect", map[string]string{"OUTBOX_KAFKA_BROKERS": proxy.Addr,
 			"OUTBOX_KAFKA_TLS_ENABLED": "true", "OUTBOX_KAFKA_TLS_CA_FILE": caFile,
 			"OUTBOX_KAFKA_SASL_MECHANISM": "OAUTHBEARER", "OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_FILE": tokenFile})
 		logOnFailure(t, f, r)
@@ -237,6 +236,7 @@ func TestOAuthBearerAgainstABrokerThatValidatesJWTs(t *testing.T) {
 
 		expired := p.token(p.current(), time.Now().Add(-time.Minute))
 		writeSecret(t, tokenFile, expired)
+		proxy.Cut() // every new connection reads the expired token
 		writeEvents(t, f, 20, "while expired")
 		l := r.waitLog(t, 30*time.Second, "error", "kafka refused the relay's credentials")
 		msg, _ := l["error"].(string)
@@ -306,23 +306,27 @@ func TestOAuthBearerAgainstABrokerThatValidatesJWTs(t *testing.T) {
 		}
 	})
 
-	t.Run("a rotated signing key is taken once the broker refreshes the JWKS", func(t *testing.T) {
-		tokenFile := filepath.Join(t.TempDir(), "token")
+	t.Run("a relay started with a token signed by a rotated key streams end to end once the broker has fetched the new key", func(t *testing.T) {
+		// Kafka's validator fetches the JWKS again when a token names a key it has not seen, and
+		// refuses that token meanwhile: the relay tries again for a few seconds rather than
+		// calling the token wrong. OAUTH_TLS last saw tokens signed by k1.
 		p.rotate("k2")
-		writeSecret(t, tokenFile, p.token("k2", time.Now().Add(time.Hour)))
-		// Kafka refreshes its JWKS when a token names a kid it does not know; the refresh is
-		// asynchronous, so the first authentication may be refused.
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			err := authenticate(ctx, k.SASLBrokers(), credentials.OAuthBearer{TokenFile: tokenFile}, false, "")
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("a token signed by the rotated key is still refused after 30s: %v", err)
-			}
-			time.Sleep(200 * time.Millisecond)
+		f := newHAFixture(t, pg, k.Brokers(), 2)
+		tokenFile := filepath.Join(t.TempDir(), "token")
+		tok := p.token("k2", time.Now().Add(time.Hour))
+		writeSecret(t, tokenFile, tok)
+		r := f.start("relay-oauth-rotated", map[string]string{"OUTBOX_KAFKA_BROKERS": k.ListenerAddr("OAUTH_TLS"),
+			"OUTBOX_KAFKA_TLS_ENABLED": "true", "OUTBOX_KAFKA_TLS_CA_FILE": caFile,
+			"OUTBOX_KAFKA_SASL_MECHANISM": "OAUTHBEARER", "OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_FILE": tokenFile})
+		logOnFailure(t, f, r)
+		f.waitStreamer(t, r, haStartTimeout)
+		writeEvents(t, f, 20, "rotated")
+		t.Logf("rotated key: %s", f.verify(t, k.Brokers()))
+		if l := r.findLog("warn", "fetching new signing keys"); l != nil {
+			t.Logf("the broker refused the first token signed by k2: %v", l["error"])
 		}
+		r.stop(t)
+		noSecrets(t, "relay output", r.Output(), tok)
 	})
 
 	fatal := []struct {

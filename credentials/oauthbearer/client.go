@@ -62,7 +62,7 @@ func (c *ClientCredentials) Token(ctx context.Context) (string, error) {
 		}
 		var final *refusedError
 		if errors.As(err, &final) {
-			return "", &AuthError{err} // bad credentials: asking again gives the same answer
+			return "", &AuthError{Err: err} // bad credentials: asking again gives the same answer
 		}
 		if c.token != "" && time.Now().Before(c.expiry) {
 			return c.token, nil // the endpoint is down, the token still good: refresh at the next connection

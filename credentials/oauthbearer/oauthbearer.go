@@ -11,6 +11,7 @@ package oauthbearer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -21,7 +22,20 @@ import (
 // AuthError is a token the broker will not take (refused, expired, or none to be had): it reads
 // as its own message and is a kafka.SASLAuthenticationFailed, so that the relay treats it as
 // refused credentials (fatal at the start, retried in place while streaming).
-type AuthError struct{ Err error }
+type AuthError struct {
+	Err error
+	// Status is the broker's RFC 7628 status (e.g. invalid_token); empty when the token was not
+	// sent (expired, or the token endpoint refused the client).
+	Status string
+}
+
+// KeyRollover reports whether err is a broker's refusal of a token as invalid: what a broker
+// answers while it fetches its identity provider's keys for a token signed by a key it has not
+// seen yet (Kafka's validator fetches them then, and refuses that token meanwhile).
+func KeyRollover(err error) bool {
+	var ae *AuthError
+	return errors.As(err, &ae) && ae.Status == "invalid_token"
+}
 
 func (e *AuthError) Error() string { return e.Err.Error() }
 
@@ -76,7 +90,7 @@ func (s session) Next(_ context.Context, challenge []byte) (bool, []byte, error)
 		}
 	}
 	if s.refused != nil {
-		return false, nil, &AuthError{s.refused(status)}
+		return false, nil, &AuthError{Err: s.refused(status), Status: answer.Status}
 	}
-	return false, nil, &AuthError{fmt.Errorf("oauthbearer: the broker refused the token (%s)", status)}
+	return false, nil, &AuthError{Err: fmt.Errorf("oauthbearer: the broker refused the token (%s)", status), Status: answer.Status}
 }
