@@ -46,6 +46,9 @@ func TestMechanismSpeaksRFC7628(t *testing.T) {
 			if !errors.Is(err, kafka.SASLAuthenticationFailed) {
 				t.Fatalf("%v is not a kafka.SASLAuthenticationFailed: the relay would not call it refused credentials", err)
 			}
+			if got, want := oauthbearer.KeyRollover(err), strings.Contains(tt.challenge, `"invalid_token"`); got != want {
+				t.Fatalf("KeyRollover(%v) = %v, want %v", err, got, want)
+			}
 		})
 	}
 
