@@ -274,7 +274,7 @@ func TestOAuthBearerAgainstABrokerThatValidatesJWTs(t *testing.T) {
 
 	t.Run("a token is fetched again before it expires, once for many connections", func(t *testing.T) {
 		p.mu.Lock()
-		p.life = 2 * time.Second
+		p.life = 4 * time.Second
 		p.mu.Unlock()
 		t.Cleanup(func() { p.mu.Lock(); p.life = time.Hour; p.mu.Unlock() })
 		mech, err := credentials.KafkaMechanism(credentials.KafkaSASL{Mechanism: "OAUTHBEARER", OAuthBearer: credentials.OAuthBearer{
@@ -291,15 +291,15 @@ func TestOAuthBearerAgainstABrokerThatValidatesJWTs(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		before := p.fetches.Load()
+		before, first := p.fetches.Load(), time.Now()
 		for range 5 {
 			connect()
 		}
 		if got := p.fetches.Load() - before; got != 1 {
 			t.Fatalf("5 connections within a token's life fetched %d tokens, want 1", got)
 		}
-		// Past 80% of the 2s lifetime, but before expiry, the next connection fetches anew.
-		time.Sleep(1700 * time.Millisecond) // the token's age is the condition; nothing to wait on
+		// Past 80% of the 4s lifetime, but before expiry, the next connection fetches anew.
+		time.Sleep(time.Until(first.Add(3300 * time.Millisecond))) // the token's age is the condition; nothing to wait on
 		connect()
 		if got := p.fetches.Load() - before; got != 2 {
 			t.Fatalf("a connection past 80%% of the token's life made %d fetches in all, want 2", got)
