@@ -331,7 +331,7 @@ func TestOAuthBearerAgainstABrokerThatValidatesJWTs(t *testing.T) {
 
 	fatal := []struct {
 		name  string
-		token func() string
+		token func() string // the token file's; nil: the client-credentials grant with a wrong secret
 		want  []string
 	}{
 		{"an expired token ends the start with one line naming the key and the fix", func() string {
@@ -340,17 +340,29 @@ func TestOAuthBearerAgainstABrokerThatValidatesJWTs(t *testing.T) {
 		{"a token signed by an unknown key ends the start with one line naming the key and the fix", func() string {
 			return p.token("unknown", time.Now().Add(time.Hour))
 		}, []string{"kafka.sasl.oauthbearer.token_file", "refused the token", "invalid_token", "write a token the broker accepts"}},
+		// The token endpoint's refusal: no token file; the wrong secret goes to the endpoint.
+		{"a client secret the token endpoint refuses ends the start with one line naming the keys", nil,
+			[]string{"kafka.sasl.oauthbearer.token_endpoint_url", "401", "invalid_client", "client_secret_file"}},
 	}
 	for _, c := range fatal {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			f := newHAFixture(t, pg, k.Brokers(), 1)
-			tokenFile := filepath.Join(t.TempDir(), "token")
-			tok := c.token()
-			writeSecret(t, tokenFile, tok)
-			code, out := relayproc.Run(t, relayproc.Options{Env: f.env("relay-oauth-bad", map[string]string{
-				"OUTBOX_KAFKA_BROKERS": k.SASLBrokers(), "OUTBOX_KAFKA_SASL_MECHANISM": "OAUTHBEARER",
-				"OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_FILE": tokenFile})}, fatalBound)
+			env := map[string]string{"OUTBOX_KAFKA_BROKERS": k.SASLBrokers(), "OUTBOX_KAFKA_SASL_MECHANISM": "OAUTHBEARER"}
+			tok := "oauth-wrong-secret-5a0c"
+			if c.token != nil {
+				tokenFile := filepath.Join(t.TempDir(), "token")
+				tok = c.token()
+				writeSecret(t, tokenFile, tok)
+				env["OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_FILE"] = tokenFile
+			} else {
+				wrong := filepath.Join(t.TempDir(), "client-secret")
+				writeSecret(t, wrong, tok)
+				env["OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL"] = p.tokens.URL
+				env["OUTBOX_KAFKA_SASL_OAUTHBEARER_CLIENT_ID"] = oauthClientID
+				env["OUTBOX_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET_FILE"] = wrong
+			}
+			code, out := relayproc.Run(t, relayproc.Options{Env: f.env("relay-oauth-bad", env)}, fatalBound)
 			if code != 1 {
 				t.Fatalf("exit status %d, want 1:\n%s", code, out)
 			}
