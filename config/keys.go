@@ -58,7 +58,7 @@ type setting struct {
 	apply  func(c *Config, v string) error
 }
 
-// settings is the whole configuration surface; README's table follows it.
+// settings is the whole configuration surface; docs/configuration.md is generated from it.
 var settings = append(append([]setting{
 	{key: "profile", group: GroupOutbox, kind: kind("debezium"), help: "preset defaults: debezium (Debezium outbox router column names, id header only); empty for none",
 		apply: func(c *Config, v string) error {

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
-	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
+	"github.com/outbox-relay/outbox-relay/sink/readcommitted"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink/positions"
 )

@@ -105,8 +105,9 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 // logStart says what the relay starts with (no secret: DSNs redacted, the password file's path
 // alone), the configuration's warnings, and what exactly-once asks of consumers.
 func logStart(cfg *config.Config, log *zap.Logger) {
+	build := thisBuild()
 	log.Info("starting",
-		zap.String("version", version),
+		zap.String("version", build.Version), zap.String("commit", build.Commit), zap.Bool("modified", build.Modified),
 		zap.String("pg_dsn", config.RedactDSN(cfg.PGDSN)),
 		zap.String("pg_password_file", cfg.PGPasswordFile), // the path; never the content
 		zap.Strings("kafka_brokers", cfg.KafkaBrokers),

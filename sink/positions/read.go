@@ -8,7 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
+	"github.com/outbox-relay/outbox-relay/sink/readcommitted"
 	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
 
