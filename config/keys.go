@@ -261,13 +261,13 @@ var settings = append(append([]setting{
 		apply: str(func(c *Config) *string { return &c.Kafka.TLS.KeyFile })},
 	{key: "kafka.tls.insecure_skip_verify", group: GroupKafka, kind: kindBool, def: "false", help: "do not verify the brokers' certificates (testing only)",
 		apply: boolean(func(c *Config) *bool { return &c.Kafka.TLS.InsecureSkipVerify })},
-	{key: "kafka.sasl.mechanism", group: GroupKafka, kind: kind("PLAIN|SCRAM-SHA-256|SCRAM-SHA-512"), help: "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty for none",
+	{key: "kafka.sasl.mechanism", group: GroupKafka, kind: kind("PLAIN|SCRAM-SHA-256|SCRAM-SHA-512|OAUTHBEARER"), help: "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (kafka.sasl.oauthbearer.*); empty for none",
 		apply: func(c *Config, v string) error {
 			if v == "" {
 				c.Kafka.SASL.Mechanism = ""
 				return nil
 			}
-			return oneOf(func(c *Config) *string { return &c.Kafka.SASL.Mechanism }, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")(c, v)
+			return oneOf(func(c *Config) *string { return &c.Kafka.SASL.Mechanism }, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")(c, v)
 		}},
 	{key: "kafka.sasl.username", group: GroupKafka, kind: kindString, help: "SASL user name",
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.Username })},
@@ -275,6 +275,16 @@ var settings = append(append([]setting{
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.Password })},
 	{key: "kafka.sasl.password_file", group: GroupKafka, kind: kindString, help: "file holding the SASL password (a mounted Secret), read for every connection, so a rotated password is used at the next reconnect; instead of kafka.sasl.password",
 		apply: str(func(c *Config) *string { return &c.Kafka.SASL.PasswordFile })},
+	{key: "kafka.sasl.oauthbearer.token_file", group: GroupKafka, kind: kindString, help: "OAUTHBEARER: file holding the bearer token (a JWT a sidecar or a mounted Secret keeps fresh), read for every connection; instead of kafka.sasl.oauthbearer.token_endpoint_url",
+		apply: str(func(c *Config) *string { return &c.Kafka.SASL.OAuthBearer.TokenFile })},
+	{key: "kafka.sasl.oauthbearer.token_endpoint_url", group: GroupKafka, kind: kindString, help: "OAUTHBEARER: the identity provider's OAuth token endpoint; the relay fetches tokens with the client-credentials grant and fetches anew after 80% of a token's lifetime",
+		apply: str(func(c *Config) *string { return &c.Kafka.SASL.OAuthBearer.TokenEndpointURL })},
+	{key: "kafka.sasl.oauthbearer.client_id", group: GroupKafka, kind: kindString, help: "OAUTHBEARER: the OAuth client id of the client-credentials grant",
+		apply: str(func(c *Config) *string { return &c.Kafka.SASL.OAuthBearer.ClientID })},
+	{key: "kafka.sasl.oauthbearer.client_secret_file", group: GroupKafka, kind: kindString, help: "OAUTHBEARER: file holding the OAuth client secret (a mounted Secret), read for every fetch of a token",
+		apply: str(func(c *Config) *string { return &c.Kafka.SASL.OAuthBearer.ClientSecretFile })},
+	{key: "kafka.sasl.oauthbearer.scope", group: GroupKafka, kind: kindString, help: "OAUTHBEARER: the scope asked of the token endpoint (space-separated); empty for the endpoint's default",
+		apply: str(func(c *Config) *string { return &c.Kafka.SASL.OAuthBearer.Scope })},
 }, cloudEventsSettings...), registrySettings...) // the envelope's keys live beside it (cloudevents.go), the registry's too (registry.go)
 
 // profiles preset defaults; keys set explicitly still win.
