@@ -49,16 +49,16 @@ func FlagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
 
 // setting is one configuration key: its default, its help, and how to apply a value.
 type setting struct {
-	key   string
-	group Group
-	kind  kind // what help calls its value
-	def   string
-	help  string
-	// see names the pages (docs/PAGE.md#Section title, or the page alone) that explain the key
-	// further, for operators: docs/configuration.md links them, help stays short.
-	see    []string
+	key    string
+	group  Group
+	kind   kind // what help calls its value
+	def    string
+	help   string
 	secret bool
 	apply  func(c *Config, v string) error
+	// see names the pages (docs/PAGE.md#Section title, or the page alone) that explain the key
+	// further, for operators: docs/configuration.md links them, help stays short.
+	see []string
 }
 
 // settings is the whole configuration surface; docs/configuration.md is generated from it.
