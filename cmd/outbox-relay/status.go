@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -134,6 +136,9 @@ type positionReport struct {
 
 // runStatus prints the slot at a glance and returns the exit code.
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if configs, rest := configArgs(args); len(configs) > 1 {
+		return runStatusShards(ctx, configs, rest, stdout, stderr)
+	}
 	fs, loader := newFlags("status", stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	var standbyDSNs []string
@@ -604,4 +609,68 @@ func bytesText(n int64) string {
 		return fmt.Sprintf("%d bytes", n)
 	}
 	return fmt.Sprintf("%d bytes (%.1f %s)", n, v, unit)
+}
+
+// configArgs splits a command line into its --config files and the other arguments.
+func configArgs(args []string) (configs, rest []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			return configs, append(rest, args[i:]...)
+		case (a == "--config" || a == "-config") && i+1 < len(args):
+			configs = append(configs, args[i+1])
+			i++
+		case strings.HasPrefix(a, "--config="), strings.HasPrefix(a, "-config="):
+			configs = append(configs, a[strings.Index(a, "=")+1:])
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return configs, rest
+}
+
+// shardStatus is one shard's entry of `outbox-relay status --json` given several --config files.
+type shardStatus struct {
+	Config   string          `json:"config"`
+	ExitCode int             `json:"exit_code"`
+	Report   json.RawMessage `json:"report"` // null when the status could not be asked (exit 1 or 2)
+}
+
+// runStatusShards is status over the shards of a sharded outbox (docs/scaling.md), one --config
+// each, the other arguments applying to all: each shard's report under its file's name, its
+// errors on stderr prefixed with it. The exit code is the worst of the shards': a usage error (2),
+// then a failure to ask (1), then a slot problem (3), so a script sees any shard's trouble.
+func runStatusShards(ctx context.Context, configs, rest []string, stdout, stderr io.Writer) int {
+	asJSON := slices.ContainsFunc(rest, func(a string) bool { return a == "--json" || a == "-json" || a == "--json=true" || a == "-json=true" })
+	worst := 0
+	rank := map[int]int{0: 0, exitSlotProblem: 1, 1: 2, 2: 3}
+	var shards []shardStatus
+	for _, c := range configs {
+		var out, errs bytes.Buffer
+		code := runStatus(ctx, append([]string{"--config", c}, rest...), &out, &errs)
+		for line := range strings.Lines(errs.String()) {
+			fmt.Fprint(stderr, strings.Replace(line, "outbox-relay: ", "outbox-relay: "+c+": ", 1))
+		}
+		if rank[code] > rank[worst] {
+			worst = code
+		}
+		if asJSON {
+			s := shardStatus{Config: c, ExitCode: code, Report: json.RawMessage("null")}
+			if json.Valid(out.Bytes()) && out.Len() > 0 {
+				s.Report = bytes.TrimSpace(out.Bytes())
+			}
+			shards = append(shards, s)
+			continue
+		}
+		fmt.Fprintf(stdout, "== %s (exit %d)\n", c, code)
+		stdout.Write(out.Bytes())
+		fmt.Fprintln(stdout)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(shards)
+	}
+	return worst
 }
