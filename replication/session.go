@@ -90,7 +90,7 @@ func (s *Stream) identifyServer(ctx context.Context, c *checked) error {
 		return fatalf("pg_dsn reached two database clusters at once: the checks' connection one with system identifier %s, the replication connection one with %s (a multi-host pg_dsn listing servers of different clusters, or a host name that moved between the two connections). Make pg_dsn lead to the one cluster to stream from, and restart",
 			c.systemID, s.identity.SystemID)
 	}
-	if err := refuseStandby(ctx, s.conn, "replication connection"); err != nil {
+	if err := refuseStandby(ctx, s.conn, "replication connection", s.cfg.PrimaryDSN != ""); err != nil {
 		return err
 	}
 	if s.cfg.Failover {
@@ -241,7 +241,7 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 			return checked{}, err
 		}
 	}
-	if err := refuseStandby(ctx, conn.PgConn(), "checks' connection"); err != nil {
+	if err := refuseStandby(ctx, conn.PgConn(), "checks' connection", s.cfg.PrimaryDSN != ""); err != nil {
 		return checked{}, err
 	}
 	if c.slot, err = s.prepareSlot(ctx, conn); err != nil {
