@@ -73,11 +73,11 @@ type horizon struct {
 	// standby: pg_dsn leads to a hot standby (primary_dsn set). The check runs there as on a
 	// primary, with the replay position for L: a catalog change replayed before it is visible to
 	// the check's snapshot, and the replayed locks of DDL conflict with its lock as on the primary.
-	standby bool
-	every       atomic.Int64  // time.Duration between checks: half the session's status interval, also the safety margin
-	staleLimit  time.Duration // the longest time without a good check before the relay stops
-	log         *zap.Logger
-	m           *metrics.Metrics // may be nil
+	standby    bool
+	every      atomic.Int64  // time.Duration between checks: half the session's status interval, also the safety margin
+	staleLimit time.Duration // the longest time without a good check before the relay stops
+	log        *zap.Logger
+	m          *metrics.Metrics // may be nil
 
 	verified atomic.Uint64 // pglogrepl.LSN
 	oid      atomic.Uint32 // the outbox table's OID when the relay started; 0 before the first session
