@@ -86,6 +86,8 @@ var settings = append([]setting{
 		apply: boolean(func(c *Config) *bool { return &c.CreatePublication })},
 	{key: "failover", group: GroupPostgres, kind: kindBool, def: "false", help: "make the slot a failover slot (PostgreSQL 17+), which standbys with sync_replication_slots keep, so that it survives a promotion: created with FAILOVER, an existing slot altered; an error on older servers",
 		apply: boolean(func(c *Config) *bool { return &c.Failover })},
+	{key: "primary_dsn", group: GroupPostgres, kind: kindString, help: "decoding on a hot standby (PostgreSQL 16+): pg_dsn leads to the standby, where the slot lives and is streamed, and this to its primary (the same database), where the slot ledger is written, heartbeats are emitted, rows are pruned, migrate runs and, unless leader_dsn is set, the leader lock is held; pg_password_file and TLS settings apply; empty: pg_dsn is the primary", secret: true,
+		apply: str(func(c *Config) *string { return &c.PrimaryDSN })},
 	{key: "failover_standby_dsn", group: GroupPostgres, kind: kindString, help: "a standby that may be promoted (PostgreSQL 17+, connection string like pg_dsn; pg_password_file and TLS settings apply): every slot_poll_interval the relay reads its copy of the failover slot for the standby_slot_* metrics (persisted, trail behind the primary's slot); unset: not watched", secret: true,
 		apply: str(func(c *Config) *string { return &c.FailoverStandbyDSN })},
 	{key: "columns.id", group: GroupOutbox, kind: kindString, def: "id", help: "event id column (sent as the id header)",
