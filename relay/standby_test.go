@@ -2,16 +2,24 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
+	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // standbyPair is a primary with the fixture's outbox database and a hot standby of it that
@@ -35,6 +43,8 @@ func newStandbyPair(t *testing.T, f *fixture, primary *devenv.Postgres) standbyP
 	standby := testenv.Standby(t, primary, devenv.PostgresOptions{Settings: map[string]string{
 		"primary_slot_name": "decoding_standby", "hot_standby_feedback": "on",
 	}})
+	// The copy restarted the primary: the outbox's pooled connections are gone.
+	f.outbox.Pool().Reset()
 	cfg, err := pgx.ParseConfig(f.dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +65,21 @@ func (p standbyPair) standbySlot(ctx context.Context, slot string) (active bool,
 	return active, confirmed, err
 }
 
+// waitStreaming waits until a relay (done: its Run's result) streams slot on the standby, so that
+// what is written from then on is after the slot's consistent point.
+func (p standbyPair) waitStreaming(t *testing.T, slot string, done <-chan error) {
+	t.Helper()
+	await.True(t, 2*time.Minute, "the relay to stream its slot on the standby", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the relay stopped: %v", err)
+		default:
+		}
+		active, confirmed, err := p.standbySlot(context.Background(), slot)
+		return err == nil && active && confirmed > 0
+	})
+}
+
 // The relay decodes from a hot standby (pg_dsn) and keeps its ledger and heartbeats on the
 // primary (primary_dsn): it creates the slot on the standby, delivers every event of a load
 // written on the primary once and in per-aggregate order, and, once the outbox is idle, the
@@ -73,16 +98,7 @@ func TestRelayStreamsFromAHotStandby(t *testing.T) {
 			cfg.Replication.PrimaryDSN = f.dsn
 			cfg.Replication.CreatePublication = false
 			cfg.HeartbeatInterval = 200 * time.Millisecond
-			done := f.run(cfg)
-			await.True(t, 2*time.Minute, "the relay to stream its slot on the standby", func() bool {
-				select {
-				case err := <-done:
-					t.Fatalf("the relay stopped: %v", err)
-				default:
-				}
-				active, confirmed, err := pair.standbySlot(ctx, f.slot)
-				return err == nil && active && confirmed > 0
-			})
+			pair.waitStreaming(t, f.slot, f.run(cfg))
 
 			f.writeMany(ctx, rand.New(rand.NewPCG(4, 4)), 200, 5, 20)
 			rep := f.verify(2*time.Minute, false)
@@ -96,4 +112,83 @@ func TestRelayStreamsFromAHotStandby(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A slot on a standby that a recovery conflict invalidates (hot_standby_feedback turned off, and
+// the primary's vacuum removing catalog rows the slot still needs) is a lost slot: with
+// on_slot_lost at its default (stop), the relay stops with replication.ErrSlotLost, loudly,
+// rather than stream a slot that skipped changes or wait for ever, and names the conflict (on
+// PostgreSQL 16 wal_status "lost" alone would read as WAL removed).
+func TestAStandbySlotInvalidatedByARecoveryConflictIsALostSlot(t *testing.T) {
+	for _, version := range []string{"16", "18"} {
+		t.Run("PostgreSQL "+version, func(t *testing.T) {
+			ctx := context.Background()
+			primary := testenv.Postgres(t, devenv.PostgresOptions{Version: version})
+			f := newFixture(t, primary, testenv.SharedKafka(t).Brokers(), 1)
+			pair := newStandbyPair(t, f, primary)
+			cfg := f.config()
+			cfg.Replication.DSN = pair.standbyDSN
+			cfg.Replication.PrimaryDSN = f.dsn
+			cfg.Replication.CreatePublication = false
+
+			// A first run creates the slot, records it in the ledger and publishes an event.
+			first, stopFirst := runUntilStopped(t, cfg)
+			pair.waitStreaming(t, f.slot, first)
+			if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: "before"}); err != nil {
+				t.Fatal(err)
+			}
+			f.verify(time.Minute, false)
+			stopFirst()
+			if err := <-first; err != nil {
+				t.Fatalf("the first run ended with %v", err)
+			}
+
+			// The conflict: no more feedback from the standby, and a catalog row the slot may still
+			// need removed by vacuum on the primary.
+			for _, sql := range []string{"ALTER SYSTEM SET hot_standby_feedback = off", "SELECT pg_reload_conf()"} {
+				if err := pair.standby.Exec(ctx, "postgres", sql); err != nil {
+					t.Fatal(err)
+				}
+			}
+			await.True(t, time.Minute, "the primary to forget the standby's xmin", func() bool {
+				var held bool
+				err := f.outbox.Pool().QueryRow(ctx, "SELECT xmin IS NOT NULL OR catalog_xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = 'decoding_standby'").Scan(&held)
+				return err == nil && !held
+			})
+			f.exec(ctx, "CREATE TABLE conflict_victim (id int)", "DROP TABLE conflict_victim", "VACUUM pg_class, pg_attribute, pg_type")
+			await.True(t, time.Minute, "the standby to invalidate the slot", func() bool {
+				var conflicting bool
+				err := queryOn(ctx, pair.standby, f.dsn, "SELECT coalesce(conflicting, false) FROM pg_replication_slots WHERE slot_name = '"+f.slot+"'", &conflicting)
+				return err == nil && conflicting
+			})
+
+			second, _ := runUntilStopped(t, cfg)
+			select {
+			case err := <-second:
+				if !errors.Is(err, replication.ErrSlotLost) {
+					t.Fatalf("the relay stopped with %v; want replication.ErrSlotLost", err)
+				}
+				if !strings.Contains(err.Error(), "rows_removed") {
+					t.Fatalf("the relay stopped with %v, which does not name the recovery conflict (rows_removed)", err)
+				}
+				t.Logf("the relay stopped: %v", err)
+			case <-time.After(2 * time.Minute):
+				t.Fatal("the relay did not stop within 2 minutes on a slot the standby invalidated")
+			}
+		})
+	}
+}
+
+// runUntilStopped runs a relay until stop is called (or the test ends); done receives Run's result.
+func runUntilStopped(t *testing.T, cfg relay.Config) (done <-chan error, stop func()) {
+	t.Helper()
+	r, err := relay.New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan error, 1)
+	go func() { ch <- r.Run(ctx) }()
+	t.Cleanup(cancel)
+	return ch, cancel
 }
