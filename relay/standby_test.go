@@ -110,6 +110,37 @@ func TestRelayStreamsFromAHotStandby(t *testing.T) {
 				_, confirmed, err := pair.standbySlot(ctx, f.slot)
 				return err == nil && confirmed >= end
 			})
+
+			// The standby is promoted mid-stream: the primary goes away, the standby (slot and all)
+			// takes the writes, and the relay goes on streaming the same slot from it (the same
+			// cluster, its next timeline); the old primary's heartbeats and ledger fail meanwhile,
+			// which costs warnings, not events.
+			if err := primary.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := pair.standby.Promote(ctx); err != nil {
+				t.Fatal(err)
+			}
+			promoted, err := harness.NewOutbox(ctx, pair.standbyDSN, "public.outbox_events")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer promoted.Close()
+			for i := range 30 {
+				if err := promoted.WriteTx(ctx, harness.Spec{AggregateType: f.types[i%2], AggregateID: fmt.Sprintf("promoted-%d", i%5)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := harness.NewConsumer(f.brokers, harness.Topics(promoted.Written(), nil)...)
+			defer c.Close()
+			readCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			readErr := c.ReadUntil(readCtx, time.Second, func(recs []harness.Record) bool {
+				return harness.Verify(promoted.Written(), recs, nil).Missing == 0
+			})
+			if rep := harness.Verify(promoted.Written(), c.Records(), nil); readErr != nil || rep.Missing > 0 || rep.OrderViolations > 0 {
+				t.Fatalf("events written on the promoted standby (read error: %v): %s", readErr, rep)
+			}
 		})
 	}
 }
