@@ -28,6 +28,7 @@ import (
 type standbyPair struct {
 	primary, standby *devenv.Postgres
 	standbyDSN       string // the outbox database on the standby
+	primaryDSN       string // primary_dsn: the outbox database on whichever of the two is writable
 }
 
 func newStandbyPair(t *testing.T, f *fixture, primary *devenv.Postgres) standbyPair {
@@ -49,7 +50,11 @@ func newStandbyPair(t *testing.T, f *fixture, primary *devenv.Postgres) standbyP
 	if err != nil {
 		t.Fatal(err)
 	}
-	return standbyPair{primary: primary, standby: standby, standbyDSN: standby.DSN(cfg.Database)}
+	// primary_dsn as docs/operations.md advises: both servers, the writable one wanted, so that
+	// the ledger, heartbeats and the leader lock follow a promotion.
+	primaryDSN := strings.Replace(f.dsn, fmt.Sprintf("127.0.0.1:%d", primary.Port()),
+		fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", primary.Port(), standby.Port()), 1) + "&target_session_attrs=read-write"
+	return standbyPair{primary: primary, standby: standby, standbyDSN: standby.DSN(cfg.Database), primaryDSN: primaryDSN}
 }
 
 // standbySlot reads the relay's slot on the standby: whether it is streamed, and its confirmed
@@ -81,11 +86,19 @@ func (p standbyPair) waitStreaming(t *testing.T, slot string, done <-chan error)
 }
 
 // The relay decodes from a hot standby (pg_dsn) and keeps its ledger and heartbeats on the
-// primary (primary_dsn): it creates the slot on the standby, delivers every event of a load
-// written on the primary once and in per-aggregate order, and, once the outbox is idle, the
-// standby's slot still moves up to the primary's end of WAL (the heartbeats written on the
-// primary and replayed on the standby give it a position to confirm).
-func TestRelayStreamsFromAHotStandby(t *testing.T) {
+// primary (primary_dsn), on PostgreSQL 16 and 18, one primary and standby pair each, in phases:
+//
+//  1. It creates the slot on the standby and delivers every event of a load written on the
+//     primary once and in per-aggregate order; once the outbox is idle, the standby's slot still
+//     moves up to the primary's end of WAL (the heartbeats written on the primary and replayed on
+//     the standby give it a position to confirm).
+//  2. A recovery conflict invalidates the slot (hot_standby_feedback turned off, and the primary's
+//     vacuum removing catalog rows the slot still needs): a lost slot, so with on_slot_lost at its
+//     default (stop) the relay stops with replication.ErrSlotLost, loudly, and names the conflict
+//     (on PostgreSQL 16, wal_status "lost" alone read as WAL removed).
+//  3. With the feedback back and a new slot, the standby is promoted mid-stream: the relay goes on
+//     streaming the same slot from it and publishes what is written there.
+func TestRelayDecodesFromAHotStandby(t *testing.T) {
 	for _, version := range []string{"16", "18"} {
 		t.Run("PostgreSQL "+version, func(t *testing.T) {
 			ctx := context.Background()
@@ -93,28 +106,61 @@ func TestRelayStreamsFromAHotStandby(t *testing.T) {
 			f := newFixture(t, primary, testenv.SharedKafka(t).Brokers(), 2)
 			pair := newStandbyPair(t, f, primary)
 
+			// 1. Load, then idle.
 			cfg := f.config()
 			cfg.Replication.DSN = pair.standbyDSN
-			cfg.Replication.PrimaryDSN = f.dsn
+			cfg.Replication.PrimaryDSN = pair.primaryDSN
 			cfg.Replication.CreatePublication = false
 			cfg.HeartbeatInterval = 200 * time.Millisecond
-			pair.waitStreaming(t, f.slot, f.run(cfg))
-
+			first, stopFirst := runUntilStopped(t, cfg)
+			pair.waitStreaming(t, f.slot, first)
 			f.writeMany(ctx, rand.New(rand.NewPCG(4, 4)), 200, 5, 20)
 			rep := f.verify(2*time.Minute, false)
 			t.Logf("delivered from the standby: %s", rep)
-
-			// Idle outbox: the standby's slot reaches the primary's end of WAL as of now.
 			end := f.currentLSN()
 			await.True(t, time.Minute, "the standby's slot to be confirmed up to the primary's end of WAL", func() bool {
 				_, confirmed, err := pair.standbySlot(ctx, f.slot)
 				return err == nil && confirmed >= end
 			})
+			stopFirst()
+			if err := <-first; err != nil {
+				t.Fatalf("the first run ended with %v", err)
+			}
 
-			// The standby is promoted mid-stream: the primary goes away, the standby (slot and all)
+			// 2. The conflict.
+			pair.setFeedback(t, "off")
+			await.True(t, time.Minute, "the primary to forget the standby's xmin", func() bool {
+				var held bool
+				err := f.outbox.Pool().QueryRow(ctx, "SELECT xmin IS NOT NULL OR catalog_xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = 'decoding_standby'").Scan(&held)
+				return err == nil && !held
+			})
+			f.exec(ctx, "CREATE TABLE conflict_victim (id int)", "DROP TABLE conflict_victim", "VACUUM pg_class, pg_attribute, pg_type")
+			await.True(t, time.Minute, "the standby to invalidate the slot", func() bool {
+				var conflicting bool
+				err := queryOn(ctx, pair.standby, f.dsn, "SELECT coalesce(conflicting, false) FROM pg_replication_slots WHERE slot_name = '"+f.slot+"'", &conflicting)
+				return err == nil && conflicting
+			})
+			second, _ := runUntilStopped(t, cfg)
+			select {
+			case err := <-second:
+				if !errors.Is(err, replication.ErrSlotLost) {
+					t.Fatalf("the relay stopped with %v; want replication.ErrSlotLost", err)
+				}
+				if !strings.Contains(err.Error(), "rows_removed") {
+					t.Fatalf("the relay stopped with %v, which does not name the recovery conflict (rows_removed)", err)
+				}
+				t.Logf("the relay stopped: %v", err)
+			case <-time.After(2 * time.Minute):
+				t.Fatal("the relay did not stop within 2 minutes on a slot the standby invalidated")
+			}
+
+			// 3. A new slot, then the promotion. The primary goes away, the standby (slot and all)
 			// takes the writes, and the relay goes on streaming the same slot from it (the same
 			// cluster, its next timeline); the old primary's heartbeats and ledger fail meanwhile,
 			// which costs warnings, not events.
+			pair.setFeedback(t, "on")
+			cfg.Replication.Slot = f.slot + "_2"
+			pair.waitStreaming(t, cfg.Replication.Slot, f.run(cfg))
 			if err := primary.Stop(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -145,68 +191,13 @@ func TestRelayStreamsFromAHotStandby(t *testing.T) {
 	}
 }
 
-// A slot on a standby that a recovery conflict invalidates (hot_standby_feedback turned off, and
-// the primary's vacuum removing catalog rows the slot still needs) is a lost slot: with
-// on_slot_lost at its default (stop), the relay stops with replication.ErrSlotLost, loudly,
-// rather than stream a slot that skipped changes or wait for ever, and names the conflict (on
-// PostgreSQL 16 wal_status "lost" alone would read as WAL removed).
-func TestAStandbySlotInvalidatedByARecoveryConflictIsALostSlot(t *testing.T) {
-	for _, version := range []string{"16", "18"} {
-		t.Run("PostgreSQL "+version, func(t *testing.T) {
-			ctx := context.Background()
-			primary := testenv.Postgres(t, devenv.PostgresOptions{Version: version})
-			f := newFixture(t, primary, testenv.SharedKafka(t).Brokers(), 1)
-			pair := newStandbyPair(t, f, primary)
-			cfg := f.config()
-			cfg.Replication.DSN = pair.standbyDSN
-			cfg.Replication.PrimaryDSN = f.dsn
-			cfg.Replication.CreatePublication = false
-
-			// A first run creates the slot, records it in the ledger and publishes an event.
-			first, stopFirst := runUntilStopped(t, cfg)
-			pair.waitStreaming(t, f.slot, first)
-			if err := f.outbox.WriteTx(ctx, harness.Spec{AggregateType: f.types[0], AggregateID: "before"}); err != nil {
-				t.Fatal(err)
-			}
-			f.verify(time.Minute, false)
-			stopFirst()
-			if err := <-first; err != nil {
-				t.Fatalf("the first run ended with %v", err)
-			}
-
-			// The conflict: no more feedback from the standby, and a catalog row the slot may still
-			// need removed by vacuum on the primary.
-			for _, sql := range []string{"ALTER SYSTEM SET hot_standby_feedback = off", "SELECT pg_reload_conf()"} {
-				if err := pair.standby.Exec(ctx, "postgres", sql); err != nil {
-					t.Fatal(err)
-				}
-			}
-			await.True(t, time.Minute, "the primary to forget the standby's xmin", func() bool {
-				var held bool
-				err := f.outbox.Pool().QueryRow(ctx, "SELECT xmin IS NOT NULL OR catalog_xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = 'decoding_standby'").Scan(&held)
-				return err == nil && !held
-			})
-			f.exec(ctx, "CREATE TABLE conflict_victim (id int)", "DROP TABLE conflict_victim", "VACUUM pg_class, pg_attribute, pg_type")
-			await.True(t, time.Minute, "the standby to invalidate the slot", func() bool {
-				var conflicting bool
-				err := queryOn(ctx, pair.standby, f.dsn, "SELECT coalesce(conflicting, false) FROM pg_replication_slots WHERE slot_name = '"+f.slot+"'", &conflicting)
-				return err == nil && conflicting
-			})
-
-			second, _ := runUntilStopped(t, cfg)
-			select {
-			case err := <-second:
-				if !errors.Is(err, replication.ErrSlotLost) {
-					t.Fatalf("the relay stopped with %v; want replication.ErrSlotLost", err)
-				}
-				if !strings.Contains(err.Error(), "rows_removed") {
-					t.Fatalf("the relay stopped with %v, which does not name the recovery conflict (rows_removed)", err)
-				}
-				t.Logf("the relay stopped: %v", err)
-			case <-time.After(2 * time.Minute):
-				t.Fatal("the relay did not stop within 2 minutes on a slot the standby invalidated")
-			}
-		})
+// setFeedback turns the standby's hot_standby_feedback on or off.
+func (p standbyPair) setFeedback(t *testing.T, value string) {
+	t.Helper()
+	for _, sql := range []string{"ALTER SYSTEM SET hot_standby_feedback = " + value, "SELECT pg_reload_conf()"} {
+		if err := p.standby.Exec(context.Background(), "postgres", sql); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
