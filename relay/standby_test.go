@@ -88,10 +88,11 @@ func (p standbyPair) waitStreaming(t *testing.T, slot string, done <-chan error)
 // The relay decodes from a hot standby (pg_dsn) and keeps its ledger and heartbeats on the
 // primary (primary_dsn), on PostgreSQL 16 and 18, one primary and standby pair each, in phases:
 //
-//  1. It creates the slot on the standby and delivers every event of a load written on the
-//     primary once and in per-aggregate order; once the outbox is idle, the standby's slot still
-//     moves up to the primary's end of WAL (the heartbeats written on the primary and replayed on
-//     the standby give it a position to confirm).
+//  1. It creates the slot on the standby, backfills the rows written before it (from the slot's
+//     snapshot, on the standby) and delivers every event of a load written on the primary once and
+//     in per-aggregate order; once the outbox is idle, the standby's slot still moves up to the
+//     primary's end of WAL (the heartbeats written on the primary and replayed on the standby give
+//     it a position to confirm). Restarted, it streams the existing slot on.
 //  2. A recovery conflict invalidates the slot (hot_standby_feedback turned off, and the primary's
 //     vacuum removing catalog rows the slot still needs): a lost slot, so with on_slot_lost at its
 //     default (stop) the relay stops with replication.ErrSlotLost, loudly, and names the conflict
@@ -112,9 +113,12 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 			cfg.Replication.PrimaryDSN = pair.primaryDSN
 			cfg.Replication.CreatePublication = false
 			cfg.HeartbeatInterval = 200 * time.Millisecond
+			cfg.Backfill = &relay.Backfill{}
+			rng := rand.New(rand.NewPCG(4, 4))
+			f.writeMany(ctx, rng, 10, 3, 20) // before the slot: the backfill's, read on the standby
 			first, stopFirst := runUntilStopped(t, cfg)
 			pair.waitStreaming(t, f.slot, first)
-			f.writeMany(ctx, rand.New(rand.NewPCG(4, 4)), 200, 5, 20)
+			f.writeMany(ctx, rng, 200, 5, 20)
 			rep := f.verify(2*time.Minute, false)
 			t.Logf("delivered from the standby: %s", rep)
 			end := f.currentLSN()
@@ -125,6 +129,14 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 			stopFirst()
 			if err := <-first; err != nil {
 				t.Fatalf("the first run ended with %v", err)
+			}
+			// A restart streams the existing slot on the standby.
+			again, stopAgain := runUntilStopped(t, cfg)
+			f.writeMany(ctx, rng, 20, 3, 20)
+			f.verify(2*time.Minute, false)
+			stopAgain()
+			if err := <-again; err != nil {
+				t.Fatalf("the restarted run ended with %v", err)
 			}
 
 			// 2. The conflict.
@@ -160,6 +172,7 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 			// which costs warnings, not events.
 			pair.setFeedback(t, "on")
 			cfg.Replication.Slot = f.slot + "_2"
+			cfg.Backfill = nil // the rows are in Kafka already
 			pair.waitStreaming(t, cfg.Replication.Slot, f.run(cfg))
 			if err := primary.Stop(ctx); err != nil {
 				t.Fatal(err)
