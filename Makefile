@@ -3,6 +3,14 @@
 # PostgreSQL, Kafka and schema registry.
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The commit and its time, stamped for `outbox-relay version` where Go's own build information has
+# none (a git worktree, an image built without .git).
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+COMMIT_TIME ?= $(shell TZ=UTC git log -1 --format=%cd --date=iso-strict-local 2>/dev/null)
+# The one build of the binary: make build, make release and deploy/Dockerfile (deploy/deploy_test.go
+# checks that the Dockerfile's is this one). Static (CGO_ENABLED=0), no local paths (-trimpath).
+GO_BUILD = CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.commitTime=$(COMMIT_TIME)"
+RELEASE_PLATFORMS ?= linux/amd64 linux/arm64
 TEST_TIMEOUT ?= 20m
 
 # Local services (see internal/devenv): PostgreSQL with wal_level=logical and a KRaft Kafka broker.
@@ -12,10 +20,16 @@ LOCAL ?= .local
 PG_VERSION ?=
 DEVENV := go run ./internal/cmd/devenv
 
-.PHONY: tools kafka-lib pg-lib registry-lib up down services-status build test lint
+.PHONY: tools test-tools kafka-lib pg-lib registry-lib up down services-status build test lint
 
+# What the local services need (PostgreSQL, Java, Maven): make up and make demo install no more.
 tools:
 	@bash scripts/ensure-tools.sh
+
+# And the test tools: promtool (deploy/'s alert rule checks) and PgBouncer (the leader lock through a
+# pooler).
+test-tools:
+	@bash scripts/ensure-tools.sh test
 
 kafka-lib: tools
 	@bash scripts/kafka-lib.sh
@@ -41,7 +55,24 @@ services-status:
 	@$(DEVENV) status --dir $(LOCAL)
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/outbox-relay ./cmd/outbox-relay
+	$(GO_BUILD) -o bin/outbox-relay ./cmd/outbox-relay
+
+# The downloads: a static binary per platform, dist/outbox-relay-VERSION-OS-ARCH, and their SHA-256
+# checksums in dist/SHA256SUMS (sha256sum -c SHA256SUMS checks them).
+.PHONY: release
+release:
+	@rm -rf dist && mkdir -p dist
+	@set -e; for p in $(RELEASE_PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; out=dist/outbox-relay-$(VERSION)-$$os-$$arch; \
+	  echo "$$out"; GOOS=$$os GOARCH=$$arch $(GO_BUILD) -o $$out ./cmd/outbox-relay; \
+	done
+	@cd dist && sha256sum outbox-relay-* > SHA256SUMS && cat SHA256SUMS
+
+# docs/configuration.md from the configuration keys (config/keys.go); internal/configdoc's test
+# fails when the page and the keys disagree.
+.PHONY: docs
+docs:
+	$(GO) run ./internal/cmd/configdoc -o docs/configuration.md
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -53,12 +84,12 @@ lint:
 # 70%: the packages wait on servers much of the time) and took 11 minutes instead of 14, but the
 # contention made timing-bound tests flake (a status read between two sessions, a log read before a
 # retry): not the default until they are made robust to it. go test starts the packages' runs in
-# the order listed: the longest first (README, "How long make test takes"), so that no long one is
+# the order listed: the longest first (docs/development.md, "How long make test takes"), so that no long one is
 # left to run alone at the end. ./... adds the others once.
 TEST_PACKAGES_AT_ONCE ?= $(shell nproc 2>/dev/null || echo 2)
 TEST_LONGEST_FIRST := ./cmd/outbox-relay ./faults ./sink ./relay ./internal/chaos ./replication \
 	./internal/chaos/cluster ./leader ./poll ./bench ./internal/chaos/workload ./inbox ./internal/devenv
-test: tools kafka-lib pg-lib registry-lib lint
+test: test-tools kafka-lib pg-lib registry-lib lint
 	$(GO) test -race -count=1 -p $(TEST_PACKAGES_AT_ONCE) -timeout $(TEST_TIMEOUT) $(TEST_LONGEST_FIRST) ./...
 
 # The fault suite alone (faults/, also part of `make test`): kill -9, broker and PostgreSQL outages,
@@ -83,14 +114,19 @@ chaos: tools kafka-lib pg-lib
 
 # The relay's records against Debezium's own (Kafka Connect with the PostgreSQL connector and the
 # outbox event router, jars from bench/debezium-lib.sh) for the router options it supports
-# (cmd/outbox-relay/debezium_router_test.go, build tag debezium): a JVM start and a few minutes.
+# (cmd/outbox-relay/debezium_router_test.go, build tag debezium), and its Avro records against
+# those of Apicurio's AvroConverter through the schema registry (debezium_avro_test.go): two JVM
+# starts and a few minutes.
 .PHONY: test-debezium
-test-debezium: tools kafka-lib
+test-debezium: tools kafka-lib pg-lib registry-lib
 	@bash bench/debezium-lib.sh >/dev/null
 	$(GO) test -tags debezium -count=1 -timeout $(TEST_TIMEOUT) -v -run 'Debezium' ./cmd/outbox-relay/
 
-# The outbox end to end on local services: make up, migrate, relay, orders in, events out, make down.
-# PG_VERSION=15 make demo runs it on another PostgreSQL major version (make up's knob).
+# The outbox end to end on local services: make up, migrate, relay, orders in, events out, where to
+# look next (the metrics, outbox-relay status), make down. It installs only what it runs (make up's
+# tools: PostgreSQL, Java and Maven for Kafka), never the test tools (internal/devenv's
+# TestTheDemoInstallsOnlyWhatItRuns). PG_VERSION=15 make demo runs it on another PostgreSQL major
+# version (make up's knob); DEMO_METRICS_ADDR (127.0.0.1:9187) is where the relay serves /metrics.
 .PHONY: demo
 demo:
 	@LOCAL=$(LOCAL) bash scripts/demo.sh
@@ -98,8 +134,10 @@ demo:
 # Side-by-side benchmark (bench/, results in docs/benchmarks.md): the relay against the
 # pg_recvlogical ceiling and Debezium on Kafka Connect, which bench/debezium-lib.sh fetches through
 # Maven. Not part of `make test` (bench/ has a smoke test that is). BENCH_EVENTS=100000 for a
-# shorter run; the other BENCH_* knobs are listed by `go run ./bench -h`.
+# shorter run; BENCH_SWEEP=on measures the relay's steady state at several kafka.linger /
+# transaction_interval settings and draws the curves to $(LOCAL)/bench/sweep.{svg,png}; the other
+# BENCH_* knobs are listed by `go run ./bench -h`.
 .PHONY: bench
-bench: tools kafka-lib build
+bench: tools kafka-lib registry-lib build
 	@bash bench/debezium-lib.sh >/dev/null
-	@$(GO) run ./bench --relay-bin bin/outbox-relay
+	@$(GO) run ./bench --relay-bin bin/outbox-relay --charts "$${BENCH_CHARTS:-$(LOCAL)/bench}"

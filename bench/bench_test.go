@@ -24,12 +24,13 @@ var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay
 	`exactly_once_vs_relay=(\d+\.\d\d) exactly_once_p99_ms=(\d+) first_record_s=(\d+\.\d\d) msg_write_x=(\d+\.\d) msg_wal_x=(\d+\.\d) msg_relay_vs_ceiling=(\d+\.\d\d)$`)
 
 // The smoke run goes through the same code as `make bench` with a tiny backlog: the ceiling and the
-// relay drain it, the relay runs a short steady state and a large transaction, an in-process
+// relay drain it (in JSON and in Avro through the package's shared schema registry), the relay runs a short steady state and a large transaction, an in-process
 // relay writes profiles, and the table-free outbox's backlog and producers are measured. Debezium is not run (a Connect JVM costs more than the rest of this test
 // and its jars are fetched by `make bench`, not `make test`); its configuration is tested below.
 // On PostgreSQL 17+ the poller drains once more with a standby listed in synchronized_standby_slots
 // (a few seconds), and the poller's steady state after it shows that the setting was reset: its
-// claims would otherwise wait for ever for the removed standby's slot.
+// claims would otherwise wait for ever for the removed standby's slot. The relay's steady states
+// are a sweep of two settings, whose table and chart come out.
 func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	pg := testenv.SharedPostgres(t)
 	k := testenv.SharedKafka(t)
@@ -39,21 +40,25 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sides, extraRows := []string{sideCeiling, sideRelay, sideRelayEOS, sidePoll, sideRecover}, []string(nil)
+	sides, extraRows := []string{sideCeiling, sideRelay, sideRelayEOS, sideRelayAvro, sidePoll, sideRecover}, []string(nil)
 	if v, err := pg.Version(); err != nil {
 		t.Fatal(err)
 	} else if major, _ := strconv.Atoi(v); major >= 17 {
-		sides = slices.Insert(sides, 4, sidePollStandby)
+		sides = slices.Insert(sides, 5, sidePollStandby)
 		extraRows = append(extraRows, "| outbox-relay, source poll, synchronized_standby_slots |")
 	}
-	profiles := t.TempDir()
+	profiles, charts := t.TempDir(), t.TempDir()
 	cfg := Config{
 		Events: 2000, Partitions: 2, Rate: 400, SteadyFor: 3 * time.Second, BigTx: 3000,
 		Sides: sides, Steady: []string{sideRelay, sideRelayEOS, sidePoll},
 		RelayBin: relayproc.PlainBinary(t), ProfileDir: profiles, WorkDir: t.TempDir(),
 		Log: t.Output(), DrainTimeout: time.Minute, Messages: true, ProducerFor: time.Second, Rounds: 2,
+		// The default setting and a longer transaction_interval: exactly-once runs at both every
+		// round, at-least-once (which has no transactions) at the one linger, so the sweep costs
+		// one steady state a round.
+		Sweep: []sweepPoint{{Linger: 15 * time.Millisecond}, {Linger: 15 * time.Millisecond, Interval: 200 * time.Millisecond}}, ChartDir: charts,
 	}
-	rep, err := Run(ctx, cfg, &Services{PG: pg, Kafka: k, DSN: dsn})
+	rep, err := Run(ctx, cfg, &Services{PG: pg, Kafka: k, Registry: testenv.SharedRegistry(t), DSN: dsn})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,10 +69,14 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	t.Logf("\n%s\n%s", table, summary)
 
 	for _, want := range append([]string{"| ceiling (pg_recvlogical) (round 1) |", "| outbox-relay (round 1) |", "| outbox-relay, exactly-once (round 1) |", "| outbox-relay, source poll |",
+		"| outbox-relay, Avro through a schema registry (round 1) |", "| outbox-relay, Avro through a schema registry (round 2) |", "| Avro drain / JSON drain |",
+		"| Avro drain (schema registry) vs JSON drain |",
 		"| outbox-relay, lost-slot recovery from the table |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events",
 		"| messages |", "| ceiling (pg_recvlogical, messages) (round 2) |", "| outbox-relay, messages (round 2) |",
 		"| outbox-relay (round 2) |", "| outbox-relay, exactly-once (round 2) |", "Interleaved drains", "| table-free drain / its ceiling |",
-		"| steady: exactly-once broker CPU per event / at-least-once |", "Against the targets (medians over the rounds):"}, extraRows...) {
+		"| steady: exactly-once broker CPU per event / at-least-once |", "Against the targets (medians over the rounds):",
+		"Sweep: the steady state", "| outbox-relay | linger 15 ms (default) |", "| outbox-relay, exactly-once | linger 15 ms, transaction_interval 100 ms (default) |",
+		"| outbox-relay, exactly-once | linger 15 ms, transaction_interval 200 ms |", "| outbox-relay, source poll | its own |"}, extraRows...) {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q", want)
 		}
@@ -120,6 +129,11 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 		p.Messages == nil || p.Messages.AllocsPerEvent <= 0 || p.Messages.Wall <= 0 {
 		t.Errorf("no profile stats: %+v", rep.Profile)
 	}
+	for _, name := range []string{"sweep.svg", "sweep.png"} {
+		if fi, err := os.Stat(filepath.Join(charts, name)); err != nil || fi.Size() == 0 {
+			t.Errorf("sweep chart %s missing or empty (%v)", name, err)
+		}
+	}
 	for _, phase := range []string{"drain", "messages", "steady"} {
 		for _, name := range []string{"cpu", "allocs", "mutex", "block"} {
 			file := phase + "-" + name + ".pprof"
@@ -152,8 +166,11 @@ func TestDebeziumConfiguration(t *testing.T) {
 	tests := []struct {
 		name          string
 		tuned         bool
+		exactlyOnce   bool
 		wantConnector map[string]string
+		wantWorker    map[string]string
 		absent        []string
+		absentWorker  []string
 	}{
 		{
 			name:  "the defaults route like the relay and leave Connect's producer and Debezium's queue alone",
@@ -167,7 +184,25 @@ func TestDebeziumConfiguration(t *testing.T) {
 				"transforms.outbox.route.topic.replacement": "b1.debezium-tuned.${routedByValue}",
 				"transforms.outbox.table.field.event.key":   "aggregate_id",
 			},
-			absent: []string{"producer.override.linger.ms", "max.batch.size", "max.queue.size", "poll.interval.ms"},
+			absent:       []string{"producer.override.linger.ms", "max.batch.size", "max.queue.size", "poll.interval.ms", "exactly.once.support"},
+			wantWorker:   map[string]string{"offset.storage.file.filename": "/tmp/offsets"},
+			absentWorker: []string{"exactly.once.source.support", "group.id"},
+		},
+		{
+			name:  "exactly-once runs a distributed worker with exactly-once source support and requires it of the connector",
+			tuned: true, exactlyOnce: true,
+			wantConnector: map[string]string{
+				"exactly.once.support": "required", "transaction.boundary": "poll",
+				"producer.override.linger.ms": "10", "producer.override.enable.idempotence": "true",
+				"transforms.outbox.route.topic.replacement": "b1.debezium-tuned.${routedByValue}",
+			},
+			wantWorker: map[string]string{
+				"exactly.once.source.support": "enabled", "group.id": "b1_debezium-tuned",
+				"config.storage.topic": "b1_debezium-tuned.connect-configs", "offset.storage.topic": "b1_debezium-tuned.connect-offsets",
+				"status.storage.topic": "b1_debezium-tuned.connect-status", "config.storage.replication.factor": "1",
+				"offset.storage.replication.factor": "1", "status.storage.replication.factor": "1",
+			},
+			absentWorker: []string{"offset.storage.file.filename"},
 		},
 		{
 			name:  "the tuned setup batches, compresses and pipelines the producer and enlarges Debezium's queue",
@@ -184,10 +219,20 @@ func TestDebeziumConfiguration(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := setup
-			s.Tuned = tt.tuned
+			s.Tuned, s.ExactlyOnce = tt.tuned, tt.exactlyOnce
 			worker, connector, err := s.properties()
 			if err != nil {
 				t.Fatal(err)
+			}
+			for k, v := range tt.wantWorker {
+				if worker[k] != v {
+					t.Errorf("worker %s = %q, want %q", k, worker[k], v)
+				}
+			}
+			for _, k := range tt.absentWorker {
+				if v, ok := worker[k]; ok {
+					t.Errorf("worker sets %s = %q; it must not", k, v)
+				}
 			}
 			for k, v := range tt.wantConnector {
 				if connector[k] != v {
@@ -364,7 +409,7 @@ func TestEachRoundHasItsOwnSlotTopicsLogAndConnectDirectory(t *testing.T) {
 // poll-standby starts a standby and needs PostgreSQL 17+, while the bench's cluster is by default
 // the PATH's PostgreSQL: a run measures it only when it is named, on the version it is given.
 func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
-	for _, key := range []string{"BENCH_SIDES", "BENCH_STEADY_SIDES", "BENCH_PG_VERSION"} {
+	for _, key := range []string{"BENCH_SIDES", "BENCH_STEADY_SIDES", "BENCH_PG_VERSION", "BENCH_SWEEP", "BENCH_RELAY_ARGS"} {
 		t.Setenv(key, "")
 		os.Unsetenv(key)
 	}
@@ -379,8 +424,8 @@ func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
 		{
 			name:       "the defaults leave it out",
 			args:       nil,
-			wantSides:  []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sidePoll, sideRecover},
-			wantSteady: []string{sideRelay, sideRelayEOS, sideDbzTuned, sidePoll},
+			wantSides:  []string{sideCeiling, sideRelay, sideRelayEOS, sideRelayAvro, sideDbzDefault, sideDbzTuned, sideDbzEOS, sidePoll, sideRecover},
+			wantSteady: []string{sideRelay, sideRelayEOS, sideDbzTuned, sideDbzEOS, sidePoll},
 		},
 		{
 			name:              "named, it runs in the drain and the steady state on the PostgreSQL asked for",

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Assembles Kafka Connect 4.3 and Debezium 3.6.1.Final (bench/debezium/pom.xml) into a cached lib
-# folder for the benchmark and prints its path. A stamp file, written last, marks the folder
-# complete; with it present this is a no-op.
+# Assembles Kafka Connect 4.3, Debezium 3.6.1.Final and Apicurio Registry's Avro converter
+# (bench/debezium/pom.xml) into a cached lib folder for the benchmark and make test-debezium, and
+# prints its path. A stamp file, written last, marks the folder complete and holds the pom's
+# checksum: with it present and the pom unchanged this is a no-op; a changed pom (a jar added)
+# assembles the folder again.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 lib="${OUTBOX_DEBEZIUM_LIB:-$HOME/.cache/outbox-relay/debezium-3.6.1/lib}"
 stamp="$lib/.complete"
 
-if [[ -f "$stamp" ]]; then
+pomsum="$(sha256sum "$here/debezium/pom.xml" | cut -d' ' -f1)"
+if [[ -f "$stamp" ]] && grep -qx "pom $pomsum" "$stamp"; then
   cmp -s "$here/debezium/log4j2.properties" "$lib/log4j2.properties" ||
     cp "$here/debezium/log4j2.properties" "$lib/log4j2.properties"
   echo "$lib"
@@ -45,12 +48,12 @@ if [[ "$bindings" -ne 1 ]]; then
   echo "debezium-lib: expected exactly one slf4j binding in lib, found $bindings" >&2
   exit 1
 fi
-for jar in connect-runtime-4.3 debezium-connector-postgres-3.6.1.Final debezium-connect-plugins-3.6.1.Final; do
+for jar in connect-runtime-4.3 debezium-connector-postgres-3.6.1.Final debezium-connect-plugins-3.6.1.Final apicurio-registry-utils-converter-2.6.13.Final; do
   [[ -n "$(find "$work/lib" -name "$jar*.jar")" ]] || { echo "debezium-lib: $jar jar missing" >&2; exit 1; }
 done
 
 cp "$here/debezium/log4j2.properties" "$work/lib/log4j2.properties"
 rm -rf "$lib"
 mv "$work/lib" "$lib"
-date -u +%FT%TZ >"$stamp"
+printf '%s\npom %s\n' "$(date -u +%FT%TZ)" "$pomsum" >"$stamp"
 echo "$lib"

@@ -15,10 +15,16 @@ func DefaultDebeziumLib() string { return dbz.Lib() }
 
 func debeziumLibReady(lib string) error { return dbz.LibReady(lib) }
 
-// debeziumSetup is one Kafka Connect standalone worker running Debezium's PostgreSQL connector
-// with the outbox event router, reading its own slot and writing its own topics.
+// debeziumSetup is one Kafka Connect worker running Debezium's PostgreSQL connector with the
+// outbox event router, reading its own slot and writing its own topics: a standalone worker, or
+// with ExactlyOnce a distributed one with Connect's exactly-once source support (KIP-618).
 type debeziumSetup struct {
-	Tuned       bool
+	Tuned bool
+	// ExactlyOnce runs a distributed worker with exactly.once.source.support=enabled (its config,
+	// offsets and status in topics named after Name, its group Name) and asks the connector for
+	// exactly.once.support=required: each poll's records and their source offsets are written in
+	// one Kafka transaction (transaction.boundary=poll, Connect's default).
+	ExactlyOnce bool
 	DSN         string // the bench database (host, port, user, password and database are taken from it)
 	Brokers     string
 	Slot        string
@@ -102,11 +108,42 @@ func (d debeziumSetup) properties() (worker, connector map[string]string, err er
 		maps.Copy(connector, tunedProducer)
 		maps.Copy(connector, tunedConnector)
 	}
+	if d.ExactlyOnce {
+		delete(worker, "offset.storage.file.filename")
+		delete(worker, "offset.flush.interval.ms") // offsets go in each poll's transaction
+		maps.Copy(worker, map[string]string{
+			"group.id":                    d.Name,
+			"config.storage.topic":        d.Name + ".connect-configs",
+			"offset.storage.topic":        d.Name + ".connect-offsets",
+			"status.storage.topic":        d.Name + ".connect-status",
+			"exactly.once.source.support": "enabled",
+			// One broker: the internal topics can have one replica, and need few partitions.
+			"config.storage.replication.factor": "1",
+			"offset.storage.replication.factor": "1",
+			"status.storage.replication.factor": "1",
+			"offset.storage.partitions":         "1",
+			"status.storage.partitions":         "1",
+			"rest.advertised.host.name":         "127.0.0.1",
+		})
+		connector["exactly.once.support"] = "required"
+		connector["transaction.boundary"] = "poll"
+	}
 	return worker, connector, nil
 }
+
+// exactlyOnceFallback is the closest configuration Connect accepts when it refuses
+// exactly.once.support=required for the connector: the worker still enables exactly-once source
+// support, and "requested" runs the task with transactions without the connector's promise.
+const exactlyOnceFallback = "requested"
 
 // renderProperties writes a Java properties file, keys sorted.
 func renderProperties(props map[string]string) string { return dbz.RenderProperties(props) }
 
-// connectJVM is how Kafka's connect-standalone.sh runs the worker.
-func connectJVM(lib string) []string { return dbz.JVMArgs(lib) }
+// connectJVM is how Kafka's connect-standalone.sh (or, distributed, connect-distributed.sh) runs
+// the worker.
+func connectJVM(lib string, distributed bool) []string {
+	if distributed {
+		return dbz.DistributedJVMArgs(lib)
+	}
+	return dbz.JVMArgs(lib)
+}

@@ -100,6 +100,13 @@ func (l *latencyReader) counts() (warm, measured, bad int) {
 	return l.warm, len(l.latencies), l.bad
 }
 
+// total is every record read so far: with read_committed, what committed transactions hold, not
+// counting their markers (which end offsets do).
+func (l *latencyReader) total() int64 {
+	warm, measured, bad := l.counts()
+	return int64(warm + measured + bad)
+}
+
 // waitFor polls until cond holds or timeout passes.
 func (l *latencyReader) waitFor(ctx context.Context, timeout time.Duration, cond func(warm, measured int) bool) bool {
 	deadline := time.Now().Add(timeout)

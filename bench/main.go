@@ -20,6 +20,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -111,14 +112,21 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 	messages := fs.Bool("messages", envStr("BENCH_MESSAGES", "true") == "true", "measure the table-free outbox too: the backlog as logical decoding messages, drained by pg_recvlogical and the relay (BENCH_MESSAGES)")
 	producerFor := fs.Duration("producer", envDuration("BENCH_PRODUCER", 10*time.Second), "how long each client-side producer (outbox.Write, outbox.Emit) commits one-event transactions, 0 to skip (BENCH_PRODUCER)")
 	rounds := fs.Int("rounds", envInt("BENCH_ROUNDS", 3), "drains of the ceiling, the relay, exactly-once and the message mode, interleaved; the ratios are medians over them (BENCH_ROUNDS)")
+	sweep := fs.String("sweep", os.Getenv("BENCH_SWEEP"), "measure the relay's steady state (both modes) at each kafka.linger[/transaction_interval] of this comma-separated list, every round, and chart p99 against CPU per event; on: "+defaultSweep+" (BENCH_SWEEP)")
+	charts := fs.String("charts", envStr("BENCH_CHARTS", filepath.Join(".local", "bench")), "directory for the sweep's chart, sweep.svg and sweep.png (BENCH_CHARTS)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, ServiceOptions{}, err
 	}
-	svcOpts := ServiceOptions{KafkaHeapMB: *kafkaHeap, PGVersion: *pgVersion}
+	points, err := parseSweep(*sweep)
+	if err != nil {
+		return Config{}, ServiceOptions{}, err
+	}
+	svcOpts := ServiceOptions{KafkaHeapMB: *kafkaHeap, PGVersion: *pgVersion, Registry: slices.Contains(splitList(*sides), sideRelayAvro)}
 	cfg := Config{
 		Events: *events, Partitions: *partitions, Rate: *rate, SteadyFor: *steadyFor, BigTx: *bigTx,
 		Sides: splitList(*sides), Steady: splitList(*steady), RelayBin: *relayBin, RelayArgs: strings.Fields(*relayArgs), DebeziumLib: *dbzLib,
 		ProfileDir: *profile, WorkDir: *work, Log: stderr, Messages: *messages, ProducerFor: *producerFor, Rounds: *rounds,
+		Sweep: points, ChartDir: *charts,
 	}
 	if cfg.BigTx < 0 {
 		cfg.BigTx = cfg.Events
@@ -130,7 +138,12 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 		}
 		cfg.RelayBin = abs
 	}
-	return cfg, svcOpts, cfg.validate()
+	// Without --relay-bin, run builds the relay after this: validate the rest.
+	check := cfg
+	if check.RelayBin == "" {
+		check.RelayBin = "(built from this module)"
+	}
+	return cfg, svcOpts, check.validate()
 }
 
 func splitList(s string) []string {

@@ -22,14 +22,34 @@ type Report struct {
 	BigTx        *Result
 	Profile      *Profile
 	Messages     *MessagesResult // the table-free outbox, when measured
+	Charts       []string        // the sweep's chart files
+	ChartErr     error
+	Notes        []string // what a side had to change to run (e.g. a configuration Connect refused)
+	defaults     relayDefaults
+}
+
+// relayDefaults is the relay's kafka.linger and transaction_interval defaults (what a sweep marks).
+func (r *Report) relayDefaults() relayDefaults {
+	if r.defaults.lingerFlag == "" {
+		r.defaults, _ = defaultsOfTheRelay() // checked when the run's configuration was
+	}
+	return r.defaults
+}
+
+// atDefault says whether s ran at the relay's default settings (or at the side's own): the rows
+// the headline tables, ratios and targets use when a sweep measured others too.
+func (r *Report) atDefault(s *SteadyResult) bool {
+	return s.Point == nil || r.relayDefaults().isDefault(s.Side, *s.Point)
 }
 
 var sideLabels = map[string]string{
 	sideCeiling:     "ceiling (pg_recvlogical)",
 	sideRelay:       "outbox-relay",
 	sideRelayEOS:    "outbox-relay, exactly-once",
+	sideRelayAvro:   "outbox-relay, Avro through a schema registry",
 	sideDbzDefault:  "Debezium 3.6.1, defaults",
 	sideDbzTuned:    "Debezium 3.6.1, tuned",
+	sideDbzEOS:      "Debezium 3.6.1, tuned, Connect exactly-once (KIP-618)",
 	sidePoll:        "outbox-relay, source poll",
 	sidePollStandby: "outbox-relay, source poll, synchronized_standby_slots",
 	sideRecover:     "outbox-relay, lost-slot recovery from the table",
@@ -122,7 +142,7 @@ func (s spread) format(verb string) string {
 func (r *Report) steady(side string) *SteadyResult {
 	var ok []*SteadyResult
 	for i := range r.Steady {
-		if r.Steady[i].Side == side && r.Steady[i].Err == nil {
+		if r.Steady[i].Side == side && r.Steady[i].Err == nil && r.atDefault(&r.Steady[i]) {
 			ok = append(ok, &r.Steady[i])
 		}
 	}
@@ -136,7 +156,7 @@ func (r *Report) steady(side string) *SteadyResult {
 // steadyIn returns side's successful steady state of round, if any.
 func (r *Report) steadyIn(side string, round int) *SteadyResult {
 	for i := range r.Steady {
-		if s := &r.Steady[i]; s.Side == side && s.Round == round && s.Err == nil {
+		if s := &r.Steady[i]; s.Side == side && s.Round == round && s.Err == nil && r.atDefault(s) {
 			return s
 		}
 	}
@@ -159,7 +179,7 @@ func (r *Report) steadyRatios(side, base string, of func(s, base *SteadyResult) 
 func (r *Report) steadyP99s(side string) []float64 {
 	var out []float64
 	for _, s := range r.Steady {
-		if s.Side == side && s.Err == nil {
+		if s.Side == side && s.Err == nil && r.atDefault(&s) {
 			out = append(out, msf(s.P99))
 		}
 	}
@@ -174,6 +194,9 @@ func (r *Report) Table() string {
 	}
 	if len(r.Config.RelayArgs) > 0 {
 		fmt.Fprintf(&b, "Relay flags beyond the defaults: %s.\n", strings.Join(r.Config.RelayArgs, " "))
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "Note: %s\n", n)
 	}
 	fmt.Fprintf(&b, "Backlog: %d events, %.0f-byte payloads on average (%.1f MB), %d aggregates of %d types, transactions of 1-%d events, %d partitions per topic; written in %s.\n\n",
 		r.Config.Events, r.AvgPayload, float64(r.PayloadBytes)/1e6, 1000, len(aggregateTypes), maxTxEvents, r.Config.Partitions,
@@ -213,6 +236,9 @@ func (r *Report) Table() string {
 				continue
 			}
 			name := label(s.Side)
+			if s.Point != nil {
+				name += ", " + s.Point.label(s.Side, r.relayDefaults())
+			}
 			if r.Config.Rounds > 1 && interleavedSteady(s.Side) {
 				name += fmt.Sprintf(" (round %d)", s.Round+1)
 			}
@@ -236,6 +262,7 @@ func (r *Report) Table() string {
 				t.rate(), float64(t.Bytes)/1e6/t.Wall.Seconds(), t.Wall.Seconds(), secondsOrDash(t.First), t.CPU.Seconds(), mb(t.PeakRSS), t.SenderCPU.Seconds(), t.BrokerCPU.Seconds())
 		}
 	}
+	r.sweepTable(&b)
 	r.messagesTable(&b)
 	r.targetsTable(&b)
 	if p := r.Profile; p != nil {
@@ -273,6 +300,7 @@ var (
 		{name: "relay drain after its first record / ceiling", side: sideRelay, base: sideCeiling,
 			of: func(d, base *Result) float64 { return d.streamRate() / base.rate() }},
 		exactlyOnceVsRelay,
+		avroVsRelay,
 		{name: "exactly-once broker CPU per event / at-least-once", side: sideRelayEOS, base: sideRelay,
 			of: func(d, base *Result) float64 { return brokerPerEvent(d) / brokerPerEvent(base) }},
 		messagesVsCeiling,
@@ -360,7 +388,19 @@ func (r *Report) steadyMetrics() []metric {
 		{"steady: exactly-once broker CPU per event / at-least-once", r.steadyRatios(sideRelayEOS, sideRelay, broker), "%.2f"},
 		{"steady: at-least-once p99, ms", r.steadyP99s(sideRelay), "%.1f"},
 		{"steady: exactly-once p99, ms", r.steadyP99s(sideRelayEOS), "%.1f"},
+		{"steady: exactly-once broker CPU per event / Debezium with Connect's exactly-once", r.steadyRatios(sideRelayEOS, sideDbzEOS, broker), "%.2f"},
+		{"steady: Debezium with Connect's exactly-once p99, ms", r.steadyP99s(sideDbzEOS), "%.1f"},
 	}
+}
+
+// exactlyOnceVsConnect is the relay's exactly-once drain (its median round) against Debezium's
+// with Connect's exactly-once, which drains once.
+func (r *Report) exactlyOnceVsConnect() []float64 {
+	eos, dbz := r.drain(sideRelayEOS), r.drain(sideDbzEOS)
+	if eos == nil || dbz == nil || dbz.rate() == 0 || dbz.Partial {
+		return nil
+	}
+	return []float64{eos.rate() / dbz.rate()}
 }
 
 // target is one goal of issue 26: a quantity's median against a bound.
@@ -378,12 +418,15 @@ func (r *Report) targetsTable(b *strings.Builder) {
 	targets := []target{
 		{"table-free drain vs its ceiling (pg_recvlogical with messages)", r.ratioValues(messagesVsCeiling), 0.85, false, "%.2f"},
 		{"exactly-once drain vs at-least-once", r.ratioValues(exactlyOnceVsRelay), 0.92, false, "%.2f"},
+		{"Avro drain (schema registry) vs JSON drain", r.ratioValues(avroVsRelay), 0.9, false, "%.2f"},
 		{"broker CPU per event, steady, at-least-once vs tuned Debezium", steady[0].values, 1.2, true, "%.2f"},
 		{"broker CPU per event, steady, exactly-once vs at-least-once", steady[1].values, 1.5, true, "%.2f"},
 		{"time to the first record on Kafka when a backlog waits, s", r.firstRecords(sideRelay), 0.1, true, "%.2f"},
 		{"table drain vs ceiling, start-up included", r.ratioValues(relayVsCeiling), 0.92, false, "%.2f"},
 		{"steady p99, at-least-once, ms", steady[2].values, 30, true, "%.1f"},
 		{"steady p99, exactly-once (read_committed), ms", steady[3].values, 40, true, "%.1f"},
+		{"exactly-once drain vs Debezium with Connect's exactly-once", r.exactlyOnceVsConnect(), 5, false, "%.1f"},
+		{"broker CPU per event, steady, exactly-once at its defaults vs Debezium with Connect's exactly-once (their p99s: the sweep)", steady[4].values, 1, true, "%.2f"},
 	}
 	b.WriteString("\nAgainst the targets (medians over the rounds):\n\n| what | median (range) | target | met |\n|---|---:|---:|---|\n")
 	for _, t := range targets {
@@ -452,6 +495,9 @@ func (r *Report) Failed() []string {
 	}
 	if r.Profile != nil && r.Profile.Err != nil {
 		out = append(out, "profile: "+r.Profile.Err.Error())
+	}
+	if r.ChartErr != nil {
+		out = append(out, "sweep chart: "+r.ChartErr.Error())
 	}
 	return append(out, r.messagesFailed()...)
 }

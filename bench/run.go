@@ -24,6 +24,9 @@ const (
 	sideRelayEOS   = "relay-exactly-once" // delivery: exactly-once
 	sideDbzDefault = "debezium-default"
 	sideDbzTuned   = "debezium-tuned"
+	// sideDbzEOS is tuned Debezium on a distributed Connect worker with exactly-once source
+	// support (KIP-618), the peer of the relay's exactly-once.
+	sideDbzEOS = "debezium-exactly-once"
 	// sidePoll is the relay with source poll: it reads the table, not a slot (bench/poll.go).
 	sidePoll = "poll"
 	// sidePollStandby is the poller with a physical standby of the bench's cluster listed in its
@@ -34,8 +37,8 @@ const (
 	sideRecover = "relay-recover"
 )
 
-var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sidePoll, sidePollStandby, sideRecover}
-var allSteadySides = []string{sideRelay, sideRelayEOS, sideDbzTuned, sidePoll, sidePollStandby}
+var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideRelayAvro, sideDbzDefault, sideDbzTuned, sideDbzEOS, sidePoll, sidePollStandby, sideRecover}
+var allSteadySides = []string{sideRelay, sideRelayEOS, sideDbzTuned, sideDbzEOS, sidePoll, sidePollStandby}
 
 // byDefault are the sides a run measures unless told which: all but poll-standby, which starts a
 // standby and needs PostgreSQL 17 or later, where the bench's cluster is by default the PATH's.
@@ -45,7 +48,7 @@ func byDefault(sides []string) []string {
 
 // isRelay says whether side runs the relay binary.
 func isRelay(side string) bool {
-	return side == sideRelay || side == sideRelayEOS || isPoll(side) || side == sideRecover
+	return side == sideRelay || side == sideRelayEOS || side == sideRelayAvro || isPoll(side) || side == sideRecover
 }
 
 // isPoll says whether side runs the relay with source poll (no slot of its own).
@@ -81,6 +84,12 @@ type Config struct {
 	// median and range of each ratio over the rounds. Debezium's drains, the poller and the
 	// lost-slot recovery run once (their gaps to the relay are large). 0 means 1.
 	Rounds int
+	// Sweep measures the relay's steady state (both modes) at each of these kafka.linger /
+	// transaction_interval settings, every round (sweep.go); the other steady sides run once per
+	// round at their own settings. Empty: the relay's steady state at its settings alone.
+	Sweep []sweepPoint
+	// ChartDir receives the sweep's chart (sweep.svg, sweep.png); empty skips it.
+	ChartDir string
 }
 
 // interleavedSteady reports whether a steady-state side runs once per round: the relay in both
@@ -93,7 +102,7 @@ const maxRounds = 10
 // interleaved reports whether side drains once per round (Config.Rounds).
 func interleaved(side string) bool {
 	switch side {
-	case sideCeiling, sideRelay, sideRelayEOS, sideMsgCeiling, sideMsgRelay:
+	case sideCeiling, sideRelay, sideRelayEOS, sideRelayAvro, sideMsgCeiling, sideMsgRelay:
 		return true
 	}
 	return false
@@ -123,6 +132,18 @@ func (c *Config) validate() error {
 	if len(c.Steady) > 0 && (c.Rate < 1 || c.SteadyFor <= 0) {
 		errs = append(errs, fmt.Errorf("steady state needs a positive rate and duration, got %d/s for %s", c.Rate, c.SteadyFor))
 	}
+	if len(c.Sweep) > 0 {
+		if !slices.ContainsFunc(c.Steady, swept) {
+			errs = append(errs, fmt.Errorf("a sweep needs %s or %s among the steady-state sides (BENCH_STEADY_SIDES), got %v", sideRelay, sideRelayEOS, c.Steady))
+		}
+		if d, err := defaultsOfTheRelay(); err != nil {
+			errs = append(errs, err)
+		} else if i := slices.IndexFunc(c.RelayArgs, func(a string) bool {
+			return strings.HasPrefix(a, d.lingerFlag) || strings.HasPrefix(a, d.intervalFlag)
+		}); i >= 0 {
+			errs = append(errs, fmt.Errorf("relay flag %s would override the sweep's settings: drop it from BENCH_RELAY_ARGS, or list its value in BENCH_SWEEP", c.RelayArgs[i]))
+		}
+	}
 	if c.RelayBin == "" && (slices.ContainsFunc(c.Sides, isRelay) || slices.ContainsFunc(c.Steady, isRelay) || c.BigTx > 0 || c.Messages) {
 		errs = append(errs, errors.New("no relay binary given"))
 	}
@@ -142,18 +163,20 @@ func isDebezium(side string) bool { return strings.HasPrefix(side, "debezium") }
 
 // bench is one run's state.
 type bench struct {
-	cfg     Config
-	svc     *Services
-	pool    *pgxpool.Pool
-	kafka   *kafka.Client
-	run     string // prefix of every slot and topic of this run, so runs never share them
-	pub     string
-	work    string
-	payload int64 // payload bytes in the backlog
-	endLSN  uint64
-	prefix  string // messages_prefix of the message backlog
-	logw    io.Writer
-	profile *Profile // the in-process profile runs, when ProfileDir is set
+	cfg      Config
+	svc      *Services
+	pool     *pgxpool.Pool
+	kafka    *kafka.Client
+	run      string // prefix of every slot and topic of this run, so runs never share them
+	pub      string
+	work     string
+	payload  int64 // payload bytes in the backlog
+	endLSN   uint64
+	prefix   string // messages_prefix of the message backlog
+	logw     io.Writer
+	profile  *Profile      // the in-process profile runs, when ProfileDir is set
+	notes    []string      // Report.Notes
+	defaults relayDefaults // the relay's own kafka.linger and transaction_interval (a sweep's marks)
 	// round is the drain round being set up or measured (Config.Rounds): the first one's slots,
 	// topics and logs carry the side's name alone, later ones a suffix.
 	round int
@@ -206,10 +229,14 @@ func Run(ctx context.Context, cfg Config, svc *Services) (*Report, error) {
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
 	}
+	var err error
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	b := &bench{cfg: cfg, svc: svc, run: "b" + hex.EncodeToString(id[:]), logw: cfg.Log,
 		kafka: &kafka.Client{Addr: kafka.TCP(svc.Kafka.Brokers()), Timeout: 10 * time.Second}}
+	if b.defaults, err = defaultsOfTheRelay(); err != nil {
+		return nil, err
+	}
 	b.pub = b.run + "_pub"
 	b.prefix = b.run + ".outbox"
 	b.work = cfg.WorkDir
@@ -233,8 +260,8 @@ func Run(ctx context.Context, cfg Config, svc *Services) (*Report, error) {
 }
 
 func (b *bench) measure(ctx context.Context) (*Report, error) {
-	rep := &Report{Config: b.cfg, LoadBefore: loadAverage()}
-	defer func() { rep.LoadAfter = loadAverage() }()
+	rep := &Report{Config: b.cfg, LoadBefore: loadAverage(), defaults: b.defaults}
+	defer func() { rep.LoadAfter, rep.Notes = loadAverage(), b.notes }()
 	if err := b.checkStandbyVersion(ctx); err != nil {
 		return nil, err
 	}
@@ -318,13 +345,14 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 			return rep, err
 		}
 	}
-	if err := b.eachRound(ctx, b.cfg.Steady, interleavedSteady, func(s string) {
-		r := b.steady(ctx, s)
-		r.Round = b.round
-		rep.Steady = append(rep.Steady, r)
-		b.logf("%s", r.line())
-	}); err != nil {
+	if err := b.steadyPhase(ctx, rep); err != nil {
 		return rep, err
+	}
+	if len(b.cfg.Sweep) > 0 && b.cfg.ChartDir != "" {
+		rep.Charts, rep.ChartErr = rep.writeSweepChart(b.cfg.ChartDir)
+		if rep.ChartErr != nil {
+			b.logf("sweep chart failed: %v", rep.ChartErr)
+		}
 	}
 	if b.cfg.ProfileDir != "" && rep.Profile.Err == nil && len(b.cfg.Steady) > 0 {
 		if _, err := b.profileRelay(ctx, true); err != nil {

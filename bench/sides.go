@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/dbz"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 )
 
@@ -87,6 +89,14 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 			return b.drainProc(ctx, side, func() (*child, error) {
 				return b.startRelay(side, b.slot(side), b.topicPrefix(side), b.deliveryArgs(side, b.slot(side))...)
 			}, b.endLSN)
+		case sideRelayAvro:
+			return b.drainProc(ctx, side, func() (*child, error) {
+				args, err := b.avroArgs()
+				if err != nil {
+					return nil, err
+				}
+				return b.startRelay(side, b.slot(side), b.topicPrefix(side), args...)
+			}, b.endLSN)
 		case sideRecover:
 			// The gap is the whole backlog (created after the recorded commit time, less a margin
 			// of 1s); all on Kafka is the end: the new slot has nothing to confirm before it.
@@ -112,7 +122,7 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 			return r
 		}
 		return b.drainProc(ctx, side, func() (*child, error) {
-			return b.startDebezium(side, side == sideDbzTuned, b.slot(side), b.topicPrefix(side))
+			return b.startDebezium(ctx, side, side, b.slot(side), b.topicPrefix(side))
 		}, 0)
 	})
 }
@@ -196,9 +206,17 @@ func (b *bench) drainProc(ctx context.Context, side string, start func() (*child
 func (b *bench) waitDrained(ctx context.Context, c runner, side string, topics []string, events int64, endLSN uint64) Result {
 	senders := newSenderCPU()
 	deadline := time.Now().Add(b.drainTimeout())
+	count := func() (int64, error) { return b.onKafka(ctx, topics) }
+	if transactional(side) {
+		// End offsets count each transaction's commit markers too, which would end the drain
+		// before its last records: count what read_committed consumers get instead.
+		committed := newLatencyReader(b.svc.Kafka.Brokers(), topics, b.cfg.Partitions)
+		defer committed.close()
+		count = func() (int64, error) { return committed.total(), nil }
+	}
 	var r Result
 	for {
-		n, err := b.onKafka(ctx, topics)
+		n, err := count()
 		if err != nil {
 			n = 0
 		}
@@ -347,8 +365,14 @@ func (b *bench) startRelay(name, slot, prefix string, extra ...string) (*child, 
 // round that found the one before's offsets resumed from them and never streamed its own slot.
 func (b *bench) connectDir(name string) string { return filepath.Join(b.work, name+b.roundSuffix("-")) }
 
-// startDebezium writes a Connect worker and connector configuration and starts the worker.
-func (b *bench) startDebezium(name string, tuned bool, slot, prefix string) (*child, error) {
+// transactional says whether side writes in Kafka transactions and is done by no slot position of
+// its own (the relay's exactly-once is: it confirms only what committed).
+func transactional(side string) bool { return side == sideDbzEOS }
+
+// startDebezium writes a Connect worker and connector configuration and starts the worker for
+// side (debezium-default: Debezium's defaults; the others tuned) as name.
+func (b *bench) startDebezium(ctx context.Context, side, name, slot, prefix string) (*child, error) {
+	tuned := side != sideDbzDefault
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -358,7 +382,7 @@ func (b *bench) startDebezium(name string, tuned bool, slot, prefix string) (*ch
 		return nil, err
 	}
 	setup := debeziumSetup{
-		Tuned: tuned, DSN: b.svc.DSN, Brokers: b.svc.Kafka.Brokers(), Slot: slot, Publication: b.pub,
+		Tuned: tuned, ExactlyOnce: side == sideDbzEOS, DSN: b.svc.DSN, Brokers: b.svc.Kafka.Brokers(), Slot: slot, Publication: b.pub,
 		TopicPrefix: prefix, Name: b.run + "_" + filepath.Base(dir), OffsetsFile: filepath.Join(dir, "offsets"), RESTPort: port,
 	}
 	worker, connector, err := setup.properties()
@@ -372,8 +396,69 @@ func (b *bench) startDebezium(name string, tuned bool, slot, prefix string) (*ch
 	if err := os.WriteFile(connectorFile, []byte(renderProperties(connector)), 0o600); err != nil {
 		return nil, err
 	}
-	args := append(connectJVM(b.cfg.DebeziumLib), workerFile, connectorFile)
-	return startChild("kafka-connect", filepath.Join(dir, "connect.log"), nil, "java", args...)
+	if !setup.ExactlyOnce {
+		args := append(connectJVM(b.cfg.DebeziumLib, false), workerFile, connectorFile)
+		return startChild("kafka-connect", filepath.Join(dir, "connect.log"), nil, "java", args...)
+	}
+	// A distributed worker takes its connectors through its REST API.
+	c, err := startChild("kafka-connect", filepath.Join(dir, "connect.log"), nil, "java", append(connectJVM(b.cfg.DebeziumLib, true), workerFile)...)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.createExactlyOnceConnector(ctx, c, fmt.Sprintf("http://127.0.0.1:%d", port), setup.Name, connector); err != nil {
+		c.stop(10 * time.Second)
+		return nil, err
+	}
+	return c, nil
+}
+
+// createExactlyOnceConnector creates the connector on the distributed worker and waits for its
+// task to run. When Connect refuses exactly.once.support=required, its message goes in the
+// report's notes and the connector is created with exactlyOnceFallback instead.
+func (b *bench) createExactlyOnceConnector(ctx context.Context, c *child, url, name string, connector map[string]string) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute) // a JVM start and a group join, on a loaded machine
+	defer cancel()
+	w := dbz.Worker{URL: url}
+	if err := w.WaitReady(ctx, func() bool { return !c.exited() }); err != nil {
+		return fmt.Errorf("%w; %s", err, c.logTail())
+	}
+	err := w.CreateConnector(ctx, name, connector)
+	if refused, ok := errors.AsType[*dbz.RefusedError](err); ok && strings.Contains(refused.Message, "exactly.once") {
+		b.note(fmt.Sprintf("Kafka Connect refused Debezium's connector with exactly.once.support=required (%q); %s ran with exactly.once.support=%s, the closest configuration it accepts (the worker's exactly.once.source.support stays enabled).",
+			refused.Message, label(sideDbzEOS), exactlyOnceFallback))
+		connector["exactly.once.support"] = exactlyOnceFallback
+		err = w.CreateConnector(ctx, name, connector)
+	}
+	if err != nil {
+		return err
+	}
+	for {
+		state, trace, err := w.TaskState(ctx, name)
+		switch {
+		case err != nil:
+			return err
+		case state == "RUNNING":
+			return nil
+		case state == "FAILED":
+			line, _, _ := strings.Cut(trace, "\n")
+			return fmt.Errorf("Debezium's exactly-once task failed: %s", line)
+		case c.exited():
+			return c.failure()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("Debezium's exactly-once task did not start: %w; %s", ctx.Err(), c.logTail())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// note records, once, something the report must say about how a side ran.
+func (b *bench) note(s string) {
+	if !slices.Contains(b.notes, s) {
+		b.notes = append(b.notes, s)
+		b.logf("note: %s", s)
+	}
 }
 
 func freePort() (int, error) {
@@ -397,7 +482,10 @@ type SteadyResult struct {
 	Window        time.Duration
 	PeakRSS       int64 // over the side's whole life (start-up, warm-up, window)
 	Round         int   // the round (Config.Rounds), from 0
-	Err           error
+	// Point is the sweep's setting the relay ran with (Config.Sweep); nil for a side that is not
+	// swept, or a run without a sweep.
+	Point *sweepPoint
+	Err   error
 }
 
 func (r SteadyResult) brokerPerEvent() float64 {
@@ -405,18 +493,28 @@ func (r SteadyResult) brokerPerEvent() float64 {
 }
 
 func (r SteadyResult) line() string {
+	side := r.Side
+	if r.Point != nil {
+		side += " at " + r.Point.name()
+	}
 	if r.Err != nil {
-		return fmt.Sprintf("steady %s: FAILED: %v", r.Side, r.Err)
+		return fmt.Sprintf("steady %s: FAILED: %v", side, r.Err)
 	}
 	return fmt.Sprintf("steady %s: %d events at %.0f/s, p50 %s p95 %s p99 %s max %s, CPU %s, peak RSS %.0f MB",
-		r.Side, r.Written, r.Rate, ms(r.P50), ms(r.P95), ms(r.P99), ms(r.Max), r.CPU.Round(10*time.Millisecond), mb(r.PeakRSS))
+		side, r.Written, r.Rate, ms(r.P50), ms(r.P95), ms(r.P99), ms(r.Max), r.CPU.Round(10*time.Millisecond), mb(r.PeakRSS))
 }
 
 func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + "ms" }
 
-// steady measures a side under a constant write rate.
-func (b *bench) steady(ctx context.Context, side string) SteadyResult {
+// steady measures a side under a constant write rate; a relay side at point's setting when
+// point is set (a sweep).
+func (b *bench) steady(ctx context.Context, side string, point *sweepPoint) SteadyResult {
 	name := "steady-" + side
+	var sweepArgs []string
+	if point != nil {
+		name += "-" + point.name()
+		sweepArgs = b.defaults.args(side, *point)
+	}
 	if isPoll(side) {
 		if err := b.pollReady(ctx, true); err != nil {
 			return SteadyResult{Side: side, Err: err}
@@ -434,12 +532,14 @@ func (b *bench) steady(ctx context.Context, side string) SteadyResult {
 		}
 		return r
 	}
-	return b.steadyWith(ctx, side, name, func(slot string) (runner, error) {
+	r := b.steadyWith(ctx, side, name, func(slot string) (runner, error) {
 		if isRelay(side) {
-			return b.startRelay(name, slot, b.topicPrefix(name), b.deliveryArgs(side, slot)...)
+			return b.startRelay(name, slot, b.topicPrefix(name), append(b.deliveryArgs(side, slot), sweepArgs...)...)
 		}
-		return b.startDebezium(name, true, slot, b.topicPrefix(name))
+		return b.startDebezium(ctx, side, name, slot, b.topicPrefix(name))
 	})
+	r.Point = point
+	return r
 }
 
 // steadyWith starts a side on a fresh slot (so it has no backlog), warms it up, writes at the
@@ -462,7 +562,7 @@ func (b *bench) steadyWith(ctx context.Context, side, name string, start func(sl
 		res.Err = err
 		return res
 	}
-	b.logf("steady state with %s: %d events/s for %s", side, b.cfg.Rate, b.cfg.SteadyFor)
+	b.logf("steady state with %s: %d events/s for %s", strings.TrimPrefix(name, "steady-"), b.cfg.Rate, b.cfg.SteadyFor)
 	c, err := start(slot)
 	if err != nil {
 		res.Err = err

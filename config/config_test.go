@@ -258,7 +258,7 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 		{"a topic regex that does not compile", "topic_regex", "(unclosed", env},
 		{"a topic regex whose replacement names a group it lacks", "topic_regex", "(?<a>.*)", flagged},
 		{"an unknown on_update", "on_update", "ignore", env},
-		{"an unknown value encoding", "value_encoding", "avro", env},
+		{"an unknown value encoding", "value_encoding", "xml", env},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+" is rejected with the key and the source", func(t *testing.T) {
@@ -478,6 +478,22 @@ func TestCrossKeyChecks(t *testing.T) {
 		{"a SASL password in two places is refused",
 			with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "PLAIN", "OUTBOX_KAFKA_SASL_USERNAME", "u",
 				"OUTBOX_KAFKA_SASL_PASSWORD", "p", "OUTBOX_KAFKA_SASL_PASSWORD_FILE", "/run/secrets/kafka"), "kafka.sasl.password_file"},
+		{"OAUTHBEARER needs a token file or a token endpoint",
+			with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "OAUTHBEARER"), "kafka.sasl.oauthbearer.token_file or kafka.sasl.oauthbearer.token_endpoint_url is required"},
+		{"OAUTHBEARER with both a token file and a token endpoint is refused",
+			with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "OAUTHBEARER", "OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_FILE", "/run/token",
+				"OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL", "https://idp/token"), "keep one source of tokens"},
+		{"a token endpoint needs the client id and the secret file",
+			with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "OAUTHBEARER", "OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL", "https://idp/token"),
+			"kafka.sasl.oauthbearer.client_id and kafka.sasl.oauthbearer.client_secret_file are required"},
+		{"a token endpoint that is not an http(s) URL is refused",
+			with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "OAUTHBEARER", "OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL", "idp:443/token",
+				"OUTBOX_KAFKA_SASL_OAUTHBEARER_CLIENT_ID", "c", "OUTBOX_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET_FILE", "/run/secret"), "not an http(s) URL"},
+		{"OAUTHBEARER keys without the mechanism are refused",
+			with(required(), "OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_FILE", "/run/token"), "set it to OAUTHBEARER"},
+		{"OAUTHBEARER with a SASL password is refused",
+			with(required(), "OUTBOX_KAFKA_SASL_MECHANISM", "OAUTHBEARER", "OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_FILE", "/run/token",
+				"OUTBOX_KAFKA_SASL_PASSWORD", "p"), "uses no kafka.sasl.username or password"},
 		{"a PostgreSQL password in pg_dsn and in a file is refused",
 			with(required(), "OUTBOX_PG_DSN", "postgres://relay:in-dsn@db/app", "OUTBOX_PG_PASSWORD_FILE", "/run/secrets/pg"), "pg_password_file"},
 		{"a PostgreSQL password in leader_dsn and in a file is refused",
@@ -759,5 +775,57 @@ func TestLeaderKafkaTimeoutZeroTurnsTheHandoverOff(t *testing.T) {
 	}
 	if c.LeaderKafkaTimeout != 0 {
 		t.Fatalf("leader_kafka_timeout = %s, want 0 (off)", c.LeaderKafkaTimeout)
+	}
+}
+
+func TestRegistryEncodingsNeedARegistry(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string // "" when valid
+	}{
+		{"avro values without a registry URL are refused naming the key",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "avro"}, "schema_registry.urls"},
+		{"avro keys without a registry URL are refused naming the key",
+			map[string]string{"OUTBOX_KEY_ENCODING": "avro"}, "schema_registry.urls"},
+		{"frame-only mode with auto-registration is refused",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "avro", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081", "OUTBOX_SCHEMA_REGISTRY_FRAME_ONLY": "bytes"}, "schema_registry.frame_only"},
+		{"avro values with a registry are valid, registering what they infer by default",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "avro", "OUTBOX_KEY_ENCODING": "avro", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081"}, ""},
+		{"protobuf values without a registry URL are refused naming the key",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "protobuf"}, "schema_registry.urls"},
+		{"json-schema values without a registry URL are refused naming the key",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "json-schema"}, "schema_registry.urls"},
+		{"protobuf keys are refused (a key is an Avro string or JSON)",
+			map[string]string{"OUTBOX_KEY_ENCODING": "protobuf", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081"}, "key_encoding"},
+		{"protobuf values with a registry are valid",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "protobuf", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081"}, ""},
+		{"a protobuf message name without strict protobuf values is refused",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "avro", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081", "OUTBOX_SCHEMA_REGISTRY_PROTOBUF_MESSAGE": "shop.v1.Order"}, "schema_registry.protobuf_message"},
+		{"a protobuf message name with auto-registration is refused",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "protobuf", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081", "OUTBOX_SCHEMA_REGISTRY_PROTOBUF_MESSAGE": "shop.v1.Order"}, "schema_registry.protobuf_message"},
+		{"json-schema values with a registry and avro keys are valid",
+			map[string]string{"OUTBOX_VALUE_ENCODING": "json-schema", "OUTBOX_KEY_ENCODING": "avro", "OUTBOX_SCHEMA_REGISTRY_URLS": "http://r:8081"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := required()
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			cfg, _, err := load(t, "", env)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !cfg.SchemaRegistry.AutoRegister || cfg.SchemaRegistry.SubjectStrategy != "topic" {
+					t.Fatalf("defaults %+v", cfg.SchemaRegistry)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "config key "+tt.want) {
+				t.Fatalf("error %v, want one naming %s", err, tt.want)
+			}
+		})
 	}
 }

@@ -211,7 +211,7 @@ func TestEveryAlertHasARunbookSectionAndAFiringTest(t *testing.T) {
 }
 
 // TestPrometheusAcceptsTheRulesAndTheQueries runs Prometheus' own checks with promtool, which
-// `make test` installs (scripts/ensure-tools.sh; Debian: apt-get install prometheus): without
+// `make test` installs (scripts/ensure-tools.sh test; Debian: apt-get install prometheus): without
 // them the alert rules' unit tests would not run at all.
 func TestPrometheusAcceptsTheRulesAndTheQueries(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
@@ -502,6 +502,36 @@ func TestTheDockerfileBuildsAStaticNonRootImage(t *testing.T) {
 		t.Errorf("ENTRYPOINT %q does not run the copied binary %s", final.entrypoint, src[1])
 	}
 
+	// The build arguments as a build would pass them.
+	stamps := strings.NewReplacer("${VERSION}", "deploy-test", "${COMMIT}", "5f2e3bf0a1b2c3d4e5f60718293a4b5c6d7e8f90",
+		"${COMMIT_TIME}", "2026-12-06T19:40:00Z")
+
+	t.Run("its go build command is the Makefile's, as make release builds", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "-n", "build", "GO=go",
+			"VERSION=deploy-test", "COMMIT=5f2e3bf0a1b2c3d4e5f60718293a4b5c6d7e8f90", "COMMIT_TIME=2026-12-06T19:40:00Z")
+		cmd.Dir = ".."
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("make -n build: %v", err)
+		}
+		withoutOutput := func(words []string) []string {
+			words = slices.Clone(words)
+			if i := slices.Index(words, "-o"); i >= 0 && i+1 < len(words) {
+				words = slices.Delete(words, i, i+2)
+			}
+			return words
+		}
+		var docker []string
+		for _, w := range buildCmd {
+			docker = append(docker, stamps.Replace(w))
+		}
+		if got, want := withoutOutput(docker), withoutOutput(shellWords(strings.TrimSpace(string(out)))); !slices.Equal(got, want) {
+			t.Errorf("the Dockerfile builds with\n  %q\nthe Makefile (make build, make release) with\n  %q", got, want)
+		}
+	})
+
 	t.Run("its go build command builds a static binary that reports its version", func(t *testing.T) {
 		bin := filepath.Join(t.TempDir(), "outbox-relay")
 		var env, args []string
@@ -510,7 +540,7 @@ func TestTheDockerfileBuildsAStaticNonRootImage(t *testing.T) {
 			case strings.Contains(w, "=") && i < slices.Index(buildCmd, "go"):
 				env = append(env, w)
 			case i > slices.Index(buildCmd, "go"):
-				args = append(args, strings.ReplaceAll(w, "${VERSION}", "deploy-test"))
+				args = append(args, stamps.Replace(w))
 			}
 		}
 		args[slices.Index(args, "-o")+1] = bin
@@ -533,8 +563,8 @@ func TestTheDockerfileBuildsAStaticNonRootImage(t *testing.T) {
 			}
 		}
 		v, err := exec.CommandContext(ctx, bin, "version").CombinedOutput()
-		if err != nil || strings.TrimSpace(string(v)) != "outbox-relay deploy-test" {
-			t.Errorf("outbox-relay version: %q, %v; want the version stamped by -ldflags", v, err)
+		if err != nil || !strings.HasPrefix(string(v), "outbox-relay deploy-test\ncommit:      5f2e3bf0a1b2c3d4e5f60718293a4b5c6d7e8f90\ncommit time: 2026-12-06T19:40:00Z\n") {
+			t.Errorf("outbox-relay version: %q, %v; want the version, commit and time stamped by -ldflags", v, err)
 		}
 	})
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/schemas"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 )
@@ -63,6 +64,12 @@ type Config struct {
 	// KeyEncoding is the relay's key_encoding: the dead letter's key is the raw aggregate id, the
 	// original record's key is encoded with it.
 	KeyEncoding record.Encoding
+	// Serializer, when the relay frames records for a schema registry (value_encoding or
+	// key_encoding avro), frames what goes back the same way: the key from the raw aggregate id
+	// (KeyEncoding is then raw), and a value the dead letter holds unframed (the payload as
+	// written: it failed before it was framed, e.g. schema_incompatible) from that payload. A value
+	// already framed (magic byte 0; a JSON payload never starts with it) goes back as it is.
+	Serializer sink.Serializer
 	// BuiltinHeaders is the relay's builtin_headers: dead letters always carry id, event_type and
 	// aggregate_type, and the ones the original records did not carry are removed.
 	BuiltinHeaders []string
@@ -245,6 +252,12 @@ func (r *redriver) redrive(ctx context.Context, m kafka.Message) error {
 	if err == nil {
 		orig.Topic, err = r.targets.of(m, orig.Topic)
 	}
+	if err == nil && r.cfg.Serializer != nil {
+		var held bool
+		if held, err = reframe(ctx, r.cfg.Serializer, m, &orig); held {
+			return err // the registry cannot answer: the run stops, nothing more goes back
+		}
+	}
 	if err != nil {
 		fail(err)
 		return nil
@@ -336,6 +349,30 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 	}
 	out.Headers = append(out.Headers, kafka.Header{Key: Header, Value: []byte("true")})
 	return out, nil
+}
+
+// reframe frames orig's key, and its value unless already framed, as the relay frames records. An
+// error the Serializer says is the event's (schemas.Permanent) fails this dead letter; any other
+// (the registry cannot answer) is held: it ends the run.
+func reframe(ctx context.Context, ser sink.Serializer, m kafka.Message, orig *kafka.Message) (held bool, err error) {
+	eventType := headerValue(m, record.HeaderEventType)
+	value := orig.Value
+	framed := len(value) >= 5 && value[0] == 0
+	if framed {
+		value = nil
+	}
+	k, v, err := ser.Serialize(ctx, orig.Topic, eventType, orig.Key, value)
+	if err != nil {
+		if _, ok := schemas.Permanent(err); ok {
+			return false, fmt.Errorf("cannot be framed for the schema registry: %w", err)
+		}
+		return true, fmt.Errorf("schema registry: %w", err)
+	}
+	orig.Key = k
+	if !framed {
+		orig.Value = v
+	}
+	return false, nil
 }
 
 func headerValue(m kafka.Message, name string) string {

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# make demo: the outbox end to end on local services. Starts PostgreSQL and Kafka (make up), builds
-# and migrates, runs the relay in the background, writes orders with their outbox events and reads
-# the events back from Kafka (examples/demo), stops the relay with SIGTERM, and stops the services
-# (make down) whatever happened. Re-runnable: the services keep their data between runs, the relay
-# resumes its slot, and the demo prints only the events it just wrote.
+# make demo: the outbox end to end on local services. Starts PostgreSQL and Kafka (make up, which
+# installs only what they need: no test tools), builds and migrates, runs the relay in the
+# background, writes orders with their outbox events and reads the events back from Kafka
+# (examples/demo), shows where to look next (the relay's metrics, outbox-relay status), stops the
+# relay with SIGTERM, and stops the services (make down) whatever happened. Re-runnable: the
+# services keep their data between runs, the relay resumes its slot, and the demo prints only the
+# events it just wrote.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 LOCAL="${LOCAL:-.local}"
 RELAY_LOG="$LOCAL/demo-relay.log"
+METRICS_ADDR="${DEMO_METRICS_ADDR:-127.0.0.1:9187}"
 relay_pid=""
 demo_pid=""
 
@@ -70,8 +73,8 @@ go build -o bin/outbox-relay ./cmd/outbox-relay
 step "bin/outbox-relay migrate"
 bin/outbox-relay migrate
 
-step "bin/outbox-relay run --log-format=console --kafka.auto-create-topics (the demo's topic is created by its first event; in the background, log in $RELAY_LOG)"
-bin/outbox-relay run --log-format=console --kafka.auto-create-topics >"$RELAY_LOG" 2>&1 &
+step "bin/outbox-relay run --log-format=console --kafka.auto-create-topics --metrics-addr=$METRICS_ADDR (the demo's topic is created by its first event; in the background, log in $RELAY_LOG)"
+bin/outbox-relay run --log-format=console --kafka.auto-create-topics --metrics-addr="$METRICS_ADDR" >"$RELAY_LOG" 2>&1 &
 relay_pid=$!
 echo "relay pid $relay_pid"
 
@@ -94,6 +97,17 @@ if [[ $status -ne 0 ]]; then
   exit "$status"
 fi
 
+step "where to look next, while the relay runs"
+echo "  metrics:  http://$METRICS_ADDR/metrics  (health: /healthz, /readyz; alerts and what to do: docs/operations.md)"
+echo "  the slot: bin/outbox-relay status  (with $LOCAL/services.env in the environment)"
+echo "  keys:     docs/configuration.md, or bin/outbox-relay run -h"
+if command -v curl >/dev/null; then
+  printf '\n$ curl -s http://%s/metrics | grep ^outbox_relay_events_published_total\n' "$METRICS_ADDR"
+  curl -s --max-time 5 "http://$METRICS_ADDR/metrics" | grep '^outbox_relay_events_published_total' || true
+fi
+printf '\n$ bin/outbox-relay status\n'
+bin/outbox-relay status || true
+
 step "stop the relay (SIGTERM)"
 status=0
 stop_relay || status=$?
@@ -103,4 +117,4 @@ tail -n 8 "$RELAY_LOG"
 if [[ $status -ne 0 ]]; then
   exit "$status"
 fi
-printf '\ndemo OK\n'
+printf '\ndemo OK. To run it yourself: make up, then "Running it" in README.md.\n'

@@ -48,6 +48,11 @@ type Config struct {
 	// topic, a fixed name, is still created when missing (where the brokers allow it). The
 	// relay's default (config key kafka.auto_create_topics false).
 	NoAutoCreateTopics bool
+	// Serializer, when set, frames every record's key and value for a schema registry (value and
+	// key encodings avro, protobuf, json-schema): Record then builds them raw (the aggregate id,
+	// the payload), and the sink serializes them on its goroutine, holding the stream while the
+	// registry cannot answer (serialize.go).
+	Serializer Serializer
 }
 
 func (c *Config) setDefaults() {

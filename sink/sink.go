@@ -53,6 +53,7 @@ type Sink struct {
 
 	halted atomic.Pointer[haltState]
 	topics *topicWaits
+	reg    registryWait // events waiting for the schema registry (Config.Serializer)
 
 	// seq is the last record's position. Publish, on one goroutine, advances it; Flush reads it.
 	seq atomic.Uint64
@@ -226,7 +227,13 @@ func (s *Sink) retrying(topic string, partition, records int, err error, delay t
 
 // Stalled reports, in words for /readyz, a topic the relay has been waiting for past a short grace
 // period (missing with auto-creation off, or not authorized): every later event waits behind it.
-func (s *Sink) Stalled() (string, bool) { return s.topics.stalled() }
+// A wait for the schema registry (Config.Serializer) is named too.
+func (s *Sink) Stalled() (string, bool) {
+	if msg, ok := s.registryStalled(); ok {
+		return msg, true
+	}
+	return s.topics.stalled()
+}
 
 // Publish hands ev to Kafka; ack.Ack(1) is called once it is acknowledged or settled by the failure
 // policy. It blocks while the in-flight limits are reached, and for good once the sink has halted.
@@ -260,6 +267,14 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		return ctx.Err()
 	}
 	built := s.records.Build(ev, time.Now())
+	if s.cfg.Serializer != nil && reject == "" && built.TopicErr == nil {
+		// Framed before it takes a position: an event the registry cannot serve yet holds the
+		// stream here, and one that cannot be serialized goes to the policy like a rejected one.
+		var ctxErr error
+		if reject, cause, ctxErr = s.serialize(ctx, ev, &built); ctxErr != nil {
+			return ctxErr
+		}
+	}
 	rec := &delivery{Record: producer.Record{Seq: s.seq.Add(1), Msg: built.Msg, Partition: built.Partition}, ev: ev, ack: ack}
 	rec.Owner = rec
 	// An event never reaches the dead-letter or the positions topic (New puts them in the

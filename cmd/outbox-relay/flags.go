@@ -11,42 +11,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/config"
 )
 
-// keys are the configuration keys each subcommand uses: its --help lists those (the flags of the
-// others are accepted, so that one command line or file serves every command). run uses every key.
-var keys = func() map[string][]string {
-	pg := []string{"pg_dsn", "pg_password_file"}
-	kafkaConn := []string{"kafka_brokers", "kafka.client_id", "kafka.write_timeout",
-		"kafka.tls.enabled", "kafka.tls.ca_file", "kafka.tls.cert_file", "kafka.tls.key_file", "kafka.tls.insecure_skip_verify",
-		"kafka.sasl.mechanism", "kafka.sasl.username", "kafka.sasl.password", "kafka.sasl.password_file"}
-	cat := func(lists ...[]string) []string {
-		var out []string
-		for _, l := range lists {
-			out = append(out, l...)
-		}
-		return out
-	}
-	of := func(groups ...config.Group) []string { return config.KeyNames(config.Keys(groups...)) }
-	columns := []string{"profile", "table", "columns.id", "columns.aggregate_type", "columns.aggregate_id",
-		"columns.event_type", "columns.payload", "columns.headers", "columns.aggregate_version", "columns.created_at",
-		"columns.timestamp", "columns.tracing_span_context", "outbox_shape"}
-	return map[string][]string{
-		"migrate":     cat(pg, []string{"table", "publication", "source", "outbox_shape"}),
-		"forget-slot": cat(pg, []string{"slot", "table"}),
-		"status": cat(pg, []string{"slot", "source", "failover", "delivery", "transactional_id", "positions_topic"},
-			columns, kafkaConn),
-		"prune": cat(pg, []string{"table", "columns.created_at", "outbox_shape", "source", "slot", "on_slot_lost",
-			"slot_recovery_margin", "prune_older_than", "prune_batch_size"}),
-		"retry": cat(pg, columns, []string{"source"}),
-		"replay": cat(pg, columns, []string{"backfill_order_column"}, of(config.GroupKafka, config.GroupRouting),
-			[]string{"on_failure", "dead_letter_topic", "max_in_flight_events", "max_in_flight_bytes", "max_message_bytes",
-				"shutdown_timeout", "log_level", "log_format"}),
-		// The routing and the positions topic: a dead letter goes where the relay would route it
-		// now, never to a topic outbox rows may not reach.
-		"redrive": cat(kafkaConn, []string{"profile", "dead_letter_topic", "builtin_headers", "key_encoding", "positions_topic",
-			"topic_template", "topic_regex", "topic_replacement", "topic_regex_passthrough", "topic_allow", "topic_deny"}),
-	}
-}()
-
 // about says what each subcommand does, at the top of its --help.
 var about = map[string]string{
 	"run":         "Streams outbox events to Kafka until SIGTERM or SIGINT.",
@@ -64,7 +28,7 @@ var about = map[string]string{
 func newFlags(name string, stderr io.Writer) (*flag.FlagSet, *config.Loader) {
 	fs := flag.NewFlagSet("outbox-relay "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	loader := config.NewLoader(fs, nil, keys[name]...)
+	loader := config.NewLoader(fs, nil, config.CommandKeys(name)...)
 	switch name {
 	case "run", "replay", "redrive":
 	default:

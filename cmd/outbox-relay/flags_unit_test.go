@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -75,6 +76,24 @@ func TestAMistakeOnTheCommandLineIsOneLine(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		if code := run(context.Background(), tc.args, &stdout, &stderr); code != 2 || stderr.String() != tc.want {
 			t.Errorf("%v: exit %d, said:\n%s\nwant exit 2 and:\n%s", tc.args, code, stderr.String(), tc.want)
+		}
+	}
+}
+
+// TestTheReferenceNamesTheCommandsWhoseHelpListsAKey: the commands docs/configuration.md gives for
+// a key (config.Key.Commands) are exactly those whose -h lists it.
+func TestTheReferenceNamesTheCommandsWhoseHelpListsAKey(t *testing.T) {
+	for _, command := range config.Commands() {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), []string{command, "-h"}, &stdout, &stderr); code != 0 {
+			t.Fatalf("%s -h: exit %d:\n%s", command, code, stderr.String())
+		}
+		help := stderr.String()
+		for _, k := range config.Keys() {
+			listed := strings.Contains(help, "\n  "+k.Flag()+"\n") || strings.Contains(help, "\n  "+k.Flag()+" ")
+			if said := slices.Contains(k.Commands, command); said != listed {
+				t.Errorf("%s: the reference says %s uses it: %v; its -h lists it: %v", k.Name, command, said, listed)
+			}
 		}
 	}
 }

@@ -12,9 +12,6 @@ import (
 	"syscall"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 const usage = `outbox-relay moves transactional outbox events from PostgreSQL to Kafka.
 
 Usage:
@@ -26,7 +23,7 @@ Usage:
   outbox-relay replay   [flags]   publish rows still in the outbox table again (by --event-id, aggregate, or --since)
   outbox-relay redrive  [flags]   publish dead-lettered records to their original topics again, once each
   outbox-relay retry    [flags]   source poll: publish rows again (--ids, --dead-letters, --since/--until)
-  outbox-relay version            print the version
+  outbox-relay version            print the version, the commit and the commit's time the binary was built from
 
 Every configuration key has a flag, an OUTBOX_* environment variable and a YAML key
 (--config file.yaml); flags win over the environment, which wins over the file. One file serves
@@ -67,7 +64,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "retry":
 		err = runRetry(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
-		fmt.Fprintln(stdout, "outbox-relay", version)
+		printVersion(stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 	default:

@@ -46,6 +46,15 @@ func runRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	_, transport := sink.NewClient(kc, kc.WriteTimeout)
 	defer transport.CloseIdleConnections()
+	// Registry encodings: the key goes back raw from record, framed by the serializer.
+	_, keyEnc := recordEncodings(cfg)
+	serializer, client, err := newSerializer(cfg, nil, nil)
+	if err != nil {
+		return err
+	}
+	if client != nil {
+		defer client.Close()
+	}
 	started := time.Now()
 	res, err := redrive.Run(ctx, redrive.Config{
 		Brokers:         cfg.KafkaBrokers,
@@ -57,7 +66,8 @@ func runRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		FromOffset:      *fromOffset,
 		ToOffset:        *toOffset,
 		EventIDs:        ids,
-		KeyEncoding:     record.Encoding(cfg.KeyEncoding),
+		KeyEncoding:     keyEnc,
+		Serializer:      serializer,
 		BuiltinHeaders:  cfg.BuiltinHeaders,
 		Route: &record.Options{TopicTemplate: cfg.TopicTemplate, TopicRegex: cfg.TopicRegex, TopicReplacement: cfg.TopicReplacement,
 			TopicRegexPassthrough: cfg.TopicRegexPassthrough, TopicAllow: cfg.TopicAllow, TopicDeny: cfg.TopicDeny},

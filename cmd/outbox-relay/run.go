@@ -66,6 +66,13 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 	m.Source.WithLabelValues(cfg.Source).Set(1)
+	// The registry client that streams reports its health and requests in the metrics.
+	if rcfg.Sink.Serializer, err = swapSerializer(ctx, cfg, m, log, rcfg.Sink.Serializer); err != nil {
+		return err
+	}
+	if c, ok := rcfg.Sink.Serializer.(interface{ Close() }); ok {
+		defer c.Close()
+	}
 	state := &health.State{}
 	if cfg.MetricsAddr != "" {
 		stopHTTP, err := serveHTTP(cfg.MetricsAddr, reg, state, log)
@@ -98,8 +105,9 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 // logStart says what the relay starts with (no secret: DSNs redacted, the password file's path
 // alone), the configuration's warnings, and what exactly-once asks of consumers.
 func logStart(cfg *config.Config, log *zap.Logger) {
+	build := thisBuild()
 	log.Info("starting",
-		zap.String("version", version),
+		zap.String("version", build.Version), zap.String("commit", build.Commit), zap.Bool("modified", build.Modified),
 		zap.String("pg_dsn", config.RedactDSN(cfg.PGDSN)),
 		zap.String("pg_password_file", cfg.PGPasswordFile), // the path; never the content
 		zap.Strings("kafka_brokers", cfg.KafkaBrokers),

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -18,12 +19,14 @@ import (
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/schemaregistry"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/slotmon"
 )
 
-// exitSlotProblem is status's exit code when the slot is missing or has lost WAL, or when a standby
-// given with --standby-dsn would not keep it through a promotion: scripts and probes can tell it
+// exitSlotProblem is status's exit code when the slot is missing or has lost WAL, when a standby
+// given with --standby-dsn would not keep it through a promotion, or when the schema registry an
+// encoding needs does not answer: scripts and probes can tell it
 // from a failure to ask (1) and a usage error (2).
 const exitSlotProblem = 3
 
@@ -43,6 +46,10 @@ type statusReport struct {
 	Failover slotmon.Failover  `json:"failover"`
 	Standbys []slotmon.Standby `json:"standbys,omitempty"`
 	Delivery deliveryReport    `json:"delivery"`
+	// SchemaRegistry is the registry as the relay's client finds it now; null without a registry
+	// encoding. A registry that does not answer is a problem: events needing a schema not in the
+	// relay's cache wait for it, holding the stream.
+	SchemaRegistry *schemaregistry.Status `json:"schema_registry"`
 	// Recovery is what the slot ledger says of lost-slot recovery: how far Kafka acknowledged,
 	// a recovery under way, the last one. Null without a ledger at migration 0007.
 	Recovery *recoveryReport `json:"recovery"`
@@ -170,6 +177,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 1
 	}
 	if err := deliveryStatus(ctx, cfg, &rep); err != nil {
+		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), secrets...))
+		return 1
+	}
+	if err := registryStatus(ctx, cfg, &rep); err != nil {
 		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), secrets...))
 		return 1
 	}
@@ -320,6 +331,24 @@ func deliveryStatus(ctx context.Context, cfg *config.Config, rep *statusReport) 
 	return nil
 }
 
+// registryStatus adds the schema registry, asked now, to rep when an encoding needs one; one that
+// does not answer (or refuses the relay's credentials) is a problem.
+func registryStatus(ctx context.Context, cfg *config.Config, rep *statusReport) error {
+	client, err := newRegistryClient(cfg, nil, nil)
+	if err != nil || client == nil {
+		return err
+	}
+	defer client.Close()
+	st := client.Status(ctx)
+	rep.SchemaRegistry = &st
+	if !st.Up {
+		rep.OK = false
+		rep.Problems = append(rep.Problems, fmt.Sprintf("schema registry %s does not answer (%s): events that need a schema the relay has not cached wait, holding the stream, until it does: check the registry and schema_registry.urls",
+			strings.Join(st.URLs, ", "), st.Error))
+	}
+	return nil
+}
+
 // topicExists asks the brokers whether topic exists.
 func topicExists(ctx context.Context, c sink.Config, topic string) (bool, error) {
 	client, transport := sink.NewClient(c, positionReadTimeout)
@@ -359,6 +388,13 @@ func printStatus(w io.Writer, rep statusReport) {
 	}
 	printStandbys(tw, rep)
 	printDelivery(tw, rep.Delivery)
+	if r := rep.SchemaRegistry; r != nil {
+		state := "up"
+		if !r.Up {
+			state = "DOWN"
+		}
+		fmt.Fprintf(tw, "schema registry\t%s (%s)\n", state, strings.Join(r.URLs, ", "))
+	}
 	tw.Flush()
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "PROBLEM: %s\n", p)

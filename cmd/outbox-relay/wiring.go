@@ -110,7 +110,9 @@ func scrubbed(cfg *config.Config, err error) error {
 // secrets are cfg's secret values, the passwords in the password files as they are now included.
 func secrets(cfg *config.Config) []string {
 	out := cfg.Secrets()
-	for key, path := range map[string]string{"pg_password_file": cfg.PGPasswordFile, "kafka.sasl.password_file": cfg.Kafka.SASL.PasswordFile} {
+	for key, path := range map[string]string{"pg_password_file": cfg.PGPasswordFile, "kafka.sasl.password_file": cfg.Kafka.SASL.PasswordFile,
+		"kafka.sasl.oauthbearer.token_file":         cfg.Kafka.SASL.OAuthBearer.TokenFile,
+		"kafka.sasl.oauthbearer.client_secret_file": cfg.Kafka.SASL.OAuthBearer.ClientSecretFile} {
 		if path == "" {
 			continue
 		}
@@ -224,12 +226,19 @@ func sinkConfig(c *config.Config, extraHeaders []string, placements []record.Pla
 	if err != nil {
 		return sink.Config{}, err
 	}
+	// Registry encodings: record builds the key and value raw, the sink frames them. The client
+	// reports nothing (run swaps in one with metrics); every caller gets one, so nothing built
+	// from this configuration publishes unframed.
+	valueEnc, keyEnc := recordEncodings(c)
+	if s.Serializer, _, err = newSerializer(c, nil, nil); err != nil {
+		return sink.Config{}, err
+	}
 	s.Record = record.Options{
 		TopicTemplate:           c.TopicTemplate,
 		BuiltinHeaders:          c.BuiltinHeaders,
 		ExtraHeaders:            extraHeaders,
-		ValueEncoding:           record.Encoding(c.ValueEncoding),
-		KeyEncoding:             record.Encoding(c.KeyEncoding),
+		ValueEncoding:           valueEnc,
+		KeyEncoding:             keyEnc,
 		ExtraPlacement:          placements,
 		TopicRegex:              c.TopicRegex,
 		TopicReplacement:        c.TopicReplacement,
@@ -344,5 +353,7 @@ func tlsConfig(c config.TLS) (*tls.Config, error) {
 
 func saslMechanism(c config.SASL) (sasl.Mechanism, error) {
 	return credentials.KafkaMechanism(credentials.KafkaSASL{Mechanism: c.Mechanism, Username: c.Username,
-		Password: c.Password, PasswordFile: c.PasswordFile})
+		Password: c.Password, PasswordFile: c.PasswordFile, OAuthBearer: credentials.OAuthBearer{
+			TokenFile: c.OAuthBearer.TokenFile, TokenEndpointURL: c.OAuthBearer.TokenEndpointURL,
+			ClientID: c.OAuthBearer.ClientID, ClientSecretFile: c.OAuthBearer.ClientSecretFile, Scope: c.OAuthBearer.Scope}})
 }

@@ -632,7 +632,7 @@ func liveSlack(short bool) time.Duration {
 	return 0
 }
 
-// maxInFlightEvents is max_in_flight_events: auto, as README documents it per delivery.
+// maxInFlightEvents is max_in_flight_events: auto, as docs/configuration.md documents it per delivery.
 func maxInFlightEvents(delivery string) int {
 	if delivery == history.ExactlyOnce {
 		return 40000

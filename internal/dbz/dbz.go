@@ -51,3 +51,11 @@ func JVMArgs(lib string) []string {
 		"-Dlog4j2.configurationFile=" + filepath.Join(lib, "log4j2.properties"),
 		"-cp", filepath.Join(lib, "*"), "org.apache.kafka.connect.cli.ConnectStandalone"}
 }
+
+// DistributedJVMArgs is how Kafka's connect-distributed.sh runs a worker: the same JVM as
+// JVMArgs, the distributed worker's main class; its one argument, the worker's properties file,
+// follows. Connectors are created through its REST API (CreateConnector).
+func DistributedJVMArgs(lib string) []string {
+	args := JVMArgs(lib)
+	return append(args[:len(args)-1], "org.apache.kafka.connect.cli.ConnectDistributed")
+}

@@ -18,7 +18,7 @@ import (
 )
 
 // ErrPgBouncerMissing means the pgbouncer binary is not installed.
-var ErrPgBouncerMissing = errors.New("pgbouncer not installed: run scripts/ensure-tools.sh (Debian: apt-get install pgbouncer)")
+var ErrPgBouncerMissing = errors.New("pgbouncer not installed: run scripts/ensure-tools.sh test (Debian: apt-get install pgbouncer)")
 
 // PgBouncerOptions configures StartPgBouncer; zero values mean the defaults in the comments.
 type PgBouncerOptions struct {

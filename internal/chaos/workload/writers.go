@@ -304,7 +304,7 @@ func (w *Writers) plan(wr *writer, n int) plan {
 }
 
 // recordHeaders are the headers the relay gives an event's record: its id, type and aggregate
-// type, then the members of its headers object (README, "headers").
+// type, then the members of its headers object (docs/operations.md, "The outbox table and its records").
 func recordHeaders(id, eventType, aggregateType string, members map[string]string) []kafka.Header {
 	hs := []kafka.Header{{Key: "id", Value: []byte(id)}, {Key: "event_type", Value: []byte(eventType)}, {Key: "aggregate_type", Value: []byte(aggregateType)}}
 	for k, v := range members {
