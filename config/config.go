@@ -100,6 +100,11 @@ type Config struct {
 	LeaderKafkaTimeout time.Duration
 	SlotPollInterval   time.Duration
 
+	// PrimaryDSN, when set, is the primary of the hot standby pg_dsn leads to (decoding on a
+	// standby, PostgreSQL 16+): the slot ledger's writes, heartbeats, pruning, migrate and, unless
+	// LeaderDSN is set, the leader lock go there.
+	PrimaryDSN string
+
 	// FailoverStandbyDSN is a standby the slot monitor asks about its copy of the failover slot.
 	FailoverStandbyDSN string
 

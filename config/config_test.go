@@ -239,6 +239,7 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 		{"an empty topic template", "topic_template", "", file},
 		{"a malformed URL DSN", "pg_dsn", "postgres://user:secret@db/app%zz", env},
 		{"a malformed failover standby DSN", "failover_standby_dsn", "postgres://user:secret@db2/app%zz", file},
+		{"a malformed primary DSN", "primary_dsn", "postgres://user:secret@primary/app%zz", file},
 		{"a malformed leader DSN", "leader_dsn", "postgres://user:secret@pooler/app%zz", file},
 		{"a leader Kafka timeout under 1s", "leader_kafka_timeout", "500ms", env},
 		{"a negative leader Kafka timeout", "leader_kafka_timeout", "-1s", flagged},
@@ -288,7 +289,7 @@ func TestInvalidValuesNameTheKeyAndTheirSource(t *testing.T) {
 			if !strings.Contains(msg, tt.key) || !strings.Contains(msg, from) {
 				t.Fatalf("error %q does not name key %s and source %s", msg, tt.key, from)
 			}
-			if (tt.key == "pg_dsn" || tt.key == "failover_standby_dsn") && strings.Contains(msg, "secret") {
+			if (tt.key == "pg_dsn" || tt.key == "failover_standby_dsn" || tt.key == "primary_dsn") && strings.Contains(msg, "secret") {
 				t.Fatalf("error %q shows the password", msg)
 			}
 		})

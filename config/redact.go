@@ -37,7 +37,7 @@ func DSNHasSecret(dsn string) bool { return dsnPassword(dsn) != "" || dsnSSLPass
 // Secrets returns the secret values of c, for scrubbing from error text that might quote them.
 func (c *Config) Secrets() []string {
 	var out []string
-	for _, dsn := range []string{c.PGDSN, c.LeaderDSN, c.FailoverStandbyDSN} {
+	for _, dsn := range []string{c.PGDSN, c.LeaderDSN, c.FailoverStandbyDSN, c.PrimaryDSN} {
 		if pw := dsnPassword(dsn); pw != "" {
 			out = append(out, pw)
 		}

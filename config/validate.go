@@ -63,6 +63,11 @@ func (c *Config) checkPostgres(p *problems, needPG bool) {
 		p.add("config key pg_password_file (from %s) is set, and pg_dsn (from %s) holds a password too: keep the password in one place",
 			p.from("pg_password_file"), p.from("pg_dsn"))
 	}
+	if c.PrimaryDSN != "" {
+		if err := checkDSN(c.PrimaryDSN); err != nil {
+			p.bad("primary_dsn", "%v", err)
+		}
+	}
 	if c.FailoverStandbyDSN != "" {
 		// A standby is what it names, so checkDSN's demand for the writable server does not apply.
 		if _, err := pgconn.ParseConfig(c.FailoverStandbyDSN); err != nil {
@@ -80,6 +85,9 @@ func (c *Config) checkSlot(p *problems) {
 	}
 	if c.StatusInterval < 100*time.Millisecond {
 		p.bad("status_interval", "%s is too short (at least 100ms)", c.StatusInterval)
+	}
+	if c.PrimaryDSN != "" && c.Source == "poll" {
+		p.bad("primary_dsn", "is set, but source (from %s) is poll: polling reads and updates the outbox table on the primary; point pg_dsn at the primary and remove primary_dsn", p.from("source"))
 	}
 	if c.FailoverStandbyDSN != "" && c.Source == "poll" {
 		p.bad("failover_standby_dsn", "is set, but source (from %s) is poll: there is no slot to keep through a promotion", p.from("source"))

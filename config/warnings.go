@@ -22,6 +22,7 @@ func (c *Config) securityWarnings(from func(key string) string) []string {
 		"pg_dsn":               "pg_password_file, or " + EnvName("pg_dsn"),
 		"leader_dsn":           "pg_password_file, or " + EnvName("leader_dsn"),
 		"failover_standby_dsn": "pg_password_file, or " + EnvName("failover_standby_dsn"),
+		"primary_dsn":          "pg_password_file, or " + EnvName("primary_dsn"),
 		"kafka.sasl.password":  "kafka.sasl.password_file, or " + EnvName("kafka.sasl.password"),
 	}
 	for _, s := range settings {
@@ -36,6 +37,8 @@ func (c *Config) securityWarnings(from func(key string) string) []string {
 			secret = dsnPassword(c.PGDSN) != "" || dsnSSLPassword(c.PGDSN) != ""
 		case "leader_dsn":
 			secret = dsnPassword(c.LeaderDSN) != "" || dsnSSLPassword(c.LeaderDSN) != ""
+		case "primary_dsn":
+			secret = dsnPassword(c.PrimaryDSN) != "" || dsnSSLPassword(c.PrimaryDSN) != ""
 		case "failover_standby_dsn":
 			secret = dsnPassword(c.FailoverStandbyDSN) != "" || dsnSSLPassword(c.FailoverStandbyDSN) != ""
 		}
@@ -44,7 +47,7 @@ func (c *Config) securityWarnings(from func(key string) string) []string {
 				s.key, from(s.key), alternative[s.key]))
 		}
 	}
-	for key, dsn := range map[string]string{"pg_dsn": c.PGDSN, "leader_dsn": c.LeaderDSN, "failover_standby_dsn": c.FailoverStandbyDSN} {
+	for key, dsn := range map[string]string{"pg_dsn": c.PGDSN, "leader_dsn": c.LeaderDSN, "failover_standby_dsn": c.FailoverStandbyDSN, "primary_dsn": c.PrimaryDSN} {
 		if w := sslModeWarning(key, dsn); w != "" {
 			out = append(out, w)
 		}

@@ -182,7 +182,7 @@ func (m *Metrics) streamCollectors(f factory) {
 // instance, leader or not), and its recoveries.
 func (m *Metrics) slotCollectors(f factory) {
 	m.SlotLagBytes = f.gauge("slot_lag_bytes",
-		"pg_current_wal_lsn() minus the slot's confirmed_flush_lsn.")
+		"pg_current_wal_lsn() (on a hot standby, pg_last_wal_replay_lsn()) minus the slot's confirmed_flush_lsn.")
 	m.SlotAheadOfWALBytes = f.gauge("slot_confirmed_ahead_of_wal_bytes",
 		"The slot's confirmed_flush_lsn minus pg_current_wal_lsn() when positive: the slot was confirmed beyond the server's end of WAL (a data directory restored from an earlier copy), and transactions below it are skipped. 0 otherwise.")
 	m.SlotRetainedBytes = f.gauge("slot_retained_wal_bytes",

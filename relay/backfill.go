@@ -71,7 +71,18 @@ func (w *walSource) backfill(ctx context.Context, snapshot string) error {
 	if err := w.cancelledReads.note(ctx, "the backfill's rows", err); err != nil {
 		return err
 	}
-	if err := ledger.RecordBackfill(ctx, conn, rc.Slot, n); err != nil {
+	record := conn
+	if rc.PrimaryDSN != "" {
+		// Decoding on a standby: the rows were read there, and the ledger is written on the
+		// primary, which the standby refuses.
+		pconn, err := rc.ConnectPrimary(ctx)
+		if err != nil {
+			return fmt.Errorf("record the completed backfill in %s: connect to the primary: %w", replication.LedgerTable, err)
+		}
+		defer pconn.Close(context.WithoutCancel(ctx))
+		record = pconn
+	}
+	if err := ledger.RecordBackfill(ctx, record, rc.Slot, n); err != nil {
 		return fmt.Errorf("record the completed backfill in %s (the relay's role needs INSERT and UPDATE on it): %w", replication.LedgerTable, err)
 	}
 	w.log.Info("backfill complete", zap.Int64("events", n), zap.Duration("took", time.Since(started)),

@@ -248,13 +248,10 @@ func (w *walSource) checkPositionLedger(ctx context.Context, found bool) error {
 	return nil
 }
 
-// connect opens a plain connection with the replication settings' credentials.
+// connect opens a plain connection with the replication settings' credentials, to the primary
+// (the slot ledger's positions are written there: a standby refuses the writes).
 func connect(ctx context.Context, rc *replication.Config) (*pgx.Conn, error) {
-	conf, err := rc.ConnConfig()
-	if err != nil {
-		return nil, err
-	}
-	return pgx.ConnectConfig(ctx, conf)
+	return rc.ConnectPrimary(ctx)
 }
 
 // recordPositions notes in the slot ledger, once the first Kafka transaction of a first

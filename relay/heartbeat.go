@@ -37,7 +37,7 @@ func (w *walSource) heartbeat(ctx context.Context, interval time.Duration) {
 		case <-ticker.C:
 		}
 		if conn == nil {
-			c, err := w.cfg.Replication.Connect(ctx)
+			c, err := w.cfg.Replication.ConnectPrimary(ctx) // a standby cannot write WAL: its primary does, and the standby replays it
 			if err != nil {
 				w.log.Warn("heartbeat: cannot connect", zap.Error(err))
 				continue

@@ -338,7 +338,7 @@ func (c *confirmedRecorder) write(ctx context.Context) {
 	xmin := c.passed(safe, timeline)
 	moved := !at.IsZero() && at.After(c.recorded)
 	if c.conn == nil {
-		conn, err := c.rc.Connect(ctx)
+		conn, err := c.rc.ConnectPrimary(ctx) // the ledger's writes: a standby refuses them
 		if err != nil {
 			c.log.Debug("record the acknowledged position: cannot connect", zap.Error(err))
 			return

@@ -2,6 +2,7 @@ package replication
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -11,7 +12,12 @@ import (
 
 // Config configures a Stream.
 type Config struct {
-	DSN               string
+	DSN string
+	// PrimaryDSN, when set, is the primary of a hot standby that DSN points at (decoding on a
+	// standby, PostgreSQL 16+): what a standby cannot do runs there (the slot ledger's writes,
+	// heartbeats, the publication's creation, pg_log_standby_snapshot to speed up the slot's
+	// creation). Empty: DSN is the primary, and everything runs there.
+	PrimaryDSN        string
 	PasswordFile      string // pg_password_file: read for every connection, so a rotated password is used at the next reconnect
 	Slot              string
 	Publication       string
@@ -99,6 +105,19 @@ func (c *Config) Connect(ctx context.Context) (*pgx.Conn, error) {
 	conf, err := c.ConnConfig()
 	if err != nil {
 		return nil, err
+	}
+	return pgx.ConnectConfig(ctx, conf)
+}
+
+// ConnectPrimary opens an ordinary connection to the primary: PrimaryDSN when set, else DSN.
+// Writes go here, which a hot standby refuses.
+func (c *Config) ConnectPrimary(ctx context.Context) (*pgx.Conn, error) {
+	if c.PrimaryDSN == "" {
+		return c.Connect(ctx)
+	}
+	conf, err := credentials.PostgresConfig(c.PrimaryDSN, c.PasswordFile)
+	if err != nil {
+		return nil, fmt.Errorf("primary_dsn: %w", err)
 	}
 	return pgx.ConnectConfig(ctx, conf)
 }

@@ -146,13 +146,71 @@ func (s *Stream) watchSlotCreation(ctx context.Context, walsender int32) (stop f
 	if times == (creationWaitTimes{}) {
 		times = defaultCreationWaitTimes
 	}
+	began := time.Now()
 	go func() {
 		defer close(done)
-		s.watchCreation(ctx, walsender, time.Now(), times)
+		s.watchCreation(ctx, walsender, began, times)
 	}()
+	nudged := make(chan struct{})
+	if s.cfg.PrimaryDSN != "" {
+		go func() {
+			defer close(nudged)
+			s.nudgeStandbyCreation(ctx, began)
+		}()
+	} else {
+		close(nudged)
+	}
 	return func() {
 		cancel()
 		<-done
+		<-nudged
+	}
+}
+
+// standbySnapshotEvery is how often a slot's creation on a standby asks the primary for a
+// running-transactions record.
+const standbySnapshotEvery = time.Second
+
+// nudgeStandbyCreation speeds up the creation of a slot on a hot standby. There the creation
+// waits, besides the transactions a primary waits for, for a running-transactions record from the
+// primary in the replayed WAL: the primary writes one about every 15 s while it is active and none
+// while it is idle, so the creation would take up to 15 s, or wait for the next write. Until ctx
+// ends (the creation returned), it asks the primary for one every standbySnapshotEvery
+// (pg_log_standby_snapshot(), PostgreSQL 16+: a small WAL record), as several may be needed while
+// transactions are open there. A role that may not call it (superuser only unless granted) is
+// told once, and the creation then waits for the primary's own records.
+func (s *Stream) nudgeStandbyCreation(ctx context.Context, began time.Time) {
+	s.log.Info("creating the replication slot on a standby: it waits for a running-transactions record from the primary (written about every 15 s on an active primary, none on an idle one); asking the primary for one with pg_log_standby_snapshot() every second",
+		zap.String("slot", s.cfg.Slot))
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			conn.Close(cctx)
+		}
+	}()
+	warned := false
+	ticker := time.NewTicker(standbySnapshotEvery)
+	defer ticker.Stop()
+	for {
+		var err error
+		if conn == nil || conn.IsClosed() {
+			conn, err = s.cfg.ConnectPrimary(ctx)
+		}
+		if err == nil {
+			_, err = conn.Exec(ctx, "SELECT pg_catalog.pg_log_standby_snapshot()")
+		}
+		if err != nil && ctx.Err() == nil && !warned {
+			warned = true
+			s.log.Warn("cannot ask the primary for a running-transactions record (pg_log_standby_snapshot(), superuser only unless granted: GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO <role>); the slot's creation on the standby waits for the primary's own, about every 15 s while it writes",
+				zap.String("slot", s.cfg.Slot), zap.Duration("waited", time.Since(began).Round(time.Millisecond)), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
 	}
 }
 

@@ -149,7 +149,13 @@ func (s *Stream) warnStandbySlots(ctx context.Context) {
 // (a single host whose address the failover moved early): waiting for the promotion is the
 // remedy. Left to the slot code, PostgreSQL 17+ refuses decoding from its synchronised copy of the
 // slot with an error that reads as a lost slot, and 16+ would create a new slot on it.
-func refuseStandby(ctx context.Context, conn *pgconn.PgConn, what string) error {
+//
+// With primary_dsn set (cfg.PrimaryDSN) a standby is what pg_dsn means to lead to: decoding on a
+// standby (PostgreSQL 16+), and nothing is refused.
+func refuseStandby(ctx context.Context, conn *pgconn.PgConn, what string, decodeOnStandby bool) error {
+	if decodeOnStandby {
+		return nil
+	}
 	results, err := conn.Exec(ctx, "SELECT pg_catalog.pg_is_in_recovery()").ReadAll()
 	if err != nil {
 		return fmt.Errorf("ask the server of the %s whether it is a standby: %w", what, err)

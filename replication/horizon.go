@@ -70,10 +70,14 @@ type horizon struct {
 	schema      string
 	name        string
 	publication string
-	every       atomic.Int64  // time.Duration between checks: half the session's status interval, also the safety margin
-	staleLimit  time.Duration // the longest time without a good check before the relay stops
-	log         *zap.Logger
-	m           *metrics.Metrics // may be nil
+	// standby: pg_dsn leads to a hot standby (primary_dsn set). The check runs there as on a
+	// primary, with the replay position for L: a catalog change replayed before it is visible to
+	// the check's snapshot, and the replayed locks of DDL conflict with its lock as on the primary.
+	standby    bool
+	every      atomic.Int64  // time.Duration between checks: half the session's status interval, also the safety margin
+	staleLimit time.Duration // the longest time without a good check before the relay stops
+	log        *zap.Logger
+	m          *metrics.Metrics // may be nil
 
 	verified atomic.Uint64 // pglogrepl.LSN
 	oid      atomic.Uint32 // the outbox table's OID when the relay started; 0 before the first session
@@ -129,11 +133,15 @@ const checkIdleTimeout = 2 * time.Second
 func newHorizon(cfg *Config, log *zap.Logger) *horizon {
 	h := &horizon{
 		conf: cfg.ConnConfig, table: cfg.qualifiedTable(), schema: cfg.Schema, name: cfg.Table, publication: cfg.Publication,
-		staleLimit: staleLimit, log: log, changed: make(chan struct{}, 1), off: cfg.NoTable,
+		staleLimit: staleLimit, log: log, changed: make(chan struct{}, 1), off: cfg.NoTable, standby: cfg.PrimaryDSN != "",
 	}
 	h.setStatusInterval(cfg.StatusInterval)
 	return h
 }
+
+// walEndSQL is the server's end of WAL: pg_current_wal_lsn() on a primary, the replay position
+// on a hot standby, where pg_current_wal_lsn() fails ("recovery is in progress").
+const walEndSQL = "CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() ELSE pg_catalog.pg_current_wal_lsn() END"
 
 // setStatusInterval sets the checks' pace from the session's status interval (capped by the
 // server's timeouts): a check every half interval keeps confirmation within about one interval.
@@ -330,7 +338,7 @@ func (h *horizon) connect(ctx context.Context) (*pgconn.PgConn, error) {
 	}
 	// A standby answers the check with "recovery is in progress", which would count toward
 	// staleLimit as a refusal; it is a server to wait for, as the stream does.
-	if err := refuseStandby(ctx, c, "publication check"); err != nil {
+	if err := refuseStandby(ctx, c, "publication check", h.standby); err != nil {
 		c.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -421,7 +429,7 @@ func (h *horizon) query(ctx context.Context, conn **pgconn.PgConn) (pglogrepl.LS
 	// A short lock timeout: a DDL statement waiting for the table must not queue the check, and
 	// the check must not hold back the DDL; a skipped round only delays confirmation.
 	sql := "BEGIN ISOLATION LEVEL READ COMMITTED;\nSET LOCAL lock_timeout = '200ms';\n" + lock +
-		"SELECT pg_current_wal_lsn()::text;\n" + catalog + ";\nCOMMIT"
+		"SELECT " + walEndSQL + "::text;\n" + catalog + ";\nCOMMIT"
 	results, err := (*conn).Exec(ctx, sql).ReadAll()
 	if err == nil && (*conn).TxStatus() != 'I' {
 		err = fmt.Errorf("the check transaction did not end (status %c)", (*conn).TxStatus())

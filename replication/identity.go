@@ -154,13 +154,16 @@ func (s *Stream) recordIdentity(ctx context.Context, conn *pgx.Conn) {
 // onLedgerConn runs fn, a write to the slot ledger, on conn (the checks' connection, kept open for
 // the start's writes: a connection saved is a handshake saved), or on a connection of its own when
 // conn is nil or failed under fn: a long BeforeStream (a backfill) may have outlived it.
+//
+// Decoding on a standby, the checks' connection is the standby's, which refuses writes: the
+// ledger is written on the primary (primary_dsn), where the standby replays it from.
 func (s *Stream) onLedgerConn(ctx context.Context, conn *pgx.Conn, fn func(*pgx.Conn) error) error {
-	if conn != nil && !conn.IsClosed() {
+	if conn != nil && !conn.IsClosed() && s.cfg.PrimaryDSN == "" {
 		if err := fn(conn); err == nil || ctx.Err() != nil || !conn.IsClosed() {
 			return err // the connection is alive: a fresh one would get the same answer
 		}
 	}
-	conn, err := s.cfg.Connect(ctx)
+	conn, err := s.cfg.ConnectPrimary(ctx)
 	if err != nil {
 		return err
 	}

@@ -190,8 +190,13 @@ func ReadSlot(ctx context.Context, q interface {
 	var pid *int32
 	var confirmed, restart *string
 	// invalidation_reason through to_jsonb: NULL, not an error, on a server without the column.
+	// PostgreSQL 16 has no invalidation_reason, and reports a slot a standby invalidated in a
+	// recovery conflict with wal_status lost, which alone reads as WAL removed: its conflicting
+	// column says which.
 	err := q.QueryRow(ctx, `SELECT plugin, slot_type, database, active, active_pid,
-			confirmed_flush_lsn::text, restart_lsn::text, wal_status, to_jsonb(s) ->> 'invalidation_reason'
+			confirmed_flush_lsn::text, restart_lsn::text, wal_status,
+			coalesce(to_jsonb(s) ->> 'invalidation_reason', CASE WHEN to_jsonb(s) ->> 'conflicting' = 'true'
+				THEN 'a recovery conflict on the standby: rows_removed (hot_standby_feedback off or broken) or wal_level_insufficient' END)
 		FROM pg_replication_slots s WHERE slot_name = $1`, slot).
 		Scan(&s.Plugin, &s.SlotType, &database, &s.Active, &pid, &confirmed, &restart, &walStatus, &reason)
 	if errors.Is(err, pgx.ErrNoRows) {

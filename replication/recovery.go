@@ -202,8 +202,11 @@ const (
 // exempt from idle_session_timeout, so nothing else can take over a recovery it is in the middle
 // of. A host that is gone, or frozen whole (a frozen VM), stops answering keepalives: the server
 // ends the session within about 20 s (tcp_keepalives_*), and the lock is free.
+//
+// Decoding on a standby, the lock and the ledger's writes it carries are the primary's
+// (primary_dsn): the standby refuses the writes.
 func (s *Stream) ownRecovery(ctx context.Context) (*recoveryOwner, error) {
-	conn, err := s.cfg.Connect(ctx)
+	conn, err := s.cfg.ConnectPrimary(ctx)
 	if err != nil {
 		return nil, classifyConnect(err, "recovery lock")
 	}

@@ -90,7 +90,7 @@ func (s *Stream) identifyServer(ctx context.Context, c *checked) error {
 		return fatalf("pg_dsn reached two database clusters at once: the checks' connection one with system identifier %s, the replication connection one with %s (a multi-host pg_dsn listing servers of different clusters, or a host name that moved between the two connections). Make pg_dsn lead to the one cluster to stream from, and restart",
 			c.systemID, s.identity.SystemID)
 	}
-	if err := refuseStandby(ctx, s.conn, "replication connection"); err != nil {
+	if err := refuseStandby(ctx, s.conn, "replication connection", s.cfg.PrimaryDSN != ""); err != nil {
 		return err
 	}
 	if s.cfg.Failover {
@@ -241,7 +241,7 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 			return checked{}, err
 		}
 	}
-	if err := refuseStandby(ctx, conn.PgConn(), "checks' connection"); err != nil {
+	if err := refuseStandby(ctx, conn.PgConn(), "checks' connection", s.cfg.PrimaryDSN != ""); err != nil {
 		return checked{}, err
 	}
 	if c.slot, err = s.prepareSlot(ctx, conn); err != nil {
@@ -293,7 +293,9 @@ func (s *Stream) backendPID(ctx context.Context) (int32, error) {
 // reads every slot before the target list runs), so a slot beyond it was confirmed beyond it.
 func (s *Stream) confirmedOnStreamServer(ctx context.Context) (confirmed, walEnd pglogrepl.LSN, err error) {
 	// A replication=database connection runs simple-protocol SQL.
-	results, err := s.conn.Exec(ctx, "SELECT confirmed_flush_lsn, pg_catalog.pg_current_wal_flush_lsn() FROM pg_catalog.pg_replication_slots WHERE slot_name = "+quoteLiteral(s.cfg.Slot)).ReadAll()
+	// On a hot standby (decoding there, primary_dsn) pg_current_wal_flush_lsn() fails; the replay
+	// position is the end of WAL its walsender decodes up to.
+	results, err := s.conn.Exec(ctx, "SELECT confirmed_flush_lsn, CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() ELSE pg_catalog.pg_current_wal_flush_lsn() END FROM pg_catalog.pg_replication_slots WHERE slot_name = "+quoteLiteral(s.cfg.Slot)).ReadAll()
 	if err != nil {
 		return 0, 0, fmt.Errorf("read slot %q on the replication connection: %w", s.cfg.Slot, err)
 	}

@@ -143,7 +143,7 @@ func (s *Stream) recordSlot(ctx context.Context, lsn pglogrepl.LSN) error {
 		s.lost.Created = created
 		return nil
 	}
-	conn, err := s.cfg.Connect(ctx)
+	conn, err := s.cfg.ConnectPrimary(ctx) // a standby refuses the write
 	if err == nil {
 		defer conn.Close(context.WithoutCancel(ctx))
 		var exists bool

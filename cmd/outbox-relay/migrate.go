@@ -14,7 +14,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	conn, err := connect(ctx, cfg)
+	conn, err := connect(ctx, onPrimary(cfg))
 	if err != nil {
 		return err
 	}

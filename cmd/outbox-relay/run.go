@@ -120,6 +120,7 @@ func logStart(cfg *config.Config, log *zap.Logger) {
 		zap.String("topic_template", cfg.TopicTemplate),
 		zap.Bool("leader_election", cfg.LeaderElection),
 		zap.String("leader_dsn", config.RedactDSN(cfg.LeaderDSN)),
+		zap.String("primary_dsn", config.RedactDSN(cfg.PrimaryDSN)),
 		zap.Duration("leader_kafka_timeout", cfg.LeaderKafkaTimeout),
 		zap.String("delivery", cfg.Delivery))
 	for _, w := range cfg.Warnings {
@@ -171,7 +172,7 @@ func leadershipConfig(cfg *config.Config, rcfg relay.Config) leadership.Config {
 	}
 	if cfg.LeaderElection {
 		lc.Election = &leader.Config{
-			DSN:           cmp.Or(cfg.LeaderDSN, cfg.PGDSN),
+			DSN:           cmp.Or(cfg.LeaderDSN, cfg.PrimaryDSN, cfg.PGDSN), // a standby's advisory locks are its own
 			PasswordFile:  cfg.PGPasswordFile,
 			Slot:          cfg.Slot,
 			RetryInterval: cfg.LeaderRetryInterval,
@@ -187,14 +188,18 @@ func leadershipConfig(cfg *config.Config, rcfg relay.Config) leadership.Config {
 // skip rows another pruner has locked. What reads the table (polling, a lost slot's recovery) is
 // guarded: OnlyProcessed, and guardPrune's ledger bounds.
 func startPruning(ctx context.Context, cfg *config.Config, log *zap.Logger, m *metrics.Metrics) (stop func(), err error) {
-	pcfg, err := pgxpool.ParseConfig(cfg.PGDSN)
+	dsn, key := cfg.PGDSN, "pg_dsn"
+	if cfg.PrimaryDSN != "" {
+		dsn, key = cfg.PrimaryDSN, "primary_dsn" // a standby refuses the deletes
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("prune: config key pg_dsn: %w", err)
+		return nil, fmt.Errorf("prune: config key %s: %w", key, err)
 	}
 	// The pool opens connections as it needs them: each reads the password file and the TLS files
 	// as they are then, like every other connection of the relay.
 	pcfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
-		fresh, err := credentials.PostgresConfig(cfg.PGDSN, cfg.PGPasswordFile)
+		fresh, err := credentials.PostgresConfig(dsn, cfg.PGPasswordFile)
 		if err != nil {
 			return err
 		}

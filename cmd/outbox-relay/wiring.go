@@ -55,6 +55,17 @@ func newLogger(cfg *config.Config, stderr io.Writer) (*zap.Logger, error) {
 	return zap.New(core), nil
 }
 
+// onPrimary is cfg with pg_dsn leading to the primary (primary_dsn, when pg_dsn leads to a hot
+// standby), for what writes: a standby refuses it.
+func onPrimary(cfg *config.Config) *config.Config {
+	if cfg.PrimaryDSN == "" {
+		return cfg
+	}
+	c := *cfg
+	c.PGDSN = cfg.PrimaryDSN
+	return &c
+}
+
 // connect opens an ordinary connection for a one-shot subcommand.
 func connect(ctx context.Context, cfg *config.Config) (*pgx.Conn, error) {
 	conn, err := connectPostgres(ctx, cfg)
@@ -177,6 +188,7 @@ func pollConfig(c *config.Config, cols decoder.Columns, extra []string) *poll.Co
 func replicationConfig(c *config.Config, required []string) replication.Config {
 	return replication.Config{
 		DSN:               c.PGDSN,
+		PrimaryDSN:        c.PrimaryDSN,
 		PasswordFile:      c.PGPasswordFile,
 		Slot:              c.Slot,
 		Publication:       c.Publication,
