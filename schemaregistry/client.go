@@ -208,8 +208,18 @@ func (c *Client) Latest(ctx context.Context, subject string) (sr.SubjectSchema, 
 	if ok && (c.latestT < 0 || time.Now().Sub(cached.fetched) < c.latestT) {
 		return cached.ss, nil
 	}
+	ss, err := c.FreshLatest(ctx, subject)
+	if err != nil && ok && IsUnavailable(err) {
+		return cached.ss, nil
+	}
+	return ss, err
+}
+
+// FreshLatest is Latest read from the registry, not the cache (the cache keeps the answer): for
+// a payload that does not fit the cached latest, whose version may have been registered since.
+func (c *Client) FreshLatest(ctx context.Context, subject string) (sr.SubjectSchema, error) {
 	req := request{op: "read the latest schema", subject: subject}
-	ss, err := shared(ctx, c, "latest\x00"+subject, req, func(ctx context.Context) (sr.SubjectSchema, error) {
+	return shared(ctx, c, "latest\x00"+subject, req, func(ctx context.Context) (sr.SubjectSchema, error) {
 		ss, err := c.sr.SchemaByVersion(ctx, subject, -1)
 		if err == nil {
 			err = checkSubjectSchema(ss)
@@ -221,10 +231,6 @@ func (c *Client) Latest(ctx context.Context, subject string) (sr.SubjectSchema, 
 		}
 		return ss, err
 	})
-	if err != nil && ok && IsUnavailable(err) {
-		return cached.ss, nil
-	}
-	return ss, err
 }
 
 // Version returns version version (1 and up) of subject's schema, cached once read.

@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/redrive"
+	"github.com/outbox-relay/outbox-relay/schemaregistry"
 	"github.com/outbox-relay/outbox-relay/schemas"
 	"github.com/outbox-relay/outbox-relay/schemas/avro"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -295,6 +296,53 @@ message Order {
 			}
 			s.mustClose(t)
 		}
+	})
+
+	t.Run("a strict subject's new version serves the first event that needs it, not the cached latest", func(t *testing.T) {
+		// The relay's own client, whose latest is cached like the serializer's: a version
+		// registered since is read before an event that fits only it is called a mismatch.
+		topic := testenv.UniqueName(t, "newversion")
+		ctx := context.Background()
+		v1 := `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"}]}`
+		v2 := `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"},{"name":"note","type":"string","default":""}]}`
+		if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeAvro, Schema: v1}); err != nil {
+			t.Fatal(err)
+		}
+		client, err := schemaregistry.New(schemaregistry.Options{URLs: []string{r.ConfluentURL()}, Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		ser, err := schemas.New(client, schemas.Options{Value: avro.New()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dlq := testenv.UniqueName(t, "dlq")
+		s := readySink(t, k.Brokers(), sink.Config{Record: record.Options{TopicTemplate: topic}, DeadLetterTopic: dlq, Serializer: ser})
+		var acked atomic.Int64
+		s.publish(t, newEvent("e0", []byte("Order"), "order", "Created", []byte(`{"id":"o1"}`)), &acker{total: &acked})
+		eventually(t, 30*time.Second, "the first event settled", func() bool { return acked.Load() == 1 })
+		if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeAvro, Schema: v2}); err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range []string{`{"id":"o2","note":"gift"}`, `{"id":"o3","lines":1}`} {
+			s.publish(t, newEvent(fmt.Sprintf("e%d", i+1), []byte("Order"), "order", "Created", []byte(p)), &acker{total: &acked})
+		}
+		eventually(t, 30*time.Second, "every event settled", func() bool { return acked.Load() == 3 })
+		// A payload that fits no version is still the event's fault, naming the field; the one
+		// that fits the new version is not.
+		dead := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), dlq)
+		if len(dead) != 1 || dead[0].Header(sink.HeaderDLQReason) != sink.ReasonSchemaMismatch || !strings.Contains(dead[0].Header(sink.HeaderDLQError), "field lines") {
+			for _, d := range dead {
+				t.Logf("dead letter %s: %s (%s)", d.Value, d.Header(sink.HeaderDLQReason), d.Header(sink.HeaderDLQError))
+			}
+			t.Fatalf("%d dead letters, want only the third event's, naming field lines", len(dead))
+		}
+		records := readBack(t, k.Brokers(), 30*time.Second, atLeast(2), topic)
+		if len(records) != 2 || decode(t, records[1].Value) != `{"id":"o2","note":"gift"}` {
+			t.Fatalf("%d records on %s, want 2, the second framed with the subject's new version", len(records), topic)
+		}
+		s.mustClose(t)
 	})
 
 	t.Run("frame-only mode frames the application's Avro bytes with the subject's schema id", func(t *testing.T) {
