@@ -68,7 +68,7 @@ type Config struct {
 	// key_encoding avro), frames what goes back the same way: the key from the raw aggregate id
 	// (KeyEncoding is then raw), and a value the dead letter holds unframed (the payload as
 	// written: it failed before it was framed, e.g. schema_incompatible) from that payload. A value
-	// already framed (magic byte 0; a JSON payload never starts with it) goes back as it is.
+	// already framed (sink.HeaderDLQFramed; without it, magic byte 0) goes back as it is.
 	Serializer sink.Serializer
 	// BuiltinHeaders is the relay's builtin_headers: dead letters always carry id, event_type and
 	// aggregate_type, and the ones the original records did not carry are removed.
@@ -357,7 +357,12 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 func reframe(ctx context.Context, ser sink.Serializer, m kafka.Message, orig *kafka.Message) (held bool, err error) {
 	eventType := headerValue(m, record.HeaderEventType)
 	value := orig.Value
-	framed := len(value) >= 5 && value[0] == 0
+	framed := len(value) >= 5 && value[0] == 0 // a dead letter older than its header
+	if hasHeader(m, sink.HeaderDLQFramed) {
+		// Only the sink knows: a payload the application serialized (frame-only) may start with
+		// a zero byte too.
+		framed = headerValue(m, sink.HeaderDLQFramed) == "true"
+	}
 	if framed {
 		value = nil
 	}

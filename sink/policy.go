@@ -48,6 +48,11 @@ const (
 	// HeaderDLQPartition is the partition the event named for itself (an extra_fields column placed
 	// as the partition), when it named one: redrive sends it back there, not to its key's.
 	HeaderDLQPartition = "outbox.dlq.original_partition"
+	// HeaderDLQFramed, with registry encodings (Config.Serializer), says whether the value is
+	// framed for the schema registry ("true") or the payload as the event held it ("false": it
+	// failed, or was rejected, before it was framed). Redrive frames the latter: a payload the
+	// application serialized itself (frame-only) may start with a zero byte, like a frame.
+	HeaderDLQFramed = "outbox.dlq.framed"
 )
 
 func eventFields(rec *delivery) []zap.Field {
@@ -115,6 +120,9 @@ func (s *Sink) deadLetterMessage(rec *delivery, reason string, cause error) kafk
 	)
 	if rec.Partition >= 0 {
 		hs = append(hs, kafka.Header{Key: HeaderDLQPartition, Value: []byte(strconv.Itoa(rec.Partition))})
+	}
+	if s.cfg.Serializer != nil {
+		hs = append(hs, kafka.Header{Key: HeaderDLQFramed, Value: []byte(strconv.FormatBool(rec.framed))})
 	}
 	m := kafka.Message{
 		Topic:   s.cfg.DeadLetterTopic,

@@ -3,6 +3,7 @@ package sink_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -359,6 +360,46 @@ message Order {
 		records := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), topic)
 		if len(records) != 1 || decode(t, records[0].Value) != `{"n":7}` {
 			t.Fatalf("records %+v, want one decoding to {\"n\":7}", records)
+		}
+	})
+
+	t.Run("redrive frames a frame-only dead letter the sink never framed, even when its bytes start with a zero", func(t *testing.T) {
+		// {"n": 0, "s": "abcd"} in Avro starts 00 08: five bytes or more after a zero look like a
+		// frame (magic byte 0, an id); only the dead letter can say the sink never framed them.
+		topic := testenv.UniqueName(t, "frameredrive")
+		ctx := context.Background()
+		if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeAvro,
+			Schema: `{"type":"record","name":"Pair","fields":[{"name":"n","type":"long"},{"name":"s","type":"string"}]}`}); err != nil {
+			t.Fatal(err)
+		}
+		if err := k.CreateTopic(ctx, topic, 1); err != nil {
+			t.Fatal(err)
+		}
+		o := schemas.Options{FrameOnly: schemas.FrameBytes}
+		s, dlq := newAvroSink(t, topic, o)
+		var acked atomic.Int64
+		data := []byte{0x00, 0x08, 'a', 'b', 'c', 'd'}
+		if err := s.Reject(ctx, newEvent("e0", []byte("Pair"), "p", "Paired", data), sink.ReasonInvalidTimestamp, errors.New("a row past max_attempts"), &acker{total: &acked}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "the event settled", func() bool { return acked.Load() == 1 })
+		s.mustClose(t)
+		ser, err := schemas.New(relayRegistry, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := redrive.Run(ctx, redrive.Config{Brokers: []string{k.Brokers()}, DeadLetterTopic: dlq, Partition: -1, FromOffset: -1, ToOffset: -1,
+			Serializer: ser, BuiltinHeaders: record.BuiltinHeaders})
+		if err != nil || res.Redriven != 1 {
+			t.Fatalf("redrive: %+v, %v", res, err)
+		}
+		back := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), topic)
+		if len(back) != 1 {
+			t.Fatalf("%d records on %s, want the redriven one", len(back), topic)
+		}
+		doc, _, err := consumer.Decode(ctx, back[0].Value)
+		if err != nil || string(doc) != `{"n":0,"s":"abcd"}` {
+			t.Fatalf("the redriven record % x decodes to %s, %v; want it framed, decoding to {\"n\":0,\"s\":\"abcd\"}", back[0].Value, doc, err)
 		}
 	})
 
