@@ -315,7 +315,10 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 		return out, errors.New("the dead letter holds a reference, not the payload (it was too large for the dead-letter topic too): replay the event by id from the outbox table")
 	case reason == sink.ReasonBadHeaders:
 		return out, errors.New("the event's headers were malformed and were not kept: fix the row's headers, then replay the event by id")
-	case reason == sink.ReasonSchemaMismatch:
+	case headerValue(m, sink.HeaderDLQFramed) == "false" && cfg.Serializer == nil:
+		// Sent back as it is, a payload would reach a registry-encoded topic unframed.
+		return out, errors.New("the dead letter's value was never framed for the schema registry (outbox.dlq.framed: false): redrive with the relay's value_encoding, key_encoding and schema_registry settings, so it goes back framed")
+	case reason == sink.ReasonSchemaMismatch && !hasHeader(m, sink.HeaderDLQSubject):
 		return out, errors.New("the row lacked a mapped column when it was written, so the event is incomplete: replay it by id once the row is complete")
 	case reason == sink.ReasonTopicNotAllowed:
 		// The row asked for a topic outbox rows may not reach (a platform's internal topic, the

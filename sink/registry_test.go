@@ -165,6 +165,31 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 		if len(dead) != 1 || dead[0].Header(sink.HeaderDLQReason) != sink.ReasonSchemaMismatch || !strings.Contains(dead[0].Header(sink.HeaderDLQError), "field qty") {
 			t.Fatalf("dead letters %+v, want one with reason %s naming field qty", dead, sink.ReasonSchemaMismatch)
 		}
+
+		// Redrive without the registry would send the JSON payload back unframed: it refuses.
+		rc := redrive.Config{Brokers: []string{k.Brokers()}, DeadLetterTopic: dlq, Partition: -1, FromOffset: -1, ToOffset: -1,
+			BuiltinHeaders: record.BuiltinHeaders}
+		if res, err := redrive.Run(ctx, rc); err != nil || res.Redriven != 0 || len(res.Failed) != 1 || !strings.Contains(res.Failed[0].Err.Error(), "schema_registry") {
+			t.Fatalf("redrive without a registry: %+v, %v; want the dead letter refused, naming schema_registry", res, err)
+		}
+		// Once the subject has a version the payload fits, redrive sends it back framed with it
+		// (a payload that did not fit the registry's schema is not a row that lacked a column).
+		if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeAvro,
+			Schema: `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"},{"name":"qty","type":["int","string"]}]}`}); err != nil {
+			t.Fatal(err)
+		}
+		ser, err := schemas.New(relayRegistry, schemas.Options{Value: avro.New()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc.Serializer = ser
+		if res, err := redrive.Run(ctx, rc); err != nil || res.Redriven != 1 {
+			t.Fatalf("redrive: %+v, %v; want the dead letter back", res, err)
+		}
+		back := readBack(t, k.Brokers(), 30*time.Second, atLeast(3), topic)
+		if len(back) != 3 || decode(t, back[2].Value) != `{"id":"o2","qty":"two"}` {
+			t.Fatalf("%d records, want the redriven one third, decoding to the payload", len(back))
+		}
 	})
 
 	t.Run("protobuf and json-schema values go through the registry and the broker alike", func(t *testing.T) {
