@@ -138,6 +138,6 @@ demo:
 # transaction_interval settings and draws the curves to $(LOCAL)/bench/sweep.{svg,png}; the other
 # BENCH_* knobs are listed by `go run ./bench -h`.
 .PHONY: bench
-bench: tools kafka-lib build
+bench: tools kafka-lib registry-lib build
 	@bash bench/debezium-lib.sh >/dev/null
 	@$(GO) run ./bench --relay-bin bin/outbox-relay --charts "$${BENCH_CHARTS:-$(LOCAL)/bench}"

@@ -24,7 +24,7 @@ var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay
 	`exactly_once_vs_relay=(\d+\.\d\d) exactly_once_p99_ms=(\d+) first_record_s=(\d+\.\d\d) msg_write_x=(\d+\.\d) msg_wal_x=(\d+\.\d) msg_relay_vs_ceiling=(\d+\.\d\d)$`)
 
 // The smoke run goes through the same code as `make bench` with a tiny backlog: the ceiling and the
-// relay drain it, the relay runs a short steady state and a large transaction, an in-process
+// relay drain it (in JSON and in Avro through the package's shared schema registry), the relay runs a short steady state and a large transaction, an in-process
 // relay writes profiles, and the table-free outbox's backlog and producers are measured. Debezium is not run (a Connect JVM costs more than the rest of this test
 // and its jars are fetched by `make bench`, not `make test`); its configuration is tested below.
 // On PostgreSQL 17+ the poller drains once more with a standby listed in synchronized_standby_slots
@@ -40,11 +40,11 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sides, extraRows := []string{sideCeiling, sideRelay, sideRelayEOS, sidePoll, sideRecover}, []string(nil)
+	sides, extraRows := []string{sideCeiling, sideRelay, sideRelayEOS, sideRelayAvro, sidePoll, sideRecover}, []string(nil)
 	if v, err := pg.Version(); err != nil {
 		t.Fatal(err)
 	} else if major, _ := strconv.Atoi(v); major >= 17 {
-		sides = slices.Insert(sides, 4, sidePollStandby)
+		sides = slices.Insert(sides, 5, sidePollStandby)
 		extraRows = append(extraRows, "| outbox-relay, source poll, synchronized_standby_slots |")
 	}
 	profiles, charts := t.TempDir(), t.TempDir()
@@ -58,7 +58,7 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 		// one steady state a round.
 		Sweep: []sweepPoint{{Linger: 15 * time.Millisecond}, {Linger: 15 * time.Millisecond, Interval: 200 * time.Millisecond}}, ChartDir: charts,
 	}
-	rep, err := Run(ctx, cfg, &Services{PG: pg, Kafka: k, DSN: dsn})
+	rep, err := Run(ctx, cfg, &Services{PG: pg, Kafka: k, Registry: testenv.SharedRegistry(t), DSN: dsn})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +69,8 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 	t.Logf("\n%s\n%s", table, summary)
 
 	for _, want := range append([]string{"| ceiling (pg_recvlogical) (round 1) |", "| outbox-relay (round 1) |", "| outbox-relay, exactly-once (round 1) |", "| outbox-relay, source poll |",
+		"| outbox-relay, Avro through a schema registry (round 1) |", "| outbox-relay, Avro through a schema registry (round 2) |", "| Avro drain / JSON drain |",
+		"| Avro drain (schema registry) vs JSON drain |",
 		"| outbox-relay, lost-slot recovery from the table |", "Steady state: 400 events/s", "Large transaction: one transaction of 3000 events",
 		"| messages |", "| ceiling (pg_recvlogical, messages) (round 2) |", "| outbox-relay, messages (round 2) |",
 		"| outbox-relay (round 2) |", "| outbox-relay, exactly-once (round 2) |", "Interleaved drains", "| table-free drain / its ceiling |",
@@ -422,7 +424,7 @@ func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
 		{
 			name:       "the defaults leave it out",
 			args:       nil,
-			wantSides:  []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sideDbzEOS, sidePoll, sideRecover},
+			wantSides:  []string{sideCeiling, sideRelay, sideRelayEOS, sideRelayAvro, sideDbzDefault, sideDbzTuned, sideDbzEOS, sidePoll, sideRecover},
 			wantSteady: []string{sideRelay, sideRelayEOS, sideDbzTuned, sideDbzEOS, sidePoll},
 		},
 		{

@@ -20,6 +20,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -120,7 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 	if err != nil {
 		return Config{}, ServiceOptions{}, err
 	}
-	svcOpts := ServiceOptions{KafkaHeapMB: *kafkaHeap, PGVersion: *pgVersion}
+	svcOpts := ServiceOptions{KafkaHeapMB: *kafkaHeap, PGVersion: *pgVersion, Registry: slices.Contains(splitList(*sides), sideRelayAvro)}
 	cfg := Config{
 		Events: *events, Partitions: *partitions, Rate: *rate, SteadyFor: *steadyFor, BigTx: *bigTx,
 		Sides: splitList(*sides), Steady: splitList(*steady), RelayBin: *relayBin, RelayArgs: strings.Fields(*relayArgs), DebeziumLib: *dbzLib,

@@ -46,6 +46,7 @@ var sideLabels = map[string]string{
 	sideCeiling:     "ceiling (pg_recvlogical)",
 	sideRelay:       "outbox-relay",
 	sideRelayEOS:    "outbox-relay, exactly-once",
+	sideRelayAvro:   "outbox-relay, Avro through a schema registry",
 	sideDbzDefault:  "Debezium 3.6.1, defaults",
 	sideDbzTuned:    "Debezium 3.6.1, tuned",
 	sideDbzEOS:      "Debezium 3.6.1, tuned, Connect exactly-once (KIP-618)",
@@ -299,6 +300,7 @@ var (
 		{name: "relay drain after its first record / ceiling", side: sideRelay, base: sideCeiling,
 			of: func(d, base *Result) float64 { return d.streamRate() / base.rate() }},
 		exactlyOnceVsRelay,
+		avroVsRelay,
 		{name: "exactly-once broker CPU per event / at-least-once", side: sideRelayEOS, base: sideRelay,
 			of: func(d, base *Result) float64 { return brokerPerEvent(d) / brokerPerEvent(base) }},
 		messagesVsCeiling,
@@ -416,6 +418,7 @@ func (r *Report) targetsTable(b *strings.Builder) {
 	targets := []target{
 		{"table-free drain vs its ceiling (pg_recvlogical with messages)", r.ratioValues(messagesVsCeiling), 0.85, false, "%.2f"},
 		{"exactly-once drain vs at-least-once", r.ratioValues(exactlyOnceVsRelay), 0.92, false, "%.2f"},
+		{"Avro drain (schema registry) vs JSON drain", r.ratioValues(avroVsRelay), 0.9, false, "%.2f"},
 		{"broker CPU per event, steady, at-least-once vs tuned Debezium", steady[0].values, 1.2, true, "%.2f"},
 		{"broker CPU per event, steady, exactly-once vs at-least-once", steady[1].values, 1.5, true, "%.2f"},
 		{"time to the first record on Kafka when a backlog waits, s", r.firstRecords(sideRelay), 0.1, true, "%.2f"},

@@ -37,7 +37,7 @@ const (
 	sideRecover = "relay-recover"
 )
 
-var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideDbzDefault, sideDbzTuned, sideDbzEOS, sidePoll, sidePollStandby, sideRecover}
+var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideRelayAvro, sideDbzDefault, sideDbzTuned, sideDbzEOS, sidePoll, sidePollStandby, sideRecover}
 var allSteadySides = []string{sideRelay, sideRelayEOS, sideDbzTuned, sideDbzEOS, sidePoll, sidePollStandby}
 
 // byDefault are the sides a run measures unless told which: all but poll-standby, which starts a
@@ -48,7 +48,7 @@ func byDefault(sides []string) []string {
 
 // isRelay says whether side runs the relay binary.
 func isRelay(side string) bool {
-	return side == sideRelay || side == sideRelayEOS || isPoll(side) || side == sideRecover
+	return side == sideRelay || side == sideRelayEOS || side == sideRelayAvro || isPoll(side) || side == sideRecover
 }
 
 // isPoll says whether side runs the relay with source poll (no slot of its own).
@@ -102,7 +102,7 @@ const maxRounds = 10
 // interleaved reports whether side drains once per round (Config.Rounds).
 func interleaved(side string) bool {
 	switch side {
-	case sideCeiling, sideRelay, sideRelayEOS, sideMsgCeiling, sideMsgRelay:
+	case sideCeiling, sideRelay, sideRelayEOS, sideRelayAvro, sideMsgCeiling, sideMsgRelay:
 		return true
 	}
 	return false

@@ -20,8 +20,10 @@ import (
 type Services struct {
 	PG    *devenv.Postgres
 	Kafka *devenv.Kafka
-	DSN   string // the benchmark's database
-	owned bool   // started by StartServices, so Close stops them
+	// Registry is the schema registry of side relay-avro; nil when no side needs one.
+	Registry *devenv.Registry
+	DSN      string // the benchmark's database
+	owned    bool   // started by StartServices, so Close stops them
 }
 
 // pgSettings tune the throwaway cluster for throughput. devenv already sets fsync=off and
@@ -42,6 +44,7 @@ var pgSettings = map[string]string{
 type ServiceOptions struct {
 	KafkaHeapMB int
 	PGVersion   string // PostgreSQL major version; empty: the server binaries on PATH
+	Registry    bool   // start a schema registry (side relay-avro)
 }
 
 // StartServices starts a PostgreSQL cluster and a Kafka broker for one run.
@@ -57,7 +60,14 @@ func StartServices(ctx context.Context, opts ServiceOptions) (*Services, error) 
 		_ = pg.Close(context.Background())
 		return nil, err
 	}
-	return &Services{PG: pg, Kafka: k, DSN: pg.DSN("bench"), owned: true}, nil
+	svc := &Services{PG: pg, Kafka: k, DSN: pg.DSN("bench"), owned: true}
+	if opts.Registry {
+		if svc.Registry, err = devenv.StartRegistry(ctx, devenv.RegistryOptions{}); err != nil {
+			_ = svc.Close()
+			return nil, err
+		}
+	}
+	return svc, nil
 }
 
 // Close stops what StartServices started.
@@ -66,7 +76,11 @@ func (s *Services) Close() error {
 		return nil
 	}
 	ctx := context.Background()
-	return errors.Join(s.Kafka.Close(ctx), s.PG.Close(ctx))
+	var reg error
+	if s.Registry != nil {
+		reg = s.Registry.Close(ctx)
+	}
+	return errors.Join(reg, s.Kafka.Close(ctx), s.PG.Close(ctx))
 }
 
 // aggregateTypes route the events to three topics per side.

@@ -89,6 +89,14 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 			return b.drainProc(ctx, side, func() (*child, error) {
 				return b.startRelay(side, b.slot(side), b.topicPrefix(side), b.deliveryArgs(side, b.slot(side))...)
 			}, b.endLSN)
+		case sideRelayAvro:
+			return b.drainProc(ctx, side, func() (*child, error) {
+				args, err := b.avroArgs()
+				if err != nil {
+					return nil, err
+				}
+				return b.startRelay(side, b.slot(side), b.topicPrefix(side), args...)
+			}, b.endLSN)
 		case sideRecover:
 			// The gap is the whole backlog (created after the recorded commit time, less a margin
 			// of 1s); all on Kafka is the end: the new slot has nothing to confirm before it.

@@ -15,7 +15,9 @@ var commandKeys = func() map[string][]string {
 	pg := []string{"pg_dsn", "pg_password_file"}
 	kafkaConn := []string{"kafka_brokers", "kafka.client_id", "kafka.write_timeout",
 		"kafka.tls.enabled", "kafka.tls.ca_file", "kafka.tls.cert_file", "kafka.tls.key_file", "kafka.tls.insecure_skip_verify",
-		"kafka.sasl.mechanism", "kafka.sasl.username", "kafka.sasl.password", "kafka.sasl.password_file"}
+		"kafka.sasl.mechanism", "kafka.sasl.username", "kafka.sasl.password", "kafka.sasl.password_file",
+		"kafka.sasl.oauthbearer.token_file", "kafka.sasl.oauthbearer.token_endpoint_url", "kafka.sasl.oauthbearer.client_id",
+		"kafka.sasl.oauthbearer.client_secret_file", "kafka.sasl.oauthbearer.scope"}
 	cat := func(lists ...[]string) []string {
 		var out []string
 		for _, l := range lists {

@@ -144,10 +144,21 @@ type TLS struct {
 
 // SASL configures authentication to the brokers.
 type SASL struct {
-	Mechanism    string // "", PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+	Mechanism    string // "", PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER
 	Username     string
 	Password     string
 	PasswordFile string // read for every connection; instead of Password
+	OAuthBearer  OAuthBearer
+}
+
+// OAuthBearer configures SASL OAUTHBEARER: a token from a file, or from an OAuth token endpoint
+// with the client-credentials grant.
+type OAuthBearer struct {
+	TokenFile        string // read for every connection
+	TokenEndpointURL string
+	ClientID         string
+	ClientSecretFile string // read for every fetch of a token
+	Scope            string
 }
 
 // Values of outbox_shape.

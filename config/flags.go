@@ -16,6 +16,9 @@ type Key struct {
 	Default string // "" when none
 	Help    string
 	Secret  bool
+	// See names the documentation that explains the key further: "operations.md#Section title",
+	// or a page alone ("registry-encodings.md"), relative to docs/.
+	See []string
 	// Commands are the subcommands that use the key (their -h lists it); run uses every key.
 	Commands []string
 }
@@ -37,7 +40,7 @@ func Keys(in ...Group) []Key {
 		if s.kind == kindBool {
 			typ = "bool"
 		}
-		out = append(out, Key{Name: s.key, Group: s.group, Type: typ, Default: s.def, Help: s.help, Secret: s.secret, Commands: usedBy(s.key)})
+		out = append(out, Key{Name: s.key, Group: s.group, Type: typ, Default: s.def, Help: s.help, Secret: s.secret, See: s.see, Commands: usedBy(s.key)})
 	}
 	return out
 }

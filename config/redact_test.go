@@ -134,6 +134,13 @@ func TestWhatTheConfigurationExposesIsWarnedAbout(t *testing.T) {
 		{"a remote server with sslmode verify-full", map[string]string{"OUTBOX_PG_DSN": "postgres://relay@db.example.com/app?sslmode=verify-full"}, nil, ""},
 		{"a loopback server without TLS", map[string]string{"OUTBOX_PG_DSN": "postgres://relay@127.0.0.1/app?sslmode=disable"}, nil, ""},
 		{"SASL PLAIN without TLS", map[string]string{"OUTBOX_KAFKA_SASL_MECHANISM": "PLAIN", "OUTBOX_KAFKA_SASL_USERNAME": "u", "OUTBOX_KAFKA_SASL_PASSWORD": "p4ss"}, nil, "PLAIN and kafka.tls.enabled is false"},
+		{"OAUTHBEARER without TLS", map[string]string{"OUTBOX_KAFKA_SASL_MECHANISM": "OAUTHBEARER", "OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_FILE": "/run/token"}, nil, "the bearer token crosses the network"},
+		{"OAUTHBEARER from a token endpoint over plain HTTP", map[string]string{"OUTBOX_KAFKA_SASL_MECHANISM": "OAUTHBEARER", "OUTBOX_KAFKA_TLS_ENABLED": "true",
+			"OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": "http://idp.example.com/token", "OUTBOX_KAFKA_SASL_OAUTHBEARER_CLIENT_ID": "c",
+			"OUTBOX_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET_FILE": "/run/secret"}, nil, "use https://"},
+		{"OAUTHBEARER over TLS from an https token endpoint", map[string]string{"OUTBOX_KAFKA_SASL_MECHANISM": "OAUTHBEARER", "OUTBOX_KAFKA_TLS_ENABLED": "true",
+			"OUTBOX_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": "https://idp.example.com/token", "OUTBOX_KAFKA_SASL_OAUTHBEARER_CLIENT_ID": "c",
+			"OUTBOX_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET_FILE": "/run/secret"}, nil, ""},
 		{"SASL PLAIN over TLS", map[string]string{"OUTBOX_KAFKA_SASL_MECHANISM": "PLAIN", "OUTBOX_KAFKA_SASL_USERNAME": "u", "OUTBOX_KAFKA_SASL_PASSWORD": "p4ss", "OUTBOX_KAFKA_TLS_ENABLED": "true"}, nil, ""},
 	}
 	for _, tt := range tests {

@@ -44,7 +44,7 @@ type SchemaRegistry struct {
 
 // registrySettings are the schema_registry.* keys.
 var registrySettings = []setting{
-	{key: "schema_registry.urls", group: GroupRouting, kind: kindList, help: "base URLs of the schema registry's Confluent-compatible API (Confluent: http://host:8081; Apicurio 2.x: http://host:8080/apis/ccompat/v7), comma-separated, tried in order; required by value_encoding avro, protobuf or json-schema, or key_encoding avro",
+	{key: "schema_registry.urls", see: []string{"registry-encodings.md"}, group: GroupRouting, kind: kindList, help: "base URLs of the schema registry's Confluent-compatible API (Confluent: http://host:8081; Apicurio 2.x: http://host:8080/apis/ccompat/v7), comma-separated, tried in order; required by value_encoding avro, protobuf or json-schema, or key_encoding avro",
 		apply: list(func(c *Config) *[]string { return &c.SchemaRegistry.URLs })},
 	{key: "schema_registry.username", group: GroupRouting, kind: kindString, help: "basic auth user name for the registry",
 		apply: str(func(c *Config) *string { return &c.SchemaRegistry.Username })},
@@ -60,7 +60,7 @@ var registrySettings = []setting{
 		apply: str(func(c *Config) *string { return &c.SchemaRegistry.KeyFile })},
 	{key: "schema_registry.timeout", group: GroupRouting, kind: kindDuration, def: "10s", help: "bound on one registry request; a registry slower than this counts as unavailable (events wait, retried)",
 		apply: minDuration(100*time.Millisecond, func(c *Config) *time.Duration { return &c.SchemaRegistry.Timeout })},
-	{key: "schema_registry.auto_register", group: GroupRouting, kind: kindBool, def: "true", help: "infer each payload's schema and register it (Debezium's auto.register.schemas); false: strict, the payload converted to the subject's latest (or schema_registry.version) schema, and a payload that does not fit goes to the failure policy (reason schema_mismatch, naming the field)",
+	{key: "schema_registry.auto_register", see: []string{"registry-encodings.md"}, group: GroupRouting, kind: kindBool, def: "true", help: "infer each payload's schema and register it (Debezium's auto.register.schemas; a schema the subject's compatibility rule refuses goes to the failure policy, reason schema_incompatible); false: strict, the payload converted to the subject's latest (or schema_registry.version) schema, and a payload that does not fit goes to the failure policy (reason schema_mismatch, naming the field)",
 		apply: boolean(func(c *Config) *bool { return &c.SchemaRegistry.AutoRegister })},
 	{key: "schema_registry.version", group: GroupRouting, kind: kindInt, def: "0", help: "strict and frame-only: the subject's version to use; 0 the latest",
 		apply: func(c *Config, v string) error {
@@ -75,11 +75,11 @@ var registrySettings = []setting{
 		apply: minDuration(time.Second, func(c *Config) *time.Duration { return &c.SchemaRegistry.LatestRefresh })},
 	{key: "schema_registry.subject_strategy", group: GroupRouting, kind: choices("topic", "record", "topic-record"), def: "topic", help: "subject names: topic (<topic>-value, <topic>-key), record (the record's full name; the key's is string) or topic-record (<topic>-<record full name>), as Confluent's TopicNameStrategy, RecordNameStrategy, TopicRecordNameStrategy",
 		apply: oneOf(func(c *Config) *string { return &c.SchemaRegistry.SubjectStrategy }, "topic", "record", "topic-record")},
-	{key: "schema_registry.record_name", group: GroupRouting, kind: kindString, help: "name of the value's record; empty: payload with the topic strategy (as Debezium names the expanded payload), the event type (made an Avro name) with the record strategies",
+	{key: "schema_registry.record_name", group: GroupRouting, kind: kindString, help: "name of the value's record; empty: payload with the topic strategy (as Debezium names the expanded payload), the event type made an Avro name (order.created is order_created) with the record strategies",
 		apply: str(func(c *Config) *string { return &c.SchemaRegistry.RecordName })},
 	{key: "schema_registry.record_namespace", group: GroupRouting, kind: kindString, help: "namespace of the value's record (dot-separated Avro names); empty for none",
 		apply: str(func(c *Config) *string { return &c.SchemaRegistry.RecordNamespace })},
-	{key: "schema_registry.frame_only", group: GroupRouting, kind: kind("bytes|base64"), help: "the payload is already serialized by the application: frame it, without re-encoding, with the id of the subject's latest (or schema_registry.version) schema; bytes (a bytea payload) or base64 (text); empty: encode the JSON payload",
+	{key: "schema_registry.frame_only", see: []string{"registry-encodings.md"}, group: GroupRouting, kind: kind("bytes|base64"), help: "the payload is already serialized by the application: frame it, without re-encoding, with the id of the subject's latest (or schema_registry.version) schema; bytes (a bytea payload) or base64 (text, or a JSON string); needs auto_register false; empty: encode the JSON payload",
 		apply: func(c *Config, v string) error {
 			if v == "" {
 				c.SchemaRegistry.FrameOnly = ""

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -102,7 +103,8 @@ func (c *Config) checkKafka(p *problems, needKafka bool) {
 		}
 	}
 	sasl := c.Kafka.SASL
-	if sasl.Mechanism != "" && (sasl.Username == "" || sasl.Password == "" && sasl.PasswordFile == "") {
+	c.checkOAuthBearer(p)
+	if sasl.Mechanism != "" && sasl.Mechanism != "OAUTHBEARER" && (sasl.Username == "" || sasl.Password == "" && sasl.PasswordFile == "") {
 		p.add("config key kafka.sasl.mechanism is set, so kafka.sasl.username and kafka.sasl.password (or kafka.sasl.password_file) are required")
 	}
 	if sasl.Password != "" && sasl.PasswordFile != "" {
@@ -299,4 +301,33 @@ func validIdent(s string) bool {
 		}
 	}
 	return true
+}
+
+// checkOAuthBearer checks kafka.sasl.oauthbearer.*: one source of tokens, and the client
+// credentials of a token endpoint.
+func (c *Config) checkOAuthBearer(p *problems) {
+	o := c.Kafka.SASL.OAuthBearer
+	set := o != OAuthBearer{}
+	if c.Kafka.SASL.Mechanism != "OAUTHBEARER" {
+		if set {
+			p.add("config keys kafka.sasl.oauthbearer.* are set but kafka.sasl.mechanism is %q: set it to OAUTHBEARER", c.Kafka.SASL.Mechanism)
+		}
+		return
+	}
+	switch {
+	case o.TokenFile == "" && o.TokenEndpointURL == "":
+		p.add("config key kafka.sasl.mechanism is OAUTHBEARER, so kafka.sasl.oauthbearer.token_file or kafka.sasl.oauthbearer.token_endpoint_url is required")
+	case o.TokenFile != "" && o.TokenEndpointURL != "":
+		p.add("config keys kafka.sasl.oauthbearer.token_file and kafka.sasl.oauthbearer.token_endpoint_url are both set: keep one source of tokens")
+	case o.TokenEndpointURL != "" && (o.ClientID == "" || o.ClientSecretFile == ""):
+		p.add("config key kafka.sasl.oauthbearer.token_endpoint_url is set, so kafka.sasl.oauthbearer.client_id and kafka.sasl.oauthbearer.client_secret_file are required")
+	}
+	if o.TokenEndpointURL != "" {
+		if u, err := url.Parse(o.TokenEndpointURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			p.bad("kafka.sasl.oauthbearer.token_endpoint_url", "%q is not an http(s) URL", o.TokenEndpointURL)
+		}
+	}
+	if c.Kafka.SASL.Username != "" || c.Kafka.SASL.Password != "" || c.Kafka.SASL.PasswordFile != "" {
+		p.add("config key kafka.sasl.mechanism is OAUTHBEARER, which uses no kafka.sasl.username or password: remove them")
+	}
 }

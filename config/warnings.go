@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"regexp"
 	"strings"
@@ -51,9 +52,17 @@ func (c *Config) securityWarnings(from func(key string) string) []string {
 	if strings.EqualFold(c.Kafka.SASL.Mechanism, "PLAIN") && !c.Kafka.TLS.Enabled {
 		out = append(out, "config key kafka.sasl.mechanism is PLAIN and kafka.tls.enabled is false: the SASL password crosses the network as it is; enable TLS (kafka.tls.enabled) or use SCRAM-SHA-512")
 	}
+	if c.Kafka.SASL.Mechanism == "OAUTHBEARER" && !c.Kafka.TLS.Enabled {
+		out = append(out, "config key kafka.sasl.mechanism is OAUTHBEARER and kafka.tls.enabled is false: the bearer token crosses the network as it is, and is a credential until it expires; enable TLS (kafka.tls.enabled)")
+	}
+	if u, err := url.Parse(c.Kafka.SASL.OAuthBearer.TokenEndpointURL); err == nil && u.Scheme == "http" && !localHost(u.Hostname()) {
+		out = append(out, "config key kafka.sasl.oauthbearer.token_endpoint_url is http:// to another machine: the client secret and the tokens cross the network as they are; use https://")
+	}
 	for _, f := range []struct{ key, path string }{
 		{"pg_password_file", c.PGPasswordFile},
 		{"kafka.sasl.password_file", c.Kafka.SASL.PasswordFile},
+		{"kafka.sasl.oauthbearer.token_file", c.Kafka.SASL.OAuthBearer.TokenFile},
+		{"kafka.sasl.oauthbearer.client_secret_file", c.Kafka.SASL.OAuthBearer.ClientSecretFile},
 		{"kafka.tls.key_file", c.Kafka.TLS.KeyFile},
 	} {
 		if w := secretFileWarning(f.key, f.path); w != "" {

@@ -75,10 +75,21 @@ func loadKeyPair(certFile, keyFile string) (*tls.Certificate, error) {
 
 // KafkaSASL is kafka.sasl.*.
 type KafkaSASL struct {
-	Mechanism    string // "", PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+	Mechanism    string // "", PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER
 	Username     string
 	Password     string
 	PasswordFile string // read for every authentication; instead of Password
+	OAuthBearer  OAuthBearer
+}
+
+// OAuthBearer is kafka.sasl.oauthbearer.*: a token from a file, or from a token endpoint with the
+// client-credentials grant.
+type OAuthBearer struct {
+	TokenFile        string // read for every authentication
+	TokenEndpointURL string
+	ClientID         string
+	ClientSecretFile string // read for every fetch of a token
+	Scope            string
 }
 
 // KafkaMechanism returns the SASL mechanism of every connection to the brokers, nil without SASL.
@@ -88,6 +99,9 @@ type KafkaSASL struct {
 func KafkaMechanism(c KafkaSASL) (sasl.Mechanism, error) {
 	if c.Mechanism == "" {
 		return nil, nil
+	}
+	if c.Mechanism == "OAUTHBEARER" {
+		return oauthMechanism(c.OAuthBearer)
 	}
 	build, err := mechanism(c.Mechanism)
 	if err != nil {
@@ -128,7 +142,7 @@ func mechanism(name string) (mechanismFunc, error) {
 			return m, nil
 		}, nil
 	}
-	return nil, fmt.Errorf("config key kafka.sasl.mechanism: unsupported %q", name)
+	return nil, fmt.Errorf("config key kafka.sasl.mechanism: unsupported %q: want PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER", name)
 }
 
 // filePassword is a SASL mechanism whose password is read from a file at the start of every

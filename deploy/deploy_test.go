@@ -2,7 +2,8 @@
 // file parses, every metric an alert or the dashboard uses exists, the compose file, the Kubernetes
 // manifests and the example configuration load through the config package, and the Dockerfile's
 // build command builds a static binary. With promtool on PATH it also checks and unit-tests the
-// alert rules and parses every dashboard query.
+// alert rules and parses every dashboard query. The shard overlays (kubernetes-shards/) must differ
+// from the base only where a shard must.
 package deploy_test
 
 import (
@@ -1591,4 +1592,104 @@ func memoryQuantity(t *testing.T, what, v string) int64 {
 		t.Fatalf("%s %q is not a memory quantity this test reads", what, v)
 	}
 	return n * factor
+}
+
+// TestTheShardOverlaysAreConsistent checks the example of a sharded outbox (docs/scaling.md): each
+// shard is the base manifests in a namespace of its own (the alerts count leaders by job and
+// namespace) with a relay.yaml that differs from the base's only in slot, publication and table,
+// and no two shards share any of them (the slot names the leader lock and the default
+// transactional_id: a shared one would make two shards one leader, or fence each other's producer).
+func TestTheShardOverlaysAreConsistent(t *testing.T) {
+	var base struct {
+		Namespace string `yaml:"namespace"`
+	}
+	decodeYAML(t, "kubernetes/kustomization.yaml", &base)
+	var baseCM struct {
+		Metadata struct {
+			Name string `yaml:"name"`
+		} `yaml:"metadata"`
+		Data map[string]string `yaml:"data"`
+	}
+	decodeYAML(t, "kubernetes/configmap.yaml", &baseCM)
+	var baseDoc any
+	if err := yaml.Unmarshal([]byte(baseCM.Data["relay.yaml"]), &baseDoc); err != nil {
+		t.Fatalf("kubernetes/configmap.yaml relay.yaml: %v", err)
+	}
+	baseKeys := map[string]string{}
+	flattenYAML("", baseDoc, baseKeys)
+	perShard := map[string]bool{"slot": true, "publication": true, "table": true}
+
+	dirs, err := filepath.Glob("kubernetes-shards/*/kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dirs) < 2 {
+		t.Fatalf("found %d shard overlays under kubernetes-shards/, want at least two", len(dirs))
+	}
+	seen := map[string]string{} // "slot=x" and the like -> the shard that uses it
+	for _, kpath := range dirs {
+		dir := filepath.Dir(kpath)
+		var kust struct {
+			Namespace string   `yaml:"namespace"`
+			Resources []string `yaml:"resources"`
+			Patches   []struct {
+				Path string `yaml:"path"`
+			} `yaml:"patches"`
+		}
+		decodeYAML(t, kpath, &kust)
+		if !slices.Equal(kust.Resources, []string{"../../kubernetes"}) {
+			t.Errorf("%s: resources %v, want the base manifests alone (../../kubernetes)", kpath, kust.Resources)
+		}
+		if kust.Namespace == "" || kust.Namespace == base.Namespace {
+			t.Errorf("%s: namespace %q, want one of the shard's own (the alerts count leaders per namespace)", kpath, kust.Namespace)
+		}
+		if prev, ok := seen["namespace="+kust.Namespace]; ok {
+			t.Errorf("%s and %s share namespace %q", prev, dir, kust.Namespace)
+		}
+		seen["namespace="+kust.Namespace] = dir
+		if len(kust.Patches) != 1 {
+			t.Fatalf("%s: want one patch, the shard's ConfigMap; got %+v", kpath, kust.Patches)
+		}
+		var cm struct {
+			Kind     string `yaml:"kind"`
+			Metadata struct {
+				Name string `yaml:"name"`
+			} `yaml:"metadata"`
+			Data map[string]string `yaml:"data"`
+		}
+		decodeYAML(t, filepath.Join(dir, kust.Patches[0].Path), &cm)
+		if cm.Kind != "ConfigMap" || cm.Metadata.Name != baseCM.Metadata.Name {
+			t.Errorf("%s: the patch is %s %q, want the base's ConfigMap %q", dir, cm.Kind, cm.Metadata.Name, baseCM.Metadata.Name)
+		}
+		file := filepath.Join(t.TempDir(), "relay.yaml")
+		if err := os.WriteFile(file, []byte(cm.Data["relay.yaml"]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg := loadConfig(t, []string{"--config", file}, nil)
+		if cfg.TransactionalID != "" {
+			t.Errorf("%s: transactional_id %q is set; leave it to derive from the shard's slot", dir, cfg.TransactionalID)
+		}
+		for key, v := range map[string]string{"slot": cfg.Slot, "publication": cfg.Publication, "table": cfg.Table} {
+			if prev, ok := seen[key+"="+v]; ok {
+				t.Errorf("%s and %s share %s %q: each shard needs its own", prev, dir, key, v)
+			}
+			seen[key+"="+v] = dir
+		}
+		var doc any
+		if err := yaml.Unmarshal([]byte(cm.Data["relay.yaml"]), &doc); err != nil {
+			t.Fatal(err)
+		}
+		keys := map[string]string{}
+		flattenYAML("", doc, keys)
+		for k, v := range baseKeys {
+			if !perShard[k] && keys[k] != v {
+				t.Errorf("%s: %s is %q, the base's %q: only slot, publication and table differ between shards", dir, k, keys[k], v)
+			}
+		}
+		for k := range keys {
+			if _, ok := baseKeys[k]; !ok {
+				t.Errorf("%s: sets %s, which the base relay.yaml does not", dir, k)
+			}
+		}
+	}
 }

@@ -321,7 +321,7 @@ func testStalledBrokerConnection(t *testing.T, fb *faultBroker) {
 			t.Fatalf("%s: the relay did not notice the stalled connection within %s (kafka.write_timeout %s)",
 				phase.name, writeTimeout+10*time.Second, writeTimeout)
 		}
-		time.Sleep(writeTimeout) // stalled across more timeouts and reconnects
+		await.Window(t, writeTimeout, "the stall outlasts another write timeout, so the relay times out and reconnects into it again")
 		published := r.mustMetric("events_published_total", "")
 		stalledAt := currentLSN(t, d.outbox.Pool())
 		phase.heal()

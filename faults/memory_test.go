@@ -178,9 +178,9 @@ func testHugeTransactionWithPausedBroker(t *testing.T, fb *faultBroker) {
 	for _, sd := range sides {
 		sd.slow = sd.r.mustMetric("events_published_total", "")
 	}
-	time.Sleep(slowFor / 2)
+	await.Window(t, slowFor/2, "the first half of the slow phase, whose RSS peak the second half's is compared with")
 	phase.Store(2)
-	time.Sleep(slowFor / 2)
+	await.Window(t, slowFor/2, "the second half of the slow phase: memory must level off while the broker stays slow")
 	for _, sd := range sides {
 		sd.slow = sd.r.mustMetric("events_published_total", "") - sd.slow
 		t.Logf("%s: slow broker: %.0f events acknowledged in %s", sd.name, sd.slow, slowFor)
@@ -370,8 +370,7 @@ func testHugeRowsWithPausedBroker(t *testing.T, fb *faultBroker) {
 	await.True(t, time.Minute, "a row to be in flight while the broker is paused", func() bool {
 		return r.mustMetric("in_flight_events", "") >= 1
 	})
-	// Long enough for the stream to read every row it is allowed to (locally, well under a second).
-	time.Sleep(pausedFor)
+	await.Window(t, pausedFor, "long enough for the stream to read every row it is allowed to (locally, well under a second), so that the RSS peak while paused includes them")
 	paused := peak.Load()
 	if err := fb.k.Resume(); err != nil {
 		t.Fatal(err)

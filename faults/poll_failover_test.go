@@ -46,10 +46,24 @@ func TestAPollerWaitsForTheStandbysOfSynchronizedStandbySlots(t *testing.T) {
 	if err := c.standby.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
+	stopped := time.Now()
 	write("unreplicated")
 	write("unreplicated")
 	gap := c.d.outbox.Written()[before:]
-	await.Window(t, 5*time.Second, "a poller without the rule would publish the unreplicated rows within its interval")
+	// The poller claims the unreplicated rows and then, inside the claim's transaction, waits for
+	// the standby's slot to pass them: a transaction begun since the standby stopped and still open
+	// on that query is such a claim, held back (a poller without the rule publishes the rows
+	// within its interval, and never waits on the slot while it holds a claim).
+	await.State(t, time.Minute, "the poller's claim of the unreplicated rows to wait for the standby", func() (bool, string) {
+		var waiting int
+		err := c.d.outbox.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE pid <> pg_backend_pid() AND state <> 'idle' AND xact_start > $1
+			AND query LIKE '%FROM pg_replication_slots%slot_type = ''physical''%'`, stopped).Scan(&waiting)
+		if err != nil {
+			return false, err.Error()
+		}
+		return waiting > 0, "no claim waits for the standby"
+	})
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	recs, err := harness.Reread(rctx, brokers, harness.Topics(gap, nil)...)
 	cancel()

@@ -3,6 +3,7 @@ package leader_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"sync/atomic"
 	"testing"
@@ -56,8 +57,9 @@ func TestOneElectorLeadsAndTheOtherTakesOverWhenItReleases(t *testing.T) {
 	termA := campaign(t, ctx, a)
 
 	var standbyConnected atomic.Bool
+	var attempts atomic.Int32
 	b := leader.New(leader.Config{DSN: dsn, Slot: slot, RetryInterval: 100 * time.Millisecond,
-		OnStandby: standbyConnected.Store}, zaptest.NewLogger(t))
+		OnStandby: standbyConnected.Store, BeforeLock: func(context.Context, bool) error { attempts.Add(1); return nil }}, zaptest.NewLogger(t))
 	got := make(chan *leader.Term, 1)
 	bctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -65,11 +67,15 @@ func TestOneElectorLeadsAndTheOtherTakesOverWhenItReleases(t *testing.T) {
 		term, _ := b.Campaign(bctx)
 		got <- term
 	}()
-	select {
-	case <-got:
-		t.Fatal("a second elector took the lock while the first held it")
-	case <-time.After(time.Second):
-	}
+	// BeforeLock runs before each attempt: by the third, two attempts found the lock held.
+	await.State(t, time.Minute, "three attempts by the second elector", func() (bool, string) {
+		select {
+		case <-got:
+			t.Fatal("a second elector took the lock while the first held it")
+		default:
+		}
+		return attempts.Load() >= 3, fmt.Sprintf("%d attempts", attempts.Load())
+	})
 	if !standbyConnected.Load() {
 		t.Fatal("the waiting elector did not report itself as a connected standby")
 	}
@@ -111,20 +117,37 @@ func TestATermIsLostWithinSecondsWhenItsBackendIsTerminated(t *testing.T) {
 	el := leader.New(leader.Config{DSN: dsn, Slot: slot}, zaptest.NewLogger(t))
 	term := campaign(t, ctx, el)
 	defer term.Release()
-	select {
-	case <-term.Lost():
-		t.Fatalf("term lost before anything happened: %v", term.Err())
-	case <-time.After(1500 * time.Millisecond):
-	}
-	if term.Err() != nil {
-		t.Fatalf("Err = %v while the term holds", term.Err())
-	}
-
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	// The term holds while nothing happens: its lock session answers a check (its query_start
+	// moves) and the term is not lost.
+	var first, last time.Time
+	checks := 0
+	await.State(t, time.Minute, "a check of the lock session answered", func() (bool, string) {
+		select {
+		case <-term.Lost():
+			t.Fatalf("term lost before anything happened: %v", term.Err())
+		default:
+		}
+		var started time.Time
+		if err := conn.QueryRow(ctx, "SELECT query_start FROM pg_stat_activity WHERE pid = $1", int32(term.PID())).Scan(&started); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case first.IsZero():
+			first, last = started, started
+		case started.After(last):
+			checks, last = checks+1, started
+		}
+		return checks >= 1, "no check answered yet"
+	})
+	if term.Err() != nil {
+		t.Fatalf("Err = %v while the term holds", term.Err())
+	}
+
 	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(term.PID())); err != nil {
 		t.Fatal(err)
 	}
@@ -259,14 +282,18 @@ func TestSlowChecksAreCountedAsNearMissesWithoutFencing(t *testing.T) {
 	// More than half the timeout (the delay is a floor), and 2.7 s less than all of it: a check
 	// delayed 80% of a 3 s timeout left a loaded machine 0.6 s, four or five checks in a row.
 	p.DelayResponses(3300 * time.Millisecond)
-	select {
-	case <-term.Lost():
-		t.Fatalf("a leader whose checks were slow but in time was fenced: %v", term.Err())
-	case <-time.After(14 * time.Second):
+	fenced := func() {
+		select {
+		case <-term.Lost():
+			t.Fatalf("a leader whose checks were slow but in time was fenced after %d slow checks: %v", slow.Load(), term.Err())
+		default:
+		}
 	}
-	if slow.Load() < 2 {
-		t.Fatalf("%d checks taking more than half of CheckTimeout were counted, want one for each", slow.Load())
-	}
+	await.State(t, time.Minute, "three slow checks in a row, each counted", func() (bool, string) {
+		fenced()
+		return slow.Load() >= 3, fmt.Sprintf("%d slow checks counted", slow.Load())
+	})
+	fenced()
 	t.Logf("%d slow checks counted", slow.Load())
 }
 
@@ -290,9 +317,11 @@ func TestReleaseDoesNotWaitForACheckInFlight(t *testing.T) {
 func TestAStandbyThatCouldNotLeadLeavesTheLockAlone(t *testing.T) {
 	dsn := newDatabase(t)
 	var fit atomic.Bool
+	var refused atomic.Int32
 	el := leader.New(leader.Config{DSN: dsn, Slot: testenv.UniqueName(t, "slot"), RetryInterval: 100 * time.Millisecond,
 		BeforeLock: func(context.Context, bool) error {
 			if !fit.Load() {
+				refused.Add(1)
 				return errors.New("kafka does not answer")
 			}
 			return nil
@@ -304,14 +333,18 @@ func TestAStandbyThatCouldNotLeadLeavesTheLockAlone(t *testing.T) {
 		term, _ := el.Campaign(ctx)
 		got <- term
 	}()
-	select {
-	case term := <-got:
-		if term != nil {
-			term.Release()
+	// The lock is free all along: the standby tries, is refused by BeforeLock, and tries again.
+	await.State(t, time.Minute, "three refused attempts to lead", func() (bool, string) {
+		select {
+		case term := <-got:
+			if term != nil {
+				term.Release()
+			}
+			t.Fatalf("a standby that could not lead took the free lock (after %d refused attempts)", refused.Load())
+		default:
 		}
-		t.Fatal("a standby that could not lead took the free lock")
-	case <-time.After(1500 * time.Millisecond):
-	}
+		return refused.Load() >= 3, fmt.Sprintf("%d refused", refused.Load())
+	})
 	fit.Store(true)
 	select {
 	case term := <-got:

@@ -3,14 +3,17 @@ package leader_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/leader"
@@ -90,7 +93,8 @@ func TestALeaderElectionThroughASessionModePoolerHasOneLeader(t *testing.T) {
 	dsn := newDatabase(t)
 	pooled := throughPgBouncer(t, dsn, "session")
 	slot := testenv.UniqueName(t, "slot")
-	termA := campaign(t, ctx, leader.New(leader.Config{DSN: pooled, Slot: slot, RetryInterval: 100 * time.Millisecond}, zaptest.NewLogger(t)))
+	termA := campaign(t, ctx, leader.New(leader.Config{DSN: pooled, Slot: slot, RetryInterval: 100 * time.Millisecond,
+		CheckInterval: 200 * time.Millisecond}, zaptest.NewLogger(t)))
 
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
@@ -102,7 +106,9 @@ func TestALeaderElectionThroughASessionModePoolerHasOneLeader(t *testing.T) {
 		t.Fatalf("LockHolder = %+v, %v, %v; want the term's backend PID %d", h, held, err, termA.PID())
 	}
 
-	b := leader.New(leader.Config{DSN: pooled, Slot: slot, RetryInterval: 100 * time.Millisecond}, zaptest.NewLogger(t))
+	var attempts atomic.Int32
+	b := leader.New(leader.Config{DSN: pooled, Slot: slot, RetryInterval: 100 * time.Millisecond,
+		BeforeLock: func(context.Context, bool) error { attempts.Add(1); return nil }}, zaptest.NewLogger(t))
 	got := make(chan *leader.Term, 1)
 	bctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -113,16 +119,29 @@ func TestALeaderElectionThroughASessionModePoolerHasOneLeader(t *testing.T) {
 		}
 		got <- term
 	}()
-	select {
-	case termB := <-got:
-		if termB != nil {
-			termB.Release()
+	// Both go on through the pooler: the standby tries for the lock again and again, and the
+	// leader's lock session answers check after check (its query_start moves at each).
+	checks, lastCheck := 0, time.Time{}
+	await.State(t, time.Minute, "three lock attempts by the standby and three checks by the leader", func() (bool, string) {
+		select {
+		case termB := <-got:
+			if termB != nil {
+				termB.Release()
+			}
+			t.Fatal("a second elector took the lock while the first held it")
+		case <-termA.Lost():
+			t.Fatalf("the leader's term was lost through a session-mode pooler: %v", termA.Err())
+		default:
 		}
-		t.Fatal("a second elector took the lock while the first held it")
-	case <-termA.Lost():
-		t.Fatalf("the leader's term was lost through a session-mode pooler: %v", termA.Err())
-	case <-time.After(3 * time.Second):
-	}
+		var started time.Time
+		if err := conn.QueryRow(ctx, "SELECT query_start FROM pg_stat_activity WHERE pid = $1", termA.PID()).Scan(&started); err != nil {
+			t.Fatal(err)
+		}
+		if started.After(lastCheck) {
+			checks, lastCheck = checks+1, started
+		}
+		return attempts.Load() >= 3 && checks >= 4, fmt.Sprintf("%d attempts, %d checks", attempts.Load(), checks-1)
+	})
 	termA.Release()
 	select {
 	case termB := <-got:

@@ -171,6 +171,19 @@ func (f *fixture) confirmedLSN() uint64 {
 	return lsn
 }
 
+// statusSentAfter reports whether the walsender of the fixture's slot has received a standby
+// status update the relay sent after at (pg_stat_replication.reply_time).
+func (f *fixture) statusSentAfter(at time.Time) bool {
+	f.t.Helper()
+	var reply *time.Time
+	err := f.outbox.Pool().QueryRow(context.Background(), `SELECT r.reply_time FROM pg_stat_replication r
+		JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, f.slot).Scan(&reply)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		f.t.Fatal(err)
+	}
+	return reply != nil && reply.After(at)
+}
+
 func (f *fixture) currentLSN() uint64 {
 	f.t.Helper()
 	lsn, err := harness.CurrentLSN(context.Background(), f.outbox.Pool())
@@ -223,18 +236,22 @@ func TestConfirmedLSNDoesNotPassUnacknowledgedEvents(t *testing.T) {
 	if err := k.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	await.Window(t, time.Second, "idle keepalives settle before the outage's first write")
+	stopped := time.Now()
+	await.True(t, time.Minute, "a status update sent after the broker stopped", func() bool { return f.statusSentAfter(stopped) })
 	before := f.currentLSN()
 	f.writeMany(ctx, rng, 50, 3, 10)
 	after := f.currentLSN()
 
-	// For several status intervals, the slot must stay before the first unacknowledged transaction.
-	for range 25 {
+	// The slot must stay before the first unacknowledged transaction while the relay keeps
+	// reporting its position: until PostgreSQL has a status update sent two write timeouts after
+	// the writes (the produce requests have failed and been retried by then).
+	written := time.Now()
+	await.True(t, time.Minute, "status updates over two write timeouts while Kafka is down", func() bool {
 		if got := f.confirmedLSN(); got > before {
 			t.Fatalf("confirmed_flush_lsn %X moved past %X while Kafka was down and events were unacknowledged", got, before)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return f.statusSentAfter(written.Add(2 * cfg.Sink.WriteTimeout))
+	})
 
 	if err := k.Start(ctx); err != nil {
 		t.Fatal(err)

@@ -10,8 +10,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/netproxy"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -68,6 +72,15 @@ func startedHorizon(t *testing.T, dsn string, admin *pgx.Conn, schema, table, pu
 		}
 	})
 	return h, c
+}
+
+// anIntervalPasses makes the position h's last check read as old as the safety margin, as if the
+// next check started an interval later: the margin is what a test of it is about, and moving the
+// read time back says so without waiting for the clock.
+func anIntervalPasses(h *horizon) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pendingAt = h.pendingAt.Add(-h.interval())
 }
 
 // checkConn is the connection a horizon's checks reuse.
@@ -245,7 +258,7 @@ func publicationShapes(t *testing.T, pg *devenv.Postgres) {
 				if err != nil {
 					break
 				}
-				time.Sleep(h.interval())
+				anIntervalPasses(h)
 			}
 		})
 	}
@@ -354,7 +367,7 @@ func TestHorizonMargin(t *testing.T) {
 	dsn, admin := horizonDB(t)
 	mustExec(t, admin, `CREATE TABLE margin_outbox `+outboxColumns+`;
 		CREATE PUBLICATION margin_pub FOR TABLE margin_outbox WITH (publish = 'insert')`)
-	h, c := startedHorizon(t, dsn, admin, "public", "margin_outbox", "margin_pub", time.Second)
+	h, c := startedHorizon(t, dsn, admin, "public", "margin_outbox", "margin_pub", time.Minute)
 	ctx := context.Background()
 	if err := c.check(ctx, h); err != nil {
 		t.Fatal(err)
@@ -366,7 +379,7 @@ func TestHorizonMargin(t *testing.T) {
 	if v := h.Verified(); v != 0 {
 		t.Fatalf("a check right after another promoted %s without the margin of %s", v, h.interval())
 	}
-	time.Sleep(h.interval())
+	anIntervalPasses(h)
 	if err := c.check(ctx, h); err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +389,7 @@ func TestHorizonMargin(t *testing.T) {
 
 	// On a new timeline the positions checked so far are forgotten: the next check promotes none.
 	h.reset()
-	time.Sleep(h.interval())
+	anIntervalPasses(h)
 	if err := c.check(ctx, h); err != nil {
 		t.Fatal(err)
 	}
@@ -532,15 +545,26 @@ func TestHorizonWaitsForAStandbyToBePromoted(t *testing.T) {
 	}
 	h, _ := startedHorizon(t, standby.DSN(strings.TrimPrefix(u.Path, "/")), admin, "public", "standby_outbox", "standby_pub", 50*time.Millisecond)
 	h.staleLimit = time.Second
+	core, logs := observer.New(zap.WarnLevel)
+	h.log = zap.New(zapcore.NewTee(h.log.Core(), core))
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { h.run(runCtx); close(done) }()
 	defer func() { cancel(); <-done }()
-	select {
-	case <-done:
-		t.Fatalf("the checks stopped on a standby in recovery: %v", h.Err())
-	case <-time.After(3 * h.staleLimit):
-	}
+	// The standby refuses check after check; they must go on for longer than the stale limit.
+	await.State(t, time.Minute, "checks refused by the standby over twice the stale limit", func() (bool, string) {
+		select {
+		case <-done:
+			t.Fatalf("the checks stopped on a standby in recovery: %v", h.Err())
+		default:
+		}
+		refused := logs.FilterMessageSnippet("cannot check the outbox table's publication").All()
+		if len(refused) == 0 {
+			return false, "no check refused yet"
+		}
+		span := refused[len(refused)-1].Time.Sub(refused[0].Time)
+		return span > 2*h.staleLimit, fmt.Sprintf("%d refused over %s", len(refused), span)
+	})
 	if v := h.Verified(); v != 0 {
 		t.Fatalf("a check on a standby verified %s", v)
 	}

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -140,6 +141,31 @@ func walsenderPID(t *testing.T, dsn, slot string) int {
 	return 0
 }
 
+// repliedAfter waits until the walsender with pid has received a status update the stream sent
+// after at (pg_stat_replication.reply_time), and fails at once if that walsender is gone.
+func repliedAfter(t *testing.T, dsn string, pid int, at time.Time) {
+	t.Helper()
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	await.State(t, time.Minute, "a status update sent after "+at.Format(time.TimeOnly), func() (bool, string) {
+		var reply *time.Time
+		err := conn.QueryRow(ctx, "SELECT reply_time FROM pg_stat_replication WHERE pid = $1", pid).Scan(&reply)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			t.Fatalf("walsender %d is gone before %s: the stream replaced its connection", pid, at.Format(time.TimeOnly))
+		case err != nil:
+			t.Fatal(err)
+		case reply == nil:
+			return false, "no reply yet"
+		}
+		return reply.After(at), "the last reply sent at " + reply.Format(time.TimeOnly+".000")
+	})
+}
+
 func withOption(t *testing.T, dsn, option string) string {
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -176,9 +202,12 @@ func TestIdleStreamKeepsItsConnectionAndDetectsAFrozenOne(t *testing.T) {
 			m, stop := runStream(t, dsn, slot, receiveTimeout)
 			pid := walsenderPID(t, dsn, slot)
 
-			time.Sleep(3 * receiveTimeout)
+			// Time is the subject (silence from the server for longer than the receive timeout),
+			// and the server's own record marks it: the walsender keeps getting the stream's status
+			// updates, on the same connection, until one sent two receive timeouts after it began.
+			repliedAfter(t, dsn, pid, time.Now().Add(2*receiveTimeout))
 			if n := reconnects(t, m); n != 0 {
-				t.Fatalf("%v reconnects on an idle, healthy connection within %s (receive timeout %s)", n, 3*receiveTimeout, receiveTimeout)
+				t.Fatalf("%v reconnects on an idle, healthy connection within %s (receive timeout %s)", n, 2*receiveTimeout, receiveTimeout)
 			}
 			if now := walsenderPID(t, dsn, slot); now != pid {
 				t.Fatalf("the walsender changed from PID %d to %d: the connection was replaced", pid, now)

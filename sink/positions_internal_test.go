@@ -14,9 +14,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
-	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/sink/positions"
+	"github.com/outbox-relay/outbox-relay/sink/readcommitted"
 )
 
 // countingConn counts the bytes read from the broker.

@@ -10,8 +10,14 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/credentials/oauthbearer"
 	"github.com/outbox-relay/outbox-relay/sink/producer"
 )
+
+// rolloverWindow is how long WaitReady tries again a token the broker refused as invalid before
+// it calls the token wrong: Kafka's validator fetches the identity provider's keys when a token
+// names one it has not seen (local work of a second or less) and refuses that token meanwhile.
+const rolloverWindow = 5 * time.Second
 
 // WaitReady blocks until the Kafka cluster answers a metadata request, logging each failed attempt
 // with the next retry delay: a broker that is down at start is waited for, not a reason to exit. It
@@ -22,6 +28,7 @@ import (
 func (s *Sink) WaitReady(ctx context.Context) error {
 	s.starting.Store(true)
 	defer s.starting.Store(false)
+	var rollover time.Time // when an OAUTHBEARER token was first refused as invalid
 	for attempt := 0; ; attempt++ {
 		var err error
 		if e := s.early; attempt == 0 && e != nil {
@@ -50,6 +57,22 @@ func (s *Sink) WaitReady(ctx context.Context) error {
 		var kerr kafka.Error
 		if errors.As(err, &kerr) && (kerr == kafka.SASLAuthenticationFailed || kerr == kafka.UnsupportedSASLMechanism ||
 			kerr == kafka.IllegalSASLState || kerr == kafka.ClusterAuthorizationFailed) {
+			if oauthbearer.KeyRollover(err) && (rollover.IsZero() || time.Since(rollover) < rolloverWindow) {
+				// The broker may be fetching its identity provider's new keys (a token signed by
+				// a key it has not seen is refused meanwhile): a few more tries before calling the
+				// token wrong.
+				if rollover.IsZero() {
+					rollover = time.Now()
+				}
+				s.log.Warn("kafka refused the OAUTHBEARER token; trying again for a few seconds in case the broker is fetching new signing keys",
+					zap.Strings("brokers", s.cfg.Brokers), zap.Error(err))
+				select {
+				case <-time.After(time.Second):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				continue
+			}
 			return fmt.Errorf("kafka at %v refused the relay's credentials: %w (check kafka.sasl.* settings)", s.cfg.Brokers, err)
 		}
 		if line, ok := tlsProblem(err); ok {

@@ -23,7 +23,9 @@ import (
 // TestAvroThroughTheRelayAndAKill9LosesNothing runs the relay with value_encoding and
 // key_encoding avro against a real registry and broker while a writer commits, kills it with
 // SIGKILL mid-stream and starts it again: a consumer that knows nothing but the registry's URL
-// decodes every committed event, in order per aggregate, none lost.
+// decodes every committed event, in order per aggregate, none lost. The records are binary
+// CloudEvents: the framed value as the data, the attributes in ce_ headers, content-type
+// application/avro.
 func TestAvroThroughTheRelayAndAKill9LosesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -32,7 +34,8 @@ func TestAvroThroughTheRelayAndAKill9LosesNothing(t *testing.T) {
 	db := newDatabase(t, pg)
 	slot := testenv.UniqueName(t, "slot")
 	env := relayEnv("OUTBOX_PG_DSN="+db.dsn, "OUTBOX_KAFKA_BROKERS="+k.Brokers(),
-		"OUTBOX_VALUE_ENCODING=avro", "OUTBOX_KEY_ENCODING=avro", "OUTBOX_SCHEMA_REGISTRY_URLS="+reg.ConfluentURL())
+		"OUTBOX_VALUE_ENCODING=avro", "OUTBOX_KEY_ENCODING=avro", "OUTBOX_SCHEMA_REGISTRY_URLS="+reg.ConfluentURL(),
+		"OUTBOX_ENVELOPE=cloudevents", "OUTBOX_CLOUDEVENTS_MODE=binary")
 	args := []string{"run", "--slot=" + slot, "--publication=" + slot, "--status-interval=200ms",
 		"--shutdown-timeout=" + shutdownTimeout.String()}
 	e.mustRun("migrate", env, "migrate", "--publication="+slot)
@@ -112,6 +115,12 @@ func TestAvroThroughTheRelayAndAKill9LosesNothing(t *testing.T) {
 		out := make([]harness.Record, len(recs))
 		for i, r := range recs {
 			out[i] = r
+			for h, want := range map[string]string{"ce_id": r.Header("id"), "ce_type": r.Header("event_type"),
+				"ce_specversion": "1.0", "content-type": "application/avro"} {
+				if got := r.Header(h); got != want || want == "" {
+					t.Fatalf("record %s/%d@%d: header %s = %q, want %q", r.Topic, r.Partition, r.Offset, h, got, want)
+				}
+			}
 			key, _, err := consumer.Decode(ctx, r.Key)
 			if err != nil {
 				t.Fatalf("record %s/%d@%d: key: %v", r.Topic, r.Partition, r.Offset, err)

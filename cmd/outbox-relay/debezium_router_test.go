@@ -26,6 +26,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/dbz"
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
@@ -332,22 +333,18 @@ func startConnect(t *testing.T, lib, brokers string, connectors []map[string]str
 // waitSlots waits until every slot LIKE pattern is streamed by its connector.
 func waitSlots(t *testing.T, f *dbzFixture, w *connectWorker, pattern string) {
 	t.Helper()
-	deadline := time.Now().Add(4 * time.Minute)
-	for {
-		var idle int
-		if err := f.pool.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1 AND NOT active", pattern).Scan(&idle); err == nil && idle == 0 {
-			return
-		}
+	await.State(t, 4*time.Minute, "the connectors to stream their slots", func() (bool, string) {
 		select {
 		case <-w.done:
 			t.Fatalf("Kafka Connect exited:\n%s", w.tail())
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the connectors did not start streaming within 4 minutes:\n%s", w.tail())
+		var idle int
+		if err := f.pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1 AND NOT active", pattern).Scan(&idle); err != nil {
+			return false, err.Error()
 		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return idle == 0, fmt.Sprintf("%d slots not streamed; Kafka Connect's log is %s", idle, w.log)
+	})
 }
 
 func freePort(t *testing.T) int {

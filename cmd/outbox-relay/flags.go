@@ -15,7 +15,7 @@ import (
 var about = map[string]string{
 	"run":         "Streams outbox events to Kafka until SIGTERM or SIGINT.",
 	"migrate":     "Creates the outbox table, the publication and the relay's own tables (idempotent); with --source=poll, the polling mode's columns instead of a publication.",
-	"status":      "Shows the replication slot at a glance: lag, retained WAL, the last position Kafka acknowledged, recoveries (exit 3: the slot is missing or lost).",
+	"status":      "Shows the replication slot at a glance: lag, retained WAL, the last position Kafka acknowledged, recoveries (exit 3: the slot is missing or lost). Repeat --config for each shard of a sharded outbox: each is reported, and the exit code is the worst.",
 	"forget-slot": "After recovering from a lost slot by hand, lets the next run create a new one.",
 	"prune":       "Deletes outbox rows older than --older-than, in batches, keeping what a lost slot's recovery would need.",
 	"replay":      "Publishes rows still in the outbox table again (by --event-id, aggregate, or --since), marked outbox.replay=true.",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 
 	"go.uber.org/zap"
@@ -32,25 +33,11 @@ func recordEncodings(c *config.Config) (value, key record.Encoding) {
 // (a client that reports nothing: the start's configuration check, replay's probe).
 func newSerializer(c *config.Config, m *metrics.Metrics, log *zap.Logger) (sink.Serializer, *schemaregistry.Client, error) {
 	value, key := config.RegistryEncoding(c.ValueEncoding), config.RegistryEncoding(c.KeyEncoding)
-	if !value && !key {
-		return nil, nil, nil
+	client, err := newRegistryClient(c, m, log)
+	if err != nil || client == nil {
+		return nil, nil, err
 	}
 	r := c.SchemaRegistry
-	o := schemaregistry.Options{
-		URLs: r.URLs, Username: r.Username, PasswordFile: r.PasswordFile, BearerTokenFile: r.BearerTokenFile,
-		CAFile: r.CAFile, CertFile: r.CertFile, KeyFile: r.KeyFile, Timeout: r.Timeout,
-		// The Serializer keeps a strict subject's latest schema for latest_refresh itself.
-		LatestTTL: r.LatestRefresh,
-		Logger:    log,
-	}
-	if m != nil {
-		up, requests := m.SchemaRegistryMetrics()
-		o.Metrics = &schemaregistry.Metrics{Up: up, Requests: requests}
-	}
-	client, err := schemaregistry.New(o)
-	if err != nil {
-		return nil, nil, fmt.Errorf("config key schema_registry: %w", err)
-	}
 	so := schemas.Options{
 		AvroKey: key, Strategy: schemas.Strategy(r.SubjectStrategy), RecordName: r.RecordName, RecordNamespace: r.RecordNamespace,
 		AutoRegister: r.AutoRegister, Version: r.Version, LatestRefresh: r.LatestRefresh,
@@ -76,10 +63,38 @@ func newSerializer(c *config.Config, m *metrics.Metrics, log *zap.Logger) (sink.
 	return &closingSerializer{Serializer: s, client: client}, client, nil
 }
 
+// newRegistryClient returns the registry client of c's schema_registry settings; nil without a
+// registry encoding. m and log may be nil (a client that reports nothing).
+func newRegistryClient(c *config.Config, m *metrics.Metrics, log *zap.Logger) (*schemaregistry.Client, error) {
+	if !config.RegistryEncoding(c.ValueEncoding) && !config.RegistryEncoding(c.KeyEncoding) {
+		return nil, nil
+	}
+	r := c.SchemaRegistry
+	o := schemaregistry.Options{
+		URLs: r.URLs, Username: r.Username, PasswordFile: r.PasswordFile, BearerTokenFile: r.BearerTokenFile,
+		CAFile: r.CAFile, CertFile: r.CertFile, KeyFile: r.KeyFile, Timeout: r.Timeout,
+		// The Serializer keeps a strict subject's latest schema for latest_refresh itself.
+		LatestTTL: r.LatestRefresh,
+		Logger:    log,
+	}
+	if m != nil {
+		up, requests := m.SchemaRegistryMetrics()
+		o.Metrics = &schemaregistry.Metrics{Up: up, Requests: requests}
+	}
+	client, err := schemaregistry.New(o)
+	if err != nil {
+		return nil, fmt.Errorf("config key schema_registry: %w", err)
+	}
+	return client, nil
+}
+
 // swapSerializer returns the Serializer run streams with: one whose registry client reports to m
 // and log, in place of old (relayConfig's, which reports nothing). Close on the result (when it
-// has one) closes the client.
-func swapSerializer(c *config.Config, m *metrics.Metrics, log *zap.Logger, old sink.Serializer) (sink.Serializer, error) {
+// has one) closes the client. The registry is asked once now (not fatal): the client assumes it is
+// up until a request says otherwise, and the first request may be long after the start (no event
+// yet, or every schema cached), so without it the up gauge and status would say up for a
+// registry that has never answered.
+func swapSerializer(ctx context.Context, c *config.Config, m *metrics.Metrics, log *zap.Logger, old sink.Serializer) (sink.Serializer, error) {
 	if old == nil {
 		return nil, nil
 	}
@@ -89,6 +104,10 @@ func swapSerializer(c *config.Config, m *metrics.Metrics, log *zap.Logger, old s
 	s, client, err := newSerializer(c, m, log.Named("schema_registry"))
 	if err != nil {
 		return nil, err
+	}
+	if err := client.Check(ctx); err != nil {
+		log.Warn("schema registry: the start-up check failed; the relay starts, and events that need a schema it has not cached wait until the registry answers",
+			zap.Strings("urls", client.URLs()), zap.Error(err))
 	}
 	return &closingSerializer{Serializer: s, client: client}, nil
 }

@@ -67,7 +67,7 @@ func runRelay(ctx context.Context, args []string, stderr io.Writer) error {
 	m := metrics.New(reg)
 	m.Source.WithLabelValues(cfg.Source).Set(1)
 	// The registry client that streams reports its health and requests in the metrics.
-	if rcfg.Sink.Serializer, err = swapSerializer(cfg, m, log, rcfg.Sink.Serializer); err != nil {
+	if rcfg.Sink.Serializer, err = swapSerializer(ctx, cfg, m, log, rcfg.Sink.Serializer); err != nil {
 		return err
 	}
 	if c, ok := rcfg.Sink.Serializer.(interface{ Close() }); ok {

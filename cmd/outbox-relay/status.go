@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -18,12 +21,14 @@ import (
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/schemaregistry"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/slotmon"
 )
 
-// exitSlotProblem is status's exit code when the slot is missing or has lost WAL, or when a standby
-// given with --standby-dsn would not keep it through a promotion: scripts and probes can tell it
+// exitSlotProblem is status's exit code when the slot is missing or has lost WAL, when a standby
+// given with --standby-dsn would not keep it through a promotion, or when the schema registry an
+// encoding needs does not answer: scripts and probes can tell it
 // from a failure to ask (1) and a usage error (2).
 const exitSlotProblem = 3
 
@@ -43,6 +48,10 @@ type statusReport struct {
 	Failover slotmon.Failover  `json:"failover"`
 	Standbys []slotmon.Standby `json:"standbys,omitempty"`
 	Delivery deliveryReport    `json:"delivery"`
+	// SchemaRegistry is the registry as the relay's client finds it now; null without a registry
+	// encoding. A registry that does not answer is a problem: events needing a schema not in the
+	// relay's cache wait for it, holding the stream.
+	SchemaRegistry *schemaregistry.Status `json:"schema_registry"`
 	// Recovery is what the slot ledger says of lost-slot recovery: how far Kafka acknowledged,
 	// a recovery under way, the last one. Null without a ledger at migration 0007.
 	Recovery *recoveryReport `json:"recovery"`
@@ -127,6 +136,9 @@ type positionReport struct {
 
 // runStatus prints the slot at a glance and returns the exit code.
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if configs, rest := configArgs(args); len(configs) > 1 {
+		return runStatusShards(ctx, configs, rest, stdout, stderr)
+	}
 	fs, loader := newFlags("status", stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	var standbyDSNs []string
@@ -170,6 +182,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 1
 	}
 	if err := deliveryStatus(ctx, cfg, &rep); err != nil {
+		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), secrets...))
+		return 1
+	}
+	if err := registryStatus(ctx, cfg, &rep); err != nil {
 		fmt.Fprintf(stderr, "outbox-relay: %s\n", config.Scrub(err.Error(), secrets...))
 		return 1
 	}
@@ -320,6 +336,24 @@ func deliveryStatus(ctx context.Context, cfg *config.Config, rep *statusReport) 
 	return nil
 }
 
+// registryStatus adds the schema registry, asked now, to rep when an encoding needs one; one that
+// does not answer (or refuses the relay's credentials) is a problem.
+func registryStatus(ctx context.Context, cfg *config.Config, rep *statusReport) error {
+	client, err := newRegistryClient(cfg, nil, nil)
+	if err != nil || client == nil {
+		return err
+	}
+	defer client.Close()
+	st := client.Status(ctx)
+	rep.SchemaRegistry = &st
+	if !st.Up {
+		rep.OK = false
+		rep.Problems = append(rep.Problems, fmt.Sprintf("schema registry %s does not answer (%s): events that need a schema the relay has not cached wait, holding the stream, until it does: check the registry and schema_registry.urls",
+			strings.Join(st.URLs, ", "), st.Error))
+	}
+	return nil
+}
+
 // topicExists asks the brokers whether topic exists.
 func topicExists(ctx context.Context, c sink.Config, topic string) (bool, error) {
 	client, transport := sink.NewClient(c, positionReadTimeout)
@@ -359,6 +393,13 @@ func printStatus(w io.Writer, rep statusReport) {
 	}
 	printStandbys(tw, rep)
 	printDelivery(tw, rep.Delivery)
+	if r := rep.SchemaRegistry; r != nil {
+		state := "up"
+		if !r.Up {
+			state = "DOWN"
+		}
+		fmt.Fprintf(tw, "schema registry\t%s (%s)\n", state, strings.Join(r.URLs, ", "))
+	}
 	tw.Flush()
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "PROBLEM: %s\n", p)
@@ -568,4 +609,68 @@ func bytesText(n int64) string {
 		return fmt.Sprintf("%d bytes", n)
 	}
 	return fmt.Sprintf("%d bytes (%.1f %s)", n, v, unit)
+}
+
+// configArgs splits a command line into its --config files and the other arguments.
+func configArgs(args []string) (configs, rest []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			return configs, append(rest, args[i:]...)
+		case (a == "--config" || a == "-config") && i+1 < len(args):
+			configs = append(configs, args[i+1])
+			i++
+		case strings.HasPrefix(a, "--config="), strings.HasPrefix(a, "-config="):
+			configs = append(configs, a[strings.Index(a, "=")+1:])
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return configs, rest
+}
+
+// shardStatus is one shard's entry of `outbox-relay status --json` given several --config files.
+type shardStatus struct {
+	Config   string          `json:"config"`
+	ExitCode int             `json:"exit_code"`
+	Report   json.RawMessage `json:"report"` // null when the status could not be asked (exit 1 or 2)
+}
+
+// runStatusShards is status over the shards of a sharded outbox (docs/scaling.md), one --config
+// each, the other arguments applying to all: each shard's report under its file's name, its
+// errors on stderr prefixed with it. The exit code is the worst of the shards': a usage error (2),
+// then a failure to ask (1), then a slot problem (3), so a script sees any shard's trouble.
+func runStatusShards(ctx context.Context, configs, rest []string, stdout, stderr io.Writer) int {
+	asJSON := slices.ContainsFunc(rest, func(a string) bool { return a == "--json" || a == "-json" || a == "--json=true" || a == "-json=true" })
+	worst := 0
+	rank := map[int]int{0: 0, exitSlotProblem: 1, 1: 2, 2: 3}
+	var shards []shardStatus
+	for _, c := range configs {
+		var out, errs bytes.Buffer
+		code := runStatus(ctx, append([]string{"--config", c}, rest...), &out, &errs)
+		for line := range strings.Lines(errs.String()) {
+			fmt.Fprint(stderr, strings.Replace(line, "outbox-relay: ", "outbox-relay: "+c+": ", 1))
+		}
+		if rank[code] > rank[worst] {
+			worst = code
+		}
+		if asJSON {
+			s := shardStatus{Config: c, ExitCode: code, Report: json.RawMessage("null")}
+			if json.Valid(out.Bytes()) && out.Len() > 0 {
+				s.Report = bytes.TrimSpace(out.Bytes())
+			}
+			shards = append(shards, s)
+			continue
+		}
+		fmt.Fprintf(stdout, "== %s (exit %d)\n", c, code)
+		stdout.Write(out.Bytes())
+		fmt.Fprintln(stdout)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(shards)
+	}
+	return worst
 }

@@ -99,7 +99,9 @@ func scrubbed(cfg *config.Config, err error) error {
 // secrets are cfg's secret values, the passwords in the password files as they are now included.
 func secrets(cfg *config.Config) []string {
 	out := cfg.Secrets()
-	for key, path := range map[string]string{"pg_password_file": cfg.PGPasswordFile, "kafka.sasl.password_file": cfg.Kafka.SASL.PasswordFile} {
+	for key, path := range map[string]string{"pg_password_file": cfg.PGPasswordFile, "kafka.sasl.password_file": cfg.Kafka.SASL.PasswordFile,
+		"kafka.sasl.oauthbearer.token_file":         cfg.Kafka.SASL.OAuthBearer.TokenFile,
+		"kafka.sasl.oauthbearer.client_secret_file": cfg.Kafka.SASL.OAuthBearer.ClientSecretFile} {
 		if path == "" {
 			continue
 		}
@@ -339,5 +341,7 @@ func tlsConfig(c config.TLS) (*tls.Config, error) {
 
 func saslMechanism(c config.SASL) (sasl.Mechanism, error) {
 	return credentials.KafkaMechanism(credentials.KafkaSASL{Mechanism: c.Mechanism, Username: c.Username,
-		Password: c.Password, PasswordFile: c.PasswordFile})
+		Password: c.Password, PasswordFile: c.PasswordFile, OAuthBearer: credentials.OAuthBearer{
+			TokenFile: c.OAuthBearer.TokenFile, TokenEndpointURL: c.OAuthBearer.TokenEndpointURL,
+			ClientID: c.OAuthBearer.ClientID, ClientSecretFile: c.OAuthBearer.ClientSecretFile, Scope: c.OAuthBearer.Scope}})
 }

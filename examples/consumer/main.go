@@ -74,15 +74,8 @@ func run(topic, group string) error {
 		return err
 	}
 	defer pool.Close()
-	store, err := inbox.New(inbox.Config{Consumer: group})
+	store, err := prepare(ctx, pool, group)
 	if err != nil {
-		return err
-	}
-	if err := store.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS customer_totals (
-		customer text PRIMARY KEY, orders bigint NOT NULL, total numeric NOT NULL)`); err != nil {
 		return err
 	}
 
@@ -100,15 +93,11 @@ func run(topic, group string) error {
 		IsolationLevel: kafka.ReadCommitted,
 	})
 	defer reader.Close()
-	var framed inbox.Framed
-	if urls := os.Getenv("OUTBOX_SCHEMA_REGISTRY_URLS"); urls != "" {
-		client, err := schemaregistry.New(schemaregistry.Options{URLs: strings.Split(urls, ",")})
-		if err != nil {
-			return err
-		}
-		defer client.Close()
-		framed = schemas.NewDeserializer(client, schemas.Formats()...) // the schema's type picks the format
+	framed, closeRegistry, err := registryDeserializer()
+	if err != nil {
+		return err
 	}
+	defer closeRegistry()
 	log.Printf("consuming %s as group %s", topic, group)
 
 	for {
@@ -124,34 +113,73 @@ func run(topic, group string) error {
 			}
 			continue
 		}
-		if framed != nil {
-			// Avro (value_encoding or key_encoding avro): the key and value read back as the
-			// aggregate id and the JSON payload, through the registry.
-			if m, err = inbox.Unframe(ctx, framed, m); err != nil {
-				return err // the registry cannot answer: its offset is not committed
-			}
-		}
-		// ParseDelivery reads the relay's headers, and a CloudEvent (envelope: cloudevents) in
-		// either content mode: the payload is then the event's data.
-		d, err := inbox.ParseDelivery(m)
-		if err != nil {
-			return err // without an id a redelivery cannot be recognised: stop rather than guess
-		}
-		id := d.ID
-		processed, err := applyWithRetry(ctx, store, pool, id, d.Payload)
-		if err != nil {
-			return fmt.Errorf("event %s at %s/%d@%d: %w (its offset is not committed; it is redelivered after a restart)",
-				id, m.Topic, m.Partition, m.Offset, err)
-		}
-		if err := reader.CommitMessages(ctx, m); err != nil {
-			return err // also safe: the next delivery of m is skipped by the inbox
-		}
-		if processed {
-			log.Printf("applied event %s", id)
-		} else {
-			log.Printf("skipped event %s: applied before (a redelivery)", id)
+		if err := handle(ctx, reader, framed, store, pool, m); err != nil {
+			return err
 		}
 	}
+}
+
+// handle applies one delivery (once: the inbox skips a redelivery) and commits its offset.
+func handle(ctx context.Context, reader *kafka.Reader, framed inbox.Framed, store *inbox.Store, pool *pgxpool.Pool, m kafka.Message) error {
+	var err error
+	if framed != nil {
+		// The registry encodings (avro, protobuf, json-schema): the key and value read back as the
+		// aggregate id and the JSON payload, through the registry.
+		if m, err = inbox.Unframe(ctx, framed, m); err != nil {
+			return err // the registry cannot answer: its offset is not committed
+		}
+	}
+	// ParseDelivery reads the relay's headers, and a CloudEvent (envelope: cloudevents) in
+	// either content mode: the payload is then the event's data.
+	d, err := inbox.ParseDelivery(m)
+	if err != nil {
+		return err // without an id a redelivery cannot be recognised: stop rather than guess
+	}
+	id := d.ID
+	processed, err := applyWithRetry(ctx, store, pool, id, d.Payload)
+	if err != nil {
+		return fmt.Errorf("event %s at %s/%d@%d: %w (its offset is not committed; it is redelivered after a restart)",
+			id, m.Topic, m.Partition, m.Offset, err)
+	}
+	if err := reader.CommitMessages(ctx, m); err != nil {
+		return err // also safe: the next delivery of m is skipped by the inbox
+	}
+	if processed {
+		log.Printf("applied event %s", id)
+	} else {
+		log.Printf("skipped event %s: applied before (a redelivery)", id)
+	}
+	return nil
+}
+
+// prepare makes the inbox's tables and the example's own.
+func prepare(ctx context.Context, pool *pgxpool.Pool, group string) (*inbox.Store, error) {
+	store, err := inbox.New(inbox.Config{Consumer: group})
+	if err != nil {
+		return nil, err
+	}
+	if err := store.Migrate(ctx, pool); err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS customer_totals (
+		customer text PRIMARY KEY, orders bigint NOT NULL, total numeric NOT NULL)`); err != nil {
+		return nil, err
+	}
+	return store, nil
+}
+
+// registryDeserializer reads registry-framed records back when OUTBOX_SCHEMA_REGISTRY_URLS is set
+// (the relay's registry encodings); nil without it.
+func registryDeserializer() (inbox.Framed, func(), error) {
+	urls := os.Getenv("OUTBOX_SCHEMA_REGISTRY_URLS")
+	if urls == "" {
+		return nil, func() {}, nil
+	}
+	client, err := schemaregistry.New(schemaregistry.Options{URLs: strings.Split(urls, ",")})
+	if err != nil {
+		return nil, nil, err
+	}
+	return schemas.NewDeserializer(client, schemas.Formats()...), client.Close, nil // the schema's type picks the format
 }
 
 // applyWithRetry applies one event in its own transaction, retrying transient failures in place:

@@ -24,7 +24,8 @@ func Render(keys []config.Key) []byte {
 <!-- Generated from config/keys.go by ` + Regenerate + `; do not edit by hand. -->
 
 Every key can be set in a YAML file (` + "`--config relay.yaml`" + `, nested maps for dotted keys), as an
-environment variable, or as a flag. Flags win over the environment, which wins over the file. Every
+environment variable (` + "`OUTBOX_`" + ` and the key in upper case, dots as underscores), or as a flag (the key with
+underscores as dashes). Flags win over the environment, which wins over the file. Every
 value is validated at start, and an error names the key and where the value came from. One
 configuration serves every command: a command accepts every key's flag and uses the keys listed for
 it below (` + "`outbox-relay COMMAND -h`" + ` lists them too). A boolean flag alone means true
@@ -86,7 +87,11 @@ take a unit (` + "`64MiB`" + `). Secret values are never logged.
 			if k.Secret {
 				help += " (secret: never logged)"
 			}
-			b.WriteString(capitalize(strings.TrimSuffix(help, ".")) + ".\n")
+			b.WriteString(capitalize(strings.TrimSuffix(help, ".")) + ".")
+			if len(k.See) > 0 {
+				b.WriteString(" See " + seeLinks(k.See) + ".")
+			}
+			b.WriteString("\n")
 		}
 	}
 	return b.Bytes()
@@ -105,6 +110,21 @@ func anchor(heading string) string {
 		}
 	}
 	return b.String()
+}
+
+// seeLinks is the links to the pages that explain a key further: "operations.md#Section title"
+// links the section by its heading's anchor, a page alone the page.
+func seeLinks(see []string) string {
+	links := make([]string, len(see))
+	for i, s := range see {
+		page, section, ok := strings.Cut(s, "#")
+		if !ok {
+			links[i] = fmt.Sprintf("[%s](%s)", page, page)
+			continue
+		}
+		links[i] = fmt.Sprintf("[%s, \"%s\"](%s#%s)", page, section, page, anchor(section))
+	}
+	return strings.Join(links, ", ")
 }
 
 // code is s as inline code, with a table's pipes escaped.

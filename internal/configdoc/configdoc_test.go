@@ -78,3 +78,23 @@ func TestThePageListsEveryKeyWithItsFacts(t *testing.T) {
 		t.Errorf("groups are not in help's order (PostgreSQL before Kafka):\n%s", page)
 	}
 }
+
+// TestAKeysFurtherReadingIsLinkedFromItsSection: a key whose help names the pages that explain it
+// further (long operator guidance kept out of --help) links them after its help, a section by
+// the anchor GitHub gives its heading, a page alone by its name.
+func TestAKeysFurtherReadingIsLinkedFromItsSection(t *testing.T) {
+	keys := []config.Key{
+		{Name: "kafka.linger", Group: config.GroupKafka, Type: "duration", Default: "15ms", Help: "how long a record waits", Commands: []string{"run"},
+			See: []string{"operations.md#Broker cost and latency: `kafka.linger`", "benchmarks.md"}},
+		{Name: "kafka.batch_size", Group: config.GroupKafka, Type: "int", Help: "records per request", Commands: []string{"run"}},
+	}
+	page := string(Render(keys))
+	for _, want := range []string{
+		"How long a record waits. See [operations.md, \"Broker cost and latency: `kafka.linger`\"](operations.md#broker-cost-and-latency-kafkalinger), [benchmarks.md](benchmarks.md).\n",
+		"Records per request.\n",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q:\n%s", want, page)
+		}
+	}
+}

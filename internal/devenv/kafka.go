@@ -71,6 +71,9 @@ type KafkaOptions struct {
 	// LogLevels (logger name -> level, e.g. "kafka.coordinator.transaction": "INFO") sets the
 	// levels of loggers of this node; the shared log4j2.properties logs WARN and up.
 	LogLevels map[string]string
+	// SystemProperties are the broker JVM's -D properties, e.g.
+	// "org.apache.kafka.sasl.oauthbearer.allowed.urls" (Kafka 4 reaches no JWKS endpoint not listed).
+	SystemProperties map[string]string
 }
 
 // KafkaListener is a further PLAINTEXT-type broker listener.
@@ -130,6 +133,8 @@ type kafkaState struct {
 	// Quorum is the controller a broker-only node (StartBroker) joins; "" for a node that is its
 	// own controller.
 	Quorum string `json:"quorum,omitempty"`
+	// SystemProperties are KafkaOptions.SystemProperties, kept for a restart.
+	SystemProperties map[string]string `json:"system_properties,omitempty"`
 }
 
 // StartKafka formats a new broker directory and starts the broker.
@@ -173,6 +178,7 @@ func startKafka(ctx context.Context, st kafkaState, opts KafkaOptions) (*Kafka, 
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
+	st.SystemProperties = opts.SystemProperties
 	k := newKafka(dir, st)
 	k.detached, k.keep = opts.Detached, opts.Keep
 	if err := k.create(ctx, cmp.Or(opts.Partitions, 3), opts); err != nil {
@@ -436,9 +442,12 @@ func (k *Kafka) jvmFlags() []string {
 	if _, err := os.Stat(logConfig); err != nil {
 		logConfig = filepath.Join(k.st.Lib, "log4j2.properties")
 	}
-	return []string{"-XX:+UseG1GC", "-Djava.awt.headless=true", "-Dkafka.logs.dir=" + k.dir,
-		"-Dlog4j2.configurationFile=" + logConfig,
-		"-cp", filepath.Join(k.st.Lib, "*")}
+	flags := []string{"-XX:+UseG1GC", "-Djava.awt.headless=true", "-Dkafka.logs.dir=" + k.dir,
+		"-Dlog4j2.configurationFile=" + logConfig}
+	for _, name := range slices.Sorted(maps.Keys(k.st.SystemProperties)) {
+		flags = append(flags, "-D"+name+"="+k.st.SystemProperties[name])
+	}
+	return append(flags, "-cp", filepath.Join(k.st.Lib, "*"))
 }
 
 // writeLogConfig writes <dir>/log4j2.properties, the lib's with levels (logger -> level) added,

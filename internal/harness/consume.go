@@ -10,7 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
+	"github.com/outbox-relay/outbox-relay/sink/readcommitted"
 )
 
 // Record is one Kafka record read back.

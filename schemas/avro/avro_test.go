@@ -25,23 +25,23 @@ func TestInference(t *testing.T) {
 			`{"type":"record","name":"payload","namespace":"shop","fields":[` +
 				`{"name":"s","type":["null","string"],"default":null},{"name":"b","type":["null","boolean"],"default":null},` +
 				`{"name":"i","type":["null","int"],"default":null},{"name":"l","type":["null","long"],"default":null},` +
-				`{"name":"d","type":["null","double"],"default":null},{"name":"e","type":["null","double"],"default":null}]}`, false},
+				`{"name":"d","type":["null","double"],"default":null},{"name":"e","type":["null","double"],"default":null}],"connect.name":"shop.payload"}`, false},
 		{"null members and empty arrays are left out",
 			`{"a":null,"b":[],"c":[null],"d":"x"}`,
-			`{"type":"record","name":"payload","namespace":"shop","fields":[{"name":"d","type":["null","string"],"default":null}]}`, false},
-		{"an object member is a nested record named after it in the enclosing record's namespace",
+			`{"type":"record","name":"payload","namespace":"shop","fields":[{"name":"d","type":["null","string"],"default":null}],"connect.name":"shop.payload"}`, false},
+		{"an object member is a nested record named after it in the enclosing record's namespace, each record with its connect.name after its fields",
 			`{"address":{"city":"Oslo"}}`,
 			`{"type":"record","name":"payload","namespace":"shop","fields":[{"name":"address","type":["null",` +
-				`{"type":"record","name":"address","namespace":"shop.payload","fields":[{"name":"city","type":["null","string"],"default":null}]}],"default":null}]}`, false},
+				`{"type":"record","name":"address","namespace":"shop.payload","fields":[{"name":"city","type":["null","string"],"default":null}],"connect.name":"shop.payload.address"}],"default":null}],"connect.name":"shop.payload"}`, false},
 		{"an array of objects merges its elements into one record and numbers widen",
 			`{"items":[{"sku":"a","qty":1},{"qty":2.5,"note":"x"}]}`,
 			`{"type":"record","name":"payload","namespace":"shop","fields":[{"name":"items","type":["null",{"type":"array","items":["null",` +
 				`{"type":"record","name":"items","namespace":"shop.payload","fields":[{"name":"sku","type":["null","string"],"default":null},` +
-				`{"name":"qty","type":["null","double"],"default":null},{"name":"note","type":["null","string"],"default":null}]}]}],"default":null}]}`, false},
+				`{"name":"qty","type":["null","double"],"default":null},{"name":"note","type":["null","string"],"default":null}],"connect.name":"shop.payload.items"}]}],"default":null}],"connect.name":"shop.payload"}`, false},
 		{"member names that are not Avro names are mended",
 			`{"order-id":"1","2nd":true}`,
 			`{"type":"record","name":"payload","namespace":"shop","fields":[{"name":"order_id","type":["null","string"],"default":null},` +
-				`{"name":"_2nd","type":["null","boolean"],"default":null}]}`, false},
+				`{"name":"_2nd","type":["null","boolean"],"default":null}],"connect.name":"shop.payload"}`, false},
 		{"two members that mend to one name cannot be inferred", `{"a-b":1,"a_b":2}`, `members "a-b" and "a_b" of the payload both become`, true},
 		{"an array mixing kinds cannot be inferred", `{"tags":["a",1]}`, `array tags mixes string and int`, true},
 		{"a payload that is not an object cannot be inferred", `[1,2]`, `the payload is an array, not a JSON object`, true},

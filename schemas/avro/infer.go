@@ -34,6 +34,9 @@ import (
 //   - Names: a member name that is not an Avro name has each invalid character replaced by '_'
 //     (and '_' put before a leading digit); two members that then share a name cannot be inferred.
 //     The encoder matches a field to its member by the exact name first, then by this rule.
+//   - Every record carries a "connect.name" property, its full name, after its fields, as
+//     Connect's AvroData writes it: the schema text is then the one Debezium registers for the
+//     same shape, and shares its id.
 
 // Infer returns the Avro schema inferred from payload, as schema JSON.
 func Infer(name, namespace string, payload []byte) (string, error) {
@@ -75,7 +78,18 @@ func inferDoc(name, namespace string, doc *node) (string, error) {
 		b = strconv.AppendQuote(b, namespace)
 	}
 	b = s.appendFields(b, full)
-	return string(append(b, '}')), nil
+	return string(appendConnectName(b, full)), nil
+}
+
+// appendConnectName closes a record with Kafka Connect's connect.name property, its full name,
+// where Connect's AvroData writes it (after the fields): the text is then byte for byte the one
+// Debezium's Avro converter registers for the same shape, so that after a cut-over from Debezium
+// the relay's schema is the subject's existing version and reuses its id, rather than a new
+// version of the same fields.
+func appendConnectName(b []byte, full string) []byte {
+	b = append(b, `,"connect.name":`...)
+	b = strconv.AppendQuote(b, full)
+	return append(b, '}')
 }
 
 // ischema is an inferred type: "record", "array", "string", "boolean", "int", "long", "double".
@@ -232,7 +246,7 @@ func (s *ischema) appendType(b []byte, name, namespace string) []byte {
 		b = append(b, `,"namespace":`...)
 		b = strconv.AppendQuote(b, namespace)
 		b = s.appendFields(b, namespace+"."+name)
-		return append(b, '}')
+		return appendConnectName(b, namespace+"."+name)
 	case "array":
 		b = append(b, `{"type":"array","items":`...)
 		b = s.items.appendNullable(b, name, namespace)

@@ -75,70 +75,9 @@ func (p *parser) value(depth int) (*node, error) {
 	}
 	switch c := p.b[p.i]; {
 	case c == '{':
-		p.i++
-		n := &node{kind: 'o'}
-		p.space()
-		if p.i < len(p.b) && p.b[p.i] == '}' {
-			p.i++
-			return n, nil
-		}
-		for {
-			p.space()
-			if p.i >= len(p.b) || p.b[p.i] != '"' {
-				return nil, p.errorf("want a member name")
-			}
-			k, err := p.str()
-			if err != nil {
-				return nil, err
-			}
-			p.space()
-			if p.i >= len(p.b) || p.b[p.i] != ':' {
-				return nil, p.errorf("want ':'")
-			}
-			p.i++
-			p.space()
-			v, err := p.value(depth + 1)
-			if err != nil {
-				return nil, err
-			}
-			n.keys, n.vals = append(n.keys, k), append(n.vals, v)
-			p.space()
-			if p.i < len(p.b) && p.b[p.i] == ',' {
-				p.i++
-				continue
-			}
-			if p.i < len(p.b) && p.b[p.i] == '}' {
-				p.i++
-				return n, nil
-			}
-			return nil, p.errorf("want ',' or '}'")
-		}
+		return p.object(depth)
 	case c == '[':
-		p.i++
-		n := &node{kind: 'a'}
-		p.space()
-		if p.i < len(p.b) && p.b[p.i] == ']' {
-			p.i++
-			return n, nil
-		}
-		for {
-			p.space()
-			v, err := p.value(depth + 1)
-			if err != nil {
-				return nil, err
-			}
-			n.vals = append(n.vals, v)
-			p.space()
-			if p.i < len(p.b) && p.b[p.i] == ',' {
-				p.i++
-				continue
-			}
-			if p.i < len(p.b) && p.b[p.i] == ']' {
-				p.i++
-				return n, nil
-			}
-			return nil, p.errorf("want ',' or ']'")
-		}
+		return p.array(depth)
 	case c == '"':
 		s, err := p.str()
 		if err != nil {
@@ -158,6 +97,77 @@ func (p *parser) value(depth int) (*node, error) {
 		return &node{kind: 'z'}, nil
 	}
 	return nil, p.errorf("unexpected %q", p.b[p.i])
+}
+
+// object scans an object, p.i at its '{', keeping its members in their order.
+func (p *parser) object(depth int) (*node, error) {
+	p.i++
+	n := &node{kind: 'o'}
+	p.space()
+	if p.i < len(p.b) && p.b[p.i] == '}' {
+		p.i++
+		return n, nil
+	}
+	for {
+		p.space()
+		if p.i >= len(p.b) || p.b[p.i] != '"' {
+			return nil, p.errorf("want a member name")
+		}
+		k, err := p.str()
+		if err != nil {
+			return nil, err
+		}
+		p.space()
+		if p.i >= len(p.b) || p.b[p.i] != ':' {
+			return nil, p.errorf("want ':'")
+		}
+		p.i++
+		p.space()
+		v, err := p.value(depth + 1)
+		if err != nil {
+			return nil, err
+		}
+		n.keys, n.vals = append(n.keys, k), append(n.vals, v)
+		p.space()
+		if p.i < len(p.b) && p.b[p.i] == ',' {
+			p.i++
+			continue
+		}
+		if p.i < len(p.b) && p.b[p.i] == '}' {
+			p.i++
+			return n, nil
+		}
+		return nil, p.errorf("want ',' or '}'")
+	}
+}
+
+// array scans an array, p.i at its '['.
+func (p *parser) array(depth int) (*node, error) {
+	p.i++
+	n := &node{kind: 'a'}
+	p.space()
+	if p.i < len(p.b) && p.b[p.i] == ']' {
+		p.i++
+		return n, nil
+	}
+	for {
+		p.space()
+		v, err := p.value(depth + 1)
+		if err != nil {
+			return nil, err
+		}
+		n.vals = append(n.vals, v)
+		p.space()
+		if p.i < len(p.b) && p.b[p.i] == ',' {
+			p.i++
+			continue
+		}
+		if p.i < len(p.b) && p.b[p.i] == ']' {
+			p.i++
+			return n, nil
+		}
+		return nil, p.errorf("want ',' or ']'")
+	}
 }
 
 // number scans JSON's number grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?

@@ -47,7 +47,7 @@ func (f *Format) Widen(latest, inferred sr.Schema) (sr.Schema, bool) {
 		b = strconv.AppendQuote(b, ns)
 	}
 	b = merged.appendFields(b, ir.FullName())
-	return sr.Schema{Schema: string(append(b, '}')), Type: sr.TypeAvro}, true
+	return sr.Schema{Schema: string(appendConnectName(b, ir.FullName())), Type: sr.TypeAvro}, true
 }
 
 // fromRecord reads back a record of the inferred shape: every field ["null", T] with default null.

@@ -8,8 +8,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
 	"github.com/outbox-relay/outbox-relay/sink/producer"
+	"github.com/outbox-relay/outbox-relay/sink/readcommitted"
 )
 
 // chunk is how many offsets Read reads at a time, from the end backwards, and

@@ -12,7 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/readcommitted"
+	"github.com/outbox-relay/outbox-relay/sink/readcommitted"
 )
 
 // A Kafka transaction is committed once the coordinator has written its commit marker into every

@@ -40,6 +40,7 @@ type Consumer struct {
 	next    map[topicPartition]int64 // only the reading goroutine writes it
 	changed chan struct{}            // closed and replaced when something was read
 	lastErr error
+	failed  int // attempts that failed (each dropped the connections), for Failures
 }
 
 type topicPartition struct {
@@ -78,6 +79,15 @@ func (c *Consumer) Delivered() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.ids)
+}
+
+// Failures returns how many attempts to read have failed so far (each one dropped the consumer's
+// connections and paused before the next), and the last one's error: what a test waits for to know
+// the consumer noticed a broker that stopped or went silent.
+func (c *Consumer) Failures() (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failed, c.lastErr
 }
 
 // WaitFor returns once every id in ids has been read and then quiet has passed (so that late
@@ -156,6 +166,7 @@ func (c *Consumer) run(ctx context.Context) {
 	fail := func(err error) {
 		c.mu.Lock()
 		c.lastErr = err
+		c.failed++
 		c.mu.Unlock()
 		for addr, b := range conns {
 			b.close()

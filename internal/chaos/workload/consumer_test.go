@@ -159,10 +159,20 @@ func TestConsumerSurvivesBrokerStopAndFreeze(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// failed waits until the consumer has failed n more times than before.
+	failed := func(before, n int, what string) {
+		t.Helper()
+		await.State(t, time.Minute, what, func() (bool, string) {
+			now, err := c.Failures()
+			return now >= before+n, fmt.Sprintf("%d failures since, the last: %v", now-before, err)
+		})
+	}
+
+	before, _ := c.Failures()
 	if err := k.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	await.Window(t, time.Second, "the consumer fails and retries while the broker is down")
+	failed(before, 2, "the consumer to fail, and fail again on retrying, while the broker is down")
 	if err := k.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -171,10 +181,13 @@ func TestConsumerSurvivesBrokerStopAndFreeze(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	before, _ = c.Failures()
 	if err := k.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(fetchIOSlackForTest)
+	// The frozen broker answers nothing: the consumer must give its connection up (after
+	// fetchIOSlack) rather than wait on it for ever.
+	failed(before, 1, "the consumer to give up its connection to the frozen broker")
 	if err := k.Resume(); err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +197,3 @@ func TestConsumerSurvivesBrokerStopAndFreeze(t *testing.T) {
 	}
 	p.check(t, c.Stop(), since)
 }
-
-// fetchIOSlackForTest outlasts the consumer's patience with a silent broker, so the freeze
-// makes it give up a connection and resume on a new one.
-const fetchIOSlackForTest = 6 * time.Second
