@@ -71,7 +71,7 @@ var registrySettings = []setting{
 			c.SchemaRegistry.Version = n
 			return nil
 		}},
-	{key: "schema_registry.latest_refresh", group: GroupRouting, kind: kindDuration, def: "1m", help: "strict and frame-only with the latest version: how long a subject's latest schema is used before it is looked up again (a new version is picked up within this)",
+	{key: "schema_registry.latest_refresh", group: GroupRouting, kind: kindDuration, def: "1m", help: "strict and frame-only with the latest version: how long a subject's latest schema is used before it is looked up again (a new version is picked up within this; in strict mode, a payload that does not fit the schema in hand has the latest read from the registry at once, before it is called a schema_mismatch)",
 		apply: minDuration(time.Second, func(c *Config) *time.Duration { return &c.SchemaRegistry.LatestRefresh })},
 	{key: "schema_registry.subject_strategy", group: GroupRouting, kind: choices("topic", "record", "topic-record"), def: "topic", help: "subject names: topic (<topic>-value, <topic>-key), record (the record's full name; the key's is string) or topic-record (<topic>-<record full name>), as Confluent's TopicNameStrategy, RecordNameStrategy, TopicRecordNameStrategy",
 		apply: oneOf(func(c *Config) *string { return &c.SchemaRegistry.SubjectStrategy }, "topic", "record", "topic-record")},

@@ -68,7 +68,7 @@ type Config struct {
 	// key_encoding avro), frames what goes back the same way: the key from the raw aggregate id
 	// (KeyEncoding is then raw), and a value the dead letter holds unframed (the payload as
 	// written: it failed before it was framed, e.g. schema_incompatible) from that payload. A value
-	// already framed (magic byte 0; a JSON payload never starts with it) goes back as it is.
+	// already framed (sink.HeaderDLQFramed; without it, magic byte 0) goes back as it is.
 	Serializer sink.Serializer
 	// BuiltinHeaders is the relay's builtin_headers: dead letters always carry id, event_type and
 	// aggregate_type, and the ones the original records did not carry are removed.
@@ -315,7 +315,10 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 		return out, errors.New("the dead letter holds a reference, not the payload (it was too large for the dead-letter topic too): replay the event by id from the outbox table")
 	case reason == sink.ReasonBadHeaders:
 		return out, errors.New("the event's headers were malformed and were not kept: fix the row's headers, then replay the event by id")
-	case reason == sink.ReasonSchemaMismatch:
+	case headerValue(m, sink.HeaderDLQFramed) == "false" && cfg.Serializer == nil:
+		// Sent back as it is, a payload would reach a registry-encoded topic unframed.
+		return out, errors.New("the dead letter's value was never framed for the schema registry (outbox.dlq.framed: false): redrive with the relay's value_encoding, key_encoding and schema_registry settings, so it goes back framed")
+	case reason == sink.ReasonSchemaMismatch && !hasHeader(m, sink.HeaderDLQSubject):
 		return out, errors.New("the row lacked a mapped column when it was written, so the event is incomplete: replay it by id once the row is complete")
 	case reason == sink.ReasonTopicNotAllowed:
 		// The row asked for a topic outbox rows may not reach (a platform's internal topic, the
@@ -357,7 +360,12 @@ func original(m kafka.Message, cfg Config) (kafka.Message, error) {
 func reframe(ctx context.Context, ser sink.Serializer, m kafka.Message, orig *kafka.Message) (held bool, err error) {
 	eventType := headerValue(m, record.HeaderEventType)
 	value := orig.Value
-	framed := len(value) >= 5 && value[0] == 0
+	framed := len(value) >= 5 && value[0] == 0 // a dead letter older than its header
+	if hasHeader(m, sink.HeaderDLQFramed) {
+		// Only the sink knows: a payload the application serialized (frame-only) may start with
+		// a zero byte too.
+		framed = headerValue(m, sink.HeaderDLQFramed) == "true"
+	}
 	if framed {
 		value = nil
 	}

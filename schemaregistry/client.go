@@ -32,6 +32,7 @@ package schemaregistry
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -187,6 +188,9 @@ func (c *Client) Register(ctx context.Context, subject string, s sr.Schema) (int
 	req := request{op: "register a schema", subject: subject}
 	id, err := shared(ctx, c, "register\x00"+key, req, func(ctx context.Context) (int, error) {
 		id, err := c.sr.RegisterSchema(ctx, subject, s, -1, -1)
+		if err == nil && id <= 0 {
+			err = fmt.Errorf("%w: id %d", errNoAnswer, id)
+		}
 		if err == nil {
 			c.ids.put(key, id)
 			c.byID.put(id, s)
@@ -204,9 +208,22 @@ func (c *Client) Latest(ctx context.Context, subject string) (sr.SubjectSchema, 
 	if ok && (c.latestT < 0 || time.Now().Sub(cached.fetched) < c.latestT) {
 		return cached.ss, nil
 	}
+	ss, err := c.FreshLatest(ctx, subject)
+	if err != nil && ok && IsUnavailable(err) {
+		return cached.ss, nil
+	}
+	return ss, err
+}
+
+// FreshLatest is Latest read from the registry, not the cache (the cache keeps the answer): for
+// a payload that does not fit the cached latest, whose version may have been registered since.
+func (c *Client) FreshLatest(ctx context.Context, subject string) (sr.SubjectSchema, error) {
 	req := request{op: "read the latest schema", subject: subject}
-	ss, err := shared(ctx, c, "latest\x00"+subject, req, func(ctx context.Context) (sr.SubjectSchema, error) {
+	return shared(ctx, c, "latest\x00"+subject, req, func(ctx context.Context) (sr.SubjectSchema, error) {
 		ss, err := c.sr.SchemaByVersion(ctx, subject, -1)
+		if err == nil {
+			err = checkSubjectSchema(ss)
+		}
 		if err == nil {
 			c.latest.put(subject, latestEntry{ss: ss, fetched: time.Now()})
 			c.byVer.put(versionKey(subject, ss.Version), ss)
@@ -214,10 +231,6 @@ func (c *Client) Latest(ctx context.Context, subject string) (sr.SubjectSchema, 
 		}
 		return ss, err
 	})
-	if err != nil && ok && IsUnavailable(err) {
-		return cached.ss, nil
-	}
-	return ss, err
 }
 
 // Version returns version version (1 and up) of subject's schema, cached once read.
@@ -232,6 +245,9 @@ func (c *Client) Version(ctx context.Context, subject string, version int) (sr.S
 	req := request{op: "read a schema version", subject: subject, version: version}
 	ss, err := shared(ctx, c, "version\x00"+key, req, func(ctx context.Context) (sr.SubjectSchema, error) {
 		ss, err := c.sr.SchemaByVersion(ctx, subject, version)
+		if err == nil {
+			err = checkSubjectSchema(ss)
+		}
 		if err == nil {
 			c.byVer.put(key, ss)
 			c.byID.put(ss.ID, ss.Schema)
@@ -250,6 +266,9 @@ func (c *Client) SchemaByID(ctx context.Context, id int) (sr.Schema, error) {
 	req := request{op: "read a schema by id", id: id}
 	s, err := shared(ctx, c, "id\x00"+strconv.Itoa(id), req, func(ctx context.Context) (sr.Schema, error) {
 		s, err := c.sr.SchemaByID(ctx, id)
+		if err == nil && s.Schema == "" {
+			err = fmt.Errorf("%w: no schema text", errNoAnswer)
+		}
 		if err == nil {
 			c.byID.put(id, s)
 		}
@@ -284,6 +303,19 @@ func (c *Client) Close() {
 // the caches itself, so that a caller arriving just after it ended finds the answer there. The
 // request runs to its own end (the per-request timeout bounds it) whoever leaves: each caller waits
 // under its own context.
+// errNoAnswer is a 200 whose body is not the answer asked for (a proxy's or a broken registry's
+// page that happens to be JSON): unavailable, like no answer, never an id of 0 or an empty schema
+// in the cache and in a frame (TestAnAnswerOf200WithoutAUsableSchemaOrIdIsUnavailableNeverAnIdOfZero).
+var errNoAnswer = errors.New("the registry answered 200 without the schema or id asked for")
+
+// checkSubjectSchema refuses a version without an id or a schema text (errNoAnswer).
+func checkSubjectSchema(ss sr.SubjectSchema) error {
+	if ss.ID <= 0 || ss.Schema.Schema == "" {
+		return fmt.Errorf("%w: id %d, %d bytes of schema", errNoAnswer, ss.ID, len(ss.Schema.Schema))
+	}
+	return nil
+}
+
 func shared[T any](ctx context.Context, c *Client, key string, req request, call func(context.Context) (T, error)) (T, error) {
 	ch := c.flight.DoChan(key, func() (any, error) {
 		return do(context.WithoutCancel(ctx), c, req, call)

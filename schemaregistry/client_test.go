@@ -620,3 +620,48 @@ func TestAClientCertificateIsReadAgainForEveryHandshake(t *testing.T) {
 		t.Fatalf("with the renewed certificate: %v", err)
 	}
 }
+
+func TestAnAnswerOf200WithoutAUsableSchemaOrIdIsUnavailableNeverAnIdOfZero(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, body string
+		idOnly     bool // the answer a registration gets: an id, and nothing else
+		text       bool // the answer to a request by id: a schema's text
+	}{
+		{name: "an empty object", body: `{}`},
+		{name: "an id of zero", body: `{"id":0,"subject":"s","version":1,"schema":"\"string\""}`, text: true},
+		{name: "a schema without its text", body: `{"id":7,"subject":"s","version":1}`, idOnly: true},
+		{name: "a page that is not JSON", body: `<html>maintenance</html>`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprint(w, tc.body)
+			}))
+			defer srv.Close()
+			c, _ := newClient(t, schemaregistry.Options{URLs: []string{srv.URL}})
+			id, err := c.Register(ctx, "orders-value", avro(idField))
+			if tc.idOnly && (err != nil || id != 7) {
+				t.Errorf("Register = id %d, %v; want id 7", id, err)
+			} else if !tc.idOnly && !schemaregistry.IsUnavailable(err) {
+				t.Errorf("Register = id %d, %v; want unavailable (a frame with that id would be garbage)", id, err)
+			}
+			ss, err := c.Latest(ctx, "orders-value")
+			if !schemaregistry.IsUnavailable(err) {
+				t.Errorf("Latest = %+v, %v; want unavailable", ss, err)
+			}
+			ss, err = c.Version(ctx, "orders-value", 1)
+			if !schemaregistry.IsUnavailable(err) {
+				t.Errorf("Version = %+v, %v; want unavailable", ss, err)
+			}
+			if tc.idOnly || tc.text {
+				return // SchemaByID's answer (or the id just registered) is a schema
+			}
+			s, err := c.SchemaByID(ctx, 7)
+			if !schemaregistry.IsUnavailable(err) {
+				t.Errorf("SchemaByID = %+v, %v; want unavailable", s, err)
+			}
+		})
+	}
+}

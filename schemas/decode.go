@@ -46,6 +46,11 @@ func (d *Deserializer) Decode(ctx context.Context, framed []byte) (doc []byte, i
 		if s, err = d.reg.SchemaByID(ctx, id); err != nil {
 			return nil, id, fmt.Errorf("schema id %d: %w", id, err)
 		}
+		if s.Schema == "" {
+			// Not kept: a registry (or a proxy) that answered 200 without the text answers
+			// properly later, and an id's schema never changes.
+			return nil, id, fmt.Errorf("schema id %d: the registry answered without the schema's text", id)
+		}
 		d.mu.Lock()
 		d.byID[id] = s
 		d.mu.Unlock()

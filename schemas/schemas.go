@@ -12,9 +12,10 @@
 //     the subject. Two events of one subject whose schemas cannot merge are two versions of it:
 //     the registry accepts the second if the subject's compatibility rule allows it, and refuses
 //     it otherwise (409), which fails the event with ReasonIncompatible.
-//   - strict (AutoRegister false): the subject's latest version (refreshed every LatestRefresh) or a
-//     pinned Version; the payload is converted to it, and a payload that does not fit fails with
-//     ReasonMismatch naming the field.
+//   - strict (AutoRegister false): the subject's latest version (refreshed every LatestRefresh, and
+//     read again from the registry, past every cache, for a payload that does not fit it: the
+//     payload may be of a version registered since) or a pinned Version; the payload is converted
+//     to it, and a payload that does not fit fails with ReasonMismatch naming the field.
 //   - frame only (FrameOnly): the payload already holds data serialized by the application in the
 //     subject's schema (a bytea payload, or base64 text); it is framed with the id of the subject's
 //     latest or pinned version, without being decoded or re-encoded.
@@ -310,6 +311,14 @@ func (s *Serializer) value(ctx context.Context, topic, eventType string, payload
 		schema, id = st.schema, st.id
 	}
 	index, data, err := s.o.Value.Encode(schema, payload)
+	if err != nil && !s.o.AutoRegister && s.o.Version <= 0 {
+		// The cached latest may be older than the version the payload was written for: ask the
+		// registry before the event is called a mismatch.
+		if st, ok := s.newerLatest(ctx, subject, id); ok {
+			schema, id = st.schema, st.id
+			index, data, err = s.o.Value.Encode(schema, payload)
+		}
+	}
 	if err != nil {
 		return nil, &Error{Reason: ReasonMismatch, Subject: subject, Field: fieldOf(err), Err: fmt.Errorf("the payload does not fit the schema (id %d): %w", id, err)}
 	}
@@ -463,6 +472,36 @@ func (s *Serializer) strict(ctx context.Context, subject string) (*strict, error
 	s.subjects[subject] = st
 	s.mu.Unlock()
 	return st, nil
+}
+
+// FreshLatest is a Registry whose Latest answers from a cache (*schemaregistry.Client): it reads
+// the subject's latest version from the registry itself.
+type FreshLatest interface {
+	FreshLatest(ctx context.Context, subject string) (sr.SubjectSchema, error)
+}
+
+// newerLatest reads a strict subject's latest version from the registry, past every cache, and
+// returns it when it is not the version of id (cached) and is in value_encoding's format. A
+// payload that does not fit the cached latest costs this one request: the version it was written
+// for may have been registered since the cache was filled (TestAvroThroughARealRegistry, "a
+// strict subject's new version serves the first event that needs it"). A registry that cannot
+// answer leaves the verdict to the cached version.
+func (s *Serializer) newerLatest(ctx context.Context, subject string, id int) (*strict, bool) {
+	var got sr.SubjectSchema
+	var err error
+	if f, ok := s.reg.(FreshLatest); ok {
+		got, err = f.FreshLatest(ctx, subject)
+	} else {
+		got, err = s.reg.Latest(ctx, subject)
+	}
+	if err != nil || got.ID == id || got.Schema.Type != s.o.Value.Type() && !(got.Schema.Type == 0 && s.o.Value.Type() == sr.TypeAvro) {
+		return nil, false
+	}
+	st := &strict{schema: got.Schema, id: got.ID, at: s.now()}
+	s.mu.Lock()
+	s.subjects[subject] = st
+	s.mu.Unlock()
+	return st, true
 }
 
 // fieldOf returns the path of the member a format's error names: schemas/avro's *FieldError, or

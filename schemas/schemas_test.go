@@ -303,3 +303,19 @@ func BenchmarkSerializeAnInferredPayload(b *testing.B) {
 		}
 	}
 }
+
+func TestAReaderDoesNotKeepAnEmptySchemaARegistryAnsweredForAnID(t *testing.T) {
+	ctx := context.Background()
+	// A registry (or a proxy before it) answers 200 without a schema's text: the reader fails
+	// this record, and reads it once the registry answers properly.
+	reg := &fakeRegistry{latest: map[string]sr.SubjectSchema{"s": {ID: 9, Schema: sr.Schema{Type: sr.TypeAvro}}}}
+	d := schemas.NewDeserializer(reg, avro.New())
+	framed := append(append([]byte{0}, 0, 0, 0, 9), avro.AppendString(nil, []byte("o-1"))...)
+	if doc, _, err := d.Decode(ctx, framed); err == nil {
+		t.Fatalf("Decode with an empty schema = %s; want an error", doc)
+	}
+	reg.latest["s"] = sr.SubjectSchema{ID: 9, Schema: sr.Schema{Type: sr.TypeAvro, Schema: avro.KeySchema}}
+	if doc, _, err := d.Decode(ctx, framed); err != nil || string(doc) != `"o-1"` {
+		t.Fatalf("Decode once the registry answers = %s, %v; want \"o-1\"", doc, err)
+	}
+}

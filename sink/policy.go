@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/schemas"
 	"github.com/outbox-relay/outbox-relay/sink/record"
 
 	"github.com/outbox-relay/outbox-relay/sink/producer"
@@ -48,6 +50,16 @@ const (
 	// HeaderDLQPartition is the partition the event named for itself (an extra_fields column placed
 	// as the partition), when it named one: redrive sends it back there, not to its key's.
 	HeaderDLQPartition = "outbox.dlq.original_partition"
+	// HeaderDLQFramed, with registry encodings (Config.Serializer), says whether the value is as
+	// the Serializer made it ("true": framed, unless only the key is a registry encoding) or the
+	// payload as the event held it ("false": it
+	// failed, or was rejected, before it was framed). Redrive frames the latter: a payload the
+	// application serialized itself (frame-only) may start with a zero byte, like a frame.
+	HeaderDLQFramed = "outbox.dlq.framed"
+	// HeaderDLQSubject is the schema registry subject of an event that could not be serialized
+	// (schema_mismatch, schema_incompatible, schema_rejected from the registry encodings): redrive
+	// tells it from a row that lacked a column, and serializes it again.
+	HeaderDLQSubject = "outbox.dlq.schema_subject"
 )
 
 func eventFields(rec *delivery) []zap.Field {
@@ -115,6 +127,12 @@ func (s *Sink) deadLetterMessage(rec *delivery, reason string, cause error) kafk
 	)
 	if rec.Partition >= 0 {
 		hs = append(hs, kafka.Header{Key: HeaderDLQPartition, Value: []byte(strconv.Itoa(rec.Partition))})
+	}
+	if s.cfg.Serializer != nil {
+		hs = append(hs, kafka.Header{Key: HeaderDLQFramed, Value: []byte(strconv.FormatBool(rec.framed))})
+	}
+	if se := (*schemas.Error)(nil); errors.As(cause, &se) {
+		hs = append(hs, kafka.Header{Key: HeaderDLQSubject, Value: []byte(se.Subject)})
 	}
 	m := kafka.Message{
 		Topic:   s.cfg.DeadLetterTopic,

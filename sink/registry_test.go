@@ -3,6 +3,7 @@ package sink_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -17,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/redrive"
+	"github.com/outbox-relay/outbox-relay/schemaregistry"
 	"github.com/outbox-relay/outbox-relay/schemas"
 	"github.com/outbox-relay/outbox-relay/schemas/avro"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -163,6 +165,31 @@ func TestAvroThroughARealRegistry(t *testing.T) {
 		if len(dead) != 1 || dead[0].Header(sink.HeaderDLQReason) != sink.ReasonSchemaMismatch || !strings.Contains(dead[0].Header(sink.HeaderDLQError), "field qty") {
 			t.Fatalf("dead letters %+v, want one with reason %s naming field qty", dead, sink.ReasonSchemaMismatch)
 		}
+
+		// Redrive without the registry would send the JSON payload back unframed: it refuses.
+		rc := redrive.Config{Brokers: []string{k.Brokers()}, DeadLetterTopic: dlq, Partition: -1, FromOffset: -1, ToOffset: -1,
+			BuiltinHeaders: record.BuiltinHeaders}
+		if res, err := redrive.Run(ctx, rc); err != nil || res.Redriven != 0 || len(res.Failed) != 1 || !strings.Contains(res.Failed[0].Err.Error(), "schema_registry") {
+			t.Fatalf("redrive without a registry: %+v, %v; want the dead letter refused, naming schema_registry", res, err)
+		}
+		// Once the subject has a version the payload fits, redrive sends it back framed with it
+		// (a payload that did not fit the registry's schema is not a row that lacked a column).
+		if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeAvro,
+			Schema: `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"},{"name":"qty","type":["int","string"]}]}`}); err != nil {
+			t.Fatal(err)
+		}
+		ser, err := schemas.New(relayRegistry, schemas.Options{Value: avro.New()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc.Serializer = ser
+		if res, err := redrive.Run(ctx, rc); err != nil || res.Redriven != 1 {
+			t.Fatalf("redrive: %+v, %v; want the dead letter back", res, err)
+		}
+		back := readBack(t, k.Brokers(), 30*time.Second, atLeast(3), topic)
+		if len(back) != 3 || decode(t, back[2].Value) != `{"id":"o2","qty":"two"}` {
+			t.Fatalf("%d records, want the redriven one third, decoding to the payload", len(back))
+		}
 	})
 
 	t.Run("protobuf and json-schema values go through the registry and the broker alike", func(t *testing.T) {
@@ -297,6 +324,53 @@ message Order {
 		}
 	})
 
+	t.Run("a strict subject's new version serves the first event that needs it, not the cached latest", func(t *testing.T) {
+		// The relay's own client, whose latest is cached like the serializer's: a version
+		// registered since is read before an event that fits only it is called a mismatch.
+		topic := testenv.UniqueName(t, "newversion")
+		ctx := context.Background()
+		v1 := `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"}]}`
+		v2 := `{"type":"record","name":"Order","fields":[{"name":"id","type":"string"},{"name":"note","type":"string","default":""}]}`
+		if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeAvro, Schema: v1}); err != nil {
+			t.Fatal(err)
+		}
+		client, err := schemaregistry.New(schemaregistry.Options{URLs: []string{r.ConfluentURL()}, Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		ser, err := schemas.New(client, schemas.Options{Value: avro.New()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dlq := testenv.UniqueName(t, "dlq")
+		s := readySink(t, k.Brokers(), sink.Config{Record: record.Options{TopicTemplate: topic}, DeadLetterTopic: dlq, Serializer: ser})
+		var acked atomic.Int64
+		s.publish(t, newEvent("e0", []byte("Order"), "order", "Created", []byte(`{"id":"o1"}`)), &acker{total: &acked})
+		eventually(t, 30*time.Second, "the first event settled", func() bool { return acked.Load() == 1 })
+		if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeAvro, Schema: v2}); err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range []string{`{"id":"o2","note":"gift"}`, `{"id":"o3","lines":1}`} {
+			s.publish(t, newEvent(fmt.Sprintf("e%d", i+1), []byte("Order"), "order", "Created", []byte(p)), &acker{total: &acked})
+		}
+		eventually(t, 30*time.Second, "every event settled", func() bool { return acked.Load() == 3 })
+		// A payload that fits no version is still the event's fault, naming the field; the one
+		// that fits the new version is not.
+		dead := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), dlq)
+		if len(dead) != 1 || dead[0].Header(sink.HeaderDLQReason) != sink.ReasonSchemaMismatch || !strings.Contains(dead[0].Header(sink.HeaderDLQError), "field lines") {
+			for _, d := range dead {
+				t.Logf("dead letter %s: %s (%s)", d.Value, d.Header(sink.HeaderDLQReason), d.Header(sink.HeaderDLQError))
+			}
+			t.Fatalf("%d dead letters, want only the third event's, naming field lines", len(dead))
+		}
+		records := readBack(t, k.Brokers(), 30*time.Second, atLeast(2), topic)
+		if len(records) != 2 || decode(t, records[1].Value) != `{"id":"o2","note":"gift"}` {
+			t.Fatalf("%d records on %s, want 2, the second framed with the subject's new version", len(records), topic)
+		}
+		s.mustClose(t)
+	})
+
 	t.Run("frame-only mode frames the application's Avro bytes with the subject's schema id", func(t *testing.T) {
 		topic := testenv.UniqueName(t, "frame")
 		ctx := context.Background()
@@ -311,6 +385,46 @@ message Order {
 		records := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), topic)
 		if len(records) != 1 || decode(t, records[0].Value) != `{"n":7}` {
 			t.Fatalf("records %+v, want one decoding to {\"n\":7}", records)
+		}
+	})
+
+	t.Run("redrive frames a frame-only dead letter the sink never framed, even when its bytes start with a zero", func(t *testing.T) {
+		// {"n": 0, "s": "abcd"} in Avro starts 00 08: five bytes or more after a zero look like a
+		// frame (magic byte 0, an id); only the dead letter can say the sink never framed them.
+		topic := testenv.UniqueName(t, "frameredrive")
+		ctx := context.Background()
+		if _, err := relayRegistry.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeAvro,
+			Schema: `{"type":"record","name":"Pair","fields":[{"name":"n","type":"long"},{"name":"s","type":"string"}]}`}); err != nil {
+			t.Fatal(err)
+		}
+		if err := k.CreateTopic(ctx, topic, 1); err != nil {
+			t.Fatal(err)
+		}
+		o := schemas.Options{FrameOnly: schemas.FrameBytes}
+		s, dlq := newAvroSink(t, topic, o)
+		var acked atomic.Int64
+		data := []byte{0x00, 0x08, 'a', 'b', 'c', 'd'}
+		if err := s.Reject(ctx, newEvent("e0", []byte("Pair"), "p", "Paired", data), sink.ReasonInvalidTimestamp, errors.New("a row past max_attempts"), &acker{total: &acked}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "the event settled", func() bool { return acked.Load() == 1 })
+		s.mustClose(t)
+		ser, err := schemas.New(relayRegistry, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := redrive.Run(ctx, redrive.Config{Brokers: []string{k.Brokers()}, DeadLetterTopic: dlq, Partition: -1, FromOffset: -1, ToOffset: -1,
+			Serializer: ser, BuiltinHeaders: record.BuiltinHeaders})
+		if err != nil || res.Redriven != 1 {
+			t.Fatalf("redrive: %+v, %v", res, err)
+		}
+		back := readBack(t, k.Brokers(), 30*time.Second, atLeast(1), topic)
+		if len(back) != 1 {
+			t.Fatalf("%d records on %s, want the redriven one", len(back), topic)
+		}
+		doc, _, err := consumer.Decode(ctx, back[0].Value)
+		if err != nil || string(doc) != `{"n":0,"s":"abcd"}` {
+			t.Fatalf("the redriven record % x decodes to %s, %v; want it framed, decoding to {\"n\":0,\"s\":\"abcd\"}", back[0].Value, doc, err)
 		}
 	})
 

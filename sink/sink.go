@@ -76,6 +76,9 @@ type delivery struct {
 	ev    *decoder.Event
 	ack   Acker
 	topic string // the event's own topic, kept when it is dead-lettered
+	// framed: the value is framed for the schema registry (Config.Serializer); a dead letter
+	// says so (HeaderDLQFramed), for redrive.
+	framed bool
 }
 
 // deliveries are the records of a batch the producer answered for, as the sink made them.
@@ -267,6 +270,7 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		return ctx.Err()
 	}
 	built := s.records.Build(ev, time.Now())
+	framed := false
 	if s.cfg.Serializer != nil && reject == "" && built.TopicErr == nil {
 		// Framed before it takes a position: an event the registry cannot serve yet holds the
 		// stream here, and one that cannot be serialized goes to the policy like a rejected one.
@@ -274,8 +278,9 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		if reject, cause, ctxErr = s.serialize(ctx, ev, &built); ctxErr != nil {
 			return ctxErr
 		}
+		framed = reject == ""
 	}
-	rec := &delivery{Record: producer.Record{Seq: s.seq.Add(1), Msg: built.Msg, Partition: built.Partition}, ev: ev, ack: ack}
+	rec := &delivery{Record: producer.Record{Seq: s.seq.Add(1), Msg: built.Msg, Partition: built.Partition}, ev: ev, ack: ack, framed: framed}
 	rec.Owner = rec
 	// An event never reaches the dead-letter or the positions topic (New puts them in the
 	// builder's TopicDeny): one partition written by two producers, or by an event and a position

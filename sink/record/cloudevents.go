@@ -229,7 +229,7 @@ func (ce *cloudEvents) wrap(r *Record, ev *decoder.Event) error {
 	// The distributed tracing extension, as Debezium's opentelemetry.tracing.attributes.enable adds it.
 	if tp := headerValue(r.Msg.Headers, "traceparent"); tp != nil {
 		out = append(out, `,"traceparent":`...)
-		out = appendJSONString(out, tp)
+		out = appendJSONString(out, validUTF8(tp)) // an extra_headers column may hold any bytes: the envelope stays JSON
 		if ts := headerValue(r.Msg.Headers, "tracestate"); ts != nil {
 			out = append(out, `,"tracestate":`...)
 			out = appendJSONString(out, validUTF8(ts))

@@ -268,3 +268,24 @@ func TestTemplateExpansionsAreCachedPerTypeAndStayRight(t *testing.T) {
 		t.Errorf("the source cache holds %d entries, more than its bound %d", n, templateCacheSize)
 	}
 }
+
+func TestAStructuredCloudEventIsValidJSONWhateverBytesItsTraceHeadersHold(t *testing.T) {
+	tests := []struct {
+		name  string
+		extra string // the traceparent column's bytes, as an extra_headers column holds them
+	}{
+		{"a traceparent that is not UTF-8", "00-\xff\xfe-01"},
+		{"a traceparent with a quote and a control character", "00-\"\x01-01"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBuilder(t, Options{ValueEncoding: Raw, ExtraHeaders: []string{"traceparent"}, CloudEvents: &CloudEvents{}})
+			ev := ceEvent(`{"id":1}`)
+			ev.Extra = [][]byte{[]byte(tt.extra)}
+			r := b.Build(ev, ceCommit)
+			if r.EnvelopeErr == nil && (!json.Valid(r.Msg.Value) || !utf8.Valid(r.Msg.Value)) {
+				t.Fatalf("the structured CloudEvent %q is not valid JSON, and no invalid_cloudevent says so", r.Msg.Value)
+			}
+		})
+	}
+}
