@@ -143,3 +143,47 @@ func TestChecksAndStreamOnTwoClustersAreRefused(t *testing.T) {
 		t.Fatalf("%d slots on the replication connection's cluster, want none created there", slots)
 	}
 }
+
+// A primary_dsn leading to another database cluster than pg_dsn's (decoding on a standby) would
+// take the heartbeats and the slot ledger's writes where they never reach the slot: the stream
+// refuses it in one line naming primary_dsn, before it creates a slot.
+func TestPrimaryDSNOnAnotherClusterIsRefused(t *testing.T) {
+	ctx := context.Background()
+	version, err := testenv.PGVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := "14"
+	if version == other {
+		other = "16"
+	}
+	dsn := testenv.OutboxDatabase(t, testenv.SharedPostgres(t))
+	slot := testenv.UniqueName(t, "slot")
+	s := replication.New(replication.Config{
+		DSN: dsn, PrimaryDSN: testenv.OutboxDatabase(t, testenv.SharedPostgresVersion(t, other)),
+		Slot: slot, Publication: slot, Table: "outbox_events", CreateSlot: true, CreatePublication: true,
+	}, checkpoint.New(0), zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out := make(chan replication.Message, s.Buffer())
+	go func() {
+		for range out {
+		}
+	}()
+	err = s.Run(runCtx, out)
+	if !replication.IsFatal(err) || !strings.Contains(err.Error(), "primary_dsn leads to another database cluster") {
+		t.Fatalf("Run = %v, want a fatal error saying primary_dsn leads to another database cluster", err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var slots int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if slots != 0 {
+		t.Fatal("the stream created its slot before refusing primary_dsn")
+	}
+}

@@ -244,6 +244,9 @@ func (s *Stream) prepare(ctx context.Context) (checked, error) {
 	if err := refuseStandby(ctx, conn.PgConn(), "checks' connection", s.cfg.PrimaryDSN != ""); err != nil {
 		return checked{}, err
 	}
+	if err := s.checkPrimary(ctx, c.systemID); err != nil {
+		return checked{}, err
+	}
 	if c.slot, err = s.prepareSlot(ctx, conn); err != nil {
 		return checked{}, err
 	}
