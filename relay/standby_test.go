@@ -88,6 +88,7 @@ func (p standbyPair) waitStreaming(t *testing.T, slot string, done <-chan error)
 // The relay decodes from a hot standby (pg_dsn) and keeps its ledger and heartbeats on the
 // primary (primary_dsn), on PostgreSQL 16 and 18, one primary and standby pair each, in phases:
 //
+//  0. A primary_dsn leading to the standby itself is refused at the start, fatally, naming it.
 //  1. It creates the slot on the standby, backfills the rows written before it (from the slot's
 //     snapshot, on the standby) and delivers every event of a load written on the primary once and
 //     in per-aggregate order; once the outbox is idle, the standby's slot still moves up to the
@@ -107,9 +108,21 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 			f := newFixture(t, primary, testenv.SharedKafka(t).Brokers(), 2)
 			pair := newStandbyPair(t, f, primary)
 
-			// 1. Load, then idle.
+			// 0. primary_dsn leading to the standby by mistake: refused at once, in one line.
 			cfg := f.config()
 			cfg.Replication.DSN = pair.standbyDSN
+			cfg.Replication.PrimaryDSN = pair.standbyDSN
+			mistaken, _ := runUntilStopped(t, cfg)
+			select {
+			case err := <-mistaken:
+				if !replication.IsFatal(err) || !strings.Contains(err.Error(), "primary_dsn leads to a standby") {
+					t.Fatalf("with primary_dsn leading to the standby, the relay stopped with %v; want a fatal error naming primary_dsn", err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("with primary_dsn leading to the standby, the relay did not stop within a minute")
+			}
+
+			// 1. Load, then idle.
 			cfg.Replication.PrimaryDSN = pair.primaryDSN
 			cfg.Replication.CreatePublication = false
 			cfg.HeartbeatInterval = 200 * time.Millisecond
