@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/credentials"
+	"github.com/outbox-relay/outbox-relay/credentials/oauthbearer"
 	"github.com/outbox-relay/outbox-relay/internal/testpki"
 )
 
@@ -266,4 +267,26 @@ func TestEveryBadCertificateIsExplainedInOneLineNamingTheKeyToFix(t *testing.T) 
 			t.Error("a refused connection was explained as a TLS problem: it must be retried")
 		}
 	})
+}
+
+// The broker's refusal of a token from the token endpoint names the endpoint, without a password
+// an operator wrote into its URL.
+func TestARefusedEndpointTokenNamesTheEndpointWithoutItsPassword(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := credentials.KafkaMechanism(credentials.KafkaSASL{Mechanism: "OAUTHBEARER", OAuthBearer: credentials.OAuthBearer{
+		TokenEndpointURL: "https://relay:url-secret@idp.example/token", ClientID: "relay", ClientSecretFile: secret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob, ok := m.(oauthbearer.Mechanism)
+	if !ok || ob.Refused == nil {
+		t.Fatalf("mechanism %T without a Refused message", m)
+	}
+	msg := ob.Refused("invalid_token").Error()
+	if !strings.Contains(msg, "idp.example/token") || strings.Contains(msg, "url-secret") {
+		t.Fatalf("%q: want the endpoint named without its password", msg)
+	}
 }

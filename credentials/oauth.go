@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -58,7 +59,7 @@ func oauthMechanism(c OAuthBearer) (sasl.Mechanism, error) {
 			Token: src.Token,
 			Refused: func(status string) error {
 				return fmt.Errorf("config key %s: the broker refused the token from %s (%s): the identity provider's tokens are not what the broker expects (audience, issuer, scope: kafka.sasl.oauthbearer.scope)",
-					key, c.TokenEndpointURL, status)
+					key, redactedURL(c.TokenEndpointURL), status)
 			},
 		}, nil
 	}
@@ -83,4 +84,13 @@ func jwtExpiry(tok string) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return time.Unix(int64(*claims.Exp), 0), true
+}
+
+// redactedURL is rawURL without a password in its user information, for errors.
+func redactedURL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
 }

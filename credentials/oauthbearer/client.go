@@ -112,7 +112,7 @@ func (c *ClientCredentials) fetch(ctx context.Context) error {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return fmt.Errorf("config key %s: token endpoint %s: read the answer: %w", c.Key, c.URL, err)
+		return fmt.Errorf("config key %s: token endpoint %s: read the answer: %w", c.Key, redacted(c.URL), err)
 	}
 	var answer struct {
 		AccessToken string          `json:"access_token"`
@@ -127,14 +127,14 @@ func (c *ClientCredentials) fetch(ctx context.Context) error {
 			why = "no OAuth error in the answer"
 		}
 		msg := fmt.Sprintf("config key %s: token endpoint %s answered %s (%s): check kafka.sasl.oauthbearer.client_id, client_secret_file and scope",
-			c.Key, c.URL, resp.Status, why)
+			c.Key, redacted(c.URL), resp.Status, why)
 		if resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnauthorized {
 			return &refusedError{msg}
 		}
 		return errors.New(msg)
 	}
 	if answer.AccessToken == "" {
-		return fmt.Errorf("config key %s: token endpoint %s answered without an access_token", c.Key, c.URL)
+		return fmt.Errorf("config key %s: token endpoint %s answered without an access_token", c.Key, redacted(c.URL))
 	}
 	var seconds float64
 	if err := json.Unmarshal(answer.ExpiresIn, &seconds); err != nil {
@@ -155,4 +155,14 @@ func (c *ClientCredentials) fetch(ctx context.Context) error {
 	c.expiry = start.Add(life)
 	c.refresh = start.Add(time.Duration(float64(life) * factor))
 	return nil
+}
+
+// redacted is rawURL as errors may show it: without a password in its user information (the
+// endpoint's configured URL, which an operator may have written with one).
+func redacted(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
 }

@@ -115,6 +115,24 @@ func TestClientCredentials(t *testing.T) {
 		}
 	})
 
+	t.Run("a password in the endpoint's URL is in no error", func(t *testing.T) {
+		srv, _ := endpoint(t, 3600, 503, 503, 503, 503, 503, 503, 503, 503)
+		withPassword := strings.Replace(srv.URL, "://", "://relay:url-secret@", 1)
+		for _, status := range []string{"401", "503"} {
+			c := &oauthbearer.ClientCredentials{URL: withPassword, ClientID: "client", Scope: "kafka", Key: "k",
+				Secret: func() (string, error) { return map[string]string{"503": "s3cret", "401": "wrong-secret"}[status], nil }}
+			ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			_, err := c.Token(ctx)
+			cancel()
+			if err == nil {
+				t.Fatalf("no error from an endpoint answering %s", status)
+			}
+			if strings.Contains(err.Error(), "url-secret") {
+				t.Errorf("%v reveals the URL's password", err)
+			}
+		}
+	})
+
 	t.Run("a token due for refresh is still used while the endpoint is down", func(t *testing.T) {
 		srv, calls := endpoint(t, 2, 200, 503, 503, 503)
 		c := &oauthbearer.ClientCredentials{URL: srv.URL, ClientID: "client", Secret: secret, Scope: "kafka", Key: "k", RefreshFactor: 0.01}
