@@ -168,11 +168,13 @@ func (p *Postgres) create(ctx context.Context, walLevel string, opts PostgresOpt
 		"listen_addresses":        "127.0.0.1",
 		"unix_socket_directories": p.st.SocketDir,
 		"wal_level":               walLevel,
-		"max_wal_senders":         "20",
-		"max_replication_slots":   "40",
-		"fsync":                   "off", // throwaway data: speed over crash safety of the files...
-		"full_page_writes":        "off",
-		"synchronous_commit":      "on", // ...but the commit semantics the relay relies on stay
+		// A test package's shared cluster holds the slots of every test that ran in it (few drop
+		// theirs): 40 was exhausted once the cmd package grew past it.
+		"max_wal_senders":       "40",
+		"max_replication_slots": "100",
+		"fsync":                 "off", // throwaway data: speed over crash safety of the files...
+		"full_page_writes":      "off",
+		"synchronous_commit":    "on", // ...but the commit semantics the relay relies on stay
 	}, withTLS(opts), func(k, v string) string { return fmt.Sprintf("%s = '%s'", k, strings.ReplaceAll(v, "'", "''")) })
 	if err != nil {
 		return fmt.Errorf("postgres: %w", err)

@@ -415,10 +415,19 @@ func outboxDatabase(t testing.TB, pg *devenv.Postgres, noTable bool) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn, err := pg.CreateDatabase(ctx, UniqueName(t, "db"))
+	name := UniqueName(t, "db")
+	dsn, err := pg.CreateDatabase(ctx, name)
 	if err != nil {
 		t.Fatalf("testenv: create database: %v", err)
 	}
+	// The test's slots go with it (registered first, so it runs after the test's own cleanups have
+	// stopped its relays): a package's shared cluster has room for a limited number.
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = pg.Exec(cctx, "postgres", fmt.Sprintf("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '%s' AND NOT active",
+			strings.ReplaceAll(name, "'", "''")))
+	})
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatalf("testenv: connect: %v", err)

@@ -594,22 +594,31 @@ func roundTrip(ctx context.Context, t *testing.T, brokers, value string) {
 		dctx, dcancel := context.WithTimeout(ctx, 3*time.Second)
 		conn, err = kafka.DialLeader(dctx, "tcp", addrs[i%len(addrs)], "chaos", 0)
 		dcancel()
-		if err != nil {
+		if err == nil {
+			if !slices.Contains(addrs, conn.RemoteAddr().String()) {
+				t.Fatalf("the leader is %s, want one of %s", conn.RemoteAddr(), brokers)
+			}
+			deadline, _ := ctx.Deadline()
+			_ = conn.SetDeadline(deadline)
+			_, err = conn.WriteMessages(kafka.Message{Value: []byte(value)})
+			var kerr kafka.Error
+			if errors.As(err, &kerr) && kerr.Temporary() {
+				// The metadata named a leader the partition has not settled on yet (a topic just
+				// created, brokers just joined): ask again.
+				conn.Close()
+				conn = nil
+			} else if err != nil {
+				t.Fatalf("produce through %s: %v", brokers, err)
+			}
+		}
+		if conn == nil {
 			if ctx.Err() != nil {
-				t.Fatalf("dial leader through %s: %v", brokers, err)
+				t.Fatalf("dial leader and produce through %s: %v", brokers, err)
 			}
 			time.Sleep(200 * time.Millisecond) // a restarted broker's leadership comes a moment later
 		}
 	}
 	defer conn.Close()
-	if !slices.Contains(addrs, conn.RemoteAddr().String()) {
-		t.Fatalf("the leader is %s, want one of %s", conn.RemoteAddr(), brokers)
-	}
-	deadline, _ := ctx.Deadline()
-	_ = conn.SetDeadline(deadline)
-	if _, err := conn.WriteMessages(kafka.Message{Value: []byte(value)}); err != nil {
-		t.Fatalf("produce through %s: %v", brokers, err)
-	}
 	last, err := conn.ReadLastOffset()
 	if err != nil {
 		t.Fatal(err)
