@@ -674,6 +674,10 @@ func sigtermRestarts(t *testing.T, pg *devenv.Postgres, k *devenv.Kafka) {
 	// flowed waits until the relay running now has confirmed events written since it streams.
 	flowed := func(what string) {
 		t.Helper()
+		// Events written from now on: otherwise a slot just created may already stand at the end
+		// of the WAL, and the relay would be stopped before it streamed anything.
+		written := len(ob.Written())
+		await.True(t, startTimeout, "the writer to commit while the relay streams", func() bool { return len(ob.Written()) > written })
 		from, err := harness.CurrentLSN(ctx, db.pool)
 		if err != nil {
 			t.Fatal(err)
