@@ -43,7 +43,7 @@ func TestReviewAReplayOfOneModeKeepsTheServerFaultsOfOtherModes(t *testing.T) {
 			return
 		}
 	}
-	t.Skip("no seed of 1..200 drew a neighbour's start under a server fault")
+	t.Fatal("no seed of 1..200 drew a neighbour's start under a server fault: the plan no longer draws what this test checks; widen the seeds or draw it another way")
 }
 
 // A replay of the poll mode alone runs against the cluster the whole run had: with the standby
