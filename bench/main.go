@@ -87,7 +87,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 func needsRelay(c Config) bool {
-	return len(c.Sides) > 0 || len(c.Steady) > 0 || c.BigTx > 0 || c.Messages
+	return len(c.Sides) > 0 || len(c.Steady) > 0 || c.BigTx > 0 || c.Messages || len(c.Shards) > 0
 }
 
 func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error) {
@@ -113,6 +113,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 	producerFor := fs.Duration("producer", envDuration("BENCH_PRODUCER", 10*time.Second), "how long each client-side producer (outbox.Write, outbox.Emit) commits one-event transactions, 0 to skip (BENCH_PRODUCER)")
 	rounds := fs.Int("rounds", envInt("BENCH_ROUNDS", 3), "drains of the ceiling, the relay, exactly-once and the message mode, interleaved; the ratios are medians over them (BENCH_ROUNDS)")
 	sweep := fs.String("sweep", os.Getenv("BENCH_SWEEP"), "measure the relay's steady state (both modes) at each kafka.linger[/transaction_interval] of this comma-separated list, every round, and chart p99 against CPU per event; on: "+defaultSweep+" (BENCH_SWEEP)")
+	shards := fs.String("shards", os.Getenv("BENCH_SHARDS"), "slot counts to measure N relays on N slots draining one backlog spread over N outbox tables, each round, e.g. 1,2,4 (docs/scaling.md); empty skips it (BENCH_SHARDS)")
 	charts := fs.String("charts", envStr("BENCH_CHARTS", filepath.Join(".local", "bench")), "directory for the sweep's chart, sweep.svg and sweep.png (BENCH_CHARTS)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, ServiceOptions{}, err
@@ -121,12 +122,16 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 	if err != nil {
 		return Config{}, ServiceOptions{}, err
 	}
+	shardCounts, err := parseShards(*shards)
+	if err != nil {
+		return Config{}, ServiceOptions{}, err
+	}
 	svcOpts := ServiceOptions{KafkaHeapMB: *kafkaHeap, PGVersion: *pgVersion, Registry: slices.Contains(splitList(*sides), sideRelayAvro)}
 	cfg := Config{
 		Events: *events, Partitions: *partitions, Rate: *rate, SteadyFor: *steadyFor, BigTx: *bigTx,
 		Sides: splitList(*sides), Steady: splitList(*steady), RelayBin: *relayBin, RelayArgs: strings.Fields(*relayArgs), DebeziumLib: *dbzLib,
 		ProfileDir: *profile, WorkDir: *work, Log: stderr, Messages: *messages, ProducerFor: *producerFor, Rounds: *rounds,
-		Sweep: points, ChartDir: *charts,
+		Sweep: points, ChartDir: *charts, Shards: shardCounts,
 	}
 	if cfg.BigTx < 0 {
 		cfg.BigTx = cfg.Events
