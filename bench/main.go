@@ -4,7 +4,7 @@
 //
 // It prints Markdown tables and, as its last line, a summary for scripts:
 //
-//	bench: relay_vs_ceiling=<x.xx> relay_vs_debezium=<x.x> p99_ms=<n> rss_mb=<n> big_tx_rss_mb=<n> exactly_once_vs_relay=<x.xx> exactly_once_p99_ms=<n> msg_write_x=<x.x> msg_wal_x=<x.x> msg_relay_vs_ceiling=<x.xx>
+//	bench: relay_vs_ceiling=<x.xx> relay_vs_debezium=<x.x> p99_ms=<n> rss_mb=<n> big_tx_rss_mb=<n> exactly_once_vs_relay=<x.xx> exactly_once_p99_ms=<n> first_record_s=<x.xx> msg_write_x=<x.x> msg_wal_x=<x.x> msg_relay_vs_ceiling=<x.xx> standby_primary_cpu_x=<x.xx> shards_drain_x=<x.xx> shards_walsender_cpu_x=<x.xx>
 //
 // Every knob has a BENCH_* environment variable and a flag (the flag wins).
 package main
