@@ -407,8 +407,9 @@ func TestEachRoundHasItsOwnSlotTopicsLogAndConnectDirectory(t *testing.T) {
 	}
 }
 
-// poll-standby starts a standby and needs PostgreSQL 17+, while the bench's cluster is by default
-// the PATH's PostgreSQL: a run measures it only when it is named, on the version it is given.
+// poll-standby and relay-standby start a standby and need PostgreSQL 17+ and 16+, while the bench's
+// cluster is by default the PATH's PostgreSQL: a run measures them only when they are named, on
+// the version it is given.
 func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
 	for _, key := range []string{"BENCH_SIDES", "BENCH_STEADY_SIDES", "BENCH_PG_VERSION", "BENCH_SWEEP", "BENCH_RELAY_ARGS"} {
 		t.Setenv(key, "")
@@ -430,8 +431,8 @@ func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
 		},
 		{
 			name:              "named, it runs in the drain and the steady state on the PostgreSQL asked for",
-			args:              []string{"--sides", "poll,poll-standby", "--steady-sides", "poll-standby", "--pg-version", "18", "--relay-bin", "/bin/true"},
-			wantSides:         []string{sidePoll, sidePollStandby},
+			args:              []string{"--sides", "poll,poll-standby,relay-standby", "--steady-sides", "poll-standby", "--pg-version", "18", "--relay-bin", "/bin/true"},
+			wantSides:         []string{sidePoll, sidePollStandby, sideRelayStandby},
 			wantSteady:        []string{sidePollStandby},
 			wantPGVersion:     "18",
 			wantConfigIsValid: true,

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,5 +75,32 @@ func TestClusterCPUCountsChildrenThatHaveExited(t *testing.T) {
 	}
 	if child < 20*time.Millisecond {
 		t.Fatalf("the child used only %s of CPU: too little to tell", child)
+	}
+}
+
+func TestBenchShardsTakesSlotCountsAndRefusesOthersInOneLine(t *testing.T) {
+	tests := []struct {
+		name, in string
+		want     []int
+		wantErr  string
+	}{
+		{"a list of counts, repeats dropped", "1, 2,4,2", []int{1, 2, 4}, ""},
+		{"empty skips the measurement", "", nil, ""},
+		{"zero slots is refused", "1,0", nil, `"0" is not a slot count from 1 to 16`},
+		{"a word is refused", "four", nil, `"four" is not a slot count`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseShards(tt.in)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || strings.Contains(err.Error(), "\n") {
+					t.Fatalf("parseShards(%q) = %v, %v; want one line with %q", tt.in, got, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tt.want) {
+				t.Errorf("parseShards(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+			}
+		})
 	}
 }
