@@ -121,25 +121,11 @@ func procUsage(pid int) (cpu time.Duration, peakRSS int64, err error) {
 
 // procCPU reads utime+stime of a process (all its threads) from /proc/<pid>/stat.
 func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := statFields(pid)
 	if err != nil {
 		return 0, err
 	}
-	// The command name may hold spaces; the fields after the last ')' are state, ppid, ...
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("pid %d: malformed stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("pid %d: short stat", pid)
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14 of stat(5)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("pid %d: stat times %q %q", pid, f[11], f[12])
-	}
-	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+	return ticks(pid, f, 11, 12) // fields 14 and 15 of stat(5)
 }
 
 // stop sends SIGTERM, then SIGKILL after grace, and waits for the process to be gone.

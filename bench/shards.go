@@ -76,7 +76,8 @@ func parseShards(s string) ([]int, error) {
 // maxShards keeps the shards' slots and walsenders within the bench server's limits.
 const maxShards = 16
 
-// shardNames are shard k of N's table, publication and slot (the slot per round).
+// shardTable, shardPub and shardSlot name shard k of N's table, publication and slot (the slot
+// per round).
 func (b *bench) shardTable(n, k int) string { return fmt.Sprintf("bench_shards%d_%d", n, k) }
 func (b *bench) shardPub(n, k int) string   { return fmt.Sprintf("%s_shards%d_%d", b.run, n, k) }
 func (b *bench) shardSlot(n, k int) string {
