@@ -801,8 +801,13 @@ func testOpenAcrossTheAcknowledgedCommit(t *testing.T, pg *devenv.Postgres) {
 			t.Fatal(err)
 		}
 		// Longer than idle_in_transaction_session_timeout (2 s), which the relay took for the
-		// longest transaction: the three were created further than that before C.
-		await.Window(t, 3*time.Second, "longer than idle_in_transaction_session_timeout")
+		// longest transaction: the three were created further than that before C, by the server's
+		// clock. The prepared one began last, and before its PREPARE.
+		await.True(t, 30*time.Second, "the open transactions to be older than idle_in_transaction_session_timeout", func() bool {
+			var old bool
+			err := pool.QueryRow(ctx, "SELECT now() - prepared > current_setting('idle_in_transaction_session_timeout')::interval FROM pg_prepared_xacts WHERE gid = $1", gid).Scan(&old)
+			return err == nil && old
+		})
 		if err := d.outbox.WriteTx(ctx, spec("acknowledged")); err != nil {
 			t.Fatal(err)
 		}
