@@ -48,8 +48,10 @@ func TestExactlyOnceSendsAtMostOneMarkerCheckPerBrokerPerTransaction(t *testing.
 	// Warm up: the topics' metadata, the coordinator, the partitions' first batches.
 	publish(20, 2*time.Millisecond)
 	before, txnsBefore := wire.snapshot(), s.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "committed")
+	started := time.Now()
 	publish(600, 2*time.Millisecond) // about 1.2 s of events: a few dozen transactions
 	after, txns := wire.snapshot(), s.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "committed")-txnsBefore
+	took := time.Since(started)
 	s.mustClose(t)
 	if txns < 5 {
 		t.Fatalf("only %v Kafka transactions committed: the test measured too little", txns)
@@ -60,7 +62,7 @@ func TestExactlyOnceSendsAtMostOneMarkerCheckPerBrokerPerTransaction(t *testing.
 		per[apiName(key)] = float64(after[key]-before[key]) / txns
 		line = append(line, fmt.Sprintf("%s %.2f", apiName(key), per[apiName(key)]))
 	}
-	t.Logf("requests per Kafka transaction over %v transactions: %s", txns, strings.Join(line, ", "))
+	t.Logf("requests per Kafka transaction over %v transactions in %v: %s", txns, took.Round(time.Millisecond), strings.Join(line, ", "))
 	// One broker: at most one ListOffsets per transaction, with room for a late marker now and
 	// then on a loaded machine (each late one costs one more).
 	if per["ListOffsets"] > 1.5 {
