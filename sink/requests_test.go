@@ -45,8 +45,9 @@ func TestExactlyOnceSendsAtMostOneMarkerCheckPerBrokerPerTransaction(t *testing.
 		}
 		eventually(t, 60*time.Second, "every event acknowledged", func() bool { events, _ := s.InFlight(); return events == 0 })
 	}
-	// Warm up: the topics' metadata, the coordinator, the partitions' first batches.
-	publish(20, 2*time.Millisecond)
+	// Warm up: the topics' metadata, the coordinator, the partitions' first batches, and the
+	// markers' latency learned (markerDelay).
+	publish(150, 2*time.Millisecond)
 	before, txnsBefore := wire.snapshot(), s.metric(t, "outbox_relay_kafka_transactions_total", "outcome", "committed")
 	started := time.Now()
 	publish(600, 2*time.Millisecond) // about 1.2 s of events: a few dozen transactions
@@ -68,8 +69,11 @@ func TestExactlyOnceSendsAtMostOneMarkerCheckPerBrokerPerTransaction(t *testing.
 	if per["ListOffsets"] > 1.5 {
 		t.Errorf("%.2f ListOffsets requests per Kafka transaction on one broker, want at most 1.5 (one batched check per broker, a second only for a late marker)", per["ListOffsets"])
 	}
-	if per["AddPartitionsToTxn"] > 1.5 || per["EndTxn"] > 1.05 || per["FindCoordinator"] > 0 {
-		t.Errorf("transactional requests per Kafka transaction: AddPartitionsToTxn %.2f (want about 1), EndTxn %.2f (want 1), FindCoordinator %.2f (want 0)",
+	// AddPartitionsToTxn is one per transaction, and one more when it meets CONCURRENT_TRANSACTIONS
+	// (the coordinator has not yet recorded the previous transaction complete) or a partition
+	// joins later; a FindCoordinator before each transactional request would show here.
+	if per["AddPartitionsToTxn"] > 2 || per["EndTxn"] > 1.05 || per["FindCoordinator"] > 0 {
+		t.Errorf("transactional requests per Kafka transaction: AddPartitionsToTxn %.2f (want 1 to 2), EndTxn %.2f (want 1), FindCoordinator %.2f (want 0)",
 			per["AddPartitionsToTxn"], per["EndTxn"], per["FindCoordinator"])
 	}
 }
