@@ -64,10 +64,11 @@ func TestExactlyOnceSendsAtMostOneMarkerCheckPerBrokerPerTransaction(t *testing.
 		line = append(line, fmt.Sprintf("%s %.2f", apiName(key), per[apiName(key)]))
 	}
 	t.Logf("requests per Kafka transaction over %v transactions in %v: %s", txns, took.Round(time.Millisecond), strings.Join(line, ", "))
-	// One broker: at most one ListOffsets per transaction, with room for a late marker now and
-	// then on a loaded machine (each late one costs one more).
-	if per["ListOffsets"] > 1.5 {
-		t.Errorf("%.2f ListOffsets requests per Kafka transaction on one broker, want at most 1.5 (one batched check per broker, a second only for a late marker)", per["ListOffsets"])
+	// One broker: one ListOffsets per transaction, and one more per late marker. The bound leaves
+	// room for a loaded machine's late markers (a check of 1.0-1.3 measured on a loaded one) and
+	// still fails for a check per partition (four here: about 10 measured with the polls).
+	if per["ListOffsets"] > 3 {
+		t.Errorf("%.2f ListOffsets requests per Kafka transaction on one broker, want about 1 (one batched check per broker, another only for a late marker)", per["ListOffsets"])
 	}
 	// AddPartitionsToTxn is one per transaction, and one more when it meets CONCURRENT_TRANSACTIONS
 	// (the coordinator has not yet recorded the previous transaction complete) or a partition
