@@ -27,6 +27,7 @@ import (
 // primary keeps the catalog rows the standby's logical slot needs.
 type standbyPair struct {
 	primary, standby *devenv.Postgres
+	physicalSlot     string // the standby's slot on the primary
 	standbyDSN       string // the outbox database on the standby
 	primaryDSN       string // primary_dsn: the outbox database on whichever of the two is writable
 }
@@ -46,6 +47,12 @@ func newStandbyPair(t *testing.T, f *fixture, primary *devenv.Postgres) standbyP
 	}})
 	// The copy restarted the primary: the outbox's pooled connections are gone.
 	f.outbox.Pool().Reset()
+	return pairOf(t, f, primary, standby, "decoding_standby")
+}
+
+// pairOf describes primary and standby, which streams through the physical slot physicalSlot.
+func pairOf(t *testing.T, f *fixture, primary, standby *devenv.Postgres, physicalSlot string) standbyPair {
+	t.Helper()
 	cfg, err := pgx.ParseConfig(f.dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +61,29 @@ func newStandbyPair(t *testing.T, f *fixture, primary *devenv.Postgres) standbyP
 	// the ledger, heartbeats and the leader lock follow a promotion.
 	primaryDSN := strings.Replace(f.dsn, fmt.Sprintf("127.0.0.1:%d", primary.Port()),
 		fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", primary.Port(), standby.Port()), 1) + "&target_session_attrs=read-write"
-	return standbyPair{primary: primary, standby: standby, standbyDSN: standby.DSN(cfg.Database), primaryDSN: primaryDSN}
+	return standbyPair{primary: primary, standby: standby, physicalSlot: physicalSlot, standbyDSN: standby.DSN(cfg.Database), primaryDSN: primaryDSN}
+}
+
+// replaceStandby is the standby lost and a new one cloned from the primary (an online base
+// backup, as pg_basebackup takes one) through a physical slot of its own: the relay's logical
+// slot is not on it. The lost standby's physical slot is dropped on the primary.
+func (p standbyPair) replaceStandby(t *testing.T, f *fixture) standbyPair {
+	t.Helper()
+	ctx := context.Background()
+	if err := p.standby.StopImmediate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := p.physicalSlot + "_next"
+	for _, sql := range []string{"SELECT pg_drop_replication_slot('" + p.physicalSlot + "')",
+		"SELECT pg_create_physical_replication_slot('" + next + "', true)"} {
+		if err := p.primary.Exec(ctx, "postgres", sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clone := testenv.StandbyOnline(t, p.primary, devenv.PostgresOptions{Settings: map[string]string{
+		"primary_slot_name": next, "hot_standby_feedback": "on",
+	}})
+	return pairOf(t, f, p.primary, clone, next)
 }
 
 // standbySlot reads the relay's slot on the standby: whether it is streamed, and its confirmed
@@ -139,24 +168,33 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 				_, confirmed, err := pair.standbySlot(ctx, f.slot)
 				return err == nil && confirmed >= end
 			})
+			if version == standbyFaultsOn {
+				pair.restartUnderLoad(t, f, first)
+			}
 			stopFirst()
 			if err := <-first; err != nil {
 				t.Fatalf("the first run ended with %v", err)
 			}
 			// A restart streams the existing slot on the standby.
 			again, stopAgain := runUntilStopped(t, cfg)
+			since := f.outbox.Count()
 			f.writeMany(ctx, rng, 20, 3, 20)
 			f.verify(2*time.Minute, false)
-			stopAgain()
-			if err := <-again; err != nil {
-				t.Fatalf("the restarted run ended with %v", err)
+			if version == standbyFaultsOn {
+				// 1c. The standby lost while the relay streams; it is pointed at a new one.
+				pair = pair.lose(t, f, &cfg, again, stopAgain, rng, since)
+			} else {
+				stopAgain()
+				if err := <-again; err != nil {
+					t.Fatalf("the restarted run ended with %v", err)
+				}
 			}
 
 			// 2. The conflict.
 			pair.setFeedback(t, "off")
 			await.True(t, time.Minute, "the primary to forget the standby's xmin", func() bool {
 				var held bool
-				err := f.outbox.Pool().QueryRow(ctx, "SELECT xmin IS NOT NULL OR catalog_xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = 'decoding_standby'").Scan(&held)
+				err := f.outbox.Pool().QueryRow(ctx, "SELECT xmin IS NOT NULL OR catalog_xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1", pair.physicalSlot).Scan(&held)
 				return err == nil && !held
 			})
 			f.exec(ctx, "CREATE TABLE conflict_victim (id int)", "DROP TABLE conflict_victim", "VACUUM pg_class, pg_attribute, pg_type")
@@ -239,4 +277,98 @@ func runUntilStopped(t *testing.T, cfg relay.Config) (done <-chan error, stop fu
 	go func() { ch <- r.Run(ctx) }()
 	t.Cleanup(cancel)
 	return ch, cancel
+}
+
+// standbyFaultsOn is the version the standby's own failures run on (restarts, loss), once: what
+// they exercise (reconnecting to the standby, a slot missing from a new standby, recovery from
+// the table) asks nothing of the server that differs between 16 and 18, and the differences that
+// matter (how a conflict shows in pg_replication_slots) are covered on both by phase 2.
+const standbyFaultsOn = "18"
+
+// restartUnderLoad restarts the standby under the relay (done: its Run's result), in fast then in
+// immediate mode, while writers go on on the primary: the relay reconnects to it, loses nothing,
+// keeps each aggregate's order, and publishes again at most what was written meanwhile.
+func (p standbyPair) restartUnderLoad(t *testing.T, f *fixture, done <-chan error) {
+	t.Helper()
+	ctx := context.Background()
+	before := f.outbox.Count()
+	load := harness.StartLoad(f.outbox, harness.LoadConfig{Types: f.types, Writers: 2, Aggregates: 10, MaxPerTx: 3, TxPerSecond: 20, Seed: 7})
+	for _, restart := range []struct {
+		mode string
+		stop func(context.Context) error
+	}{{"fast", p.standby.Stop}, {"immediate", p.standby.StopImmediate}} {
+		f.outbox.AwaitMore(t, 20, "before the standby's "+restart.mode+" restart")
+		if err := restart.stop(ctx); err != nil {
+			t.Fatalf("stop the standby (%s): %v", restart.mode, err)
+		}
+		f.outbox.AwaitMore(t, 20, "while the standby is down") // the primary takes writes
+		if err := p.standby.Start(ctx); err != nil {
+			t.Fatalf("start the standby again (%s): %v", restart.mode, err)
+		}
+		p.waitStreaming(t, f.slot, done)
+	}
+	f.outbox.AwaitMore(t, 20, "after the standby's restarts")
+	stats, err := load.Stop(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := f.verify(2*time.Minute, true)
+	during := f.outbox.Count() - before
+	t.Logf("across the standby's restarts (%s): %s", stats, rep)
+	if rep.Duplicates > during {
+		t.Fatalf("%d duplicates across the standby's restarts, more than the %d events written across them", rep.Duplicates, during)
+	}
+}
+
+// lose loses the standby (and the relay's slot with it) under the relay (done, stop: its run),
+// while the primary takes writes, and points the relay (cfg) at a new standby cloned from the
+// primary, where the slot does not exist: with on_slot_lost at its default the relay refuses in
+// one line naming the lost slot; with recover it publishes the gap from the outbox table, losing
+// nothing, and republishes at most the events written since the relay's last start (the count of
+// written events was since then). It returns the new pair, with cfg leading to it.
+func (p standbyPair) lose(t *testing.T, f *fixture, cfg *relay.Config, done <-chan error, stop func(), rng *rand.Rand, since int) standbyPair {
+	t.Helper()
+	ctx := context.Background()
+	// The ledger (on the primary) records how far Kafka acknowledged every few seconds; the
+	// recovery publishes again from there (and from the oldest transaction then running). A last
+	// transaction, once recorded, makes that point known: everything before the loss.
+	before := f.currentLSN()
+	f.writeMany(ctx, rng, 1, 1, 20)
+	await.True(t, time.Minute, "the ledger to record the last transaction as acknowledged", func() bool {
+		var recorded uint64
+		err := f.outbox.Pool().QueryRow(ctx, "SELECT coalesce((confirmed_end_lsn - '0/0')::bigint, 0) FROM "+replication.LedgerTable+" WHERE slot = $1", f.slot).Scan(&recorded)
+		return err == nil && recorded > before
+	})
+	acknowledged := f.outbox.Count()
+	next := p.replaceStandby(t, f)
+	f.writeMany(ctx, rng, 30, 3, 20) // the gap: committed while no standby decodes it
+	stop()
+	t.Logf("the relay on the lost standby ended with %v", <-done)
+
+	cfg.Replication.DSN, cfg.Replication.PrimaryDSN = next.standbyDSN, next.primaryDSN
+	refused, _ := runUntilStopped(t, *cfg)
+	select {
+	case err := <-refused:
+		if !errors.Is(err, replication.ErrSlotLost) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), f.slot) {
+			t.Fatalf("on a new standby without the slot the relay stopped with %q; want one line of replication.ErrSlotLost naming slot %s", err, f.slot)
+		}
+		t.Logf("on the new standby, on_slot_lost stop: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("on a new standby without the slot the relay did not stop within 2 minutes")
+	}
+
+	rcfg := *cfg
+	rcfg.Replication.OnSlotLost = replication.SlotLostRecover
+	recovering, stopRecovering := runUntilStopped(t, rcfg)
+	next.waitStreaming(t, f.slot, recovering)
+	rep := f.verify(2*time.Minute, true)
+	t.Logf("recovered on the new standby: %s", rep)
+	if recent := acknowledged - since; rep.Duplicates > recent {
+		t.Fatalf("%d duplicates after the recovery, more than the %d events written since the relay's previous start", rep.Duplicates, recent)
+	}
+	stopRecovering()
+	if err := <-recovering; err != nil {
+		t.Fatalf("the recovering run ended with %v", err)
+	}
+	return next
 }
