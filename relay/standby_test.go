@@ -122,11 +122,18 @@ func (p standbyPair) waitStreaming(t *testing.T, slot string, done <-chan error)
 //     snapshot, on the standby) and delivers every event of a load written on the primary once and
 //     in per-aggregate order; once the outbox is idle, the standby's slot still moves up to the
 //     primary's end of WAL (the heartbeats written on the primary and replayed on the standby give
-//     it a position to confirm). Restarted, it streams the existing slot on.
+//     it a position to confirm). The standby restarted under it (fast, then immediate) while
+//     the primary takes writes: it reconnects and loses nothing, in order. Restarted, it streams
+//     the existing slot on. The standby lost while it streams (slot and all) and the relay pointed
+//     at a new standby cloned from the primary: on_slot_lost at its default refuses in one line,
+//     recover publishes the gap from the table (the restarts and the loss on standbyFaultsOn only).
 //  2. A recovery conflict invalidates the slot (hot_standby_feedback turned off, and the primary's
 //     vacuum removing catalog rows the slot still needs): a lost slot, so with on_slot_lost at its
 //     default (stop) the relay stops with replication.ErrSlotLost, loudly, and names the conflict
-//     (on PostgreSQL 16, wal_status "lost" alone read as WAL removed).
+//     (on PostgreSQL 16, wal_status "lost" alone read as WAL removed). With on_slot_lost: recover
+//     it drops the invalidated slot on the standby, replaces it, and publishes the gap written
+//     meanwhile from the table, losing nothing and repeating only rows at or past the ledger's
+//     horizon.
 //  3. With the feedback back and a new slot, the standby is promoted mid-stream: the relay goes on
 //     streaming the same slot from it and publishes what is written there.
 func TestRelayDecodesFromAHotStandby(t *testing.T) {
@@ -168,8 +175,9 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 				_, confirmed, err := pair.standbySlot(ctx, f.slot)
 				return err == nil && confirmed >= end
 			})
+			dups := 0 // delivered twice so far
 			if version == standbyFaultsOn {
-				pair.restartUnderLoad(t, f, first)
+				dups = pair.restartUnderLoad(t, f, first)
 			}
 			stopFirst()
 			if err := <-first; err != nil {
@@ -177,12 +185,13 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 			}
 			// A restart streams the existing slot on the standby.
 			again, stopAgain := runUntilStopped(t, cfg)
-			since := f.outbox.Count()
 			f.writeMany(ctx, rng, 20, 3, 20)
-			f.verify(2*time.Minute, false)
+			if rep := f.verify(2*time.Minute, true); rep.Duplicates > dups {
+				t.Fatalf("the restarted relay delivered events twice: %s", rep)
+			}
 			if version == standbyFaultsOn {
 				// 1c. The standby lost while the relay streams; it is pointed at a new one.
-				pair = pair.lose(t, f, &cfg, again, stopAgain, rng, since)
+				pair, dups = pair.lose(t, f, &cfg, again, stopAgain, rng, dups)
 			} else {
 				stopAgain()
 				if err := <-again; err != nil {
@@ -216,12 +225,29 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 			case <-time.After(2 * time.Minute):
 				t.Fatal("the relay did not stop within 2 minutes on a slot the standby invalidated")
 			}
+			// With on_slot_lost: recover the invalidated slot is dropped (on the standby, where it
+			// is) and replaced, and its gap, written meanwhile, published from the table.
+			pair.setFeedback(t, "on")
+			mayRepeat := f.fromHorizon(ctx)
+			f.writeMany(ctx, rng, 20, 3, 20)
+			recovering := cfg
+			recovering.Replication.OnSlotLost = replication.SlotLostRecover
+			recovered, stopRecovered := runUntilStopped(t, recovering)
+			pair.waitStreaming(t, f.slot, recovered)
+			rep = f.verify(2*time.Minute, true)
+			t.Logf("recovered the invalidated slot's gap: %s", rep)
+			if rep.Duplicates-dups > mayRepeat {
+				t.Fatalf("the recovery delivered %d events twice, more than the %d acknowledged ones at or past the horizon in the slot ledger: %s", rep.Duplicates-dups, mayRepeat, rep)
+			}
+			stopRecovered()
+			if err := <-recovered; err != nil {
+				t.Fatalf("the recovering run ended with %v", err)
+			}
 
 			// 3. A new slot, then the promotion. The primary goes away, the standby (slot and all)
 			// takes the writes, and the relay goes on streaming the same slot from it (the same
 			// cluster, its next timeline); the old primary's heartbeats and ledger fail meanwhile,
 			// which costs warnings, not events.
-			pair.setFeedback(t, "on")
 			cfg.Replication.Slot = f.slot + "_2"
 			cfg.Backfill = nil // the rows are in Kafka already
 			pair.waitStreaming(t, cfg.Replication.Slot, f.run(cfg))
@@ -288,7 +314,7 @@ const standbyFaultsOn = "18"
 // restartUnderLoad restarts the standby under the relay (done: its Run's result), in fast then in
 // immediate mode, while writers go on on the primary: the relay reconnects to it, loses nothing,
 // keeps each aggregate's order, and publishes again at most what was written meanwhile.
-func (p standbyPair) restartUnderLoad(t *testing.T, f *fixture, done <-chan error) {
+func (p standbyPair) restartUnderLoad(t *testing.T, f *fixture, done <-chan error) (duplicates int) {
 	t.Helper()
 	ctx := context.Background()
 	before := f.outbox.Count()
@@ -318,15 +344,17 @@ func (p standbyPair) restartUnderLoad(t *testing.T, f *fixture, done <-chan erro
 	if rep.Duplicates > during {
 		t.Fatalf("%d duplicates across the standby's restarts, more than the %d events written across them", rep.Duplicates, during)
 	}
+	return rep.Duplicates
 }
 
 // lose loses the standby (and the relay's slot with it) under the relay (done, stop: its run),
 // while the primary takes writes, and points the relay (cfg) at a new standby cloned from the
 // primary, where the slot does not exist: with on_slot_lost at its default the relay refuses in
 // one line naming the lost slot; with recover it publishes the gap from the outbox table, losing
-// nothing, and republishes at most the events written since the relay's last start (the count of
-// written events was since then). It returns the new pair, with cfg leading to it.
-func (p standbyPair) lose(t *testing.T, f *fixture, cfg *relay.Config, done <-chan error, stop func(), rng *rand.Rand, since int) standbyPair {
+// nothing, and republishes at most the events at or past the horizon the slot ledger recorded
+// (dups: the duplicates delivered before). It returns the new pair, with cfg leading to it, and the
+// duplicates delivered so far.
+func (p standbyPair) lose(t *testing.T, f *fixture, cfg *relay.Config, done <-chan error, stop func(), rng *rand.Rand, dups int) (standbyPair, int) {
 	t.Helper()
 	ctx := context.Background()
 	// The ledger (on the primary) records how far Kafka acknowledged every few seconds; the
@@ -339,7 +367,7 @@ func (p standbyPair) lose(t *testing.T, f *fixture, cfg *relay.Config, done <-ch
 		err := f.outbox.Pool().QueryRow(ctx, "SELECT coalesce((confirmed_end_lsn - '0/0')::bigint, 0) FROM "+replication.LedgerTable+" WHERE slot = $1", f.slot).Scan(&recorded)
 		return err == nil && recorded > before
 	})
-	acknowledged := f.outbox.Count()
+	mayRepeat := f.fromHorizon(ctx)
 	next := p.replaceStandby(t, f)
 	f.writeMany(ctx, rng, 30, 3, 20) // the gap: committed while no standby decodes it
 	stop()
@@ -363,12 +391,26 @@ func (p standbyPair) lose(t *testing.T, f *fixture, cfg *relay.Config, done <-ch
 	next.waitStreaming(t, f.slot, recovering)
 	rep := f.verify(2*time.Minute, true)
 	t.Logf("recovered on the new standby: %s", rep)
-	if recent := acknowledged - since; rep.Duplicates > recent {
-		t.Fatalf("%d duplicates after the recovery, more than the %d events written since the relay's previous start", rep.Duplicates, recent)
+	if rep.Duplicates-dups > mayRepeat {
+		t.Fatalf("the recovery delivered %d events twice, more than the %d acknowledged ones at or past the horizon in the slot ledger: %s", rep.Duplicates-dups, mayRepeat, rep)
 	}
 	stopRecovering()
 	if err := <-recovering; err != nil {
 		t.Fatalf("the recovering run ended with %v", err)
 	}
-	return next
+	return next, rep.Duplicates
+}
+
+// fromHorizon counts the outbox rows at or past the horizon the slot ledger records with the
+// last acknowledged commit: written by that transaction id or a later one. Once Kafka holds them
+// all, a recovery publishes no more than these again.
+func (f *fixture) fromHorizon(ctx context.Context) int {
+	f.t.Helper()
+	var n int
+	err := f.outbox.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE xmin::text::bigint >=
+		(SELECT confirmed_xmin::text::bigint % 4294967296 FROM `+replication.LedgerTable+` WHERE slot = $1)`, f.slot).Scan(&n)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return n
 }
