@@ -377,8 +377,9 @@ func (p standbyPair) lose(t *testing.T, f *fixture, cfg *relay.Config, done <-ch
 	refused, _ := runUntilStopped(t, *cfg)
 	select {
 	case err := <-refused:
-		if !errors.Is(err, replication.ErrSlotLost) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), f.slot) {
-			t.Fatalf("on a new standby without the slot the relay stopped with %q; want one line of replication.ErrSlotLost naming slot %s", err, f.slot)
+		if !errors.Is(err, replication.ErrSlotLost) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), f.slot) ||
+			!strings.Contains(err.Error(), "a new or rebuilt standby") || !strings.Contains(err.Error(), "on_slot_lost: recover") {
+			t.Fatalf("on a new standby without the slot the relay stopped with %q; want one line of replication.ErrSlotLost naming slot %s, the new standby as a cause and on_slot_lost: recover as a fix", err, f.slot)
 		}
 		t.Logf("on the new standby, on_slot_lost stop: %v", err)
 	case <-time.After(2 * time.Minute):
