@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,7 +41,8 @@ func (f *haFixture) standbyStreamer(ctx context.Context, standby *devenv.Postgre
 // leader lock is taken on the primary (a standby's advisory locks are its own, and each instance
 // would lead alone on its standby), the leader streams the slot on the standby, the other stands
 // by; the leader killed (-9) under writes on the primary, the other takes the lock and streams
-// the slot on the standby, and nothing is lost or reordered. One cluster version (the default):
+// the slot on the standby; that one paused (SIGSTOP), a third takes over past the lease, ending
+// the paused leader's walsender on the standby; nothing is lost or reordered. One cluster version (the default):
 // what differs between 16 and 18 is the relay package's TestRelayDecodesFromAHotStandby's.
 func TestTwoInstancesDecodingOnAStandbyTakeOverThroughTheLockOnThePrimary(t *testing.T) {
 	ctx := context.Background()
@@ -103,8 +105,30 @@ func TestTwoInstancesDecodingOnAStandbyTakeOverThroughTheLockOnThePrimary(t *tes
 	b.waitLog(t, haStartTimeout, "info", "leader: holding the leader lock")
 
 	f.outbox.AwaitMore(t, 100, "across the takeover")
+
+	// The leader cut off (paused) instead: its walsender on the standby keeps the slot until the
+	// standby's wal_sender_timeout (60 s), unless the next leader, once the primary has ended
+	// the paused leader's lock session (the lease), ends that walsender on the standby.
+	c := f.start("relay-c", extra("relay-c"))
+	c.waitLog(t, haStartTimeout, "info", "standby: another instance holds the leader lock")
+	paused := time.Now()
+	if err := syscall.Kill(b.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(b.PID(), syscall.SIGCONT) })
+	waitStandbyStreamer(c, pausedTakeoverBound)
+	t.Logf("relay-c streams on the standby %s after relay-b was paused (bound %s)", time.Since(paused).Round(time.Millisecond), pausedTakeoverBound)
+	c.waitLog(t, haStartTimeout, "info", "ended the previous leader's walsender on pg_dsn")
+	b.Kill() // a paused leader that resumes is the fence's business, not this test's
+	f.outbox.AwaitMore(t, 100, "across the second takeover")
 	w.stop(t)
 	rep := f.verify(t, f.brokers)
-	t.Logf("across the takeover: %s", rep)
-	b.stop(t)
+	t.Logf("across the takeovers: %s", rep)
+	c.stop(t)
 }
+
+// pausedTakeoverBound is how soon after a leader decoding on a standby is paused the next one
+// streams there: the lease (13 s with the defaults) and a retry (2 s), with room for a loaded
+// machine, below the standby's wal_sender_timeout (60 s), which a takeover that cannot end the
+// paused leader's walsender waits for.
+const pausedTakeoverBound = 40 * time.Second
