@@ -76,6 +76,12 @@ type Config struct {
 	// OnSlowCheck, when set, is called for every check of the leader's lock connection that took
 	// more than half of CheckTimeout: a near miss, a check that takes CheckTimeout fences the leader.
 	OnSlowCheck func(took time.Duration)
+	// WalsenderDSN, when set, leads to the server the leader's walsender runs on when that is not
+	// the lock's: decoding on a hot standby, the lock is the primary's and the slot the standby's.
+	// A leader then publishes its walsender's PID without finding it in the lock server's
+	// pg_stat_activity (it is not there), and a new leader ends its predecessor's walsender on
+	// this server, as it does on the lock's (see endStaleWalsender). PasswordFile applies.
+	WalsenderDSN string
 }
 
 // leaseMargin is how long before PostgreSQL may end a silent leader's lock session the leader has

@@ -9,13 +9,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/credentials"
 )
 
 // begin starts a term on conn, whose backend pid has just taken the lock with a statement sent at sent, after
 // ending the previous holder's walsender. It fails when the session's state is unknown (a statement
 // went unanswered, so pgx closed the connection): the lock may be gone with it.
 func (e *Elector) begin(ctx context.Context, conn *pgx.Conn, sent time.Time, previous *Holder, pid int32) (*Term, error) {
-	if previous != nil {
+	if previous != nil && e.cfg.WalsenderDSN != "" {
+		e.endStaleWalsenderElsewhere(ctx, *previous)
+	} else if previous != nil {
 		answered, err := e.endStaleWalsender(ctx, conn, *previous, sent)
 		if !answered.IsZero() {
 			sent = answered // its statements restart the server's idle clock, and so the lease
@@ -101,4 +105,50 @@ func (e *Elector) endStaleWalsender(ctx context.Context, conn *pgx.Conn, prev Ho
 			append(fields, zap.Duration("waited", wait))...)
 	}
 	return sent, nil
+}
+
+// endStaleWalsenderElsewhere is endStaleWalsender where the walsender runs on another server than
+// the lock (Config.WalsenderDSN: decoding on a hot standby, whose walsender a session on the
+// primary can neither see nor end). It connects there and ends the previous leader's published
+// walsender, only while it still streams the slot, in one statement, waiting for it to exit for
+// half of CheckTimeout. The lock session stays idle meanwhile, so the whole takes at most
+// CheckTimeout, which the term's first check allows for (the lease counts from the lock
+// statement's sending). Any failure costs the wait for the standby's wal_sender_timeout, as
+// before, never the lock: a warning says so.
+func (e *Elector) endStaleWalsenderElsewhere(ctx context.Context, prev Holder) {
+	pid := prev.WalsenderPID
+	if pid == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.CheckTimeout)
+	defer cancel()
+	fields := []zap.Field{zap.String("slot", e.cfg.Slot), zap.Int32("walsender_pid", pid), zap.Int32("previous_lock_pid", prev.PID),
+		zap.String("previous_leader_application_name", prev.ApplicationName), zap.String("previous_leader_client", prev.ClientAddr)}
+	cfg, err := credentials.PostgresConfig(e.cfg.WalsenderDSN, e.cfg.PasswordFile)
+	var conn *pgx.Conn
+	if err == nil {
+		conn, err = pgx.ConnectConfig(ctx, cfg)
+	}
+	if err != nil {
+		e.log.Warn("cannot connect to pg_dsn to end the previous leader's walsender there, which keeps the slot active after that leader lost the lock; waiting until PostgreSQL ends it (wal_sender_timeout)",
+			append(fields, zap.Error(err))...)
+		return
+	}
+	defer closeQuietly(conn)
+	wait := e.cfg.CheckTimeout / 2
+	var exited bool
+	err = conn.QueryRow(ctx, `SELECT pg_terminate_backend(active_pid, $3) FROM pg_replication_slots
+		WHERE slot_name = $1 AND database = current_database() AND active_pid = $2`, e.cfg.Slot, pid, wait.Milliseconds()).Scan(&exited)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return // it no longer streams the slot
+	case err != nil:
+		e.log.Warn("cannot end the previous leader's walsender on pg_dsn, which keeps the slot active after that leader lost the lock (the relay's role needs pg_signal_backend to end another role's backends); waiting until PostgreSQL ends it (wal_sender_timeout)",
+			append(fields, zap.Error(err))...)
+	case exited:
+		e.log.Info("ended the previous leader's walsender on pg_dsn, which kept the slot active after that leader lost the lock", fields...)
+	default:
+		e.log.Warn("told the previous leader's walsender on pg_dsn to end, but it had not exited within half of leader_check_timeout; streaming waits until it has",
+			append(fields, zap.Duration("waited", wait))...)
+	}
 }

@@ -122,7 +122,7 @@ const walsenderTag = " walsender="
 // another backend or the lock gone, ends the term.
 func (t *Term) watch(ctx context.Context, cfg Config, log *zap.Logger, sent time.Time) {
 	defer close(t.done)
-	check := newLockCheck(t.conn, cfg.Slot)
+	check := newLockCheck(t.conn, cfg.Slot, cfg.WalsenderDSN != "")
 	ticker := time.NewTicker(cfg.CheckInterval)
 	defer ticker.Stop()
 	warned := false // of a walsender it could not publish
@@ -191,9 +191,10 @@ func (t *Term) lossIn(cfg Config, found checked, err error) error {
 
 // lockCheck is the statement a term checks its lock session with, built once per term.
 type lockCheck struct {
-	query string // the check alone; a publication appends publishWalsender
-	args  []any  // the halves of the lock's key and of the candidate lock's
-	app   string // the lock session's application_name, which a publication extends
+	query   string // the check alone; a publication appends publish
+	publish string // publishWalsender, or publishWalsenderElsewhere
+	args    []any  // the halves of the lock's key and of the candidate lock's
+	app     string // the lock session's application_name, which a publication extends
 }
 
 // Parts of the check's statement. standbysWaiting counts the other sessions that hold the
@@ -209,16 +210,26 @@ const (
 				WHERE w.pid = $5 AND w.backend_type = 'walsender' AND w.usesysid = me.usesysid
 				  AND w.client_addr IS NOT DISTINCT FROM me.client_addr AND w.backend_start >= me.backend_start) IS NOT NULL,
 				EXISTS (SELECT FROM pg_stat_activity WHERE pid = $5 AND backend_type = 'walsender')`
+	// publishWalsenderElsewhere publishes the walsender $5 of a leader whose walsender runs on
+	// another server than the lock (Config.WalsenderDSN), where this session cannot see it: the
+	// PID is the leader's own replication connection's, and the next leader ends it only while it
+	// streams the slot there.
+	publishWalsenderElsewhere = `, set_config('application_name', left($6::text, 63 - length($7::text || $5::int::text)) || $7::text || $5::int::text, false) IS NOT NULL, true`
 )
 
-func newLockCheck(conn *pgx.Conn, slot string) lockCheck {
+func newLockCheck(conn *pgx.Conn, slot string, walsenderElsewhere bool) lockCheck {
 	hi, lo := keyHalves(Key(slot))
 	chi, clo := keyHalves(candidateKey(slot))
-	return lockCheck{
-		query: `SELECT pg_backend_pid(), ` + heldByBackend(1, 2) + `, ` + standbysWaiting,
-		args:  []any{hi, lo, chi, clo},
-		app:   conn.Config().RuntimeParams["application_name"],
+	c := lockCheck{
+		query:   `SELECT pg_backend_pid(), ` + heldByBackend(1, 2) + `, ` + standbysWaiting,
+		publish: publishWalsender,
+		args:    []any{hi, lo, chi, clo},
+		app:     conn.Config().RuntimeParams["application_name"],
 	}
+	if walsenderElsewhere {
+		c.publish = publishWalsenderElsewhere
+	}
+	return c
 }
 
 // checked is what one check found: the backend that ran it, whether pg_locks shows the lock
@@ -237,7 +248,7 @@ func (c lockCheck) run(ctx context.Context, conn *pgx.Conn, pub *publication) (c
 		return found, err
 	}
 	args := append(slices.Clip(c.args), pub.pid, c.app, walsenderTag)
-	err := conn.QueryRow(ctx, c.query+publishWalsender, args...).Scan(&found.pid, &found.held, &found.standbys, &found.published, &found.exists)
+	err := conn.QueryRow(ctx, c.query+c.publish, args...).Scan(&found.pid, &found.held, &found.standbys, &found.published, &found.exists)
 	return found, err
 }
 

@@ -27,6 +27,7 @@ import (
 // primary keeps the catalog rows the standby's logical slot needs.
 type standbyPair struct {
 	primary, standby *devenv.Postgres
+	physicalSlot     string // the standby's slot on the primary
 	standbyDSN       string // the outbox database on the standby
 	primaryDSN       string // primary_dsn: the outbox database on whichever of the two is writable
 }
@@ -46,6 +47,12 @@ func newStandbyPair(t *testing.T, f *fixture, primary *devenv.Postgres) standbyP
 	}})
 	// The copy restarted the primary: the outbox's pooled connections are gone.
 	f.outbox.Pool().Reset()
+	return pairOf(t, f, primary, standby, "decoding_standby")
+}
+
+// pairOf describes primary and standby, which streams through the physical slot physicalSlot.
+func pairOf(t *testing.T, f *fixture, primary, standby *devenv.Postgres, physicalSlot string) standbyPair {
+	t.Helper()
 	cfg, err := pgx.ParseConfig(f.dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +61,29 @@ func newStandbyPair(t *testing.T, f *fixture, primary *devenv.Postgres) standbyP
 	// the ledger, heartbeats and the leader lock follow a promotion.
 	primaryDSN := strings.Replace(f.dsn, fmt.Sprintf("127.0.0.1:%d", primary.Port()),
 		fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", primary.Port(), standby.Port()), 1) + "&target_session_attrs=read-write"
-	return standbyPair{primary: primary, standby: standby, standbyDSN: standby.DSN(cfg.Database), primaryDSN: primaryDSN}
+	return standbyPair{primary: primary, standby: standby, physicalSlot: physicalSlot, standbyDSN: standby.DSN(cfg.Database), primaryDSN: primaryDSN}
+}
+
+// replaceStandby is the standby lost and a new one cloned from the primary (an online base
+// backup, as pg_basebackup takes one) through a physical slot of its own: the relay's logical
+// slot is not on it. The lost standby's physical slot is dropped on the primary.
+func (p standbyPair) replaceStandby(t *testing.T, f *fixture) standbyPair {
+	t.Helper()
+	ctx := context.Background()
+	if err := p.standby.StopImmediate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := p.physicalSlot + "_next"
+	for _, sql := range []string{"SELECT pg_drop_replication_slot('" + p.physicalSlot + "')",
+		"SELECT pg_create_physical_replication_slot('" + next + "', true)"} {
+		if err := p.primary.Exec(ctx, "postgres", sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clone := testenv.StandbyOnline(t, p.primary, devenv.PostgresOptions{Settings: map[string]string{
+		"primary_slot_name": next, "hot_standby_feedback": "on",
+	}})
+	return pairOf(t, f, p.primary, clone, next)
 }
 
 // standbySlot reads the relay's slot on the standby: whether it is streamed, and its confirmed
@@ -93,11 +122,18 @@ func (p standbyPair) waitStreaming(t *testing.T, slot string, done <-chan error)
 //     snapshot, on the standby) and delivers every event of a load written on the primary once and
 //     in per-aggregate order; once the outbox is idle, the standby's slot still moves up to the
 //     primary's end of WAL (the heartbeats written on the primary and replayed on the standby give
-//     it a position to confirm). Restarted, it streams the existing slot on.
+//     it a position to confirm). The standby restarted under it (fast, then immediate) while
+//     the primary takes writes: it reconnects and loses nothing, in order. Restarted, it streams
+//     the existing slot on. The standby lost while it streams (slot and all) and the relay pointed
+//     at a new standby cloned from the primary: on_slot_lost at its default refuses in one line,
+//     recover publishes the gap from the table (the restarts and the loss on standbyFaultsOn only).
 //  2. A recovery conflict invalidates the slot (hot_standby_feedback turned off, and the primary's
 //     vacuum removing catalog rows the slot still needs): a lost slot, so with on_slot_lost at its
 //     default (stop) the relay stops with replication.ErrSlotLost, loudly, and names the conflict
-//     (on PostgreSQL 16, wal_status "lost" alone read as WAL removed).
+//     (on PostgreSQL 16, wal_status "lost" alone read as WAL removed). With on_slot_lost: recover
+//     it drops the invalidated slot on the standby, replaces it, and publishes the gap written
+//     meanwhile from the table, losing nothing and repeating only rows at or past the ledger's
+//     horizon.
 //  3. With the feedback back and a new slot, the standby is promoted mid-stream: the relay goes on
 //     streaming the same slot from it and publishes what is written there.
 func TestRelayDecodesFromAHotStandby(t *testing.T) {
@@ -139,6 +175,10 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 				_, confirmed, err := pair.standbySlot(ctx, f.slot)
 				return err == nil && confirmed >= end
 			})
+			dups := 0 // delivered twice so far
+			if version == standbyFaultsOn {
+				dups = pair.restartUnderLoad(t, f, first)
+			}
 			stopFirst()
 			if err := <-first; err != nil {
 				t.Fatalf("the first run ended with %v", err)
@@ -146,17 +186,24 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 			// A restart streams the existing slot on the standby.
 			again, stopAgain := runUntilStopped(t, cfg)
 			f.writeMany(ctx, rng, 20, 3, 20)
-			f.verify(2*time.Minute, false)
-			stopAgain()
-			if err := <-again; err != nil {
-				t.Fatalf("the restarted run ended with %v", err)
+			if rep := f.verify(2*time.Minute, true); rep.Duplicates > dups {
+				t.Fatalf("the restarted relay delivered events twice: %s", rep)
+			}
+			if version == standbyFaultsOn {
+				// 1c. The standby lost while the relay streams; it is pointed at a new one.
+				pair, dups = pair.lose(t, f, &cfg, again, stopAgain, rng, dups)
+			} else {
+				stopAgain()
+				if err := <-again; err != nil {
+					t.Fatalf("the restarted run ended with %v", err)
+				}
 			}
 
 			// 2. The conflict.
 			pair.setFeedback(t, "off")
 			await.True(t, time.Minute, "the primary to forget the standby's xmin", func() bool {
 				var held bool
-				err := f.outbox.Pool().QueryRow(ctx, "SELECT xmin IS NOT NULL OR catalog_xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = 'decoding_standby'").Scan(&held)
+				err := f.outbox.Pool().QueryRow(ctx, "SELECT xmin IS NOT NULL OR catalog_xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1", pair.physicalSlot).Scan(&held)
 				return err == nil && !held
 			})
 			f.exec(ctx, "CREATE TABLE conflict_victim (id int)", "DROP TABLE conflict_victim", "VACUUM pg_class, pg_attribute, pg_type")
@@ -178,12 +225,29 @@ func TestRelayDecodesFromAHotStandby(t *testing.T) {
 			case <-time.After(2 * time.Minute):
 				t.Fatal("the relay did not stop within 2 minutes on a slot the standby invalidated")
 			}
+			// With on_slot_lost: recover the invalidated slot is dropped (on the standby, where it
+			// is) and replaced, and its gap, written meanwhile, published from the table.
+			pair.setFeedback(t, "on")
+			mayRepeat := f.fromHorizon(ctx)
+			f.writeMany(ctx, rng, 20, 3, 20)
+			recovering := cfg
+			recovering.Replication.OnSlotLost = replication.SlotLostRecover
+			recovered, stopRecovered := runUntilStopped(t, recovering)
+			pair.waitStreaming(t, f.slot, recovered)
+			rep = f.verify(2*time.Minute, true)
+			t.Logf("recovered the invalidated slot's gap: %s", rep)
+			if rep.Duplicates-dups > mayRepeat {
+				t.Fatalf("the recovery delivered %d events twice, more than the %d acknowledged ones at or past the horizon in the slot ledger: %s", rep.Duplicates-dups, mayRepeat, rep)
+			}
+			stopRecovered()
+			if err := <-recovered; err != nil {
+				t.Fatalf("the recovering run ended with %v", err)
+			}
 
 			// 3. A new slot, then the promotion. The primary goes away, the standby (slot and all)
 			// takes the writes, and the relay goes on streaming the same slot from it (the same
 			// cluster, its next timeline); the old primary's heartbeats and ledger fail meanwhile,
 			// which costs warnings, not events.
-			pair.setFeedback(t, "on")
 			cfg.Replication.Slot = f.slot + "_2"
 			cfg.Backfill = nil // the rows are in Kafka already
 			pair.waitStreaming(t, cfg.Replication.Slot, f.run(cfg))
@@ -239,4 +303,115 @@ func runUntilStopped(t *testing.T, cfg relay.Config) (done <-chan error, stop fu
 	go func() { ch <- r.Run(ctx) }()
 	t.Cleanup(cancel)
 	return ch, cancel
+}
+
+// standbyFaultsOn is the version the standby's own failures run on (restarts, loss), once: what
+// they exercise (reconnecting to the standby, a slot missing from a new standby, recovery from
+// the table) asks nothing of the server that differs between 16 and 18, and the differences that
+// matter (how a conflict shows in pg_replication_slots) are covered on both by phase 2.
+const standbyFaultsOn = "18"
+
+// restartUnderLoad restarts the standby under the relay (done: its Run's result), in fast then in
+// immediate mode, while writers go on on the primary: the relay reconnects to it, loses nothing,
+// keeps each aggregate's order, and publishes again at most what was written meanwhile.
+func (p standbyPair) restartUnderLoad(t *testing.T, f *fixture, done <-chan error) (duplicates int) {
+	t.Helper()
+	ctx := context.Background()
+	before := f.outbox.Count()
+	load := harness.StartLoad(f.outbox, harness.LoadConfig{Types: f.types, Writers: 2, Aggregates: 10, MaxPerTx: 3, TxPerSecond: 20, Seed: 7})
+	for _, restart := range []struct {
+		mode string
+		stop func(context.Context) error
+	}{{"fast", p.standby.Stop}, {"immediate", p.standby.StopImmediate}} {
+		f.outbox.AwaitMore(t, 20, "before the standby's "+restart.mode+" restart")
+		if err := restart.stop(ctx); err != nil {
+			t.Fatalf("stop the standby (%s): %v", restart.mode, err)
+		}
+		f.outbox.AwaitMore(t, 20, "while the standby is down") // the primary takes writes
+		if err := p.standby.Start(ctx); err != nil {
+			t.Fatalf("start the standby again (%s): %v", restart.mode, err)
+		}
+		p.waitStreaming(t, f.slot, done)
+	}
+	f.outbox.AwaitMore(t, 20, "after the standby's restarts")
+	stats, err := load.Stop(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := f.verify(2*time.Minute, true)
+	during := f.outbox.Count() - before
+	t.Logf("across the standby's restarts (%s): %s", stats, rep)
+	if rep.Duplicates > during {
+		t.Fatalf("%d duplicates across the standby's restarts, more than the %d events written across them", rep.Duplicates, during)
+	}
+	return rep.Duplicates
+}
+
+// lose loses the standby (and the relay's slot with it) under the relay (done, stop: its run),
+// while the primary takes writes, and points the relay (cfg) at a new standby cloned from the
+// primary, where the slot does not exist: with on_slot_lost at its default the relay refuses in
+// one line naming the lost slot; with recover it publishes the gap from the outbox table, losing
+// nothing, and republishes at most the events at or past the horizon the slot ledger recorded
+// (dups: the duplicates delivered before). It returns the new pair, with cfg leading to it, and the
+// duplicates delivered so far.
+func (p standbyPair) lose(t *testing.T, f *fixture, cfg *relay.Config, done <-chan error, stop func(), rng *rand.Rand, dups int) (standbyPair, int) {
+	t.Helper()
+	ctx := context.Background()
+	// The ledger (on the primary) records how far Kafka acknowledged every few seconds; the
+	// recovery publishes again from there (and from the oldest transaction then running). A last
+	// transaction, once recorded, makes that point known: everything before the loss.
+	before := f.currentLSN()
+	f.writeMany(ctx, rng, 1, 1, 20)
+	await.True(t, time.Minute, "the ledger to record the last transaction as acknowledged", func() bool {
+		var recorded uint64
+		err := f.outbox.Pool().QueryRow(ctx, "SELECT coalesce((confirmed_end_lsn - '0/0')::bigint, 0) FROM "+replication.LedgerTable+" WHERE slot = $1", f.slot).Scan(&recorded)
+		return err == nil && recorded > before
+	})
+	mayRepeat := f.fromHorizon(ctx)
+	next := p.replaceStandby(t, f)
+	f.writeMany(ctx, rng, 30, 3, 20) // the gap: committed while no standby decodes it
+	stop()
+	t.Logf("the relay on the lost standby ended with %v", <-done)
+
+	cfg.Replication.DSN, cfg.Replication.PrimaryDSN = next.standbyDSN, next.primaryDSN
+	refused, _ := runUntilStopped(t, *cfg)
+	select {
+	case err := <-refused:
+		if !errors.Is(err, replication.ErrSlotLost) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), f.slot) ||
+			!strings.Contains(err.Error(), "a new or rebuilt standby") || !strings.Contains(err.Error(), "on_slot_lost: recover") {
+			t.Fatalf("on a new standby without the slot the relay stopped with %q; want one line of replication.ErrSlotLost naming slot %s, the new standby as a cause and on_slot_lost: recover as a fix", err, f.slot)
+		}
+		t.Logf("on the new standby, on_slot_lost stop: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("on a new standby without the slot the relay did not stop within 2 minutes")
+	}
+
+	rcfg := *cfg
+	rcfg.Replication.OnSlotLost = replication.SlotLostRecover
+	recovering, stopRecovering := runUntilStopped(t, rcfg)
+	next.waitStreaming(t, f.slot, recovering)
+	rep := f.verify(2*time.Minute, true)
+	t.Logf("recovered on the new standby: %s", rep)
+	if rep.Duplicates-dups > mayRepeat {
+		t.Fatalf("the recovery delivered %d events twice, more than the %d acknowledged ones at or past the horizon in the slot ledger: %s", rep.Duplicates-dups, mayRepeat, rep)
+	}
+	stopRecovering()
+	if err := <-recovering; err != nil {
+		t.Fatalf("the recovering run ended with %v", err)
+	}
+	return next, rep.Duplicates
+}
+
+// fromHorizon counts the outbox rows at or past the horizon the slot ledger records with the
+// last acknowledged commit: written by that transaction id or a later one. Once Kafka holds them
+// all, a recovery publishes no more than these again.
+func (f *fixture) fromHorizon(ctx context.Context) int {
+	f.t.Helper()
+	var n int
+	err := f.outbox.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE xmin::text::bigint >=
+		(SELECT confirmed_xmin::text::bigint % 4294967296 FROM `+replication.LedgerTable+` WHERE slot = $1)`, f.slot).Scan(&n)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return n
 }

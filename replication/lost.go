@@ -199,6 +199,11 @@ func timeOrUnknown(t time.Time) string {
 // recovery is what to do about a lost slot: the new slot's backfill publishes the gap from the
 // outbox table, once the ledger lets the relay create it.
 func (s *Stream) recovery() string {
-	return fmt.Sprintf("To recover: stop every instance, run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = %s) so that the relay may create a new slot, and start one instance once with backfill: true and backfill_since covering the gap (from before the last event Kafka acknowledged): it publishes those events from the outbox table, consistently with the new slot (docs/operations.md, \"Recovering a lost or missing slot\")",
+	standby := ""
+	if s.cfg.PrimaryDSN != "" {
+		// Decoding on a standby, the likeliest cause is one the generic causes do not name.
+		standby = "Decoding on a standby, a slot is that standby's own: pg_dsn leading to a new or rebuilt standby (pg_basebackup copies no slot) finds none; on_slot_lost: recover creates it there and publishes the gap from the outbox table, without the steps below. "
+	}
+	return standby + fmt.Sprintf("To recover: stop every instance, run `outbox-relay forget-slot` (or DELETE FROM %s WHERE slot = %s) so that the relay may create a new slot, and start one instance once with backfill: true and backfill_since covering the gap (from before the last event Kafka acknowledged): it publishes those events from the outbox table, consistently with the new slot (docs/operations.md, \"Recovering a lost or missing slot\")",
 		s.ledger.Table(), quoteLiteral(s.cfg.Slot))
 }

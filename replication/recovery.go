@@ -81,8 +81,8 @@ func (s *Stream) replaceLost(ctx context.Context, conn *pgx.Conn, slot SlotInfo,
 	if slot.Exists && slot.Active {
 		return SlotInfo{}, fmt.Errorf("%w: slot %q, which is to be replaced (%s), is being streamed by PostgreSQL backend PID %d%s", ErrSlotActive, s.cfg.Slot, lost.Reason, slot.ActivePID, describeBackend(ctx, conn, slot.ActivePID))
 	}
-	// The destructive steps run on the owner's connection: should it have ended, they fail
-	// rather than act for a process that no longer owns the recovery.
+	// The destructive steps run on the owner's connection (the drop: see dropLost): should it
+	// have ended, they fail rather than act for a process that no longer owns the recovery.
 	owner := s.owner.conn
 	if lost.Again {
 		s.log.Warn("a recovery of the lost slot's gap was under way and did not complete; starting it again with a new slot",
@@ -97,13 +97,39 @@ func (s *Stream) replaceLost(ctx context.Context, conn *pgx.Conn, slot SlotInfo,
 		}
 	}
 	if slot.Exists {
-		if _, err := owner.Exec(ctx, "SELECT pg_drop_replication_slot($1)", s.cfg.Slot); err != nil {
-			return SlotInfo{}, fmt.Errorf("drop slot %q to replace it: %w", s.cfg.Slot, err)
+		if err := s.dropLost(ctx, conn); err != nil {
+			return SlotInfo{}, err
 		}
 		s.log.Info("dropped the slot to replace it", zap.String("slot", s.cfg.Slot))
 	}
 	s.lost = lost
 	return SlotInfo{}, nil
+}
+
+// dropLost drops the lost slot, which is to be replaced, as the owner of its recovery. On a
+// primary it runs on the owner's connection: should that session have ended, and the ownership
+// with it, the drop fails rather than act for a process that no longer owns the recovery.
+// Decoding on a standby the slot is the standby's while the recovery lock is the primary's
+// (primary_dsn), so the drop runs on conn, the session's checks' connection to the standby, once
+// the owner's session has shown that it still holds the lock (a drop of another owner's
+// replacement would need that owner to have taken the lock in the moment between the two).
+func (s *Stream) dropLost(ctx context.Context, conn *pgx.Conn) error {
+	on := s.owner.conn
+	if s.cfg.PrimaryDSN != "" {
+		hi, lo := lockArgs(s.owner.key)
+		var mine bool
+		if err := s.owner.conn.QueryRow(ctx, "SELECT "+owns("$1", "$2"), hi, lo).Scan(&mine); err != nil {
+			return fmt.Errorf("check the recovery lock of slot %q before dropping the slot on the standby: %w", s.cfg.Slot, err)
+		}
+		if !mine {
+			return fmt.Errorf("the recovery lock of slot %q is no longer held by this process's session on the primary (primary_dsn): not dropping the slot on the standby", s.cfg.Slot)
+		}
+		on = conn
+	}
+	if _, err := on.Exec(ctx, "SELECT pg_drop_replication_slot($1)", s.cfg.Slot); err != nil {
+		return fmt.Errorf("drop slot %q to replace it: %w", s.cfg.Slot, err)
+	}
+	return nil
 }
 
 // recover runs Config.Recover for the replacement slot just created, then records the recovery as

@@ -178,6 +178,10 @@ func leadershipConfig(cfg *config.Config, rcfg relay.Config) leadership.Config {
 			RetryInterval: cfg.LeaderRetryInterval,
 			CheckTimeout:  cfg.LeaderCheckTimeout,
 		}
+		if cfg.PrimaryDSN != "" {
+			// Decoding on a standby, the walsender is the standby's, out of the lock session's sight.
+			lc.Election.WalsenderDSN = cfg.PGDSN
+		}
 		lc.KafkaTimeout = cfg.LeaderKafkaTimeout
 	}
 	return lc

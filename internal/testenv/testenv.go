@@ -149,6 +149,19 @@ func Standby(t testing.TB, primary *devenv.Postgres, opts ...devenv.PostgresOpti
 	})
 }
 
+// StandbyOnline starts a physical standby of primary for t from an online base backup, as
+// pg_basebackup takes one (devenv.StartStandbyOnline: primary goes on serving), closed at t's
+// cleanup. opts (at most one) may set Port and Settings, which must name as primary_slot_name a
+// physical slot on primary made with its WAL reserved.
+func StandbyOnline(t testing.TB, primary *devenv.Postgres, opts ...devenv.PostgresOptions) *devenv.Postgres {
+	t.Helper()
+	return dedicated(t, "pg", func(ctx context.Context, dir string) (*devenv.Postgres, error) {
+		o := first(opts)
+		o.Dir = dir
+		return devenv.StartStandbyOnline(ctx, primary, o)
+	})
+}
+
 // Kafka starts a dedicated broker for t, closed at t's cleanup. opts (at most one) may set
 // anything but Dir.
 func Kafka(t testing.TB, opts ...devenv.KafkaOptions) *devenv.Kafka {
