@@ -70,7 +70,8 @@ func markerPoll(attempt int) time.Duration {
 
 // markerDelay learns how long after EndTxn's answer the markers usually have landed: a first check
 // that finds every partition decided shortens the wait before the next transaction's by 1/64, one
-// that does not lengthens it by a quarter. The wait settles where about 16 first checks in 17 find
+// that finds a marker still on its way lengthens it by a quarter (one that finds a partition
+// behind another producer's transaction, or unanswered, leaves it). The wait settles where about 16 first checks in 17 find
 // the markers landed (about the 94th percentile of their latency), so a transaction costs about
 // one check per broker, and a commit waits at most about the markers' own latency spread longer
 // than it must. Growing by a quarter, not doubling, keeps a single slow marker from holding up the
@@ -165,8 +166,18 @@ func (tm *Committer) landed(ctx context.Context, spans map[TopicPartition]Span, 
 				behind = append(behind, tp)
 			}
 		}
-		if attempt == 0 {
-			tm.firstCheck.learn(len(pending) == 0)
+		// The first check teaches the wait only what it says about the markers' latency: every
+		// partition decided, or one still holding this transaction open (its marker on the way).
+		// A partition behind another producer's open transaction, or without an answer (no
+		// leader, a broker away, the context ending), says nothing about it: learning a miss from
+		// those would hold every later commit at the ceiling while another producer's
+		// transactions share the partitions (relays on several slots writing the same topics).
+		switch {
+		case attempt > 0:
+		case len(pending) == 0:
+			tm.firstCheck.learn(true)
+		case len(stuck) > 0:
+			tm.firstCheck.learn(false)
 		}
 		if len(pending) == 0 {
 			break

@@ -249,3 +249,40 @@ func TestAMarkerCheckThatABrokerDoesNotAnswerIsNeverTakenForLanded(t *testing.T)
 		t.Errorf("node 2 was asked %d times, want the check to go on asking it", len(b.asked[1]))
 	}
 }
+
+func TestTheFirstMarkerCheckLearnsOnlyFromTheMarkersOwnLatency(t *testing.T) {
+	initial := firstCheckInitial
+	tests := []struct {
+		name  string
+		first func() (offset int64, omit bool) // t/0's first answer; later ones say it is decided
+		want  time.Duration
+	}{
+		{"every marker landed at the first check: the wait shortens", func() (int64, bool) { return 100, false }, initial - initial/64},
+		{"the marker still on its way at the first check: the wait lengthens", func() (int64, bool) { return 5, false }, initial + initial/4},
+		// Another producer's older open transaction holds the partition: how long it stays open
+		// says nothing about how long this one's markers take.
+		{"behind another producer's open transaction at the first check: the wait stays", func() (int64, bool) { return 3, false }, initial},
+		{"no answer for the partition at the first check: the wait stays", func() (int64, bool) { return 0, true }, initial},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newTwoBrokers(t)
+			calls := 0
+			b.set(1, func(int32) (int64, int16, bool) {
+				calls++
+				if calls == 1 {
+					offset, omit := tt.first()
+					return offset, 0, omit
+				}
+				return 100, 0, false
+			})
+			tm := b.committer(t)
+			if _, err := tm.landed(t.Context(), map[TopicPartition]Span{{"t", 0}: {5, 6}}, true, TopicPartition{}); err != nil {
+				t.Fatal(err)
+			}
+			if got := tm.firstCheck.get(); got != tt.want {
+				t.Errorf("the next transaction's first check waits %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
