@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +15,9 @@ import (
 	"github.com/segmentio/kafka-go/protocol/apiversions"
 	"github.com/segmentio/kafka-go/protocol/listoffsets"
 	"github.com/segmentio/kafka-go/protocol/metadata"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // twoBrokers is a fake cluster of two brokers (node ids 1 and 2) speaking just enough of the
@@ -196,7 +199,7 @@ func TestTheMarkerCheckTakesOnlyWhatEachLeaderAnsweredWithoutAnError(t *testing.
 			b.set(1, tt.node1)
 			b.set(2, tt.node2)
 			tm := b.committer(t)
-			stable, errs := tm.stableOffsets(t.Context(), fakeTPs)
+			stable, errs, _ := tm.stableOffsets(t.Context(), fakeTPs)
 			if fmt.Sprint(stable) != fmt.Sprint(tt.wantStable) {
 				t.Errorf("stable offsets %v, want %v", stable, tt.wantStable)
 			}
@@ -282,6 +285,42 @@ func TestTheFirstMarkerCheckLearnsOnlyFromTheMarkersOwnLatency(t *testing.T) {
 			}
 			if got := tm.firstCheck.get(); got != tt.want {
 				t.Errorf("the next transaction's first check waits %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestWaitingForAMarkerNamesWhatTheBrokersAnswered(t *testing.T) {
+	tests := []struct {
+		name  string
+		node1 func(int32) (int64, int16, bool)
+		want  string
+	}{
+		{"a partition answering an error: the warning names it", func(int32) (int64, int16, bool) { return -1, int16(kafka.KafkaStorageError), false }, "t/0: [56] Kafka Storage Error"},
+		{"no broker answering: the warning names why", nil, "t/0: list offsets:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newTwoBrokers(t)
+			b.set(1, tt.node1)
+			tm := b.committer(t)
+			core, logs := observer.New(zap.WarnLevel)
+			tm.log, tm.waitWarn = zap.New(core), 50*time.Millisecond
+			ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
+			defer cancel()
+			if _, err := tm.landed(ctx, map[TopicPartition]Span{{"t", 0}: {5, 6}}, true, TopicPartition{}); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("landed: %v, want it waiting until its context ends", err)
+			}
+			var named []string
+			for _, e := range logs.FilterMessageSnippet("waiting for the marker").All() {
+				for _, f := range e.Context {
+					if f.Key == "errors" {
+						named = append(named, fmt.Sprint(f.Interface))
+					}
+				}
+			}
+			if len(named) == 0 || !strings.Contains(named[len(named)-1], tt.want) {
+				t.Errorf("the waiting warnings name %q, want the last to name %q", named, tt.want)
 			}
 		})
 	}
