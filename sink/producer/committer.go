@@ -93,6 +93,8 @@ type Committer struct {
 	producers  []*Producer
 	// firstCheck is how long after a commit or abort the check of its markers waits (landed).
 	firstCheck markerDelay
+	// waitWarn is how often landed warns while it waits (0: every 10 s).
+	waitWarn time.Duration
 
 	// active is the generation partitions may send; records of a later one wait.
 	active atomic.Uint64

@@ -70,7 +70,8 @@ func markerPoll(attempt int) time.Duration {
 
 // markerDelay learns how long after EndTxn's answer the markers usually have landed: a first check
 // that finds every partition decided shortens the wait before the next transaction's by 1/64, one
-// that does not lengthens it by a quarter. The wait settles where about 16 first checks in 17 find
+// that finds a marker still on its way lengthens it by a quarter (one that finds a partition
+// behind another producer's transaction, or unanswered, leaves it). The wait settles where about 16 first checks in 17 find
 // the markers landed (about the 94th percentile of their latency), so a transaction costs about
 // one check per broker, and a commit waits at most about the markers' own latency spread longer
 // than it must. Growing by a quarter, not doubling, keeps a single slow marker from holding up the
@@ -131,6 +132,7 @@ func (tm *Committer) landed(ctx context.Context, spans map[TopicPartition]Span, 
 	approx := make(map[TopicPartition]bool)
 	missing := make(map[TopicPartition]time.Time) // since when each answers that it does not exist
 	since, told := time.Now(), time.Now()
+	why := make(map[TopicPartition]error) // the last error each pending partition answered, for the operator
 	if err := sleep(ctx, tm.firstCheck.get()); err != nil {
 		return false, err
 	}
@@ -138,10 +140,16 @@ func (tm *Committer) landed(ctx context.Context, spans map[TopicPartition]Span, 
 		if err := tm.resolveUnknown(ctx, pending, approx); err != nil {
 			return repaired, err
 		}
-		stable, errs := tm.stableOffsets(ctx, slices.Collect(maps.Keys(pending)))
+		stable, errs, reqErr := tm.stableOffsets(ctx, slices.Collect(maps.Keys(pending)))
 		var stuck, behind []TopicPartition
 		for tp, sp := range pending {
 			lso, ok := stable[tp]
+			switch {
+			case errs[tp] != nil:
+				why[tp] = errs[tp]
+			case !ok && reqErr != nil:
+				why[tp] = reqErr
+			}
 			if gone := errors.Is(errs[tp], kafka.UnknownTopicOrPartition); !gone {
 				delete(missing, tp)
 			} else if _, seen := missing[tp]; !seen {
@@ -165,8 +173,18 @@ func (tm *Committer) landed(ctx context.Context, spans map[TopicPartition]Span, 
 				behind = append(behind, tp)
 			}
 		}
-		if attempt == 0 {
-			tm.firstCheck.learn(len(pending) == 0)
+		// The first check teaches the wait only what it says about the markers' latency: every
+		// partition decided, or one still holding this transaction open (its marker on the way).
+		// A partition behind another producer's open transaction, or without an answer (no
+		// leader, a broker away, the context ending), says nothing about it: learning a miss from
+		// those would hold every later commit at the ceiling while another producer's
+		// transactions share the partitions (relays on several slots writing the same topics).
+		switch {
+		case attempt > 0:
+		case len(pending) == 0:
+			tm.firstCheck.learn(true)
+		case len(stuck) > 0:
+			tm.firstCheck.learn(false)
 		}
 		if len(pending) == 0 {
 			break
@@ -181,11 +199,18 @@ func (tm *Committer) landed(ctx context.Context, spans map[TopicPartition]Span, 
 			repaired, since = true, time.Now()
 			continue
 		}
-		if time.Since(told) >= 10*time.Second {
+		if time.Since(told) >= tm.waitWarnEvery() {
 			told = time.Now()
-			tm.log.Warn("waiting for the marker of a Kafka transaction to reach its partitions before going on (a partition without a leader answers nothing; another producer's older open transaction hides this one's state)",
+			var answered []string
+			for tp, err := range why {
+				if _, still := pending[tp]; still {
+					answered = append(answered, fmt.Sprintf("%v: %v", tp, err))
+				}
+			}
+			slices.Sort(answered)
+			tm.log.Warn("waiting for the marker of a Kafka transaction to reach its partitions before going on (a partition without a leader answers nothing; another producer's older open transaction hides this one's state; errors names what the brokers last answered)",
 				zap.String("transactional_id", tm.id), zap.Stringers("partitions", slices.Collect(maps.Keys(pending))),
-				zap.Stringers("behind_another_transaction", behind))
+				zap.Stringers("behind_another_transaction", behind), zap.Strings("errors", answered))
 		}
 		if err := sleep(ctx, markerPoll(attempt)); err != nil {
 			return repaired, err
@@ -231,15 +256,16 @@ func (tm *Committer) resolveUnknown(ctx context.Context, spans map[TopicPartitio
 
 // stableOffsets returns the last stable offset of each of tps that answers, and the error of each
 // that answers with one; a partition without a leader, or whose leader did not answer, is in
-// neither. It sends one ListOffsets per broker (stableOffsetsRequest).
-func (tm *Committer) stableOffsets(ctx context.Context, tps []TopicPartition) (map[TopicPartition]int64, map[TopicPartition]error) {
+// neither. It sends one ListOffsets per broker (stableOffsetsRequest); reqErr is why no broker
+// answered at all.
+func (tm *Committer) stableOffsets(ctx context.Context, tps []TopicPartition) (stable map[TopicPartition]int64, errs map[TopicPartition]error, reqErr error) {
 	out := make(map[TopicPartition]int64, len(tps))
-	errs := make(map[TopicPartition]error)
+	errs = make(map[TopicPartition]error)
 	rctx, cancel := context.WithTimeout(ctx, tm.timeout)
 	defer cancel()
 	m, err := tm.client.Transport.RoundTrip(rctx, tm.client.Addr, newStableOffsetsRequest(tps))
 	if err != nil {
-		return out, errs
+		return out, errs, fmt.Errorf("list offsets: %w", err)
 	}
 	for _, t := range m.(*listoffsets.Response).Topics {
 		for _, p := range t.Partitions {
@@ -251,7 +277,15 @@ func (tm *Committer) stableOffsets(ctx context.Context, tps []TopicPartition) (m
 			}
 		}
 	}
-	return out, errs
+	return out, errs, nil
+}
+
+// waitWarnEvery is how often landed says what it is still waiting for.
+func (tm *Committer) waitWarnEvery() time.Duration {
+	if tm.waitWarn > 0 {
+		return tm.waitWarn
+	}
+	return 10 * time.Second
 }
 
 // repair ends an empty transaction holding tps (commit or abort): its marker ends the transaction
