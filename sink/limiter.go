@@ -23,6 +23,18 @@ func newLimiter(maxEvents, maxBytes int64) *limiter {
 	return &limiter{maxEvents: maxEvents, maxBytes: maxBytes, wake: make(chan struct{}, 1)}
 }
 
+// tryAcquire takes one event of size bytes if it fits now, without waiting.
+func (l *limiter) tryAcquire(size int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.events == 0 || (l.events < l.maxEvents && l.bytes+size <= l.maxBytes) {
+		l.events++
+		l.bytes += size
+		return true
+	}
+	return false
+}
+
 // acquire blocks until one event of size bytes fits. An event larger than the byte cap is admitted
 // alone, so a single big event cannot wedge the relay. It gives up when ctx ends or stop closes.
 func (l *limiter) acquire(ctx context.Context, stop <-chan struct{}, size int64) error {

@@ -128,3 +128,33 @@ func TestLimiterReleaseWakesTheWaiterEveryTime(t *testing.T) {
 		t.Fatalf("inFlight = %d, %d; want 1, 1", e, b)
 	}
 }
+
+// TestTryAcquireTakesWhatAcquireWouldWithoutWaiting: the window's fast path (no wait, so the
+// record's linger starts at the clock reading taken before it) admits exactly what acquire admits
+// at once, and takes nothing when acquire would wait.
+func TestTryAcquireTakesWhatAcquireWouldWithoutWaiting(t *testing.T) {
+	tests := []struct {
+		name           string
+		events, bytes  int64 // held already
+		size           int64
+		want           bool
+		wantHeldEvents int64
+	}{
+		{"room for it: taken", 1, 10, 10, true, 2},
+		{"an event larger than the byte cap is admitted alone", 0, 0, 500, true, 1},
+		{"the event cap is reached: not taken", 3, 30, 1, false, 3},
+		{"the byte cap would be passed: not taken", 1, 90, 20, false, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLimiter(3, 100)
+			l.events, l.bytes = tt.events, tt.bytes
+			if got := l.tryAcquire(tt.size); got != tt.want {
+				t.Fatalf("tryAcquire = %v, want %v", got, tt.want)
+			}
+			if events, _ := l.inFlight(); events != tt.wantHeldEvents {
+				t.Fatalf("%d events held, want %d", events, tt.wantHeldEvents)
+			}
+		})
+	}
+}

@@ -269,9 +269,15 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	built := s.records.Build(ev, time.Now())
+	// One clock reading serves the record's fallback timestamp and the start of its linger, unless
+	// something below waits (the registry, the window): then the linger starts after the wait. A
+	// reading costs ~0.15 µs on a virtual machine's clock, a few percent of an event's cost.
+	now := time.Now()
+	waited := false
+	built := s.records.Build(ev, now)
 	framed := false
 	if s.cfg.Serializer != nil && reject == "" && built.TopicErr == nil {
+		waited = true // the registry may have been asked
 		// Framed before it takes a position: an event the registry cannot serve yet holds the
 		// stream here, and one that cannot be serialized goes to the policy like a rejected one.
 		var ctxErr error
@@ -290,11 +296,17 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	rec.topic = built.Msg.Topic
 	size := int64(producer.RecordSize(&rec.Msg))
 	rec.Size = s.held(size, ev) // what the window counts: the memory kept until Kafka acknowledges
-	if err := s.limit.acquire(ctx, s.failed, rec.Size); err != nil {
-		if ctx.Err() == nil && s.Err() != nil {
-			return s.Err()
+	if !s.limit.tryAcquire(rec.Size) {
+		if err := s.limit.acquire(ctx, s.failed, rec.Size); err != nil {
+			if ctx.Err() == nil && s.Err() != nil {
+				return s.Err()
+			}
+			return err
 		}
-		return err
+		waited = true
+	}
+	if waited {
+		now = time.Now()
 	}
 	if s.txn != nil {
 		s.txn.c.Join(&rec.Record)
@@ -304,7 +316,7 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 	// The waits in hand end with ctx: a stop must never hang on a topic that cannot be learned. An
 	// event not handed over then gives its capacity back; it was never acknowledged, so it is
 	// published again after a restart.
-	if err := s.hand(ctx, rec, &built, size, reject, cause); err != nil {
+	if err := s.hand(ctx, rec, &built, size, reject, cause, now); err != nil {
 		if s.txn != nil {
 			s.txn.c.Leave(&rec.Record)
 		}
@@ -321,8 +333,9 @@ func (s *Sink) submit(ctx context.Context, ev *decoder.Event, ack Acker, reject 
 
 // hand gives rec, the event built as built (size bytes as a record), to the main producer, or, with
 // a reject reason or a record that cannot go to its topic, to the failure policy. Its waits (for a
-// topic's partitions, the dead-letter topic's included) end with ctx.
-func (s *Sink) hand(ctx context.Context, rec *delivery, built *record.Record, size int64, reject string, cause error) error {
+// topic's partitions, the dead-letter topic's included) end with ctx. now is when it was admitted
+// to the window.
+func (s *Sink) hand(ctx context.Context, rec *delivery, built *record.Record, size int64, reject string, cause error, now time.Time) error {
 	topic, routeErr, hdrErr, partErr := built.Msg.Topic, built.TopicErr, built.HeadersErr, built.PartitionErr
 	var err error
 	switch {
@@ -350,7 +363,7 @@ func (s *Sink) hand(ctx context.Context, rec *delivery, built *record.Record, si
 	default:
 		// The linger counts from here, after the wait for room in the window: a record that waited
 		// lingers like any other (TestARecordThatWaitedForTheWindowStillLingers).
-		rec.Enqueued = time.Now()
+		rec.Enqueued = now
 		if err = s.main.Enqueue(ctx, &rec.Record); err != nil && ctx.Err() == nil {
 			if errors.Is(err, producer.ErrTopicRefused) {
 				s.topics.unavailable(topic, err)

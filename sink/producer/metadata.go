@@ -29,11 +29,11 @@ const leadersTTL = 5 * time.Second
 
 // partitions returns the topic's partition count, asking the brokers (and, with AutoCreateTopics,
 // letting them auto-create the topic) when it is not known or stale.
-func (p *Producer) partitions(ctx context.Context, topic string) (int, error) {
+func (p *Producer) partitions(ctx context.Context, topic string, now time.Time) (int, error) {
 	p.mu.Lock()
 	info, ok := p.topics[topic]
 	p.mu.Unlock()
-	if ok && time.Since(info.fetched) < metadataTTL {
+	if ok && now.Sub(info.fetched) < metadataTTL {
 		return info.partitions, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, p.timeout)

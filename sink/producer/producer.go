@@ -177,9 +177,16 @@ func (tp TopicPartition) String() string { return fmt.Sprintf("%s/%d", tp.Topic,
 // error (the topic is invalid or not authorized) or ctx's error.
 func (p *Producer) Enqueue(ctx context.Context, rec *Record) error {
 	var n int
+	// The caller's clock reading when it handed the record over is recent enough to tell whether
+	// the topic's partition count is still trusted: a reading per record was a measurable part of
+	// the hot path's cost on a virtual machine's clock.
+	now := rec.Enqueued
+	if now.IsZero() {
+		now = time.Now()
+	}
 	for attempt := 0; ; attempt++ {
 		var err error
-		if n, err = p.partitions(ctx, rec.Msg.Topic); err == nil {
+		if n, err = p.partitions(ctx, rec.Msg.Topic, now); err == nil {
 			break
 		}
 		if p.txns != nil && errors.Is(err, kafka.TopicAuthorizationFailed) {
@@ -193,6 +200,7 @@ func (p *Producer) Enqueue(ctx context.Context, rec *Record) error {
 		p.retrying(rec.Msg.Topic, -1, 1, err, delay)
 		select {
 		case <-time.After(delay):
+			now = time.Now()
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -86,3 +86,37 @@ func TestAfterAHaltOnlyRecordsBeforeTheHaltedOneAreSent(t *testing.T) {
 		})
 	}
 }
+
+// TestAPushWakesThePartitionOnlyWhenItsDecisionChanges: the partition's goroutine is woken by a
+// first record (its linger starts), a record put ahead of others (an earlier Kafka transaction's)
+// and a full batch, never by a record queued behind others while the batch lingers: a wake per
+// event was most of the table-free drain's hand-off cost.
+func TestAPushWakesThePartitionOnlyWhenItsDecisionChanges(t *testing.T) {
+	tests := []struct {
+		name     string
+		pending  []uint64 // the queued records' transactions
+		txn      uint64   // the pushed record's
+		maxBytes int
+		want     bool
+	}{
+		{"a first record wakes it", nil, 0, 1000, true},
+		{"a record behind others lingers with them", []uint64{0, 0}, 0, 1000, false},
+		{"a record of a later transaction waits behind", []uint64{1}, 2, 1000, false},
+		{"a record of an earlier transaction goes ahead and wakes it", []uint64{2}, 1, 1000, true},
+		{"a record that fills the batch's bytes wakes it", []uint64{0}, 0, 20, true},
+		{"a record that fills the batch's count wakes it", []uint64{0, 0, 0}, 0, 1000, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := &partitionQueue{p: &Producer{maxRecords: 4, maxBytes: tt.maxBytes}, wake: make(chan struct{}, 1)}
+			for _, txn := range tt.pending {
+				q.pending = append(q.pending, &Record{Txn: txn, Size: 10})
+				q.bytes += 10
+			}
+			q.push(&Record{Txn: tt.txn, Size: 10})
+			if got := len(q.wake) == 1; got != tt.want {
+				t.Fatalf("woken %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

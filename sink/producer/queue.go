@@ -46,10 +46,25 @@ func (q *partitionQueue) push(rec *Record) {
 	for i > 0 && q.pending[i-1].Txn > rec.Txn {
 		i--
 	}
+	wake := q.wakeForLocked(i)
 	q.pending = slices.Insert(q.pending, i, rec)
 	q.bytes += int(rec.Size)
+	wake = wake || len(q.pending) >= q.p.maxRecords || q.bytes >= q.p.maxBytes
 	q.mu.Unlock()
-	q.signal()
+	if wake {
+		q.signal()
+	}
+}
+
+// wakeForLocked says whether a record inserted at pending[i] changes what the partition's
+// goroutine decided when it last looked: a first record starts the linger (and the wait for a
+// request to its broker), and one put ahead of others (an earlier Kafka transaction's) changes
+// which records may go. A record appended behind others changes neither: the goroutine already
+// waits for the oldest's linger, for a request to its broker, or for its transaction, and push
+// wakes it when the batch is full. Waking it for every record cost a round of locks, a clock
+// reading, a timer reset and its broker's map of waiting partitions per event.
+func (q *partitionQueue) wakeForLocked(i int) bool {
+	return len(q.pending) == 0 || i < len(q.pending)
 }
 
 func (q *partitionQueue) close() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/segmentio/kafka-go"
 
@@ -217,11 +218,15 @@ func (sc *flatScan) str() ([]byte, bool) {
 
 // member reads one member, "key": scalar, and appends its header to hs (none for a null). ok is
 // false for anything but a flat member: nested values and anything odd take the careful path.
+// The header's name aliases obj like its value: the event's buffers are never written after the
+// decoder fills them, and the name lives no longer than the record (a copy per member was a fifth
+// of a table-free event's allocations).
 func (sc *flatScan) member(hs []kafka.Header) (out []kafka.Header, ok bool) {
-	key, ok := sc.str()
+	name, ok := sc.str()
 	if !ok {
 		return hs, false
 	}
+	key := unsafe.String(unsafe.SliceData(name), len(name))
 	sc.space()
 	if !sc.take(':') {
 		return hs, false
@@ -237,16 +242,16 @@ func (sc *flatScan) member(hs []kafka.Header) (out []kafka.Header, ok bool) {
 		if !ok {
 			return hs, false
 		}
-		return append(hs, kafka.Header{Key: string(key), Value: v}), true
+		return append(hs, kafka.Header{Key: key, Value: v}), true
 	case c == 'n' && bytes.HasPrefix(obj[i:], []byte("null")):
 		sc.i += 4
 		return hs, true
 	case c == 't' && bytes.HasPrefix(obj[i:], []byte("true")):
 		sc.i += 4
-		return append(hs, kafka.Header{Key: string(key), Value: obj[i : i+4 : i+4]}), true
+		return append(hs, kafka.Header{Key: key, Value: obj[i : i+4 : i+4]}), true
 	case c == 'f' && bytes.HasPrefix(obj[i:], []byte("false")):
 		sc.i += 5
-		return append(hs, kafka.Header{Key: string(key), Value: obj[i : i+5 : i+5]}), true
+		return append(hs, kafka.Header{Key: key, Value: obj[i : i+5 : i+5]}), true
 	case c == '-' || c >= '0' && c <= '9':
 		j := i
 		for j < len(obj) && (obj[j] == '-' || obj[j] == '+' || obj[j] == '.' || obj[j] == 'e' || obj[j] == 'E' || obj[j] >= '0' && obj[j] <= '9') {
@@ -256,7 +261,7 @@ func (sc *flatScan) member(hs []kafka.Header) (out []kafka.Header, ok bool) {
 			return hs, false
 		}
 		sc.i = j
-		return append(hs, kafka.Header{Key: string(key), Value: obj[i:j:j]}), true
+		return append(hs, kafka.Header{Key: key, Value: obj[i:j:j]}), true
 	}
 	return hs, false
 }
