@@ -72,14 +72,28 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if rep == nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "bench: measured in %s\n", time.Since(began).Round(time.Second))
+	measured := time.Since(began)
+	fmt.Fprintf(stderr, "bench: measured in %s\n", measured.Round(time.Second))
 	failed := rep.Failed()
 	for _, f := range failed {
 		fmt.Fprintln(stderr, "bench: FAILED:", f)
 	}
-	fmt.Fprintln(stdout, machine(ctx, svc))
-	fmt.Fprint(stdout, "\n", rep.Table(), "\n")
-	fmt.Fprintln(stdout, rep.Summary())
+	mach := machine(ctx, svc)
+	table, summary := rep.Table(), rep.Summary()
+	fmt.Fprintln(stdout, mach)
+	fmt.Fprint(stdout, "\n", table, "\n")
+	fmt.Fprintln(stdout, summary)
+	if cfg.ChartDir != "" {
+		info := runInfo{Relay: relayVersion(ctx, cfg.RelayBin), Source: sourceState(ctx), Date: began, Machine: mach,
+			Debezium: cfg.usesDebezium(), Settings: cfg.settings(), Measured: measured}
+		path, werr := writeResults(cfg.ChartDir, info, table, summary)
+		if werr != nil {
+			fmt.Fprintln(stderr, "bench: FAILED:", werr)
+			err = errors.Join(err, werr)
+		} else {
+			fmt.Fprintln(stderr, "bench: results and charts in", path, strings.Join(rep.Charts, " "))
+		}
+	}
 	if err == nil && len(failed) > 0 {
 		err = fmt.Errorf("%d measurement(s) failed", len(failed))
 	}
@@ -113,7 +127,8 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 	producerFor := fs.Duration("producer", envDuration("BENCH_PRODUCER", 10*time.Second), "how long each client-side producer (outbox.Write, outbox.Emit) commits one-event transactions, 0 to skip (BENCH_PRODUCER)")
 	rounds := fs.Int("rounds", envInt("BENCH_ROUNDS", 3), "drains of the ceiling, the relay, exactly-once and the message mode, interleaved; the ratios are medians over them (BENCH_ROUNDS)")
 	sweep := fs.String("sweep", os.Getenv("BENCH_SWEEP"), "measure the relay's steady state (both modes) at each kafka.linger[/transaction_interval] of this comma-separated list, every round, and chart p99 against CPU per event; on: "+defaultSweep+" (BENCH_SWEEP)")
-	charts := fs.String("charts", envStr("BENCH_CHARTS", filepath.Join(".local", "bench")), "directory for the sweep's chart, sweep.svg and sweep.png (BENCH_CHARTS)")
+	charts := fs.String("charts", envStr("BENCH_CHARTS", filepath.Join(".local", "bench")), "directory for the charts (drains, latency and, with a sweep, sweep; .svg and .png) and the report, results.md; make bench-docs: docs/bench (BENCH_CHARTS)")
+	keepTopics := fs.Bool("keep-topics", envStr("BENCH_KEEP_TOPICS", "false") == "true", "leave every measurement's topics on the broker instead of deleting them once measured (BENCH_KEEP_TOPICS)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, ServiceOptions{}, err
 	}
@@ -126,7 +141,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 		Events: *events, Partitions: *partitions, Rate: *rate, SteadyFor: *steadyFor, BigTx: *bigTx,
 		Sides: splitList(*sides), Steady: splitList(*steady), RelayBin: *relayBin, RelayArgs: strings.Fields(*relayArgs), DebeziumLib: *dbzLib,
 		ProfileDir: *profile, WorkDir: *work, Log: stderr, Messages: *messages, ProducerFor: *producerFor, Rounds: *rounds,
-		Sweep: points, ChartDir: *charts,
+		Sweep: points, ChartDir: *charts, KeepTopics: *keepTopics,
 	}
 	if cfg.BigTx < 0 {
 		cfg.BigTx = cfg.Events

@@ -22,7 +22,7 @@ type Report struct {
 	BigTx        *Result
 	Profile      *Profile
 	Messages     *MessagesResult // the table-free outbox, when measured
-	Charts       []string        // the sweep's chart files
+	Charts       []string        // the chart files (charts.go)
 	ChartErr     error
 	Notes        []string // what a side had to change to run (e.g. a configuration Connect refused)
 	defaults     relayDefaults
@@ -53,6 +53,8 @@ var sideLabels = map[string]string{
 	sidePoll:        "outbox-relay, source poll",
 	sidePollStandby: "outbox-relay, source poll, synchronized_standby_slots",
 	sideRecover:     "outbox-relay, lost-slot recovery from the table",
+	sideMsgCeiling:  "ceiling (pg_recvlogical, messages)",
+	sideMsgRelay:    "outbox-relay, messages",
 }
 
 func label(side string) string {
@@ -271,6 +273,12 @@ func (r *Report) Table() string {
 		} else {
 			fmt.Fprintf(&b, "\nProfiled in-process relay: %s\n", p.line())
 		}
+	}
+	if len(r.Charts) > 0 {
+		fmt.Fprintf(&b, "\nCharts: %s\n", strings.Join(r.Charts, ", "))
+	}
+	if r.ChartErr != nil {
+		fmt.Fprintf(&b, "\nCharts: failed: %s\n", oneLine(r.ChartErr))
 	}
 	return b.String()
 }
@@ -497,7 +505,7 @@ func (r *Report) Failed() []string {
 		out = append(out, "profile: "+r.Profile.Err.Error())
 	}
 	if r.ChartErr != nil {
-		out = append(out, "sweep chart: "+r.ChartErr.Error())
+		out = append(out, "charts: "+r.ChartErr.Error())
 	}
 	return append(out, r.messagesFailed()...)
 }

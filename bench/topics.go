@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Each measurement runs on topics of its own, created just before it and deleted once it is
+// measured (unless Config.KeepTopics), so every side and round meets a broker holding the same
+// topics: the warm-up's positions topic and nothing else of the run. Without this a run's topics
+// and partitions piled up over its course (a full run created several hundred partitions), and
+// the sides measured late met a broker with more logs, indexes and metadata than the early ones.
+
+// dropTopics deletes name's topics and waits until the broker no longer lists them.
+func (b *bench) dropTopics(ctx context.Context, name string) error {
+	return b.deleteTopics(ctx, b.topics(name)...)
+}
+
+// dropConnectTopics deletes the internal topics (configs, offsets, status) of the distributed
+// Connect worker that ran as name, if any (only Debezium with Connect's exactly-once runs one).
+func (b *bench) dropConnectTopics(ctx context.Context, side, name string) error {
+	if side != sideDbzEOS {
+		return nil
+	}
+	prefix := connectName(b.run, b.connectDir(name))
+	return b.deleteTopics(ctx, prefix+".connect-configs", prefix+".connect-offsets", prefix+".connect-status")
+}
+
+// deleteTopics deletes topics (a topic that does not exist is no error: a side that failed before
+// it created one) and waits until the metadata no longer lists any of them.
+func (b *bench) deleteTopics(ctx context.Context, topics ...string) error {
+	if b.cfg.KeepTopics || len(topics) == 0 {
+		return nil
+	}
+	// Its own bound: deleting topics is quick, and a measurement's context may already be done.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	resp, err := b.kafka.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
+	if err != nil {
+		return fmt.Errorf("delete the measured topics %v: %w", topics, err)
+	}
+	for t, err := range resp.Errors {
+		if err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
+			return fmt.Errorf("delete the measured topic %s: %w", t, err)
+		}
+	}
+	for {
+		meta, err := b.kafka.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+		if err == nil && noneListed(meta.Topics) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("delete the measured topics %v: the broker still lists them: %w", topics, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// noneListed says whether a metadata response names none of the topics it was asked about.
+func noneListed(topics []kafka.Topic) bool {
+	for _, t := range topics {
+		if t.Error == nil || !errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
+			return false
+		}
+	}
+	return true
+}
