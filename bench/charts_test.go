@@ -59,7 +59,7 @@ func TestChartsDrawTheDrainsAndTheLatencyPerSide(t *testing.T) {
 	}
 	for name, wants := range map[string][]string{
 		// Each side once, with its median rate; the message mode's drains too.
-		"drains.svg": {"ceiling (pg_recvlogical)", "outbox-relay, exactly-once", "Debezium 3.6.1, tuned", "outbox-relay, messages", "800/s", "250/s"},
+		"drains.svg":  {"ceiling (pg_recvlogical)", "outbox-relay, exactly-once", "Debezium 3.6.1, tuned", "outbox-relay, messages", "800/s", "250/s"},
 		"latency.svg": {"outbox-relay", "Debezium 3.6.1, tuned", "p50", "p99", "p99.9"},
 	} {
 		svg := read(name)
