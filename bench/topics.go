@@ -39,6 +39,7 @@ func (b *bench) deleteTopics(ctx context.Context, topics ...string) error {
 	// Its own bound: deleting topics is quick, and a measurement's context may already be done.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	began := time.Now()
 	resp, err := b.kafka.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
 	if err != nil {
 		return fmt.Errorf("delete the measured topics %v: %w", topics, err)
@@ -51,6 +52,7 @@ func (b *bench) deleteTopics(ctx context.Context, topics ...string) error {
 	for {
 		meta, err := b.kafka.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 		if err == nil && noneListed(meta.Topics) {
+			b.logf("deleted %d measured topics in %s", len(topics), time.Since(began).Round(time.Millisecond))
 			return nil
 		}
 		select {
