@@ -6,6 +6,9 @@
 //
 //	bench: relay_vs_ceiling=<x.xx> relay_vs_debezium=<x.x> p99_ms=<n> rss_mb=<n> big_tx_rss_mb=<n> exactly_once_vs_relay=<x.xx> exactly_once_p99_ms=<n> msg_write_x=<x.x> msg_wal_x=<x.x> msg_relay_vs_ceiling=<x.xx>
 //
+// With --charts (BENCH_CHARTS) it also writes the tables, headed by the run's commit, machine and
+// settings, to results.md there, next to its charts (charts.go).
+//
 // Every knob has a BENCH_* environment variable and a flag (the flag wins).
 package main
 
