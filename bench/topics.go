@@ -44,6 +44,7 @@ func (b *bench) deleteTopics(ctx context.Context, topics ...string) error {
 	if err != nil {
 		return fmt.Errorf("delete the measured topics %v: %w", topics, err)
 	}
+	answered := time.Since(began)
 	for t, err := range resp.Errors {
 		if err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
 			return fmt.Errorf("delete the measured topic %s: %w", t, err)
@@ -52,7 +53,7 @@ func (b *bench) deleteTopics(ctx context.Context, topics ...string) error {
 	for {
 		meta, err := b.kafka.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 		if err == nil && noneListed(meta.Topics) {
-			b.logf("deleted %d measured topics in %s", len(topics), time.Since(began).Round(time.Millisecond))
+			b.logf("deleted %d measured topics in %s (the broker answered in %s)", len(topics), time.Since(began).Round(time.Millisecond), answered.Round(time.Millisecond))
 			return nil
 		}
 		select {
