@@ -143,6 +143,7 @@ func (r *Report) drainPlot() (*plot.Plot, error) {
 	p.Title.TextStyle.Font.Size = vg.Points(10)
 	p.X.Label.Text = "events/s"
 	p.X.Min = 0
+	p.X.Tick.Marker = wholeTicks{}
 	p.Add(plotter.NewGrid())
 	names := make([]string, len(bars))
 	var labels plotter.XYLabels
@@ -187,6 +188,19 @@ func (r *Report) drainPlot() (*plot.Plot, error) {
 	p.NominalY(names...)
 	p.X.Max = top * 1.25 // room for the labels
 	return p, nil
+}
+
+// wholeTicks are plot.DefaultTicks labelled as whole numbers (25000, not 25000.00).
+type wholeTicks struct{}
+
+func (wholeTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = strconv.FormatFloat(ts[i].Value, 'f', -1, 64)
+		}
+	}
+	return ts
 }
 
 // barColour is side's colour in the charts; the sides without one of their own are grey, the
