@@ -374,10 +374,28 @@ func (r *Report) roundsTable(b *strings.Builder) {
 			row(label(side)+": first record on Kafka, s", sp, values, "%.2f")
 		}
 	}
-	for _, m := range r.steadyMetrics() {
+	for _, m := range append(r.steadyMetrics(), r.brokerByRound()...) {
 		if sp, ok := spreadOf(m.values); ok {
 			row(m.name, sp, m.values, m.verb)
 		}
+	}
+}
+
+// brokerByRound is the broker's CPU per event of the relay's rounds, in round order: a cost that
+// drifts with the rounds (e.g. with what earlier sides left on the broker) shows here.
+func (r *Report) brokerByRound() []metric {
+	var drain, steady []float64
+	for round := range max(r.Config.Rounds, 1) {
+		if d := drains(r.Drains).in(sideRelay, round); d != nil {
+			drain = append(drain, 1e6*brokerPerEvent(d))
+		}
+		if s := r.steadyIn(sideRelay, round); s != nil {
+			steady = append(steady, 1e6*s.brokerPerEvent())
+		}
+	}
+	return []metric{
+		{"at-least-once drain: broker CPU µs per event, by round", drain, "%.1f"},
+		{"steady: at-least-once broker CPU µs per event, by round", steady, "%.1f"},
 	}
 }
 
