@@ -26,7 +26,8 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 var runTopic = regexp.MustCompile(`^b[0-9a-f]{8}[._]`)
 
 var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay_vs_debezium=(n/a|\d+\.\d) p99_ms=(\d+) rss_mb=(\d+) big_tx_rss_mb=(\d+) ` +
-	`exactly_once_vs_relay=(\d+\.\d\d) exactly_once_p99_ms=(\d+) first_record_s=(\d+\.\d\d) msg_write_x=(\d+\.\d) msg_wal_x=(\d+\.\d) msg_relay_vs_ceiling=(\d+\.\d\d)$`)
+	`exactly_once_vs_relay=(\d+\.\d\d) exactly_once_p99_ms=(\d+) first_record_s=(\d+\.\d\d) msg_write_x=(\d+\.\d) msg_wal_x=(\d+\.\d) msg_relay_vs_ceiling=(\d+\.\d\d) ` +
+	`standby_primary_cpu_x=n/a shards_drain_x=n/a shards_walsender_cpu_x=n/a$`)
 
 // The smoke run goes through the same code as `make bench` with a tiny backlog: the ceiling and the
 // relay drain it (in JSON and in Avro through the package's shared schema registry), the relay runs a short steady state and a large transaction, an in-process
@@ -326,7 +327,7 @@ func TestSummaryMarksWhatWasNotMeasured(t *testing.T) {
 		},
 		Steady: []SteadyResult{{Side: sideRelay, P99: 12400 * time.Microsecond, PeakRSS: 30 << 20}},
 	}
-	want := "bench: relay_vs_ceiling=0.80 relay_vs_debezium=n/a p99_ms=12 rss_mb=30 big_tx_rss_mb=n/a exactly_once_vs_relay=n/a exactly_once_p99_ms=n/a first_record_s=n/a msg_write_x=n/a msg_wal_x=n/a msg_relay_vs_ceiling=n/a"
+	want := "bench: relay_vs_ceiling=0.80 relay_vs_debezium=n/a p99_ms=12 rss_mb=30 big_tx_rss_mb=n/a exactly_once_vs_relay=n/a exactly_once_p99_ms=n/a first_record_s=n/a msg_write_x=n/a msg_wal_x=n/a msg_relay_vs_ceiling=n/a standby_primary_cpu_x=n/a shards_drain_x=n/a shards_walsender_cpu_x=n/a"
 	if got := rep.Summary(); got != want {
 		t.Errorf("summary\n got %s\nwant %s", got, want)
 	}
@@ -341,9 +342,9 @@ func TestSummaryReportsTheMessageMode(t *testing.T) {
 			{Side: sideMsgRelay, Events: 1000, Wall: sec(1.25)},
 		}},
 	}
-	want := "msg_write_x=2.5 msg_wal_x=3.0 msg_relay_vs_ceiling=0.80"
-	if got := rep.Summary(); !strings.HasSuffix(got, want) {
-		t.Errorf("summary\n got %s\nwant it to end with %s", got, want)
+	want := "msg_write_x=2.5 msg_wal_x=3.0 msg_relay_vs_ceiling=0.80 "
+	if got := rep.Summary(); !strings.Contains(got, want) {
+		t.Errorf("summary\n got %s\nwant it to hold %s", got, want)
 	}
 }
 
@@ -428,8 +429,9 @@ func TestEachRoundHasItsOwnSlotTopicsLogAndConnectDirectory(t *testing.T) {
 	}
 }
 
-// poll-standby starts a standby and needs PostgreSQL 17+, while the bench's cluster is by default
-// the PATH's PostgreSQL: a run measures it only when it is named, on the version it is given.
+// poll-standby and relay-standby start a standby and need PostgreSQL 17+ and 16+, while the bench's
+// cluster is by default the PATH's PostgreSQL: a run measures them only when they are named, on
+// the version it is given.
 func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
 	for _, key := range []string{"BENCH_SIDES", "BENCH_STEADY_SIDES", "BENCH_PG_VERSION", "BENCH_SWEEP", "BENCH_RELAY_ARGS"} {
 		t.Setenv(key, "")
@@ -451,8 +453,8 @@ func TestPollStandbyRunsOnlyWhenNamed(t *testing.T) {
 		},
 		{
 			name:              "named, it runs in the drain and the steady state on the PostgreSQL asked for",
-			args:              []string{"--sides", "poll,poll-standby", "--steady-sides", "poll-standby", "--pg-version", "18", "--relay-bin", "/bin/true"},
-			wantSides:         []string{sidePoll, sidePollStandby},
+			args:              []string{"--sides", "poll,poll-standby,relay-standby", "--steady-sides", "poll-standby", "--pg-version", "18", "--relay-bin", "/bin/true"},
+			wantSides:         []string{sidePoll, sidePollStandby, sideRelayStandby},
 			wantSteady:        []string{sidePollStandby},
 			wantPGVersion:     "18",
 			wantConfigIsValid: true,

@@ -4,7 +4,7 @@
 //
 // It prints Markdown tables and, as its last line, a summary for scripts:
 //
-//	bench: relay_vs_ceiling=<x.xx> relay_vs_debezium=<x.x> p99_ms=<n> rss_mb=<n> big_tx_rss_mb=<n> exactly_once_vs_relay=<x.xx> exactly_once_p99_ms=<n> msg_write_x=<x.x> msg_wal_x=<x.x> msg_relay_vs_ceiling=<x.xx>
+//	bench: relay_vs_ceiling=<x.xx> relay_vs_debezium=<x.x> p99_ms=<n> rss_mb=<n> big_tx_rss_mb=<n> exactly_once_vs_relay=<x.xx> exactly_once_p99_ms=<n> first_record_s=<x.xx> msg_write_x=<x.x> msg_wal_x=<x.x> msg_relay_vs_ceiling=<x.xx> standby_primary_cpu_x=<x.xx> shards_drain_x=<x.xx> shards_walsender_cpu_x=<x.xx>
 //
 // With --charts (BENCH_CHARTS) it also writes the tables, headed by the run's commit, machine and
 // settings, to results.md there, next to its charts (charts.go).
@@ -104,7 +104,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 func needsRelay(c Config) bool {
-	return len(c.Sides) > 0 || len(c.Steady) > 0 || c.BigTx > 0 || c.Messages
+	return len(c.Sides) > 0 || len(c.Steady) > 0 || c.BigTx > 0 || c.Messages || len(c.Shards) > 0
 }
 
 func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error) {
@@ -116,7 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 	steadyFor := fs.Duration("steady", envDuration("BENCH_STEADY", 20*time.Second), "steady-state duration of each round (BENCH_STEADY)")
 	bigTx := fs.Int("big-tx", envInt("BENCH_BIG_TX", -1), "events in the large transaction, 0 to skip (BENCH_BIG_TX; default: the backlog size)")
 	sides := fs.String("sides", envStr("BENCH_SIDES", strings.Join(byDefault(allDrainSides), ",")),
-		fmt.Sprintf("drain sides, in order, of %s; %s runs only when named (BENCH_SIDES)", strings.Join(allDrainSides, ","), sidePollStandby))
+		fmt.Sprintf("drain sides, in order, of %s; %s (PostgreSQL 17+) and %s (16+) run only when named (BENCH_SIDES)", strings.Join(allDrainSides, ","), sidePollStandby, sideRelayStandby))
 	steady := fs.String("steady-sides", envStr("BENCH_STEADY_SIDES", strings.Join(byDefault(allSteadySides), ",")),
 		fmt.Sprintf("steady-state sides of %s; %s runs only when named (BENCH_STEADY_SIDES)", strings.Join(allSteadySides, ","), sidePollStandby))
 	relayArgs := fs.String("relay-args", os.Getenv("BENCH_RELAY_ARGS"), "extra relay flags, space-separated, e.g. --kafka.linger=20ms (BENCH_RELAY_ARGS)")
@@ -125,11 +125,12 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 	profile := fs.String("profile", os.Getenv("BENCH_PROFILE"), "directory for pprof profiles of the relay run in-process (a drain and, with steady-state sides, a steady state); empty skips them (BENCH_PROFILE)")
 	work := fs.String("work", os.Getenv("BENCH_WORK"), "keep the sides' logs and configuration here; a temp dir removed at the end when empty (BENCH_WORK)")
 	kafkaHeap := fs.Int("kafka-heap-mb", envInt("BENCH_KAFKA_HEAP_MB", 1024), "Kafka broker heap (BENCH_KAFKA_HEAP_MB)")
-	pgVersion := fs.String("pg-version", os.Getenv("BENCH_PG_VERSION"), "PostgreSQL major version of the bench's cluster, 14 to 18 (make pg-lib fetches them; "+sidePollStandby+" needs 17 or later); empty: the server binaries on PATH (BENCH_PG_VERSION)")
+	pgVersion := fs.String("pg-version", os.Getenv("BENCH_PG_VERSION"), "PostgreSQL major version of the bench's cluster, 14 to 18 (make pg-lib fetches them; "+sidePollStandby+" needs 17 or later, "+sideRelayStandby+" 16 or later); empty: the server binaries on PATH (BENCH_PG_VERSION)")
 	messages := fs.Bool("messages", envStr("BENCH_MESSAGES", "true") == "true", "measure the table-free outbox too: the backlog as logical decoding messages, drained by pg_recvlogical and the relay (BENCH_MESSAGES)")
 	producerFor := fs.Duration("producer", envDuration("BENCH_PRODUCER", 10*time.Second), "how long each client-side producer (outbox.Write, outbox.Emit) commits one-event transactions, 0 to skip (BENCH_PRODUCER)")
 	rounds := fs.Int("rounds", envInt("BENCH_ROUNDS", 3), "drains of the ceiling, the relay, exactly-once and the message mode, interleaved; the ratios are medians over them (BENCH_ROUNDS)")
 	sweep := fs.String("sweep", os.Getenv("BENCH_SWEEP"), "measure the relay's steady state (both modes) at each kafka.linger[/transaction_interval] of this comma-separated list, every round, and chart p99 against CPU per event; on: "+defaultSweep+" (BENCH_SWEEP)")
+	shards := fs.String("shards", os.Getenv("BENCH_SHARDS"), "slot counts to measure N relays on N slots draining one backlog spread over N outbox tables, each round, e.g. 1,2,4 (docs/scaling.md); empty skips it (BENCH_SHARDS)")
 	charts := fs.String("charts", envStr("BENCH_CHARTS", filepath.Join(".local", "bench")), "directory for the charts (drains, latency and, with a sweep, sweep; .svg and .png) and the report, results.md; make bench-docs: docs/bench (BENCH_CHARTS)")
 	keepTopics := fs.Bool("keep-topics", envStr("BENCH_KEEP_TOPICS", "false") == "true", "leave every measurement's topics on the broker instead of deleting them once measured (BENCH_KEEP_TOPICS)")
 	if err := fs.Parse(args); err != nil {
@@ -139,12 +140,16 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 	if err != nil {
 		return Config{}, ServiceOptions{}, err
 	}
+	shardCounts, err := parseShards(*shards)
+	if err != nil {
+		return Config{}, ServiceOptions{}, err
+	}
 	svcOpts := ServiceOptions{KafkaHeapMB: *kafkaHeap, PGVersion: *pgVersion, Registry: slices.Contains(splitList(*sides), sideRelayAvro)}
 	cfg := Config{
 		Events: *events, Partitions: *partitions, Rate: *rate, SteadyFor: *steadyFor, BigTx: *bigTx,
 		Sides: splitList(*sides), Steady: splitList(*steady), RelayBin: *relayBin, RelayArgs: strings.Fields(*relayArgs), DebeziumLib: *dbzLib,
 		ProfileDir: *profile, WorkDir: *work, Log: stderr, Messages: *messages, ProducerFor: *producerFor, Rounds: *rounds,
-		Sweep: points, ChartDir: *charts, KeepTopics: *keepTopics,
+		Sweep: points, ChartDir: *charts, Shards: shardCounts, KeepTopics: *keepTopics,
 	}
 	if cfg.BigTx < 0 {
 		cfg.BigTx = cfg.Events

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/devenv"
 )
@@ -118,25 +121,11 @@ func procUsage(pid int) (cpu time.Duration, peakRSS int64, err error) {
 
 // procCPU reads utime+stime of a process (all its threads) from /proc/<pid>/stat.
 func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := statFields(pid)
 	if err != nil {
 		return 0, err
 	}
-	// The command name may hold spaces; the fields after the last ')' are state, ppid, ...
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("pid %d: malformed stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("pid %d: short stat", pid)
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14 of stat(5)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("pid %d: stat times %q %q", pid, f[11], f[12])
-	}
-	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+	return ticks(pid, f, 11, 12) // fields 14 and 15 of stat(5)
 }
 
 // stop sends SIGTERM, then SIGKILL after grace, and waits for the process to be gone.
@@ -158,4 +147,92 @@ func (c *child) stop(grace time.Duration) {
 // failure describes an early exit with the tail of the log.
 func (c *child) failure() error {
 	return fmt.Errorf("%s exited early (%v); log %s:\n%s", c.name, c.err, c.logPath, devenv.LogTail(c.logPath, 25))
+}
+
+// postmasterOf is the postmaster of the server pool's sessions run on: the parent of a backend.
+func postmasterOf(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var backend int
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		return 0, fmt.Errorf("find the postmaster: %w", err)
+	}
+	ppid, err := procParent(backend)
+	if err != nil {
+		return 0, fmt.Errorf("find the postmaster of backend %d: %w", backend, err)
+	}
+	return ppid, nil
+}
+
+// statFields are the fields of /proc/<pid>/stat after the command name: state is [0], ppid [1],
+// utime [11], stime [12], cutime [13], cstime [14].
+func statFields(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	// The command name may hold spaces; the fields after the last ')' are state, ppid, ...
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 15 {
+		return nil, fmt.Errorf("pid %d: short stat", pid)
+	}
+	return f, nil
+}
+
+func procParent(pid int) (int, error) {
+	f, err := statFields(pid)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(f[1])
+}
+
+// ticks sums the clock-tick fields of a stat line.
+func ticks(pid int, f []string, fields ...int) (time.Duration, error) {
+	var sum int64
+	for _, i := range fields {
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("pid %d: stat field %q: %w", pid, f[i], err)
+		}
+		sum += n
+	}
+	return time.Duration(sum) * time.Second / clockTicks, nil
+}
+
+// clusterCPU is the CPU time (user+sys) a PostgreSQL server has spent so far: its postmaster's,
+// every live child's (walsenders, backends, the background processes) and, through the
+// postmaster's cutime and cstime, every child's that has exited and been reaped. The difference
+// of two readings is what the server spent between them, children that came and went included.
+func clusterCPU(postmaster int) (time.Duration, error) {
+	f, err := statFields(postmaster)
+	if err != nil {
+		return 0, err
+	}
+	total, err := ticks(postmaster, f, 11, 12, 13, 14)
+	if err != nil {
+		return 0, err
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == postmaster {
+			continue
+		}
+		f, err := statFields(pid)
+		if err != nil || f[1] != strconv.Itoa(postmaster) {
+			continue // gone meanwhile, or not a child
+		}
+		cpu, err := ticks(pid, f, 11, 12)
+		if err != nil {
+			return 0, err
+		}
+		total += cpu
+	}
+	return total, nil
 }

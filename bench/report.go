@@ -18,6 +18,7 @@ type Report struct {
 	PayloadBytes int64
 	AvgPayload   float64
 	Drains       []Result
+	Shards       []ShardResult // the shards measurement, every N and round
 	Steady       []SteadyResult
 	BigTx        *Result
 	Profile      *Profile
@@ -43,18 +44,19 @@ func (r *Report) atDefault(s *SteadyResult) bool {
 }
 
 var sideLabels = map[string]string{
-	sideCeiling:     "ceiling (pg_recvlogical)",
-	sideRelay:       "outbox-relay",
-	sideRelayEOS:    "outbox-relay, exactly-once",
-	sideRelayAvro:   "outbox-relay, Avro through a schema registry",
-	sideDbzDefault:  "Debezium 3.6.1, defaults",
-	sideDbzTuned:    "Debezium 3.6.1, tuned",
-	sideDbzEOS:      "Debezium 3.6.1, tuned, Connect exactly-once (KIP-618)",
-	sidePoll:        "outbox-relay, source poll",
-	sidePollStandby: "outbox-relay, source poll, synchronized_standby_slots",
-	sideRecover:     "outbox-relay, lost-slot recovery from the table",
-	sideMsgCeiling:  "ceiling (pg_recvlogical, messages)",
-	sideMsgRelay:    "outbox-relay, messages",
+	sideCeiling:      "ceiling (pg_recvlogical)",
+	sideRelay:        "outbox-relay",
+	sideRelayStandby: "outbox-relay, decoding on a hot standby",
+	sideRelayEOS:     "outbox-relay, exactly-once",
+	sideRelayAvro:    "outbox-relay, Avro through a schema registry",
+	sideDbzDefault:   "Debezium 3.6.1, defaults",
+	sideDbzTuned:     "Debezium 3.6.1, tuned",
+	sideDbzEOS:       "Debezium 3.6.1, tuned, Connect exactly-once (KIP-618)",
+	sidePoll:         "outbox-relay, source poll",
+	sidePollStandby:  "outbox-relay, source poll, synchronized_standby_slots",
+	sideRecover:      "outbox-relay, lost-slot recovery from the table",
+	sideMsgCeiling:   "ceiling (pg_recvlogical, messages)",
+	sideMsgRelay:     "outbox-relay, messages",
 }
 
 func label(side string) string {
@@ -226,6 +228,8 @@ func (r *Report) Table() string {
 			float64(d.CPU.Microseconds())/float64(d.Events), microsOrDash(d.cpuPerEventAfterFirst()), mb(d.PeakRSS), d.SenderCPU.Seconds(), d.BrokerCPU.Seconds(),
 			float64(d.BrokerCPU.Microseconds())/float64(max(d.Events, 1)))
 	}
+	r.standbyTable(&b)
+	r.shardsTable(&b)
 	r.roundsTable(&b)
 	if len(r.Steady) > 0 {
 		fmt.Fprintf(&b, "\nSteady state: %d events/s for %s, latency from just before the writer sends the commit to the consumer receiving the record.\n\n",
@@ -303,7 +307,10 @@ var (
 	relayVsCeiling     = comparison{name: "relay drain / ceiling (start-up included)", side: sideRelay, base: sideCeiling, of: rateRatio}
 	exactlyOnceVsRelay = comparison{name: "exactly-once drain / at-least-once", side: sideRelayEOS, base: sideRelay, of: rateRatio}
 	messagesVsCeiling  = comparison{name: "table-free drain / its ceiling", side: sideMsgRelay, base: sideMsgCeiling, messages: true, of: rateRatio}
-	comparisons        = []comparison{
+	standbyVsPrimary   = comparison{name: "drain decoding on a hot standby / on the primary", side: sideRelayStandby, base: sideRelay, of: rateRatio}
+	standbyPrimaryCPU  = comparison{name: "the primary's CPU per event, decoding on a hot standby / on the primary", side: sideRelayStandby, base: sideRelay,
+		of: func(d, base *Result) float64 { return primaryPerEvent(d) / primaryPerEvent(base) }}
+	comparisons = []comparison{
 		relayVsCeiling,
 		{name: "relay drain after its first record / ceiling", side: sideRelay, base: sideCeiling,
 			of: func(d, base *Result) float64 { return d.streamRate() / base.rate() }},
@@ -312,10 +319,45 @@ var (
 		{name: "exactly-once broker CPU per event / at-least-once", side: sideRelayEOS, base: sideRelay,
 			of: func(d, base *Result) float64 { return brokerPerEvent(d) / brokerPerEvent(base) }},
 		messagesVsCeiling,
+		standbyVsPrimary,
+		standbyPrimaryCPU,
 	}
 )
 
 func brokerPerEvent(d *Result) float64 { return d.BrokerCPU.Seconds() / float64(max(d.Events, 1)) }
+
+func primaryPerEvent(d *Result) float64 { return d.PrimaryCPU.Seconds() / float64(max(d.Events, 1)) }
+
+// standbyTable sets the relay decoding on a hot standby beside the relay decoding on the primary,
+// round by round: the drain, and what it cost the primary.
+func (r *Report) standbyTable(b *strings.Builder) {
+	if !slices.ContainsFunc(r.Drains, func(d Result) bool { return d.Side == sideRelayStandby }) {
+		return
+	}
+	b.WriteString("\nDecoding on a hot standby (PostgreSQL 16+): the relay with its slot on a streaming standby of the bench's cluster (hot_standby_feedback on; pg_dsn the standby, primary_dsn the primary) against the relay on the primary, on the same backlog. " +
+		"The primary's CPU is every process of the bench's cluster during the drain (walsenders, backends, background processes; on the primary side it includes the bench's own polls of the slot, one query every 25 ms); the decoding walsender's runs on the primary for the one and on the standby for the other; " +
+		"the standby's CPU is every process of the standby during the drain (its walsender included). The standby had replayed the backlog before its drain started, and it replayed the backlog while it was written (on the same cores).\n\n")
+	b.WriteString("| side | events/s | vs on the primary | primary CPU s | primary CPU µs/event | decoding walsender CPU µs/event | standby CPU s | relay CPU µs/event |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	ds := drains(r.Drains)
+	for _, d := range r.Drains {
+		if d.Side != sideRelay && d.Side != sideRelayStandby {
+			continue
+		}
+		name := label(d.Side) + r.roundLabel(d)
+		if d.Err != nil {
+			fmt.Fprintf(b, "| %s | failed: %s |||||||\n", name, oneLine(d.Err))
+			continue
+		}
+		standby := "-"
+		if d.Side == sideRelayStandby {
+			standby = fmt.Sprintf("%.2f", d.StandbyCPU.Seconds())
+		}
+		events := float64(max(d.Events, 1))
+		fmt.Fprintf(b, "| %s | %.0f | %s | %.2f | %.1f | %.1f | %s | %.1f |\n", name, d.rate(), ratio(d, ds.in(sideRelay, d.Round), "%.2f"),
+			d.PrimaryCPU.Seconds(), 1e6*d.PrimaryCPU.Seconds()/events, 1e6*d.SenderCPU.Seconds()/events, standby, 1e6*d.CPU.Seconds()/events)
+	}
+}
 
 // ratioValues returns c's ratio round by round.
 func (r *Report) ratioValues(c comparison) []float64 {
@@ -564,8 +606,8 @@ func (r *Report) Summary() string {
 	if sp, ok := spreadOf(r.firstRecords(sideRelay)); ok {
 		first = fmt.Sprintf("%.2f", sp.median)
 	}
-	return fmt.Sprintf("bench: relay_vs_ceiling=%s relay_vs_debezium=%s p99_ms=%s rss_mb=%s big_tx_rss_mb=%s exactly_once_vs_relay=%s exactly_once_p99_ms=%s first_record_s=%s %s",
-		vsCeiling, vsDbz, p99, rss, big, eosVsRelay, eosP99, first, r.messagesSummary())
+	return fmt.Sprintf("bench: relay_vs_ceiling=%s relay_vs_debezium=%s p99_ms=%s rss_mb=%s big_tx_rss_mb=%s exactly_once_vs_relay=%s exactly_once_p99_ms=%s first_record_s=%s %s standby_primary_cpu_x=%s %s",
+		vsCeiling, vsDbz, p99, rss, big, eosVsRelay, eosP99, first, r.messagesSummary(), r.ratioMedian(standbyPrimaryCPU), r.shardsSummary())
 }
 
 // Failed lists the measurements that failed.
@@ -583,6 +625,11 @@ func (r *Report) Failed() []string {
 	}
 	if r.BigTx != nil && r.BigTx.Err != nil {
 		out = append(out, "large transaction: "+r.BigTx.Err.Error())
+	}
+	for _, s := range r.Shards {
+		if s.Err != nil {
+			out = append(out, fmt.Sprintf("shards N=%d: %s", s.N, s.Err))
+		}
 	}
 	if r.Profile != nil && r.Profile.Err != nil {
 		out = append(out, "profile: "+r.Profile.Err.Error())

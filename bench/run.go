@@ -37,18 +37,19 @@ const (
 	sideRecover = "relay-recover"
 )
 
-var allDrainSides = []string{sideCeiling, sideRelay, sideRelayEOS, sideRelayAvro, sideDbzDefault, sideDbzTuned, sideDbzEOS, sidePoll, sidePollStandby, sideRecover}
+var allDrainSides = []string{sideCeiling, sideRelay, sideRelayStandby, sideRelayEOS, sideRelayAvro, sideDbzDefault, sideDbzTuned, sideDbzEOS, sidePoll, sidePollStandby, sideRecover}
 var allSteadySides = []string{sideRelay, sideRelayEOS, sideDbzTuned, sideDbzEOS, sidePoll, sidePollStandby}
 
-// byDefault are the sides a run measures unless told which: all but poll-standby, which starts a
-// standby and needs PostgreSQL 17 or later, where the bench's cluster is by default the PATH's.
+// byDefault are the sides a run measures unless told which: all but poll-standby and
+// relay-standby, which start a standby and need PostgreSQL 17 or later and 16 or later, where the
+// bench's cluster is by default the PATH's.
 func byDefault(sides []string) []string {
-	return slices.DeleteFunc(slices.Clone(sides), func(s string) bool { return s == sidePollStandby })
+	return slices.DeleteFunc(slices.Clone(sides), func(s string) bool { return s == sidePollStandby || s == sideRelayStandby })
 }
 
 // isRelay says whether side runs the relay binary.
 func isRelay(side string) bool {
-	return side == sideRelay || side == sideRelayEOS || side == sideRelayAvro || isPoll(side) || side == sideRecover
+	return side == sideRelay || side == sideRelayStandby || side == sideRelayEOS || side == sideRelayAvro || isPoll(side) || side == sideRecover
 }
 
 // isPoll says whether side runs the relay with source poll (no slot of its own).
@@ -91,6 +92,9 @@ type Config struct {
 	// ChartDir receives the charts (sweep, drains, latency; SVG and PNG) and the report,
 	// results.md; empty skips them.
 	ChartDir string
+	// Shards are the slot counts of the shards measurement (shards.go), e.g. 1, 2, 4; each N
+	// drains a backlog of Events events with N relays on N slots, every round. Empty skips it.
+	Shards []int
 	// KeepTopics leaves every measurement's topics on the broker (topics.go); by default each is
 	// deleted once measured, so no side meets the topics of the sides before it.
 	KeepTopics bool
@@ -106,7 +110,7 @@ const maxRounds = 10
 // interleaved reports whether side drains once per round (Config.Rounds).
 func interleaved(side string) bool {
 	switch side {
-	case sideCeiling, sideRelay, sideRelayEOS, sideRelayAvro, sideMsgCeiling, sideMsgRelay:
+	case sideCeiling, sideRelay, sideRelayStandby, sideRelayEOS, sideRelayAvro, sideMsgCeiling, sideMsgRelay:
 		return true
 	}
 	return false
@@ -148,7 +152,7 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("relay flag %s would override the sweep's settings: drop it from BENCH_RELAY_ARGS, or list its value in BENCH_SWEEP", c.RelayArgs[i]))
 		}
 	}
-	if c.RelayBin == "" && (slices.ContainsFunc(c.Sides, isRelay) || slices.ContainsFunc(c.Steady, isRelay) || c.BigTx > 0 || c.Messages) {
+	if c.RelayBin == "" && (slices.ContainsFunc(c.Sides, isRelay) || slices.ContainsFunc(c.Steady, isRelay) || c.BigTx > 0 || c.Messages || len(c.Shards) > 0) {
 		errs = append(errs, errors.New("no relay binary given"))
 	}
 	if c.usesDebezium() {
@@ -181,6 +185,12 @@ type bench struct {
 	profile  *Profile      // the in-process profile runs, when ProfileDir is set
 	notes    []string      // Report.Notes
 	defaults relayDefaults // the relay's own kafka.linger and transaction_interval (a sweep's marks)
+	// postmaster is the bench cluster's postmaster: the primary's CPU of a drain is its processes'.
+	postmaster int
+	// decoding is the hot standby side relay-standby decodes on; nil when the side is not run.
+	decoding *decodingStandby
+	// shardsReady are the Ns whose tables and publications exist (setupShards).
+	shardsReady []int
 	// round is the drain round being set up or measured (Config.Rounds): the first one's slots,
 	// topics and logs carry the side's name alone, later ones a suffix.
 	round int
@@ -266,11 +276,23 @@ func Run(ctx context.Context, cfg Config, svc *Services) (*Report, error) {
 func (b *bench) measure(ctx context.Context) (*Report, error) {
 	rep := &Report{Config: b.cfg, LoadBefore: loadAverage(), defaults: b.defaults}
 	defer func() { rep.LoadAfter, rep.Notes = loadAverage(), b.notes }()
-	if err := b.checkStandbyVersion(ctx); err != nil {
+	if err := errors.Join(b.checkStandbyVersion(ctx), b.checkDecodingStandbyVersion(ctx)); err != nil {
+		return nil, err
+	}
+	var err error
+	if b.postmaster, err = postmasterOf(ctx, b.pool); err != nil {
 		return nil, err
 	}
 	if err := setupDatabase(ctx, b.svc.DSN, b.pub); err != nil {
 		return nil, err
+	}
+	if b.cfg.decodesOnStandby() {
+		// Before the slots and the backlog: the standby's slots must have all of it to decode.
+		err := b.startDecodingStandby(ctx)
+		defer func() { _ = b.stopDecodingStandby(ctx) }()
+		if err != nil {
+			return nil, err
+		}
 	}
 	// One slot per side and round, all created before the backlog, so every side decodes identical
 	// WAL.
@@ -321,6 +343,10 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 	}); err != nil {
 		return rep, err
 	}
+	// The standby would replay, on this machine's cores, everything written from here on.
+	if err := b.stopDecodingStandby(ctx); err != nil {
+		return rep, err
+	}
 	// The profiled drain runs after every side has drained and dropped its slot... except its own:
 	// the steady-state and large-transaction writes below would otherwise land in it.
 	if b.cfg.ProfileDir != "" {
@@ -333,6 +359,10 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 			rep.Profile.Err = err
 			b.logf("profiled drain failed: %v", err)
 		}
+	}
+
+	if err := b.measureShards(ctx, rep); err != nil {
+		return rep, err
 	}
 
 	if b.cfg.Messages {
@@ -404,6 +434,10 @@ func (b *bench) prepareSides(ctx context.Context, sides []string) error {
 			if err := recordLostSlot(ctx, b.pool, b.slot(s)); err != nil {
 				return err
 			}
+		} else if s == sideRelayStandby {
+			if err := b.decoding.createSlot(ctx, b.pool, b.slot(s)); err != nil {
+				return err
+			}
 		} else if !isPoll(s) {
 			if err := createSlot(ctx, b.pool, b.slot(s)); err != nil {
 				return err
@@ -441,4 +475,26 @@ func loadAverage() string {
 
 func (b *bench) logPath(name string) string {
 	return filepath.Join(b.work, name+b.roundSuffix("-")+".log")
+}
+
+// stopDecodingStandby stops relay-standby's standby, once; the next call does nothing.
+func (b *bench) stopDecodingStandby(ctx context.Context) error {
+	d := b.decoding
+	if d == nil {
+		return nil
+	}
+	b.decoding = nil
+	if err := d.close(context.WithoutCancel(ctx), b.pool); err != nil {
+		return fmt.Errorf("%s: stop the standby: %w", sideRelayStandby, err)
+	}
+	return nil
+}
+
+// slotPool is where side's slot lives: the decoding standby for relay-standby, else the bench's
+// cluster.
+func (b *bench) slotPool(side string) *pgxpool.Pool {
+	if side == sideRelayStandby && b.decoding != nil {
+		return b.decoding.pool
+	}
+	return b.pool
 }

@@ -31,6 +31,12 @@ type Result struct {
 	PeakRSS   int64         // bytes
 	SenderCPU time.Duration // user+sys of the walsender(s) that served the side
 	BrokerCPU time.Duration // user+sys of the Kafka broker meanwhile
+	// PrimaryCPU is user+sys of the bench cluster's processes meanwhile (postmaster, walsenders,
+	// backends, background processes; clusterCPU); StandbyCPU the decoding standby's, for
+	// relay-standby. On the primary side the primary's figure includes the bench's own polls of
+	// the slot (one query every 25 ms); relay-standby's go to the standby.
+	PrimaryCPU time.Duration
+	StandbyCPU time.Duration
 	// Partial is set when the side ran out of time: Events is what it had published by then, so
 	// its rate is what it achieved, start-up included.
 	Partial bool
@@ -89,6 +95,13 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 			return b.drainProc(ctx, side, func() (*child, error) {
 				return b.startRelay(side, b.slot(side), b.topicPrefix(side), b.deliveryArgs(side, b.slot(side))...)
 			}, b.endLSN)
+		case sideRelayStandby:
+			if err := b.decoding.waitReplayed(ctx, b.endLSN); err != nil {
+				return Result{Err: err}
+			}
+			return b.drainProc(ctx, side, func() (*child, error) {
+				return b.startRelayOn(relayTarget{dsn: b.decoding.dsn, primaryDSN: b.svc.DSN, pub: b.pub}, side, b.slot(side), b.topicPrefix(side))
+			}, b.endLSN)
 		case sideRelayAvro:
 			return b.drainProc(ctx, side, func() (*child, error) {
 				args, err := b.avroArgs()
@@ -137,9 +150,10 @@ func (b *bench) drainWith(ctx context.Context, side string, run func() Result) R
 			return Result{Side: side, Target: int64(b.cfg.Events), Err: err}
 		}
 	}
-	broker0 := b.brokerCPU()
+	broker0, primary0, standby0 := b.brokerCPU(), b.primaryCPU(), b.standbyCPU(side)
 	r := run()
 	r.BrokerCPU = b.brokerCPU() - broker0
+	r.PrimaryCPU, r.StandbyCPU = b.primaryCPU()-primary0, b.standbyCPU(side)-standby0
 	if hasTopics(side) {
 		if err := errors.Join(b.dropTopics(ctx, side), b.dropConnectTopics(ctx, side, side)); err != nil && r.Err == nil {
 			r.Err = err
@@ -150,17 +164,32 @@ func (b *bench) drainWith(ctx context.Context, side string, run func() Result) R
 		r.Events = r.Target
 	}
 	r.Bytes = int64(float64(b.payload) * float64(r.Events) / float64(r.Target))
-	if err := dropSlot(ctx, b.pool, b.slot(side)); err != nil && r.Err == nil {
+	if err := dropSlot(ctx, b.slotPool(side), b.slot(side)); err != nil && r.Err == nil {
 		r.Err = err
 	}
 	return r
 }
 
-// drainCeiling runs pg_recvlogical over the slot to the backlog's end, output to /dev/null: how
-// fast PostgreSQL decodes and sends this WAL with nothing else to do.
+// primaryCPU is the bench cluster's CPU so far (0 when it cannot be read).
+func (b *bench) primaryCPU() time.Duration {
+	cpu, _ := clusterCPU(b.postmaster)
+	return cpu
+}
+
+// standbyCPU is the decoding standby's CPU so far for side relay-standby, 0 for the others.
+func (b *bench) standbyCPU(side string) time.Duration {
+	if side != sideRelayStandby || b.decoding == nil {
+		return 0
+	}
+	cpu, _ := clusterCPU(b.decoding.postmaster)
+	return cpu
+}
+
 // hasTopics says whether a drain side publishes (pg_recvlogical writes to /dev/null).
 func hasTopics(side string) bool { return side != sideCeiling && side != sideMsgCeiling }
 
+// drainCeiling runs pg_recvlogical over the slot to the backlog's end, output to /dev/null: how
+// fast PostgreSQL decodes and sends this WAL with nothing else to do.
 func (b *bench) drainCeiling(ctx context.Context) Result {
 	return b.recvlogical(ctx, sideCeiling, b.endLSN)
 }
@@ -341,7 +370,7 @@ func (s senderCPU) total() time.Duration {
 
 // sampleSender reads the slot's confirmed position and its walsender's CPU.
 func (b *bench) sampleSender(ctx context.Context, s senderCPU, side string) (confirmed uint64, err error) {
-	confirmed, pid, err := slotState(ctx, b.pool, b.slot(side))
+	confirmed, pid, err := slotState(ctx, b.slotPool(side), b.slot(side))
 	if err != nil || pid == 0 {
 		return confirmed, err
 	}
@@ -363,16 +392,34 @@ func (b *bench) deliveryArgs(side, slot string) []string {
 // startRelay runs the relay binary with its defaults, on slot (none for source poll) and the topics
 // under prefix; extra flags go before the configured ones.
 func (b *bench) startRelay(name, slot, prefix string, extra ...string) (*child, error) {
+	return b.startRelayOn(relayTarget{dsn: b.svc.DSN, pub: b.pub}, name, slot, prefix, extra...)
+}
+
+// relayTarget is where a relay reads: pg_dsn, primary_dsn (decoding on a standby), its
+// publication and its outbox table (empty: the relay's default, the bench's table).
+type relayTarget struct {
+	dsn, primaryDSN, pub, table string
+}
+
+// startRelayOn is startRelay reading from t.
+func (b *bench) startRelayOn(t relayTarget, name, slot, prefix string, extra ...string) (*child, error) {
 	args := []string{"run", "--topic-template", prefix + ".{aggregate_type}", "--log-level", "warn"}
 	if slot != "" {
-		args = append(args, "--slot", slot, "--publication", b.pub, "--create-slot=false", "--create-publication=false")
+		args = append(args, "--slot", slot, "--publication", t.pub, "--create-slot=false", "--create-publication=false")
+	}
+	if t.table != "" {
+		args = append(args, "--table", t.table)
 	}
 	args = append(append(args, extra...), b.cfg.RelayArgs...)
-	return startChild("outbox-relay", b.logPath(name), []string{
-		"OUTBOX_PG_DSN=" + b.svc.DSN,
+	env := []string{
+		"OUTBOX_PG_DSN=" + t.dsn,
 		"OUTBOX_KAFKA_BROKERS=" + b.svc.Kafka.Brokers(),
 		"OUTBOX_KAFKA_AUTO_CREATE_TOPICS=true", // the benchmark's topics are created as they are used
-	}, b.cfg.RelayBin, args...)
+	}
+	if t.primaryDSN != "" {
+		env = append(env, "OUTBOX_PRIMARY_DSN="+t.primaryDSN)
+	}
+	return startChild("outbox-relay", b.logPath(name), env, b.cfg.RelayBin, args...)
 }
 
 // connectDir holds a Debezium side's Connect configuration and offsets file, one per round: a

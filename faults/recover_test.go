@@ -77,7 +77,13 @@ func loseSlot(t *testing.T, d *db, how string) {
 	}
 	await.True(t, 2*time.Minute, "PostgreSQL to invalidate the slot ("+how+")", func() bool {
 		if how == "idle_timeout" {
-			await.Window(t, 1100*time.Millisecond, "the slot idles for longer than idle_replication_slot_timeout, whole seconds")
+			// The checkpoint invalidates a slot inactive for the timeout's whole seconds by the
+			// server's clock: wait for that, as the server reads it.
+			await.True(t, 30*time.Second, "the slot to idle for idle_replication_slot_timeout", func() bool {
+				var idle bool
+				err := pool.QueryRow(ctx, "SELECT now() - inactive_since >= current_setting('idle_replication_slot_timeout')::interval FROM pg_replication_slots WHERE slot_name = $1", d.slot).Scan(&idle)
+				return err == nil && idle
+			})
 		} else if _, err := pool.Exec(ctx, "INSERT INTO filler (pad) SELECT repeat('x', 1000) FROM generate_series(1, 8000)"); err != nil {
 			t.Fatal(err)
 		}
@@ -795,8 +801,13 @@ func testOpenAcrossTheAcknowledgedCommit(t *testing.T, pg *devenv.Postgres) {
 			t.Fatal(err)
 		}
 		// Longer than idle_in_transaction_session_timeout (2 s), which the relay took for the
-		// longest transaction: the three were created further than that before C.
-		await.Window(t, 3*time.Second, "longer than idle_in_transaction_session_timeout")
+		// longest transaction: the three were created further than that before C, by the server's
+		// clock. The prepared one began last, and before its PREPARE.
+		await.True(t, 30*time.Second, "the open transactions to be older than idle_in_transaction_session_timeout", func() bool {
+			var old bool
+			err := pool.QueryRow(ctx, "SELECT now() - prepared > current_setting('idle_in_transaction_session_timeout')::interval FROM pg_prepared_xacts WHERE gid = $1", gid).Scan(&old)
+			return err == nil && old
+		})
 		if err := d.outbox.WriteTx(ctx, spec("acknowledged")); err != nil {
 			t.Fatal(err)
 		}
@@ -891,8 +902,12 @@ func testALedgerThatBoundsNothing(t *testing.T, pg *devenv.Postgres) {
 		}
 	}
 	// Longer than idle_in_transaction_session_timeout (2 s), before the row's creation time is
-	// rewritten: the gap's rows were created further than that before it.
-	await.Window(t, 3*time.Second, "longer than idle_in_transaction_session_timeout")
+	// rewritten: the gap's rows were created further than that before it, by the server's clock.
+	await.True(t, 30*time.Second, "the gap's rows to be older than idle_in_transaction_session_timeout", func() bool {
+		var old bool
+		err := pool.QueryRow(ctx, "SELECT now() - max(created_at) > current_setting('idle_in_transaction_session_timeout')::interval FROM outbox_events").Scan(&old)
+		return err == nil && old
+	})
 	// What a relay from before the recorded commit time and horizon leaves, its row rewritten
 	// since (an identity or holder write of an older version sets it to now()).
 	forget := "confirmed_commit_time = NULL, confirmed_end_lsn = NULL, created_at = now()"

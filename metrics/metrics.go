@@ -81,6 +81,7 @@ type Metrics struct {
 	PollDeadLetters      prometheus.Gauge
 	PollClaims           prometheus.Counter
 	PollClaimedRows      prometheus.Counter
+	PollEmpty            prometheus.Counter
 	PollBatchDuration    prometheus.Histogram
 	PollRefused          *prometheus.CounterVec // by reason
 	PollDeadLettered     prometheus.Counter
@@ -248,6 +249,8 @@ func (m *Metrics) pollCollectors(f factory) {
 	m.PollClaims = f.counter("poll_claims_total", "Polling mode: batches claimed (each one short transaction).")
 	m.PollClaimedRows = f.counter("poll_claimed_rows_total",
 		"Polling mode: rows claimed; above events published, the difference is rows published again after a refusal or a lost transaction.")
+	m.PollEmpty = f.counter("poll_empty_total",
+		"Polling mode: claims that took nothing (no row due, or every due row's aggregate held by another worker).")
 	m.PollBatchDuration = f.histogram("poll_batch_duration_seconds",
 		"Polling mode: one batch from its claim to the commit that marks it, Kafka's acknowledgements included.")
 	m.PollRefused = f.counterVec("poll_refused_total",

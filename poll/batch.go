@@ -45,6 +45,7 @@ func (p *Poller) batch(stop, hard context.Context, conn *pgx.Conn, log *zap.Logg
 		return result{}, p.errorf("%w", err)
 	}
 	if len(rows) == 0 {
+		p.m.PollEmpty.Inc()
 		return result{busy: busy}, tx.Commit(hard)
 	}
 	if err := awaitStandbys(stop, tx, log); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
@@ -57,13 +56,18 @@ func TestAHaltMarksWhatKafkaAcknowledgedBeforeIt(t *testing.T) {
 		return pending == 0, fmt.Sprintf("%d good rows still pending", pending)
 	})
 
-	halts(startPoller(t, dsn, brokers, pc, sc))
-	await.Window(t, 2*time.Second, "a wrong second publication by the halted poller would arrive by now")
+	second := startPoller(t, dsn, brokers, pc, sc)
+	halts(second)
+	// The halted batch ends (commits its marks) only once Kafka has settled every event it handed
+	// over: after that, a wrong second publication is in the topic for a read to find.
+	await.True(t, settleTimeout, "the second poller's halted batch to end", func() bool { return value(second.m.PollBatchDuration) >= 1 })
 	c := harness.NewConsumer(brokers, harness.TopicFor(good))
 	defer c.Close()
-	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, deliverTimeout)
 	defer cancel()
-	_ = c.ReadUntil(rctx, 2*time.Second, func([]harness.Record) bool { return false })
+	if err := c.ReadUntil(rctx, 0, func(recs []harness.Record) bool { return len(recs) >= len(goodRows) }); err != nil {
+		t.Fatal(err)
+	}
 	if rep := harness.Verify(goodRows, c.Records(), nil); rep.Missing > 0 || rep.Duplicates > 0 || rep.OrderViolations > 0 {
 		t.Fatalf("good events: %s (want every one once, in order)", rep)
 	}

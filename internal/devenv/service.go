@@ -89,7 +89,11 @@ func (s *service) start(ctx context.Context, spec spawnSpec, timeout time.Durati
 			// successor needs (its shared memory, its port).
 			if spawns < 3 && ctx.Err() == nil {
 				spawns++
-				time.Sleep(500 * time.Millisecond)
+				select {
+				case <-ctx.Done():
+					return fmt.Errorf("%s exited during start and was not started again: %w; log %s:\n%s", s.name, ctx.Err(), s.Logs(), LogTail(s.Logs(), 30))
+				case <-time.After(500 * time.Millisecond):
+				}
 				if err := respawn(); err != nil {
 					return err
 				}

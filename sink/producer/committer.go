@@ -91,6 +91,8 @@ type Committer struct {
 	owner      Owner
 	log        *zap.Logger
 	producers  []*Producer
+	// firstCheck is how long after a commit or abort the check of its markers waits (landed).
+	firstCheck markerDelay
 
 	// active is the generation partitions may send; records of a later one wait.
 	active atomic.Uint64
