@@ -135,9 +135,16 @@ demo:
 # pg_recvlogical ceiling and Debezium on Kafka Connect, which bench/debezium-lib.sh fetches through
 # Maven. Not part of `make test` (bench/ has a smoke test that is). BENCH_EVENTS=100000 for a
 # shorter run; BENCH_SWEEP=on measures the relay's steady state at several kafka.linger /
-# transaction_interval settings and draws the curves to $(LOCAL)/bench/sweep.{svg,png}; the other
-# BENCH_* knobs are listed by `go run ./bench -h`.
+# transaction_interval settings and draws the curves too; the other BENCH_* knobs are listed by
+# `go run ./bench -h`. The run writes its charts (drains, latency, sweep; .svg and .png) and its
+# report, results.md (the tables with the run's commit, machine and settings), to BENCH_CHARTS
+# ($(LOCAL)/bench). `make bench-docs` is the run behind docs/benchmarks.md: the same with the sweep,
+# into docs/bench (BENCH_CHARTS=docs/bench BENCH_SWEEP=on make bench).
 .PHONY: bench
 bench: tools kafka-lib registry-lib build
 	@bash bench/debezium-lib.sh >/dev/null
 	@$(GO) run ./bench --relay-bin bin/outbox-relay --charts "$${BENCH_CHARTS:-$(LOCAL)/bench}"
+
+.PHONY: bench-docs
+bench-docs:
+	@BENCH_CHARTS=docs/bench BENCH_SWEEP="$${BENCH_SWEEP:-on}" $(MAKE) --no-print-directory bench

@@ -14,11 +14,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
+
+// runTopic matches the topics a run names (its prefix, Run's b.run, then its own names).
+var runTopic = regexp.MustCompile(`^b[0-9a-f]{8}[._]`)
 
 var summaryLine = regexp.MustCompile(`^bench: relay_vs_ceiling=(\d+\.\d\d) relay_vs_debezium=(n/a|\d+\.\d) p99_ms=(\d+) rss_mb=(\d+) big_tx_rss_mb=(\d+) ` +
 	`exactly_once_vs_relay=(\d+\.\d\d) exactly_once_p99_ms=(\d+) first_record_s=(\d+\.\d\d) msg_write_x=(\d+\.\d) msg_wal_x=(\d+\.\d) msg_relay_vs_ceiling=(\d+\.\d\d) ` +
@@ -130,10 +135,27 @@ func TestSmokeRunPrintsTheTableAndTheSummaryLine(t *testing.T) {
 		p.Messages == nil || p.Messages.AllocsPerEvent <= 0 || p.Messages.Wall <= 0 {
 		t.Errorf("no profile stats: %+v", rep.Profile)
 	}
-	for _, name := range []string{"sweep.svg", "sweep.png"} {
+	for _, name := range []string{"sweep.svg", "sweep.png", "drains.svg", "drains.png", "latency.svg", "latency.png"} {
 		if fi, err := os.Stat(filepath.Join(charts, name)); err != nil || fi.Size() == 0 {
-			t.Errorf("sweep chart %s missing or empty (%v)", name, err)
+			t.Errorf("chart %s missing or empty (%v)", name, err)
 		}
+	}
+	// Every measurement deleted its topics once measured: what is left of the run is the exactly-once
+	// sides' positions topic.
+	// A transport of its own: the default one answers Metadata from a cache up to 6 s old.
+	client := &kafka.Client{Addr: kafka.TCP(k.Brokers()), Timeout: 10 * time.Second, Transport: &kafka.Transport{}}
+	meta, err := client.Metadata(ctx, &kafka.MetadataRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, tp := range meta.Topics {
+		if runTopic.MatchString(tp.Name) && !strings.HasSuffix(tp.Name, ".positions") {
+			left = append(left, tp.Name)
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("the run left %d measured topics on the broker: %v", len(left), left)
 	}
 	for _, phase := range []string{"drain", "messages", "steady"} {
 		for _, name := range []string{"cpu", "allocs", "mutex", "block"} {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -15,8 +14,6 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
-	"gonum.org/v1/plot/vg/vgsvg"
 )
 
 // The sweep's chart: two panels side by side, p99 (x, log scale: the relay's tens of ms and
@@ -52,41 +49,17 @@ func (r *Report) writeSweepChart(dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("sweep chart: %w", err)
-	}
-	var paths []string
-	for _, f := range []struct {
-		name   string
-		canvas interface {
-			vg.CanvasSizer
-			io.WriterTo
-		}
-	}{
-		{"sweep.svg", vgsvg.New(chartWidth, chartHeight)},
-		{"sweep.png", vgimg.PngCanvas{Canvas: vgimg.New(chartWidth, chartHeight)}},
-	} {
-		tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Points(24), PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6), PadRight: vg.Points(6)}
-		cs := plot.Align([][]*plot.Plot{{broker, own}}, tiles, draw.New(f.canvas))
-		broker.Draw(cs[0][0])
-		own.Draw(cs[0][1])
-		path := filepath.Join(dir, f.name)
-		if err := writeFile(path, f.canvas); err != nil {
-			return paths, err
-		}
-		paths = append(paths, path)
-	}
-	return paths, nil
+	return writePlots(dir, "sweep", [][]*plot.Plot{{broker, own}}, chartWidth, chartHeight)
 }
 
 func writeFile(path string, w io.WriterTo) error {
 	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("sweep chart: %w", err)
+		return fmt.Errorf("chart: %w", err)
 	}
 	if _, err := w.WriteTo(f); err != nil {
 		f.Close()
-		return fmt.Errorf("sweep chart: write %s: %w", path, err)
+		return fmt.Errorf("chart: write %s: %w", path, err)
 	}
 	return f.Close()
 }

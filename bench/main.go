@@ -6,6 +6,9 @@
 //
 //	bench: relay_vs_ceiling=<x.xx> relay_vs_debezium=<x.x> p99_ms=<n> rss_mb=<n> big_tx_rss_mb=<n> exactly_once_vs_relay=<x.xx> exactly_once_p99_ms=<n> first_record_s=<x.xx> msg_write_x=<x.x> msg_wal_x=<x.x> msg_relay_vs_ceiling=<x.xx> standby_primary_cpu_x=<x.xx> shards_drain_x=<x.xx> shards_walsender_cpu_x=<x.xx>
 //
+// With --charts (BENCH_CHARTS) it also writes the tables, headed by the run's commit, machine and
+// settings, to results.md there, next to its charts (charts.go).
+//
 // Every knob has a BENCH_* environment variable and a flag (the flag wins).
 package main
 
@@ -72,14 +75,28 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if rep == nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "bench: measured in %s\n", time.Since(began).Round(time.Second))
+	measured := time.Since(began)
+	fmt.Fprintf(stderr, "bench: measured in %s\n", measured.Round(time.Second))
 	failed := rep.Failed()
 	for _, f := range failed {
 		fmt.Fprintln(stderr, "bench: FAILED:", f)
 	}
-	fmt.Fprintln(stdout, machine(ctx, svc))
-	fmt.Fprint(stdout, "\n", rep.Table(), "\n")
-	fmt.Fprintln(stdout, rep.Summary())
+	mach := machine(ctx, svc)
+	table, summary := rep.Table(), rep.Summary()
+	fmt.Fprintln(stdout, mach)
+	fmt.Fprint(stdout, "\n", table, "\n")
+	fmt.Fprintln(stdout, summary)
+	if cfg.ChartDir != "" {
+		info := runInfo{Relay: relayVersion(ctx, cfg.RelayBin), Source: sourceState(ctx), Date: began, Machine: mach,
+			Debezium: cfg.usesDebezium(), Settings: cfg.settings(), Measured: measured}
+		path, werr := writeResults(cfg.ChartDir, info, table, summary)
+		if werr != nil {
+			fmt.Fprintln(stderr, "bench: FAILED:", werr)
+			err = errors.Join(err, werr)
+		} else {
+			fmt.Fprintln(stderr, "bench: results and charts in", path, strings.Join(rep.Charts, " "))
+		}
+	}
 	if err == nil && len(failed) > 0 {
 		err = fmt.Errorf("%d measurement(s) failed", len(failed))
 	}
@@ -114,7 +131,8 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 	rounds := fs.Int("rounds", envInt("BENCH_ROUNDS", 3), "drains of the ceiling, the relay, exactly-once and the message mode, interleaved; the ratios are medians over them (BENCH_ROUNDS)")
 	sweep := fs.String("sweep", os.Getenv("BENCH_SWEEP"), "measure the relay's steady state (both modes) at each kafka.linger[/transaction_interval] of this comma-separated list, every round, and chart p99 against CPU per event; on: "+defaultSweep+" (BENCH_SWEEP)")
 	shards := fs.String("shards", os.Getenv("BENCH_SHARDS"), "slot counts to measure N relays on N slots draining one backlog spread over N outbox tables, each round, e.g. 1,2,4 (docs/scaling.md); empty skips it (BENCH_SHARDS)")
-	charts := fs.String("charts", envStr("BENCH_CHARTS", filepath.Join(".local", "bench")), "directory for the sweep's chart, sweep.svg and sweep.png (BENCH_CHARTS)")
+	charts := fs.String("charts", envStr("BENCH_CHARTS", filepath.Join(".local", "bench")), "directory for the charts (drains, latency and, with a sweep, sweep; .svg and .png) and the report, results.md; make bench-docs: docs/bench (BENCH_CHARTS)")
+	keepTopics := fs.Bool("keep-topics", envStr("BENCH_KEEP_TOPICS", "false") == "true", "leave every measurement's topics on the broker instead of deleting them once measured (BENCH_KEEP_TOPICS)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, ServiceOptions{}, err
 	}
@@ -131,7 +149,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, ServiceOptions, error)
 		Events: *events, Partitions: *partitions, Rate: *rate, SteadyFor: *steadyFor, BigTx: *bigTx,
 		Sides: splitList(*sides), Steady: splitList(*steady), RelayBin: *relayBin, RelayArgs: strings.Fields(*relayArgs), DebeziumLib: *dbzLib,
 		ProfileDir: *profile, WorkDir: *work, Log: stderr, Messages: *messages, ProducerFor: *producerFor, Rounds: *rounds,
-		Sweep: points, ChartDir: *charts, Shards: shardCounts,
+		Sweep: points, ChartDir: *charts, Shards: shardCounts, KeepTopics: *keepTopics,
 	}
 	if cfg.BigTx < 0 {
 		cfg.BigTx = cfg.Events

@@ -65,10 +65,6 @@ func (b *bench) messages(ctx context.Context) *MessagesResult {
 				return res
 			}
 		}
-		if err := b.createTopics(ctx, sideMsgRelay); err != nil {
-			res.Err = err
-			return res
-		}
 	}
 	b.round = 0
 	if b.cfg.ProfileDir != "" {
@@ -125,6 +121,7 @@ func (b *bench) messages(ctx context.Context) *MessagesResult {
 	if b.cfg.ProfileDir != "" {
 		err := b.profileMessages(ctx, b.slot(sideMsgProfile), end)
 		_ = dropSlot(ctx, b.pool, b.slot(sideMsgProfile)) // the producers' writes below would land in it
+		_ = b.dropTopics(ctx, sideMsgProfile)
 		if err != nil {
 			b.logf("%v", err)
 			if b.profile != nil && b.profile.Err == nil {

@@ -82,7 +82,7 @@ func (b *bench) profileRelay(ctx context.Context, steady bool) (*Profile, error)
 	if !steady {
 		b.logf("draining the backlog with an in-process relay under pprof")
 		err := b.profiled("drain", int64(b.cfg.Events), &p.Drain, func() error {
-			defer func() { _ = dropSlot(ctx, b.pool, b.slot("profile")) }()
+			defer func() { _ = errors.Join(dropSlot(ctx, b.pool, b.slot("profile")), b.dropTopics(ctx, "profile")) }()
 			r, err := startInProcess(b.relayConfig(b.slot("profile"), b.topicPrefix("profile")))
 			if err != nil {
 				return err

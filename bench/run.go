@@ -89,11 +89,15 @@ type Config struct {
 	// transaction_interval settings, every round (sweep.go); the other steady sides run once per
 	// round at their own settings. Empty: the relay's steady state at its settings alone.
 	Sweep []sweepPoint
-	// ChartDir receives the sweep's chart (sweep.svg, sweep.png); empty skips it.
+	// ChartDir receives the charts (sweep, drains, latency; SVG and PNG) and the report,
+	// results.md; empty skips them.
 	ChartDir string
 	// Shards are the slot counts of the shards measurement (shards.go), e.g. 1, 2, 4; each N
 	// drains a backlog of Events events with N relays on N slots, every round. Empty skips it.
 	Shards []int
+	// KeepTopics leaves every measurement's topics on the broker (topics.go); by default each is
+	// deleted once measured, so no side meets the topics of the sides before it.
+	KeepTopics bool
 }
 
 // interleavedSteady reports whether a steady-state side runs once per round: the relay in both
@@ -378,12 +382,6 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 	if err := b.steadyPhase(ctx, rep); err != nil {
 		return rep, err
 	}
-	if len(b.cfg.Sweep) > 0 && b.cfg.ChartDir != "" {
-		rep.Charts, rep.ChartErr = rep.writeSweepChart(b.cfg.ChartDir)
-		if rep.ChartErr != nil {
-			b.logf("sweep chart failed: %v", rep.ChartErr)
-		}
-	}
 	if b.cfg.ProfileDir != "" && rep.Profile.Err == nil && len(b.cfg.Steady) > 0 {
 		if _, err := b.profileRelay(ctx, true); err != nil {
 			rep.Profile.Err = err
@@ -396,6 +394,12 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 		r := b.bigTx(ctx)
 		rep.BigTx = &r
 		b.logf("%s", r.line())
+	}
+	if b.cfg.ChartDir != "" {
+		rep.Charts, rep.ChartErr = rep.writeCharts(b.cfg.ChartDir)
+		if rep.ChartErr != nil {
+			b.logf("charts failed: %v", rep.ChartErr)
+		}
 	}
 	return rep, ctx.Err()
 }
@@ -419,7 +423,7 @@ func (b *bench) eachRound(ctx context.Context, sides []string, repeat func(strin
 	return nil
 }
 
-// prepareSides creates the slots (or the lost slot's record) and topics of this round's sides.
+// prepareSides creates the slots (or the lost slot's record) of this round's sides.
 func (b *bench) prepareSides(ctx context.Context, sides []string) error {
 	for _, s := range sides {
 		if b.round > 0 && !interleaved(s) {
@@ -439,7 +443,9 @@ func (b *bench) prepareSides(ctx context.Context, sides []string) error {
 				return err
 			}
 		}
-		if s != sideCeiling {
+		// The drains create their topics when they run (drainWith); the profiled drain's are
+		// created with its slot.
+		if s == "profile" {
 			if err := b.createTopics(ctx, s); err != nil {
 				return err
 			}

@@ -55,6 +55,9 @@ func StartServices(ctx context.Context, opts ServiceOptions) (*Services, error) 
 	}
 	k, err := devenv.StartKafka(ctx, devenv.KafkaOptions{HeapMB: opts.KafkaHeapMB, Settings: map[string]string{
 		"auto.create.topics.enable": "false", // every topic is created up front with the same partitions
+		// A measured side's topics are deleted (topics.go): their logs go at once, while the bench
+		// waits for the deletion, not a minute later in another side's measured window.
+		"file.delete.delay.ms": "0",
 	}})
 	if err != nil {
 		_ = pg.Close(context.Background())

@@ -145,6 +145,11 @@ func (b *bench) shardDrain(ctx context.Context, n int) (r ShardResult) {
 		r.Err = err
 		return r
 	}
+	defer func() { // after the relays have stopped (deferred below)
+		if err := b.dropTopics(ctx, name); err != nil && r.Err == nil {
+			r.Err = err
+		}
+	}()
 	b.logf("shards N=%d: writing a backlog of %d events over %d tables", n, b.cfg.Events, n)
 	if err := b.writeShardBacklog(ctx, n, b.cfg.Events); err != nil {
 		r.Err = err

@@ -140,14 +140,25 @@ func (b *bench) drain(ctx context.Context, side string) Result {
 	})
 }
 
-// drainWith runs one side's drain of a backlog of Events events, fills in what every side's result
-// carries (the broker's CPU meanwhile, the events and bytes) and drops the side's slot.
+// drainWith runs one side's drain of a backlog of Events events on topics created for it, fills in
+// what every side's result carries (the broker's CPU meanwhile, the events and bytes) and drops
+// the side's slot and topics.
 func (b *bench) drainWith(ctx context.Context, side string, run func() Result) Result {
 	b.logf("draining the backlog with %s", side)
+	if hasTopics(side) {
+		if err := b.createTopics(ctx, side); err != nil {
+			return Result{Side: side, Target: int64(b.cfg.Events), Err: err}
+		}
+	}
 	broker0, primary0, standby0 := b.brokerCPU(), b.primaryCPU(), b.standbyCPU(side)
 	r := run()
 	r.BrokerCPU = b.brokerCPU() - broker0
 	r.PrimaryCPU, r.StandbyCPU = b.primaryCPU()-primary0, b.standbyCPU(side)-standby0
+	if hasTopics(side) {
+		if err := errors.Join(b.dropTopics(ctx, side), b.dropConnectTopics(ctx, side, side)); err != nil && r.Err == nil {
+			r.Err = err
+		}
+	}
 	r.Side, r.Target = side, int64(b.cfg.Events)
 	if !r.Partial {
 		r.Events = r.Target
@@ -173,6 +184,9 @@ func (b *bench) standbyCPU(side string) time.Duration {
 	cpu, _ := clusterCPU(b.decoding.postmaster)
 	return cpu
 }
+
+// hasTopics says whether a drain side publishes (pg_recvlogical writes to /dev/null).
+func hasTopics(side string) bool { return side != sideCeiling && side != sideMsgCeiling }
 
 // drainCeiling runs pg_recvlogical over the slot to the backlog's end, output to /dev/null: how
 // fast PostgreSQL decodes and sends this WAL with nothing else to do.
@@ -412,6 +426,10 @@ func (b *bench) startRelayOn(t relayTarget, name, slot, prefix string, extra ...
 // round that found the one before's offsets resumed from them and never streamed its own slot.
 func (b *bench) connectDir(name string) string { return filepath.Join(b.work, name+b.roundSuffix("-")) }
 
+// connectName is the connector's name and topic.prefix of the Connect worker configured in dir
+// (its internal topics, when it is distributed, are named after it).
+func connectName(run, dir string) string { return run + "_" + filepath.Base(dir) }
+
 // transactional says whether side writes in Kafka transactions and is done by no slot position of
 // its own (the relay's exactly-once is: it confirms only what committed).
 func transactional(side string) bool { return side == sideDbzEOS }
@@ -430,7 +448,7 @@ func (b *bench) startDebezium(ctx context.Context, side, name, slot, prefix stri
 	}
 	setup := debeziumSetup{
 		Tuned: tuned, ExactlyOnce: side == sideDbzEOS, DSN: b.svc.DSN, Brokers: b.svc.Kafka.Brokers(), Slot: slot, Publication: b.pub,
-		TopicPrefix: prefix, Name: b.run + "_" + filepath.Base(dir), OffsetsFile: filepath.Join(dir, "offsets"), RESTPort: port,
+		TopicPrefix: prefix, Name: connectName(b.run, dir), OffsetsFile: filepath.Join(dir, "offsets"), RESTPort: port,
 	}
 	worker, connector, err := setup.properties()
 	if err != nil {
@@ -532,6 +550,8 @@ type SteadyResult struct {
 	// Point is the sweep's setting the relay ran with (Config.Sweep); nil for a side that is not
 	// swept, or a run without a sweep.
 	Point *sweepPoint
+	// Curve is the latency at each percentile of latencyCurve (the latency chart).
+	Curve []time.Duration
 	Err   error
 }
 
@@ -591,8 +611,8 @@ func (b *bench) steady(ctx context.Context, side string, point *sweepPoint) Stea
 
 // steadyWith starts a side on a fresh slot (so it has no backlog), warms it up, writes at the
 // configured rate and measures commit-to-consumer latency.
-func (b *bench) steadyWith(ctx context.Context, side, name string, start func(slot string) (runner, error)) SteadyResult {
-	res := SteadyResult{Side: side}
+func (b *bench) steadyWith(ctx context.Context, side, name string, start func(slot string) (runner, error)) (res SteadyResult) {
+	res = SteadyResult{Side: side}
 	slot := b.slot(name)
 	if !isPoll(side) {
 		if err := createSlot(ctx, b.pool, slot); err != nil {
@@ -609,6 +629,12 @@ func (b *bench) steadyWith(ctx context.Context, side, name string, start func(sl
 		res.Err = err
 		return res
 	}
+	// Deferred first, so it runs last: after the side has stopped and the reader has closed.
+	defer func() {
+		if err := errors.Join(b.dropTopics(ctx, name), b.dropConnectTopics(ctx, side, name)); err != nil && res.Err == nil {
+			res.Err = err
+		}
+	}()
 	b.logf("steady state with %s: %d events/s for %s", strings.TrimPrefix(name, "steady-"), b.cfg.Rate, b.cfg.SteadyFor)
 	c, err := start(slot)
 	if err != nil {
@@ -661,15 +687,16 @@ func (b *bench) steadyWith(ctx context.Context, side, name string, start func(sl
 		res.Err = uerr
 	}
 	_, res.Received, _ = lat.counts()
-	p := lat.percentiles(50, 95, 99, 100)
+	p := lat.percentiles(append([]float64{50, 95, 99, 100}, latencyCurve...)...)
 	res.P50, res.P95, res.P99, res.Max = p[0], p[1], p[2], p[3]
+	res.Curve = p[4:]
 	return res
 }
 
 // bigTx writes one transaction of BigTx events and measures the relay draining it.
-func (b *bench) bigTx(ctx context.Context) Result {
+func (b *bench) bigTx(ctx context.Context) (res Result) {
 	name := "bigtx"
-	res := Result{Side: "relay, one transaction", Events: int64(b.cfg.BigTx)}
+	res = Result{Side: "relay, one transaction", Events: int64(b.cfg.BigTx)}
 	slot := b.slot(name)
 	if err := createSlot(ctx, b.pool, slot); err != nil {
 		res.Err = err
@@ -684,6 +711,11 @@ func (b *bench) bigTx(ctx context.Context) Result {
 		res.Err = err
 		return res
 	}
+	defer func() {
+		if err := b.dropTopics(ctx, name); err != nil && res.Err == nil {
+			res.Err = err
+		}
+	}()
 	b.logf("writing one transaction of %d events", b.cfg.BigTx)
 	if err := writeOneTx(ctx, b.pool, b.cfg.BigTx); err != nil {
 		res.Err = err

@@ -313,10 +313,4 @@ func (r *Report) sweepTable(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s |\n", name, setting, c.p99.format("%.1f"), c.broker.format("%.1f"), c.sideCPU.format("%.1f"), rounds)
 	}
-	if len(r.Charts) > 0 {
-		fmt.Fprintf(b, "\nChart: %s\n", strings.Join(r.Charts, ", "))
-	}
-	if r.ChartErr != nil {
-		fmt.Fprintf(b, "\nChart: failed: %s\n", oneLine(r.ChartErr))
-	}
 }

@@ -133,3 +133,53 @@ func TestFlagsWithoutARelayBinaryLeaveItToTheBuild(t *testing.T) {
 		t.Errorf("parseFlags = relay binary %q, sweep %v, %v; want no binary (run builds it), two points, no error", cfg.RelayBin, cfg.Sweep, err)
 	}
 }
+
+func TestTargetsCompareBrokerCostAtTheLatencyThePeerTrades(t *testing.T) {
+	ms := time.Millisecond
+	steady := func(side string, p *sweepPoint, p99, brokerMicros int) SteadyResult {
+		return SteadyResult{Side: side, Point: p, Written: 1000, Rate: 1000, P99: time.Duration(p99) * ms,
+			BrokerCPU: time.Duration(brokerMicros*1000) * time.Microsecond, Window: time.Second}
+	}
+	def, slow := &sweepPoint{Linger: 15 * ms}, &sweepPoint{Linger: 80 * ms}
+	tests := []struct {
+		name  string
+		rows  []SteadyResult
+		wants []string
+	}{
+		{
+			name: "the cheapest setting within a fifth of Debezium's p99 is compared, the default against 1.5x",
+			rows: []SteadyResult{steady(sideRelay, def, 20, 8), steady(sideRelay, slow, 85, 5), steady(sideDbzTuned, nil, 500, 6)},
+			wants: []string{
+				"| broker CPU per event, steady, at-least-once vs tuned Debezium at a fifth of its p99 (p99 <= 100 ms: linger 80 ms, p99 85.0 ms, against 500.0 ms) | 0.83 | <= 1.00 | yes |",
+				"| broker CPU per event, steady, at-least-once at its defaults vs tuned Debezium | 1.33 | <= 1.50 | yes |",
+			},
+		},
+		{
+			name: "no setting fast enough is a target not met, and says so",
+			rows: []SteadyResult{steady(sideRelay, def, 120, 8), steady(sideDbzTuned, nil, 500, 6)},
+			wants: []string{
+				"| broker CPU per event, steady, at-least-once vs tuned Debezium at a fifth of its p99 (p99 <= 100 ms) | no setting measured had p99 <= 100 ms | <= 1.00 | no |",
+			},
+		},
+		{
+			name: "exactly-once is compared with Connect's exactly-once at equal or lower p99",
+			rows: []SteadyResult{steady(sideRelayEOS, def, 30, 20), steady(sideRelayEOS, slow, 95, 10), steady(sideDbzEOS, nil, 90, 15)},
+			wants: []string{
+				"| broker CPU per event, steady, exactly-once vs Debezium with Connect's exactly-once at equal or lower p99 (p99 <= 90 ms: linger 15 ms, transaction_interval 100 ms (default), p99 30.0 ms, against 90.0 ms) | 1.33 | <= 1.00 | no |",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rep := &Report{Config: Config{Rounds: 1, Rate: 1000, SteadyFor: time.Second, Sweep: []sweepPoint{*def, *slow}}, Steady: tt.rows,
+				Messages: &MessagesResult{Drains: []Result{{Side: sideMsgRelay, Events: 1000, Wall: time.Second, CPU: 3 * ms}}}}
+			var b strings.Builder
+			rep.targetsTable(&b)
+			for _, want := range append(tt.wants, "| table-free relay CPU per event in the drain, µs | 3.0 | <= 3.5 | yes |") {
+				if !strings.Contains(b.String(), want) {
+					t.Errorf("targets lack %q:\n%s", want, b.String())
+				}
+			}
+		})
+	}
+}

@@ -44,7 +44,7 @@ func (b *bench) warmBroker(ctx context.Context, records int) error {
 		}
 	}
 	b.logf("broker warmed up with %d records in %s", records, time.Since(start).Round(time.Millisecond))
-	return nil
+	return b.dropTopics(ctx, "warmup")
 }
 
 // publishBurst publishes n events as fast as an in-process sink takes them and waits for Kafka's
@@ -121,6 +121,9 @@ func (b *bench) warmSteady(ctx context.Context, d time.Duration) error {
 		}
 		err := b.publishFor(ctx, cfg, d)
 		lat.close()
+		if err == nil {
+			err = b.dropTopics(ctx, name)
+		}
 		if err != nil {
 			return fmt.Errorf("warm up the broker's steady state: %w", err)
 		}
