@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
@@ -52,9 +53,16 @@ func TestExactlyOnceConfirmsNothingOfAKafkaTransactionBeforeItCommits(t *testing
 	}
 	await.True(t, time.Minute, "the first Kafka transaction to commit", func() bool { return position() > 0 })
 
-	// before is where the marker transaction's commit record can start at the earliest: the slot
-	// may be confirmed up to it (heartbeats and keepalives before the commit), not past it.
-	before := func() pglogrepl.LSN {
+	// The marker transaction's commit record starts at commit, which PostgreSQL does not report:
+	// it lies between before (the insert position inside the transaction) and after (the insert
+	// position once it committed), and other WAL lands between them: heartbeats, which the relay
+	// decodes, sends and may confirm ahead of the marker, and other databases' writes. The slot may
+	// be confirmed up to commit (a restart from there decodes the transaction again), not past it.
+	// The marker is the last outbox event, so the position its Kafka transaction writes is commit
+	// exactly: the checks are recorded and judged once it is known, and it is checked to lie
+	// between before and after.
+	var before, after pglogrepl.LSN
+	func() {
 		tx, err := f.outbox.Pool().Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -64,51 +72,76 @@ func TestExactlyOnceConfirmsNothingOfAKafkaTransactionBeforeItCommits(t *testing
 		if err != nil {
 			t.Fatal(err)
 		}
-		var lsn uint64
-		if err := tx.QueryRow(ctx, "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").Scan(&lsn); err != nil {
-			t.Fatal(err)
-		}
+		before = walInsertLSN(t, tx)
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
 		record()
-		return pglogrepl.LSN(lsn)
+		after = walInsertLSN(t, f.outbox.Pool())
 	}()
-	open := 0 // checks that found the Kafka transaction still open
+	type check struct{ confirmed, position pglogrepl.LSN }
+	var checks []check
+	commit := pglogrepl.LSN(0) // the marker's commit position, once its Kafka transaction committed
 	deadline := time.Now().Add(time.Minute)
 	for {
 		f.outbox.Pool().Exec(ctx, "INSERT INTO other (note) SELECT repeat('x', 200) FROM generate_series(1, 50)")
-		confirmed := pglogrepl.LSN(f.confirmedLSN())
-		committed := position() >= before // the commit record starts at or after before
-		switch {
-		case confirmed > before && !committed:
-			t.Fatalf("confirmed_flush_lsn %s passed the start of the transaction's commit record (at or after %s) while its Kafka transaction had not committed", confirmed, before)
-		case !committed:
-			open++
-		case confirmed > before:
-			t.Logf("the slot moved past the transaction once its Kafka transaction committed, after %d checks that found it open", open)
-			if open < 3 {
-				t.Errorf("only %d checks while the Kafka transaction was open: the test did not test the window", open)
+		// The slot first, then Kafka: a position read after the slot that has not reached the
+		// marker's commit says Kafka had not committed it when the slot was read either.
+		c := check{confirmed: pglogrepl.LSN(f.confirmedLSN())}
+		c.position = position()
+		checks = append(checks, c)
+		if commit == 0 && c.position >= before {
+			commit = c.position
+			if commit >= after {
+				t.Fatalf("the position %s the marker's Kafka transaction wrote is not the marker's commit record, which starts in [%s, %s)", commit, before, after)
 			}
-			written := f.outbox.Written()
-			c := harness.NewCommittedConsumer(f.brokers, harness.Topics(written, nil)...)
-			defer c.Close()
-			rctx, cancel := context.WithTimeout(ctx, time.Minute)
-			defer cancel()
-			err := c.ReadUntil(rctx, time.Second, func(recs []harness.Record) bool { return harness.Verify(written, recs, nil).Missing == 0 })
-			if rep := harness.Verify(written, c.Records(), nil); err != nil || !rep.OK() || rep.Duplicates > 0 {
-				t.Fatalf("read_committed delivery check failed (read error: %v): %s", err, rep)
-			}
-			if err := stop(); err != nil {
-				t.Fatal(err)
-			}
-			return
+		}
+		if commit != 0 && c.confirmed > commit {
+			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the slot was not confirmed past the transaction within a minute (confirmed %s, committed %v)", confirmed, committed)
+			t.Fatalf("the slot was not confirmed past the transaction within a minute (confirmed %s, position %s, marker's commit at or after %s)", c.confirmed, c.position, before)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	open := 0 // checks that found the Kafka transaction still open
+	for _, c := range checks {
+		if c.position >= commit {
+			break
+		}
+		if c.confirmed > commit {
+			t.Fatalf("confirmed_flush_lsn %s passed the transaction's commit record at %s while its Kafka transaction had not committed", c.confirmed, commit)
+		}
+		open++
+	}
+	t.Logf("the slot moved past the transaction's commit record at %s once its Kafka transaction committed, after %d checks that found it open", commit, open)
+	if open < 3 {
+		t.Errorf("only %d checks while the Kafka transaction was open: the test did not test the window", open)
+	}
+	written := f.outbox.Written()
+	c := harness.NewCommittedConsumer(f.brokers, harness.Topics(written, nil)...)
+	defer c.Close()
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err := c.ReadUntil(rctx, time.Second, func(recs []harness.Record) bool { return harness.Verify(written, recs, nil).Missing == 0 })
+	if rep := harness.Verify(written, c.Records(), nil); err != nil || !rep.OK() || rep.Duplicates > 0 {
+		t.Fatalf("read_committed delivery check failed (read error: %v): %s", err, rep)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// walInsertLSN is PostgreSQL's current WAL insert position, read through q.
+func walInsertLSN(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) pglogrepl.LSN {
+	t.Helper()
+	var lsn uint64
+	if err := q.QueryRow(context.Background(), "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	return pglogrepl.LSN(lsn)
 }
 
 // TestARelayThatFindsTheSlotStreamedFencesNothing: a relay that starts while another streams its

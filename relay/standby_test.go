@@ -139,6 +139,7 @@ func (p standbyPair) waitStreaming(t *testing.T, slot string, done <-chan error)
 func TestRelayDecodesFromAHotStandby(t *testing.T) {
 	for _, version := range []string{"16", "18"} {
 		t.Run("PostgreSQL "+version, func(t *testing.T) {
+			t.Parallel() // each version has its own primary and standby; they share only the broker
 			ctx := context.Background()
 			primary := testenv.Postgres(t, devenv.PostgresOptions{Version: version})
 			f := newFixture(t, primary, testenv.SharedKafka(t).Brokers(), 2)

@@ -54,14 +54,21 @@ func (s *service) Running() bool {
 	return s.current() != nil
 }
 
-// start spawns the server unless it runs and polls ready until it succeeds. Call with s.mu held.
+// start spawns the server unless it runs and polls ready until it succeeds, a server that exits
+// aside, for as long as ctx allows; timeout bounds it only when ctx has no deadline. The caller
+// knows how loaded the machine may be (a test binary's start of a broker waits 4 minutes, since
+// packages run side by side): a fixed bound below its own failed starts that were progressing.
+// Call with s.mu held.
 func (s *service) start(ctx context.Context, spec spawnSpec, timeout time.Duration, ready func(context.Context) error) error {
 	if s.current() != nil {
 		return nil
 	}
 	spec.detached, spec.needle, spec.logPath = s.detached, s.needle, s.Logs()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	var p *process
 	respawn := func() error {
 		var err error
