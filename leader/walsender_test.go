@@ -152,18 +152,25 @@ func receive(t *testing.T, got <-chan *leader.Term, within time.Duration) *leade
 // TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished: a walsender that streams the slot
 // from the same client with the same application_name as the leader, but that the leader did not
 // publish as its own (a relay with leader_election off, while the elected one waits for the slot),
-// survives a change of leader; the walsender the leader published is ended.
+// survives a change of leader; the walsender the leader published is ended. So also where the
+// walsender is taken for another server's than the lock's (WalsenderDSN, decoding on a standby;
+// here the same server), where the new leader ends it over a connection of its own.
 func TestANewLeaderEndsOnlyTheWalsenderThePreviousLeaderPublished(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		published bool
+		elsewhere bool // WalsenderDSN set
 	}{
-		{"outside the election", false},
-		{"published by the leader", true},
+		{"outside the election", false, false},
+		{"published by the leader", true, false},
+		{"published by the leader, the walsender on the WalsenderDSN server", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newSlotFixture(t)
 			cfg := leader.Config{DSN: f.dsn, Slot: f.slot, RetryInterval: 100 * time.Millisecond, CheckTimeout: 2 * time.Second}
+			if tc.elsewhere {
+				cfg.WalsenderDSN = f.dsn
+			}
 			termA := campaign(t, context.Background(), leader.New(cfg, zaptest.NewLogger(t).Named("a")))
 			walsender := f.stream(t)
 			if tc.published {

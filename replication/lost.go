@@ -117,9 +117,10 @@ func lostReason(s SlotInfo) string {
 }
 
 // lostSlot returns the lost slot to recover, or nil when slot (as the checks read it) is not lost
-// and no recovery is under way; an error when it is lost and cannot be recovered.
-func (s *Stream) lostSlot(ctx context.Context, conn *pgx.Conn, slot SlotInfo, streamedHere bool) (*LostSlot, error) {
-	st, err := s.ledger.Recovery(ctx, conn, s.cfg.Slot)
+// and no recovery is under way; an error when it is lost and cannot be recovered. The ledger is
+// read on ledgerConn.
+func (s *Stream) lostSlot(ctx context.Context, ledgerConn *pgx.Conn, slot SlotInfo, streamedHere bool) (*LostSlot, error) {
+	st, err := s.ledger.Recovery(ctx, ledgerConn, s.cfg.Slot)
 	if errors.Is(err, ErrLedgerNotMigrated) {
 		return nil, fatalf("on_slot_lost: recover: %v", err)
 	}

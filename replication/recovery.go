@@ -74,7 +74,14 @@ func (s *Stream) replaceLost(ctx context.Context, conn *pgx.Conn, slot SlotInfo,
 	if slot, err = ReadSlot(ctx, conn, s.cfg.Slot); err != nil {
 		return SlotInfo{}, err
 	}
-	if lost, err = s.lostSlot(ctx, conn, slot, streamedHere); err != nil || lost == nil {
+	// Decoding on a standby the ledger is read on the primary, where the previous owner wrote it:
+	// the standby's copy lags by its replay, and may still show under way a recovery that owner
+	// has ended, whose replacement this one would drop and make again (publishing the gap twice).
+	fresh := conn
+	if s.cfg.PrimaryDSN != "" {
+		fresh = s.owner.conn
+	}
+	if lost, err = s.lostSlot(ctx, fresh, slot, streamedHere); err != nil || lost == nil {
 		s.releaseRecovery(ctx)
 		return slot, err
 	}
