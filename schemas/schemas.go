@@ -182,6 +182,7 @@ type Serializer struct {
 	subjects map[string]*strict     // strict and frame-only subjects
 	inferred map[string]sr.Schema   // the last schema registered per inferred subject (Widener)
 	widened  map[widenKey]sr.Schema // (subject's schema, inferred schema) -> merged: the steady state merges nothing
+	shapes   map[string]*shapeSet   // inferred Avro subjects: what payloads of each shape got (shape.go)
 	now      func() time.Time
 }
 
@@ -233,7 +234,7 @@ func New(reg Registry, o Options) (*Serializer, error) {
 		o.FrameIndex = []int{0}
 	}
 	return &Serializer{reg: reg, o: o, ids: make(map[idKey]int), subjects: make(map[string]*strict),
-		inferred: make(map[string]sr.Schema), widened: make(map[widenKey]sr.Schema), now: time.Now}, nil
+		inferred: make(map[string]sr.Schema), widened: make(map[widenKey]sr.Schema), shapes: make(map[string]*shapeSet), now: time.Now}, nil
 }
 
 // Serialize returns the framed key and value of an event routed to topic: key is the aggregate
@@ -284,6 +285,9 @@ func (s *Serializer) value(ctx context.Context, topic, eventType string, payload
 	var schema sr.Schema
 	var id int
 	var err error
+	if f, ok := s.o.Value.(*avro.Format); ok && s.o.AutoRegister {
+		return s.inferredAvro(ctx, f, subject, name, namespace, payload)
+	}
 	if s.o.AutoRegister {
 		if schema, err = s.o.Value.Infer(name, namespace, payload); err != nil {
 			return nil, &Error{Reason: ReasonMismatch, Subject: subject, Field: fieldOf(err), Err: fmt.Errorf("no schema can be inferred from the payload: %w", err)}
@@ -357,13 +361,19 @@ func (s *Serializer) frame(ctx context.Context, topic, eventType string, payload
 // last, or, the first time, the registry's latest (so a restart does not register a narrower
 // schema). A subject without a schema, or one that cannot merge, takes inferred as it is.
 func (s *Serializer) widen(ctx context.Context, subject string, inferred sr.Schema) (sr.Schema, error) {
-	w, ok := s.o.Value.(Widener)
-	if !ok {
+	if _, ok := s.o.Value.(Widener); !ok {
 		return inferred, nil
 	}
 	s.mu.Lock()
 	base, known := s.inferred[subject]
 	s.mu.Unlock()
+	return s.widenFrom(ctx, subject, base, known, inferred)
+}
+
+// widenFrom is widen from base, the subject's schema this Serializer registered last (known), or
+// else the registry's latest.
+func (s *Serializer) widenFrom(ctx context.Context, subject string, base sr.Schema, known bool, inferred sr.Schema) (sr.Schema, error) {
+	w := s.o.Value.(Widener)
 	if !known {
 		latest, err := s.reg.Latest(ctx, subject)
 		var re *sr.ResponseError
@@ -439,6 +449,7 @@ func (s *Serializer) register(ctx context.Context, subject string, schema sr.Sch
 	s.mu.Lock()
 	if len(s.ids) >= maxIDs {
 		clear(s.ids)
+		clear(s.shapes) // their ids are the cleared ones: learn them again as a miss would
 	}
 	s.ids[k] = id
 	s.mu.Unlock()

@@ -49,6 +49,37 @@ const maxDepth = 10000
 type parser struct {
 	b []byte
 	i int
+	// Nodes and member lists are carved from chunks, a few allocations per document rather than
+	// one per value and a few per object: parsing is most of an event's cost.
+	nodes []node
+	keys  []string
+	vals  []*node
+	// The members of the objects and arrays being scanned, innermost last.
+	stackK []string
+	stackV []*node
+}
+
+// node returns a new zero node.
+func (p *parser) node() *node {
+	if len(p.nodes) == cap(p.nodes) {
+		p.nodes = make([]node, 0, max(8, min(64, len(p.b)/16)))
+	}
+	p.nodes = p.nodes[:len(p.nodes)+1]
+	return &p.nodes[len(p.nodes)-1]
+}
+
+// carve copies from into chunk's free room (a new chunk when it has too little) and returns the
+// copy, with no room to grow into its neighbours; nil when from is empty.
+func carve[T any](chunk *[]T, from []T) []T {
+	if len(from) == 0 {
+		return nil
+	}
+	if cap(*chunk)-len(*chunk) < len(from) {
+		*chunk = make([]T, 0, max(32, len(from)))
+	}
+	start := len(*chunk)
+	*chunk = append(*chunk, from...)
+	return (*chunk)[start:len(*chunk):len(*chunk)]
 }
 
 func (p *parser) space() {
@@ -83,18 +114,26 @@ func (p *parser) value(depth int) (*node, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &node{kind: 's', str: s}, nil
+		n := p.node()
+		n.kind, n.str = 's', s
+		return n, nil
 	case c == '-' || c >= '0' && c <= '9':
 		return p.number()
 	case bytes.HasPrefix(p.b[p.i:], []byte("true")):
 		p.i += 4
-		return &node{kind: 'b', boolean: true}, nil
+		n := p.node()
+		n.kind, n.boolean = 'b', true
+		return n, nil
 	case bytes.HasPrefix(p.b[p.i:], []byte("false")):
 		p.i += 5
-		return &node{kind: 'b'}, nil
+		n := p.node()
+		n.kind = 'b'
+		return n, nil
 	case bytes.HasPrefix(p.b[p.i:], []byte("null")):
 		p.i += 4
-		return &node{kind: 'z'}, nil
+		n := p.node()
+		n.kind = 'z'
+		return n, nil
 	}
 	return nil, p.errorf("unexpected %q", p.b[p.i])
 }
@@ -102,12 +141,15 @@ func (p *parser) value(depth int) (*node, error) {
 // object scans an object, p.i at its '{', keeping its members in their order.
 func (p *parser) object(depth int) (*node, error) {
 	p.i++
-	n := &node{kind: 'o'}
+	n := p.node()
+	n.kind = 'o'
 	p.space()
 	if p.i < len(p.b) && p.b[p.i] == '}' {
 		p.i++
 		return n, nil
 	}
+	mark := len(p.stackV)
+	defer func() { p.stackK, p.stackV = p.stackK[:mark], p.stackV[:mark] }()
 	for {
 		p.space()
 		if p.i >= len(p.b) || p.b[p.i] != '"' {
@@ -127,7 +169,7 @@ func (p *parser) object(depth int) (*node, error) {
 		if err != nil {
 			return nil, err
 		}
-		n.keys, n.vals = append(n.keys, k), append(n.vals, v)
+		p.stackK, p.stackV = append(p.stackK, k), append(p.stackV, v)
 		p.space()
 		if p.i < len(p.b) && p.b[p.i] == ',' {
 			p.i++
@@ -135,6 +177,7 @@ func (p *parser) object(depth int) (*node, error) {
 		}
 		if p.i < len(p.b) && p.b[p.i] == '}' {
 			p.i++
+			n.keys, n.vals = carve(&p.keys, p.stackK[mark:]), carve(&p.vals, p.stackV[mark:])
 			return n, nil
 		}
 		return nil, p.errorf("want ',' or '}'")
@@ -144,19 +187,22 @@ func (p *parser) object(depth int) (*node, error) {
 // array scans an array, p.i at its '['.
 func (p *parser) array(depth int) (*node, error) {
 	p.i++
-	n := &node{kind: 'a'}
+	n := p.node()
+	n.kind = 'a'
 	p.space()
 	if p.i < len(p.b) && p.b[p.i] == ']' {
 		p.i++
 		return n, nil
 	}
+	mark := len(p.stackV)
+	defer func() { p.stackK, p.stackV = p.stackK[:mark], p.stackV[:mark] }()
 	for {
 		p.space()
 		v, err := p.value(depth + 1)
 		if err != nil {
 			return nil, err
 		}
-		n.vals = append(n.vals, v)
+		p.stackK, p.stackV = append(p.stackK, ""), append(p.stackV, v)
 		p.space()
 		if p.i < len(p.b) && p.b[p.i] == ',' {
 			p.i++
@@ -164,6 +210,7 @@ func (p *parser) array(depth int) (*node, error) {
 		}
 		if p.i < len(p.b) && p.b[p.i] == ']' {
 			p.i++
+			n.vals = carve(&p.vals, p.stackV[mark:])
 			return n, nil
 		}
 		return nil, p.errorf("want ',' or ']'")
@@ -205,7 +252,9 @@ func (p *parser) number() (*node, error) {
 			return nil, p.errorf("an exponent without digits")
 		}
 	}
-	return &node{kind: 'n', num: json.Number(p.b[start:p.i])}, nil
+	n := p.node()
+	n.kind, n.num = 'n', json.Number(p.b[start:p.i])
+	return n, nil
 }
 
 // str scans a string at p.i (its opening quote) and returns its value. Invalid UTF-8 and lone
