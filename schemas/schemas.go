@@ -183,6 +183,7 @@ type Serializer struct {
 	inferred map[string]sr.Schema   // the last schema registered per inferred subject (Widener)
 	widened  map[widenKey]sr.Schema // (subject's schema, inferred schema) -> merged: the steady state merges nothing
 	shapes   map[string]*shapeSet   // inferred Avro subjects: what payloads of each shape got (shape.go)
+	keyIDs   map[string]int         // topic -> its key schema's id, an index into ids by topic
 	now      func() time.Time
 }
 
@@ -234,7 +235,7 @@ func New(reg Registry, o Options) (*Serializer, error) {
 		o.FrameIndex = []int{0}
 	}
 	return &Serializer{reg: reg, o: o, ids: make(map[idKey]int), subjects: make(map[string]*strict),
-		inferred: make(map[string]sr.Schema), widened: make(map[widenKey]sr.Schema), shapes: make(map[string]*shapeSet), now: time.Now}, nil
+		inferred: make(map[string]sr.Schema), widened: make(map[widenKey]sr.Schema), shapes: make(map[string]*shapeSet), keyIDs: make(map[string]int), now: time.Now}, nil
 }
 
 // Serialize returns the framed key and value of an event routed to topic: key is the aggregate
@@ -265,6 +266,12 @@ func (s *Serializer) Serialize(ctx context.Context, topic, eventType string, key
 
 // key returns the frame of the key's schema.
 func (s *Serializer) key(ctx context.Context, topic string) ([]byte, error) {
+	s.mu.Lock()
+	id, ok := s.keyIDs[topic]
+	s.mu.Unlock()
+	if ok {
+		return header(id, nil), nil
+	}
 	subject := topic + "-key"
 	switch s.o.Strategy {
 	case StrategyRecord:
@@ -276,6 +283,11 @@ func (s *Serializer) key(ctx context.Context, topic string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	if cached, ok := s.ids[idKey{subject, avro.KeySchema}]; ok && cached == id {
+		s.keyIDs[topic] = id // while the ids cache holds it: a topic asks again when a subject would
+	}
+	s.mu.Unlock()
 	return header(id, nil), nil
 }
 
@@ -450,6 +462,7 @@ func (s *Serializer) register(ctx context.Context, subject string, schema sr.Sch
 	if len(s.ids) >= maxIDs {
 		clear(s.ids)
 		clear(s.shapes) // their ids are the cleared ones: learn them again as a miss would
+		clear(s.keyIDs)
 	}
 	s.ids[k] = id
 	s.mu.Unlock()

@@ -136,8 +136,8 @@ func TestAvroShapeCacheWritesWhatInferringWrites(t *testing.T) {
 // inferring does.
 func TestAvroShapeCacheAsksTheRegistryAgainWhenTheIDCacheStartsAgain(t *testing.T) {
 	cached, viaInfer := &refusing{}, &refusing{}
-	a, _ := schemas.New(cached, schemas.Options{Value: avro.New(), AutoRegister: true})
-	b, _ := schemas.New(viaInfer, schemas.Options{Value: inferring{avro.New()}, AutoRegister: true})
+	a, _ := schemas.New(cached, schemas.Options{Value: avro.New(), AvroKey: true, AutoRegister: true})
+	b, _ := schemas.New(viaInfer, schemas.Options{Value: inferring{avro.New()}, AvroKey: true, AutoRegister: true})
 	ctx := context.Background()
 	for i := range 6300 {
 		// Topics of their own (4200): a subject and a schema each, so the ids cache fills, and
@@ -147,14 +147,23 @@ func TestAvroShapeCacheAsksTheRegistryAgainWhenTheIDCacheStartsAgain(t *testing.
 			topic = "t0"
 		}
 		p := []byte(`{"a":1}`)
-		_, va, erra := a.Serialize(ctx, topic, "", nil, p)
-		_, vb, errb := b.Serialize(ctx, topic, "", nil, p)
-		if !bytes.Equal(va, vb) || fmt.Sprint(erra) != fmt.Sprint(errb) {
-			t.Fatalf("payload %d to %s: cached %x %v; inferred %x %v", i, topic, va, erra, vb, errb)
+		ka, va, erra := a.Serialize(ctx, topic, "", []byte("k"), p)
+		kb, vb, errb := b.Serialize(ctx, topic, "", []byte("k"), p)
+		if !bytes.Equal(ka, kb) || !bytes.Equal(va, vb) || fmt.Sprint(erra) != fmt.Sprint(errb) {
+			t.Fatalf("payload %d to %s: cached %x %x %v; inferred %x %x %v", i, topic, ka, va, erra, kb, vb, errb)
 		}
 	}
 	if cached.calls != viaInfer.calls || len(cached.asked) != len(viaInfer.asked) {
 		t.Fatalf("registry calls: cached %d (%d registrations), inferred %d (%d)", cached.calls, len(cached.asked), viaInfer.calls, len(viaInfer.asked))
+	}
+	// Keys are framed alike either way: their subject asks again with its value's.
+	keys, values := 0, 0
+	for _, r := range cached.asked {
+		keys += bool2int(strings.HasPrefix(r, "t0-key "))
+		values += bool2int(strings.HasPrefix(r, "t0-value "))
+	}
+	if keys != values || keys < 2 {
+		t.Fatalf("subject t0-key registered %d times, t0-value %d; want as many, and again after the ids cache started again", keys, values)
 	}
 }
 
@@ -182,4 +191,11 @@ func TestAvroShapeCacheServesBenchPayloadsWithoutTheRegistry(t *testing.T) {
 	if cached.calls != viaInfer.calls {
 		t.Fatalf("registry calls: cached %d, inferred %d", cached.calls, viaInfer.calls)
 	}
+}
+
+func bool2int(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
