@@ -48,10 +48,11 @@ const maxShapes = 1024
 
 // inferredAvro is value for an inferred Avro schema (Options.AutoRegister).
 func (s *Serializer) inferredAvro(ctx context.Context, f *avro.Format, subject, name, namespace string, payload []byte) ([]byte, error) {
-	doc, err := avro.Parse(payload)
+	doc, err := f.Parse(payload)
 	if err != nil {
 		return nil, &Error{Reason: ReasonMismatch, Subject: subject, Field: fieldOf(err), Err: fmt.Errorf("no schema can be inferred from the payload: %w", err)}
 	}
+	defer f.Release(doc)
 	var buf [512]byte
 	key := append(buf[:0], name...)
 	key = append(key, 0)

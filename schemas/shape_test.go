@@ -75,6 +75,8 @@ var shapeCorpus = []string{
 	`  {"spaced" : [ 1 , { "k" : "v" } ] }  `,
 	`{"k":"v\"q\\\/\b\f\n\r\t"}`,
 	`{"invalid":"` + "\xff" + `"}`,
+	"{\"k\xff\":1,\"k\xff\":\"s\"}", // a name of invalid UTF-8, repeated
+	`{"ok":1,"grüße":2}`,
 }
 
 // TestAvroShapeCacheWritesWhatInferringWrites holds the Serializer's shape cache to what inferring

@@ -29,7 +29,13 @@ type node struct {
 // relay needs of a document (member order, a number's text) is what that API gives least cheaply.
 // TestParseAgreesWithEncodingJSON holds it to encoding/json's verdicts and values.
 func parse(b []byte) (*node, error) {
-	p := &parser{b: b}
+	return (&parser{}).parse(b)
+}
+
+// parse parses b with p's memory: a parser used again overwrites the nodes it made before.
+func (p *parser) parse(b []byte) (*node, error) {
+	p.b, p.i = b, 0
+	p.nodes, p.keys, p.vals = p.nodes[:0], p.keys[:0], p.vals[:0]
 	p.space()
 	n, err := p.value(0)
 	if err != nil {
@@ -57,15 +63,23 @@ type parser struct {
 	// The members of the objects and arrays being scanned, innermost last.
 	stackK []string
 	stackV []*node
+	// names, when set, keeps member names without escapes, so that a parser used again makes
+	// no new string for a name it has seen (payloads repeat their names).
+	names map[string]string
 }
+
+// maxNames bounds a parser's names; past it they start again.
+const maxNames = 4096
 
 // node returns a new zero node.
 func (p *parser) node() *node {
 	if len(p.nodes) == cap(p.nodes) {
-		p.nodes = make([]node, 0, max(8, min(64, len(p.b)/16)))
+		p.nodes = make([]node, 0, max(16, 2*cap(p.nodes)))
 	}
 	p.nodes = p.nodes[:len(p.nodes)+1]
-	return &p.nodes[len(p.nodes)-1]
+	n := &p.nodes[len(p.nodes)-1]
+	*n = node{} // a parser used again
+	return n
 }
 
 // carve copies from into chunk's free room (a new chunk when it has too little) and returns the
@@ -75,7 +89,7 @@ func carve[T any](chunk *[]T, from []T) []T {
 		return nil
 	}
 	if cap(*chunk)-len(*chunk) < len(from) {
-		*chunk = make([]T, 0, max(32, len(from)))
+		*chunk = make([]T, 0, max(32, 2*cap(*chunk), len(from)))
 	}
 	start := len(*chunk)
 	*chunk = append(*chunk, from...)
@@ -155,7 +169,7 @@ func (p *parser) object(depth int) (*node, error) {
 		if p.i >= len(p.b) || p.b[p.i] != '"' {
 			return nil, p.errorf("want a member name")
 		}
-		k, err := p.str()
+		k, err := p.name()
 		if err != nil {
 			return nil, err
 		}
@@ -255,6 +269,35 @@ func (p *parser) number() (*node, error) {
 	n := p.node()
 	n.kind, n.num = 'n', json.Number(p.b[start:p.i])
 	return n, nil
+}
+
+// name scans a member name at p.i (its opening quote): str, kept in names.
+func (p *parser) name() (string, error) {
+	if p.names == nil {
+		return p.str()
+	}
+	for j := p.i + 1; j < len(p.b); j++ {
+		c := p.b[j]
+		if c == '"' {
+			raw := p.b[p.i+1 : j]
+			if k, ok := p.names[string(raw)]; ok {
+				p.i = j + 1
+				return k, nil
+			}
+			k, err := p.str()
+			if err == nil && k == string(raw) {
+				if len(p.names) >= maxNames {
+					clear(p.names)
+				}
+				p.names[k] = k
+			}
+			return k, err
+		}
+		if c == '\\' || c < 0x20 {
+			break
+		}
+	}
+	return p.str()
 }
 
 // str scans a string at p.i (its opening quote) and returns its value. Invalid UTF-8 and lone

@@ -12,16 +12,37 @@ import (
 // and a stream's payloads come in a few shapes. Parse once, key the cache by AppendShape, and on a
 // hit write the document with the cached schema's Encoder.
 
-// Doc is a parsed JSON payload.
-type Doc struct{ n *node }
+// Doc is a parsed JSON payload, made by Format.Parse and given back with Format.Release.
+type Doc struct {
+	n *node
+	p *parser
+}
 
-// Parse parses a JSON payload, with the error Infer gives for one that is not JSON.
-func Parse(payload []byte) (*Doc, error) {
-	n, err := parse(payload)
+// Parse parses a JSON payload, with the error Infer gives for one that is not JSON. Its memory
+// is the Format's to use again once the caller is done and calls Release: what the caller keeps
+// of it (an error, a schema) holds none of that memory.
+func (f *Format) Parse(payload []byte) (*Doc, error) {
+	p, _ := f.parsers.Get().(*parser)
+	if p == nil {
+		p = &parser{names: make(map[string]string)}
+	}
+	n, err := p.parse(payload)
 	if err != nil {
+		f.parsers.Put(p)
 		return nil, err
 	}
-	return &Doc{n}, nil
+	return &Doc{n: n, p: p}, nil
+}
+
+// Release gives d's memory back to f: d must not be used after.
+func (f *Format) Release(d *Doc) {
+	if d == nil || d.p == nil {
+		return
+	}
+	p := d.p
+	*d = Doc{}
+	p.b = nil // the caller's payload
+	f.parsers.Put(p)
 }
 
 // InferDoc is Infer of a parsed payload.
