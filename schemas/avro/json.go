@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // node is a parsed JSON value that keeps member order (inferred records list their fields in
@@ -63,9 +64,20 @@ type parser struct {
 	// The members of the objects and arrays being scanned, innermost last.
 	stackK []string
 	stackV []*node
+	// views makes strings and numbers without escapes views of b, not copies (str).
+	views bool
 	// names, when set, keeps member names without escapes, so that a parser used again makes
 	// no new string for a name it has seen (payloads repeat their names).
 	names map[string]string
+	doc   Doc // Format.Parse's result
+}
+
+// text is b as a string: a view of it with view, else a copy.
+func (p *parser) text(b []byte, view bool) string {
+	if view && len(b) > 0 {
+		return unsafe.String(&b[0], len(b))
+	}
+	return string(b)
 }
 
 // maxNames bounds a parser's names; past it they start again.
@@ -124,7 +136,7 @@ func (p *parser) value(depth int) (*node, error) {
 	case c == '[':
 		return p.array(depth)
 	case c == '"':
-		s, err := p.str()
+		s, err := p.str(p.views)
 		if err != nil {
 			return nil, err
 		}
@@ -267,14 +279,14 @@ func (p *parser) number() (*node, error) {
 		}
 	}
 	n := p.node()
-	n.kind, n.num = 'n', json.Number(p.b[start:p.i])
+	n.kind, n.num = 'n', json.Number(p.text(p.b[start:p.i], p.views))
 	return n, nil
 }
 
 // name scans a member name at p.i (its opening quote): str, kept in names.
 func (p *parser) name() (string, error) {
 	if p.names == nil {
-		return p.str()
+		return p.str(false)
 	}
 	for j := p.i + 1; j < len(p.b); j++ {
 		c := p.b[j]
@@ -284,7 +296,7 @@ func (p *parser) name() (string, error) {
 				p.i = j + 1
 				return k, nil
 			}
-			k, err := p.str()
+			k, err := p.str(false)
 			if err == nil && k == string(raw) {
 				if len(p.names) >= maxNames {
 					clear(p.names)
@@ -297,12 +309,15 @@ func (p *parser) name() (string, error) {
 			break
 		}
 	}
-	return p.str()
+	return p.str(false)
 }
 
 // str scans a string at p.i (its opening quote) and returns its value. Invalid UTF-8 and lone
 // surrogates become U+FFFD, as encoding/json makes them.
-func (p *parser) str() (string, error) {
+//
+// With view, a string without escapes is the payload's own bytes, not a copy: for a document
+// whose memory ends with the call that parsed it, read and never kept (Format.Parse).
+func (p *parser) str(view bool) (string, error) {
 	p.i++ // the opening quote
 	start := p.i
 	// The common case: no escapes, ASCII or valid UTF-8.
@@ -311,6 +326,9 @@ func (p *parser) str() (string, error) {
 		if c == '"' {
 			s := p.b[start:p.i]
 			p.i++
+			if view && utf8.Valid(s) {
+				return p.text(s, true), nil
+			}
 			return validUTF8(s), nil
 		}
 		if c == '\\' || c < 0x20 {

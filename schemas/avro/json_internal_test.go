@@ -105,7 +105,7 @@ func TestParseAgreesWithEncodingJSON(t *testing.T) {
 			cases = append(cases, string(doc))
 		}
 	}
-	again := &parser{names: map[string]string{}} // as Format.Parse uses one: again, keeping names
+	again := &parser{names: map[string]string{}, views: true} // as Format.Parse uses one: again, keeping names, viewing strings
 	for _, c := range cases {
 		want, wantErr := viaEncodingJSON([]byte(c))
 		got, err := parse([]byte(c))

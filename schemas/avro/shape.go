@@ -19,19 +19,21 @@ type Doc struct {
 }
 
 // Parse parses a JSON payload, with the error Infer gives for one that is not JSON. Its memory
-// is the Format's to use again once the caller is done and calls Release: what the caller keeps
-// of it (an error, a schema) holds none of that memory.
+// is the Format's to use again once the caller is done and calls Release, and its strings are
+// views of payload: what the caller keeps of it (an error, a schema) holds none of that memory,
+// and payload must not change until then.
 func (f *Format) Parse(payload []byte) (*Doc, error) {
 	p, _ := f.parsers.Get().(*parser)
 	if p == nil {
-		p = &parser{names: make(map[string]string)}
+		p = &parser{names: make(map[string]string), views: true}
 	}
 	n, err := p.parse(payload)
 	if err != nil {
 		f.parsers.Put(p)
 		return nil, err
 	}
-	return &Doc{n: n, p: p}, nil
+	p.doc = Doc{n: n, p: p}
+	return &p.doc, nil
 }
 
 // Release gives d's memory back to f: d must not be used after.
