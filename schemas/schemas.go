@@ -22,7 +22,9 @@
 //
 // The hot path makes no registry round trip: ids are cached per subject and schema text, and a
 // strict subject's schema for LatestRefresh (a failed refresh keeps the cached version: an outage
-// does not hold a stream that has what it needs).
+// does not hold a stream that has what it needs). An inferred Avro value is cached by its
+// payload's shape (shape.go): a payload of a shape its subject has seen is parsed once and
+// written, with nothing inferred, printed or looked up, into the bytes inferring would give.
 //
 // Errors: a *Error (Permanent) is the event's fault and goes to the sink's failure policy with
 // its Reason; any other error (the registry down, answering 5xx, refusing the credentials, a
