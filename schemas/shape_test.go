@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/sr"
@@ -200,4 +201,78 @@ func bool2int(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestAvroShapeCacheServesConcurrentCallers: callers at once (as the sink's streams) get what
+// one caller alone gets, each from parsers of their own (go test -race).
+func TestAvroShapeCacheServesConcurrentCallers(t *testing.T) {
+	ctx := context.Background()
+	payloads := benchPayloads()
+	alone, _ := schemas.New(&refusing{}, schemas.Options{Value: inferring{avro.New()}, AvroKey: true, AutoRegister: true})
+	want := make([][]byte, len(payloads))
+	for i, p := range payloads {
+		_, want[i], _ = alone.Serialize(ctx, "orders", "", []byte("k"), p)
+	}
+	for i, p := range payloads { // the widest schema now: every payload again in it
+		_, want[i], _ = alone.Serialize(ctx, "orders", "", []byte("k"), p)
+	}
+	s, _ := schemas.New(&lockedRegistry{r: &refusing{}}, schemas.Options{Value: avro.New(), AvroKey: true, AutoRegister: true})
+	for _, p := range payloads {
+		if _, _, err := s.Serialize(ctx, "orders", "", []byte("k"), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for round := range 20 {
+				for i := range payloads {
+					j := (i + g*7 + round) % len(payloads)
+					p := append([]byte(nil), payloads[j]...)
+					_, v, err := s.Serialize(ctx, "orders", "", []byte("k"), p)
+					clear(p) // the caller's buffer changes once the call is over
+					if err != nil || !bytes.Equal(v, want[j]) {
+						errs <- fmt.Errorf("payload %d: %x, %v; want %x", j, v, err, want[j])
+						return
+					}
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// lockedRegistry serializes calls to a fake registry for concurrent callers.
+type lockedRegistry struct {
+	mu sync.Mutex
+	r  *refusing
+}
+
+func (l *lockedRegistry) Register(ctx context.Context, subject string, s sr.Schema) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Register(ctx, subject, s)
+}
+
+func (l *lockedRegistry) Latest(ctx context.Context, subject string) (sr.SubjectSchema, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Latest(ctx, subject)
+}
+
+func (l *lockedRegistry) Version(ctx context.Context, subject string, v int) (sr.SubjectSchema, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Version(ctx, subject, v)
+}
+
+func (l *lockedRegistry) SchemaByID(ctx context.Context, id int) (sr.Schema, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.SchemaByID(ctx, id)
 }
