@@ -29,6 +29,7 @@ func (f *Format) Parse(payload []byte) (*Doc, error) {
 	}
 	n, err := p.parse(payload)
 	if err != nil {
+		p.b = nil // the caller's payload
 		f.parsers.Put(p)
 		return nil, err
 	}
