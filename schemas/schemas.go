@@ -22,7 +22,9 @@
 //
 // The hot path makes no registry round trip: ids are cached per subject and schema text, and a
 // strict subject's schema for LatestRefresh (a failed refresh keeps the cached version: an outage
-// does not hold a stream that has what it needs).
+// does not hold a stream that has what it needs). An inferred Avro value is cached by its
+// payload's shape (shape.go): a payload of a shape its subject has seen is parsed once and
+// written, with nothing inferred, printed or looked up, into the bytes inferring would give.
 //
 // Errors: a *Error (Permanent) is the event's fault and goes to the sink's failure policy with
 // its Reason; any other error (the registry down, answering 5xx, refusing the credentials, a
@@ -182,6 +184,8 @@ type Serializer struct {
 	subjects map[string]*strict     // strict and frame-only subjects
 	inferred map[string]sr.Schema   // the last schema registered per inferred subject (Widener)
 	widened  map[widenKey]sr.Schema // (subject's schema, inferred schema) -> merged: the steady state merges nothing
+	shapes   map[string]*shapeSet   // inferred Avro subjects: what payloads of each shape got (shape.go)
+	keyIDs   map[string]int         // topic -> its key schema's id, an index into ids by topic
 	now      func() time.Time
 }
 
@@ -233,7 +237,7 @@ func New(reg Registry, o Options) (*Serializer, error) {
 		o.FrameIndex = []int{0}
 	}
 	return &Serializer{reg: reg, o: o, ids: make(map[idKey]int), subjects: make(map[string]*strict),
-		inferred: make(map[string]sr.Schema), widened: make(map[widenKey]sr.Schema), now: time.Now}, nil
+		inferred: make(map[string]sr.Schema), widened: make(map[widenKey]sr.Schema), shapes: make(map[string]*shapeSet), keyIDs: make(map[string]int), now: time.Now}, nil
 }
 
 // Serialize returns the framed key and value of an event routed to topic: key is the aggregate
@@ -264,6 +268,12 @@ func (s *Serializer) Serialize(ctx context.Context, topic, eventType string, key
 
 // key returns the frame of the key's schema.
 func (s *Serializer) key(ctx context.Context, topic string) ([]byte, error) {
+	s.mu.Lock()
+	id, ok := s.keyIDs[topic]
+	s.mu.Unlock()
+	if ok {
+		return header(id, nil), nil
+	}
 	subject := topic + "-key"
 	switch s.o.Strategy {
 	case StrategyRecord:
@@ -275,6 +285,11 @@ func (s *Serializer) key(ctx context.Context, topic string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	if cached, ok := s.ids[idKey{subject, avro.KeySchema}]; ok && cached == id {
+		s.keyIDs[topic] = id // while the ids cache holds it: a topic asks again when a subject would
+	}
+	s.mu.Unlock()
 	return header(id, nil), nil
 }
 
@@ -284,6 +299,9 @@ func (s *Serializer) value(ctx context.Context, topic, eventType string, payload
 	var schema sr.Schema
 	var id int
 	var err error
+	if f, ok := s.o.Value.(*avro.Format); ok && s.o.AutoRegister {
+		return s.inferredAvro(ctx, f, subject, name, namespace, payload)
+	}
 	if s.o.AutoRegister {
 		if schema, err = s.o.Value.Infer(name, namespace, payload); err != nil {
 			return nil, &Error{Reason: ReasonMismatch, Subject: subject, Field: fieldOf(err), Err: fmt.Errorf("no schema can be inferred from the payload: %w", err)}
@@ -357,13 +375,19 @@ func (s *Serializer) frame(ctx context.Context, topic, eventType string, payload
 // last, or, the first time, the registry's latest (so a restart does not register a narrower
 // schema). A subject without a schema, or one that cannot merge, takes inferred as it is.
 func (s *Serializer) widen(ctx context.Context, subject string, inferred sr.Schema) (sr.Schema, error) {
-	w, ok := s.o.Value.(Widener)
-	if !ok {
+	if _, ok := s.o.Value.(Widener); !ok {
 		return inferred, nil
 	}
 	s.mu.Lock()
 	base, known := s.inferred[subject]
 	s.mu.Unlock()
+	return s.widenFrom(ctx, subject, base, known, inferred)
+}
+
+// widenFrom is widen from base, the subject's schema this Serializer registered last (known), or
+// else the registry's latest.
+func (s *Serializer) widenFrom(ctx context.Context, subject string, base sr.Schema, known bool, inferred sr.Schema) (sr.Schema, error) {
+	w := s.o.Value.(Widener)
 	if !known {
 		latest, err := s.reg.Latest(ctx, subject)
 		var re *sr.ResponseError
@@ -439,6 +463,8 @@ func (s *Serializer) register(ctx context.Context, subject string, schema sr.Sch
 	s.mu.Lock()
 	if len(s.ids) >= maxIDs {
 		clear(s.ids)
+		clear(s.shapes) // their ids are the cleared ones: learn them again as a miss would
+		clear(s.keyIDs)
 	}
 	s.ids[k] = id
 	s.mu.Unlock()

@@ -41,6 +41,8 @@ type Format struct {
 	// serializer's path, does not parse it again.
 	lastPayload []byte
 	lastDoc     *node
+	// Parsers for Parse, each with its memory and the member names it has seen.
+	parsers sync.Pool
 }
 
 // New returns an Avro format.

@@ -193,7 +193,13 @@ func typeName(t avro.Schema) string {
 }
 
 func encodeRecord(b []byte, s *avro.RecordSchema, n *node, path string) ([]byte, error) {
-	used := make([]bool, len(n.keys))
+	var room [32]bool // most records' members: no allocation
+	var used []bool
+	if len(n.keys) <= len(room) {
+		used = room[:len(n.keys)]
+	} else {
+		used = make([]bool, len(n.keys))
+	}
 	var err error
 	for _, f := range s.Fields() {
 		v, at := fieldValue(n, f.Name())

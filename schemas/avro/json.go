@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // node is a parsed JSON value that keeps member order (inferred records list their fields in
@@ -29,7 +30,13 @@ type node struct {
 // relay needs of a document (member order, a number's text) is what that API gives least cheaply.
 // TestParseAgreesWithEncodingJSON holds it to encoding/json's verdicts and values.
 func parse(b []byte) (*node, error) {
-	p := &parser{b: b}
+	return (&parser{}).parse(b)
+}
+
+// parse parses b with p's memory: a parser used again overwrites the nodes it made before.
+func (p *parser) parse(b []byte) (*node, error) {
+	p.b, p.i = b, 0
+	p.nodes, p.keys, p.vals = p.nodes[:0], p.keys[:0], p.vals[:0]
 	p.space()
 	n, err := p.value(0)
 	if err != nil {
@@ -49,6 +56,56 @@ const maxDepth = 10000
 type parser struct {
 	b []byte
 	i int
+	// Nodes and member lists are carved from chunks, a few allocations per document rather than
+	// one per value and a few per object: parsing is most of an event's cost.
+	nodes []node
+	keys  []string
+	vals  []*node
+	// The members of the objects and arrays being scanned, innermost last.
+	stackK []string
+	stackV []*node
+	// views makes strings and numbers without escapes views of b, not copies (str).
+	views bool
+	// names, when set, keeps member names without escapes, so that a parser used again makes
+	// no new string for a name it has seen (payloads repeat their names).
+	names map[string]string
+	doc   Doc // Format.Parse's result
+}
+
+// text is b as a string: a view of it with view, else a copy.
+func (p *parser) text(b []byte, view bool) string {
+	if view && len(b) > 0 {
+		return unsafe.String(&b[0], len(b))
+	}
+	return string(b)
+}
+
+// maxNames bounds a parser's names; past it they start again.
+const maxNames = 4096
+
+// node returns a new zero node.
+func (p *parser) node() *node {
+	if len(p.nodes) == cap(p.nodes) {
+		p.nodes = make([]node, 0, max(16, 2*cap(p.nodes)))
+	}
+	p.nodes = p.nodes[:len(p.nodes)+1]
+	n := &p.nodes[len(p.nodes)-1]
+	*n = node{} // a parser used again
+	return n
+}
+
+// carve copies from into chunk's free room (a new chunk when it has too little) and returns the
+// copy, with no room to grow into its neighbours; nil when from is empty.
+func carve[T any](chunk *[]T, from []T) []T {
+	if len(from) == 0 {
+		return nil
+	}
+	if cap(*chunk)-len(*chunk) < len(from) {
+		*chunk = make([]T, 0, max(32, 2*cap(*chunk), len(from)))
+	}
+	start := len(*chunk)
+	*chunk = append(*chunk, from...)
+	return (*chunk)[start:len(*chunk):len(*chunk)]
 }
 
 func (p *parser) space() {
@@ -79,22 +136,30 @@ func (p *parser) value(depth int) (*node, error) {
 	case c == '[':
 		return p.array(depth)
 	case c == '"':
-		s, err := p.str()
+		s, err := p.str(p.views)
 		if err != nil {
 			return nil, err
 		}
-		return &node{kind: 's', str: s}, nil
+		n := p.node()
+		n.kind, n.str = 's', s
+		return n, nil
 	case c == '-' || c >= '0' && c <= '9':
 		return p.number()
 	case bytes.HasPrefix(p.b[p.i:], []byte("true")):
 		p.i += 4
-		return &node{kind: 'b', boolean: true}, nil
+		n := p.node()
+		n.kind, n.boolean = 'b', true
+		return n, nil
 	case bytes.HasPrefix(p.b[p.i:], []byte("false")):
 		p.i += 5
-		return &node{kind: 'b'}, nil
+		n := p.node()
+		n.kind = 'b'
+		return n, nil
 	case bytes.HasPrefix(p.b[p.i:], []byte("null")):
 		p.i += 4
-		return &node{kind: 'z'}, nil
+		n := p.node()
+		n.kind = 'z'
+		return n, nil
 	}
 	return nil, p.errorf("unexpected %q", p.b[p.i])
 }
@@ -102,18 +167,21 @@ func (p *parser) value(depth int) (*node, error) {
 // object scans an object, p.i at its '{', keeping its members in their order.
 func (p *parser) object(depth int) (*node, error) {
 	p.i++
-	n := &node{kind: 'o'}
+	n := p.node()
+	n.kind = 'o'
 	p.space()
 	if p.i < len(p.b) && p.b[p.i] == '}' {
 		p.i++
 		return n, nil
 	}
+	mark := len(p.stackV)
+	defer func() { p.stackK, p.stackV = p.stackK[:mark], p.stackV[:mark] }()
 	for {
 		p.space()
 		if p.i >= len(p.b) || p.b[p.i] != '"' {
 			return nil, p.errorf("want a member name")
 		}
-		k, err := p.str()
+		k, err := p.name()
 		if err != nil {
 			return nil, err
 		}
@@ -127,7 +195,7 @@ func (p *parser) object(depth int) (*node, error) {
 		if err != nil {
 			return nil, err
 		}
-		n.keys, n.vals = append(n.keys, k), append(n.vals, v)
+		p.stackK, p.stackV = append(p.stackK, k), append(p.stackV, v)
 		p.space()
 		if p.i < len(p.b) && p.b[p.i] == ',' {
 			p.i++
@@ -135,6 +203,7 @@ func (p *parser) object(depth int) (*node, error) {
 		}
 		if p.i < len(p.b) && p.b[p.i] == '}' {
 			p.i++
+			n.keys, n.vals = carve(&p.keys, p.stackK[mark:]), carve(&p.vals, p.stackV[mark:])
 			return n, nil
 		}
 		return nil, p.errorf("want ',' or '}'")
@@ -144,19 +213,22 @@ func (p *parser) object(depth int) (*node, error) {
 // array scans an array, p.i at its '['.
 func (p *parser) array(depth int) (*node, error) {
 	p.i++
-	n := &node{kind: 'a'}
+	n := p.node()
+	n.kind = 'a'
 	p.space()
 	if p.i < len(p.b) && p.b[p.i] == ']' {
 		p.i++
 		return n, nil
 	}
+	mark := len(p.stackV)
+	defer func() { p.stackK, p.stackV = p.stackK[:mark], p.stackV[:mark] }()
 	for {
 		p.space()
 		v, err := p.value(depth + 1)
 		if err != nil {
 			return nil, err
 		}
-		n.vals = append(n.vals, v)
+		p.stackK, p.stackV = append(p.stackK, ""), append(p.stackV, v)
 		p.space()
 		if p.i < len(p.b) && p.b[p.i] == ',' {
 			p.i++
@@ -164,6 +236,7 @@ func (p *parser) array(depth int) (*node, error) {
 		}
 		if p.i < len(p.b) && p.b[p.i] == ']' {
 			p.i++
+			n.vals = carve(&p.vals, p.stackV[mark:])
 			return n, nil
 		}
 		return nil, p.errorf("want ',' or ']'")
@@ -205,12 +278,46 @@ func (p *parser) number() (*node, error) {
 			return nil, p.errorf("an exponent without digits")
 		}
 	}
-	return &node{kind: 'n', num: json.Number(p.b[start:p.i])}, nil
+	n := p.node()
+	n.kind, n.num = 'n', json.Number(p.text(p.b[start:p.i], p.views))
+	return n, nil
+}
+
+// name scans a member name at p.i (its opening quote): str, kept in names.
+func (p *parser) name() (string, error) {
+	if p.names == nil {
+		return p.str(false)
+	}
+	for j := p.i + 1; j < len(p.b); j++ {
+		c := p.b[j]
+		if c == '"' {
+			raw := p.b[p.i+1 : j]
+			if k, ok := p.names[string(raw)]; ok {
+				p.i = j + 1
+				return k, nil
+			}
+			k, err := p.str(false)
+			if err == nil && k == string(raw) {
+				if len(p.names) >= maxNames {
+					clear(p.names)
+				}
+				p.names[k] = k
+			}
+			return k, err
+		}
+		if c == '\\' || c < 0x20 {
+			break
+		}
+	}
+	return p.str(false)
 }
 
 // str scans a string at p.i (its opening quote) and returns its value. Invalid UTF-8 and lone
 // surrogates become U+FFFD, as encoding/json makes them.
-func (p *parser) str() (string, error) {
+//
+// With view, a string without escapes is the payload's own bytes, not a copy: for a document
+// whose memory ends with the call that parsed it, read and never kept (Format.Parse).
+func (p *parser) str(view bool) (string, error) {
 	p.i++ // the opening quote
 	start := p.i
 	// The common case: no escapes, ASCII or valid UTF-8.
@@ -219,6 +326,9 @@ func (p *parser) str() (string, error) {
 		if c == '"' {
 			s := p.b[start:p.i]
 			p.i++
+			if view && utf8.Valid(s) {
+				return p.text(s, true), nil
+			}
 			return validUTF8(s), nil
 		}
 		if c == '\\' || c < 0x20 {

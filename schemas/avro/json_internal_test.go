@@ -56,6 +56,8 @@ func TestParseAgreesWithEncodingJSON(t *testing.T) {
 		"\"bad \xff\xfe utf8\"", "\"tab\tinside\"", `01`, `-`, `1.`, `.5`, `1e`, `+1`, `[1,]`, `{"a":1,}`,
 		`{"a"}`, `{a:1}`, `tru`, `nul`, `"\x"`, `"\u12"`, `[1 2]`, `{"a":1}x`, ``, `   `, `[`, `"abc`,
 		`{"a":{"b":{"c":[[[]]]}}}`, `12345678901234567890123`, `-0.0e-0`, `{"a":1,"a":2}`,
+		// Names a parser used again keeps, or must not: escaped, invalid UTF-8, a prefix of another.
+		`{"a":1,"b":{"a":2,"ab":3}}`, `{"é":1,"\u00e9":2}`, `{"a\"":1,"a":2}`, "{\"\xff\":1,\"\xff\":2}", `{"":1,"a":{"":2}}`,
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	alphabet := []byte(`{}[],:"\ u0123456789abcdefEtrunlsx-+.` + "\xff\t\n")
@@ -103,6 +105,7 @@ func TestParseAgreesWithEncodingJSON(t *testing.T) {
 			cases = append(cases, string(doc))
 		}
 	}
+	again := &parser{names: map[string]string{}, views: true} // as Format.Parse uses one: again, keeping names, viewing strings
 	for _, c := range cases {
 		want, wantErr := viaEncodingJSON([]byte(c))
 		got, err := parse([]byte(c))
@@ -111,6 +114,12 @@ func TestParseAgreesWithEncodingJSON(t *testing.T) {
 		}
 		if err == nil && !reflect.DeepEqual(got.value(), want) {
 			t.Fatalf("%q: parsed %#v, encoding/json %#v", c, got.value(), want)
+		}
+		for range 2 {
+			got, err = again.parse([]byte(c))
+			if (err != nil) != (wantErr != nil) || err == nil && !reflect.DeepEqual(got.value(), want) {
+				t.Fatalf("%q: a parser used again made %#v, %v; encoding/json %#v, %v", c, got, err, want, wantErr)
+			}
 		}
 	}
 }
