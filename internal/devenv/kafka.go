@@ -576,7 +576,7 @@ func (k *Kafka) signal(sig syscall.Signal) error {
 	if p == nil {
 		return fmt.Errorf("kafka %v: broker not running", sig)
 	}
-	return p.signalGroup(sig)
+	return p.pauseSignal(sig)
 }
 
 // Close stops the broker and removes its directory unless Keep was set.

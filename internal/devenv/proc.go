@@ -127,6 +127,39 @@ func (p *process) signalGroup(sig syscall.Signal) error {
 	return nil
 }
 
+// pauseSignal sends SIGSTOP or SIGCONT to the server's process group, or to the process alone
+// when it leads no group, and for SIGSTOP returns only once the process is stopped: a pause that
+// paused nothing, or not yet, let a test's next request be answered (devenv's TestKafka failed in
+// a clean-clone run with "paused broker answered metadata").
+func (p *process) pauseSignal(sig syscall.Signal) error {
+	if err := syscall.Kill(-p.pid, sig); err != nil {
+		if !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("signal %v to group %d: %w", sig, p.pid, err)
+		}
+		if err := syscall.Kill(p.pid, sig); err != nil {
+			return fmt.Errorf("signal %v to process %d: %w", sig, p.pid, err)
+		}
+	}
+	if sig != syscall.SIGSTOP {
+		return nil
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid))
+		if err != nil {
+			return fmt.Errorf("process %d after SIGSTOP: %w", p.pid, err)
+		}
+		// The state follows the command name's closing parenthesis: T (stopped) or t (traced).
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process %d not stopped 10 s after SIGSTOP (state %q)", p.pid, b)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (p *process) waitExit(ctx context.Context, timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

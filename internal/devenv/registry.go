@@ -270,7 +270,7 @@ func (r *Registry) signal(sig syscall.Signal) error {
 	if p == nil {
 		return fmt.Errorf("registry %v: not running", sig)
 	}
-	return p.signalGroup(sig)
+	return p.pauseSignal(sig)
 }
 
 // Close stops the registry and removes its directory unless Keep was set.
