@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"syscall"
@@ -48,31 +47,7 @@ func TestAvroThroughTheRelayAndAKill9LosesNothing(t *testing.T) {
 
 	relay := e.relay("relay #1", env, args...)
 	waitSlotActive(t, db.pool, slot, relay)
-	stopWriting, writerDone := make(chan struct{}), make(chan error, 1)
-	go func() {
-		rng := rand.New(rand.NewPCG(41, 42))
-		for {
-			select {
-			case <-stopWriting:
-				writerDone <- nil
-				return
-			default:
-			}
-			if err := ob.WriteTx(ctx, randomSpecs(rng, types, 4, 10)...); err != nil {
-				writerDone <- err
-				return
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-	defer func() {
-		select {
-		case <-stopWriting:
-		default:
-			close(stopWriting)
-			<-writerDone
-		}
-	}()
+	stopWriting := keepWriting(ctx, t, ob, types, 41, 10)
 	flowed := func(what string) {
 		t.Helper()
 		from, err := harness.CurrentLSN(ctx, db.pool)
@@ -93,8 +68,7 @@ func TestAvroThroughTheRelayAndAKill9LosesNothing(t *testing.T) {
 	relay = e.relay("relay #2", env, args...)
 	waitSlotActive(t, db.pool, slot, relay)
 	flowed("relay #2 to confirm events written while it streams")
-	close(stopWriting)
-	if err := <-writerDone; err != nil {
+	if err := stopWriting(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}
 

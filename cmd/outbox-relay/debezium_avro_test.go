@@ -28,6 +28,7 @@ import (
 
 	"github.com/hamba/avro/v2"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/internal/dbz"
 	"github.com/outbox-relay/outbox-relay/internal/harness"
 	"github.com/outbox-relay/outbox-relay/internal/relayproc"
@@ -656,17 +657,12 @@ func (c *ccompat) resolve(t *testing.T, reader string, d decoded, b []byte) any 
 // waitTaskFailed waits until the connector's task has failed and returns its status.
 func (w *connectWorker) waitTaskFailed(t *testing.T, connector string) string {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		status := w.status(t, connector)
-		if strings.Contains(status, `"state":"FAILED"`) {
-			return status
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("connector %s: the task did not fail within a minute: %s", connector, status)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	var status string
+	await.State(t, time.Minute, "connector "+connector+"'s task to fail", func() (bool, string) {
+		status = w.status(t, connector)
+		return strings.Contains(status, `"state":"FAILED"`), status
+	})
+	return status
 }
 
 // status is a connector's status from the worker's REST API.

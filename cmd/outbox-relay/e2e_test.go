@@ -371,6 +371,37 @@ func writeLoad(ctx context.Context, ob *harness.Outbox, rng *rand.Rand, types []
 	return nil
 }
 
+// keepWriting commits transactions of 1 to 4 events of types over aggregates random aggregates
+// (rand.NewPCG(seed, seed+1)) until the returned stop is called, which returns the writer's
+// error; the test's cleanup stops it too. The pause between transactions paces the writer.
+func keepWriting(ctx context.Context, t *testing.T, ob *harness.Outbox, types []string, seed uint64, aggregates int) (stop func() error) {
+	quit, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(seed, seed+1))
+		for {
+			select {
+			case <-quit:
+				done <- nil
+				return
+			default:
+			}
+			if err := ob.WriteTx(ctx, randomSpecs(rng, types, 4, aggregates)...); err != nil {
+				done <- err
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() { close(quit); err = <-done })
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
 func randomSpecs(rng *rand.Rand, types []string, maxPerTx, aggregates int) []harness.Spec {
 	specs := make([]harness.Spec, 1+rng.IntN(maxPerTx))
 	for i := range specs {
@@ -644,32 +675,7 @@ func sigtermRestarts(t *testing.T, pg *devenv.Postgres, k *devenv.Kafka) {
 	waitSlotActive(t, db.pool, slot, relay)
 
 	// The writer keeps committing transactions through every stop and start.
-	stopWriting := make(chan struct{})
-	writerDone := make(chan error, 1)
-	go func() {
-		rng := rand.New(rand.NewPCG(11, 12))
-		for {
-			select {
-			case <-stopWriting:
-				writerDone <- nil
-				return
-			default:
-			}
-			if err := ob.WriteTx(ctx, randomSpecs(rng, types, 4, 20)...); err != nil {
-				writerDone <- err
-				return
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-	defer func() {
-		select {
-		case <-stopWriting:
-		default:
-			close(stopWriting)
-			<-writerDone
-		}
-	}()
+	stopWriting := keepWriting(ctx, t, ob, types, 11, 20)
 
 	// flowed waits until the relay running now has confirmed events written since it streams.
 	flowed := func(what string) {
@@ -698,8 +704,7 @@ func sigtermRestarts(t *testing.T, pg *devenv.Postgres, k *devenv.Kafka) {
 		waitSlotActive(t, db.pool, slot, relay)
 	}
 	flowed("the last relay to confirm events written while it streams")
-	close(stopWriting)
-	if err := <-writerDone; err != nil {
+	if err := stopWriting(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}
 	end, err := harness.CurrentLSN(ctx, db.pool)
